@@ -1,0 +1,36 @@
+# One entry point. `make run` and `make test` create the environment when it is missing.
+# On a CPU machine torch comes from the CPU wheel (pinned below); on a GPU cluster use
+# `make TORCH_SPEC=torch` (or environment.yml) to get a CUDA build.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= test,course
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma := ,
+NPROC ?= 8
+
+.PHONY: env run test test-fast schedule verify clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+# The main job: train the GPT on Shakespeare (progress bar, loss, sample text, metrics).
+run: $(STAMP)
+	$(BIN)/minitron train --model small --steps 300 --global-batch 16 --eval-every 50 \
+	    --metrics runs/metrics.jsonl
+
+# The whole test suite (what CI runs).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not multirank"
+
+clean:
+	rm -rf runs .pytest_cache

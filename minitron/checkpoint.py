@@ -1,0 +1,187 @@
+"""Layout-independent, atomic checkpoints.
+
+Every rank writes the shards it holds — parameter and AdamW state — each tagged with
+its layout-independent name and the region of the full tensor it covers (ShardInfo).
+Loading assembles full tensors from *all* shard files, whatever layout wrote them, and
+slices what the new layout needs: a checkpoint from dp2·tp2·pp2 loads into tp4, one
+device or a cube. Replicated copies are simply written more than once.
+
+Atomicity: shards go into `step_N.tmp/`, which rank 0 renames to `step_N/` only after
+every rank has finished; then `latest` is replaced (write aside, then rename). A crash
+leaves at worst a stray `.tmp` folder; `latest` always names a complete checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError
+
+STATE_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def _region(p):
+    return tuple((s.start, s.stop) for s in p.shard.slices)
+
+
+def export_state(params, opt=None) -> dict:
+    """This rank's shards: {name: {"full_shape", "region", "param", "exp_avg", "exp_avg_sq", "step"}}."""
+    per_param = opt.export_param_state() if hasattr(opt, "export_param_state") else None
+    out = {}
+    for p in params:
+        info = p.shard
+        rec = {"full_shape": list(info.full_shape), "region": [list(r) for r in _region(p)],
+               "param": p.detach()[info.local_region].clone()}
+        st = per_param[p] if per_param is not None else (opt.state.get(p, {}) if opt is not None else {})
+        for k in STATE_KEYS:
+            if k in st:
+                rec[k] = st[k].detach()[info.local_region].clone()
+        if "step" in st:
+            rec["step"] = float(st["step"])
+        out[info.name] = rec
+    return out
+
+
+def assemble(shard_dicts) -> dict:
+    """Full tensors from shard dicts of any layout: {name: {"param": T, "exp_avg": T, ...}}."""
+    full = {}
+    for shards in shard_dicts:
+        for name, rec in shards.items():
+            slot = full.setdefault(name, {"covered": 0})
+            region = tuple(slice(a, b) for a, b in rec["region"])
+            for k in ("param",) + STATE_KEYS:
+                if k in rec:
+                    t = slot.setdefault(k, torch.zeros(rec["full_shape"], dtype=rec[k].dtype))
+                    t[region] = rec[k]
+            if "step" in rec:
+                slot["step"] = rec["step"]
+            slot.setdefault("regions", set()).add(tuple(map(tuple, rec["region"])))
+    for name, slot in full.items():
+        n = sum(_numel(r) for r in slot.pop("regions"))
+        if n < slot["param"].numel():
+            raise ConfigError(f"checkpoint is missing shards of '{name}': it is incomplete, save it again")
+        slot.pop("covered")
+    return full
+
+
+def _numel(region) -> int:
+    n = 1
+    for a, b in region:
+        n *= b - a
+    return n
+
+
+def import_state(params, opt, full: dict) -> None:
+    """Load full tensors into this rank's shards (and into optimizer `opt`'s state,
+    when the checkpoint has it and `opt` is not None)."""
+    missing = [p.shard.name for p in params if p.shard.name not in full]
+    if missing:
+        raise ConfigError(f"checkpoint does not match the model: no '{missing[0]}' "
+                          f"(was it saved with other --layers/--hidden/--tied?)")
+    opt_state = {}
+    for p in params:
+        info, rec = p.shard, full[p.shard.name]
+        if list(rec["param"].shape) != list(info.full_shape):
+            raise ConfigError(f"checkpoint shape of '{info.name}' is {list(rec['param'].shape)}, the model's "
+                              f"is {list(info.full_shape)}: use the model options it was saved with")
+        with torch.no_grad():
+            p.zero_()
+            p[info.local_region] = rec["param"][info.slices].to(p.dtype)
+        if opt is not None and "exp_avg" in rec:
+            st = {"step": torch.tensor(rec["step"], dtype=torch.float32)}
+            for k in STATE_KEYS:
+                t = torch.zeros_like(p)
+                t[info.local_region] = rec[k][info.slices].to(p.dtype)
+                st[k] = t
+            opt_state[p] = st
+    if opt_state:
+        if hasattr(opt, "import_param_state"):
+            opt.import_param_state(opt_state)
+        else:
+            for p, st in opt_state.items():
+                opt.state[p] = st
+
+
+def _load(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, pickle garbage, ...
+        raise ConfigError(f"checkpoint file {path} is corrupt or truncated ({type(e).__name__}): "
+                          f"delete that step folder or resume from another") from None
+
+
+def save(ckpt_dir: str, step: int, tr) -> Path:
+    """Write this rank's shards; rank 0 publishes the folder once all have written."""
+    comm, rank = tr.comm, tr.comm.grid.rank
+    root = Path(ckpt_dir)
+    tmp, final = root / f"step_{step:07d}.tmp", root / f"step_{step:07d}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+    comm.barrier()
+    part = tmp / f"rank_{rank:05d}.pt"
+    torch.save(export_state(tr.params, tr.optimizer), str(part) + ".part")
+    os.replace(str(part) + ".part", part)
+    comm.barrier()
+    if rank == 0:
+        meta = {"step": step, "world": comm.grid.world, "layout": tr.layout.describe(),
+                "model": tr.mcfg.__dict__, "seed": tr.tcfg.seed}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        (root / "latest.part").write_text(final.name)
+        os.replace(root / "latest.part", root / "latest")
+    comm.barrier()
+    return final
+
+
+def latest(ckpt_dir: str) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    ptr = Path(ckpt_dir) / "latest"
+    return Path(ckpt_dir) / ptr.read_text().strip() if ptr.exists() else None
+
+
+def check(path) -> dict:
+    """Open every file of checkpoint folder `path`; raise ConfigError if any is bad.
+    Returns its meta. Run before any process group starts."""
+    path = Path(path)
+    meta_file = path / "meta.json"
+    if not meta_file.exists():
+        raise ConfigError(f"checkpoint {path} has no meta.json: it is incomplete, resume from another")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError:
+        raise ConfigError(f"checkpoint {meta_file} is corrupt: resume from another checkpoint") from None
+    files = sorted(path.glob("rank_*.pt"))
+    if len(files) != meta.get("world"):
+        raise ConfigError(f"checkpoint {path} has {len(files)} shard files, expected {meta.get('world')}: "
+                          f"it is incomplete, resume from another")
+    for f in files:
+        _load(f)
+    return meta
+
+
+def load_full(path) -> dict:
+    """Assemble the full state of checkpoint folder `path`."""
+    return assemble(_load(f) for f in sorted(Path(path).glob("rank_*.pt")))
+
+
+def load_latest(ckpt_dir: str, tr) -> int:
+    """Load the newest checkpoint of `ckpt_dir` into trainer `tr`; returns its step (0 if none)."""
+    path = latest(ckpt_dir)
+    if path is None:
+        return 0
+    meta = check(path)
+    import_state(tr.params, tr.optimizer, load_full(path))
+    tr.step_idx = meta["step"]
+    return meta["step"]
+
+
+def gather_full(tr) -> dict | None:
+    """Every rank's shards assembled into full tensors on rank 0 (None elsewhere)."""
+    shards = tr.comm.gather_object(export_state(tr.params, tr.optimizer))
+    return assemble(shards) if shards is not None else None

@@ -1,0 +1,172 @@
+"""One door for communication: every collective and point-to-point call goes through here.
+
+`Comm` wraps torch.distributed for a :class:`~minitron.grid.ProcessGrid`, addressing
+groups by *axis* ('tp', 'dp', 'pp', 'cube_i', ..., 'embed', 'world'). A call on an
+axis of size 1 is a no-op and is not recorded: nothing crosses a wire.
+
+With a :class:`CommTrace` attached, each call appends one record
+``{rank, step, op, axis, bytes, phase, shape, dtype}`` where ``bytes`` is the payload
+of the local tensor handed to the call: the whole tensor for all_reduce, broadcast,
+send and recv; the local *shard* for all_gather; the full local *input* for
+reduce_scatter. Without a trace the only cost is one ``is None`` test per call.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .grid import ProcessGrid
+
+
+@dataclass
+class CommTrace:
+    """The recorded calls of one rank (a list of dicts), written as JSON lines."""
+
+    records: list = field(default_factory=list)
+
+    def add(self, **rec) -> None:
+        self.records.append(rec)
+
+    def write(self, path: str) -> None:
+        with open(path, "a") as f:
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+
+    def select(self, **match) -> list[dict]:
+        return [r for r in self.records if all(r.get(k) == v for k, v in match.items())]
+
+    def total_bytes(self, **match) -> int:
+        return sum(r["bytes"] for r in self.select(**match))
+
+
+def read_trace(path: str) -> list[dict]:
+    """Load a trace file written by ``--trace`` (all ranks, JSON lines)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Comm:
+    """Collectives and p2p on the axes of a grid, optionally traced.
+
+    `phase` ('fwd', 'bwd', 'optim', 'other') and `step` are set by the training loop
+    and the pipeline runtime; they only label trace records.
+    """
+
+    def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None):
+        self.grid = grid or ProcessGrid()
+        self.trace = trace
+        self.phase = "other"
+        self.step = 0
+
+    # --- bookkeeping ------------------------------------------------------------
+    def size(self, axis: str) -> int:
+        return self.grid.axis_size(axis)
+
+    def index(self, axis: str) -> int:
+        return self.grid.axis_index(axis)
+
+    def group(self, axis: str):
+        return self.grid.groups.get(axis)
+
+    @contextmanager
+    def in_phase(self, phase: str):
+        old, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = old
+
+    def _record(self, op: str, axis: str, t: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace.add(rank=self.grid.rank, step=self.step, op=op, axis=axis,
+                           bytes=t.numel() * t.element_size(), phase=self.phase,
+                           shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+
+    # --- collectives --------------------------------------------------------------
+    def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False):
+        """In-place all-reduce of `t` over `axis` (op: 'sum' or 'max'). Returns `t`,
+        or the work handle when `async_op`."""
+        if self.size(axis) == 1:
+            return None if async_op else t
+        self._record("all_reduce", axis, t)
+        rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        work = dist.all_reduce(t, op=rop, group=self.group(axis), async_op=async_op)
+        return work if async_op else t
+
+    def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
+        """Concatenate every rank's `t` along `dim`, in axis order."""
+        n = self.size(axis)
+        if n == 1:
+            return t
+        self._record("all_gather", axis, t)
+        x = t.movedim(dim, 0).contiguous()
+        out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_single(out, x, group=self.group(axis))
+        return out.movedim(0, dim)
+
+    def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
+        """Sum `t` over the axis and keep this rank's 1/n slice along `dim`."""
+        n = self.size(axis)
+        if n == 1:
+            return t
+        self._record("reduce_scatter", axis, t)
+        x = t.movedim(dim, 0).contiguous()
+        out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_single(out, x, group=self.group(axis))
+        return out.movedim(0, dim)
+
+    def all_gather_flat(self, shard: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
+        """All-gather 1-D `shard`s into the flat buffer `out` (ZeRO parameter gather)."""
+        if self.size(axis) == 1:
+            out.copy_(shard)
+            return None
+        self._record("all_gather", axis, shard)
+        return dist.all_gather_single(out, shard, group=self.group(axis), async_op=async_op)
+
+    def reduce_scatter_flat(self, full: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
+        """Reduce-scatter the flat buffer `full` into this rank's 1-D slice `out`."""
+        if self.size(axis) == 1:
+            out.copy_(full)
+            return None
+        self._record("reduce_scatter", axis, full)
+        return dist.reduce_scatter_single(out, full, group=self.group(axis), async_op=async_op)
+
+    def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0) -> torch.Tensor:
+        """Broadcast `t` from the rank at position `src_index` of the axis."""
+        if self.size(axis) == 1:
+            return t
+        self._record("broadcast", axis, t)
+        src = self.grid.axis_ranks(axis)[src_index]
+        dist.broadcast(t, src=src, group=self.group(axis))
+        return t
+
+    def gather_object(self, obj, dst: int = 0):
+        """Pickle-gather `obj` from every rank to global rank `dst` (checkpoint assembly,
+        verification; not part of training traffic). Returns the list on `dst`."""
+        if self.grid.world == 1:
+            return [obj]
+        out = [None] * self.grid.world if self.grid.rank == dst else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
+
+    def barrier(self) -> None:
+        if self.grid.world > 1:
+            dist.barrier()
+
+    # --- point to point -------------------------------------------------------------
+    def p2p(self, ops: list[tuple[str, torch.Tensor, int]], axis: str = "pp"):
+        """Post a batch of ('send'|'recv', tensor, peer_index_on_axis) as one
+        ``batch_isend_irecv``; returns the list of work handles to wait on."""
+        if not ops:
+            return []
+        ranks = self.grid.axis_ranks(axis)
+        p2p_ops = []
+        for kind, t, peer in ops:
+            self._record(kind, axis, t)
+            fn = dist.isend if kind == "send" else dist.irecv
+            p2p_ops.append(dist.P2POp(fn, t, ranks[peer], group=self.group(axis)))
+        return dist.batch_isend_irecv(p2p_ops)

@@ -1,0 +1,243 @@
+"""Configuration: the model, the parallel layout and training, as plain dataclasses.
+
+Every bad combination is caught by :func:`validate` *before* any process group starts,
+and reported as a :class:`ConfigError` whose message is one line naming the problem
+and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message is one line, naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only GPT (pre-LayerNorm, learned positions, GELU MLP)."""
+
+    layers: int = 2
+    hidden: int = 32
+    heads: int = 4
+    seq_len: int = 32
+    vocab: int = 256
+    ffn: int = 0  # 0 means 4 * hidden
+    tied_embeddings: bool = False
+    dropout: float = 0.0
+    name: str = "custom"
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+# Published sizes are for the analysis tools only; tiny/small train on a laptop CPU.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(layers=2, hidden=32, heads=4, seq_len=32, vocab=256, name="tiny"),
+    "small": ModelConfig(layers=4, hidden=128, heads=4, seq_len=128, vocab=256, name="small"),
+    "medium": ModelConfig(layers=8, hidden=256, heads=8, seq_len=256, vocab=256, name="medium"),
+    # Megatron-LM 2019, Table 1 (GPT-2 8.3B: 72 layers, h=3072, 32 heads, s=1024).
+    "megatron-8.3b": ModelConfig(layers=72, hidden=3072, heads=32, seq_len=1024,
+                                 vocab=51200, name="megatron-8.3b"),
+    # GPT-3 175B (Brown et al. 2020) as configured in the PTD-P paper, Table 1.
+    "gpt3-175b": ModelConfig(layers=96, hidden=12288, heads=96, seq_len=2048,
+                             vocab=51200, name="gpt3-175b"),
+    # The 1T model of PTD-P (Narayanan et al. 2021), Table 1.
+    "ptdp-1t": ModelConfig(layers=128, hidden=25600, heads=160, seq_len=2048,
+                           vocab=51200, name="ptdp-1t"),
+    # A ~1.3B GPT (GPT-3 XL shape) for single-GPU benchmarks.
+    "gpt-1.3b": ModelConfig(layers=24, hidden=2048, heads=16, seq_len=2048,
+                            vocab=51200, name="gpt-1.3b"),
+}
+TRAINABLE_PRESETS = ("tiny", "small", "medium")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The layout: how many ranks, and how they split the work.
+
+    Rank order follows Megatron: tensor fastest, then data, then pipeline.
+    """
+
+    nproc: int = 0  # 0: dp * tp * pp
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    tp_mode: str = "1d"  # "1d" (Megatron) or "3d" (cube of q^3 ranks)
+    sp: bool = False
+    schedule: str = "1f1b"
+    zero1: bool = False
+    dp_impl: str = "bucketed"
+    bucket_mb: float = 4.0
+    recompute: str = "none"
+    scatter_gather: bool = False
+    stage_layers: tuple[int, ...] = ()  # explicit per-stage layer counts (uneven split)
+    backend: str = "gloo"
+    precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def cube_q(self) -> int:
+        """Edge of the 3-D cube (q with q^3 = tp); 1 in 1-D mode."""
+        return round(self.tp ** (1 / 3)) if self.tp_mode == "3d" else 1
+
+    def describe(self) -> str:
+        s = f"dp{self.dp}.tp{self.tp}.pp{self.pp}"
+        if self.tp_mode == "3d":
+            s += ".cube"
+        if self.pp > 1:
+            s += f".{self.schedule}"
+            if self.vpp > 1:
+                s += f".v{self.vpp}"
+        for flag in ("sp", "zero1", "scatter_gather"):
+            if getattr(self, flag):
+                s += f".{flag}"
+        if self.recompute != "none":
+            s += f".rc-{self.recompute}"
+        return s
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    global_batch: int = 16  # sequences per optimizer step
+    microbatches: int = 1  # microbatches per step on each data-parallel rank
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 20
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 1234
+    data: str = ""  # "" = the built-in Shakespeare corpus
+    dtype: str = "float32"
+    ckpt_dir: str = ""
+    ckpt_every: int = 0
+    resume: bool = False
+    metrics: str = ""
+    trace: str = ""
+    timeline: str = ""
+    eval_every: int = 50
+    eval_batches: int = 4
+    sample_tokens: int = 200
+    progress: bool = True
+
+    def replace(self, **kw) -> "TrainConfig":
+        return dataclasses.replace(self, **kw)
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown model preset '{name}': choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate_model(m: ModelConfig) -> None:
+    for k in ("layers", "hidden", "heads", "seq_len", "vocab"):
+        _need(getattr(m, k) > 0, f"--{k.replace('_', '-')} must be positive (got {getattr(m, k)})")
+    _need(m.hidden % m.heads == 0,
+          f"hidden size {m.hidden} is not divisible by {m.heads} heads: pick --hidden a multiple of --heads")
+    _need(0.0 <= m.dropout < 1.0, f"dropout must be in [0, 1) (got {m.dropout})")
+
+
+def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = None) -> None:
+    """Check the layout against the model (and the world size, when known)."""
+    for k in ("dp", "tp", "pp", "vpp"):
+        _need(getattr(p, k) >= 1, f"--{k} must be at least 1 (got {getattr(p, k)})")
+    world = world if world is not None else (p.nproc or p.world)
+    _need(world == p.world,
+          f"world size {world} != dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.world}: "
+          f"set --nproc {p.world} or change --dp/--tp/--pp")
+    _need(p.tp_mode in ("1d", "3d"), f"unknown --tp-mode '{p.tp_mode}': use 1d or 3d")
+    _need(p.schedule in SCHEDULES, f"unknown schedule '{p.schedule}': choose one of {', '.join(SCHEDULES)}")
+    _need(p.recompute in RECOMPUTE, f"unknown --recompute '{p.recompute}': choose one of {', '.join(RECOMPUTE)}")
+    _need(p.backend in ("gloo", "nccl"), f"unknown --backend '{p.backend}': use gloo or nccl")
+    _need(p.precision in ("fp32", "bf16"), f"unknown --precision '{p.precision}': use fp32 or bf16")
+    _need(p.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{p.dp_impl}': use naive or bucketed")
+    _need(p.bucket_mb > 0, f"--bucket-mb must be positive (got {p.bucket_mb})")
+    _need(not p.zero1 or p.dp > 1, "--zero1 shards optimizer state over data parallel ranks: it needs --dp 2 or more")
+    if p.tp_mode == "3d":
+        q = p.cube_q
+        _need(q ** 3 == p.tp, f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {p.tp}")
+        _need(m.hidden % (q * q) == 0, f"3-D tensor parallelism needs hidden {m.hidden} divisible by q^2 = {q * q}")
+        _need(m.heads % q == 0, f"3-D tensor parallelism needs {m.heads} heads divisible by q = {q}")
+        _need(m.ffn_hidden % (q * q) == 0, f"3-D tensor parallelism needs FFN size {m.ffn_hidden} divisible by q^2 = {q * q}")
+        _need(not p.sp, "--sp is a 1-D tensor parallel feature: drop it with --tp-mode 3d")
+    else:
+        _need(m.heads % p.tp == 0, f"{m.heads} heads are not divisible by --tp {p.tp}: pick --heads a multiple of --tp")
+        _need(m.hidden % p.tp == 0, f"hidden {m.hidden} is not divisible by --tp {p.tp}")
+        _need(m.ffn_hidden % p.tp == 0, f"FFN size {m.ffn_hidden} is not divisible by --tp {p.tp}")
+        _need(not p.sp or m.seq_len % p.tp == 0,
+              f"--sp splits the sequence: --seq-len {m.seq_len} must be divisible by --tp {p.tp}")
+    _need(not p.sp or p.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
+    if p.pp > 1 or p.vpp > 1:
+        if p.schedule == "interleaved":
+            _need(p.vpp >= 2, "the interleaved schedule needs --vpp 2 or more model chunks per rank")
+        else:
+            _need(p.vpp == 1, f"--vpp {p.vpp} needs --schedule interleaved")
+        chunks = p.pp * p.vpp
+        _need(chunks <= m.layers, f"pp*vpp = {chunks} model chunks but only {m.layers} layers: lower --pp/--vpp or add layers")
+        if p.stage_layers:
+            _need(len(p.stage_layers) == chunks,
+                  f"--stage-layers has {len(p.stage_layers)} entries but pp*vpp = {chunks}: give one count per stage")
+            _need(sum(p.stage_layers) == m.layers and min(p.stage_layers) >= 1,
+                  f"--stage-layers {','.join(map(str, p.stage_layers))} must be positive and sum to {m.layers} layers")
+    else:
+        _need(not p.stage_layers, "--stage-layers needs pipeline parallelism (--pp 2 or more)")
+
+
+def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
+    _need(t.steps > 0, f"--steps must be a positive number of steps (got {t.steps})")
+    _need(t.microbatches >= 1, f"--microbatches must be at least 1 (got {t.microbatches})")
+    _need(t.global_batch >= 1, f"--global-batch must be at least 1 (got {t.global_batch})")
+    _need(t.global_batch % (p.dp * t.microbatches) == 0,
+          f"--global-batch {t.global_batch} is not divisible by dp*microbatches = {p.dp}*{t.microbatches}: "
+          f"use a multiple of {p.dp * t.microbatches}")
+    _need(t.dtype in DTYPES, f"unknown --dtype '{t.dtype}': choose one of {', '.join(DTYPES)}")
+    _need(t.lr > 0, f"--lr must be positive (got {t.lr})")
+    if p.pp > 1 and p.schedule == "interleaved":
+        _need(t.microbatches % p.pp == 0,
+              f"interleaved schedule needs --microbatches ({t.microbatches}) to be a multiple of --pp {p.pp}")
+    if p.tp_mode == "3d":
+        q = p.cube_q
+        mb = t.global_batch // (p.dp * t.microbatches)
+        _need(mb % (q * q) == 0,
+              f"3-D tensor parallelism splits the batch over q^2 = {q * q} ranks: microbatch size {mb} "
+              f"(global batch / (dp*microbatches)) must be divisible by {q * q}")
+
+
+def validate(m: ModelConfig, p: ParallelConfig, t: TrainConfig | None = None,
+             world: int | None = None) -> None:
+    """Raise ConfigError (one line: problem and fix) for any bad combination."""
+    validate_model(m)
+    validate_parallel(m, p, world)
+    if t is not None:
+        validate_train(t, p)
+
+
+def pad_vocab(vocab: int, multiple: int) -> int:
+    """Vocabulary padded up to a multiple of `multiple` (Megatron pads to 128*t)."""
+    return int(math.ceil(vocab / multiple) * multiple)

@@ -1,0 +1,85 @@
+"""Starting ranks: locally through PyTorch's own launcher, or under torchrun / srun.
+
+* Under torchrun the environment already has RANK, WORLD_SIZE, MASTER_ADDR, ...
+* Under srun we translate SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID and the first
+  host of the job into the same variables.
+* Otherwise `--nproc N` starts N local ranks with `torch.distributed.launcher`
+  (the engine behind `torch.distributed.run`), standalone c10d rendezvous.
+
+Collectives get a timeout, so a dead peer ends the run with an error, never a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from .comm import Comm, CommTrace
+from .grid import ProcessGrid
+
+
+def under_launcher() -> bool:
+    """True when torchrun or srun (with several tasks) started this process."""
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def env_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+
+
+def slurm_to_torch_env() -> None:
+    """Map srun's variables onto torch.distributed's (MASTER_ADDR = first host)."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in os.environ:
+        nodes = os.environ.get("SLURM_JOB_NODELIST", "localhost")
+        try:
+            first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
+                                   text=True, check=True).stdout.split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            first = nodes.split(",")[0]
+        os.environ["MASTER_ADDR"] = first
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: bool = False) -> Comm:
+    """Join the process group (if world > 1), build the grid's groups, return a Comm."""
+    world = env_world() if under_launcher() else 1
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cube=layout.tp_mode == "3d")
+    if world > 1:
+        slurm_to_torch_env()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=timeout)
+        grid.rank = dist.get_rank()
+        grid.build_groups(timeout=timeout)
+    return Comm(grid, CommTrace() if trace else None)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch_local(fn, args: tuple, nproc: int, start_method: str = "fork") -> dict:
+    """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
+    Returns {rank: return value}. `fork` skips re-importing torch in every rank."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
+                       rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                       monitor_interval=0.05, start_method=start_method)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return elastic_launch(cfg, fn)(*args)

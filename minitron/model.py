@@ -1,0 +1,160 @@
+"""A decoder-only GPT (GPT-2 style: pre-LayerNorm, learned positions, GELU MLP of 4h,
+causal attention through `scaled_dot_product_attention`), written once for every layout.
+
+The single-device model is this class with every parallel degree 1: the tensor-parallel
+operators become identities and one stage holds every layer. A pipeline stage is the
+same class holding a contiguous range of layers (the embedding on the first stage, the
+final norm, head and loss on the last). Parameter names are layout-independent
+(`blocks.7.mlp.fc.weight` is layer 7 whatever stage holds it), and each weight is drawn
+from its own seed and sliced, so every layout trains the very same model.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .config import ModelConfig
+from .context import Context, make_param
+from .parallel import tensor as tp
+
+
+class Attention(nn.Module):
+    """Causal self-attention; heads split over the tensor group (QKV column-parallel,
+    output projection row-parallel: Megatron-LM Fig. 3b). The QKV rows are head-major,
+    [head][q|k|v][head_dim], so a contiguous slice holds whole heads."""
+
+    def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
+        super().__init__()
+        h, std = cfg.hidden, 0.02
+        self.head_dim, self.ctx = cfg.head_dim, ctx
+        self.qkv = tp.ColumnParallelLinear(f"{name}.qkv", h, 3 * h, ctx, std)
+        self.proj = tp.RowParallelLinear(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
+        self.dropout = cfg.dropout
+
+    def core(self, qkv):
+        """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes."""
+        q, k, v = rearrange(qkv, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        return rearrange(y, "b nh s d -> b s (nh d)")
+
+    def forward(self, x):
+        qkv = self.qkv(tp.enter_region(x, self.ctx))
+        if self.ctx.layout.recompute == "selective" and self.training:
+            y = checkpoint(self.core, qkv, use_reentrant=False)
+        else:
+            y = self.core(qkv)
+        return tp.leave_region(self.proj(y), self.ctx) + self.proj.bias
+
+
+class MLP(nn.Module):
+    """h -> 4h -> h with GELU; column- then row-parallel (Megatron-LM Fig. 3a)."""
+
+    def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
+        super().__init__()
+        self.ctx = ctx
+        self.fc = tp.ColumnParallelLinear(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
+        self.fc2 = tp.RowParallelLinear(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
+                                        0.02 / math.sqrt(2 * cfg.layers))
+
+    def forward(self, x):
+        y = self.fc2(F.gelu(self.fc(tp.enter_region(x, self.ctx))))
+        return tp.leave_region(y, self.ctx) + self.fc2.bias
+
+
+class Block(nn.Module):
+    def __init__(self, i: int, cfg: ModelConfig, ctx: Context):
+        super().__init__()
+        self.ln1 = tp.LayerNorm(f"blocks.{i}.ln1", cfg.hidden, ctx)
+        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx)
+        self.ln2 = tp.LayerNorm(f"blocks.{i}.ln2", cfg.hidden, ctx)
+        self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx)
+        self.dropout = cfg.dropout
+
+    def forward(self, x):
+        x = x + F.dropout(self.attn(self.ln1(x)), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
+
+
+class GPT(nn.Module):
+    """The GPT, or one pipeline stage of it (`layers`: the global indices it holds).
+
+    forward(x, targets): on the first stage `x` is token ids [b, s], else the hidden
+    states from the previous stage; on the last stage returns the mean loss over the
+    microbatch's tokens (or logits when `targets` is None), else the hidden states.
+    """
+
+    def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layers=None,
+                 first: bool = True, last: bool = True):
+        super().__init__()
+        ctx = ctx or Context()
+        self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
+        self.layer_ids = list(range(cfg.layers) if layers is None else layers)
+        tied_sync = ("embed",) if cfg.tied_embeddings and not (first and last) else ()
+        if first:
+            self.wte = tp.VocabParallelEmbedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+            # used before the sequence is split, so its gradient is already whole on every rank
+            self.wpe = make_param("wpe.weight", (cfg.seq_len, cfg.hidden), (), ctx, 0.01,
+                                  replicas=("tp",) if ctx.tp > 1 else ())
+        self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx) for i in self.layer_ids})
+        if last:
+            self.ln_f = tp.LayerNorm("ln_f", cfg.hidden, ctx)
+            if not cfg.tied_embeddings:
+                self.lm_head = tp.VocabParallelEmbedding("lm_head", cfg.vocab, cfg.hidden, ctx)
+            elif not first:  # the last stage keeps its own copy of the tied embedding
+                self.lm_head = tp.VocabParallelEmbedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+            else:
+                self.lm_head = self.wte
+
+    def embed(self, idx):
+        x = self.wte(idx) + self.wpe[: idx.shape[1]]
+        x = F.dropout(x, self.cfg.dropout, self.training)
+        return tp.scatter_sequence(x, self.ctx)
+
+    def run_block(self, block, x):
+        if self.ctx.layout.recompute == "full" and self.training and torch.is_grad_enabled():
+            return checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def head(self, x):
+        """Final LayerNorm and the vocabulary-parallel output layer: local logits."""
+        return F.linear(tp.enter_region(self.ln_f(x), self.ctx), self.lm_head.weight)
+
+    def loss(self, logits, targets):
+        """Mean cross-entropy over the tokens (vocab-parallel when t > 1)."""
+        flat, tgt = logits.flatten(0, 1), targets.flatten()
+        if self.ctx.tp == 1:
+            return F.cross_entropy(flat, tgt)
+        per_token = tp.vocab_parallel_cross_entropy(flat, tgt, self.lm_head.start, self.cfg.vocab, self.ctx.comm)
+        return per_token.mean()
+
+    def forward(self, x, targets=None):
+        if self.first:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = self.run_block(block, x)
+        if not self.last:
+            return x
+        logits = self.head(x)
+        return logits if targets is None else self.loss(logits, targets)
+
+    @torch.no_grad()
+    def generate(self, idx, n: int, temperature: float = 0.8, top_k: int = 40, generator=None):
+        """Sample `n` tokens after `idx` [1, t] (single-stage, tensor degree 1 models)."""
+        for _ in range(n):
+            logits = self(idx[:, -self.cfg.seq_len:])[:, -1, : self.cfg.vocab] / temperature
+            v, _ = torch.topk(logits, min(top_k, logits.shape[-1]))
+            logits[logits < v[:, [-1]]] = float("-inf")
+            probs = F.softmax(logits.float(), dim=-1)
+            idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        return idx
+
+
+def num_params(model: nn.Module) -> int:
+    """Local parameter elements (a tied weight counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -1,0 +1,80 @@
+"""AdamW, the learning-rate schedule and exact global gradient clipping.
+
+Clipping must see the gradient norm of the *whole* model, not of one shard: each
+rank sums the squares of the shards it owns (a replicated parameter is counted on one
+copy only, see ShardInfo.replicas) and one all-reduce over the model-parallel ranks
+gives the global norm. Data-parallel replicas hold identical gradients after the sync,
+so they are not summed again.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .comm import Comm
+from .config import TrainConfig
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """Linear warm-up to `lr`, then cosine decay to `min_lr` at the last step."""
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def unique_params(params) -> list[torch.nn.Parameter]:
+    return list({id(p): p for p in params}.values())
+
+
+def make_adamw(params, t: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases and LayerNorm)."""
+    params = unique_params(params)
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+
+def owns_copy(p, comm: Comm) -> bool:
+    """True on the one copy of a replicated parameter that counts toward the norm."""
+    return all(comm.index(a) == 0 for a in p.shard.replicas)
+
+
+def local_sq_norm(params, comm: Comm) -> torch.Tensor:
+    """Sum of squared gradient entries of the shards this rank counts."""
+    total = torch.zeros((), dtype=torch.float64)
+    for p in unique_params(params):
+        if p.grad is not None and owns_copy(p, comm):
+            total += p.grad.detach().double().pow(2).sum().cpu()
+    return total
+
+
+def global_grad_norm(params, comm: Comm, extra_axes=()) -> float:
+    """The exact L2 norm of the full model's gradient (one all-reduce over the
+    model-parallel axes, plus `extra_axes` when gradients are sharded there)."""
+    sq = local_sq_norm(params, comm)
+    for axis in ("tp", "pp", *extra_axes):
+        comm.all_reduce(sq, axis)
+    return math.sqrt(float(sq))
+
+
+def clip_(params, max_norm: float, comm: Comm) -> float:
+    """Scale gradients so that the global norm is at most `max_norm`; returns the norm."""
+    norm = global_grad_norm(params, comm)
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in unique_params(params):
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm
+
+
+def sync_replicated_grads(params, comm: Comm) -> None:
+    """Sum the gradients of parameters whose copies saw different data (ShardInfo.grad_sync):
+    LayerNorm under sequence parallelism, the tied embedding on the first and last stage."""
+    for p in unique_params(params):
+        if p.grad is not None:
+            for axis in p.shard.grad_sync:
+                comm.all_reduce(p.grad, axis)

@@ -1,0 +1,232 @@
+"""1-D tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", §3).
+
+The two conjugate operators of Fig. 3 of the paper, and the layers built from them:
+
+    f: identity forward, all-reduce backward  (enters a parallel region)
+    g: all-reduce forward, identity backward  (leaves a parallel region)
+
+A column-parallel linear (output features split) followed by a row-parallel linear
+(input features split) needs one g at the end of the pair and one f at its start, so
+an MLP or an attention block costs one all-reduce forward and one backward.
+
+Sequence parallelism (Korthikanti et al. 2022, §4.2.2) replaces f by an all-gather
+along the sequence (reduce-scatter backward) and g by a reduce-scatter along the
+sequence (all-gather backward): same bytes, but LayerNorm and dropout run on 1/t of
+the tokens. Hidden states are [batch, seq, hidden]; the sequence is dim 1.
+
+With t = 1 every operator is the identity: the single-device model is this model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import pad_vocab
+from ..context import Context, make_param, split
+
+SEQ = 1  # the sequence dimension of [b, s, h] hidden states
+
+
+class _F(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.all_reduce(dy.contiguous(), "tp"), None
+
+
+class _G(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        return comm.all_reduce(x.contiguous(), "tp")
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+class _GatherSeq(torch.autograd.Function):
+    """Sequence parallel f: all-gather the sequence forward, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return comm.all_gather(x, "tp", dim=SEQ)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.reduce_scatter(dy, "tp", dim=SEQ), None
+
+
+class _ScatterSeq(torch.autograd.Function):
+    """Sequence parallel g: reduce-scatter the sequence forward, all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return comm.reduce_scatter(x, "tp", dim=SEQ)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ), None
+
+
+class _SplitSeq(torch.autograd.Function):
+    """Keep this rank's slice of the sequence forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        n, i = comm.size("tp"), comm.index("tp")
+        return x[:, split(x.shape[SEQ], n, i)].contiguous()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ), None
+
+
+def enter_region(x, ctx: Context):
+    """Into a tensor-parallel region: f, or the sequence all-gather with --sp."""
+    if ctx.tp == 1:
+        return x
+    return _GatherSeq.apply(x, ctx.comm) if ctx.layout.sp else _F.apply(x, ctx.comm)
+
+
+def leave_region(x, ctx: Context):
+    """Out of a tensor-parallel region: g, or the sequence reduce-scatter with --sp."""
+    if ctx.tp == 1:
+        return x
+    return _ScatterSeq.apply(x, ctx.comm) if ctx.layout.sp else _G.apply(x, ctx.comm)
+
+
+def scatter_sequence(x, ctx: Context):
+    """Replicated [b, s, h] -> this rank's sequence shard (used after the embedding)."""
+    return _SplitSeq.apply(x, ctx.comm) if ctx.tp > 1 and ctx.layout.sp else x
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = X A with A's columns (output features) split over the tensor group.
+
+    `groups` splits the output into that many equal blocks first (e.g. heads), so
+    each rank gets whole blocks: the full weight's rows are ordered block-major.
+    """
+
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
+        super().__init__()
+        t, r = ctx.tp, ctx.tp_rank
+        rows = split(d_out, t, r)
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std)
+        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros")
+
+    def forward(self, x):  # x is already replicated (after enter_region)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """Y = X A with A's rows (input features) split; the caller reduces the partial
+    sums (leave_region) and only then adds the bias, which is replicated."""
+
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
+        super().__init__()
+        t, r = ctx.tp, ctx.tp_rank
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), split(d_in, t, r)), ctx, std)
+        self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx))
+
+    def forward(self, x):
+        return F.linear(x, self.weight)  # partial sum: bias after the reduction
+
+
+def replicated(ctx: Context) -> dict:
+    """A parameter copied on every tensor rank. Under sequence parallelism each copy
+    sees only its tokens, so its gradient must be summed over the tensor group."""
+    if ctx.tp == 1:
+        return {}
+    return {"replicas": ("tp",), "grad_sync": ("tp",) if ctx.layout.sp else ()}
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with replicated weight and bias (whole hidden on every rank)."""
+
+    def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = make_param(f"{name}.weight", (h,), (), ctx, kind="ones", **replicated(ctx))
+        self.bias = make_param(f"{name}.bias", (h,), (), ctx, kind="zeros", **replicated(ctx))
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary (rows) split over the tensor group.
+
+    The vocabulary is padded to a multiple of t; padded rows are zero and never
+    looked up. Each rank embeds the tokens in its range (others give zero) and g sums.
+    """
+
+    def __init__(self, name: str, vocab: int, h: int, ctx: Context, std: float = 0.02, grad_sync=()):
+        super().__init__()
+        t, r = ctx.tp, ctx.tp_rank
+        self.vocab, self.per_rank = vocab, pad_vocab(vocab, t) // t
+        self.start = r * self.per_rank
+        rows = slice(min(self.start, vocab), min(self.start + self.per_rank, vocab))
+        self.weight = make_param(f"{name}.weight", (vocab, h), (rows,), ctx, std,
+                                 local_shape=(self.per_rank, h), grad_sync=grad_sync,
+                                 replicas=("embed",) if grad_sync and ctx.comm.index("embed") else ())
+        self.ctx = ctx
+
+    def forward(self, idx):
+        if self.ctx.tp == 1:
+            return F.embedding(idx, self.weight)
+        local = idx - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return _G.apply(out, self.ctx.comm)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits split by vocabulary, without gathering them
+    (Megatron: all-reduce the max, the target logit and the sum of exponentials)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, start, vocab, comm):
+        # logits: [N, V/t] local slice covering vocabulary ids [start, start + V/t)
+        n_local = logits.shape[-1]
+        valid = torch.arange(start, start + n_local, device=logits.device) < vocab
+        logits = logits.masked_fill(~valid, float("-inf"))  # padded ids never count
+        lmax = logits.max(dim=-1).values
+        comm.all_reduce(lmax, "tp", op="max")
+        shifted = logits - lmax.unsqueeze(-1)
+        local_t = target - start
+        mine = (local_t >= 0) & (local_t < n_local)
+        rows = torch.arange(target.shape[0], device=logits.device)
+        tlogit = shifted[rows, local_t.clamp(0, n_local - 1)] * mine
+        comm.all_reduce(tlogit, "tp")
+        exp = shifted.exp()
+        sumexp = exp.sum(dim=-1)
+        comm.all_reduce(sumexp, "tp")
+        softmax = exp / sumexp.unsqueeze(-1)
+        ctx.save_for_backward(softmax, local_t.clamp(0, n_local - 1), mine)
+        return sumexp.log() - tlogit  # per-token loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        softmax, local_t, mine = ctx.saved_tensors
+        grad = softmax.clone()
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad[rows, local_t] -= mine.to(grad.dtype)
+        return grad * dloss.unsqueeze(-1), None, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, target, start: int, vocab: int, comm):
+    """Per-token loss from vocabulary-split logits [N, V/t] (start = this rank's first id)."""
+    return _VocabParallelCrossEntropy.apply(logits, target, start, vocab, comm)

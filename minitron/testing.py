@@ -1,0 +1,49 @@
+"""Helpers for multi-rank tests and lab checkers: real gloo process groups, many checks
+per launch (starting ranks is the expensive part on a small machine).
+
+    def check(comm):             # runs on every rank, returns anything picklable
+        return comm.grid.rank
+    results = run_on_ranks(check, ParallelConfig(dp=2, tp=2))   # {rank: result}
+
+    out = run_cli(["verify", "--nproc", "2", "--dp", "2", "--json"])  # (code, stdout, stderr)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .config import ParallelConfig
+
+
+def _rank_entry(fn, layout, trace, args):
+    from .launch import setup_rank, teardown
+
+    comm = setup_rank(layout, layout.backend, 120, trace=trace)
+    try:
+        return fn(comm, *args)
+    finally:
+        teardown()
+
+
+def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict:
+    """Run `fn(comm, *args)` on dp*tp*pp local gloo ranks; return {rank: result}."""
+    from .launch import launch_local
+
+    if layout.world == 1:
+        return {0: _rank_entry(fn, layout, trace, args)}
+    return launch_local(_rank_entry, (fn, layout, trace, args), layout.world)
+
+
+def run_cli(argv: list[str], timeout: float = 600, env: dict | None = None):
+    """Run `python -m minitron <argv>` in a subprocess: (returncode, stdout, stderr)."""
+    e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "minitron", *argv], capture_output=True, text=True,
+                       timeout=timeout, env=e)
+    return p.returncode, p.stdout, p.stderr
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON object on the last non-empty line of a command's output."""
+    return json.loads([ln for ln in stdout.splitlines() if ln.strip()][-1])

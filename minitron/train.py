@@ -1,0 +1,229 @@
+"""The training loop, for every layout.
+
+`Trainer` builds this rank's part of the model from (model, layout, train) configs and
+a `Comm`, and `Trainer.step(i)` runs one optimizer step on the global batch of step i:
+microbatches, gradient accumulation, data-parallel sync, exact global clipping, AdamW.
+It is what `minitron train` and `minitron verify` run, and what notebooks can drive
+directly (a single-device Trainer needs no process group at all).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+
+import torch
+
+from . import data as data_mod
+from .comm import Comm
+from .config import ModelConfig, ParallelConfig, TrainConfig
+from .context import Context
+from .model import GPT
+from .optim import clip_, lr_at, make_adamw, sync_replicated_grads, unique_params
+from .parallel.data import make_data_parallel
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def model_flops_per_step(m: ModelConfig, global_batch: int) -> float:
+    """Model FLOPs of one step without recomputation (Korthikanti et al.: 72 and V/12lh)."""
+    l, h, s, v = m.layers, m.hidden, m.seq_len, m.vocab
+    return 72 * global_batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+
+
+def stage_layers(m: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
+    """Global layer ids of each of the pp*vpp model chunks (virtual stages), in order."""
+    n = layout.pp * layout.vpp
+    counts = list(layout.stage_layers) or [m.layers // n + (1 if i < m.layers % n else 0) for i in range(n)]
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+class Trainer:
+    def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
+                 comm: Comm | None = None, corpus=None):
+        self.mcfg, self.layout, self.tcfg = model, layout, train
+        self.comm = comm or Comm()
+        self.ctx = Context(self.comm, layout, DTYPES[train.dtype], seed=train.seed)
+        self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
+        self.train_data, self.val_data = self.corpus.split()
+        data_mod.check_corpus(self.val_data, model.seq_len)
+        self.chunks = self._build_chunks()
+        self.params = unique_params(p for c in self.chunks for p in c.parameters())
+        self.dp = make_data_parallel(self.params, self.comm, layout)
+        self.optimizer = make_adamw(self.params, train)
+        self.pipeline = None
+        if layout.pp > 1:
+            from .parallel.pipeline import PipelineRuntime
+            self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches)
+        self.step_idx = 0
+
+    def _build_chunks(self) -> list[GPT]:
+        """This rank's model chunks: one unless the schedule is interleaved."""
+        pp, pp_rank = self.layout.pp, self.comm.index("pp")
+        stages = stage_layers(self.mcfg, self.layout)
+        chunks = []
+        for c in range(self.layout.vpp):
+            s = c * pp + pp_rank  # virtual stage of chunk c (PTD-P §2.2.2)
+            chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1))
+        return chunks
+
+    @property
+    def model(self) -> GPT:
+        """The model, when this rank holds all of it in one chunk."""
+        return self.chunks[0]
+
+    # --- data -----------------------------------------------------------------------
+    def local_batch(self, step: int, split: str = "train"):
+        """This data-parallel rank's rows of the global batch of `step`."""
+        t = self.tcfg
+        rows = data_mod.dp_rows(t.global_batch, self.layout.dp, self.comm.index("dp"))
+        src = self.train_data if split == "train" else self.val_data
+        return data_mod.batch(src, self.mcfg.seq_len, t.global_batch, t.seed, step, rows)
+
+    def microbatches(self, step: int):
+        x, y = self.local_batch(step)
+        return list(zip(x.chunk(self.tcfg.microbatches), y.chunk(self.tcfg.microbatches)))
+
+    # --- one step -------------------------------------------------------------------
+    def step(self, step: int | None = None) -> float:
+        """One optimizer step on the global batch of `step`; returns the global mean loss."""
+        step = self.step_idx if step is None else step
+        self.comm.step = step
+        for c in self.chunks:
+            c.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        mbs = self.microbatches(step)
+        if self.pipeline is not None:
+            loss_sum = self.pipeline.run(mbs, self.dp)
+        else:
+            loss_sum = self._forward_backward(mbs)
+        with self.comm.in_phase("optim"):
+            self.dp.finish()
+            sync_replicated_grads(self.params, self.comm)
+            self.grad_norm = clip_(self.params, self.tcfg.clip, self.comm)
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr_at(step, self.tcfg)
+            self.optimizer.step()
+        self.step_idx = step + 1
+        return self.reduce_loss(loss_sum)
+
+    def _forward_backward(self, mbs) -> torch.Tensor:
+        m, total = len(mbs), torch.zeros((), dtype=torch.float64)
+        for k, (x, y) in enumerate(mbs):
+            with self.comm.in_phase("fwd"):
+                loss = self.model(x, y) / m
+            with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
+                loss.backward()
+            total += loss.detach().double()
+        return total
+
+    def reduce_loss(self, loss_sum: torch.Tensor | None) -> float:
+        """The global-batch mean loss on every rank: the last stage's tensor rank 0 of each
+        data-parallel replica contributes its mean; one 'log'-phase all-reduce."""
+        t = torch.zeros((), dtype=torch.float64)
+        if loss_sum is not None and self.comm.index("tp") == 0:
+            t += loss_sum.double() / self.layout.dp
+        with self.comm.in_phase("log"):
+            self.comm.all_reduce(t, "world")
+        return float(t)
+
+    @torch.no_grad()
+    def evaluate(self, batches: int | None = None) -> float:
+        """Mean validation loss over `batches` fixed validation batches (single-stage models;
+        with a pipeline, the pipeline runtime's forward-only pass)."""
+        n = batches or self.tcfg.eval_batches
+        for c in self.chunks:
+            c.eval()
+        total = torch.zeros((), dtype=torch.float64)
+        for i in range(n):
+            x, y = self.local_batch(10_000_000 + i, split="val")
+            if self.pipeline is not None:
+                out = self.pipeline.forward_only(x, y)
+                total += out if out is not None else 0.0
+            else:
+                with self.comm.in_phase("log"):
+                    total += self.model(x, y).double()
+        has = self.pipeline is None or self.chunks[-1].last
+        return self.reduce_loss(total / n if has else None)
+
+
+def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm | None = None,
+          corpus=None, log=print) -> dict:
+    """The `minitron train` job on this rank: train, evaluate, checkpoint, sample.
+
+    Returns a summary dict (first/last validation loss, losses per step, ...).
+    """
+    from . import checkpoint as ckpt
+    from .checkpoint import gather_full
+
+    comm = comm or Comm()
+    tr = Trainer(model, layout, tc, comm, corpus)
+    rank0 = comm.grid.rank == 0
+    start = 0
+    if tc.resume and tc.ckpt_dir:
+        start = ckpt.load_latest(tc.ckpt_dir, tr)
+        if rank0 and start:
+            log(f"resumed from {tc.ckpt_dir} at step {start}")
+    metrics = open(tc.metrics, "a") if (tc.metrics and rank0) else None
+    tokens_per_step = tc.global_batch * model.seq_len
+    flops_per_step = model_flops_per_step(model, tc.global_batch)
+    losses, val_losses = [], {}
+    bar = None
+    if rank0 and tc.progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=tc.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    first_val = tr.evaluate() if start == 0 else None
+    if first_val is not None:
+        val_losses[0] = first_val
+    for step in range(start, tc.steps):
+        t0 = time.perf_counter()
+        loss = tr.step(step)
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        rec = {"step": step + 1, "loss": loss, "lr": lr_at(step, tc), "grad_norm": tr.grad_norm,
+               "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
+        if tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == tc.steps):
+            rec["val_loss"] = val_losses[step + 1] = tr.evaluate()
+        if tc.ckpt_dir and tc.ckpt_every and ((step + 1) % tc.ckpt_every == 0 or step + 1 == tc.steps):
+            ckpt.save(tc.ckpt_dir, step + 1, tr)
+        if metrics:
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                            **({"val": f"{rec['val_loss']:.3f}"} if "val_loss" in rec else {}))
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if metrics:
+        metrics.close()
+    if comm.trace is not None and tc.trace:
+        comm.trace.write(tc.trace)
+    summary = {"losses": losses, "val_losses": val_losses, "layout": layout.describe(),
+               "model": asdict(model), "steps": tc.steps}
+    if tc.sample_tokens:
+        full = gather_full(tr)  # any layout -> full weights on rank 0
+        if full is not None:
+            summary["sample"] = sample(single_device_model(model, full, tc), n=tc.sample_tokens)
+    return summary
+
+
+def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:
+    """A one-device GPT holding the full weights assembled from any layout's shards."""
+    from .checkpoint import import_state
+
+    gpt = GPT(model, Context(dtype=DTYPES[tc.dtype], seed=tc.seed))
+    import_state(list(gpt.parameters()), None, full)
+    return gpt
+
+
+def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0) -> str:
+    """Generate `n` bytes of text after `prompt` from a single-device model."""
+    idx = torch.tensor([list(prompt.encode())], dtype=torch.long)
+    out = gpt.eval().generate(idx, n, generator=torch.Generator().manual_seed(seed))
+    return data_mod.ByteCorpus.decode(out[0].tolist())
+

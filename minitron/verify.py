@@ -1,0 +1,56 @@
+"""The oracle: a parallel layout must equal the single-device model.
+
+`verify_job` trains the layout for N steps, gathers the full weights to rank 0 and
+trains the single-device reference there — the same GPT class with every parallel
+degree 1, same seed, same global batches (microbatches of the same size). It reports
+the largest difference of the per-step losses and the largest relative difference of
+any parameter tensor (max |Δ| / max |reference|) after the last step.
+"""
+from __future__ import annotations
+
+import torch
+
+from .checkpoint import gather_full
+from .config import ParallelConfig
+from .train import Trainer
+
+# float64 sums in another order agree to ~1e-14; Adam's update amplifies that a little.
+TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "bfloat16": 5e-2}
+
+
+def reference_run(m, t, corpus, steps: int):
+    """The single-device run: losses per step and its trainer."""
+    ref = Trainer(m, ParallelConfig(), t, corpus=corpus)
+    return [ref.step(i) for i in range(steps)], ref
+
+
+def compare(losses, full: dict, ref_losses, ref_trainer) -> dict:
+    loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    worst, worst_name = 0.0, ""
+    for p in ref_trainer.params:
+        mine = full[p.shard.name]["param"].to(p.dtype)
+        scale = p.detach().abs().max().clamp_min(1e-30)
+        d = float((mine - p.detach()).abs().max() / scale)
+        if d > worst:
+            worst, worst_name = d, p.shard.name
+    return {"max_loss_abs_diff": loss_diff, "max_param_rel_diff": worst, "worst_param": worst_name}
+
+
+def verify_job(comm, m, p, t, corpus, extra) -> dict | None:
+    """Run on every rank; rank 0 returns the verdict (a dict), others None."""
+    tr = Trainer(m, p, t, comm, corpus)
+    losses = [tr.step(i) for i in range(t.steps)]
+    if comm.trace is not None and t.trace:
+        comm.trace.write(t.trace)
+    if t.timeline and tr.pipeline is not None:
+        tr.pipeline.write_timeline(t.timeline)
+    full = gather_full(tr)
+    if comm.grid.rank != 0:
+        return None
+    torch.manual_seed(t.seed)
+    ref_losses, ref = reference_run(m, t.replace(microbatches=t.microbatches * p.dp, trace=""), corpus, t.steps)
+    res = compare(losses, full, ref_losses, ref)
+    tol = (extra or {}).get("tol") or TOLERANCE[t.dtype]
+    res.update(ok=res["max_loss_abs_diff"] <= tol and res["max_param_rel_diff"] <= tol, tolerance=tol,
+               steps=t.steps, layout=p.describe(), losses=losses, reference_losses=ref_losses)
+    return res
