@@ -21,6 +21,11 @@ class Context:
     seed: int = 1234
     init: str = "global"  # "global": draw the full tensor and slice; "shard": draw the local shard
 
+    def autocast(self):
+        """bf16 compute with fp32 master weights (--precision bf16): autocast on the run's
+        device; a no-op context in fp32."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.layout.precision == "bf16")
+
     @property
     def grid(self):
         return self.comm.grid

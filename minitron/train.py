@@ -114,7 +114,7 @@ class Trainer:
     def _forward_backward(self, mbs) -> torch.Tensor:
         m, total = len(mbs), torch.zeros((), dtype=torch.float64)
         for k, (x, y) in enumerate(mbs):
-            with self.comm.in_phase("fwd"):
+            with self.comm.in_phase("fwd"), self.ctx.autocast():
                 loss = self.model(x, y) / m
             with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
                 loss.backward()
@@ -145,7 +145,7 @@ class Trainer:
                 out = self.pipeline.forward_only(x, y)
                 total += out if out is not None else 0.0
             else:
-                with self.comm.in_phase("log"):
+                with self.comm.in_phase("log"), self.ctx.autocast():
                     total += self.model(x, y).double()
         has = self.pipeline is None or self.chunks[-1].last
         return self.reduce_loss(total / n if has else None)

@@ -200,6 +200,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, start, vocab, comm):
         # logits: [N, V/t] local slice covering vocabulary ids [start, start + V/t)
+        logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         n_local = logits.shape[-1]
         valid = torch.arange(start, start + n_local, device=logits.device) < vocab
         logits = logits.masked_fill(~valid, float("-inf"))  # padded ids never count
