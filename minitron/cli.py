@@ -205,6 +205,34 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import torch
+
+    from .bench import bench_job, bench_single
+
+    m, p = model_from(args), layout_from(args)
+    t = train_from(args, eval_every=0, progress=False, warmup=2)
+    validate(m, p, t)
+    corpus = check_data(m, t)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend), t, corpus,
+                       args.bench_steps, args.warmup_steps)
+    res = dict(one)
+    if p.world > 1:
+        multi = run_ranks(bench_job, m, p, t, corpus,
+                          {"timeout": args.timeout, "steps": args.bench_steps, "warmup": args.warmup_steps})
+        res.update(multi, single_device_step_s=one["minitron_step_s"],
+                   speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"],
+                   mfu=multi["model_flops_per_s"] / one["device_peak_flops_per_s"])
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for k, v in res.items():
+            print(f"{k:>26}  {v:.4g}" if isinstance(v, float) else f"{k:>26}  {v}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minitron", description="Megatron-style parallel GPT training, small.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -238,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--plot", default="", help="write a timeline figure (png/svg/pdf)")
     sc.set_defaults(fn=cmd_schedule)
+    be = sub.add_parser("bench", help="step time, tokens/s, MFU and overhead vs plain PyTorch")
+    add_model_args(be)
+    add_layout_args(be)
+    add_train_args(be, steps=10, global_batch=16)
+    be.add_argument("--bench-steps", type=int, default=10, help="timed steps (after warm-up)")
+    be.add_argument("--warmup-steps", type=int, default=3)
+    be.add_argument("--threads", type=int, default=0, help="torch threads for the single-device run")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(fn=cmd_bench)
     return ap
 
 
