@@ -1,0 +1,465 @@
+"""Pipeline schedules as data.
+
+A schedule is a pure value: for every pipeline rank, the ordered list of actions it
+performs in one training step (a forward/backward of microbatch k on a model chunk,
+or the send/receive of an activation or a gradient). The same value is executed by
+the runtime, timed by `simulate`, proven executable by `validate` and drawn by `viz`.
+
+Stages. With p ranks and v chunks per rank there are p*v virtual stages. Megatron's
+interleaved assignment puts stage s on rank s % p as local chunk s // p, so
+`stage(rank, chunk) = chunk*p + rank` and activations flow s -> s+1: rank r sends
+forward to rank r+1, and rank p-1 sends chunk c's output to rank 0's chunk c+1.
+
+Point-to-point contract between a schedule and the runtime (`validate` proves it):
+  * A rank executes `Schedule.steps(rank)` in order. A step is a compute action or a
+    batch: a maximal run of consecutive comm actions, posted in list order as one
+    `torch.distributed.batch_isend_irecv` and waited on (all of it) before the next
+    step. Tensors received in a batch are consumed by the compute that follows.
+  * Messages between two ranks match in posting order (NCCL, and gloo with the
+    default tag): the k-th send from r to q is the k-th receive on q from r. The
+    schedule makes each such pair agree on direction, microbatch and stage.
+  * It never deadlocks, whether a send completes only once its receive is posted
+    (rendezvous: a batch finishes when every partner op has been posted) or at once
+    (eager). So the runtime may block on every batch, and needs no tags or threads.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+COMPUTE_OPS = ("F", "B", "W")
+COMM_OPS = ("send_fwd", "recv_fwd", "send_bwd", "recv_bwd")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be executed (missing action, bad order, deadlock)."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a rank does: compute (F, B, W) or move a tensor (send/recv).
+
+    `chunk` is always the *local* chunk on the rank that performs the action; for a
+    send/recv it is the chunk that produced or will consume the tensor. `peer` is the
+    pipeline rank at the other end of a send/recv, None for compute.
+    In "zb-h1" B is the input-gradient pass and W the weight-gradient pass; in the
+    other kinds B is the full backward and there is no W.
+    """
+    op: str
+    mb: int
+    chunk: int = 0
+    peer: int | None = None
+
+    @property
+    def is_compute(self) -> bool:
+        return self.op in COMPUTE_OPS
+
+    def __str__(self) -> str:
+        s = f"{self.op}{self.mb}.c{self.chunk}"
+        if self.peer is None:
+            return s
+        return s + ("->" if self.op.startswith("send") else "<-") + str(self.peer)
+
+
+Step = Union[Action, tuple]  # a compute Action, or a tuple of comm Actions (one batch)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    p: int
+    v: int
+    m: int
+    actions: tuple[tuple[Action, ...], ...]  # one ordered tuple per pipeline rank
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.v
+
+    def stage(self, rank: int, chunk: int) -> int:
+        return chunk * self.p + rank
+
+    def is_first(self, rank: int, chunk: int) -> bool:
+        return self.stage(rank, chunk) == 0
+
+    def is_last(self, rank: int, chunk: int) -> bool:
+        return self.stage(rank, chunk) == self.num_stages - 1
+
+    def compute_actions(self, rank: int) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions[rank] if a.is_compute)
+
+    def steps(self, rank: int) -> tuple[Step, ...]:
+        """The rank's actions with each run of consecutive comm actions batched into a
+        tuple: the runtime posts such a tuple as one batch_isend_irecv and waits."""
+        out, batch = [], []
+        for a in self.actions[rank]:
+            if a.is_compute:
+                if batch:
+                    out.append(tuple(batch))
+                    batch = []
+                out.append(a)
+            else:
+                batch.append(a)
+        if batch:
+            out.append(tuple(batch))
+        return tuple(out)
+
+
+# ----------------------------------------------------------------------------------
+# generators. Each returns a rank's compute order as *units*: runs of compute actions
+# that share one comm batch before them (the receives they need) and one after them
+# (the sends they produce). Usually a unit is one action; the pairs below are where
+# batching them differently keeps a blocking runtime from stalling or deadlocking.
+
+
+def _one_f_one_b(fwd: list, bwd: list, warmup: int, pair: bool = False) -> list:
+    """Warm-up forwards, then one forward and one backward at a time (steady state),
+    then the remaining backwards (cool-down): at most warmup+1 microbatches stashed.
+    With `pair` each steady (F, B) is one unit, as Megatron's interleaved schedule
+    batches send_forward_backward_recv_forward_backward."""
+    n = len(fwd)
+    steady = [(fwd[warmup + i], bwd[i]) for i in range(n - warmup)]
+    if not pair:
+        steady = [(a,) for fb in steady for a in fb]
+    return [(f,) for f in fwd[:warmup]] + steady + [(b,) for b in bwd[n - warmup:]]
+
+
+def num_warmup(kind: str, p: int, v: int, m: int, rank: int) -> int:
+    """Forwards rank r runs before its steady state (PTD-P §2.2): all m in GPipe;
+    p-r-1 in 1F1B and ZB-H1, the forwards still in flight downstream when the first
+    gradient could come back; (p-r-1)*2 + (v-1)*p in interleaved,
+    where the (v-1)*p forwards fill the other chunks of the first group of p
+    microbatches and each downstream rank adds 2: the activation's trip to the last
+    stage and the gradient's trip back. Capped at the m*v forwards there are."""
+    n = {"gpipe": m, "1f1b": p - rank - 1, "zb-h1": p - rank - 1,
+         "interleaved": (p - rank - 1) * 2 + (v - 1) * p}[kind]
+    return min(n, m * v)
+
+
+def _gpipe(p, v, m, rank):
+    """GPipe: all forwards, then all backwards. Stashes all m microbatches."""
+    return [(Action(op, i),) for op in "FB" for i in range(m)]
+
+
+def _1f1b(p, v, m, rank):
+    """PipeDream-Flush (PTD-P §2.2.1): after min(p-r-1, m) warm-up forwards rank r's
+    first backward is due as soon as its gradient could arrive. Same bubble as
+    GPipe, (p-1)/m, but at most p microbatches stashed instead of m."""
+    fwd = [Action("F", i) for i in range(m)]
+    bwd = [Action("B", i) for i in range(m)]
+    return _one_f_one_b(fwd, bwd, num_warmup("1f1b", p, v, m, rank))
+
+
+def _interleaved(p, v, m, rank):
+    """Interleaved 1F1B (PTD-P §2.2.2): each rank holds v chunks and runs microbatches
+    in groups of p through chunk 0, then chunk 1, ...; backwards mirror that order.
+    The bubble shrinks to (p-1)/(v*m) for v times more p2p messages; the warm-up is
+    longer (see `num_warmup`). Steady (F, B) pairs share their comm batches:
+    receiving the next gradient before the next forward is what lets rank p-1 accept
+    a gradient from rank 0 (chunk c+1 -> c) without a blocking send deadlocking."""
+    def mb(k):
+        return (k // (p * v)) * p + k % p
+
+    def chunk(k):
+        return (k % (p * v)) // p
+
+    n = m * v
+    fwd = [Action("F", mb(k), chunk(k)) for k in range(n)]
+    bwd = [Action("B", mb(k), v - 1 - chunk(k)) for k in range(n)]
+    return _one_f_one_b(fwd, bwd, num_warmup("interleaved", p, v, m, rank), pair=True)
+
+
+def _zb_h1(p, v, m, rank):
+    """ZB-H1 (Qi et al. 2024): split the backward into B (input gradient, on the
+    critical path) and W (weight gradient, needed only by the optimizer). F and B
+    keep the 1F1B order, so peak memory is 1F1B's; rank r defers r of its W's past
+    its last B, where they fill the cool-down waits, and the bubble becomes
+    (p-1)(T_F+T_B-T_W): a third of 1F1B's when T_F=T_B=T_W.
+    In the steady state the upstream rank is ready for a gradient one W after it is
+    produced, so a blocking send would idle that long: (B, W) is one unit and the
+    gradient leaves after the W. The last steady B sends at once: its receiver is
+    already in cool-down, waiting."""
+    last_steady = m - num_warmup("zb-h1", p, v, m, rank) - 1
+    units = []
+    for (a,) in _1f1b(p, v, m, rank):
+        if a.op == "B" and a.mb >= rank:
+            w = Action("W", a.mb - rank)
+            units += [(a, w)] if a.mb < last_steady else [(a,), (w,)]
+        else:
+            units.append((a,))
+    return units + [(Action("W", i),) for i in range(max(m - rank, 0), m)]
+
+
+_ORDERS = {"gpipe": _gpipe, "1f1b": _1f1b, "interleaved": _interleaved, "zb-h1": _zb_h1}
+
+
+def _with_comms(p: int, v: int, rank: int, units: list) -> tuple[Action, ...]:
+    """Receive what a unit consumes right before it, send what it produces right after.
+    Consecutive comms form one batch: e.g. the 1F1B steady state's
+    [send_fwd, recv_bwd] is Megatron's send_forward_recv_backward."""
+    last, out = p * v - 1, []
+    up, down = (rank - 1) % p, (rank + 1) % p
+    for unit in units:
+        recvs, sends = [], []
+        for a in unit:
+            s = a.chunk * p + rank
+            if a.op == "F":
+                recvs += [Action("recv_fwd", a.mb, a.chunk, up)] if s > 0 else []
+                sends += [Action("send_fwd", a.mb, a.chunk, down)] if s < last else []
+            elif a.op == "B":
+                recvs += [Action("recv_bwd", a.mb, a.chunk, down)] if s < last else []
+                sends += [Action("send_bwd", a.mb, a.chunk, up)] if s > 0 else []
+        out += recvs + list(unit) + sends
+    return tuple(out)
+
+
+def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedule:
+    """The schedule of one training step: p pipeline ranks, v chunks per rank,
+    m microbatches (default p, the fewest that fill the pipeline)."""
+    m = p if m is None else m
+    if kind not in _ORDERS:
+        raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"schedule needs p, v, m >= 1, got p={p}, v={v}, m={m}")
+    if kind == "interleaved":
+        if v < 2 or p < 2:
+            raise ValueError(f"interleaved needs v >= 2 and p >= 2, got p={p}, v={v}; "
+                             "use 1f1b otherwise")
+        if m % p:
+            raise ValueError(f"interleaved needs microbatches m={m} to be a multiple "
+                             f"of p={p}")
+    elif v != 1:
+        raise ValueError(f"{kind} has one chunk per rank (v=1), got v={v}; "
+                         "use interleaved for v > 1")
+    actions = tuple(_with_comms(p, v, r, _ORDERS[kind](p, v, m, r)) for r in range(p))
+    return Schedule(kind, p, v, m, actions)
+
+
+# ----------------------------------------------------------------------------------
+# validation
+
+
+def _expected_actions(s: Schedule) -> Counter:
+    """Every (rank, action) a complete schedule of this shape contains exactly once."""
+    ops = "FBW" if s.kind == "zb-h1" else "FB"
+    units = [(Action(op, i, c),) for c in range(s.v) for i in range(s.m) for op in ops]
+    return Counter((r, str(a)) for r in range(s.p)
+                   for a in _with_comms(s.p, s.v, r, units))
+
+
+def _check_complete(s: Schedule) -> None:
+    if len(s.actions) != s.p:
+        raise ScheduleError(f"schedule has {len(s.actions)} ranks, expected p={s.p}")
+    have = Counter((r, str(a)) for r in range(s.p) for a in s.actions[r])
+    want = _expected_actions(s)
+    for problem, diff in (("unexpected or repeated", have - want),
+                          ("missing", want - have)):
+        if diff:
+            r, a = min(diff)
+            raise ScheduleError(f"rank {r}: {problem} {a}")
+
+
+def _check_order(s: Schedule) -> None:
+    """Within a rank: a tensor is received before it is used, produced before it is
+    sent, and the forward precedes B which precedes W."""
+    needs = {"F": "recv_fwd", "send_fwd": "F", "B": "F", "send_bwd": "B", "W": "B"}
+    for r in range(s.p):
+        seen = set()
+        for a in s.actions[r]:
+            key = (a.mb, a.chunk)
+            reqs = [needs.get(a.op)]
+            if a.op == "F" and s.is_first(r, a.chunk):
+                reqs = []
+            if a.op == "B" and not s.is_last(r, a.chunk):
+                reqs.append("recv_bwd")
+            for req in filter(None, reqs):
+                if (req, key) not in seen:
+                    raise ScheduleError(f"rank {r}: {a} runs before "
+                                        f"{req}{a.mb}.c{a.chunk}")
+            seen.add((a.op, key))
+
+
+def _matches(s: Schedule, src: int, send: Action, dst: int, recv: Action) -> bool:
+    step = 1 if send.op == "send_fwd" else -1
+    return (recv.op == "recv" + send.op[4:] and recv.mb == send.mb
+            and s.stage(dst, recv.chunk) == s.stage(src, send.chunk) + step)
+
+
+def _execute(s: Schedule, cost: Callable[[int, Action], float], eager: bool):
+    """Run the schedule on a virtual clock; returns (rank, action, start, end) for
+    every compute action. Each rank walks its `steps`; a comm batch is posted at the
+    rank's clock and finishes when all its ops have: a send once its receive is posted
+    (or at once when `eager`), a receive once its send is posted. Messages on a
+    (src, dst) channel match in FIFO order. Raises ScheduleError on deadlock."""
+    steps = [s.steps(r) for r in range(s.p)]
+    pc, clock = [0] * s.p, [0.0] * s.p
+    posted = [None] * s.p             # per rank: [(op, channel, index, post time)]
+    chan = {}                          # (src, dst) -> {"send": [...], "recv": [...]}
+    timeline = []
+
+    def post(r, a):
+        src, dst = (r, a.peer) if a.op.startswith("send") else (a.peer, r)
+        side = "send" if a.op.startswith("send") else "recv"
+        q = chan.setdefault((src, dst), {"send": [], "recv": []})[side]
+        q.append((a, clock[r]))
+        return (a, (src, dst), len(q) - 1, clock[r])
+
+    def done_at(r, a, ch, k, t):
+        side, other = ("send", "recv") if a.op.startswith("send") else ("recv", "send")
+        q = chan[ch][other]
+        if len(q) <= k:
+            return t if eager and side == "send" else None
+        (b, tb) = q[k]
+        send, recv = (a, b) if side == "send" else (b, a)
+        if not _matches(s, ch[0], send, ch[1], recv):
+            raise ScheduleError(f"ranks {ch[0]}->{ch[1]}: {send} on rank {ch[0]} "
+                                f"meets {recv} on rank {ch[1]}")
+        return t if eager and side == "send" else max(t, tb)
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(s.p):
+            while pc[r] < len(steps[r]):
+                step = steps[r][pc[r]]
+                if isinstance(step, Action):
+                    t0 = clock[r]
+                    clock[r] += cost(r, step)
+                    timeline.append((r, step, t0, clock[r]))
+                else:
+                    if posted[r] is None:
+                        posted[r] = [post(r, a) for a in step]
+                    ends = [done_at(r, *op) for op in posted[r]]
+                    if None in ends:
+                        break
+                    clock[r], posted[r] = max([clock[r], *ends]), None
+                pc[r] += 1
+                progress = True
+
+    stuck = [r for r in range(s.p) if pc[r] < len(steps[r])]
+    if stuck:
+        mode = "eager" if eager else "blocking"
+        waits = "; ".join(f"rank {r} at [{', '.join(map(str, steps[r][pc[r]]))}]"
+                          for r in stuck)
+        raise ScheduleError(f"deadlock with {mode} sends: {waits}")
+    for (src, dst), q in chan.items():
+        if len(q["send"]) != len(q["recv"]):
+            raise ScheduleError(f"ranks {src}->{dst}: {len(q['send'])} sends but "
+                                f"{len(q['recv'])} receives")
+    return timeline
+
+
+def validate(schedule: Schedule) -> Schedule:
+    """Prove the schedule executable, or raise ScheduleError saying why: every stage
+    runs F and B (and W for zb-h1) once per microbatch, each rank's order respects its
+    data dependencies, every send meets its receive, and the whole pipeline finishes
+    with blocking (rendezvous, batched) and with eager point-to-point semantics."""
+    s = schedule
+    if s.kind not in KINDS:
+        raise ScheduleError(f"unknown schedule kind {s.kind!r}")
+    _check_complete(s)
+    _check_order(s)
+    for eager in (False, True):
+        _execute(s, lambda r, a: 1.0, eager)
+    return s
+
+
+# ----------------------------------------------------------------------------------
+# simulation
+
+Costs = Union[Mapping[str, float], Callable[[int, Action], float], None]
+
+
+def default_costs(kind: str) -> dict[str, float]:
+    """Uniform costs: backward twice the forward; zb-h1 splits it into B=W=1."""
+    return {"F": 1, "B": 1, "W": 1} if kind == "zb-h1" else {"F": 1, "B": 2, "W": 0}
+
+
+@dataclass(frozen=True)
+class Simulation:
+    schedule: Schedule
+    timeline: tuple[tuple[tuple[Action, float, float], ...], ...]  # per rank
+    makespan: float
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
+    bubble_fraction: float
+    peak_stashed: tuple[int, ...]
+
+    def records(self) -> list[dict]:
+        """The timeline as the runtime's measured `--timeline` records."""
+        return [{"rank": r, "op": a.op, "mb": a.mb, "chunk": a.chunk,
+                 "start": t0, "end": t1}
+                for r, row in enumerate(self.timeline) for a, t0, t1 in row]
+
+
+def peak_stashed(schedule: Schedule, rank: int) -> int:
+    """Most microbatch-chunks whose forward ran and whose B has not: 1F1B's rank 0
+    holds min(p, m), GPipe's m. A chunk holds 1/v of a rank's layers: interleaved
+    rank 0 holds up to p*v + p - 1 chunks, p*(1 + (p-1)/(p*v)) stages' worth
+    (Korthikanti et al.). In zb-h1 a layer's input stays alive until W; like
+    Qi et al. we count activations only up to B, which frees the bulk of them."""
+    live = peak = 0
+    for a in schedule.compute_actions(rank):
+        live += {"F": 1, "B": -1}.get(a.op, 0)
+        peak = max(peak, live)
+    return peak
+
+
+def simulate(schedule: Schedule, costs: Costs = None, eager: bool = False
+             ) -> Simulation:
+    """Time the schedule: each compute action costs `costs[op]` (or `costs(rank,
+    action)` for measured times), communication is free. P2p follows the runtime:
+    a batch waits until its partners have posted (`eager=True`: sends never wait).
+    With the default costs both give the ideal dataflow timeline, so
+    bubble_fraction = (makespan - busy) / busy of the busiest rank, PTD-P's t_pb/t_id,
+    is exactly (p-1)/m for gpipe and 1f1b, (p-1)/(v*m) for interleaved (per-chunk
+    costs F=1, B=2) and (p-1)/(3m) for zb-h1 when m >= p."""
+    costs = default_costs(schedule.kind) if costs is None else costs
+    cost = costs if callable(costs) else (lambda r, a: costs.get(a.op, 0.0))
+    rows = [[] for _ in range(schedule.p)]
+    for r, a, t0, t1 in _execute(schedule, cost, eager):
+        rows[r].append((a, t0, t1))
+    makespan = max((t1 for row in rows for _, _, t1 in row), default=0.0)
+    busy = tuple(sum(t1 - t0 for _, t0, t1 in row) for row in rows)
+    top = max(busy)
+    return Simulation(
+        schedule=schedule,
+        timeline=tuple(tuple(row) for row in rows),
+        makespan=makespan,
+        busy=busy,
+        idle=tuple(makespan - b for b in busy),
+        bubble_fraction=(makespan - top) / top if top else 0.0,
+        peak_stashed=tuple(peak_stashed(schedule, r) for r in range(schedule.p)),
+    )
+
+
+# ----------------------------------------------------------------------------------
+# reporting
+
+
+def _short(s: Schedule, a: Action) -> str:
+    return str(a) if s.v > 1 else f"{a.op}{a.mb}"
+
+
+def describe(schedule: Schedule, sim: Simulation | None = None) -> str:
+    """One line per rank with its compute actions, then the bubble and peak stash."""
+    sim = simulate(schedule) if sim is None else sim
+    s = schedule
+    lines = [f"{s.kind} p={s.p} v={s.v} m={s.m}"]
+    lines += [f"rank {r}: " + " ".join(_short(s, a) for a in s.compute_actions(r))
+              for r in range(s.p)]
+    lines.append(f"bubble fraction {sim.bubble_fraction:.4f}, "
+                 f"peak stashed per rank {list(sim.peak_stashed)}")
+    return "\n".join(lines)
+
+
+def to_json(schedule: Schedule, sim: Simulation | None = None) -> dict:
+    sim = simulate(schedule) if sim is None else sim
+    s = schedule
+    return {"kind": s.kind, "p": s.p, "v": s.v, "m": s.m,
+            "bubble_fraction": sim.bubble_fraction,
+            "peak_stashed": list(sim.peak_stashed),
+            "makespan": sim.makespan,
+            "actions": [[str(a) for a in row] for row in s.actions]}
