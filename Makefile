@@ -6,8 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,course
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 NPROC ?= 8
 
 .PHONY: env run test test-fast schedule verify clean
