@@ -1,0 +1,92 @@
+"""The pipeline bubble and the activations a schedule keeps in flight, in closed form.
+
+With p stages and m microbatches per iteration, every schedule that flushes the
+pipeline at the end of an iteration leaves each stage idle while the pipeline fills
+and drains. The *bubble fraction* is that idle time divided by the ideal compute time
+``m·(T_F + T_B + T_W)`` of a stage (PTD-P §2.2):
+
+================  =====================================================  ==============
+schedule          bubble fraction                                        peak in flight
+================  =====================================================  ==============
+gpipe             (p−1)/m                                                m
+1f1b              (p−1)/m             (PipeDream-Flush: same bubble)     min(p, m)
+interleaved       (p−1)/(v·m)         (v model chunks per rank)          p·(1+(p−1)/(p·v))
+zb-h1             (p−1)(T_F+T_B−T_W) / (m(T_F+T_B+T_W))  (Qi et al. 2024) min(p, m)
+================  =====================================================  ==============
+
+For zero-bubble, T_B is the backward for the *input* gradient and T_W the backward for
+the *weight* gradient; deferring W fills part of the drain, so with T_F = T_B = T_W the
+bubble is a third of 1F1B's at the same peak memory. For the other schedules the
+backward is one step of T_B + T_W and the bubble does not depend on the timings.
+
+"Peak in flight" is the largest number of microbatches whose forward activations the
+first stage (the worst one) stashes at once, counted in units of one full stage
+(all of its chunks). For interleaving it follows from Megatron's warm-up of
+``(p−r−1)·2 + (v−1)·p`` chunk-forwards on rank r plus the one forward of the steady
+state, each holding 1/v of a stage: on rank 0 that is ``(v·p + p − 1)/v``
+= ``p·(1 + (p−1)/(p·v))``, the factor of Korthikanti et al. (2022, §4.2.3, where the
+interleaving degree is called m).
+"""
+from __future__ import annotations
+
+__all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "peak_stashed_microbatches",
+           "stashed_on_rank"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+
+
+def _check(kind: str, p: int, m: int, v: int) -> None:
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown schedule '{kind}': choose one of {', '.join(SCHEDULES)}")
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"p, m and v must be at least 1 (got p={p}, m={m}, v={v})")
+
+
+def bubble_fraction(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
+                    t_w: float = 0.0) -> float:
+    """Idle time of a stage over its ideal compute time, for one iteration.
+
+    gpipe, 1f1b: ``(p−1)/m``; interleaved: ``(p−1)/(v·m)`` (PTD-P §2.2.2);
+    zb-h1: ``(p−1)·(T_F + T_B − T_W) / (m·(T_F + T_B + T_W))`` (Qi et al. 2024, with
+    `t_b` the input-gradient and `t_w` the weight-gradient part of the backward; the
+    defaults T_W = 0 give back 1F1B's bubble).
+    """
+    _check(kind, p, m, v)
+    if kind == "interleaved":
+        return (p - 1) / (v * m)
+    if kind == "zb-h1":
+        return (p - 1) * (t_f + t_b - t_w) / (m * (t_f + t_b + t_w))
+    return (p - 1) / m
+
+
+def bubble_time(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
+                t_w: float = 0.0) -> float:
+    """The idle time itself: `bubble_fraction` × ``m·(t_f + t_b + t_w)`` (per-microbatch
+    times of a whole stage)."""
+    return bubble_fraction(kind, p, m, v, t_f, t_b, t_w) * m * (t_f + t_b + t_w)
+
+
+def stashed_on_rank(kind: str, p: int, m: int, v: int = 1, rank: int = 0) -> float:
+    """Peak microbatches of forward activations held by pipeline rank `rank`, in units
+    of one full stage (for interleaving: chunk-microbatches divided by v).
+
+    gpipe m; 1f1b and zb-h1 ``min(p − r, m)``; interleaved
+    ``min((p−r−1)·2 + (v−1)·p + 1, v·m) / v``.
+    """
+    _check(kind, p, m, v)
+    if not 0 <= rank < p:
+        raise ValueError(f"pipeline rank {rank} outside 0..{p - 1}")
+    if kind == "gpipe":
+        return float(m)
+    if kind == "interleaved" and v > 1:
+        return min((p - rank - 1) * 2 + (v - 1) * p + 1, v * m) / v
+    return float(min(p - rank, m))
+
+
+def peak_stashed_microbatches(kind: str, p: int, m: int, v: int = 1) -> float:
+    """Peak microbatches of stashed activations over all stages (the first stage's).
+
+    gpipe ``m``; 1f1b, zb-h1 ``min(p, m)``; interleaved ``min(v·p + p − 1, v·m)/v``
+    (= p·(1 + (p−1)/(p·v)) when m ≥ p), in units of one full stage.
+    """
+    return max(stashed_on_rank(kind, p, m, v, r) for r in range(p))

@@ -1,0 +1,306 @@
+"""Communication volume: what each parallel axis moves in one training step.
+
+Two ways to count bytes, kept apart on purpose:
+
+* **Call bytes** — the size of the local tensor handed to each call, the way
+  :class:`minitron.comm.CommTrace` records it: the whole tensor for all-reduce and
+  send/recv, the local *input shard* for all-gather, the full local *input* for
+  reduce-scatter. :func:`comm_items` and :func:`comm_bytes_per_step` count these, per
+  rank, so that a traced run can be checked against them.
+* **Wire bytes** — what a ring algorithm really sends out of each device:
+  ``2(n−1)/n`` × the buffer for all-reduce, ``(n−1)/n`` × the full buffer for
+  all-gather and reduce-scatter (:func:`ring_allreduce_wire_bytes` and friends).
+
+Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
+
+* data parallel: one all-reduce of every local gradient per step; with ZeRO-1 a
+  reduce-scatter of the flat gradient padded to a multiple of d and an all-gather of
+  the updated ``ceil(n/d)`` parameter shard;
+* 1-D tensor parallel, per layer per microbatch: 2 all-reduces of b·s·h forward
+  (after attention and after the MLP: g) and 2 backward (f), 2 more when full
+  recomputation replays the forward; with sequence parallelism each all-reduce becomes
+  an all-gather of the b·s·h/t shard and a reduce-scatter of b·s·h (same wire bytes);
+* pipeline: b·s·h per stage boundary per microbatch in each direction (v times as many
+  boundaries with interleaving; /t with sequence parallelism or scatter/gather).
+
+For comparing tensor-parallel schemes on one linear layer ``Y = X·W`` (X: B×h_in):
+1-D never moves weights (one all-reduce of B×h per column/row pair); SUMMA-style 2-D
+on q×q devices moves ``(q−1)/q²·(|A| + |B|)`` elements into each device for every
+product A·B; the 3-D cube (Bian et al. 2021) moves ``(q−1)/q³·(B·h_in + h_in·h_out +
+B·h_out)`` per device per direction. See :func:`tensor_parallel_comparison`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from .flops import _policy
+from .params import _get, chunk_layers, layers_on_rank, padded_vocab, params_on_rank
+
+__all__ = [
+    "ring_allreduce_wire_bytes",
+    "ring_allgather_wire_bytes",
+    "ring_reduce_scatter_wire_bytes",
+    "tp_layer_bytes",
+    "pp_boundary_bytes",
+    "dp_bytes_per_step",
+    "comm_items",
+    "comm_bytes_per_step",
+    "cube_linear_elements",
+    "summa_linear_elements",
+    "one_d_layer_elements",
+    "tensor_parallel_comparison",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Wire volume of ring collectives (bytes sent by each of n devices)
+# --------------------------------------------------------------------------------------
+def ring_allreduce_wire_bytes(nbytes: float, n: int) -> float:
+    """Ring all-reduce of an `nbytes` buffer: each device sends ``2(n−1)/n · nbytes``
+    (a reduce-scatter then an all-gather, n−1 steps each)."""
+    return 2 * (n - 1) / n * nbytes
+
+
+def ring_allgather_wire_bytes(total_bytes: float, n: int) -> float:
+    """Ring all-gather into a `total_bytes` output: each device sends ``(n−1)/n · total``."""
+    return (n - 1) / n * total_bytes
+
+
+def ring_reduce_scatter_wire_bytes(total_bytes: float, n: int) -> float:
+    """Ring reduce-scatter of a `total_bytes` input: each device sends ``(n−1)/n · total``."""
+    return (n - 1) / n * total_bytes
+
+
+# --------------------------------------------------------------------------------------
+# Call bytes per axis
+# --------------------------------------------------------------------------------------
+def tp_layer_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = False,
+                   recompute: str = "none", bytes_per_el: int = 4) -> dict:
+    """1-D tensor-parallel call bytes of one transformer layer for one microbatch.
+
+    Without sequence parallelism: ``{'all_reduce': k·b·s·h·e}`` with k = 4 (2 forward,
+    2 backward), 6 with full recomputation. With it: ``{'all_gather': k·b·s·h·e/t,
+    'reduce_scatter': k·b·s·h·e}``. Empty when t = 1.
+    """
+    if tp == 1:
+        return {}
+    k = 6 if _policy(recompute) == "full" else 4
+    x = micro_batch * model.seq_len * model.hidden * bytes_per_el
+    if sp:
+        return {"all_gather": _exact(k * x / tp), "reduce_scatter": k * x}
+    return {"all_reduce": k * x}
+
+
+def pp_boundary_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
+                      scatter_gather: bool = False, bytes_per_el: int = 4) -> float:
+    """Bytes of one pipeline send (one boundary, one microbatch, one direction):
+    ``b·s·h·e``, divided by t with sequence parallelism (the hidden states are
+    already split along the sequence) or the scatter/gather optimisation."""
+    x = micro_batch * model.seq_len * model.hidden * bytes_per_el
+    return _exact(x / tp) if (sp or scatter_gather) else x
+
+
+def _exact(x: float) -> float | int:
+    """An int when the byte count is whole (traces record ints), else the float."""
+    return int(x) if float(x).is_integer() else x
+
+
+def dp_bytes_per_step(n_params: int, d: int, zero1: bool = False, bytes_per_el: int = 4) -> dict:
+    """Data-parallel call bytes per step for a rank holding `n_params` elements.
+
+    Plain: ``{'all_reduce': n·e}`` (buckets or one call per parameter, the same sum).
+    ZeRO-1: ``{'reduce_scatter': ceil(n/d)·d·e, 'all_gather': ceil(n/d)·e}``.
+    """
+    if d == 1:
+        return {}
+    if zero1:
+        shard = math.ceil(n_params / d)
+        return {"reduce_scatter": shard * d * bytes_per_el, "all_gather": shard * bytes_per_el}
+    return {"all_reduce": n_params * bytes_per_el}
+
+
+def _replicated_elements(model: ModelConfig, layers: int, first: bool, last: bool) -> int:
+    """Parameters copied on every tensor rank (LayerNorms, row-parallel biases, wpe)."""
+    h = model.hidden
+    return layers * 6 * h + (model.seq_len * h if first else 0) + (2 * h if last else 0)
+
+
+def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
+               dtype_bytes: int | None = None, act_bytes: int | None = None) -> list[dict]:
+    """Every kind of call a rank of pipeline stage `pp_rank` makes in one step.
+
+    Each item is ``{what, axis, op, calls, bytes}`` with `bytes` the call bytes summed
+    over the step. `dtype_bytes` is the parameter/gradient element size (4, 8 for
+    float64 training); `act_bytes` the activation size (2 with bf16 precision, else
+    `dtype_bytes`). Follows minitron's model: the vocab-parallel embedding all-reduces
+    its output, the output layer enters the parallel region (f), the loss all-reduces
+    max, target logit and sum of exponentials (b·s each); under sequence parallelism
+    replicated parameters sum their gradients over the tensor group; the gradient
+    norm for clipping is one 8-byte all-reduce on the tensor and pipeline axes.
+    """
+    if _get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
+        raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
+                         "use cube_linear_elements or tensor_parallel_comparison")
+    e = dtype_bytes or (8 if getattr(train, "dtype", "float32") == "float64" else 4)
+    ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
+    t, p, d = parallel.tp, parallel.pp, parallel.dp
+    v, sp = parallel.vpp, parallel.sp
+    m = train.microbatches
+    b = train.global_batch // (d * m)
+    s, h = model.seq_len, model.hidden
+    x = b * s * h * ea
+    chunks = p * v
+    first, last = pp_rank == 0, pp_rank == (chunks - 1) % p
+    n_layers = layers_on_rank(model, parallel, pp_rank)
+    items: list[dict] = []
+
+    def add(what, axis, op, calls, nbytes):
+        if calls and nbytes:
+            items.append({"what": what, "axis": axis, "op": op, "calls": calls, "bytes": _exact(nbytes)})
+
+    # tensor parallel
+    if t > 1:
+        for op, nbytes in tp_layer_bytes(model, b, t, sp, parallel.recompute, ea).items():
+            per_call = x / t if op == "all_gather" else x
+            add("transformer layers", "tp", op, round(m * n_layers * nbytes / per_call), m * n_layers * nbytes)
+        if first:
+            add("vocab-parallel embedding (forward g)", "tp", "all_reduce", m, m * x)
+            if sp:
+                add("sequence split after embedding (backward)", "tp", "all_gather", m, m * x / t)
+        if last:
+            if sp:
+                add("output layer input (forward)", "tp", "all_gather", m, m * x / t)
+                add("output layer input (backward)", "tp", "reduce_scatter", m, m * x)
+            else:
+                add("output layer input (backward f)", "tp", "all_reduce", m, m * x)
+            add("vocab-parallel cross-entropy (max, target, sum exp)", "tp", "all_reduce",
+                3 * m, 3 * m * b * s * ea)
+        if sp:
+            n_rep = _replicated_elements(model, n_layers, first, last)
+            calls = 6 * n_layers + (1 if first else 0) + (2 if last else 0)
+            add("replicated parameter gradients (sequence parallel)", "tp", "all_reduce",
+                calls, n_rep * e)
+        add("gradient norm", "tp", "all_reduce", 1, 8)
+    if parallel.scatter_gather and t > 1 and not sp and p > 1:
+        recvs = _p2p_counts(model, parallel, pp_rank)[1]
+        add("scatter/gather: rebuild received activations", "tp", "all_gather", m * recvs, m * recvs * x / t)
+
+    # pipeline
+    if p > 1:
+        sends, recvs = _p2p_counts(model, parallel, pp_rank)
+        nb = pp_boundary_bytes(model, b, t, sp, parallel.scatter_gather, ea)
+        add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
+        add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
+        add("gradient norm", "pp", "all_reduce", 1, 8)
+
+    # tied embedding between the first and the last stage (an axis of one rank when
+    # p = 1: nothing crosses a wire)
+    if model.tied_embeddings and p > 1 and (first or last):
+        add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
+
+    # data parallel
+    n = params_on_rank(model, parallel, pp_rank)
+    for op, nbytes in dp_bytes_per_step(n, d, parallel.zero1, e).items():
+        add("gradients" if op != "all_gather" else "updated parameter shards", "dp", op, 1, nbytes)
+    return items
+
+
+def _p2p_counts(model: ModelConfig, layout: Any, pp_rank: int) -> tuple[int, int]:
+    """(sends, receives) per microbatch on `pp_rank`, both directions: a chunk c sends
+    forward unless it is the last, receives forward unless it is the first, and the
+    backward mirrors that."""
+    p = int(_get(layout, "pp", 1) or 1)
+    chunks = len(chunk_layers(model, layout))
+    mine = [c for c in range(chunks) if c % p == pp_rank]
+    not_last = sum(c < chunks - 1 for c in mine)
+    not_first = sum(c > 0 for c in mine)
+    return not_last + not_first, not_first + not_last
+
+
+def comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
+                        pp_rank: int | None = None, dtype_bytes: int | None = None,
+                        act_bytes: int | None = None) -> dict:
+    """Call bytes per step on one rank, ``{axis: {op: bytes}}`` (see :func:`comm_items`).
+
+    With `pp_rank` None, each (axis, op) is the maximum over the pipeline stages.
+    """
+    ranks = range(parallel.pp) if pp_rank is None else [pp_rank]
+    out: dict = {}
+    for r in ranks:
+        per: dict = {}
+        for it in comm_items(model, parallel, train, r, dtype_bytes, act_bytes):
+            ax = per.setdefault(it["axis"], {})
+            ax[it["op"]] = ax.get(it["op"], 0) + it["bytes"]
+        for axis, ops in per.items():
+            for op, nbytes in ops.items():
+                out.setdefault(axis, {})[op] = max(out.get(axis, {}).get(op, 0), nbytes)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# 1-D vs 2-D vs 3-D tensor parallelism (elements per device)
+# --------------------------------------------------------------------------------------
+def cube_linear_elements(tokens: int, h_in: int, h_out: int, q: int) -> float:
+    """3-D tensor parallelism (q³ devices), one linear, one direction, per device:
+    ``(q−1)/q³ · (B·h_in + h_in·h_out + B·h_out)`` elements (Bian et al. 2021):
+    all-gather of X along one line, of W along another, reduce-scatter of Y."""
+    return (q - 1) / q**3 * (tokens * h_in + h_in * h_out + tokens * h_out)
+
+
+def summa_linear_elements(tokens: int, h_in: int, h_out: int, q: int) -> tuple[float, float]:
+    """2-D (SUMMA) tensor parallelism on q×q devices, one linear, per device:
+    (forward, backward) elements received. A product A·B broadcasts q−1 blocks of each
+    operand into every device, ``(q−1)/q²·(|A| + |B|)``; forward is X·W, backward is
+    dY·Wᵀ and Xᵀ·dY. (Formula only: minitron implements 1-D and 3-D.)"""
+    c = (q - 1) / q**2
+    fwd = c * (tokens * h_in + h_in * h_out)
+    bwd = c * (tokens * h_out + h_in * h_out) + c * (tokens * h_in + tokens * h_out)
+    return fwd, bwd
+
+
+def one_d_layer_elements(tokens: int, hidden: int, t: int) -> float:
+    """1-D (Megatron) tensor parallelism, one transformer layer, one direction, per
+    device: two ring all-reduces of tokens×hidden, ``4·(t−1)/t · B·h`` elements."""
+    return 2 * ring_allreduce_wire_bytes(tokens * hidden, t)
+
+
+def _linears(model: ModelConfig) -> list[tuple[int, int]]:
+    h, f = model.hidden, model.ffn_hidden
+    return [(h, 3 * h), (h, h), (h, f), (f, h)]
+
+
+def tensor_parallel_comparison(model: ModelConfig, tokens: int, devices: int) -> list[dict]:
+    """Elements moved per device for one transformer layer's four linears, for 1-D,
+    2-D (SUMMA, q = √P) and 3-D (q = ∛P) tensor parallelism on `devices` devices.
+
+    Returns one row per scheme: ``{scheme, devices, q, forward, backward, total,
+    weights_per_device, feasible}``; ``feasible`` is False (and the counts None) when P
+    is not a square (2-D) or a cube (3-D). `tokens` is B = b·s, the tokens of a
+    microbatch. weights_per_device is the layer's matrix elements per device.
+    """
+    P = devices
+    weights = sum(a * b for a, b in _linears(model))
+    rows = []
+    fwd = one_d_layer_elements(tokens, model.hidden, P)
+    rows.append({"scheme": "1d", "devices": P, "q": P, "forward": fwd, "backward": fwd,
+                 "total": 2 * fwd, "weights_per_device": weights / P, "feasible": True})
+    q2 = math.isqrt(P)
+    if q2 * q2 == P:
+        f = sum(summa_linear_elements(tokens, a, b, q2)[0] for a, b in _linears(model))
+        bw = sum(summa_linear_elements(tokens, a, b, q2)[1] for a, b in _linears(model))
+        rows.append({"scheme": "2d", "devices": P, "q": q2, "forward": f, "backward": bw,
+                     "total": f + bw, "weights_per_device": weights / P, "feasible": True})
+    else:
+        rows.append({"scheme": "2d", "devices": P, "q": None, "forward": None, "backward": None,
+                     "total": None, "weights_per_device": None, "feasible": False})
+    q3 = round(P ** (1 / 3))
+    if q3**3 == P:
+        f = sum(cube_linear_elements(tokens, a, b, q3) for a, b in _linears(model))
+        rows.append({"scheme": "3d", "devices": P, "q": q3, "forward": f, "backward": f,
+                     "total": 2 * f, "weights_per_device": weights / P, "feasible": True})
+    else:
+        rows.append({"scheme": "3d", "devices": P, "q": None, "forward": None, "backward": None,
+                     "total": None, "weights_per_device": None, "feasible": False})
+    return rows

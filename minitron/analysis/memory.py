@@ -1,0 +1,308 @@
+"""Memory per rank: model states (parameters, gradients, optimizer) and activations.
+
+Model states
+------------
+minitron's engine keeps every parameter, its gradient and AdamW's two state tensors
+(``exp_avg``, ``exp_avg_sq``) in the parameter's dtype: 4 bytes each in fp32, and
+also in bf16 mixed precision (fp32 master weights, bf16 autocast for the compute).
+With ``--zero1`` each of the d data-parallel ranks keeps the Adam state of a 1/d shard
+of its flat parameter vector, padded up to a multiple of d: ``2·ceil(n/d)`` elements.
+(AdamW's scalar ``step`` is not counted.) :func:`memory_per_rank` is exact for these.
+
+Large-scale training uses mixed-precision Adam (ZeRO, Rajbhandari et al. 2020, §3.1):
+fp16/bf16 parameters (2 bytes) and gradients (2), and an fp32 master copy with the two
+Adam moments (4 + 4 + 4 = 12): 16 bytes per parameter, 20 with fp32 gradient
+accumulation. ZeRO shards the 12 (stage 1), then the gradients (2), then the
+parameters (3) over the d data-parallel ranks; see :func:`zero_bytes_per_param`.
+
+Activations (Korthikanti et al. 2022, Table 2)
+----------------------------------------------
+One layer on a microbatch of b sequences of s tokens keeps, with 2-byte activations and
+1-byte dropout masks (no parallelism)::
+
+    s·b·h·(34 + 5·a·s/h) bytes
+
+Per element, with activations of e bytes, masks of m bytes and an MLP of width f:
+
+* attention: input of QKV (e), Q and K (2e), V (e), input of the projection (e),
+  dropout mask after it (m): ``(5e + m)·sbh``; softmax output (e), its dropout mask
+  (m) and the dropped-out probabilities (e): ``(2e + m)·a·s²·b``;
+* MLP: input of fc (e), input of GeLU (e·f/h), input of fc2 (e·f/h), dropout mask (m):
+  ``(e + 2e·f/h + m)·sbh``;
+* two LayerNorm inputs: ``2e·sbh``.
+
+So ``sbh·(8e + 2m + 2e·f/h) + (2e + m)·a·s²·b``, which is 34 and 5 for e = 2, m = 1,
+f = 4h. Without dropout the masks and the dropped copy of the probabilities go:
+``sbh·(8e + 2e·f/h) + e·a·s²·b``. Under 1-D tensor parallelism the parts inside the
+parallel region (Q, K, V, the projection input, the MLP's hidden activations, the
+attention matrices) divide by t, and the LayerNorm inputs, the inputs of QKV and fc
+and the dropout masks stay whole: ``sbh·(4e + 2m) + sbh·(4e + 2e·f/h)/t`` + s² terms /t
+(Table 2: 10 + 24/t). Sequence parallelism divides the rest by t too (34/t).
+Selective recomputation drops the s² terms; full recomputation keeps only the layer
+input, ``e·sbh`` (/t with sequence parallelism).
+
+A pipeline stage keeps these for every microbatch in flight
+(:func:`~minitron.analysis.bubble.stashed_on_rank`: p on the first stage with 1F1B, m
+with GPipe, ×(1 + (p−1)/(p·v)) interleaved), plus, on the first stage, the embedding's
+dropout mask and, on the last, the inputs of the final LayerNorm and of the output
+layer and the fp32 softmax of the cross-entropy (``4·b·s·V/t``). With recomputation one
+layer's activations are rebuilt during its backward: that working set is added once.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from .bubble import stashed_on_rank
+from .flops import _policy
+from .params import (_degrees, _get, _params_given_layers, layers_on_rank, padded_vocab,
+                     params_on_rank, rank_layers)
+
+__all__ = [
+    "korthikanti_activation_bytes_per_layer",
+    "activation_bytes_per_layer",
+    "activation_bytes_on_rank",
+    "memory_on_rank",
+    "memory_per_rank",
+    "memory_estimate",
+    "zero_bytes_per_param",
+    "distributed_optimizer_bytes_per_param",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Model states
+# --------------------------------------------------------------------------------------
+def zero_bytes_per_param(stage: int, d: int, master_and_moments: int = 12) -> float:
+    """Model-state bytes per parameter per rank, mixed-precision Adam (ZeRO §3.1, §5).
+
+    stage 0: ``2 + 2 + 12 = 16``; stage 1 (optimizer states sharded): ``2 + 2 + 12/d``;
+    stage 2 (+ gradients): ``2 + 14/d``; stage 3 (+ parameters): ``16/d``.
+    """
+    k = master_and_moments
+    if d < 1:
+        raise ValueError(f"data-parallel degree must be at least 1 (got {d})")
+    table = {0: 2 + 2 + k, 1: 2 + 2 + k / d, 2: 2 + (2 + k) / d, 3: (2 + 2 + k) / d}
+    if stage not in table:
+        raise ValueError(f"unknown ZeRO stage {stage}: use 0, 1, 2 or 3")
+    return table[stage]
+
+
+def distributed_optimizer_bytes_per_param(d: int) -> float:
+    """Megatron's distributed optimizer: bf16 parameters (2) and fp32 gradients (4)
+    on every rank, fp32 master weights and Adam moments sharded: ``6 + 12/d``."""
+    return 6 + 12 / d
+
+
+# --------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------
+def korthikanti_activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
+                                           sp: bool = False, recompute: str = "none") -> float:
+    """Korthikanti et al. (2022) Table 2, literally (2-byte activations, 1-byte masks):
+
+    none: ``sbh(34 + 5as/h)``; tensor parallel: ``sbh(10 + 24/t + 5as/(ht))``;
+    + sequence parallel: ``sbh(34/t + 5as/(ht))``; selective recomputation drops the
+    ``5as/h`` term; full recomputation: ``2sbh``.
+    """
+    rc = _policy(recompute)
+    if rc == "full":
+        return 2 * s * b * h
+    quad = 0 if rc == "selective" else 5 * a * s / (h * t)
+    if sp:
+        return s * b * h * (34 / t + quad)
+    return s * b * h * (10 + 24 / t + quad)
+
+
+def activation_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
+                               recompute: str = "none", bytes_per_el: int = 2, mask_bytes: int = 1,
+                               dropout: bool | None = None) -> float:
+    """Activation bytes one layer keeps for one microbatch (per tensor rank), the
+    per-element form of Korthikanti et al. Table 2 (see the module docstring)::
+
+        replicated  = sbh·(4e + 2m)              (LayerNorm, QKV and fc inputs, masks)
+        split       = sbh·(4e + 2e·f/h) / t      (Q, K, V, projection input, MLP hidden)
+        attention   = (2e + m)·a·s²·b / t        (softmax, its mask, dropped copy)
+
+    With sequence parallelism the replicated part divides by t too. Selective
+    recomputation drops the attention term; full recomputation keeps ``e·sbh`` (/t with
+    sequence parallelism). `dropout` (default: ``model.dropout > 0``) decides whether
+    the masks (m bytes) and the dropped-out copy of the probabilities exist.
+    """
+    s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
+    e = bytes_per_el
+    m = mask_bytes if (model.dropout > 0 if dropout is None else dropout) else 0
+    rc = _policy(recompute)
+    sbh = s * b * h
+    if rc == "full":
+        return e * sbh / (t if sp else 1)
+    replicated = sbh * (4 * e + 2 * m)
+    split = sbh * (4 * e + 2 * e * f / h)
+    quad = (2 * e + m if m else e) * a * s * s * b
+    total = (replicated / t if sp else replicated) + split / t
+    if rc == "none":
+        total += quad / t
+    return total
+
+
+def _schedule(layout: Any) -> tuple[str, int, int]:
+    p = int(_get(layout, "pp", 1) or 1)
+    v = int(_get(layout, "vpp", 1) or 1)
+    kind = _get(layout, "schedule", None) or ("interleaved" if v > 1 else "1f1b")
+    if p * v == 1:
+        kind = "1f1b"  # no pipeline: one microbatch at a time (gradient accumulation)
+    return kind, p, v
+
+
+def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
+                             pp_rank: int = 0, bytes_per_el: int = 2, mask_bytes: int = 1,
+                             dropout: bool | None = None, recompute: str | None = None,
+                             _n_layers: int | None = None) -> float:
+    """Peak activation bytes on pipeline rank `pp_rank` (any tensor rank): stashed
+    microbatches × layers held × :func:`activation_bytes_per_layer`, the embedding and
+    logit terms, and one layer's working set under recomputation.
+
+    `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers`` (a
+    ParallelConfig or a dict; `recompute` overrides the layout's).
+    """
+    t = int(_get(layout, "tp", 1) or 1)
+    # the 3-D cube splits every activation over its q³ ranks, like sequence parallelism
+    sp = bool(_get(layout, "sp", False)) or _get(layout, "tp_mode", "1d") == "3d"
+    rc = _policy(recompute if recompute is not None else _get(layout, "recompute", "none"))
+    kind, p, v = _schedule(layout)
+    m = microbatches
+    s, b, h = model.seq_len, micro_batch, model.hidden
+    e = bytes_per_el
+    drop = model.dropout > 0 if dropout is None else dropout
+    per_layer = activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop)
+    in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
+    n_layers = layers_on_rank(model, layout, pp_rank) if _n_layers is None else _n_layers
+    total = in_flight * n_layers * per_layer
+    if rc != "none":  # one layer rebuilt for its backward
+        total += (activation_bytes_per_layer(model, b, t, sp, "none", e, mask_bytes, drop)
+                  - activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop))
+    if pp_rank == 0 and drop:  # dropout mask of the embedding output
+        total += in_flight * mask_bytes * s * b * h / (t if sp else 1)
+    if pp_rank == (p * v - 1) % p:  # final LayerNorm input, output-layer input, fp32 softmax
+        logits_in_flight = m if kind == "gpipe" else 1
+        vocab = padded_vocab(model, t) // t
+        total += logits_in_flight * (e * s * b * h / (t if sp else 1) + e * s * b * h
+                                     + max(4, e) * s * b * vocab)
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# minitron's engine, per rank
+# --------------------------------------------------------------------------------------
+def _engine_dtype_bytes(train: TrainConfig | None) -> int:
+    dtype = getattr(train, "dtype", "float32") if train is not None else "float32"
+    return 8 if dtype == "float64" else 4
+
+
+def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
+                   dtype_bytes: int | None = None, act_bytes: int | None = None) -> dict:
+    """Bytes held by a rank of pipeline stage `pp_rank` in minitron's engine.
+
+    Keys: ``params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
+    buffers_bytes, total_bytes``. `dtype_bytes` is the parameter dtype's size (default:
+    8 for ``train.dtype == 'float64'``, else 4 — bf16 mixed precision keeps fp32
+    parameters); `act_bytes` the activation element size (default: 2 with
+    ``parallel.precision == 'bf16'``, else `dtype_bytes`).
+    """
+    e = dtype_bytes or _engine_dtype_bytes(train)
+    ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
+    d = int(_get(parallel, "dp", 1) or 1)
+    n = params_on_rank(model, parallel, pp_rank)
+    shard = math.ceil(n / d) if _get(parallel, "zero1", False) else n
+    m = train.microbatches
+    if train.global_batch % (d * m):
+        raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
+    b = train.global_batch // (d * m)
+    acts = activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea, 1)
+    return _assemble(n * e, n * e, 2 * shard * e, acts, _buffers(model, parallel, b, ea, n, e))
+
+
+def _buffers(model: ModelConfig, layout: Any, b: int, ea: int, n: int, e: int) -> float:
+    """An estimate of communication buffers: pipeline receive buffers (forward input
+    and backward gradient) and, with bucketed data parallelism, one gradient bucket."""
+    t, p = int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1)
+    d = int(_get(layout, "dp", 1) or 1)
+    out = 0.0
+    if p > 1:
+        shrink = t if (_get(layout, "sp", False) or _get(layout, "scatter_gather", False)) else 1
+        out += 2 * b * model.seq_len * model.hidden * ea / shrink
+    if d > 1 and not _get(layout, "zero1", False) and _get(layout, "dp_impl", "bucketed") == "bucketed":
+        out += min(n * e, float(_get(layout, "bucket_mb", 4.0)) * 2**20)
+    return out
+
+
+def _assemble(params: float, grads: float, optim: float, acts: float, buffers: float) -> dict:
+    return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optim,
+            "activations_bytes": acts, "buffers_bytes": buffers,
+            "total_bytes": params + grads + optim + acts + buffers}
+
+
+def _max_over_ranks(per_rank: list[dict]) -> dict:
+    """Each component's maximum over ranks; ``total_bytes`` is the largest rank total
+    (not the sum of the component maxima, which may sit on different ranks)."""
+    out = {k: max(r[k] for r in per_rank) for k in per_rank[0]}
+    out["total_bytes"] = max(r["total_bytes"] for r in per_rank)
+    return out
+
+
+def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
+                    dtype_bytes: int | None = None, act_bytes: int | None = None) -> dict:
+    """Bytes per rank in minitron's engine, the maximum over the pipeline stages.
+
+    Returns ``{params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
+    buffers_bytes, total_bytes}``. Parameters, gradients and AdamW state (exp_avg and
+    exp_avg_sq; ``2·ceil(n/d)`` elements with ZeRO-1) are exact; activations follow
+    Korthikanti et al. Table 2 per element (module docstring); buffers are an estimate.
+    `dtype_bytes` defaults to 4 (8 for float64 training).
+    """
+    p = int(_get(parallel, "pp", 1) or 1)
+    return _max_over_ranks([memory_on_rank(model, parallel, train, r, dtype_bytes, act_bytes)
+                            for r in range(p)])
+
+
+# --------------------------------------------------------------------------------------
+# Mixed-precision estimate for large models (the planner's)
+# --------------------------------------------------------------------------------------
+def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_per_param: float = 16,
+                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True) -> dict:
+    """Bytes per GPU for mixed-precision training at scale, the maximum over stages.
+
+    `layout` gives ``tp, pp, dp, vpp, microbatch_size`` (and optionally ``sp, schedule,
+    stage_layers``). Model states: 2-byte parameters, 12 bytes of fp32 master weights
+    and Adam moments, and ``bytes_per_param − 14`` bytes of gradients (2 for the
+    ZeRO paper's 16, 6 for 20 with fp32 accumulation). Activations: Korthikanti Table 2
+    with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy.
+    """
+    d = int(_get(layout, "dp", 1) or 1)
+    b = int(_get(layout, "microbatch_size", 1) or 1)
+    p = int(_get(layout, "pp", 1) or 1)
+    if global_batch % (d * b):
+        raise ValueError(f"global batch {global_batch} is not divisible by dp*microbatch_size = {d}*{b}")
+    m = global_batch // (d * b)
+    t, _, v, mode = _degrees(layout)
+    layers = rank_layers(model, layout)
+    # Layers and microbatches in flight never grow with the rank under an even split,
+    # so the first and the last stage bound the others; check them all otherwise.
+    check = range(p) if _get(layout, "stage_layers", ()) else sorted({0, p - 1})
+    no_dp = {**_as_dict(layout), "dp": 1}
+    ranks = []
+    for r in check:
+        n = _params_given_layers(model, t, p, v, mode, r, layers[r])
+        acts = activation_bytes_on_rank(model, layout, b, m, r, act_bytes, 1, dropout, recompute,
+                                        _n_layers=layers[r])
+        ranks.append(_assemble(2 * n, (bytes_per_param - 14) * n, 12 * n, acts,
+                               _buffers(model, no_dp, b, act_bytes, n, 2)))
+    return _max_over_ranks(ranks)
+
+
+def _as_dict(layout: Any) -> dict:
+    if isinstance(layout, dict):
+        return dict(layout)
+    keys = ("tp", "pp", "dp", "vpp", "sp", "schedule", "stage_layers", "scatter_gather", "microbatch_size")
+    return {k: _get(layout, k) for k in keys if _get(layout, k) is not None}

@@ -1,0 +1,229 @@
+"""Parameter counts: the paper's closed form, and the exact count of minitron's GPT.
+
+A GPT layer holds 12h² + 13h parameters when the MLP is 4h wide: the QKV matrix
+(3h²) and the output projection (h²) of attention, the two MLP matrices (8h²), and
+13h of biases and LayerNorm vectors. Adding the token and position embeddings gives
+PTD-P Eq. 2 (Narayanan et al. 2021, §5.1)::
+
+    P = 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h))  =  l·(12h² + 13h) + (V + s)·h
+
+Eq. 2 assumes a tied output layer and leaves out the final LayerNorm (2h). minitron's
+GPT (``minitron/model.py``) is counted exactly by :func:`param_count`:
+
+=========  =====================  ==========================================
+module     full shape             on a tensor-parallel rank (1-D, t ranks)
+=========  =====================  ==========================================
+wte        [V_pad, h]             rows split: [V_pad/t, h]   (first stage)
+wpe        [s, h]                 replicated                 (first stage)
+ln1, ln2   [h] + [h] each         replicated
+qkv        [3h, h] + [3h]         column split: [3h/t, h] + [3h/t]
+proj       [h, h] + [h]           row split: [h, h/t]; bias replicated
+fc         [f, h] + [f]           column split: [f/t, h] + [f/t]
+fc2        [h, f] + [h]           row split: [h, f/t]; bias replicated
+ln_f       [h] + [h]              replicated                 (last stage)
+lm_head    [V_pad, h], no bias    rows split (last stage; none when tied on one stage)
+=========  =====================  ==========================================
+
+V_pad is the vocabulary padded up to a multiple of t (:func:`minitron.config.pad_vocab`).
+On the 3-D cube (t = q³ ranks, ``parallel/cube.py``) every matrix is split q³ ways, the
+vectors and the position embedding q ways, and the vocabulary is padded to q².
+With tied embeddings and more than one pipeline chunk, the last chunk keeps its own
+copy of ``wte`` (its gradient is summed with the first stage's by an all-reduce), so
+it is counted on that rank by :func:`params_on_rank` but once by :func:`param_count`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ModelConfig, pad_vocab
+
+__all__ = [
+    "ptdp_param_count",
+    "param_count",
+    "layer_param_count",
+    "padded_vocab",
+    "split_layers",
+    "chunk_layers",
+    "layers_on_rank",
+    "rank_layers",
+    "params_on_rank",
+    "params_per_rank",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Reading a layout: ParallelConfig, a dict, or any object with the attributes.
+# --------------------------------------------------------------------------------------
+def _get(layout: Any, key: str, default: Any = None) -> Any:
+    """`layout[key]` or `layout.key`, or `default` (layout may be None)."""
+    if layout is None:
+        return default
+    if isinstance(layout, dict):
+        return layout.get(key, default)
+    return getattr(layout, key, default)
+
+
+def _degrees(layout: Any) -> tuple[int, int, int, str]:
+    """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'."""
+    return (int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1),
+            int(_get(layout, "vpp", 1) or 1), str(_get(layout, "tp_mode", "1d") or "1d"))
+
+
+# --------------------------------------------------------------------------------------
+# The paper's closed form
+# --------------------------------------------------------------------------------------
+def ptdp_param_count(model: ModelConfig) -> int:
+    """PTD-P Eq. 2: ``12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h))``.
+
+    Counts l transformer layers with a 4h MLP, the token embedding (tied with the
+    output layer) and the learned position embedding; no final LayerNorm, no padding.
+    """
+    l, h, V, s = model.layers, model.hidden, model.vocab, model.seq_len
+    # the same number, multiplied out so that it is an exact integer:
+    # 12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h)) = l·(12h² + 13h) + (V + s)·h
+    return l * (12 * h * h + 13 * h) + (V + s) * h
+
+
+# --------------------------------------------------------------------------------------
+# minitron's GPT, exactly
+# --------------------------------------------------------------------------------------
+def padded_vocab(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
+    """Rows of the embedding matrix: the vocabulary padded to a multiple of t.
+
+    In 1-D mode the vocabulary is split over the t tensor ranks. In 3-D mode
+    (``parallel/cube.py``) its rows are split into q² pieces (and the hidden size over
+    q), so it is padded to a multiple of q².
+    """
+    if tp_mode == "3d":
+        return pad_vocab(model.vocab, round(tp ** (1 / 3)) ** 2)
+    return pad_vocab(model.vocab, tp)
+
+
+def layer_param_count(model: ModelConfig) -> int:
+    """Elements of one transformer layer: ``4h² + 2hf + 9h + f`` (= 12h² + 13h for f = 4h).
+
+    ln1 2h, qkv 3h² + 3h, proj h² + h, ln2 2h, fc fh + f, fc2 hf + h.
+    """
+    h, f = model.hidden, model.ffn_hidden
+    return 4 * h * h + 2 * h * f + 9 * h + f
+
+
+def param_count(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
+    """Exact number of parameters of minitron's GPT (each tied weight counted once).
+
+    Returns ``l·layer + V_pad·h (wte) + s·h (wpe) + 2h (ln_f) + V_pad·h (lm_head, if not
+    tied)``, where V_pad is the vocabulary padded for `tp` tensor ranks (the padded
+    rows are real, zero-initialised elements of the local tensors).
+    """
+    h = model.hidden
+    v = padded_vocab(model, tp, tp_mode)
+    n = model.layers * layer_param_count(model) + v * h + model.seq_len * h + 2 * h
+    if not model.tied_embeddings:
+        n += v * h
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# Where the layers go
+# --------------------------------------------------------------------------------------
+def split_layers(layers: int, chunks: int) -> list[int]:
+    """Layer counts of `chunks` contiguous chunks, as even as possible (the first
+    ``layers % chunks`` chunks get one more layer)."""
+    if chunks < 1 or chunks > layers:
+        raise ValueError(f"cannot split {layers} layers into {chunks} pipeline chunks")
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
+    """Layers of each of the pp·vpp model chunks, in model order (virtual stage order).
+
+    Uses ``layout.stage_layers`` when given, else :func:`split_layers`. Chunk c lives on
+    pipeline rank ``c % pp`` (Megatron's interleaving: rank r holds chunks r, r+p, ...).
+    """
+    _, p, v, _ = _degrees(layout)
+    explicit = tuple(_get(layout, "stage_layers", ()) or ())
+    if explicit:
+        if len(explicit) != p * v or sum(explicit) != model.layers:
+            raise ValueError(f"stage_layers {explicit} must have pp*vpp = {p * v} entries summing to {model.layers}")
+        return list(explicit)
+    return split_layers(model.layers, p * v)
+
+
+def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
+    """Transformer layers held by pipeline rank `pp_rank` (all its chunks)."""
+    return rank_layers(model, layout)[pp_rank]
+
+
+# --------------------------------------------------------------------------------------
+# Per rank
+# --------------------------------------------------------------------------------------
+def _local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
+    h, f = model.hidden, model.ffn_hidden
+    if tp_mode == "3d":
+        # The cube (Bian et al. 2021; parallel/cube.py): every matrix is split over all
+        # q³ ranks; bias and LayerNorm vectors are split over one edge (q ranks) and
+        # replicated on the plane of the two other axes.
+        q = round(tp ** (1 / 3))
+        return (4 * h * h + 2 * h * f) // (q**3) + (9 * h + f) // q
+    t = tp
+    return (2 * h                          # ln1
+            + 3 * h // t * h + 3 * h // t  # qkv, column split
+            + h * (h // t) + h             # proj, row split; replicated bias
+            + 2 * h                        # ln2
+            + f // t * h + f // t          # fc, column split
+            + h * (f // t) + h)            # fc2, row split; replicated bias
+
+
+def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: int = 0) -> int:
+    """Exact local parameter elements on the rank at (pp_rank, tp_rank) of a tensor ×
+    pipeline layout (data-parallel replicas hold the same).
+
+    `layout` is a :class:`~minitron.config.ParallelConfig` or a dict with ``tp, pp``
+    and optionally ``vpp, stage_layers, tp_mode``. All tensor ranks of a stage hold
+    the same number of elements (the vocabulary is padded to a multiple of t); the
+    `tp_rank` argument is kept for symmetry. With ``tp_mode='3d'`` (t = q³) every rank
+    of the cube holds the same count too: matrices and the embeddings split q³ ways,
+    vectors and the position embedding q ways.
+    """
+    t, p, v, mode = _degrees(layout)
+    if not 0 <= pp_rank < p or not 0 <= tp_rank < t:
+        raise ValueError(f"rank (pp={pp_rank}, tp={tp_rank}) outside a layout of pp={p}, tp={t}")
+    return _params_given_layers(model, t, p, v, mode, pp_rank, layers_on_rank(model, layout, pp_rank))
+
+
+def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,
+                         n_layers: int) -> int:
+    """params_on_rank once the rank's layer count is known (the planner calls this often)."""
+    h = model.hidden
+    if mode == "3d":  # vocabulary rows over q² ranks, hidden over q; vectors over q
+        q = round(t ** (1 / 3))
+        emb, vec, pos = padded_vocab(model, t, mode) * h // q**3, 2 * h // q, model.seq_len * h // q
+    else:
+        emb, vec, pos = padded_vocab(model, t) // t * h, 2 * h, model.seq_len * h
+    chunks = p * v
+    n = n_layers * _local_layer_params(model, t, mode)
+    if pp_rank == 0:  # holds chunk 0
+        n += emb + pos  # wte, wpe
+    if pp_rank == (chunks - 1) % p:  # holds the last chunk
+        n += vec  # ln_f
+        if not model.tied_embeddings or chunks > 1:
+            n += emb  # lm_head, or the last chunk's copy of the tied wte
+    return n
+
+
+def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
+    """Transformer layers held by each pipeline rank (all its chunks), rank 0 first."""
+    _, p, _, _ = _degrees(layout)
+    out = [0] * p
+    for c, n in enumerate(chunk_layers(model, layout)):
+        out[c % p] += n
+    return out
+
+
+def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
+    """The largest exact local parameter count over the ranks of a layout
+    (see :func:`params_on_rank`)."""
+    t, p, v, mode = _degrees(layout)
+    return max(_params_given_layers(model, t, p, v, mode, r, n)
+               for r, n in enumerate(rank_layers(model, layout)))

@@ -1,0 +1,446 @@
+"""The analysis toolkit: formulas, published figures, exact counts, calibration, planner.
+
+Pure and in-process (no process groups): runs in a few seconds.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from minitron.analysis import (CLUSTERS, Layout, activation_bytes_per_layer, bubble_fraction,
+                               chunk_layers, comm_bytes_per_step, comm_items, cube_linear_elements,
+                               distributed_optimizer_bytes_per_param, dp_bytes_per_step,
+                               flops_per_iteration, get_cluster, hardware_flops_per_iteration,
+                               korthikanti_activation_bytes_per_layer, layer_forward_flops,
+                               logit_forward_flops, matmul_efficiency, memory_estimate,
+                               memory_on_rank, memory_per_rank, model_flops_per_iteration,
+                               one_d_layer_elements, param_count, params_on_rank, params_per_rank,
+                               peak_stashed_microbatches, plan, pp_boundary_bytes, predict,
+                               ptdp_param_count, rank_layers, ring_allgather_wire_bytes,
+                               ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes,
+                               split_layers, stashed_on_rank, summa_linear_elements,
+                               tensor_parallel_comparison, tp_layer_bytes, training_time_s,
+                               zero_bytes_per_param)
+from minitron.config import PRESETS, ModelConfig, ParallelConfig, TrainConfig, pad_vocab
+
+DAY = 86_400
+
+# PTD-P (Narayanan et al. 2021) Table 1: published billions, heads, hidden, layers,
+# t, p, GPUs, global batch, achieved TFLOP/s per GPU. s = 2048, V = 51200.
+PTDP_TABLE1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+
+def ptdp_model(heads, hidden, layers):
+    return ModelConfig(layers=layers, hidden=hidden, heads=heads, seq_len=2048, vocab=51200)
+
+
+# ----------------------------------------------------------------------------------------
+# Parameters
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("row", PTDP_TABLE1, ids=lambda r: f"{r[0]}B")
+def test_ptdp_eq2_reproduces_table1(row):
+    published, a, h, l = row[:4]
+    assert abs(ptdp_param_count(ptdp_model(a, h, l)) / 1e9 - published) <= 0.05
+
+
+def test_eq2_is_minitron_count_with_tied_embedding_minus_final_norm():
+    m = ModelConfig(layers=5, hidden=64, heads=4, seq_len=32, vocab=512, tied_embeddings=True)
+    assert param_count(m) == ptdp_param_count(m) + 2 * m.hidden
+
+
+class BruteRank(nn.Module):
+    """One (pp_rank, tp_rank) of minitron's GPT, written from its structure."""
+
+    def __init__(self, cfg: ModelConfig, tp: int, n_layers: int, first: bool, last: bool, tied_copy: bool):
+        super().__init__()
+        h, f, V = cfg.hidden, cfg.ffn_hidden, pad_vocab(cfg.vocab, tp)
+        P = lambda *shape: nn.Parameter(torch.zeros(*shape))  # noqa: E731
+        if first:
+            self.wte, self.wpe = P(V // tp, h), P(cfg.seq_len, h)
+        self.layers = nn.ModuleList()
+        for _ in range(n_layers):
+            layer = nn.Module()
+            layer.ln1_w, layer.ln1_b = P(h), P(h)
+            layer.qkv_w, layer.qkv_b = P(3 * h // tp, h), P(3 * h // tp)
+            layer.proj_w, layer.proj_b = P(h, h // tp), P(h)
+            layer.ln2_w, layer.ln2_b = P(h), P(h)
+            layer.fc_w, layer.fc_b = P(f // tp, h), P(f // tp)
+            layer.fc2_w, layer.fc2_b = P(h, f // tp), P(h)
+            self.layers.append(layer)
+        if last:
+            self.lnf_w, self.lnf_b = P(h), P(h)
+            if not cfg.tied_embeddings or tied_copy:
+                self.lm_head = P(V // tp, h)
+
+    def count(self):
+        return sum(p.numel() for p in self.parameters())
+
+
+CASES = [
+    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), dict(tp=1, pp=1)),
+    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), dict(tp=2, pp=2)),
+    (ModelConfig(layers=5, hidden=48, heads=4, seq_len=16, vocab=257, tied_embeddings=True), dict(tp=4, pp=2)),
+    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99, ffn=96), dict(tp=2, pp=2, vpp=3)),
+    (ModelConfig(layers=7, hidden=32, heads=2, seq_len=8, vocab=50, tied_embeddings=True), dict(tp=2, pp=3)),
+    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99), dict(tp=1, pp=3, stage_layers=(1, 3, 2))),
+]
+
+
+@pytest.mark.parametrize("cfg,layout", CASES)
+def test_param_count_is_exact_against_brute_force(cfg, layout):
+    t, p, v = layout["tp"], layout["pp"], layout.get("vpp", 1)
+    chunks = chunk_layers(cfg, layout)
+    total_local = 0
+    for r in range(p):
+        n_layers = sum(n for c, n in enumerate(chunks) if c % p == r)
+        brute = BruteRank(cfg, t, n_layers, first=r == 0, last=r == (p * v - 1) % p, tied_copy=p * v > 1)
+        assert params_on_rank(cfg, layout, r, 0) == brute.count()
+        total_local += brute.count() * t
+    assert params_per_rank(cfg, layout) == max(params_on_rank(cfg, layout, r) for r in range(p))
+    # the whole model, each tied weight once (the last stage's copy is not a new weight)
+    copies = pad_vocab(cfg.vocab, t) * cfg.hidden if cfg.tied_embeddings and p * v > 1 else 0
+    replicated = (cfg.layers * 6 * cfg.hidden + cfg.seq_len * cfg.hidden + 2 * cfg.hidden) * (t - 1)
+    assert param_count(cfg, tp=t) == total_local - copies - replicated
+
+
+def test_param_count_matches_minitron_gpt_shards():
+    """Cross-check against the engine's own GPT, built shard by shard without processes."""
+    try:
+        from minitron.comm import Comm
+        from minitron.context import Context
+        from minitron.grid import ProcessGrid
+        from minitron.model import GPT, num_params
+    except ImportError as e:  # the engine is being written alongside
+        pytest.skip(f"engine not importable: {e}")
+    cube = ModelConfig(layers=3, hidden=16, heads=4, seq_len=8, vocab=37)
+    cases = CASES[:5] + [(cube, dict(tp=8, pp=1, tp_mode="3d")),
+                         (cube.replace(tied_embeddings=True), dict(tp=8, pp=2, tp_mode="3d"))]
+    for cfg, lay in cases:
+        t, p, v = lay["tp"], lay["pp"], lay.get("vpp", 1)
+        if v > 1:
+            continue
+        mode = lay.get("tp_mode", "1d")
+        chunks, start = chunk_layers(cfg, lay), 0
+        for r, n in enumerate(chunks):
+            ids = list(range(start, start + n))
+            start += n
+            for tr in range(t):
+                grid = ProcessGrid(tp=t, pp=p, rank=tr + t * r, cube=mode == "3d")
+                ctx = Context(comm=Comm(grid), layout=ParallelConfig(tp=t, pp=p, tp_mode=mode))
+                stage = GPT(cfg, ctx, layers=ids, first=r == 0, last=r == p - 1)
+                assert num_params(stage) == params_on_rank(cfg, lay, r, tr), (cfg, lay, r, tr)
+        if p == 1 and t == 1:
+            assert num_params(GPT(cfg)) == param_count(cfg)
+
+
+def test_layer_split():
+    assert split_layers(10, 4) == [3, 3, 2, 2]
+    assert rank_layers(PRESETS["small"], dict(pp=2, vpp=2)) == [2, 2]
+    assert rank_layers(ModelConfig(layers=6), dict(pp=3, stage_layers=(1, 3, 2))) == [1, 3, 2]
+    with pytest.raises(ValueError):
+        split_layers(3, 4)
+
+
+# ----------------------------------------------------------------------------------------
+# FLOPs and time
+# ----------------------------------------------------------------------------------------
+def test_eq3_is_four_layer_forwards_plus_three_logit_passes():
+    m, B = PRESETS["gpt3-175b"], 1536
+    layer = layer_forward_flops(B, m.seq_len, m.hidden)
+    logit = logit_forward_flops(B, m.seq_len, m.hidden, m.vocab)
+    assert flops_per_iteration(m, B) == pytest.approx(4 * m.layers * layer + 3 * logit, rel=1e-12)
+    assert model_flops_per_iteration(m, B) == pytest.approx(3 * m.layers * layer + 3 * logit, rel=1e-12)
+    assert flops_per_iteration(m, B, recompute=False) == model_flops_per_iteration(m, B)
+    assert hardware_flops_per_iteration(m, B, "full") == pytest.approx(flops_per_iteration(m, B), rel=1e-12)
+    assert hardware_flops_per_iteration(m, B, "none") == pytest.approx(model_flops_per_iteration(m, B), rel=1e-12)
+    assert layer_forward_flops(2, 8, 16) == 24 * 2 * 8 * 16**2 + 4 * 2 * 8**2 * 16
+
+
+def test_training_time_worked_examples():
+    # PTD-P §5.1: GPT-3 175B, 300B tokens, 1024 A100 at 140 TFLOP/s: about 34 days.
+    assert training_time_s(300e9, 175e9, 1024, 140e12) / DAY == pytest.approx(34, abs=0.5)
+    # The 1T model, 450B tokens, 3072 A100 at 163 TFLOP/s: about 84 days.
+    p1t = ptdp_param_count(PRESETS["ptdp-1t"])
+    assert training_time_s(450e9, p1t, 3072, 163e12) / DAY == pytest.approx(84, abs=0.5)
+
+
+# ----------------------------------------------------------------------------------------
+# Memory
+# ----------------------------------------------------------------------------------------
+def test_zero_bytes_per_param():
+    d = 64
+    assert zero_bytes_per_param(0, d) == 16
+    assert zero_bytes_per_param(1, d) == 4 + 12 / d
+    assert zero_bytes_per_param(2, d) == 2 + 14 / d
+    assert zero_bytes_per_param(3, d) == 16 / d
+    assert distributed_optimizer_bytes_per_param(8) == 6 + 12 / 8
+    # ZeRO paper, §5: Ψ = 7.5B on N_d = 64 GPUs, ZeRO-1: 31.4 GB per rank (120 GB baseline).
+    assert 7.5e9 * zero_bytes_per_param(1, 64) / 1e9 == pytest.approx(31.4, abs=0.05)
+    assert 7.5e9 * zero_bytes_per_param(0, 64) / 1e9 == 120
+    assert 7.5e9 * zero_bytes_per_param(3, 64) / 1e9 == pytest.approx(1.875)
+    with pytest.raises(ValueError):
+        zero_bytes_per_param(4, 8)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("rc", ["none", "selective", "full"])
+def test_activation_per_element_form_reproduces_korthikanti_table2(t, sp, rc):
+    m = ModelConfig(layers=2, hidden=1024, heads=16, seq_len=2048, vocab=1000, dropout=0.1)
+    ours = activation_bytes_per_layer(m, micro_batch=4, tp=t, sp=sp, recompute=rc, bytes_per_el=2, mask_bytes=1)
+    table = korthikanti_activation_bytes_per_layer(2048, 4, 1024, 16, t, sp, rc)
+    if rc == "full" and sp:  # minitron checkpoints the sequence-parallel shard: 2sbh/t
+        table /= t
+    assert ours == pytest.approx(table, rel=1e-12)
+
+
+def test_activation_table2_values():
+    s, b, h, a = 2048, 1, 12288, 96
+    sbh = s * b * h
+    assert korthikanti_activation_bytes_per_layer(s, b, h, a) == sbh * (34 + 5 * a * s / h)
+    assert korthikanti_activation_bytes_per_layer(s, b, h, a, 8) == sbh * (10 + 24 / 8 + 5 * a * s / (h * 8))
+    assert korthikanti_activation_bytes_per_layer(s, b, h, a, 8, True, "selective") == sbh * 34 / 8
+    assert korthikanti_activation_bytes_per_layer(s, b, h, a, 8, True, "full") == 2 * sbh
+    # without dropout: no masks and no dropped-out copy of the probabilities
+    m = ModelConfig(layers=1, hidden=h, heads=a, seq_len=s, vocab=8)
+    assert activation_bytes_per_layer(m, 1, bytes_per_el=2) == sbh * 32 + 2 * a * s * s * b
+
+
+def test_memory_per_rank_model_states_are_exact():
+    """params/grads/AdamW state bytes against real tensors and a real AdamW step."""
+    cfg = ModelConfig(layers=3, hidden=32, heads=4, seq_len=16, vocab=97)
+    for lay, dtype in [(dict(tp=2, pp=2, dp=1), torch.float32), (dict(tp=1, pp=1, dp=1), torch.float64)]:
+        par = ParallelConfig(**lay)
+        train = TrainConfig(global_batch=4, microbatches=2, dtype="float64" if dtype == torch.float64 else "float32")
+        chunks = chunk_layers(cfg, par)
+        for r in range(par.pp):
+            module = BruteRank(cfg, par.tp, chunks[r], r == 0, r == par.pp - 1, par.pp > 1).to(dtype)
+            for p_ in module.parameters():
+                p_.grad = torch.ones_like(p_)
+            opt = torch.optim.AdamW(module.parameters(), foreach=False)
+            opt.step()
+            state = sum(t.numel() * t.element_size() for st in opt.state.values()
+                        for k, t in st.items() if k in ("exp_avg", "exp_avg_sq"))
+            nbytes = sum(p_.numel() * p_.element_size() for p_ in module.parameters())
+            mem = memory_on_rank(cfg, par, train, r)
+            assert mem["params_bytes"] == nbytes == mem["grads_bytes"]
+            assert mem["optimizer_bytes"] == state
+    # ZeRO-1: 2·ceil(n/d) elements of Adam state
+    par = ParallelConfig(dp=3, zero1=True)
+    n = param_count(cfg)
+    mem = memory_per_rank(cfg, par, TrainConfig(global_batch=6))
+    assert n % 3 != 0 and mem["optimizer_bytes"] == 2 * math.ceil(n / 3) * 4
+    assert mem["params_bytes"] == n * 4
+    assert mem["total_bytes"] == pytest.approx(sum(v for k, v in mem.items() if k != "total_bytes"))
+
+
+def test_memory_schedules_and_recompute_order():
+    cfg = ModelConfig(layers=8, hidden=64, heads=4, seq_len=64, vocab=256)
+    train = TrainConfig(global_batch=16, microbatches=8)
+    act = lambda **kw: memory_per_rank(cfg, ParallelConfig(pp=4, **kw), train)["activations_bytes"]  # noqa: E731
+    assert act(schedule="gpipe") > act(schedule="interleaved", vpp=2) > act(schedule="1f1b")
+    assert act(recompute="none") > act(recompute="selective") > act(recompute="full")
+    sp = memory_per_rank(cfg, ParallelConfig(tp=4, sp=True), train)["activations_bytes"]
+    assert sp < memory_per_rank(cfg, ParallelConfig(tp=4), train)["activations_bytes"]
+
+
+def test_memory_estimate_1t_fits_an_a100():
+    mem = memory_estimate(PRESETS["ptdp-1t"], dict(tp=8, pp=64, dp=6, microbatch_size=1), 3072)
+    assert mem["params_bytes"] == 2 * params_per_rank(PRESETS["ptdp-1t"], dict(tp=8, pp=64))
+    assert 40e9 < mem["total_bytes"] < 80e9
+
+
+# ----------------------------------------------------------------------------------------
+# Bubble
+# ----------------------------------------------------------------------------------------
+def test_bubble_closed_forms():
+    assert bubble_fraction("gpipe", 4, 8) == bubble_fraction("1f1b", 4, 8) == 3 / 8
+    assert bubble_fraction("interleaved", 4, 8, v=2) == 3 / 16
+    # zero bubble H1: a third of 1F1B's when T_F = T_B = T_W, and 1F1B's when T_W = 0
+    assert bubble_fraction("zb-h1", 4, 8, t_f=1, t_b=1, t_w=1) == pytest.approx(bubble_fraction("1f1b", 4, 8) / 3)
+    assert bubble_fraction("zb-h1", 4, 8) == bubble_fraction("1f1b", 4, 8)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        bubble_fraction("pipedream", 2, 2)
+
+
+def test_peak_stashed_microbatches():
+    assert peak_stashed_microbatches("gpipe", 4, 8) == 8
+    assert peak_stashed_microbatches("1f1b", 4, 8) == 4
+    assert peak_stashed_microbatches("1f1b", 4, 2) == 2
+    assert peak_stashed_microbatches("zb-h1", 4, 8) == 4
+    p, v = 4, 2
+    assert peak_stashed_microbatches("interleaved", p, 8, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert [stashed_on_rank("1f1b", 4, 8, 1, r) for r in range(4)] == [4, 3, 2, 1]
+
+
+# ----------------------------------------------------------------------------------------
+# Communication
+# ----------------------------------------------------------------------------------------
+def test_ring_volumes():
+    assert ring_allreduce_wire_bytes(800, 8) == 2 * 7 / 8 * 800
+    assert ring_allgather_wire_bytes(800, 8) == ring_reduce_scatter_wire_bytes(800, 8) == 7 / 8 * 800
+    assert ring_allreduce_wire_bytes(800, 1) == 0
+
+
+def test_per_axis_call_bytes():
+    m = ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=100)
+    x = 2 * 16 * 32 * 4
+    assert tp_layer_bytes(m, 2, 4) == {"all_reduce": 4 * x}
+    assert tp_layer_bytes(m, 2, 4, recompute="full") == {"all_reduce": 6 * x}
+    assert tp_layer_bytes(m, 2, 4, sp=True) == {"all_gather": 4 * x / 4, "reduce_scatter": 4 * x}
+    assert tp_layer_bytes(m, 2, 1) == {}
+    assert pp_boundary_bytes(m, 2) == x and pp_boundary_bytes(m, 2, 4, scatter_gather=True) == x / 4
+    assert dp_bytes_per_step(10, 4) == {"all_reduce": 40}
+    assert dp_bytes_per_step(10, 4, zero1=True) == {"reduce_scatter": 12 * 4, "all_gather": 3 * 4}
+
+
+def test_comm_per_step_for_a_layout():
+    cfg = ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=100)
+    par = ParallelConfig(tp=2, pp=2, dp=2)
+    train = TrainConfig(global_batch=8, microbatches=2)
+    b, x = 2, 2 * 16 * 32 * 4
+    vol = comm_bytes_per_step(cfg, par, train, pp_rank=1)
+    # last stage: 2 layers × 2 microbatches × 4 all-reduces, the output layer's f (b·s·h),
+    # the loss (3 × b·s), the 8-byte gradient norm
+    assert vol["tp"]["all_reduce"] == 2 * 2 * 4 * x + 2 * x + 3 * 2 * b * 16 * 4 + 8
+    assert vol["pp"]["send"] == vol["pp"]["recv"] == 2 * x  # one each way per microbatch
+    assert vol["dp"]["all_reduce"] == params_on_rank(cfg, par, 1) * 4
+    inter = ParallelConfig(pp=2, vpp=2, schedule="interleaved")
+    mid = comm_bytes_per_step(cfg, inter, TrainConfig(global_batch=4, microbatches=4), pp_rank=0)
+    assert mid["pp"]["send"] == 4 * 3 * (1 * 16 * 32 * 4)  # chunks 0 and 2: 3 sends per microbatch
+    assert all(it["calls"] >= 1 for it in comm_items(cfg, par, train, 0))
+
+
+def test_tensor_parallel_schemes():
+    B, hi, ho, q = 4096, 1024, 4096, 4
+    assert cube_linear_elements(B, hi, ho, q) == (q - 1) / q**3 * (B * hi + hi * ho + B * ho)
+    f, _ = summa_linear_elements(B, hi, ho, q)
+    assert f == (q - 1) / q**2 * (B * hi + hi * ho)
+    assert one_d_layer_elements(B, hi, 8) == 4 * 7 / 8 * B * hi
+    rows = {r["scheme"]: r for r in tensor_parallel_comparison(PRESETS["medium"], 8192, 64)}
+    assert rows["2d"]["q"] == 8 and rows["3d"]["q"] == 4 and rows["1d"]["feasible"]
+    # activations dominate (B·h ≫ h²): 3-D moves the least, 1-D the most
+    assert rows["3d"]["total"] < rows["2d"]["total"] < rows["1d"]["total"]
+    odd = {r["scheme"]: r for r in tensor_parallel_comparison(PRESETS["medium"], 8192, 8)}
+    assert not odd["2d"]["feasible"] and odd["3d"]["q"] == 2
+
+
+# ----------------------------------------------------------------------------------------
+# Cluster model: calibration on Megatron-LM 2019, prediction of PTD-P
+# ----------------------------------------------------------------------------------------
+GPT2_1_2B = ModelConfig(layers=40, hidden=1536, heads=16, seq_len=1024, vocab=51200)
+GPT2_8_3B = PRESETS["megatron-8.3b"]
+
+
+def test_calibration_megatron_2019():
+    """The three figures the constants were fitted to, within 1 TFLOP/s and 1 point:
+    39 TFLOP/s on one V100 (1.2B, batch 8, recomputation), 77 % weak-scaling efficiency
+    at 8-way tensor parallel (8.3B), 74 % on 512 GPUs (8-way TP × 64-way DP)."""
+    one = predict(GPT2_1_2B, dict(tp=1, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2")
+    mp8 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2")
+    all512 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=64, microbatch_size=8), 512, "v100-dgx2")
+    print(f"\n1 V100: {one.tflops_per_gpu:.1f} TFLOP/s (published 39); "
+          f"8-way TP: {mp8.tflops_per_gpu / one.tflops_per_gpu:.1%} (77%); "
+          f"512 GPUs: {all512.tflops_per_gpu / one.tflops_per_gpu:.1%} (74%), "
+          f"{all512.tflops_per_gpu * 512 / 1e3:.1f} PFLOP/s (15.1)")
+    assert one.tflops_per_gpu == pytest.approx(39, abs=1)
+    assert mp8.tflops_per_gpu / one.tflops_per_gpu == pytest.approx(0.77, abs=0.01)
+    assert all512.tflops_per_gpu / one.tflops_per_gpu == pytest.approx(0.74, abs=0.01)
+    assert all512.tflops_per_gpu * 512 / 1e3 == pytest.approx(15.1, rel=0.05)
+
+
+def test_ptdp_table1_prediction(capsys):
+    """Not fitted: PTD-P Table 1 on DGX A100 at the published (t, p), microbatch 1,
+    1F1B with full recomputation. Printed for the record; asserted only within 2×."""
+    lines = [f"{'model':>8} {'GPUs':>5} {'t':>2} {'p':>3} {'published':>9} {'predicted':>9} {'ratio':>6} {'GB':>5}"]
+    for pub, a, h, l, t, p, n, B, tf in PTDP_TABLE1:
+        pred = predict(ptdp_model(a, h, l), Layout(tp=t, pp=p, dp=n // (t * p), microbatch_size=1), B, "a100-dgx")
+        ratio = pred.tflops_per_gpu / tf
+        lines.append(f"{pub:>7}B {n:>5} {t:>2} {p:>3} {tf:>9} {pred.tflops_per_gpu:>9.1f} {ratio:>6.2f} "
+                     f"{pred.memory_gb_per_gpu:>5.1f}")
+        assert 0.5 < ratio < 2
+        assert pred.memory_gb_per_gpu < 80
+    # GPT-3 175B on 1536 A100 (PTD-P §5.2, batch 1536): 153 TFLOP/s; layout t=8, p=12 assumed.
+    pred = predict(PRESETS["gpt3-175b"], Layout(tp=8, pp=12, dp=16), 1536, "a100-dgx")
+    lines.append(f"{'175B':>8} {1536:>5} {8:>2} {12:>3} {153:>9} {pred.tflops_per_gpu:>9.1f} "
+                 f"{pred.tflops_per_gpu / 153:>6.2f} {pred.memory_gb_per_gpu:>5.1f}")
+    assert 0.5 < pred.tflops_per_gpu / 153 < 2
+    with capsys.disabled():
+        print("\nPTD-P Table 1 vs the cluster model (TFLOP/s per GPU):\n" + "\n".join(lines))
+
+
+def test_matmul_efficiency_saturates():
+    c = "a100-dgx"
+    small, mid, big = (matmul_efficiency(n, n, n, c) for n in (64, 1024, 16384))
+    assert small < mid < big < 0.85
+    assert big > 0.8 and small < 0.3
+
+
+def test_prediction_breakdown_and_trends():
+    m = PRESETS["gpt3-175b"]
+    pred = predict(m, dict(tp=8, pp=12, dp=16, microbatch_size=1), 1536, "a100-dgx")
+    assert pred.iteration_s == pytest.approx(sum(pred.breakdown[k] for k in
+                                             ("compute", "tp_comm", "pp_comm", "bubble",
+                                              "dp_comm_exposed", "optimizer")))
+    assert pred.bubble_fraction == pytest.approx(11 / 96)  # m = 1536 / 16
+    faster = predict(m, dict(tp=8, pp=12, dp=16, microbatch_size=1), 1536, "h100-dgx")
+    assert faster.iteration_s < pred.iteration_s
+    inter = predict(m, dict(tp=8, pp=12, dp=16, vpp=2, microbatch_size=1), 1536, "a100-dgx")
+    assert inter.bubble_fraction == pytest.approx(pred.bubble_fraction / 2)
+    zb = predict(m, dict(tp=8, pp=12, dp=16, schedule="zb-h1"), 1536, "a100-dgx")
+    assert zb.bubble_fraction < pred.bubble_fraction and zb.iteration_s < pred.iteration_s
+    across = predict(m, dict(tp=16, pp=6, dp=16, microbatch_size=1), 1536, "a100-dgx")
+    assert across.breakdown["tp_comm"] > 2 * pred.breakdown["tp_comm"]  # t beyond a node
+    with pytest.raises(ValueError, match="not divisible"):
+        predict(m, dict(tp=8, pp=12, dp=16, microbatch_size=5), 1536, "a100-dgx")
+    with pytest.raises(ValueError, match="multiple of pp"):
+        predict(m, dict(tp=8, pp=12, dp=16, vpp=2, microbatch_size=32), 1536, "a100-dgx")
+
+
+# ----------------------------------------------------------------------------------------
+# Planner
+# ----------------------------------------------------------------------------------------
+def test_planner_1t_on_3072_a100():
+    plans = plan(PRESETS["ptdp-1t"], 3072, 3072, "a100-dgx")
+    top = plans[0]
+    print(f"\n1T on 3072 A100, top plans: " + "; ".join(
+        f"t={e['tp']} p={e['pp']} d={e['dp']} v={e['vpp']} b={e['microbatch_size']}: "
+        f"{e['tflops_per_gpu']:.0f} TFLOP/s, {e['memory_gb_per_gpu']:.0f} GB" for e in plans[:3]))
+    assert top["tp"] == 8 and top["pp"] >= 32  # PTD-P: t = 8 within a node, p = 64
+    assert top["tp"] * top["pp"] * top["dp"] == 3072
+    assert all(e["memory_gb_per_gpu"] <= 80 for e in plans)
+    assert [e["tflops_per_gpu"] for e in plans] == sorted((e["tflops_per_gpu"] for e in plans), reverse=True)
+    for k in ("tflops_per_gpu", "iteration_s", "memory_gb_per_gpu", "bubble_fraction", "vpp", "microbatch_size"):
+        assert k in top
+
+
+def test_planner_small_model_prefers_data_parallel():
+    top = plan(GPT2_1_2B, 8, 64, "a100-dgx")[0]
+    assert top["pp"] == 1 and top["tp"] <= 2
+    longer = plan(GPT2_1_2B, 8, 64, "a100-dgx", seq_len=2048, top=3)
+    assert len(longer) == 3 and longer[0]["iteration_s"] > top["iteration_s"]
+
+
+def test_planner_errors():
+    with pytest.raises(ValueError, match="unknown cluster 'tpu'.*a100-dgx"):
+        plan(PRESETS["gpt-1.3b"], 8, 8, "tpu")
+    with pytest.raises(ValueError, match="does not divide 12 GPUs"):
+        plan(PRESETS["gpt-1.3b"], 12, 48, "a100-dgx", tp=8)
+    with pytest.raises(ValueError, match="fits no layout"):
+        plan(PRESETS["ptdp-1t"], 8, 8, "a100-dgx")
+    assert set(CLUSTERS) == {"v100-dgx2", "a100-dgx", "h100-dgx"}
+    assert get_cluster("h100-dgx").gpus_per_node == 8
