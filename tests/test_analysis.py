@@ -287,6 +287,21 @@ def test_peak_stashed_microbatches():
     assert [stashed_on_rank("1f1b", 4, 8, 1, r) for r in range(4)] == [4, 3, 2, 1]
 
 
+def test_closed_forms_agree_with_the_schedule_simulator():
+    """The closed forms against the schedules the runtime executes (schedules are data)."""
+    try:
+        from minitron.parallel.schedules import make_schedule, simulate
+    except ImportError as e:
+        pytest.skip(f"schedules not importable: {e}")
+    for kind, p, m, v in [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 2, 1), ("interleaved", 4, 8, 2),
+                          ("interleaved", 2, 4, 3), ("zb-h1", 4, 8, 1)]:
+        sim = simulate(make_schedule(kind, p, v, m))
+        t = dict(t_f=1, t_b=1, t_w=1) if kind == "zb-h1" else {}
+        assert sim.bubble_fraction == pytest.approx(bubble_fraction(kind, p, m, v, **t)), (kind, p, m, v)
+        for r in range(p):  # the simulator counts chunk-microbatches; we count stages
+            assert sim.peak_stashed[r] == pytest.approx(stashed_on_rank(kind, p, m, v, r) * v), (kind, r)
+
+
 # ----------------------------------------------------------------------------------------
 # Communication
 # ----------------------------------------------------------------------------------------
