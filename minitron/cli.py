@@ -41,6 +41,8 @@ def add_layout_args(ap):
     g.add_argument("--stage-layers", default="", help="uneven split, e.g. 1,3")
     g.add_argument("--backend", default="gloo", help="gloo or nccl")
     g.add_argument("--precision", default="fp32", help="fp32 or bf16")
+    g.add_argument("--dropout-rng", default=None,
+                   help="tensor: per-rank streams (train default); global: single-device masks (verify default)")
     g.add_argument("--timeout", type=float, default=300, help="collective timeout, seconds")
 
 
@@ -75,7 +77,8 @@ def layout_from(args) -> ParallelConfig:
                           tp_mode=args.tp_mode, sp=args.sp, schedule=args.schedule, zero1=args.zero1,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
-                          precision=args.precision)
+                          precision=args.precision, dropout_rng=args.dropout_rng or
+                          ("global" if getattr(args, "cmd", "") == "verify" else "tensor"))
 
 
 def train_from(args, **over) -> TrainConfig:
@@ -233,6 +236,58 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_memory(args) -> int:
+    from .analysis import memory_per_rank
+
+    m, p = model_from(args), layout_from(args)
+    t = train_from(args)
+    validate(m, p, t)
+    mem = memory_per_rank(m, p, t)
+    if args.json:
+        print(json.dumps({"model": m.name, "layout": p.describe(), **mem}))
+    else:
+        print(f"memory per rank, {m.name} on {p.describe()} ({t.dtype}, global batch {t.global_batch}, "
+              f"{t.microbatches} microbatches):")
+        for k, v in mem.items():
+            print(f"  {k:<18} {v / 2**20:12.3f} MiB")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .analysis import plan, predict
+
+    m = model_from(args)
+    validate_model(m)
+    fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
+    try:
+        if all(fixed[k] for k in ("tp", "pp")):
+            if args.gpus % (args.tp * args.pp):
+                raise ValueError(f"tp*pp = {args.tp * args.pp} does not divide {args.gpus} GPUs: "
+                                 f"pick degrees whose product divides the GPU count")
+            lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp),
+                   "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1}
+            pred = predict(m, lay, args.global_batch, args.cluster)
+            out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
+                   "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
+                   "breakdown": pred.breakdown}
+        else:
+            out = {"candidates": plan(m, args.gpus, args.global_batch, args.cluster, top=args.top,
+                                      **{k: v for k, v in fixed.items() if v})}
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.json:
+        print(json.dumps({"model": m.name, "gpus": args.gpus, "cluster": args.cluster, **out}))
+        return 0
+    rows = out.get("candidates", [out])
+    print(f"{m.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}:")
+    print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
+    for r in rows:
+        print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
+              f"{r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} {r['memory_gb_per_gpu']:>8.1f} "
+              f"{r['bubble_fraction']:>7.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minitron", description="Megatron-style parallel GPT training, small.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -266,6 +321,24 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--plot", default="", help="write a timeline figure (png/svg/pdf)")
     sc.set_defaults(fn=cmd_schedule)
+    me = sub.add_parser("memory", help="predicted bytes per rank for a layout")
+    add_model_args(me)
+    add_layout_args(me)
+    add_train_args(me)
+    me.add_argument("--json", action="store_true")
+    me.set_defaults(fn=cmd_memory)
+
+    pl = sub.add_parser("plan", help="predict a layout on a cluster, or rank all layouts")
+    add_model_args(pl)
+    pl.add_argument("--gpus", type=int, required=True)
+    pl.add_argument("--global-batch", type=int, required=True)
+    pl.add_argument("--cluster", default="a100-dgx", help="v100-dgx2, a100-dgx, h100-dgx")
+    for k in ("tp", "pp", "vpp", "microbatch-size"):
+        pl.add_argument(f"--{k}", type=int, default=0)
+    pl.add_argument("--top", type=int, default=10)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=cmd_plan)
+
     be = sub.add_parser("bench", help="step time, tokens/s, MFU and overhead vs plain PyTorch")
     add_model_args(be)
     add_layout_args(be)

@@ -85,6 +85,7 @@ class ParallelConfig:
     stage_layers: tuple[int, ...] = ()  # explicit per-stage layer counts (uneven split)
     backend: str = "gloo"
     precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
+    dropout_rng: str = "tensor"  # "tensor" (Megatron streams) | "global" (single-device masks, sliced)
 
     @property
     def world(self) -> int:
@@ -176,6 +177,8 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     _need(p.recompute in RECOMPUTE, f"unknown --recompute '{p.recompute}': choose one of {', '.join(RECOMPUTE)}")
     _need(p.backend in ("gloo", "nccl"), f"unknown --backend '{p.backend}': use gloo or nccl")
     _need(p.precision in ("fp32", "bf16"), f"unknown --precision '{p.precision}': use fp32 or bf16")
+    _need(p.dropout_rng in ("tensor", "global"),
+          f"unknown --dropout-rng '{p.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
     _need(p.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{p.dp_impl}': use naive or bucketed")
     _need(p.bucket_mb > 0, f"--bucket-mb must be positive (got {p.bucket_mb})")
     _need(not p.zero1 or p.dp > 1, "--zero1 shards optimizer state over data parallel ranks: it needs --dp 2 or more")
@@ -196,6 +199,7 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     if p.pp > 1 or p.vpp > 1:
         if p.schedule == "interleaved":
             _need(p.vpp >= 2, "the interleaved schedule needs --vpp 2 or more model chunks per rank")
+            _need(p.pp >= 2, "the interleaved schedule needs --pp 2 or more pipeline ranks")
         else:
             _need(p.vpp == 1, f"--vpp {p.vpp} needs --schedule interleaved")
         chunks = p.pp * p.vpp
