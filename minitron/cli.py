@@ -136,7 +136,7 @@ def _train_job(comm, m, p, t, corpus, extra):
 def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
     t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=args.resume,
-                   metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
+                   stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
                    sample_tokens=args.sample)
     validate(m, p, t)
     corpus = check_data(m, t)
@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--ckpt-dir", default="")
     tr.add_argument("--ckpt-every", type=int, default=0)
     tr.add_argument("--resume", action="store_true")
+    tr.add_argument("--stop-at", type=int, default=0, help="stop after this step (and checkpoint), as a "
+                    "time-limited job would; resume later with --resume")
     tr.add_argument("--metrics", default="", help="JSON lines of step metrics")
     tr.add_argument("--eval-every", type=int, default=50)
     tr.add_argument("--sample", type=int, default=200, help="tokens of text to generate at the end")

@@ -127,6 +127,7 @@ class TrainConfig:
     dtype: str = "float32"
     ckpt_dir: str = ""
     ckpt_every: int = 0
+    stop_at: int = 0  # stop after this step (a time-limited job), checkpointing first
     resume: bool = False
     metrics: str = ""
     trace: str = ""
