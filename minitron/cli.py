@@ -40,6 +40,7 @@ def add_layout_args(ap):
     g.add_argument("--scatter-gather", action="store_true")
     g.add_argument("--stage-layers", default="", help="uneven split, e.g. 1,3")
     g.add_argument("--backend", default="gloo", help="gloo or nccl")
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
     g.add_argument("--precision", default="fp32", help="fp32 or bf16")
     g.add_argument("--dropout-rng", default=None,
                    help="tensor: per-rank streams (train default); global: single-device masks (verify default)")
@@ -77,6 +78,7 @@ def layout_from(args) -> ParallelConfig:
                           tp_mode=args.tp_mode, sp=args.sp, schedule=args.schedule, zero1=args.zero1,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
+                          device=args.device,
                           precision=args.precision, dropout_rng=args.dropout_rng or
                           ("global" if getattr(args, "cmd", "") == "verify" else "tensor"))
 

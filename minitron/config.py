@@ -84,6 +84,7 @@ class ParallelConfig:
     scatter_gather: bool = False
     stage_layers: tuple[int, ...] = ()  # explicit per-stage layer counts (uneven split)
     backend: str = "gloo"
+    device: str = "auto"  # auto: the GPU with nccl or on one device when there is one, else the CPU
     precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
     dropout_rng: str = "tensor"  # "tensor" (Megatron streams) | "global" (single-device masks, sliced)
 
@@ -177,6 +178,8 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     _need(p.schedule in SCHEDULES, f"unknown schedule '{p.schedule}': choose one of {', '.join(SCHEDULES)}")
     _need(p.recompute in RECOMPUTE, f"unknown --recompute '{p.recompute}': choose one of {', '.join(RECOMPUTE)}")
     _need(p.backend in ("gloo", "nccl"), f"unknown --backend '{p.backend}': use gloo or nccl")
+    _need(p.device in ("auto", "cpu", "cuda"), f"unknown --device '{p.device}': use auto, cpu or cuda")
+    _need(p.backend != "nccl" or p.device != "cpu", "--backend nccl needs GPUs: drop --device cpu or use gloo")
     _need(p.precision in ("fp32", "bf16"), f"unknown --precision '{p.precision}': use fp32 or bf16")
     _need(p.dropout_rng in ("tensor", "global"),
           f"unknown --dropout-rng '{p.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")

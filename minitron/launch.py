@@ -51,6 +51,17 @@ def slurm_to_torch_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
 
 
+def resolve_device(layout, world: int) -> torch.device:
+    """The one place where the device is chosen: CUDA (this rank's local GPU) with the
+    nccl backend, or for a single-device run when a GPU is present and --device allows;
+    otherwise the CPU (gloo ranks)."""
+    want = getattr(layout, "device", "auto")
+    cuda = torch.cuda.is_available() and (layout.backend == "nccl" or world == 1)
+    if want == "cuda" or (want == "auto" and cuda):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) if world > 1 else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: bool = False) -> Comm:
     """Join the process group (if world > 1), build the grid's groups, return a Comm."""
     world = env_world() if under_launcher() else 1

@@ -34,7 +34,8 @@ def make_adamw(params, t: TrainConfig) -> torch.optim.AdamW:
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    fused = bool(params) and params[0].is_cuda  # one fused kernel on GPUs
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused or None)
 
 
 def owns_copy(p, comm: Comm) -> bool:
@@ -44,10 +45,11 @@ def owns_copy(p, comm: Comm) -> bool:
 
 def local_sq_norm(params, comm: Comm) -> torch.Tensor:
     """Sum of squared gradient entries of the shards this rank counts."""
-    total = torch.zeros((), dtype=torch.float64)
-    for p in unique_params(params):
+    params = unique_params(params)
+    total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
+    for p in params:
         if p.grad is not None and owns_copy(p, comm):
-            total += p.grad.detach().double().pow(2).sum().cpu()
+            total += p.grad.detach().double().pow(2).sum()
     return total
 
 
