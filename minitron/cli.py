@@ -118,6 +118,13 @@ def run_ranks(job, m, p, t, corpus, extra=None):
     return results[0]
 
 
+def reporting() -> bool:
+    """Only global rank 0 reports (every rank runs this CLI under torchrun/srun)."""
+    from . import launch
+
+    return not launch.under_launcher() or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0
+
+
 def _rank_main(job, m, p, t, corpus, extra):
     from . import launch
 
@@ -152,6 +159,8 @@ def cmd_train(args) -> int:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).unlink(missing_ok=True) if path != t.metrics or not t.resume else None
     summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout})
+    if not reporting():
+        return 0
     vl = summary["val_losses"]
     if vl:
         first, last = vl[min(vl)], vl[max(vl)]
@@ -179,6 +188,8 @@ def cmd_verify(args) -> int:
         if path:
             Path(path).unlink(missing_ok=True)
     res = run_ranks(verify_job, m, p, t, corpus, {"timeout": args.timeout, "tol": args.tol})
+    if not reporting():
+        return 0
     if not args.json:
         print(f"verify {res['layout']} vs single device, {res['steps']} steps, {t.dtype}:")
         print(f"  max |loss diff|        {res['max_loss_abs_diff']:.3e}")
@@ -227,6 +238,8 @@ def cmd_bench(args) -> int:
     if p.world > 1:
         multi = run_ranks(bench_job, m, p, t, corpus,
                           {"timeout": args.timeout, "steps": args.bench_steps, "warmup": args.warmup_steps})
+        if not reporting():
+            return 0
         res.update(multi, single_device_step_s=one["minitron_step_s"],
                    speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"],
                    mfu=multi["model_flops_per_s"] / one["device_peak_flops_per_s"])
