@@ -58,7 +58,9 @@ def resolve_device(layout, world: int) -> torch.device:
     want = getattr(layout, "device", "auto")
     cuda = torch.cuda.is_available() and (layout.backend == "nccl" or world == 1)
     if want == "cuda" or (want == "auto" and cuda):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) if world > 1 else torch.cuda.current_device())
+        # a task may see one GPU (--gpus-per-task) or the node's: wrap the local rank
+        local = int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+        return torch.device("cuda", local if world > 1 else torch.cuda.current_device())
     return torch.device("cpu")
 
 
@@ -72,7 +74,7 @@ def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: boo
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
         timeout = datetime.timedelta(seconds=timeout_s)
         if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(resolve_device(layout, world))
         dist.init_process_group(backend=backend, timeout=timeout)
         grid.rank = dist.get_rank()
         grid.build_groups(timeout=timeout)
