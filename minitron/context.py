@@ -21,6 +21,11 @@ class Context:
     seed: int = 1234
     init: str = "global"  # "global": draw the full tensor and slice; "shard": draw the local shard
 
+    def __post_init__(self):
+        from .parallel.random import DropoutRNG
+
+        self.rng = DropoutRNG(self)  # dropout masks: keys and streams (parallel/random.py)
+
     def autocast(self):
         """bf16 compute with fp32 master weights (--precision bf16): autocast on the run's
         device; a no-op context in fp32."""

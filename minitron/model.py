@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from .config import ModelConfig
 from .context import Context, make_param
 from .parallel import tensor as tp
+from .parallel.random import Dropout
 
 
 class Attention(nn.Module):
@@ -34,21 +35,28 @@ class Attention(nn.Module):
         self.head_dim, self.ctx = cfg.head_dim, ctx
         self.qkv = tp.ColumnParallelLinear(f"{name}.qkv", h, 3 * h, ctx, std)
         self.proj = tp.RowParallelLinear(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
-        self.dropout = cfg.dropout
+        self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, inside=True)  # per-rank stream
 
-    def core(self, qkv):
-        """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes."""
+    def core(self, qkv, key=None):
+        """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes.
+        With dropout the core is written out, so that the mask comes from our streams
+        (SDPA's internal dropout cannot be given a generator); otherwise SDPA."""
         q, k, v = rearrange(qkv, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
-        drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        if self.training and self.drop.p > 0:
+            s = q.shape[-2]
+            causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
+            y = self.drop(att.softmax(dim=-1), key) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return rearrange(y, "b nh s d -> b s (nh d)")
 
-    def forward(self, x):
+    def forward(self, x, key=None):
         qkv = self.qkv(tp.enter_region(x, self.ctx))
         if self.ctx.layout.recompute == "selective" and self.training:
-            y = checkpoint(self.core, qkv, use_reentrant=False)
+            y = checkpoint(self.core, qkv, key, use_reentrant=False)
         else:
-            y = self.core(qkv)
+            y = self.core(qkv, key)
         return tp.leave_region(self.proj(y), self.ctx) + self.proj.bias
 
 
@@ -74,11 +82,13 @@ class Block(nn.Module):
         self.attn = Attention(f"blocks.{i}.attn", cfg, ctx)
         self.ln2 = tp.LayerNorm(f"blocks.{i}.ln2", cfg.hidden, ctx)
         self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx)
-        self.dropout = cfg.dropout
+        self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx)  # shared stream
+        self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx)
 
-    def forward(self, x):
-        x = x + F.dropout(self.attn(self.ln1(x)), self.dropout, self.training)
-        return x + F.dropout(self.mlp(self.ln2(x)), self.dropout, self.training)
+    def forward(self, x, key=None):
+        """`key` (step, microbatch) picks the dropout masks: recomputation passes the same."""
+        x = x + self.drop1(self.attn(self.ln1(x), key), key)
+        return x + self.drop2(self.mlp(self.ln2(x)), key)
 
 
 class GPT(nn.Module):
@@ -101,6 +111,7 @@ class GPT(nn.Module):
             # used before the sequence is split, so its gradient is already whole on every rank
             self.wpe = make_param("wpe.weight", (cfg.seq_len, cfg.hidden), (), ctx, 0.01,
                                   replicas=("tp",) if ctx.tp > 1 else ())
+            self.drop = Dropout("embed", cfg.dropout, ctx)
         self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx) for i in self.layer_ids})
         if last:
             self.ln_f = tp.LayerNorm("ln_f", cfg.hidden, ctx)
@@ -111,15 +122,14 @@ class GPT(nn.Module):
             else:
                 self.lm_head = self.wte
 
-    def embed(self, idx):
+    def embed(self, idx, key=None):
         x = self.wte(idx) + self.wpe[: idx.shape[1]]
-        x = F.dropout(x, self.cfg.dropout, self.training)
-        return tp.scatter_sequence(x, self.ctx)
+        return self.drop(tp.scatter_sequence(x, self.ctx), key)  # on the sequence shard with --sp
 
-    def run_block(self, block, x):
+    def run_block(self, block, x, key=None):
         if self.ctx.layout.recompute == "full" and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, use_reentrant=False)
-        return block(x)
+            return checkpoint(block, x, key, use_reentrant=False)
+        return block(x, key)
 
     def head(self, x):
         """Final LayerNorm and the vocabulary-parallel output layer: local logits."""
@@ -134,10 +144,11 @@ class GPT(nn.Module):
         return per_token.mean()
 
     def forward(self, x, targets=None):
+        key = self.ctx.rng.key()  # this microbatch's dropout key, set by the training loop
         if self.first:
-            x = self.embed(x)
+            x = self.embed(x, key)
         for block in self.blocks.values():
-            x = self.run_block(block, x)
+            x = self.run_block(block, x, key)
         if not self.last:
             return x
         logits = self.head(x)

@@ -114,6 +114,7 @@ class Trainer:
     def _forward_backward(self, mbs) -> torch.Tensor:
         m, total = len(mbs), torch.zeros((), dtype=torch.float64)
         for k, (x, y) in enumerate(mbs):
+            self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + k)  # dropout masks' key
             with self.comm.in_phase("fwd"), self.ctx.autocast():
                 loss = self.model(x, y) / m
             with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):

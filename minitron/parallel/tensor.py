@@ -113,11 +113,9 @@ def scatter_sequence(x, ctx: Context):
 
 
 class ColumnParallelLinear(nn.Module):
-    """Y = X A with A's columns (output features) split over the tensor group.
-
-    `groups` splits the output into that many equal blocks first (e.g. heads), so
-    each rank gets whole blocks: the full weight's rows are ordered block-major.
-    """
+    """Y = X A with A's columns (output features) split over the tensor group: rank r
+    holds rows [r·d_out/t, (r+1)·d_out/t) of the full [d_out, d_in] weight and its bias.
+    Blocks that must stay whole (heads) are laid out block-major by the caller."""
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
         super().__init__()
@@ -210,7 +208,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         local_t = target - start
         mine = (local_t >= 0) & (local_t < n_local)
         rows = torch.arange(target.shape[0], device=logits.device)
-        tlogit = shifted[rows, local_t.clamp(0, n_local - 1)] * mine
+        # where(), not `* mine`: a clamped index may hit a padded id (-inf · 0 = nan)
+        tlogit = torch.where(mine, shifted[rows, local_t.clamp(0, n_local - 1)], 0.0)
         comm.all_reduce(tlogit, "tp")
         exp = shifted.exp()
         sumexp = exp.sum(dim=-1)

@@ -1,0 +1,267 @@
+"""1-D tensor parallelism by the numbers: what a layer keeps, what it sends, and why
+t stays inside a node.
+
+Activations a layer keeps for its backward
+------------------------------------------
+Korthikanti et al. (2022, Table 2) count 2-byte activations and 1-byte masks of a
+Megatron layer (:func:`minitron.analysis.memory.korthikanti_activation_bytes_per_layer`
+gives it literally, :func:`~minitron.analysis.memory.activation_bytes_per_layer` per
+element). :func:`saved_bytes_per_layer` counts what minitron's ``Block`` itself saves,
+one item per tensor, for one microbatch of b sequences on one tensor rank (e bytes per
+activation, boolean masks of 1 byte; T = b·s tokens, t_s = t with ``--sp`` else 1)::
+
+    ln1, ln2 input                 e·T·h/t_s each, + mean and rstd: 2·e'·T/t_s each
+    QKV input, fc input            e·T·h each       (whole: the output of f, or of the
+                                                     sequence all-gather under --sp)
+    Q, K, V                        3·e·T·h/t
+    attention, dropout > 0         softmax output e·b·a·s²/t, mask b·a·s²/t, dropped
+                                   probabilities e·b·a·s²/t      (explicit core)
+    attention, dropout = 0         SDPA's logsumexp e'·b·a·s/t
+    proj input                     e·T·h/t          (SDPA's output, which it saves too)
+    GELU input, fc2 input          e·T·f/t each
+    residual dropout masks         T·h/t_s each     (dropout > 0)
+
+(e' = max(e, 4): statistics stay in float32 for 16-bit activations.) Selective
+recomputation keeps the input of the attention core (Q, K, V) and drops what it
+saved; full recomputation keeps only the layer input, e·T·h/t_s. Two differences from
+Table 2: the inputs of QKV and fc stay whole under ``--sp`` (Megatron saves the
+sequence shard and all-gathers it again in the backward, which minitron does not do:
+its trace then shows the same bytes with and without ``--sp``), and LayerNorm's and
+SDPA's statistics (b·s-sized) are counted.
+
+Communication of one layer, one microbatch, one tensor rank
+-----------------------------------------------------------
+Without ``--sp``: g all-reduces b·s·h after attention and after the MLP (forward), f
+all-reduces the gradient of their inputs (backward): 2 + 2 all-reduces of b·s·h. With
+``--sp`` each all-reduce becomes an all-gather (of the b·s·h/t shard) and a
+reduce-scatter (of b·s·h): the same bytes on the wire, 2(t−1)/t · b·s·h·e per pair
+on a ring. Full recomputation replays the two forward collectives in the backward.
+Once per microbatch: the vocabulary-parallel embedding's g (an all-reduce of b·s·h
+forward; under ``--sp`` the sequence split all-gathers its gradient), the output
+layer's f (all-reduce backward; under ``--sp`` an all-gather forward and a
+reduce-scatter backward) and the cross-entropy's three all-reduces of b·s numbers
+(max, target logit, sum of exponentials). :func:`tp_collectives` lists them with the
+phase they run in, as :class:`minitron.comm.CommTrace` records them.
+
+Why t stays inside a node
+-------------------------
+A layer's compute shrinks as 1/t, its all-reduces do not: each moves
+2(t−1)/t · b·s·h·e bytes out of every GPU whatever t is. Inside a node they run over
+NVLink; beyond it the ring crosses InfiniBand, an order of magnitude slower per GPU.
+:func:`tp_scaling` prices both (bandwidths and latencies are parameters; defaults from
+:data:`minitron.analysis.cluster.CLUSTERS`) and shows the communication time passing
+the compute time as soon as t leaves the node. ``python -m
+minitron.analysis.tensor_parallel`` prints the tables.
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig, PRESETS
+from .cluster import get_cluster
+from .comm import ring_allreduce_wire_bytes, tp_layer_bytes
+from .flops import _policy, layer_forward_flops
+from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer
+
+__all__ = ["saved_bytes_per_layer", "activation_table", "tp_collectives", "tp_scaling",
+           "format_table"]
+
+
+# --------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------
+def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
+                          recompute: str = "none", bytes_per_el: int = 4,
+                          dropout: bool | None = None) -> dict[str, float]:
+    """Bytes one minitron ``Block`` keeps for its backward, per item (module docstring).
+
+    `dropout` (default ``model.dropout > 0``) selects the explicit attention core with
+    its masks; otherwise the SDPA core. Exact for float32/float64 training; under bf16
+    autocast the casts keep extra copies.
+    """
+    s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
+    e, es = bytes_per_el, max(bytes_per_el, 4)
+    drop = model.dropout > 0 if dropout is None else dropout
+    T = b * s
+    ts = t if sp else 1
+    rc = _policy(recompute)
+    if rc == "full":
+        return {"layer input": e * T * h / ts}
+    out: dict[str, float] = {}
+    if rc == "none":
+        out["ln1 input"] = e * T * h / ts
+        out["ln1 mean, rstd"] = 2 * es * T / ts
+        out["qkv input"] = e * T * h
+    out["Q, K, V"] = 3 * e * T * h / t
+    if rc == "none":
+        if drop:
+            out["softmax output"] = e * b * a * s * s / t
+            out["attention dropout mask"] = b * a * s * s / t
+            out["dropped probabilities"] = e * b * a * s * s / t
+        else:
+            out["SDPA logsumexp"] = es * b * a * s / t  # its output is the proj input (a view)
+    out["proj input"] = e * T * h / t
+    out["ln2 input"] = e * T * h / ts
+    out["ln2 mean, rstd"] = 2 * es * T / ts
+    out["fc input"] = e * T * h
+    out["GELU input"] = e * T * f / t
+    out["fc2 input"] = e * T * f / t
+    if drop:
+        out["residual dropout masks"] = 2 * T * h / ts
+    if rc == "selective":  # the layer input is ln1's input: kept, not recomputed
+        out = {"ln1 input": e * T * h / ts, "ln1 mean, rstd": 2 * es * T / ts, "qkv input": e * T * h,
+               **out}
+    return out
+
+
+def activation_table(model: ModelConfig, micro_batch: int, tp: int, bytes_per_el: int = 4,
+                     dropout: bool | None = None) -> list[dict]:
+    """One row per (sp, recompute): minitron's count next to Table 2 per element
+    (same e and masks) and Table 2 literally (2-byte activations, 1-byte masks)."""
+    rows = []
+    drop = model.dropout > 0 if dropout is None else dropout
+    for sp in (False, True):
+        for rc in ("none", "selective", "full"):
+            ours = sum(saved_bytes_per_layer(model, micro_batch, tp, sp, rc, bytes_per_el, drop).values())
+            table2 = activation_bytes_per_layer(model, micro_batch, tp, sp, rc, bytes_per_el, 1, drop)
+            literal = korthikanti_activation_bytes_per_layer(model.seq_len, micro_batch, model.hidden,
+                                                             model.heads, tp, sp, rc)
+            rows.append({"tp": tp, "sp": sp, "recompute": rc, "minitron_bytes": ours,
+                         "table2_bytes": table2, "table2_16bit_bytes": literal})
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------
+def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = False,
+                   recompute: str = "none", layers: int | None = None, first: bool = True,
+                   last: bool = True, bytes_per_el: int = 4, loss_bytes_per_el: int | None = None
+                   ) -> list[dict]:
+    """Tensor-axis collectives of one microbatch on one tensor rank, as the trace
+    records them: ``{what, phase, op, calls, bytes}`` with `bytes` per call (the local
+    input's size: the shard for all-gather, the whole input for reduce-scatter).
+
+    `layers` defaults to all of the model's; `first`/`last`: whether this rank holds
+    the embedding / the output layer and loss. `loss_bytes_per_el` is the element size
+    of the cross-entropy's reductions (float32 for 16-bit logits; default as
+    activations). Empty when t = 1.
+    """
+    if tp == 1:
+        return []
+    t, L = tp, model.layers if layers is None else layers
+    x = micro_batch * model.seq_len * model.hidden * bytes_per_el
+    shard = x / t
+    replay = _policy(recompute) == "full"
+    out: list[dict] = []
+
+    def add(what, phase, op, calls, nbytes):
+        if calls:
+            out.append({"what": what, "phase": phase, "op": op, "calls": calls, "bytes": nbytes})
+
+    if sp:
+        add("layers: enter (all-gather the sequence)", "fwd", "all_gather", 2 * L, shard)
+        add("layers: leave (reduce-scatter the sequence)", "fwd", "reduce_scatter", 2 * L, x)
+        add("layers: leave backward + enter replayed", "bwd", "all_gather", (4 if replay else 2) * L, shard)
+        add("layers: enter backward + leave replayed", "bwd", "reduce_scatter", (4 if replay else 2) * L, x)
+    else:
+        add("layers: g (after attention, after MLP)", "fwd", "all_reduce", 2 * L, x)
+        add("layers: f backward" + (" + g replayed" if replay else ""), "bwd", "all_reduce",
+            (4 if replay else 2) * L, x)
+    if first:
+        add("embedding: g", "fwd", "all_reduce", 1, x)
+        if sp:
+            add("embedding: sequence split, backward", "bwd", "all_gather", 1, shard)
+    if last:
+        if sp:
+            add("output layer: enter", "fwd", "all_gather", 1, shard)
+            add("output layer: enter, backward", "bwd", "reduce_scatter", 1, x)
+        else:
+            add("output layer: f backward", "bwd", "all_reduce", 1, x)
+        le = loss_bytes_per_el or bytes_per_el
+        add("cross-entropy: max, target logit, sum exp", "fwd", "all_reduce", 3,
+            micro_batch * model.seq_len * le)
+    return out
+
+
+def layer_call_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = False,
+                     recompute: str = "none", bytes_per_el: int = 4) -> dict:
+    """Per-layer call bytes by op from :func:`tp_collectives` (equals
+    :func:`minitron.analysis.comm.tp_layer_bytes`, which the test checks)."""
+    out: dict = {}
+    for c in tp_collectives(model, micro_batch, tp, sp, recompute, 1, False, False, bytes_per_el):
+        out[c["op"]] = out.get(c["op"], 0) + c["calls"] * c["bytes"]
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Why t stays inside a node
+# --------------------------------------------------------------------------------------
+def tp_scaling(model: ModelConfig | str = "megatron-8.3b", micro_batch: int = 1, tps=None,
+               cluster: str = "a100-dgx", mfu: float = 0.5, intra_bw: float | None = None,
+               inter_bw: float | None = None, gpus_per_node: int | None = None,
+               intra_latency: float | None = None, inter_latency: float | None = None,
+               bytes_per_el: int = 2) -> list[dict]:
+    """Compute vs tensor-parallel all-reduce time of one layer (forward + backward, one
+    microbatch) for each t, no overlap.
+
+    compute = 3 · (24bsh² + 4bs²h) / t / (mfu · peak);
+    comm    = 4 ring all-reduces of b·s·h·e: each 2(t−1)·latency + 2(t−1)/t · bytes / bw,
+    with bw = `intra_bw` (NVLink, per GPU) while t ≤ `gpus_per_node`, else `inter_bw`
+    (InfiniBand per GPU: the ring's slowest link). Defaults from `cluster`
+    (:data:`~minitron.analysis.cluster.CLUSTERS`; inter-node bandwidth split over the
+    node's GPUs). Returns ``{t, link, compute_ms, comm_ms, comm_share, efficiency,
+    speedup}`` rows; efficiency = compute/(compute + comm), speedup = t · efficiency
+    over one GPU. Values of t that do not divide the heads are skipped.
+    """
+    m = PRESETS[model] if isinstance(model, str) else model
+    c = get_cluster(cluster)
+    G = gpus_per_node or c.gpus_per_node
+    nv, ib = intra_bw or c.intra_bw, inter_bw or c.inter_bw / c.gpus_per_node
+    nv_lat = c.intra_latency if intra_latency is None else intra_latency
+    ib_lat = c.inter_latency if inter_latency is None else inter_latency
+    flops = 3 * layer_forward_flops(micro_batch, m.seq_len, m.hidden, m.ffn_hidden)
+    nbytes = micro_batch * m.seq_len * m.hidden * bytes_per_el
+    rows = []
+    for t in tps or range(2, 17):
+        if m.heads % t or m.hidden % t:
+            continue
+        inside = t <= G
+        bw, lat = (nv, nv_lat) if inside else (ib, ib_lat)
+        compute = flops / t / (mfu * c.peak_flops)
+        comm = 4 * (2 * (t - 1) * lat + ring_allreduce_wire_bytes(nbytes, t) / bw)
+        eff = compute / (compute + comm)
+        rows.append({"t": t, "link": "NVLink" if inside else "InfiniBand", "compute_ms": compute * 1e3,
+                     "comm_ms": comm * 1e3, "comm_share": comm / (compute + comm), "efficiency": eff,
+                     "speedup": t * eff})
+    return rows
+
+
+def format_table(rows: list[dict], cols: list[str] | None = None) -> str:
+    """A plain-text table of dict rows (floats with 4 significant digits)."""
+    cols = cols or list(rows[0])
+    cell = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    body = [[cell(r[c]) for c in cols] for r in rows]
+    w = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w[i]) for i, c in enumerate(cols))]
+    lines += ["  ".join(v.rjust(w[i]) for i, v in enumerate(b)) for b in body]
+    return "\n".join(lines)
+
+
+def report(model: str = "megatron-8.3b", micro_batch: int = 1, cluster: str = "a100-dgx") -> str:
+    """The tables of this module for a preset model (what ``python -m`` prints)."""
+    m = PRESETS[model]
+    out = [f"{model}: activation bytes per layer, b={micro_batch}, 2-byte activations, dropout, t=8"]
+    rows = activation_table(m.replace(dropout=0.1), micro_batch, 8, bytes_per_el=2)
+    for r in rows:
+        for k in ("minitron_bytes", "table2_bytes", "table2_16bit_bytes"):
+            r[k.replace("_bytes", "_MiB")] = r.pop(k) / 2**20
+    out += [format_table(rows), ""]
+    x = layer_call_bytes(m, micro_batch, 8, False, "none", 2)
+    y = layer_call_bytes(m, micro_batch, 8, True, "none", 2)
+    out += [f"call bytes per layer per microbatch, t=8: {x} (--sp: {y})", ""]
+    out += [f"{model}: one layer, fwd+bwd, b={micro_batch}, {cluster}, 50% of peak"]
+    out += [format_table(tp_scaling(m, micro_batch, cluster=cluster))]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(report())

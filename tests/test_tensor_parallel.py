@@ -1,0 +1,323 @@
+"""1-D tensor parallelism (issue 4): parity with one device, the collectives per layer,
+the activations a layer keeps, dropout streams and recomputation, bad input.
+
+One launch per t (2, 4, 8 ranks) trains several layouts and checks each against the
+single-device reference, its trace against the analysis, and (t = 2, 4) the measured
+saved-activation bytes per layer.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import minitron.model as model_mod
+from minitron.analysis.comm import tp_layer_bytes
+from minitron.analysis.memory import activation_bytes_per_layer
+from minitron.analysis.tensor_parallel import (activation_table, format_table, layer_call_bytes,
+                                               saved_bytes_per_layer, tp_collectives, tp_scaling)
+from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig, validate
+from minitron.context import Context
+from minitron.model import GPT
+from minitron.testing import run_cli, run_on_ranks
+
+DT = {torch.float64: 8, torch.float32: 4}
+# heads 8 so that t = 8 divides them; a vocabulary no t divides; tied; dropout (global masks)
+MODEL = ModelConfig(layers=2, hidden=32, heads=8, seq_len=32, vocab=259, tied_embeddings=True,
+                    dropout=0.1, name="tp-test")
+TRAIN = TrainConfig(steps=3, global_batch=4, microbatches=2, lr=1e-2, warmup=1, eval_every=0,
+                    dtype="float64", progress=False, sample_tokens=0)
+
+
+# --------------------------------------------------------------------------------------
+# measuring what a layer keeps
+# --------------------------------------------------------------------------------------
+def measure_layer_bytes(gpt: GPT, x: torch.Tensor, key=(0, 0)) -> int:
+    """Bytes of the distinct storages one Block keeps for its backward: what saved-tensor
+    hooks see, plus the inputs a checkpointed region holds for its recomputation (kept
+    alive by the recompute closure, invisible to the hooks); parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in gpt.parameters()}
+    kept: dict[int, int] = {}
+
+    def keep(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            kept[st.data_ptr()] = st.nbytes()
+        return t
+
+    real = model_mod.checkpoint
+
+    def spy(fn, *args, **kw):
+        for a in args:
+            if torch.is_tensor(a):
+                keep(a)
+        return real(fn, *args, **kw)
+
+    block = next(iter(gpt.blocks.values()))
+    model_mod.checkpoint = spy
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            gpt.run_block(block, x, key)
+    finally:
+        model_mod.checkpoint = real
+    return sum(kept.values())
+
+
+def _measure_all(comm, t: int, b: int = 2, dtype=torch.float64) -> list[dict]:
+    """Measured vs analysed bytes of one layer for every (dropout, sp, recompute)."""
+    rows = []
+    for drop in (0.0, 0.1):
+        for sp in ((False, True) if t > 1 else (False,)):
+            for rc in ("none", "selective", "full"):
+                m = MODEL.replace(dropout=drop)
+                ctx = Context(comm, ParallelConfig(tp=t, sp=sp, recompute=rc), dtype)
+                gpt = GPT(m, ctx, layers=[0], first=False, last=False).train()
+                g = torch.Generator().manual_seed(0)
+                x = torch.randn(b, m.seq_len, m.hidden, generator=g, dtype=dtype)
+                if sp:
+                    x = x.chunk(t, dim=1)[ctx.tp_rank]
+                got = measure_layer_bytes(gpt, x.contiguous().requires_grad_())
+                want = sum(saved_bytes_per_layer(m, b, t, sp, rc, DT[dtype]).values())
+                rows.append({"t": t, "dropout": drop, "sp": sp, "recompute": rc,
+                             "measured": got, "analysis": want, "ratio": got / want})
+    return rows
+
+
+# --------------------------------------------------------------------------------------
+# the multi-rank job: verify many layouts, check traces, measure activations
+# --------------------------------------------------------------------------------------
+def _cases(t: int):
+    """(model, layout): dropout + vocab 259 + tied under every (sp, full recompute);
+    for t < 8 also an untied model without dropout under sp + selective recomputation."""
+    out = [(MODEL, ParallelConfig(tp=t, sp=sp, recompute=rc, dropout_rng="global"))
+           for sp in (False, True) for rc in ("none", "full")]
+    if t < 8:  # (8 ranks on a small machine are slow to step)
+        out.append((MODEL.replace(tied_embeddings=False, dropout=0.0),
+                    ParallelConfig(tp=t, sp=True, recompute="selective")))
+    return out
+
+
+def _trace_counts(records) -> Counter:
+    """(phase, op, bytes) -> calls of the tensor axis in forward and backward."""
+    return Counter((r["phase"], r["op"], int(r["bytes"])) for r in records
+                   if r["axis"] == "tp" and r["phase"] in ("fwd", "bwd"))
+
+
+def _expected_counts(m: ModelConfig, p: ParallelConfig, b: int, mbs: int, e: int) -> Counter:
+    c = Counter()
+    for it in tp_collectives(m, b, p.tp, p.sp, p.recompute, bytes_per_el=e):
+        c[(it["phase"], it["op"], int(it["bytes"]))] += it["calls"] * mbs
+    return c
+
+
+def _tp_job(comm, t: int, measure: bool):
+    from minitron.checkpoint import gather_full
+    from minitron.data import load_corpus
+    from minitron.train import Trainer
+    from minitron.verify import compare, reference_run
+
+    corpus = load_corpus("")
+    rank0 = comm.grid.rank == 0
+    out = {"verify": [], "trace": [], "activations": [], "rng": None}
+    refs = {}
+    b = TRAIN.global_batch // TRAIN.microbatches
+    for m, p in _cases(t):
+        validate(m, p, TRAIN, world=t)
+        tr = Trainer(m, p, TRAIN, comm, corpus)
+        comm.trace.records.clear()
+        losses = [tr.step(0)]
+        got = _trace_counts(comm.trace.records)
+        want = _expected_counts(m, p, b, TRAIN.microbatches, 8)
+        out["trace"].append((p.describe(), comm.grid.rank, dict(got), dict(want)))
+        losses += [tr.step(i) for i in range(1, TRAIN.steps)]
+        full = gather_full(tr)
+        if rank0:
+            if m not in refs:
+                refs[m] = reference_run(m, TRAIN, corpus, TRAIN.steps)
+            res = compare(losses, full, *refs[m])
+            out["verify"].append({"layout": p.describe(), "vocab": m.vocab, "tied": m.tied_embeddings,
+                                  "dropout": m.dropout, **res})
+    if measure:
+        out["activations"] = _measure_all(comm, t)
+    # dropout streams: the attention mask of this rank's heads, and a residual mask shard
+    ctx_t = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="tensor"))
+    ctx_g = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="global"))
+    heads = (2, MODEL.heads // t, 8, 8)
+    out["rng"] = {
+        "tensor_probs": ctx_t.rng.keep_mask("blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", 1, True),
+        "global_probs": ctx_g.rng.keep_mask("blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", 1, True),
+        "tensor_resid": ctx_t.rng.keep_mask("blocks.0.mlp.out", (3, 1), (2, 32 // t, 8), 0.5, "cpu", 1),
+    }
+    return out
+
+
+def _check_launch(t: int, measure: bool):
+    results = run_on_ranks(_tp_job, ParallelConfig(tp=t), t, measure, trace=True)
+    verdicts = results[0]["verify"]
+    for v in verdicts:
+        print(f"t={t} {v['layout']:<28} vocab {v['vocab']} tied {v['tied']!s:<5} dropout {v['dropout']}: "
+              f"loss diff {v['max_loss_abs_diff']:.1e}, param rel diff {v['max_param_rel_diff']:.1e}")
+        assert v["max_loss_abs_diff"] <= 1e-9 and v["max_param_rel_diff"] <= 1e-9, v
+    assert len(verdicts) == len(_cases(t))
+    for r in range(t):
+        for layout, rank, got, want in results[r]["trace"]:
+            assert want and got == want, (layout, rank, got, want)
+    # streams: 'tensor' mode draws a different attention mask on every rank; 'global'
+    # slices the single-device mask; residual masks are shards of one shared mask
+    single = Context(layout=ParallelConfig()).rng
+    full_probs = single.keep_mask("blocks.0.attn.probs", (3, 1), (2, MODEL.heads, 8, 8), 0.5, "cpu")
+    full_resid = single.keep_mask("blocks.0.mlp.out", (3, 1), (2, 32, 8), 0.5, "cpu")
+    tensor = [results[r]["rng"]["tensor_probs"] for r in range(t)]
+    assert all(not torch.equal(tensor[0], x) for x in tensor[1:])
+    assert torch.equal(torch.cat([results[r]["rng"]["global_probs"] for r in range(t)], 1), full_probs)
+    assert torch.equal(torch.cat([results[r]["rng"]["tensor_resid"] for r in range(t)], 1), full_resid)
+    if measure:
+        rows = [row for r in range(t) for row in results[r]["activations"] if r == 0]
+        print(format_table(rows))
+        for r in range(t):
+            for row in results[r]["activations"]:
+                assert abs(row["ratio"] - 1) <= 0.10, row
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("t,measure", [(2, True), (4, True), (8, False)])
+def test_tensor_parallel_ranks(t, measure):
+    """verify (float64, 1e-9) for t ranks with and without --sp and --recompute full,
+    vocab 259, tied, dropout; trace = analysis; measured activations = analysis."""
+    _check_launch(t, measure)
+
+
+@pytest.mark.multirank
+def test_verify_cli_dropout_sp_recompute():
+    """The command line itself: `minitron verify --dropout 0.1 --tp 2 --sp --recompute full`."""
+    code, out, err = run_cli(["verify", "--nproc", "2", "--tp", "2", "--sp", "--recompute", "full",
+                              "--dropout", "0.1", "--vocab", "259", "--tied"])
+    assert code == 0, out + err
+    assert "OK" in out
+
+
+# --------------------------------------------------------------------------------------
+# in-process (t = 1)
+# --------------------------------------------------------------------------------------
+def test_masks_are_pure_functions_of_their_key():
+    rng = Context().rng
+    a = rng.keep_mask("blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu")
+    assert torch.equal(a, rng.keep_mask("blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu"))
+    for site, key in [("blocks.1.mlp.out", (5, 1)), ("blocks.0.mlp.out", (6, 1)), ("blocks.0.mlp.out", (5, 0))]:
+        assert not torch.equal(a, rng.keep_mask(site, key, (4, 32, 16), 0.25, "cpu"))
+    assert abs(a.double().mean().item() - 0.75) < 0.03
+    # with t = 1 both modes are the single-device model
+    g = Context(layout=ParallelConfig(dropout_rng="global")).rng
+    assert torch.equal(g.keep_mask("x", (0, 0), (2, 3, 4), 0.5, "cpu", 1, True),
+                       rng.keep_mask("x", (0, 0), (2, 3, 4), 0.5, "cpu", 1, True))
+
+
+def test_explicit_attention_core_equals_sdpa():
+    """With dropout > 0 the core is written out; it is SDPA when nothing is dropped."""
+    m = MODEL.replace(layers=1)
+    attn = GPT(m, Context(dtype=torch.float64)).blocks["0"].attn.train()
+    qkv = torch.randn(2, m.seq_len, 3 * m.hidden, dtype=torch.float64)
+    attn.drop.p = 1e-300  # the explicit path, keeping (almost surely) every element
+    explicit = attn.core(qkv, (0, 0))
+    attn.drop.p = 0.0
+    torch.testing.assert_close(explicit, attn.core(qkv, (0, 0)), rtol=1e-12, atol=1e-12)
+
+
+def test_recomputation_replays_the_masks():
+    """none / selective / full recomputation: the same loss and gradients with dropout."""
+    x = torch.randint(0, 256, (2, MODEL.seq_len))
+    y = torch.randint(0, 256, (2, MODEL.seq_len))
+    grads = {}
+    for rc in ("none", "selective", "full"):
+        ctx = Context(layout=ParallelConfig(recompute=rc), dtype=torch.float64)
+        gpt = GPT(MODEL, ctx).train()
+        ctx.rng.begin(7, 3)
+        loss = gpt(x, y)
+        loss.backward()
+        grads[rc] = (loss.detach(), [p.grad for p in gpt.parameters()])
+        assert not torch.equal(loss.detach(), GPT(MODEL, ctx).eval()(x, y).detach())  # dropout acts
+    for rc in ("selective", "full"):
+        assert torch.equal(grads[rc][0], grads["none"][0])
+        for a, b in zip(grads[rc][1], grads["none"][1]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_saved_activation_bytes_single_rank():
+    from minitron.comm import Comm
+
+    rows = [r for dtype in (torch.float64, torch.float32) for r in _measure_all(Comm(), 1, dtype=dtype)]
+    print(format_table(rows))
+    assert all(r["measured"] == r["analysis"] for r in rows), rows
+
+
+# --------------------------------------------------------------------------------------
+# the analysis
+# --------------------------------------------------------------------------------------
+def test_layer_collectives_match_comm_analysis():
+    for t in (2, 4, 8):
+        for sp in (False, True):
+            for rc in ("none", "selective", "full"):
+                assert layer_call_bytes(MODEL, 2, t, sp, rc, 4) == tp_layer_bytes(MODEL, 2, t, sp, rc, 4)
+    # 2 all-reduces of b·s·h forward and 2 backward; with --sp the same ring wire bytes
+    x = 2 * MODEL.seq_len * MODEL.hidden * 4
+    per = {(c["phase"], c["op"]): (c["calls"], c["bytes"])
+           for c in tp_collectives(MODEL, 2, 4, layers=1, first=False, last=False)}
+    assert per == {("fwd", "all_reduce"): (2, x), ("bwd", "all_reduce"): (2, x)}
+    sp = tp_collectives(MODEL, 2, 4, sp=True, layers=1, first=False, last=False)
+    wire = sum(c["calls"] * (c["bytes"] * 4 if c["op"] == "all_gather" else c["bytes"]) * 3 / 4 for c in sp)
+    assert wire == 4 * 2 * 3 / 4 * x
+
+
+def test_activation_analysis_against_table2():
+    """Without --sp minitron's layer is Table 2 per element plus the LayerNorm (and SDPA)
+    statistics; with --sp it also keeps the whole QKV and fc inputs (2·e·b·s·h·(1 − 1/t))."""
+    m = PRESETS["megatron-8.3b"].replace(dropout=0.1)
+    b, e = 1, 2
+    T, h = b * m.seq_len, m.hidden
+    for t in (1, 2, 8):
+        for row in activation_table(m, b, t, e):
+            ts = t if row["sp"] else 1
+            stats = 0 if row["recompute"] == "full" else 2 * 2 * 4 * T / ts
+            extra = 2 * e * T * h * (1 - 1 / ts) if row["recompute"] != "full" else 0
+            assert math.isclose(row["minitron_bytes"], row["table2_bytes"] + stats + extra, rel_tol=1e-12), row
+    # Table 2 literally (34 + 5as/h at 16 bits), for one layer of the 8.3B model on one device
+    assert activation_bytes_per_layer(m, 1) == T * h * (34 + 5 * m.heads * m.seq_len / h)
+
+
+def test_tp_stays_inside_a_node():
+    rows = tp_scaling("megatron-8.3b")
+    print(format_table(rows))
+    assert [r["t"] for r in rows] == [2, 4, 8, 16]
+    by_t = {r["t"]: r for r in rows}
+    assert all(by_t[t]["link"] == "NVLink" and by_t[t]["comm_ms"] < by_t[t]["compute_ms"] for t in (2, 4, 8))
+    assert by_t[16]["link"] == "InfiniBand" and by_t[16]["comm_ms"] > 5 * by_t[16]["compute_ms"]
+    assert by_t[16]["speedup"] < by_t[8]["speedup"]
+    # with a 16-GPU node (DGX-2) t = 16 stays on NVSwitch and keeps scaling
+    wide = {r["t"]: r for r in tp_scaling("megatron-8.3b", cluster="v100-dgx2")}
+    assert wide[16]["link"] == "NVLink" and wide[16]["speedup"] > wide[8]["speedup"]
+
+
+# --------------------------------------------------------------------------------------
+# bad input: one clear line, exit status 2, before any rank starts
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,words", [
+    (["--tp", "3", "--nproc", "3", "--heads", "4"], "heads are not divisible by --tp 3"),
+    # hidden % heads == 0 and heads % t == 0 imply hidden % t == 0: the heads line names it
+    (["--tp", "4", "--nproc", "4", "--hidden", "30", "--heads", "6"], "6 heads are not divisible by --tp 4"),
+    (["--tp", "2", "--nproc", "2", "--ffn", "67"], "FFN size 67 is not divisible by --tp 2"),
+    (["--tp", "2", "--nproc", "2", "--sp", "--seq-len", "31"], "--seq-len 31 must be divisible by --tp 2"),
+])
+def test_bad_input(args, words):
+    code, out, err = run_cli(["verify", *args])
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and words in lines[0], (code, out, err)
+
+
+def test_bad_dropout_rng_mode():
+    from minitron.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown --dropout-rng 'philox'") as e:
+        validate(MODEL, ParallelConfig(dropout_rng="philox"))
+    assert "\n" not in str(e.value)
