@@ -20,7 +20,7 @@ from .config import ParallelConfig
 def _rank_entry(fn, layout, trace, args):
     from .launch import setup_rank, teardown
 
-    comm = setup_rank(layout, layout.backend, 120, trace=trace)
+    comm = setup_rank(layout, layout.backend, 300, trace=trace)
     try:
         return fn(comm, *args)
     finally:
