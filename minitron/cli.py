@@ -33,9 +33,11 @@ def add_layout_args(ap):
     g.add_argument("--tp-mode", default="1d", help="1d (Megatron) or 3d (cube)")
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
-    g.add_argument("--zero1", action="store_true", help="shard optimizer state over dp")
-    g.add_argument("--dp-impl", default="bucketed", help="naive or bucketed")
-    g.add_argument("--bucket-mb", type=float, default=4.0)
+    g.add_argument("--zero1", action="store_true",
+                   help="ZeRO-1: shard AdamW state over dp (reduce-scatter gradients, all-gather parameters)")
+    g.add_argument("--dp-impl", default="bucketed",
+                   help="naive (all-reduce per tensor after backward) or bucketed (overlapped with backward)")
+    g.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size in MB (bucketed, zero1)")
     g.add_argument("--recompute", default="none", help="none, selective or full")
     g.add_argument("--scatter-gather", action="store_true")
     g.add_argument("--stage-layers", default="", help="uneven split, e.g. 1,3")

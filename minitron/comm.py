@@ -5,7 +5,7 @@ groups by *axis* ('tp', 'dp', 'pp', 'cube_i', ..., 'embed', 'world'). A call on 
 axis of size 1 is a no-op and is not recorded: nothing crosses a wire.
 
 With a :class:`CommTrace` attached, each call appends one record
-``{rank, step, op, axis, bytes, phase, shape, dtype}`` where ``bytes`` is the payload
+``{rank, step, microbatch, op, axis, bytes, phase, shape, dtype}`` where ``bytes`` is the payload
 of the local tensor handed to the call: the whole tensor for all_reduce, broadcast,
 send and recv; the local *shard* for all_gather; the full local *input* for
 reduce_scatter. Without a trace the only cost is one ``is None`` test per call.
@@ -52,8 +52,9 @@ def read_trace(path: str) -> list[dict]:
 class Comm:
     """Collectives and p2p on the axes of a grid, optionally traced.
 
-    `phase` ('fwd', 'bwd', 'optim', 'other') and `step` are set by the training loop
-    and the pipeline runtime; they only label trace records.
+    `phase` ('fwd', 'bwd', 'optim', 'other'), `step` and `microbatch` (None outside a
+    microbatch) are set by the training loop and the pipeline runtime; they only label
+    trace records.
     """
 
     def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None):
@@ -61,6 +62,7 @@ class Comm:
         self.trace = trace
         self.phase = "other"
         self.step = 0
+        self.microbatch = None  # index of the microbatch being run, when one is
 
     # --- bookkeeping ------------------------------------------------------------
     def size(self, axis: str) -> int:
@@ -82,7 +84,7 @@ class Comm:
 
     def _record(self, op: str, axis: str, t: torch.Tensor) -> None:
         if self.trace is not None:
-            self.trace.add(rank=self.grid.rank, step=self.step, op=op, axis=axis,
+            self.trace.add(rank=self.grid.rank, step=self.step, microbatch=self.microbatch, op=op, axis=axis,
                            bytes=t.numel() * t.element_size(), phase=self.phase,
                            shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
 

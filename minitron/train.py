@@ -19,8 +19,8 @@ from .comm import Comm
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .context import Context
 from .model import GPT
-from .optim import clip_, lr_at, make_adamw, sync_replicated_grads, unique_params
-from .parallel.data import make_data_parallel
+from .optim import clip_, lr_at, make_adamw, unique_params
+from .parallel.data import ZeroOneAdamW, make_data_parallel
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -53,8 +53,8 @@ class Trainer:
         data_mod.check_corpus(self.val_data, model.seq_len)
         self.chunks = self._build_chunks()
         self.params = unique_params(p for c in self.chunks for p in c.parameters())
-        self.dp = make_data_parallel(self.params, self.comm, layout)
-        self.optimizer = make_adamw(self.params, train)
+        self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
+        self.optimizer = ZeroOneAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
         self.pipeline = None
         if layout.pp > 1:
             from .parallel.pipeline import PipelineRuntime
@@ -95,31 +95,40 @@ class Trainer:
         self.comm.step = step
         for c in self.chunks:
             c.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.dp.zero_grad()  # keeps p.grad as views into the bucket buffer
         mbs = self.microbatches(step)
         if self.pipeline is not None:
             loss_sum = self.pipeline.run(mbs, self.dp)
         else:
             loss_sum = self._forward_backward(mbs)
         with self.comm.in_phase("optim"):
-            self.dp.finish()
-            sync_replicated_grads(self.params, self.comm)
-            self.grad_norm = clip_(self.params, self.tcfg.clip, self.comm)
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr_at(step, self.tcfg)
-            self.optimizer.step()
+            self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
+            self.grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
         self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
+
+    def _optimizer_step(self, lr: float) -> float:
+        """Exact global clipping and AdamW; returns the gradient norm. With ZeRO-1 both work on
+        this rank's shard of the flat gradient, and the updated parameters are all-gathered."""
+        if isinstance(self.optimizer, ZeroOneAdamW):
+            return self.optimizer.step(lr, max_norm=self.tcfg.clip)
+        norm = clip_(self.params, self.tcfg.clip, self.comm)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        return norm
 
     def _forward_backward(self, mbs) -> torch.Tensor:
         m, total = len(mbs), torch.zeros((), dtype=torch.float64)
         for k, (x, y) in enumerate(mbs):
+            self.comm.microbatch = k  # labels trace records
             self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + k)  # dropout masks' key
             with self.comm.in_phase("fwd"), self.ctx.autocast():
                 loss = self.model(x, y) / m
             with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
                 loss.backward()
             total += loss.detach().double()
+        self.comm.microbatch = None
         return total
 
     def reduce_loss(self, loss_sum: torch.Tensor | None) -> float:

@@ -1,16 +1,59 @@
-"""Data parallelism written on torch.distributed collectives.
+"""Data parallelism written on torch.distributed collectives (no DistributedDataParallel).
 
-`NaiveDataParallel` is the teaching baseline: after the last microbatch's backward,
-all-reduce every gradient and divide by d. Earlier microbatches only accumulate
-locally. The result equals the single-device gradient of the whole global batch,
-because every microbatch loss is a mean over its tokens scaled by 1/m.
+Every data-parallel rank holds the same model (or the same tensor/pipeline part of it) and
+1/d of the global batch. A microbatch loss is the mean over its tokens scaled by 1/m, so
+the m backward passes of a rank sum to the gradient of its slice of the batch, and the
+mean over the d ranks is the gradient of the whole global batch: exactly what one device
+computes. Three ways to get that mean, from the textbook to the engine:
+
+``NaiveDataParallel`` (``--dp-impl naive``)
+    After the last backward, one all-reduce per parameter, then divide by d. Nothing
+    overlaps: the network waits for backward, then backward's result waits for the network.
+
+``BucketedDataParallel`` (``--dp-impl bucketed``, the default)
+    Every gradient lives in one flat buffer (``p.grad`` is a view into it, so nothing is
+    copied), laid out in reverse order of use — the order backward produces gradients — and
+    cut into buckets of about ``--bucket-mb``. A post-accumulate-grad hook on each parameter
+    counts, during the *last* microbatch's backward, the gradients still missing in each
+    bucket; when a bucket is complete its all-reduce starts asynchronously and runs while
+    backward computes the gradients of the layers below. Buckets start in bucket order, the
+    same on every rank (collectives must be issued in the same order everywhere). Earlier
+    microbatches only accumulate into the buffer: no communication at all. ``finish()``
+    waits for every handle. The 1/d is applied before the sum (pre-scaling).
+
+``BucketedDataParallel(shard=True)`` + ``ZeroOneAdamW`` (``--zero1``)
+    The same buffer, with buckets whose sizes are multiples of d (the buffer is padded up
+    to a multiple of d). Each bucket is *reduce-scattered*: rank r receives the summed
+    r-th 1/d slice of every bucket — the gradient of its shard. `ZeroOneAdamW` keeps AdamW
+    state for that shard only (1/d of the memory), clips with the exact global norm, steps
+    the shard and all-gathers the updated parameters straight into a flat parameter buffer
+    that the parameters are views of. Call bytes per step: reduce-scatter ``ceil(n/d)·d``
+    elements, all-gather ``ceil(n/d)`` (see ``minitron.analysis``).
+
+Gradients that must also be summed over another axis (``ShardInfo.grad_sync``: the tied
+embedding between the first and last stage, LayerNorm under sequence parallelism) are
+summed in ``finish()`` too: after the data-parallel average for the replicated optimizer;
+with ZeRO-1 *before* the reduce-scatter (the stages' shards do not line up), so they sit
+at the end of the buffer and their buckets start in ``finish()``.
+
+The interface every implementation offers the training loop and the pipeline runtime::
+
+    dp.zero_grad()                    # once per step, before the first microbatch
+    with dp.microbatch(last=k == m - 1):
+        loss.backward()               # hooks may start communication (last microbatch only)
+    dp.finish()                       # every gradient whole and averaged
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
+import torch
+
+from ..analysis.data_parallel import Bucket, bucket_elements, plan_buckets
 from ..comm import Comm
-from ..optim import unique_params
+from ..config import ParallelConfig, TrainConfig
+from ..optim import owns_copy, sync_replicated_grads, unique_params
 
 
 class NaiveDataParallel:
@@ -20,6 +63,10 @@ class NaiveDataParallel:
         self.params, self.comm = unique_params(params), comm
         self.d = comm.size("dp")
 
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
     @contextmanager
     def microbatch(self, last: bool):
         """Wrap a microbatch's backward; only the last one will be synchronised."""
@@ -27,14 +74,275 @@ class NaiveDataParallel:
 
     def finish(self) -> None:
         """Average gradients over the data-parallel group (before the optimizer step)."""
-        if self.d == 1:
-            return
+        if self.d > 1:
+            for p in self.params:
+                if p.grad is not None:
+                    self.comm.all_reduce(p.grad, "dp")
+                    p.grad.div_(self.d)
+        sync_replicated_grads(self.params, self.comm)
+
+
+# --- bucketed, overlapped all-reduce (and reduce-scatter for ZeRO-1) ------------------------------
+class BucketedDataParallel:
+    """Flat gradient buckets whose collectives overlap the last microbatch's backward.
+
+    `shard=False`: all-reduce (every rank ends with the whole averaged gradient in
+    ``p.grad``). `shard=True` (ZeRO-1): reduce-scatter into ``shard_grad`` (this rank's
+    1/d of the averaged flat gradient), and the parameters become views into
+    ``param_buffer`` so that the optimizer can all-gather into them. `overlap=False`
+    makes one bucket that starts in ``finish()`` (the naive flavour).
+    """
+
+    def __init__(self, params, comm: Comm, bucket_mb: float = 4.0, shard: bool = False,
+                 overlap: bool = True):
+        self.comm, self.d, self.rank = comm, comm.size("dp"), comm.index("dp")
+        self.shard, self.overlap = shard, overlap
+        order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
+        if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
+            order = [p for p in order if not p.shard.grad_sync] + [p for p in order if p.shard.grad_sync]
+        self.params = order
+        dtypes = {p.dtype for p in order}
+        if len(dtypes) != 1:
+            raise ValueError(f"bucketed data parallelism needs one parameter dtype, got {sorted(map(str, dtypes))}")
+        dtype, device = order[0].dtype, order[0].device
+        cap = bucket_elements(bucket_mb, order[0].element_size()) if overlap else sum(p.numel() for p in order)
+        self.offsets, self.buckets, self.numel = plan_buckets([p.numel() for p in order], cap,
+                                                              self.d if shard else 1)
+        for b in self.buckets:
+            b.late = shard and any(order[i].shard.grad_sync for i in b.tensors)
+        self.bucket_of = {p: [b.index for b in self.buckets if i in b.tensors] for i, p in enumerate(order)}
+        self.offset = dict(zip(order, self.offsets))
+
+        self.grad_buffer = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.views = {p: self._view(self.grad_buffer, p) for p in order}
+        for p in order:
+            p.grad = self.views[p]
+        if shard:
+            self.param_buffer = torch.zeros(self.numel, dtype=dtype, device=device)
+            with torch.no_grad():
+                for p in order:
+                    view = self._view(self.param_buffer, p)
+                    view.copy_(p.detach())
+                    p.data = view
+            self.shard_grad = torch.zeros(self.numel // self.d, dtype=dtype, device=device)
+        self._sync = False
+        self._handles: list = []
+        self._reset()
+        if overlap and self.d > 1:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in order]
+
+    def _view(self, flat: torch.Tensor, p) -> torch.Tensor:
+        """`p`'s place in a buffer-sized flat tensor, shaped like `p`."""
+        off = self.offset[p]
+        return flat[off:off + p.numel()].view_as(p)
+
+    # --- the step's life cycle ------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Zero the gradient buffer in place (``set_to_none`` would cut ``p.grad`` loose)."""
+        self.grad_buffer.zero_()
         for p in self.params:
-            if p.grad is not None:
-                self.comm.all_reduce(p.grad, "dp")
-                p.grad.div_(self.d)
+            if p.grad is None or p.grad.data_ptr() != self.views[p].data_ptr():
+                p.grad = self.views[p]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pending = [len(b.tensors) for b in self.buckets]
+        self._next = 0  # the next bucket to start: buckets start in order on every rank
+
+    @contextmanager
+    def microbatch(self, last: bool):
+        """Wrap a microbatch's backward: only within `last=True` do hooks start buckets."""
+        old, self._sync = self._sync, last
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def _grad_ready(self, p) -> None:
+        """Post-accumulate-grad hook: `p`'s gradient of this backward is in the buffer."""
+        if not self._sync:
+            return
+        self._adopt(p)
+        for b in self.bucket_of[p]:
+            self._pending[b] -= 1
+        self._start_buckets()
+
+    def _adopt(self, p) -> None:
+        """If something replaced ``p.grad`` (e.g. ``zero_grad(set_to_none=True)``), copy it
+        back into the buffer and make ``p.grad`` the view again."""
+        view = self.views[p]
+        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+            p.grad = view
+
+    def _start_buckets(self, force: bool = False, late: bool = False) -> None:
+        """Start, in order, the buckets that are complete (all remaining ones with
+        `force`; late ones only with `late`)."""
+        while self._next < len(self.buckets):
+            b = self.buckets[self._next]
+            if (b.late and not late) or (self._pending[b.index] > 0 and not force):
+                return
+            self._start(b)
+            self._next += 1
+
+    def _start(self, b: Bucket) -> None:
+        flat = self.grad_buffer[b.start:b.end]
+        flat.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
+        if self.shard:
+            out = self.shard_grad[b.start // self.d:b.end // self.d]
+            work = self.comm.reduce_scatter_flat(flat, out, "dp", async_op=True)
+        else:
+            work = self.comm.all_reduce(flat, "dp", async_op=True)
+        if work is not None:
+            self._handles.append(work)
+
+    def finish(self) -> None:
+        """Start what the hooks did not, wait for everything: afterwards ``p.grad`` is the
+        averaged gradient (ZeRO-1: ``shard_grad`` is this rank's shard of it)."""
+        for b in self.buckets[self._next:]:
+            for i in b.tensors:
+                self._adopt(self.params[i])
+        self._start_buckets(force=True)
+        if self.shard:
+            sync_replicated_grads([p for p in self.params if p.shard.grad_sync], self.comm)
+            self._start_buckets(force=True, late=True)
+        for w in self._handles:
+            w.wait()
+        self._handles = []
+        if not self.shard:
+            sync_replicated_grads(self.params, self.comm)
+        self._reset()
+
+    # --- ZeRO-1 helpers ---------------------------------------------------------------------------
+    def own_ranges(self) -> list[tuple[int, int, int]]:
+        """(flat start, flat end, shard start) of this rank's slice of every bucket."""
+        out = []
+        for b in self.buckets:
+            k = b.numel // self.d
+            out.append((b.start + self.rank * k, b.start + (self.rank + 1) * k, b.start // self.d))
+        return out
+
+    def segments(self) -> list[tuple]:
+        """(param, shard start, shard end, element offset in the param) of every piece of a
+        parameter that lies in this rank's shard."""
+        out = []
+        for lo, hi, s0 in self.own_ranges():
+            for p, off in zip(self.params, self.offsets):
+                a, b = max(lo, off), min(hi, off + p.numel())
+                if a < b:
+                    out.append((p, s0 + a - lo, s0 + b - lo, a - off))
+        return out
+
+    def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """All-gather a shard-sized tensor into a buffer-sized one (bucket by bucket)."""
+        out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
+        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
+                                           "dp", async_op=True) for b in self.buckets]
+        for w in works:
+            if w is not None:
+                w.wait()
+        return out
 
 
-def make_data_parallel(params, comm: Comm, layout):
-    """The gradient synchroniser chosen by `--dp-impl`."""
+def _merge(ranges) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and out[-1][1] == a:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [tuple(r) for r in out]
+
+
+class ZeroOneAdamW:
+    """ZeRO stage 1: AdamW whose state covers only this rank's 1/d of the flat parameters.
+
+    The same math as ``torch.optim.AdamW`` with the Trainer's groups (weight decay on
+    tensors of dim >= 2 only, betas (0.9, 0.95), eps 1e-8), applied elementwise to the shard.
+    Clipping uses the exact global norm: squares summed over this rank's shard (one copy
+    of a replicated parameter, as in ``optim.owns_copy``), all-reduced over dp, tp and pp.
+    """
+
+    def __init__(self, dp: BucketedDataParallel, train: TrainConfig, betas=(0.9, 0.95), eps: float = 1e-8):
+        if not dp.shard:
+            raise ValueError("ZeroOneAdamW needs a BucketedDataParallel built with shard=True")
+        self.dp, self.comm = dp, dp.comm
+        self.betas, self.eps, self.weight_decay = betas, eps, train.weight_decay
+        n = dp.numel // dp.d
+        like = dp.shard_grad
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(like), torch.zeros_like(like)
+        self.shard_param = torch.zeros(n, dtype=like.dtype, device=like.device)
+        self.steps = 0
+        segs = dp.segments()
+        self._decay = _merge((a, b) for p, a, b, _ in segs if p.dim() >= 2)
+        self._counted = _merge((a, b) for p, a, b, _ in segs if owns_copy(p, self.comm))
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held by this rank (exp_avg and exp_avg_sq)."""
+        return sum(t.numel() * t.element_size() for t in (self.exp_avg, self.exp_avg_sq))
+
+    def grad_norm(self) -> float:
+        """The exact global gradient norm, from the shards."""
+        g = self.dp.shard_grad
+        sq = torch.zeros((), dtype=torch.float64, device=g.device)
+        for a, b in self._counted:
+            sq += g[a:b].double().pow(2).sum()
+        for axis in ("dp", "tp", "pp"):
+            self.comm.all_reduce(sq, axis)
+        return math.sqrt(float(sq))
+
+    @torch.no_grad()
+    def step(self, lr: float, max_norm: float = 0.0) -> float:
+        """Clip, step the shard, all-gather the parameters; returns the gradient norm."""
+        g, p = self.dp.shard_grad, self.shard_param
+        norm = self.grad_norm()
+        if max_norm > 0 and norm > max_norm:
+            g.mul_(max_norm / (norm + 1e-6))
+        for lo, hi, s0 in self.dp.own_ranges():  # current values (they may have been loaded)
+            p[s0:s0 + hi - lo] = self.dp.param_buffer[lo:hi]
+        beta1, beta2 = self.betas
+        self.steps += 1
+        for a, b in self._decay:  # decoupled weight decay, matrices only
+            p[a:b].mul_(1 - lr * self.weight_decay)
+        self.exp_avg.lerp_(g, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step_size = lr / (1 - beta1 ** self.steps)
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
+        p.addcdiv_(self.exp_avg, denom, value=-step_size)
+        self.dp.gather_flat(p, self.dp.param_buffer)
+        return norm
+
+    # --- layout-independent checkpoints (minitron/checkpoint.py) ------------------------------------
+    def export_param_state(self) -> dict:
+        """{param: {"exp_avg", "exp_avg_sq", "step"}} with full local shapes (collective over dp)."""
+        if self.steps == 0:
+            return {p: {} for p in self.dp.params}
+        with self.comm.in_phase("checkpoint"):
+            full = {k: self.dp.gather_flat(getattr(self, k)) for k in ("exp_avg", "exp_avg_sq")}
+        return {p: {"exp_avg": self.dp._view(full["exp_avg"], p), "exp_avg_sq": self.dp._view(full["exp_avg_sq"], p),
+                    "step": float(self.steps)} for p in self.dp.params}
+
+    def import_param_state(self, states: dict) -> None:
+        """Load per-parameter state of full local shapes; keep this rank's shard."""
+        for key in ("exp_avg", "exp_avg_sq"):
+            full = torch.zeros(self.dp.numel, dtype=self.exp_avg.dtype, device=self.exp_avg.device)
+            for p in self.dp.params:
+                if key in states.get(p, {}):
+                    self.dp._view(full, p).copy_(states[p][key])
+            mine = getattr(self, key)
+            for lo, hi, s0 in self.dp.own_ranges():
+                mine[s0:s0 + hi - lo] = full[lo:hi]
+        steps = {float(st["step"]) for st in states.values() if "step" in st}
+        self.steps = int(max(steps)) if steps else 0
+
+
+def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
+    """The gradient synchroniser chosen by `--dp-impl` (and `--zero1`)."""
+    if comm.size("dp") == 1:
+        return NaiveDataParallel(params, comm)
+    overlap = layout.dp_impl == "bucketed"
+    if layout.zero1:
+        return BucketedDataParallel(params, comm, layout.bucket_mb, shard=True, overlap=overlap)
+    if overlap:
+        return BucketedDataParallel(params, comm, layout.bucket_mb)
     return NaiveDataParallel(params, comm)

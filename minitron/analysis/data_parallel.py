@@ -1,0 +1,172 @@
+"""Data parallelism by the numbers: the bucket plan, every data-parallel call of a step,
+and model-state bytes with and without ZeRO-1.
+
+The totals live next door: :func:`~minitron.analysis.comm.dp_bytes_per_step` (call bytes
+per step) and :func:`~minitron.analysis.memory.memory_on_rank` (``optimizer_bytes`` is
+``2·ceil(n/d)·e`` with ZeRO-1). This module adds what a trace shows call by call:
+
+* :func:`plan_buckets` — how the engine lays gradients out in one flat buffer and cuts it
+  into buckets. The engine (``minitron.parallel.data``) calls this very function, so the
+  prediction and the run share one plan.
+* :func:`dp_calls` — the data-parallel calls of one optimizer step on one rank: op, the
+  phase it is issued in, how many calls, how many bytes.
+* :func:`model_state_bytes` — parameters, gradients and optimizer state per rank,
+  replicated beside ZeRO-1.
+
+A rank holding n parameter elements of e bytes, d data-parallel ranks:
+
+========================  ====================================  ==============================
+implementation            calls per step                        call bytes per step
+========================  ====================================  ==============================
+naive                     one all-reduce per tensor, after bwd  ``n·e``
+bucketed                  one all-reduce per bucket, during     ``n·e``
+                          the last microbatch's backward
+ZeRO-1 (bucketed)         one reduce-scatter per bucket during  ``ceil(n/d)·d·e``
+                          backward; one all-gather per bucket   ``ceil(n/d)·e``
+                          after the step; the norm (8 bytes)    ``8``
+========================  ====================================  ==============================
+
+Pure Python: no tensors, no processes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from .comm import dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
+from .memory import memory_on_rank
+
+__all__ = ["Bucket", "plan_buckets", "bucket_elements", "dp_calls", "dp_wire_bytes", "model_state_bytes",
+           "NORM_BYTES"]
+
+NORM_BYTES = 8  # ZeRO-1's gradient norm: one float64 all-reduced over dp
+
+
+@dataclass
+class Bucket:
+    """A contiguous piece ``[start, end)`` of the flat gradient buffer."""
+
+    index: int
+    start: int
+    end: int
+    tensors: list = field(default_factory=list)  # positions of the tensors it touches (buffer order)
+    late: bool = False  # started after backward (ZeRO-1: tensors summed over another axis first)
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+
+def bucket_elements(bucket_mb: float, bytes_per_el: int) -> int:
+    """`--bucket-mb` as a number of elements (at least one)."""
+    return max(1, int(bucket_mb * 2**20) // bytes_per_el)
+
+
+def plan_buckets(numels, cap: int, multiple: int = 1) -> tuple[list[int], list[Bucket], int]:
+    """Lay tensors of `numels` elements one after another and cut the buffer into buckets.
+
+    A bucket closes at the first tensor end that brings it to `cap` elements (so a tensor
+    larger than `cap` gets a bucket of its own). With `multiple` > 1 (ZeRO-1: d) every
+    bucket end is rounded up to a multiple of it — a tensor may then straddle two buckets —
+    and the buffer is padded to ``ceil(n/multiple)·multiple``: each rank's slice of every
+    bucket is whole, and the padding is only at the very end.
+
+    Returns (offset of each tensor, buckets, buffer size in elements).
+    """
+    offsets, n = [], 0
+    for k in numels:
+        offsets.append(n)
+        n += k
+    total = -(-n // multiple) * multiple
+    buckets: list[Bucket] = []
+    start = 0
+    for i, k in enumerate(numels):
+        end = offsets[i] + k
+        if end <= start:  # already inside the previous bucket (its rounding swallowed it)
+            continue
+        if i == len(numels) - 1:
+            end = total
+        elif end - start >= cap:
+            end = min(total, -(-end // multiple) * multiple)
+        else:
+            continue
+        buckets.append(Bucket(len(buckets), start, end))
+        start = end
+    if start < total:
+        buckets.append(Bucket(len(buckets), start, total))
+    for b in buckets:
+        b.tensors = [i for i, (o, k) in enumerate(zip(offsets, numels)) if o < b.end and o + k > b.start]
+    return offsets, buckets, total
+
+
+def dp_calls(numels, d: int, impl: str = "bucketed", zero1: bool = False, bucket_mb: float = 4.0,
+             bytes_per_el: int = 4, late_tensors: int = 0) -> list[dict]:
+    """The data-parallel calls of one optimizer step on a rank holding tensors of `numels`
+    elements, in the engine's buffer order (``minitron.parallel.data``: reversed order of
+    the model's parameters; with ZeRO-1 the `late_tensors` that need another sum first —
+    ``ShardInfo.grad_sync`` — go last and their buckets start after backward).
+
+    Each item is ``{op, phase, calls, bytes}``: 'bwd' when issued during the last
+    microbatch's backward (overlapped), 'optim' when issued after it. Byte totals agree
+    with :func:`~minitron.analysis.comm.dp_bytes_per_step`.
+    """
+    numels = list(numels)
+    n, e = sum(numels), bytes_per_el
+    if d == 1:
+        return []
+    if impl not in ("naive", "bucketed"):
+        raise ValueError(f"unknown data-parallel implementation '{impl}': use naive or bucketed")
+    if not zero1:
+        if impl == "naive":
+            return [{"op": "all_reduce", "phase": "optim", "calls": len(numels), "bytes": n * e}]
+        _, buckets, _ = plan_buckets(numels, bucket_elements(bucket_mb, e))
+        return [{"op": "all_reduce", "phase": "bwd", "calls": len(buckets), "bytes": n * e}]
+    cap = bucket_elements(bucket_mb, e) if impl == "bucketed" else max(1, n)
+    _, buckets, total = plan_buckets(numels, cap, d)
+    first_late = len(numels) - late_tensors
+    late = [b for b in buckets if any(i >= first_late for i in b.tensors)]
+    early = [b for b in buckets if b not in late]
+    out = []
+    if impl == "bucketed" and early:
+        out.append({"op": "reduce_scatter", "phase": "bwd", "calls": len(early),
+                    "bytes": sum(b.numel for b in early) * e})
+    rest = late if impl == "bucketed" else buckets
+    if rest:
+        out.append({"op": "reduce_scatter", "phase": "optim", "calls": len(rest),
+                    "bytes": sum(b.numel for b in rest) * e})
+    out.append({"op": "all_reduce", "phase": "optim", "calls": 1, "bytes": NORM_BYTES})
+    out.append({"op": "all_gather", "phase": "optim", "calls": len(buckets), "bytes": total // d * e})
+    return out
+
+
+def dp_wire_bytes(n_params: int, d: int, zero1: bool = False, bytes_per_el: int = 4) -> float:
+    """Bytes each rank sends per step with ring algorithms: ``2(d−1)/d · n·e`` either way
+    (ZeRO-1's reduce-scatter plus all-gather is one all-reduce cut in two), plus padding."""
+    if d == 1:
+        return 0.0
+    calls = dp_bytes_per_step(n_params, d, zero1, bytes_per_el)
+    if not zero1:
+        return ring_allreduce_wire_bytes(calls["all_reduce"], d)
+    return (ring_reduce_scatter_wire_bytes(calls["reduce_scatter"], d)
+            + ring_allgather_wire_bytes(calls["all_gather"] * d, d))
+
+
+def model_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
+                      pp_rank: int = 0) -> dict:
+    """Parameters, gradients and AdamW state per rank, replicated and with ZeRO-1.
+
+    Returns ``{params_bytes, grads_bytes, optimizer_bytes, optimizer_bytes_zero1,
+    optimizer_bytes_replicated, zero1_fraction}`` where ``optimizer_bytes`` follows
+    ``parallel.zero1`` and ``zero1_fraction`` is ZeRO-1's share of the replicated state
+    (``ceil(n/d)/n``, 1/d up to padding).
+    """
+    import dataclasses
+
+    rep = memory_on_rank(model, dataclasses.replace(parallel, zero1=False), train, pp_rank)
+    d = parallel.dp
+    z = memory_on_rank(model, dataclasses.replace(parallel, zero1=d > 1), train, pp_rank)
+    return {"params_bytes": rep["params_bytes"], "grads_bytes": rep["grads_bytes"],
+            "optimizer_bytes": z["optimizer_bytes"] if parallel.zero1 else rep["optimizer_bytes"],
+            "optimizer_bytes_zero1": z["optimizer_bytes"], "optimizer_bytes_replicated": rep["optimizer_bytes"],
+            "zero1_fraction": z["optimizer_bytes"] / rep["optimizer_bytes"] if rep["optimizer_bytes"] else math.nan}
