@@ -82,11 +82,12 @@ class Comm:
         finally:
             self.phase = old
 
-    def _record(self, op: str, axis: str, t: torch.Tensor) -> None:
+    def _record(self, op: str, axis: str, t: torch.Tensor, labels: dict | None = None) -> None:
         if self.trace is not None:
-            self.trace.add(rank=self.grid.rank, step=self.step, microbatch=self.microbatch, op=op, axis=axis,
-                           bytes=t.numel() * t.element_size(), phase=self.phase,
-                           shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+            rec = dict(rank=self.grid.rank, step=self.step, microbatch=self.microbatch, op=op, axis=axis,
+                       bytes=t.numel() * t.element_size(), phase=self.phase,
+                       shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+            self.trace.add(**{**rec, **(labels or {})})
 
     # --- collectives --------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False):
@@ -161,14 +162,16 @@ class Comm:
 
     # --- point to point -------------------------------------------------------------
     def p2p(self, ops: list[tuple[str, torch.Tensor, int]], axis: str = "pp"):
-        """Post a batch of ('send'|'recv', tensor, peer_index_on_axis) as one
-        ``batch_isend_irecv``; returns the list of work handles to wait on."""
+        """Post a batch of ('send'|'recv', tensor, peer_index_on_axis[, labels]) as one
+        ``batch_isend_irecv``; returns the list of work handles to wait on. The optional
+        `labels` dict overrides trace fields of that op (a batch of the pipeline mixes
+        'fwd' activations and 'bwd' gradients of different microbatches)."""
         if not ops:
             return []
         ranks = self.grid.axis_ranks(axis)
         p2p_ops = []
-        for kind, t, peer in ops:
-            self._record(kind, axis, t)
+        for kind, t, peer, *labels in ops:
+            self._record(kind, axis, t, *labels)
             fn = dist.isend if kind == "send" else dist.irecv
             p2p_ops.append(dist.P2POp(fn, t, ranks[peer], group=self.group(axis)))
         return dist.batch_isend_irecv(p2p_ops)

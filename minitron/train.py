@@ -58,7 +58,8 @@ class Trainer:
         self.pipeline = None
         if layout.pp > 1:
             from .parallel.pipeline import PipelineRuntime
-            self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches)
+            self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches,
+                                            record=bool(train.timeline))
         self.step_idx = 0
 
     def _build_chunks(self) -> list[GPT]:
@@ -213,6 +214,8 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
         metrics.close()
     if comm.trace is not None and tc.trace:
         comm.trace.write(tc.trace)
+    if tc.timeline and tr.pipeline is not None:
+        tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
     summary = {"losses": losses, "val_losses": val_losses, "layout": layout.describe(),
                "model": asdict(model), "steps": tc.steps}
     if tc.sample_tokens:

@@ -1,0 +1,158 @@
+"""minitron's pipeline runtime vs torch.distributed.pipelining, side by side on 2 ranks.
+
+Both run the very same stage modules (minitron GPT chunks: embedding on the first stage,
+head on the last) with the same microbatches, gloo, CPU:
+
+* minitron: ``PipelineRuntime.run`` executing ``make_schedule("1f1b" | "interleaved")``
+  (loss inside the last stage);
+* torch: ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` over ``PipelineStage``s
+  (``loss_fn`` = cross-entropy of the last stage's logits).
+
+A timed step is the forward and backward of all microbatches (gradients zeroed before;
+no optimizer). The two engines alternate step by step so that load on a shared machine
+hits both alike; the median over the steps is reported. Results go to
+benchmarks/pipeline.md (command, machine, date).
+
+    python benchmarks/bench_pipeline.py --model small --global-batch 16 --microbatches 4 8 --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from minitron.config import ParallelConfig, preset  # noqa: E402
+from minitron.testing import run_on_ranks  # noqa: E402
+
+
+def _chunks(model, layout, comm, dtype=torch.float32):
+    from minitron.context import Context
+    from minitron.model import GPT
+    from minitron.train import stage_layers
+
+    ctx = Context(comm, layout, dtype)
+    stages, r, p = stage_layers(model, layout), comm.index("pp"), layout.pp
+    return [GPT(model, ctx, stages[c * p + r], first=c * p + r == 0, last=c * p + r == len(stages) - 1)
+            for c in range(layout.vpp)], ctx
+
+
+def bench_job(comm, model, cases, global_batch, steps, warmup):
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+    from minitron.data import batch, load_corpus
+    from minitron.parallel.data import NaiveDataParallel
+    from minitron.parallel.pipeline import PipelineRuntime
+
+    corpus = load_corpus("")
+    x, y = batch(corpus.split()[0], model.seq_len, global_batch, 0, 0, range(global_batch))
+    out = []
+    for kind, v, m in cases:
+        layout = ParallelConfig(pp=2, vpp=v, schedule=kind)
+        mine, ctx = _chunks(model, layout, comm)
+        theirs, _ = _chunks(model, layout, comm)
+        runtime = PipelineRuntime(mine, ctx, model, layout, m, record=False)
+        dp = NaiveDataParallel([p for c in mine for p in c.parameters()], comm)
+        mbs = list(zip(x.chunk(m), y.chunk(m)))
+
+        p, r = 2, comm.index("pp")
+        stages = [PipelineStage(c, c_i * p + r, p * v, torch.device("cpu"), group=comm.group("pp"))
+                  for c_i, c in enumerate(theirs)]
+
+        def loss_fn(logits, target):
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+        sched = (Schedule1F1B(stages[0], m, loss_fn=loss_fn) if v == 1
+                 else ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn))
+
+        def step_minitron():
+            for c in mine:
+                c.zero_grad(set_to_none=True)
+            runtime.run(mbs, dp)
+
+        def step_torch():
+            for c in theirs:
+                c.zero_grad(set_to_none=True)
+            if r == 0:
+                sched.step(x)
+            elif r == p - 1:
+                sched.step(target=y)
+            else:
+                sched.step()
+
+        times = {"minitron": [], "torch": []}
+        for i in range(warmup + steps):
+            for name, fn in (("minitron", step_minitron), ("torch", step_torch)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                dist.barrier()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+        out.append({"schedule": kind, "v": v, "m": m,
+                    "minitron_s": statistics.median(times["minitron"]),
+                    "torch_s": statistics.median(times["torch"]),
+                    "minitron_min_s": min(times["minitron"]), "torch_min_s": min(times["torch"]),
+                    # each torch step over the minitron step right before it: robust to load drift
+                    "paired_ratio": statistics.median(b / a for a, b in zip(times["minitron"], times["torch"]))})
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "pipeline.md"))
+    args = ap.parse_args(argv)
+    model = preset(args.model)
+    cases = [(kind, v, m) for m in args.microbatches for kind, v in (("1f1b", 1), ("interleaved", 2))]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    load0 = os.getloadavg()[0]
+    res = run_on_ranks(bench_job, ParallelConfig(pp=2), model, cases, args.global_batch, args.steps,
+                       args.warmup)[0]
+    rows = ["| schedule | v | m | minitron step, median (min) ms | torch.distributed.pipelining, median (min) ms "
+            "| torch / minitron, paired median |",
+            "|---|---|---|---|---|---|"]
+    for r in res:
+        rows.append(f"| {r['schedule']} | {r['v']} | {r['m']} | {1e3 * r['minitron_s']:.1f} "
+                    f"({1e3 * r['minitron_min_s']:.1f}) | {1e3 * r['torch_s']:.1f} ({1e3 * r['torch_min_s']:.1f}) "
+                    f"| {r['paired_ratio']:.2f} |")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cmd = "python benchmarks/bench_pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = "\n".join([
+        "# Pipeline runtime: minitron vs torch.distributed.pipelining",
+        "",
+        f"Command: `{cmd.strip()}`  ",
+        f"Machine: {cpu}, {os.cpu_count()} cores (shared), torch {torch.__version__}, gloo, 2 ranks, "
+        f"1 thread each; load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after  ",
+        f"Date: {datetime.date.today().isoformat()}  ",
+        f"Model: `{args.model}` ({model.layers} layers, h={model.hidden}, s={model.seq_len}), "
+        f"global batch {args.global_batch}, float32",
+        "",
+        "A step is forward + backward of all m microbatches through the same GPT stage modules "
+        "(no optimizer), the two engines alternating step by step; the ratio is the median over steps of "
+        "each torch step's time over the minitron step just before it (> 1: minitron faster).",
+        "",
+        *rows,
+        "",
+    ])
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

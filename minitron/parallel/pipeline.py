@@ -1,0 +1,411 @@
+"""The pipeline runtime: execute a schedule (``parallel/schedules.py``) on this rank.
+
+The schedule is data: ``Schedule.steps(rank)`` is this rank's ordered list of compute
+actions (F, B, W of microbatch k on local chunk c) and communication batches. The
+runtime walks that list and does what each step says; no schedule logic lives here,
+so GPipe, 1F1B, interleaved 1F1B and ZB-H1 are all the same loop::
+
+    for step in schedule.steps(rank):
+        batch of sends/receives -> one batch_isend_irecv; wait for its receives
+        F(k, c) -> forward of chunk c on microbatch k (token ids on the first stage,
+                   else the activation received for it), keep the output for B,
+                   queue the output for the send that follows
+        B(k, c) -> backward from the received gradient (last stage: from loss/m),
+                   queue the input's gradient for the send that follows
+        W(k, c) -> (zb-h1 only) the weight gradients that B left out
+
+Stages and chunks. Chunk c of pipeline rank r is virtual stage ``c*p + r`` (Megatron's
+interleaved assignment, ``Trainer._build_chunks``); its layers come from
+``train.stage_layers`` (even, or ``--stage-layers`` for an uneven split). The first
+stage embeds, the last one applies the final norm, the head and the loss.
+
+What crosses a stage boundary. The hidden states [b, s, h] (``GPT.boundary_shape``:
+[b, s/t, h] under sequence parallelism, the cube's local block under 3-D), in the
+run's dtype (``TrainConfig.dtype``; with ``--precision bf16`` autocast computes in bf16
+but the residual stream and the wire stay in the fp32 of the master weights), and the
+gradient of the same shape back. Shapes are known in advance, so a receive allocates
+its buffer without a handshake. Once handed to the wire an output's storage belongs to
+the send alone: ``out.data`` is replaced by an empty tensor (Megatron's
+``deallocate_output_tensor``) and the memory goes when the send completes. B only needs
+the output's ``grad_fn``, so it starts from its
+:class:`~torch.autograd.graph.GradientEdge` rather than from the tensor.
+
+Blocking. A batch's receives are waited for before the next compute (it consumes
+them). Its sends, where the backend gives a handle per op (gloo), stay in flight and
+are waited for at the end of the step, so a rank never idles until its neighbour
+posts the matching receive: the *eager* semantics under which ``schedules.validate``
+proves every schedule deadlock-free (its blocking semantics as well; with NCCL's
+one handle per batch the runtime waits for the whole batch).
+
+Scatter/gather (``--scatter-gather``, PTD-P §4.1). With 1-D tensor parallelism (not
+``--sp``) the boundary tensor is replicated on the t ranks of a tensor group, and each
+of them would send the same b·s·h elements to its peer on the next stage. Instead each
+sends only its 1/t of the flattened tensor; the receivers all-gather the pieces over
+their tensor group (a fast intra-node link in the paper's clusters). Gradients mirror
+this: the input gradient is replicated too (the f operator all-reduces it), so each
+rank sends its 1/t and the upstream group all-gathers.
+
+Loss and data parallelism. The last stage returns ``loss/m`` per microbatch and
+``run`` returns their sum (the mean over the step's microbatches) there, None
+elsewhere. The backward that completes a chunk's last microbatch (its last B, or its
+last W in zb-h1) runs inside ``dp.microbatch(last=True)``: only then do the data-parallel
+hooks count gradients and start their bucketed all-reduces, overlapping the rest of
+the schedule; ``Trainer.step`` calls ``dp.finish()`` after ``run``.
+
+ZB-H1: splitting a backward into B (input gradient) and W (weight gradients).
+B must produce the stage input's gradient as soon as possible and leave the weight
+gradients for later, without doing the work twice. In the autograd graph of a stage,
+the nodes on a path from the output to the stage input are the *input path*; every
+parameter hangs off it through nodes of its own (a transpose, an all-gather, or the
+parameter's gradient accumulator directly). Call an input-path node with such a
+parameter branch a *frontier* node (a linear's ``AddmmBackward``, a LayerNorm's backward).
+
+* B registers a pre-hook on each frontier node that keeps the gradient flowing into
+  it, then runs ``torch.autograd.grad(output, stage_input, grad, retain_graph=True)``.
+  Autograd computes only what the stage input needs: every frontier node is run with
+  its parameter outputs masked off, so no weight gradient is computed, and the graph
+  (the saved activations) is kept.
+* W restarts autograd at the frontier nodes, from the gradients B kept:
+  ``torch.autograd.backward([GradientEdge(node, i)], kept_grads, inputs=params)``.
+  Only the parameter branches run, and the gradients are *accumulated into .grad*
+  by the parameters' own accumulators, so data-parallel hooks fire exactly as in an
+  ordinary backward. Frontier nodes that share a parameter (a weight used twice) are
+  run in one call, with pre-hooks that pin each node's incoming gradient to the kept
+  one so that nothing is counted twice.
+
+This is the approach of ``torch.distributed.pipelining`` (``stage_backward_input`` /
+``stage_backward_weight``), written small. The first stage has no input gradient to
+send, so its B is the whole backward and its W does nothing.
+
+``--timeline FILE``: every compute action's start and end (``time.time()``, comparable
+across the processes of a node; on a GPU after a synchronize) is recorded on each rank;
+``write_timeline`` gathers the records to global rank 0, which appends those of the
+first pipeline (tensor and data-parallel rank 0; ``rank`` is the pipeline rank) as
+JSON lines
+``{"rank", "op", "mb", "chunk", "start", "end", "step", "global_rank"}``:
+what :func:`minitron.viz.plot_timeline` draws, like a ``Simulation``'s records.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from .schedules import Action, Schedule, make_schedule, validate
+
+
+# --- splitting a backward into B (input gradient) and W (weight gradients) -----------------
+def _input_path(root, target) -> dict:
+    """{node: True if `target` is reachable from it} for every node under `root`
+    (an iterative depth-first search; graphs are a few hundred nodes per stage)."""
+    reaches, stack = {}, [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            reaches[node] = node is target or any(reaches[c] for c, _ in node.next_functions if c is not None)
+        elif node not in reaches:
+            reaches[node] = False  # placeholder: in progress (the graph is acyclic)
+            stack.append((node, True))
+            stack.extend((c, False) for c, _ in node.next_functions if c is not None and c not in reaches)
+    return reaches
+
+
+def _params_under(node) -> set:
+    """The leaf tensors (parameters) whose gradient accumulators lie under `node`."""
+    out, seen, stack = set(), set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if getattr(n, "variable", None) is not None:  # an AccumulateGrad node
+            out.add(n.variable)
+        stack.extend(c for c, _ in n.next_functions if c is not None)
+    return out
+
+
+def _frontier_groups(root, stage_input: torch.Tensor) -> list[tuple[list, list]]:
+    """Frontier nodes of the graph under `root` (input-path nodes with a parameter
+    branch), grouped so that no parameter lies under two groups: [(nodes, params)]."""
+    target = get_gradient_edge(stage_input).node
+    reaches = _input_path(root, target)
+    groups: list[tuple[list, set]] = []
+    for node, on_path in reaches.items():
+        if not on_path or node is target:
+            continue
+        params = set()
+        for c, _ in node.next_functions:
+            if c is not None and not reaches[c]:
+                params |= _params_under(c)
+        if not params:
+            continue
+        nodes = [node]
+        for g in [g for g in groups if g[1] & params]:  # merge groups sharing a parameter
+            groups.remove(g)
+            nodes += g[0]
+            params |= g[1]
+        groups.append((nodes, params))
+    return [(nodes, list(params)) for nodes, params in groups]
+
+
+def backward_input(root, grad, stage_input: torch.Tensor):
+    """B of zb-h1: the stage input's gradient only. Returns it and the deferred W (a
+    callable that accumulates the weight gradients into .grad)."""
+    groups = _frontier_groups(root.node, stage_input)
+    kept: dict = {}
+
+    def keep(node):
+        def hook(grad_outputs):
+            kept[node] = grad_outputs
+        return hook
+
+    handles = [n.register_prehook(keep(n)) for nodes, _ in groups for n in nodes]
+    try:
+        (dx,) = torch.autograd.grad(root, stage_input, grad, retain_graph=True)
+    finally:
+        for h in handles:
+            h.remove()
+
+    def weight_grads():
+        for nodes, params in groups:
+            roots, grads, pins = [], [], []
+            for n in nodes:
+                gs = kept.pop(n, None) or ()
+                roots += [GradientEdge(n, i) for i, g in enumerate(gs) if g is not None]
+                grads += [g for g in gs if g is not None]
+                if len(nodes) > 1:  # the node's gradient is the kept one, not kept + what flows in
+                    pins.append(n.register_prehook(lambda _, gs=gs: gs))
+            try:
+                if roots:
+                    torch.autograd.backward(roots, grads, retain_graph=True, inputs=params)
+            finally:
+                for h in pins:
+                    h.remove()
+
+    return dx, weight_grads
+
+
+# --- the runtime ---------------------------------------------------------------------------
+class PipelineRuntime:
+    """Executes this rank's part of the schedule `layout.schedule` for its chunks."""
+
+    def __init__(self, chunks, ctx, model_cfg, layout, microbatches: int, record: bool = True):
+        self.chunks, self.ctx, self.comm = list(chunks), ctx, ctx.comm
+        self.cfg, self.layout = model_cfg, layout
+        self.schedule: Schedule = validate(make_schedule(layout.schedule, layout.pp, layout.vpp, microbatches))
+        self.rank = self.comm.index("pp")
+        self.steps = self.schedule.steps(self.rank)
+        self.split = self.schedule.kind == "zb-h1"  # B = input gradient, W = weight gradients
+        for c, chunk in enumerate(self.chunks):
+            if (chunk.first, chunk.last) != (self.schedule.is_first(self.rank, c), self.schedule.is_last(self.rank, c)):
+                raise ValueError(f"chunk {c} of pipeline rank {self.rank} is not virtual stage "
+                                 f"{self.schedule.stage(self.rank, c)} of the schedule")
+        self.t = self.comm.size("tp")
+        self.scatter_gather = (layout.scatter_gather and self.t > 1 and layout.tp_mode == "1d"
+                               and not layout.sp)
+        # the step that completes each chunk's last microbatch: the data-parallel sync goes there
+        done = {c: "W" if self.split and not ch.first else "B" for c, ch in enumerate(self.chunks)}
+        self.final_steps = {max(i for i, s in enumerate(self.steps)
+                                if isinstance(s, Action) and s.op == done[c] and s.chunk == c)
+                            for c in done}
+        self.forward_steps = Schedule(self.schedule.kind, self.schedule.p, self.schedule.v, self.schedule.m,
+                                      forward_only_actions(self.schedule)).steps(self.rank)
+        self.record, self.records = record, []
+
+    # --- one training step -------------------------------------------------------------------
+    def run(self, mbs, dp):
+        """Forward and backward of the microbatches `mbs` ([(x, y)] of this data-parallel rank)
+        as the schedule says; gradients accumulate in .grad. Returns the sum of loss/m over
+        the microbatches on the last stage (a float64 tensor), None elsewhere."""
+        self._begin(mbs, dp)
+        for i, step in enumerate(self.steps):
+            if isinstance(step, tuple):
+                self._exchange(step)
+            else:
+                with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
+                    getattr(self, "_" + step.op)(step)
+        return self._end()
+
+    @torch.no_grad()
+    def forward_only(self, x, y):
+        """Evaluation: the loss of the batch (x, y) on the last stage (None elsewhere), split
+        into the schedule's m microbatches and run through the training schedule with every
+        backward action removed."""
+        m = self.schedule.m
+        self._begin(list(zip(x.chunk(m), y.chunk(m))), None, phase="log")
+        for step in self.forward_steps:
+            if isinstance(step, tuple):
+                self._exchange(step)
+            else:
+                self._F(step)
+        self._stash.clear()
+        return self._end()
+
+    def _begin(self, mbs, dp, phase=None):
+        if len(mbs) != self.schedule.m:
+            raise ValueError(f"the schedule has {self.schedule.m} microbatches, got {len(mbs)}")
+        self.mbs, self.dp, self.phase = mbs, dp, phase
+        self.shape = self.chunks[0].boundary_shape(mbs[0][0].shape[0])
+        self.numel = 1
+        for n in self.shape:
+            self.numel *= n
+        self._inputs, self._grads, self._sends = {}, {}, {}  # keyed by (mb, chunk)
+        self._stash, self._weight_grads, self._in_flight = {}, {}, []
+        self.loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device) if self.chunks[-1].last else None
+
+    def _end(self):
+        for work, _ in self._in_flight:
+            work.wait()
+        self._in_flight = []
+        self.comm.microbatch = None
+        leftovers = [d for d in (self._inputs, self._grads, self._sends, self._weight_grads) if d]
+        if leftovers:
+            raise RuntimeError(f"pipeline step ended with unconsumed tensors: {leftovers}")
+        loss, self.loss, self.mbs = self.loss, None, None
+        return loss
+
+    @contextmanager
+    def _timed(self, a: Action):
+        sync = self.record and self.ctx.device.type == "cuda"  # time the kernels, not their launch
+        if sync:
+            torch.cuda.synchronize(self.ctx.device)
+        t0 = time.time()
+        yield
+        if sync:
+            torch.cuda.synchronize(self.ctx.device)
+        if self.record:
+            self.records.append({"rank": self.rank, "op": a.op, "mb": a.mb, "chunk": a.chunk,
+                                 "start": t0, "end": time.time(), "step": self.comm.step,
+                                 "global_rank": self.comm.grid.rank})
+
+    def _phase(self, direction: str) -> str:
+        return self.phase or direction
+
+    # --- compute ---------------------------------------------------------------------------------
+    def _F(self, a: Action) -> None:
+        chunk, key, m = self.chunks[a.chunk], (a.mb, a.chunk), self.schedule.m
+        x, y = self.mbs[a.mb]
+        inp = x if chunk.first else self._inputs.pop(key)
+        self.comm.microbatch = a.mb
+        self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + a.mb)  # dropout masks' key
+        with self.comm.in_phase(self._phase("fwd")), self.ctx.autocast():
+            out = chunk(inp, y if chunk.last else None)
+        if chunk.last:
+            out = out / m
+            self.loss += out.detach().double()
+        else:
+            out = out.to(self.ctx.dtype)  # the wire's dtype (a no-op unless autocast left bf16)
+            self._sends[("fwd", *key)] = out.detach()
+        if torch.is_grad_enabled():
+            self._stash[key] = (None if chunk.first else inp, out)
+
+    def _B(self, a: Action) -> None:
+        chunk, key = self.chunks[a.chunk], (a.mb, a.chunk)
+        inp, out = self._stash.pop(key)
+        self.comm.microbatch = a.mb
+        # the last stage starts from its loss; others from the output's graph edge (data freed)
+        root, grad = (out, None) if chunk.last else (get_gradient_edge(out), self._grads.pop(key))
+        with self.comm.in_phase("bwd"):
+            if chunk.first:
+                torch.autograd.backward(root, grad)
+                return
+            if self.split:
+                dx, self._weight_grads[key] = backward_input(
+                    get_gradient_edge(out), torch.ones_like(out) if grad is None else grad, inp)
+            else:
+                torch.autograd.backward(root, grad)
+                dx = inp.grad
+        self._sends[("bwd", *key)] = dx
+
+    def _W(self, a: Action) -> None:
+        work = self._weight_grads.pop((a.mb, a.chunk), None)  # None on the first stage (B did it all)
+        self.comm.microbatch = a.mb
+        if work is not None:
+            with self.comm.in_phase("bwd"):
+                work()
+
+    # --- communication ---------------------------------------------------------------------------
+    def _exchange(self, batch: tuple) -> None:
+        """One batch of sends and receives, posted together (batch_isend_irecv); with
+        scatter/gather, 1/t of each tensor travels and the receiver all-gathers.
+
+        The receives are waited for at once (the next compute consumes them). Where the
+        backend gives one handle per op (gloo), a send is left in flight with its tensor
+        and waited for at the end of the step: the schedule then runs with the *eager*
+        send semantics that ``validate`` proves deadlock-free, and a rank does not idle
+        until its neighbour gets round to receiving (torch.distributed.pipelining also
+        leaves warm-up sends in flight). One handle per batch (NCCL): wait for it all."""
+        self._in_flight = [(w, t) for w, t in self._in_flight if not w.is_completed()]
+        ops, received, sent = [], [], []
+        for a in batch:
+            direction, key = a.op[-3:], (a.mb, a.chunk)
+            labels = {"phase": self._phase(direction), "microbatch": a.mb}
+            if a.op.startswith("send"):
+                t = self._sends.pop((direction, *key))
+                sent.append((a, key))
+                if self.scatter_gather:
+                    t = t.reshape(-1)[self._my_slice()]
+                ops.append(("send", t.contiguous(), a.peer, labels))
+            else:
+                n = self.numel // self.t if self.scatter_gather else self.numel
+                buf = torch.empty(n, dtype=self.ctx.dtype, device=self.ctx.device)
+                ops.append(("recv", buf, a.peer, labels))
+                received.append((a, key, direction, buf))
+        works = self.comm.p2p(ops)
+        if len(works) == len(ops):
+            for (kind, t, *_), work in zip(ops, works):
+                if kind == "send":
+                    self._in_flight.append((work, t))  # t keeps the data alive until sent
+                else:
+                    work.wait()
+        else:
+            for work in works:
+                work.wait()
+        del ops
+        for a, key in sent:  # the output's data is the wire's now: keep only its graph (for B)
+            if a.op == "send_fwd" and key in self._stash:
+                out = self._stash[key][1]
+                if out._base is None:
+                    out.data = torch.empty(0, dtype=out.dtype, device=out.device)
+        for a, key, direction, buf in received:
+            if self.scatter_gather:
+                self.comm.microbatch = a.mb
+                with self.comm.in_phase(self._phase(direction)):
+                    buf = self.comm.all_gather(buf, "tp", dim=0)
+            buf = buf.view(self.shape).detach()
+            if direction == "fwd":
+                self._inputs[key] = buf.requires_grad_(torch.is_grad_enabled())
+            else:
+                self._grads[key] = buf
+
+    def _my_slice(self) -> slice:
+        k = self.numel // self.t
+        r = self.comm.index("tp")
+        return slice(r * k, (r + 1) * k)
+
+    # --- the measured timeline ---------------------------------------------------------------------
+    def write_timeline(self, path: str) -> None:
+        """Append the recorded actions of the first pipeline to `path` as JSON lines
+        (collective: every rank calls it; global rank 0 writes)."""
+        everyone = self.comm.gather_object(self.records, dst=0)
+        if self.comm.grid.rank != 0:
+            return
+        grid = self.comm.grid
+        first_pipeline = set(grid.axis_ranks("pp", 0))
+        with open(path, "a") as f:
+            for recs in everyone:
+                for r in recs:
+                    if r["global_rank"] in first_pipeline:
+                        f.write(json.dumps(r) + "\n")
+
+
+def forward_only_actions(schedule: Schedule) -> tuple:
+    """The schedule's actions without the backward ones (B, W and the gradient sends and
+    receives): the forward order of the same schedule, used for evaluation. Removing the
+    backward half keeps every rank's forward order and the FIFO matching of its messages,
+    and it cannot deadlock (tests/test_pipeline.py simulates it for many (p, v, m))."""
+    keep = ("F", "recv_fwd", "send_fwd")
+    return tuple(tuple(a for a in row if a.op in keep) for row in schedule.actions)
