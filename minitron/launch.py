@@ -86,13 +86,22 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def launch_local(fn, args: tuple, nproc: int, start_method: str = "fork") -> dict:
+def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
-    Returns {rank: return value}. `fork` skips re-importing torch in every rank."""
+    Returns {rank: return value}.
+
+    `forkserver`: a clean single-threaded server imports torch and minitron once, and
+    every rank is forked from it — fast like `fork`, but without inheriting the locks of
+    the launcher's threads (a rank forked while another thread held glibc's resolver
+    lock can hang in rendezvous)."""
+    import multiprocessing as mp
+
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if start_method == "forkserver":
+        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.cli", "minitron.train"])
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-                       rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                        monitor_interval=0.05, start_method=start_method)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return elastic_launch(cfg, fn)(*args)
