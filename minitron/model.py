@@ -24,6 +24,21 @@ from .parallel import tensor as tp
 from .parallel.random import Dropout
 
 
+def layers_for(ctx: Context):
+    """The layer factory of the layout, a namespace the model is written against:
+    ``linear_in`` / ``linear_out`` (the two linears of a pair; the caller adds
+    ``linear_out``'s bias after ``leave``), ``enter`` / ``leave`` (into and out of the
+    tensor-parallel region), ``layer_norm``, ``embedding`` (also the output layer),
+    ``position``, ``scatter``, ``logits``, ``loss`` and ``boundary_shape`` (the
+    hidden states between pipeline stages). 1-D (Megatron) comes from
+    ``parallel/tensor.py``; the 3-D cube (``--tp-mode 3d``) from ``parallel/cube.py``."""
+    if ctx.layout.tp_mode == "3d":
+        from .parallel import cube
+
+        return cube.LAYERS
+    return tp.LAYERS
+
+
 class Attention(nn.Module):
     """Causal self-attention; heads split over the tensor group (QKV column-parallel,
     output projection row-parallel: Megatron-LM Fig. 3b). The QKV rows are head-major,
@@ -32,9 +47,9 @@ class Attention(nn.Module):
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
         super().__init__()
         h, std = cfg.hidden, 0.02
-        self.head_dim, self.ctx = cfg.head_dim, ctx
-        self.qkv = tp.ColumnParallelLinear(f"{name}.qkv", h, 3 * h, ctx, std)
-        self.proj = tp.RowParallelLinear(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
+        self.head_dim, self.ctx, self.L = cfg.head_dim, ctx, layers_for(ctx)
+        self.qkv = self.L.linear_in(f"{name}.qkv", h, 3 * h, ctx, std)
+        self.proj = self.L.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
         self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, inside=True)  # per-rank stream
 
     def core(self, qkv, key=None):
@@ -52,12 +67,12 @@ class Attention(nn.Module):
         return rearrange(y, "b nh s d -> b s (nh d)")
 
     def forward(self, x, key=None):
-        qkv = self.qkv(tp.enter_region(x, self.ctx))
+        qkv = self.qkv(self.L.enter(x, self.ctx))
         if self.ctx.layout.recompute == "selective" and self.training:
             y = checkpoint(self.core, qkv, key, use_reentrant=False)
         else:
             y = self.core(qkv, key)
-        return tp.leave_region(self.proj(y), self.ctx) + self.proj.bias
+        return self.L.leave(self.proj(y), self.ctx) + self.proj.bias
 
 
 class MLP(nn.Module):
@@ -66,21 +81,22 @@ class MLP(nn.Module):
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
         super().__init__()
         self.ctx = ctx
-        self.fc = tp.ColumnParallelLinear(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
-        self.fc2 = tp.RowParallelLinear(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
+        self.L = layers_for(ctx)
+        self.fc = self.L.linear_in(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
+        self.fc2 = self.L.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
                                         0.02 / math.sqrt(2 * cfg.layers))
 
     def forward(self, x):
-        y = self.fc2(F.gelu(self.fc(tp.enter_region(x, self.ctx))))
-        return tp.leave_region(y, self.ctx) + self.fc2.bias
+        y = self.fc2(F.gelu(self.fc(self.L.enter(x, self.ctx))))
+        return self.L.leave(y, self.ctx) + self.fc2.bias
 
 
 class Block(nn.Module):
     def __init__(self, i: int, cfg: ModelConfig, ctx: Context):
         super().__init__()
-        self.ln1 = tp.LayerNorm(f"blocks.{i}.ln1", cfg.hidden, ctx)
+        self.ln1 = layers_for(ctx).layer_norm(f"blocks.{i}.ln1", cfg.hidden, ctx)
         self.attn = Attention(f"blocks.{i}.attn", cfg, ctx)
-        self.ln2 = tp.LayerNorm(f"blocks.{i}.ln2", cfg.hidden, ctx)
+        self.ln2 = layers_for(ctx).layer_norm(f"blocks.{i}.ln2", cfg.hidden, ctx)
         self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx)
         self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx)  # shared stream
         self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx)
@@ -104,27 +120,26 @@ class GPT(nn.Module):
         super().__init__()
         ctx = ctx or Context()
         self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
+        self.L = L = layers_for(ctx)
         self.layer_ids = list(range(cfg.layers) if layers is None else layers)
         tied_sync = ("embed",) if cfg.tied_embeddings and not (first and last) else ()
         if first:
-            self.wte = tp.VocabParallelEmbedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
-            # used before the sequence is split, so its gradient is already whole on every rank
-            self.wpe = make_param("wpe.weight", (cfg.seq_len, cfg.hidden), (), ctx, 0.01,
-                                  replicas=("tp",) if ctx.tp > 1 else ())
+            self.wte = L.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+            self.wpe = L.position("wpe.weight", cfg.seq_len, cfg.hidden, ctx, 0.01)
             self.drop = Dropout("embed", cfg.dropout, ctx)
         self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx) for i in self.layer_ids})
         if last:
-            self.ln_f = tp.LayerNorm("ln_f", cfg.hidden, ctx)
+            self.ln_f = L.layer_norm("ln_f", cfg.hidden, ctx)
             if not cfg.tied_embeddings:
-                self.lm_head = tp.VocabParallelEmbedding("lm_head", cfg.vocab, cfg.hidden, ctx)
+                self.lm_head = L.embedding("lm_head", cfg.vocab, cfg.hidden, ctx)
             elif not first:  # the last stage keeps its own copy of the tied embedding
-                self.lm_head = tp.VocabParallelEmbedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+                self.lm_head = L.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
             else:
                 self.lm_head = self.wte
 
     def embed(self, idx, key=None):
         x = self.wte(idx) + self.wpe[: idx.shape[1]]
-        return self.drop(tp.scatter_sequence(x, self.ctx), key)  # on the sequence shard with --sp
+        return self.drop(self.L.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
     def run_block(self, block, x, key=None):
         if self.ctx.layout.recompute == "full" and self.training and torch.is_grad_enabled():
@@ -133,15 +148,15 @@ class GPT(nn.Module):
 
     def head(self, x):
         """Final LayerNorm and the vocabulary-parallel output layer: local logits."""
-        return F.linear(tp.enter_region(self.ln_f(x), self.ctx), self.lm_head.weight)
+        return self.L.logits(self.ln_f(x), self.lm_head, self.ctx)
 
     def loss(self, logits, targets):
-        """Mean cross-entropy over the tokens (vocab-parallel when t > 1)."""
-        flat, tgt = logits.flatten(0, 1), targets.flatten()
-        if self.ctx.tp == 1:
-            return F.cross_entropy(flat, tgt)
-        per_token = tp.vocab_parallel_cross_entropy(flat, tgt, self.lm_head.start, self.cfg.vocab, self.ctx.comm)
-        return per_token.mean()
+        """Mean cross-entropy over the microbatch's tokens (vocab-parallel when split)."""
+        return self.L.loss(logits, targets, self.lm_head, self.ctx)
+
+    def boundary_shape(self, micro_batch: int) -> tuple:
+        """Shape of this rank's hidden states between pipeline stages."""
+        return self.L.boundary_shape(micro_batch, self.cfg.seq_len, self.cfg.hidden, self.ctx)
 
     def forward(self, x, targets=None):
         key = self.ctx.rng.key()  # this microbatch's dropout key, set by the training loop

@@ -18,6 +18,8 @@ With t = 1 every operator is the identity: the single-device model is this model
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -196,24 +198,24 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     (Megatron: all-reduce the max, the target logit and the sum of exponentials)."""
 
     @staticmethod
-    def forward(ctx, logits, target, start, vocab, comm):
+    def forward(ctx, logits, target, start, vocab, comm, axis="tp"):
         # logits: [N, V/t] local slice covering vocabulary ids [start, start + V/t)
         logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         n_local = logits.shape[-1]
         valid = torch.arange(start, start + n_local, device=logits.device) < vocab
         logits = logits.masked_fill(~valid, float("-inf"))  # padded ids never count
         lmax = logits.max(dim=-1).values
-        comm.all_reduce(lmax, "tp", op="max")
+        comm.all_reduce(lmax, axis, op="max")
         shifted = logits - lmax.unsqueeze(-1)
         local_t = target - start
         mine = (local_t >= 0) & (local_t < n_local)
         rows = torch.arange(target.shape[0], device=logits.device)
         # where(), not `* mine`: a clamped index may hit a padded id (-inf · 0 = nan)
         tlogit = torch.where(mine, shifted[rows, local_t.clamp(0, n_local - 1)], 0.0)
-        comm.all_reduce(tlogit, "tp")
+        comm.all_reduce(tlogit, axis)
         exp = shifted.exp()
         sumexp = exp.sum(dim=-1)
-        comm.all_reduce(sumexp, "tp")
+        comm.all_reduce(sumexp, axis)
         softmax = exp / sumexp.unsqueeze(-1)
         ctx.save_for_backward(softmax, local_t.clamp(0, n_local - 1), mine)
         return sumexp.log() - tlogit  # per-token loss
@@ -224,9 +226,51 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad = softmax.clone()
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local_t] -= mine.to(grad.dtype)
-        return grad * dloss.unsqueeze(-1), None, None, None, None
+        return grad * dloss.unsqueeze(-1), None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, target, start: int, vocab: int, comm):
-    """Per-token loss from vocabulary-split logits [N, V/t] (start = this rank's first id)."""
-    return _VocabParallelCrossEntropy.apply(logits, target, start, vocab, comm)
+def vocab_parallel_cross_entropy(logits, target, start: int, vocab: int, comm, axis: str = "tp"):
+    """Per-token loss from vocabulary-split logits [N, V/t] (start = this rank's first id),
+    the vocabulary split over `axis` ('tp'; the 3-D cube uses 'cube_j')."""
+    return _VocabParallelCrossEntropy.apply(logits, target, start, vocab, comm, axis)
+
+
+# --- the layer namespace the model is written against (see model.py) ------------------
+def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
+    """wpe [s, h], replicated; used before the sequence is split, so its gradient is
+    already whole on every rank."""
+    return make_param(name, (seq_len, h), (), ctx, std, replicas=("tp",) if ctx.tp > 1 else ())
+
+
+def output_logits(x, head: VocabParallelEmbedding, ctx: Context):
+    """The output layer on the vocabulary-split weight: local logits [b, s, V/t]."""
+    return F.linear(enter_region(x, ctx), head.weight)
+
+
+def output_loss(logits, targets, head: VocabParallelEmbedding, ctx: Context):
+    """Mean cross-entropy over the tokens (vocabulary-parallel when t > 1)."""
+    flat, tgt = logits.flatten(0, 1), targets.flatten()
+    if ctx.tp == 1:
+        return F.cross_entropy(flat, tgt)
+    return vocab_parallel_cross_entropy(flat, tgt, head.start, head.vocab, ctx.comm).mean()
+
+
+def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
+    """The hidden states between pipeline stages ([b, s/t, h] with --sp)."""
+    return (micro_batch, seq_len // ctx.tp if ctx.layout.sp else seq_len, h)
+
+
+LAYERS = SimpleNamespace(
+    name="1d",
+    linear_in=ColumnParallelLinear,  # the first linear of a pair: output features split
+    linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
+    enter=enter_region,
+    leave=leave_region,
+    layer_norm=LayerNorm,
+    embedding=VocabParallelEmbedding,
+    position=position_embedding,
+    scatter=scatter_sequence,
+    logits=output_logits,
+    loss=output_loss,
+    boundary_shape=boundary_shape,
+)

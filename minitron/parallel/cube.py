@@ -1,0 +1,343 @@
+"""3-D tensor parallelism on a q×q×q cube (Bian et al. 2021, "Maximizing Parallelism in
+Distributed Training for Huge Neural Networks").
+
+A rank of the cube has coordinates (i, j, k); the grid's axes 'cube_i', 'cube_j' and
+'cube_k' are the lines through it along which one coordinate varies. Every tensor is
+split over all q³ ranks, so compute, parameters and activations are perfectly balanced.
+
+**Layouts.** A layout is a value ``(a, c)`` naming two of the axes (j and k, in some
+order); i always splits the batch further and the weights' shared dimension.
+An activation ``[b, s, h]`` in layout (a, c) is split by batch (whole sequences) into
+q² pieces over (i, a) — piece ``i·q + index(a)`` — and by hidden into q slices over c.
+The residual stream lives in ``FIRST = (j, k)``.
+
+**Linear3D** ``Y = X·W`` on layout (a, c). W (h_in × h_out) is split by rows over
+(c, i) and by columns over a:
+
+=========  ====================================  ===========================
+forward    all-gather X along the a-line (batch)  [b/q, s, h_in/q]
+           all-gather W along the i-line (rows)   [h_in/q, h_out/q]
+           local matmul: partial sums over c      [b/q, s, h_out/q]
+           reduce-scatter along the c-line        [b/q², s, h_out/q]
+backward   all-gather dY along c; reduce-scatter dX along a; reduce-scatter dW along i
+=========  ====================================  ===========================
+
+The output is in layout (c, a): the next linear uses the swapped roles, so the pairs
+QKV→proj and fc→fc2 return to the first layout and nothing is ever transposed. Each
+step is a tiny autograd Function over :mod:`minitron.comm` (:class:`_AllGather`,
+:class:`_ReduceScatter`); autograd's own matmul backward supplies the mirror.
+
+**Attention** needs no collective: the QKV rows of ``model.py`` are head-major
+(``[head][q|k|v][head_dim]``), so the QKV output's slice over a holds whole heads, and
+the batch pieces are whole sequences.
+
+**Vectors** (biases, LayerNorm weight and bias, the position embedding) are split
+like the hidden slice they act on and replicated on the plane of the two other axes;
+each copy sees other rows of the batch, so their gradients are summed over that plane
+(ShardInfo.grad_sync: one all-reduce per line of the plane, done by
+``optim.sync_replicated_grads``; ShardInfo.replicas lets the exact global norm count
+one copy).
+
+**LayerNorm3D** sums ``x`` and ``x²`` over the local hidden slice and all-reduces these
+two statistics along the hidden-split line (one call forward, one in backward).
+
+**Embedding and output layer: vocabulary-parallel on the cube.** The token embedding
+``wte [V, h]`` is split by vocabulary rows into q² pieces over (j, i) and by hidden over
+k — every element lives on exactly one rank. The lookup is the linear ``onehot(ids)·wte``
+on layout (k, j): the ids need no gather (every rank holds its data-parallel
+microbatch), the weight is all-gathered along i (vocabulary rows), and the partial sums
+are reduce-scattered along j, landing in the residual layout (j, k). The output layer
+is ``logits = x·wteᵀ`` on layout (j, k) with the *same* local shard: all-gather x along
+j, all-gather the weight along i (again its vocabulary rows: for ``wteᵀ`` the i-split
+sits on the column side, a legal variant of the layout), reduce-scatter along k. The
+logits ``[b/q², s, V/q]`` are split by vocabulary over j, so the cross-entropy is
+Megatron's vocabulary-parallel one along the j-line (max, target logit, sum of
+exponentials; padded ids masked). Because the embedding and the head hold the same
+shard, tied embeddings need nothing special. The vocabulary is padded to a multiple
+of q². Each rank's loss is the mean over its batch piece; a scalar all-reduce over the
+(i, k) plane makes every rank hold the global mean (its backward passes 1/q² down).
+
+With q = 1 every collective is a no-op and these layers are the single-device ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import pad_vocab
+from ..context import Context, make_param, split
+from .tensor import vocab_parallel_cross_entropy
+
+I, J, K = "cube_i", "cube_j", "cube_k"
+BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Layout (a, c) of an activation: batch split over (i, a), hidden over c."""
+
+    a: str
+    c: str
+
+    def swap(self) -> "Layout":
+        """The layout of a Linear3D's output: (c, a)."""
+        return Layout(self.c, self.a)
+
+    def batch_piece(self, comm) -> int:
+        """Index of this rank's batch piece (of q²): i·q + index(a)."""
+        return comm.index(I) * comm.size(I) + comm.index(self.a)
+
+
+FIRST = Layout(J, K)  # the residual stream, LayerNorms, the embedding's output
+SECOND = FIRST.swap()  # inside attention and the MLP (QKV and fc outputs)
+
+
+def cube_q(ctx: Context) -> int:
+    return ctx.layout.cube_q
+
+
+def on_plane(ctx: Context, *axes: str) -> dict:
+    """make_param keywords for a vector replicated on the plane spanned by `axes`:
+    its gradient is summed there and the norm counts one copy."""
+    if cube_q(ctx) == 1:
+        return {}
+    return {"replicas": axes, "grad_sync": axes}
+
+
+# --- the communication steps, as autograd Functions -----------------------------------
+class _AllGather(torch.autograd.Function):
+    """All-gather along a cube line forward; reduce-scatter of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis, dim):
+        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
+        return comm.all_gather(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim), None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Reduce-scatter along a cube line forward; all-gather of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis, dim):
+        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
+        return comm.reduce_scatter(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim), None, None, None
+
+
+def gather(x, comm, axis: str, dim: int):
+    return _AllGather.apply(x, comm, axis, dim)
+
+
+def reduce_scatter(x, comm, axis: str, dim: int):
+    return _ReduceScatter.apply(x, comm, axis, dim)
+
+
+# --- layers -----------------------------------------------------------------------------
+class Linear3D(nn.Module):
+    """``Y = X·W + bias`` on layout (a, c); the output is in layout (c, a).
+
+    The torch weight is ``[d_out, d_in]`` (= Wᵀ): this rank holds output rows
+    ``split(d_out, q, a)`` and input columns ``split(d_in, q², c·q + i)`` — a slice of
+    the single-device weight. The bias ``[d_out/q]`` (slice a) is replicated on the
+    (i, c) plane. With `skip_bias_add` the caller adds ``.bias`` (the model's second
+    linear of a pair does, to read the same in 1-D and 3-D).
+    """
+
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, layout: Layout,
+                 std: float = 0.02, skip_bias_add: bool = False):
+        super().__init__()
+        q, comm = cube_q(ctx), ctx.comm
+        self.comm, self.layout, self.skip_bias_add = comm, layout, skip_bias_add
+        a, c, i = comm.index(layout.a), comm.index(layout.c), comm.index(I)
+        rows, cols = split(d_out, q, a), split(d_in, q * q, c * q + i)
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
+        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **on_plane(ctx, I, layout.c))
+
+    def forward(self, x):
+        L = self.layout
+        x = gather(x, self.comm, L.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
+        w = gather(self.weight, self.comm, I, 1)  # [d_out/q, d_in/q]: rows a, columns c
+        y = reduce_scatter(F.linear(x, w), self.comm, L.c, BATCH)  # [b/q², s, d_out/q]
+        return y if self.skip_bias_add else y + self.bias
+
+
+class _LayerNormFn(torch.autograd.Function):
+    """LayerNorm over a hidden dimension split along `axis` (n features in all).
+
+    Forward: one all-reduce of (Σx, Σx²) per token; backward: one all-reduce of
+    (Σg, Σg·x̂) with g = dy·w. Saves x̂ and 1/σ only."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, comm, axis, n, eps):
+        stats = torch.cat([x.sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)], dim=-1)
+        comm.all_reduce(stats, axis)
+        mean = stats[..., :1] / n
+        rstd = torch.rsqrt(stats[..., 1:] / n - mean * mean + eps)
+        xhat = (x - mean) * rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        ctx.comm, ctx.axis, ctx.n = comm, axis, n
+        return xhat * weight + bias
+
+    @staticmethod
+    def backward(ctx, dy):
+        xhat, rstd, weight = ctx.saved_tensors
+        rows = tuple(range(dy.dim() - 1))
+        dw, db = (dy * xhat).sum(rows), dy.sum(rows)
+        g = dy * weight
+        sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
+        ctx.comm.all_reduce(sums, ctx.axis)
+        dx = rstd * (g - sums[..., :1] / ctx.n - xhat * (sums[..., 1:] / ctx.n))
+        return dx, dw, db, None, None, None, None
+
+
+class LayerNorm3D(nn.Module):
+    """LayerNorm of an activation in layout (a, c): hidden slice c; weight and bias
+    ``[h/q]`` replicated on the (i, a) plane."""
+
+    def __init__(self, name: str, h: int, ctx: Context, layout: Layout = FIRST, eps: float = 1e-5):
+        super().__init__()
+        q, comm = cube_q(ctx), ctx.comm
+        self.comm, self.layout, self.h, self.eps = comm, layout, h, eps
+        cols = split(h, q, comm.index(layout.c))
+        plane = on_plane(ctx, I, layout.a)
+        self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **plane)
+        self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **plane)
+
+    def forward(self, x):
+        return _LayerNormFn.apply(x, self.weight, self.bias, self.comm, self.layout.c, self.h, self.eps)
+
+
+class _PlaneMean(torch.autograd.Function):
+    """Mean of one scalar per batch piece over the (i, k) plane: forward two scalar
+    all-reduces; backward 1/q² (every rank backpropagates the same global loss)."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axes):
+        out = x.detach().clone()
+        n = 1
+        for axis in axes:
+            comm.all_reduce(out, axis)
+            n *= comm.size(axis)
+        ctx.n = n
+        return out / n
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy / ctx.n, None, None
+
+
+class Embedding3D(nn.Module):
+    """Token embedding ``wte [V, h]`` on the cube, vocabulary-parallel (see the module
+    docstring); also the output layer (:meth:`logits`, :meth:`loss`).
+
+    Local shard: vocabulary rows ``[(j·q + i)·V'/q², +V'/q²)`` (V' = V padded to a
+    multiple of q², padded rows zero) × hidden slice k.
+    """
+
+    def __init__(self, name: str, vocab: int, h: int, ctx: Context, std: float = 0.02, grad_sync=()):
+        super().__init__()
+        q, comm = cube_q(ctx), ctx.comm
+        self.comm, self.vocab, self.q = comm, vocab, q
+        self.padded = pad_vocab(vocab, q * q)
+        per = self.padded // (q * q)
+        i, j, k = comm.index(I), comm.index(J), comm.index(K)
+        first = (j * q + i) * per
+        rows = slice(min(first, vocab), min(first + per, vocab))
+        self.start = j * self.padded // q  # first id of the gathered block (vocabulary slice j)
+        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, split(h, q, k)), ctx, std,
+                                 local_shape=(per, h // q), grad_sync=grad_sync,
+                                 replicas=("embed",) if grad_sync and comm.index("embed") else ())
+
+    def forward(self, idx):
+        """Token ids [b, s] (the whole data-parallel microbatch) -> [b/q², s, h/q] in
+        layout (j, k). This rank looks up batch block i in its vocabulary slice j."""
+        ids = idx[split(idx.shape[0], self.q, self.comm.index(I))]  # no communication
+        w = gather(self.weight, self.comm, I, 0)  # [V'/q, h/q]: vocabulary slice j, hidden k
+        local = ids - self.start
+        outside = (local < 0) | (local >= w.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_scatter(out, self.comm, J, BATCH)
+
+    def logits(self, x):
+        """x [b/q², s, h/q] in layout (j, k) -> local logits [b/q², s, V'/q] (batch piece
+        (i, k), vocabulary slice j): a Linear3D on layout (j, k) with weight wteᵀ."""
+        x = gather(x, self.comm, J, BATCH)  # [b/q, s, h/q]
+        w = gather(self.weight, self.comm, I, 0)  # [V'/q, h/q]
+        return reduce_scatter(F.linear(x, w), self.comm, K, BATCH)
+
+    def loss(self, logits, targets):
+        """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""
+        q, comm = self.q, self.comm
+        tgt = targets[split(targets.shape[0], q * q, SECOND.batch_piece(comm))]
+        per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
+                                                 self.vocab, comm, axis=J)
+        return _PlaneMean.apply(per_token.mean(), comm, (I, K))
+
+
+# --- dropout masks on the cube --------------------------------------------------------
+def keep_mask(rng, site: str, key, shape, p: float, device, inside: bool) -> torch.Tensor:
+    """Dropout keep-mask for a local tensor of the cube (called by parallel/random.py).
+
+    Every element of an activation lives on exactly one cube rank, so there is no copy
+    whose mask must agree. Outside attention the tensor is ``[b/q², s, h/q]`` in layout
+    (j, k); inside, the attention probabilities ``[b/q², heads/q, s, s]`` are in layout
+    (k, j) (heads split over j). Mode 'tensor' draws the local mask from the rank's own
+    stream; mode 'global' draws the single-device mask and keeps this rank's block."""
+    ctx = rng.ctx
+    if ctx.layout.dropout_rng == "tensor":
+        return rng.draw(site, key, shape, p, device, rank=ctx.tp_rank)
+    q, comm = cube_q(ctx), ctx.comm
+    layout, split_dim = (SECOND, 1) if inside else (FIRST, len(shape) - 1)
+    full = list(shape)
+    full[0] *= q * q
+    full[split_dim] *= q
+    b, n = shape[0], shape[split_dim]
+    mask = rng.draw(site, key, full, p, device)
+    mask = mask.narrow(0, layout.batch_piece(comm) * b, b)
+    return mask.narrow(split_dim, comm.index(layout.c) * n, n).contiguous()
+
+
+# --- the layer namespace the model is written against (see model.py) ------------------
+def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
+    """wpe [s, h]: hidden slice k, replicated on the (i, j) plane (added to the
+    embedding output in layout (j, k))."""
+    cols = split(h, cube_q(ctx), ctx.comm.index(K))
+    return make_param(name, (seq_len, h), (slice(0, seq_len), cols), ctx, std, **on_plane(ctx, I, J))
+
+
+def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
+    """The local hidden states between pipeline stages: [b/q², s, h/q] in layout (j, k)."""
+    q = cube_q(ctx)
+    return (micro_batch // (q * q), seq_len, h // q)
+
+
+def _identity(x, ctx):
+    return x
+
+
+LAYERS = SimpleNamespace(
+    name="3d",
+    linear_in=lambda name, d_in, d_out, ctx, std=0.02: Linear3D(name, d_in, d_out, ctx, FIRST, std),
+    linear_out=lambda name, d_in, d_out, ctx, std=0.02: Linear3D(name, d_in, d_out, ctx, SECOND, std,
+                                                                 skip_bias_add=True),
+    enter=_identity,
+    leave=_identity,
+    layer_norm=lambda name, h, ctx: LayerNorm3D(name, h, ctx, FIRST),
+    embedding=Embedding3D,
+    position=position_embedding,
+    scatter=_identity,
+    logits=lambda x, head, ctx: head.logits(x),
+    loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
+    boundary_shape=boundary_shape,
+)
