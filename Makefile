@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 NPROC ?= 8
 
-.PHONY: env run test test-fast schedule verify clean
+.PHONY: env run run-single test test-fast clean
 
 env: $(STAMP)
 
@@ -20,10 +20,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
-# The main job: train the GPT on Shakespeare (progress bar, loss, sample text, metrics).
+# The main job: train the GPT on Shakespeare on 8 local CPU ranks composing all three
+# parallelisms (PTD-P): data 2 x tensor 2 (+ sequence parallel) x pipeline 2 (interleaved,
+# 2 chunks per rank), ZeRO-1; progress bar, loss, sample text, metrics.
 run: $(STAMP)
+	$(BIN)/minitron train --model small --nproc 8 --dp 2 --tp 2 --sp --pp 2 --vpp 2 \
+	    --schedule interleaved --zero1 --microbatches 4 --global-batch 16 --steps 150 \
+	    --eval-every 25 --metrics runs/metrics.jsonl
+
+# The same GPT on one CPU process.
+run-single: $(STAMP)
 	$(BIN)/minitron train --model small --steps 300 --global-batch 16 --eval-every 50 \
-	    --metrics runs/metrics.jsonl
+	    --metrics runs/metrics-single.jsonl
 
 # The whole test suite (what CI runs).
 test: $(STAMP)
