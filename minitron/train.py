@@ -18,6 +18,7 @@ from . import data as data_mod
 from .comm import Comm
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .context import Context
+from .launch import resolve_device
 from .model import GPT
 from .optim import clip_, lr_at, make_adamw, unique_params
 from .parallel.data import ZeroOneAdamW, make_data_parallel
@@ -47,7 +48,8 @@ class Trainer:
                  comm: Comm | None = None, corpus=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
         self.comm = comm or Comm()
-        self.ctx = Context(self.comm, layout, DTYPES[train.dtype], seed=train.seed)
+        device = resolve_device(layout, self.comm.grid.world)
+        self.ctx = Context(self.comm, layout, DTYPES[train.dtype], device, seed=train.seed)
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len)
@@ -83,7 +85,8 @@ class Trainer:
         t = self.tcfg
         rows = data_mod.dp_rows(t.global_batch, self.layout.dp, self.comm.index("dp"))
         src = self.train_data if split == "train" else self.val_data
-        return data_mod.batch(src, self.mcfg.seq_len, t.global_batch, t.seed, step, rows)
+        x, y = data_mod.batch(src, self.mcfg.seq_len, t.global_batch, t.seed, step, rows)
+        return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def microbatches(self, step: int):
         x, y = self.local_batch(step)
@@ -120,7 +123,7 @@ class Trainer:
         return norm
 
     def _forward_backward(self, mbs) -> torch.Tensor:
-        m, total = len(mbs), torch.zeros((), dtype=torch.float64)
+        m, total = len(mbs), torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for k, (x, y) in enumerate(mbs):
             self.comm.microbatch = k  # labels trace records
             self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + k)  # dropout masks' key
@@ -135,7 +138,7 @@ class Trainer:
     def reduce_loss(self, loss_sum: torch.Tensor | None) -> float:
         """The global-batch mean loss on every rank: the last stage's tensor rank 0 of each
         data-parallel replica contributes its mean; one 'log'-phase all-reduce."""
-        t = torch.zeros((), dtype=torch.float64)
+        t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if loss_sum is not None and self.comm.index("tp") == 0:
             t += loss_sum.double() / self.layout.dp
         with self.comm.in_phase("log"):
@@ -149,7 +152,7 @@ class Trainer:
         n = batches or self.tcfg.eval_batches
         for c in self.chunks:
             c.eval()
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
             x, y = self.local_batch(10_000_000 + i, split="val")
             if self.pipeline is not None:
@@ -190,16 +193,17 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     first_val = tr.evaluate() if start == 0 else None
     if first_val is not None:
         val_losses[0] = first_val
-    for step in range(start, tc.steps):
+    end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
+    for step in range(start, end):
         t0 = time.perf_counter()
         loss = tr.step(step)
         dt = time.perf_counter() - t0
         losses.append(loss)
         rec = {"step": step + 1, "loss": loss, "lr": lr_at(step, tc), "grad_norm": tr.grad_norm,
                "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
-        if tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == tc.steps):
+        if tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end):
             rec["val_loss"] = val_losses[step + 1] = tr.evaluate()
-        if tc.ckpt_dir and tc.ckpt_every and ((step + 1) % tc.ckpt_every == 0 or step + 1 == tc.steps):
+        if tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end):
             ckpt.save(tc.ckpt_dir, step + 1, tr)
         if metrics:
             metrics.write(json.dumps(rec) + "\n")
