@@ -151,7 +151,7 @@ def fmt(n) -> str:
 
 def report(rows, argv, dtype) -> str:
     lines = ["# 3-D cube (q = 2) vs 1-D (t = 8) on 8 ranks", "",
-             f"Command: `python benchmarks/{os.path.basename(__file__)} {' '.join(argv)}`".rstrip() + "  ",
+             f"Command: `{' '.join(['python', 'benchmarks/' + os.path.basename(__file__), *argv])}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} "
              f"{platform.release()}, torch {torch.__version__}, gloo (8 local ranks)  ",
              f"Date: {datetime.date.today().isoformat()}  ",
@@ -190,6 +190,8 @@ def report(rows, argv, dtype) -> str:
               "local input; all-reduce: the buffer); wire bytes are what a ring sends out of a device: "
               "(n−1)× the shard, (n−1)/n of the input, 2(n−1)/n of the buffer. Data-parallel and pipeline "
               "axes are absent (dp = pp = 1); the once-per-step 'log' all-reduce of the loss is not counted. "
+              "Step times are medians on a shared 2-core CPU (8 ranks, other jobs running): for "
+              "information only. "
               "1-D never moves weights: two all-reduces of b·s·h per layer each way. The cube moves "
               "activations 1/q² as large plus every weight (all-gathered forward, reduce-scattered "
               "backward), and also parameter-gradient plane sums for its replicated vectors. For the backward "

@@ -229,10 +229,6 @@ def test_layers_traces_and_memory_on_the_cube():
 def _verify(argv):
     cmd = ["verify", "--tp-mode", "3d", "--tp", "8", "--json", "--timeout", "120", *argv]
     code, out, err = run_cli(cmd, timeout=600)
-    if code != 0 and "DistStoreError" in err and "init_process_group" in err:
-        # a rank that never reached the rendezvous (seen on a loaded 2-core machine with 16
-        # forked ranks): a start-up failure before any computation, so start once more
-        code, out, err = run_cli(cmd, timeout=600)
     assert code == 0, err[-3000:]
     res = last_json(out)
     assert res["ok"] and res["max_loss_abs_diff"] <= 1e-9 and res["max_param_rel_diff"] <= 1e-9, res
