@@ -24,8 +24,9 @@ backward   all-gather dY along c; reduce-scatter dX along a; reduce-scatter dW a
 
 The output is in layout (c, a): the next linear uses the swapped roles, so the pairs
 QKV→proj and fc→fc2 return to the first layout and nothing is ever transposed. Each
-step is a tiny autograd Function over :mod:`minitron.comm` (:class:`_AllGather`,
-:class:`_ReduceScatter`); autograd's own matmul backward supplies the mirror.
+step is a tiny autograd Function over :mod:`minitron.comm` (`tensor.gather` and
+`tensor.reduce_scatter`, shared with 1-D sequence parallelism); autograd's own matmul
+backward supplies the mirror.
 
 **Attention** needs no collective: the QKV rows of ``model.py`` are head-major
 (``[head][q|k|v][head_dim]``), so the QKV output's slice over a holds whole heads, and
@@ -70,7 +71,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, split
-from .tensor import vocab_parallel_cross_entropy
+from .tensor import gather, reduce_scatter, vocab_parallel_cross_entropy
 
 I, J, K = "cube_i", "cube_j", "cube_k"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -106,41 +107,6 @@ def on_plane(ctx: Context, *axes: str) -> dict:
     if cube_q(ctx) == 1:
         return {}
     return {"replicas": axes, "grad_sync": axes}
-
-
-# --- the communication steps, as autograd Functions -----------------------------------
-class _AllGather(torch.autograd.Function):
-    """All-gather along a cube line forward; reduce-scatter of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, comm, axis, dim):
-        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.all_gather(x, axis, dim)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim), None, None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    """Reduce-scatter along a cube line forward; all-gather of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, comm, axis, dim):
-        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.reduce_scatter(x, axis, dim)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim), None, None, None
-
-
-def gather(x, comm, axis: str, dim: int):
-    return _AllGather.apply(x, comm, axis, dim)
-
-
-def reduce_scatter(x, comm, axis: str, dim: int):
-    return _ReduceScatter.apply(x, comm, axis, dim)
 
 
 # --- layers -----------------------------------------------------------------------------

@@ -55,30 +55,42 @@ class _G(torch.autograd.Function):
         return dy, None
 
 
-class _GatherSeq(torch.autograd.Function):
-    """Sequence parallel f: all-gather the sequence forward, reduce-scatter backward."""
+class _AllGather(torch.autograd.Function):
+    """All-gather along `axis` on dimension `dim` forward; reduce-scatter the gradient
+    backward (sequence parallelism's f; the 3-D cube's gathers)."""
 
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return comm.all_gather(x, "tp", dim=SEQ)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(dy, "tp", dim=SEQ), None
-
-
-class _ScatterSeq(torch.autograd.Function):
-    """Sequence parallel g: reduce-scatter the sequence forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
-        return comm.reduce_scatter(x, "tp", dim=SEQ)
+    def forward(ctx, x, comm, axis, dim):
+        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
+        return comm.all_gather(x, axis, dim)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ), None
+        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim), None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Reduce-scatter along `axis` on dimension `dim` forward; all-gather the gradient
+    backward (sequence parallelism's g; the 3-D cube's output reduction)."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axis, dim):
+        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
+        return comm.reduce_scatter(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim), None, None, None
+
+
+def gather(x, comm, axis: str, dim: int):
+    """Differentiable all-gather of `x` along `axis` on dimension `dim`."""
+    return _AllGather.apply(x, comm, axis, dim)
+
+
+def reduce_scatter(x, comm, axis: str, dim: int):
+    """Differentiable reduce-scatter of `x` along `axis` on dimension `dim`."""
+    return _ReduceScatter.apply(x, comm, axis, dim)
 
 
 class _SplitSeq(torch.autograd.Function):
@@ -99,14 +111,14 @@ def enter_region(x, ctx: Context):
     """Into a tensor-parallel region: f, or the sequence all-gather with --sp."""
     if ctx.tp == 1:
         return x
-    return _GatherSeq.apply(x, ctx.comm) if ctx.layout.sp else _F.apply(x, ctx.comm)
+    return gather(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else _F.apply(x, ctx.comm)
 
 
 def leave_region(x, ctx: Context):
     """Out of a tensor-parallel region: g, or the sequence reduce-scatter with --sp."""
     if ctx.tp == 1:
         return x
-    return _ScatterSeq.apply(x, ctx.comm) if ctx.layout.sp else _G.apply(x, ctx.comm)
+    return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else _G.apply(x, ctx.comm)
 
 
 def scatter_sequence(x, ctx: Context):
