@@ -169,7 +169,8 @@ def _parity_job(comm, cases, steps, timeline_path):
         res.update(val_diff=abs(val - ref_val), case=f"{model.layers}L tied={model.tied_embeddings} "
                    f"{layout.describe()} m={m}", p2p=p2p, gathers=gathers, b=b, m=m,
                    hidden=model.hidden, seq=model.seq_len, chunks=layout.vpp,
-                   p=layout.pp, t=layout.tp, sg=layout.scatter_gather, replicas=layout.dp * layout.tp)
+                   p=layout.pp, t=layout.tp, sg=layout.scatter_gather, sp=layout.sp,
+                   replicas=layout.dp * layout.tp)
         results.append(res)
     return results
 
@@ -183,10 +184,11 @@ def _check_parity_and_trace(results):
         assert res["max_param_rel_diff"] <= TOL, (case, res)
         assert res["val_diff"] <= TOL, (case, res)
         # trace: each of the p*v - 1 stage boundaries carries one activation forward and one
-        # gradient backward per microbatch, b*s*h float64 elements each (1/t with scatter/gather)
+        # gradient backward per microbatch, b*s*h float64 elements each (1/t with scatter/gather,
+        # and with sequence parallelism, whose boundary activation is already a sequence shard)
         sg, t = res["sg"], res["t"]
         boundaries = res["p"] * res["chunks"] - 1
-        elems = res["b"] * res["seq"] * res["hidden"] // (t if sg else 1)
+        elems = res["b"] * res["seq"] * res["hidden"] // (t if sg or res.get("sp") else 1)
         sends = Counter()
         for rank, rank_results in results.items():
             summary = rank_results[i]["p2p"]

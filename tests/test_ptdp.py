@@ -3,9 +3,10 @@ import json
 
 import pytest
 
-from minitron.config import ParallelConfig, TrainConfig, PRESETS
-from minitron.testing import run_cli
+from minitron.config import ModelConfig, ParallelConfig, TrainConfig, PRESETS
+from minitron.testing import run_cli, run_on_ranks
 from minitron.train import Trainer
+from test_pipeline import _check_parity_and_trace, _parity_job
 
 pytestmark = pytest.mark.multirank
 
@@ -20,6 +21,29 @@ CHAIN = [
     (["--nproc", "8", "--dp", "2", "--tp", "2", "--pp", "2", "--zero1"], 8),
     (["--nproc", "8", "--tp", "8", "--tp-mode", "3d"], 10),
 ]
+
+
+def _ptdp_cases():
+    tied = ModelConfig(layers=4, hidden=16, heads=2, seq_len=16, vocab=256, tied_embeddings=True)
+    L = dict(dp=2, tp=2, pp=2)
+    cases = [ParallelConfig(**L, schedule=k, vpp=v) for k, v in
+             (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2))]
+    cases += [ParallelConfig(**L, schedule=k, vpp=v, sp=True) for k, v in (("1f1b", 1), ("interleaved", 2))]
+    cases += [ParallelConfig(**L, schedule="1f1b", zero1=True),
+              ParallelConfig(**L, schedule="interleaved", vpp=2, zero1=True, sp=True)]
+    cases += [ParallelConfig(**L, schedule=k, scatter_gather=True) for k in ("1f1b", "zb-h1")]
+    return [(tied, layout, 4) for layout in cases]
+
+
+def test_dp2_tp2_pp2_every_schedule_sp_zero1_scatter_gather(tmp_path):
+    """8 ranks, data 2 x tensor 2 x pipeline 2, each schedule (v = 2 for interleaved), with
+    --sp, --zero1 and --scatter-gather: losses, parameters and validation loss equal one
+    device (float64, 1e-9), and the pipeline p2p trace is b·s·h (or b·s·h/t) per boundary."""
+    results = run_on_ranks(_parity_job, ParallelConfig(dp=2, tp=2, pp=2), _ptdp_cases(), 2,
+                           str(tmp_path / "timeline.jsonl"))
+    _check_parity_and_trace(results)
+    for res in results[0]:
+        print(f"{res['case']:<60} loss {res['max_loss_abs_diff']:.1e}  params {res['max_param_rel_diff']:.1e}")
 
 
 def test_checkpoint_moves_across_five_layouts(tmp_path):
