@@ -246,6 +246,11 @@ def test_memory_per_rank_model_states_are_exact():
     assert n % 3 != 0 and mem["optimizer_bytes"] == 2 * math.ceil(n / 3) * 4
     assert mem["params_bytes"] == n * 4
     assert mem["total_bytes"] == pytest.approx(sum(v for k, v in mem.items() if k != "total_bytes"))
+    # buffers: ZeRO-1's shard_grad and shard_param, and the flat buffers' padding to ceil(n/d)·d;
+    # bucketed data parallelism adds nothing (p.grad are views into its flat buffer)
+    k = math.ceil(n / 3)
+    assert mem["buffers_bytes"] == (2 * k + 2 * (3 * k - n)) * 4
+    assert memory_per_rank(cfg, ParallelConfig(dp=3), TrainConfig(global_batch=6))["buffers_bytes"] == 0
 
 
 def test_memory_schedules_and_recompute_order():

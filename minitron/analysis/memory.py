@@ -47,6 +47,52 @@ with GPipe, ×(1 + (p−1)/(p·v)) interleaved), plus, on the first stage, the e
 dropout mask and, on the last, the inputs of the final LayerNorm and of the output
 layer and the fp32 softmax of the cross-entropy (``4·b·s·V/t``). With recomputation one
 layer's activations are rebuilt during its backward: that working set is added once.
+This is :func:`activation_bytes_on_rank`, the estimate of the planner
+(:func:`memory_estimate`) for Megatron-style training at scale.
+
+minitron's engine (:func:`memory_on_rank`)
+-------------------------------------------
+``memory_on_rank`` models what this engine holds, measured equal in
+``tests/test_memory_measured.py``:
+
+* parameters, gradients, optimizer state: exact (above). Gradients are ``n`` elements
+  whatever the data-parallel implementation: bucketed data parallelism makes every
+  ``p.grad`` a view into one flat buffer, so the buffer *is* the gradients.
+* activations (:func:`engine_activation_bytes_on_rank`): the peak of what autograd
+  saves for the backward, parameters excluded, storages counted once. Per layer that is
+  :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`, minitron's ``Block``
+  item by item (exact in float32/float64) — not Table 2, which counts the s² attention
+  matrices that the engine's SDPA core (no dropout) never stores, and leaves out
+  LayerNorm's statistics. A stage holds its layers for every microbatch in flight
+  (``stashed_on_rank``, as above; the pipeline stash's stage input *is* the first
+  layer's saved input), plus per microbatch (:func:`stage_activation_bytes`):
+
+  - first stage: the token ids the embedding saves (``8·b·s``; with t > 1 the shifted
+    local ids and a 1-byte out-of-range mask, ``9·b·s``) and, with dropout, the
+    embedding's mask (``b·s·h/t_s``);
+  - last stage (one microbatch in flight outside GPipe): the final LayerNorm's input
+    and statistics (``e·b·s·h/t_s + 2·e'·b·s/t_s``), the output layer's input
+    (``e·b·s·h``, whole), the cross-entropy's float32-or-wider softmax
+    (``e'·b·s·V_pad/t``) and its targets (``8·b·s``, with t > 1 also a 1-byte mask).
+
+  With t = 1 the ids the embedding saves are a view of the rank's whole token batch
+  (inputs and targets share one ``[B, s+1]`` tensor), so a count by storage sees
+  ``8·B·(s+1)`` bytes instead of ``8·b·s`` (and ``F.cross_entropy`` keeps a scalar
+  weight): a few KiB, 0.2% of ``tiny`` on one device. With t > 1 the count is exact.
+
+  Recomputation: a stage holds its layers' checkpointed inputs (selective: what the
+  layer saves outside the attention core) and rebuilds one layer (or core) at a time
+  during the backward, after the backward of the head and the loss has freed what they
+  saved: the peak is the larger of the two (:func:`engine_activation_bytes_on_rank`).
+
+  Under bf16 autocast (``--precision bf16``) the casts keep extra copies: an estimate.
+  The 3-D cube uses the Table 2 estimate above.
+* buffers (:func:`buffer_bytes_on_rank`): with ZeRO-1, the two extra shard-sized flat
+  tensors ``shard_grad`` (the reduce-scattered gradient) and ``shard_param`` (the
+  stepped parameters), ``2·ceil(n/d)`` elements, and the padding of the flat gradient
+  and parameter buffers to ``ceil(n/d)·d`` elements (exact); with a pipeline, an
+  estimate of the boundary tensors in flight (an output waiting for its send, a received
+  gradient: ``2·b·s·h`` in the run's dtype, /t under ``--sp`` or scatter/gather).
 """
 from __future__ import annotations
 
@@ -63,6 +109,9 @@ __all__ = [
     "korthikanti_activation_bytes_per_layer",
     "activation_bytes_per_layer",
     "activation_bytes_on_rank",
+    "engine_activation_bytes_on_rank",
+    "stage_activation_bytes",
+    "buffer_bytes_on_rank",
     "memory_on_rank",
     "memory_per_rank",
     "memory_estimate",
@@ -200,6 +249,93 @@ def _engine_dtype_bytes(train: TrainConfig | None) -> int:
     return 8 if dtype == "float64" else 4
 
 
+def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
+                           first: bool = True, last: bool = True, bytes_per_el: int = 4,
+                           dropout: bool | None = None) -> dict[str, float]:
+    """What minitron's embedding (`first`) and output layer and loss (`last`) save for
+    the backward, per item, for one microbatch on one tensor rank (module docstring)."""
+    s, b, h, t = model.seq_len, micro_batch, model.hidden, tp
+    e, es = bytes_per_el, max(bytes_per_el, 4)
+    T, ts = b * s, (tp if sp else 1)
+    drop = model.dropout > 0 if dropout is None else dropout
+    out: dict[str, float] = {}
+    if first:
+        out["token ids"] = 8 * T + (T if t > 1 else 0)  # (t > 1: local ids and the out-of-range mask)
+        if drop:
+            out["embedding dropout mask"] = T * h / ts
+    if last:
+        out["ln_f input"] = e * T * h / ts
+        out["ln_f mean, rstd"] = 2 * es * T / ts
+        out["output layer input"] = e * T * h
+        out["cross-entropy softmax"] = es * T * padded_vocab(model, t) / t
+        out["targets"] = 8 * T + (T if t > 1 else 0)  # (t > 1: clamped local ids and their mask)
+    return out
+
+
+# the items of saved_bytes_per_layer saved before the attention core (the rest come after it)
+_BEFORE_CORE = ("ln1 input", "ln1 mean, rstd", "qkv input", "Q, K, V")
+
+
+def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
+                                    pp_rank: int = 0, bytes_per_el: int = 4) -> float:
+    """Peak bytes that minitron's engine saves for the backward on pipeline rank
+    `pp_rank` (any tensor rank)::
+
+        held    = in flight × (layers × saved_bytes_per_layer + embedding items)
+        last    = head and loss items (:func:`stage_activation_bytes`)
+        rebuilt = what recomputing one layer saves on top of what it held
+        peak    = held + (heads in flight − 1)·last + max(last, rebuilt)   (last stage)
+                  held + max(0, rebuilt)                                    (others)
+
+    In flight: :func:`~minitron.analysis.bubble.stashed_on_rank`; heads in flight: 1,
+    m with GPipe. A layer is rebuilt during its backward, once the backward has gone
+    through the head and the loss and freed what they saved: the peak is the larger of
+    the two, not their sum. Rebuilt: full recomputation, the whole layer but its input
+    (``none − full``), all at once when its backward starts; selective, the attention
+    core's items (``none − selective``, and what the core saves again beside the Q, K, V
+    it holds: the explicit core (dropout) its matmuls' contiguous copies of Q, K and V,
+    ``3·e·b·s·h/t``; SDPA its output, ``e·b·s·h/t``) when the backward reaches the
+    core, by which time it has freed what the layer saved after the core (projection
+    input, second LayerNorm, MLP, residual masks): that can leave nothing on top
+    (negative, counted as 0).
+
+    `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers, tp_mode`` (a
+    ParallelConfig or a dict). The 3-D cube falls back to :func:`activation_bytes_on_rank`.
+    """
+    if _get(layout, "tp_mode", "1d") == "3d":
+        return activation_bytes_on_rank(model, layout, micro_batch, microbatches, pp_rank, bytes_per_el, 1)
+    from .tensor_parallel import saved_bytes_per_layer  # (it imports this module)
+
+    t = int(_get(layout, "tp", 1) or 1)
+    sp = bool(_get(layout, "sp", False))
+    rc = _policy(_get(layout, "recompute", "none"))
+    kind, p, v = _schedule(layout)
+    m, b, e = microbatches, micro_batch, bytes_per_el
+
+    def layer(policy: str) -> float:
+        return sum(saved_bytes_per_layer(model, b, t, sp, policy, e).values())
+
+    rebuilt = 0.0
+    if rc == "full":  # the whole layer at once, but its input (held)
+        rebuilt = layer("none") - layer("full")
+    elif rc == "selective":  # the core, after the backward freed what the layer saved after it
+        kept = saved_bytes_per_layer(model, b, t, sp, "selective", e)
+        rebuilt = layer("none") - sum(kept.values())
+        # the explicit core's matmuls save contiguous copies of Q, K and V (their inputs
+        # are strided views of the QKV output, held); SDPA saves its output again
+        rebuilt += (3 if model.dropout > 0 else 1) * e * b * model.seq_len * model.hidden / t
+        rebuilt -= sum(nbytes for item, nbytes in kept.items() if item not in _BEFORE_CORE)
+    in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
+    held = in_flight * layers_on_rank(model, layout, pp_rank) * layer(rc)
+    if pp_rank == 0:
+        held += in_flight * sum(stage_activation_bytes(model, b, t, sp, True, False, e).values())
+    if pp_rank != (p * v - 1) % p:
+        return held + max(0.0, rebuilt)
+    last = sum(stage_activation_bytes(model, b, t, sp, False, True, e).values())
+    heads_in_flight = m if kind == "gpipe" else 1
+    return held + (heads_in_flight - 1) * last + max(last, rebuilt)
+
+
 def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                    dtype_bytes: int | None = None, act_bytes: int | None = None) -> dict:
     """Bytes held by a rank of pipeline stage `pp_rank` in minitron's engine.
@@ -208,7 +344,8 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     buffers_bytes, total_bytes``. `dtype_bytes` is the parameter dtype's size (default:
     8 for ``train.dtype == 'float64'``, else 4 — bf16 mixed precision keeps fp32
     parameters); `act_bytes` the activation element size (default: 2 with
-    ``parallel.precision == 'bf16'``, else `dtype_bytes`).
+    ``parallel.precision == 'bf16'``, else `dtype_bytes`). Activations are
+    :func:`engine_activation_bytes_on_rank`, buffers :func:`buffer_bytes_on_rank`.
     """
     e = dtype_bytes or _engine_dtype_bytes(train)
     ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
@@ -219,22 +356,43 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     if train.global_batch % (d * m):
         raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
     b = train.global_batch // (d * m)
-    acts = activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea, 1)
-    return _assemble(n * e, n * e, 2 * shard * e, acts, _buffers(model, parallel, b, ea, n, e))
+    acts = engine_activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea)
+    buffers = sum(buffer_bytes_on_rank(model, parallel, b, n, e).values())
+    return _assemble(n * e, n * e, 2 * shard * e, acts, buffers)
+
+
+def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: int, e: int) -> dict:
+    """Buffers beyond parameters, gradients, optimizer state and activations on a rank
+    holding `n` parameter elements of `e` bytes: ``{data_parallel, pipeline}``.
+
+    data_parallel (exact): 0 for naive and bucketed data parallelism (``p.grad`` are views
+    into the flat buffer: it holds the gradients, nothing more); with ZeRO-1 the flat
+    gradient and parameter buffers are padded to ``ceil(n/d)·d`` elements and two
+    shard-sized tensors come on top, ``shard_grad`` and ``shard_param``:
+    ``(2·ceil(n/d) + 2·(ceil(n/d)·d − n))·e``.
+
+    pipeline (an estimate): a stage output waiting for its send and a received gradient,
+    ``2·b·s·h·e`` in the run's dtype (the wire stays in it under bf16 autocast), /t
+    under ``--sp`` or ``--scatter-gather``. The received forward input is the stage
+    input, counted with the activations.
+    """
+    t, p = int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1)
+    d = int(_get(layout, "dp", 1) or 1)
+    out = {"data_parallel": 0.0, "pipeline": 0.0}
+    if p > 1:
+        shrink = t if (_get(layout, "sp", False) or _get(layout, "scatter_gather", False)) else 1
+        out["pipeline"] = 2 * micro_batch * model.seq_len * model.hidden * e / shrink
+    if d > 1 and _get(layout, "zero1", False):
+        shard = math.ceil(n / d)
+        out["data_parallel"] = float((2 * shard + 2 * (shard * d - n)) * e)
+    return out
 
 
 def _buffers(model: ModelConfig, layout: Any, b: int, ea: int, n: int, e: int) -> float:
-    """An estimate of communication buffers: pipeline receive buffers (forward input
-    and backward gradient) and, with bucketed data parallelism, one gradient bucket."""
-    t, p = int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1)
-    d = int(_get(layout, "dp", 1) or 1)
-    out = 0.0
-    if p > 1:
-        shrink = t if (_get(layout, "sp", False) or _get(layout, "scatter_gather", False)) else 1
-        out += 2 * b * model.seq_len * model.hidden * ea / shrink
-    if d > 1 and not _get(layout, "zero1", False) and _get(layout, "dp_impl", "bucketed") == "bucketed":
-        out += min(n * e, float(_get(layout, "bucket_mb", 4.0)) * 2**20)
-    return out
+    """:func:`buffer_bytes_on_rank` summed, boundary tensors of `ea` bytes (the planner's
+    mixed-precision estimate)."""
+    out = buffer_bytes_on_rank(model, layout, b, n, e)
+    return out["data_parallel"] + out["pipeline"] * ea / e
 
 
 def _assemble(params: float, grads: float, optim: float, acts: float, buffers: float) -> dict:
@@ -257,8 +415,9 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
 
     Returns ``{params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
     buffers_bytes, total_bytes}``. Parameters, gradients and AdamW state (exp_avg and
-    exp_avg_sq; ``2·ceil(n/d)`` elements with ZeRO-1) are exact; activations follow
-    Korthikanti et al. Table 2 per element (module docstring); buffers are an estimate.
+    exp_avg_sq; ``2·ceil(n/d)`` elements with ZeRO-1) are exact; activations are what
+    the engine saves for its backward (:func:`engine_activation_bytes_on_rank`); the
+    data-parallel buffers are exact, the pipeline's an estimate (:func:`buffer_bytes_on_rank`).
     `dtype_bytes` defaults to 4 (8 for float64 training).
     """
     p = int(_get(parallel, "pp", 1) or 1)

@@ -1,0 +1,329 @@
+"""`minitron memory` against the bytes of a real run (issue 7).
+
+For the `tiny` and `small` presets, on one device and on one 8-rank launch of
+dp2 x tp2 x pp2 (1F1B, replicated AdamW and ZeRO-1 in the same launch), each rank runs
+one training step and measures
+
+* parameters: the bytes of its unique local parameters;
+* gradients: the bytes of ``p.grad`` after the step;
+* optimizer state: AdamW's ``exp_avg`` + ``exp_avg_sq`` (ZeRO-1: its shard tensors);
+* data-parallel buffers: the distinct storages behind parameters, gradients and the
+  data-parallel engine's flat buffers (``grad_buffer``, ``param_buffer``, ``shard_grad``,
+  ZeRO-1's ``shard_param``) minus the parameters and the gradients;
+* activations: the peak over the step of the bytes saved for the backward and still
+  alive (saved-tensor hooks; parameters excluded; one count per storage), together with
+  the pipeline stash of the microbatches in flight on the stage (their stage inputs).
+  The stage output waiting for its send is a communication buffer, not counted here.
+  A checkpointed region (``--recompute``) holds its inputs (torch saves them as saved
+  tensors: the hooks see them) and, during its backward, what its recomputation saves
+  again: torch keeps those behind its private ``_recomputation_hook``, whose pack this
+  test wraps (one more single-device test, tiny and small under selective and full
+  recomputation, and a long-sequence model where rebuilding the attention core is the
+  peak).
+
+and compares them with :func:`minitron.analysis.memory.memory_on_rank` (and
+``memory_per_rank``, the maximum over stages) for the same (model, layout, train):
+parameters, gradients, optimizer state and data-parallel buffers exactly, activations
+within 10%.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+from minitron.analysis.memory import buffer_bytes_on_rank, memory_on_rank, memory_per_rank
+from minitron.analysis.params import params_on_rank
+from minitron.analysis.tensor_parallel import format_table
+from minitron.config import PRESETS, ModelConfig, ParallelConfig, TrainConfig, validate
+from minitron.testing import run_on_ranks
+
+MODELS = ("tiny", "small")
+# a parameter count no d = 2 divides on either stage: ZeRO-1 pads its flat buffers
+ODD = PRESETS["tiny"].replace(hidden=34, heads=2, name="odd")
+# s >> h with dropout: rebuilding the attention core (selective recomputation) is the peak
+LONG = ModelConfig(layers=2, hidden=16, heads=4, seq_len=256, vocab=256, dropout=0.1, name="long")
+CUSTOM = {"odd": ODD, "long": LONG}
+ACT_TOL = 0.10
+KW = dict(steps=1, warmup=1, eval_every=0, progress=False, sample_tokens=0)
+ONE_DEVICE = (ParallelConfig(), TrainConfig(global_batch=8, microbatches=2, **KW))
+PTDP = ParallelConfig(dp=2, tp=2, pp=2, schedule="1f1b")
+ZERO1 = dataclasses.replace(PTDP, zero1=True)
+PTDP_TRAIN = TrainConfig(global_batch=16, microbatches=4, **KW)  # microbatches of 2, 2 in flight on stage 0
+
+
+# --------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------
+class _Packed:
+    """What a saved-tensor pack hook hands autograd: freed when autograd drops it."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+class SavedBytes:
+    """The bytes saved for the backward and alive, one count per storage, and their peak.
+
+    Every saved tensor is wrapped (pack hook); when autograd releases it (its node ran,
+    or the graph went) the wrapper dies and the storage's count drops. Storages of the
+    parameters are excluded. ``hold``/``release`` add other owners (the pipeline stash).
+    """
+
+    def __init__(self, params):
+        self.exclude = {p.untyped_storage().data_ptr() for p in params}
+        self.alive: dict[int, list] = {}  # storage pointer -> [bytes, owners]
+        self.now = self.peak = 0
+        self._held: dict = {}
+
+    def _add(self, t) -> int | None:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr == 0 or ptr in self.exclude:
+            return None
+        entry = self.alive.setdefault(ptr, [st.nbytes(), 0])
+        if entry[1] == 0:
+            self.now += entry[0]
+            self.peak = max(self.peak, self.now)
+        entry[1] += 1
+        return ptr
+
+    def _drop(self, ptr: int) -> None:
+        entry = self.alive[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.alive[ptr]
+
+    def pack(self, t):
+        packed = _Packed(t)
+        ptr = self._add(t)
+        if ptr is not None:
+            weakref.finalize(packed, self._drop, ptr)
+        return packed
+
+    @staticmethod
+    def unpack(packed):
+        return packed.t
+
+    def hold(self, key, tensors) -> None:
+        self._held[key] = [p for p in (self._add(t) for t in tensors if t is not None and t.numel()) if p]
+
+    def release(self, key) -> None:
+        for ptr in self._held.pop(key, []):
+            self._drop(ptr)
+
+
+def _watch_stash(runtime, meter: SavedBytes) -> None:
+    """Count the pipeline stash: a microbatch's stage input from its F to the end of its B."""
+    forward, backward = runtime._F, runtime._B
+
+    def F(a):
+        forward(a)
+        key = (a.mb, a.chunk)
+        if key in runtime._stash:
+            meter.hold(key, [runtime._stash[key][0]])
+
+    def B(a):
+        backward(a)
+        meter.release((a.mb, a.chunk))
+
+    runtime._F, runtime._B = F, B
+
+
+@contextmanager
+def _watch_recomputation(meter: SavedBytes):
+    """Count what checkpointed regions save again when their backward recomputes them.
+
+    torch's non-reentrant checkpoint saves only placeholders for a region's tensors; at
+    the first unpack it reruns the region under ``_recomputation_hook``, whose pack keeps
+    each recomputed tensor (keyed by a ``_Handle`` of its placeholder) until that
+    placeholder is unpacked and drops the handle. This wraps the pack: a tensor counts
+    from its recomputation until its handle dies. (Private to torch: without it, nothing
+    is wrapped and the recomputation test skips.)"""
+    real = getattr(torch_checkpoint, "_recomputation_hook", None)
+    if real is None:
+        yield
+        return
+
+    class Counted(real):
+        def __init__(self, frame_ref, gid):
+            super().__init__(frame_ref, gid)
+            pack = self.pack_hook
+
+            def counted(x):
+                frame = frame_ref()
+                i = frame.recomp_counter[gid]
+                try:
+                    return pack(x)
+                finally:  # (the last one is stored, then stops the recomputation by raising)
+                    holder = frame.weak_holders[i]() if i < len(frame.weak_holders) else None
+                    handle = holder.handles.get(gid) if holder is not None else None
+                    if handle is not None and (ptr := meter._add(x)) is not None:
+                        weakref.finalize(handle, meter._drop, ptr)
+
+            self.pack_hook = counted
+
+    torch_checkpoint._recomputation_hook = Counted
+    try:
+        yield
+    finally:
+        torch_checkpoint._recomputation_hook = real
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _storages(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_step(tr) -> dict:
+    """Run one step of Trainer `tr` and measure this rank's bytes (module docstring)."""
+    meter = SavedBytes(tr.params)
+    if tr.pipeline is not None:
+        _watch_stash(tr.pipeline, meter)
+    with _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+        tr.step(0)
+    assert meter.now == 0 and not meter.alive, "saved tensors outlived the step"
+    grads = [p.grad for p in tr.params if p.grad is not None]
+    opt = tr.optimizer
+    if tr.layout.zero1:
+        state = [opt.exp_avg, opt.exp_avg_sq]
+        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, opt.shard_param]
+    else:
+        state = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
+    params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
+    return {"params": params, "grads": grad_bytes, "optimizer": _nbytes(state),
+            "dp_buffers": _storages([*tr.params, *grads, *flat]) - params - grad_bytes,
+            "activations": meter.peak}
+
+
+def _model(name: str):
+    return CUSTOM[name] if name in CUSTOM else PRESETS[name]
+
+
+def predict(name: str, layout: ParallelConfig, train: TrainConfig, pp_rank: int) -> dict:
+    m = _model(name)
+    mem = memory_on_rank(m, layout, train, pp_rank)
+    b = train.global_batch // (layout.dp * train.microbatches)
+    e = 8 if train.dtype == "float64" else 4
+    return {"params": mem["params_bytes"], "grads": mem["grads_bytes"], "optimizer": mem["optimizer_bytes"],
+            "dp_buffers": buffer_bytes_on_rank(m, layout, b, params_on_rank(m, layout, pp_rank), e)["data_parallel"],
+            "activations": mem["activations_bytes"]}
+
+
+def _rows(case: str, results: dict, name: str, layout: ParallelConfig, train: TrainConfig) -> list[dict]:
+    rows = []
+    for rank, (pp_rank, got) in sorted(results.items()):
+        want = {k: int(v) if v == int(v) else v for k, v in predict(name, layout, train, pp_rank).items()}
+        rows.append({"case": case, "rank": rank, "stage": pp_rank,
+                     **{f"{k}{s}": (got if s == "" else want)[k] for k in got for s in ("", "~")},
+                     "act ratio": got["activations"] / want["activations"]})
+    return rows
+
+
+def _check(rows: list[dict]) -> list[str]:
+    problems = []
+    for r in rows:
+        for k in ("params", "grads", "optimizer", "dp_buffers"):
+            if r[k] != r[k + "~"]:
+                problems.append(f"{r['case']} rank {r['rank']}: {k} measured {r[k]}, predicted {r[k + '~']}")
+        if abs(r["act ratio"] - 1) > ACT_TOL:
+            problems.append(f"{r['case']} rank {r['rank']}: activations measured {r['activations']}, "
+                            f"predicted {r['activations~']:.0f} (ratio {r['act ratio']:.3f})")
+    return problems
+
+
+def _show(rows: list[dict]) -> None:
+    print("\nmeasured (no mark) vs predicted (~) bytes per rank; dp_buffers: beyond params and grads")
+    print(format_table(rows))
+
+
+def _check_per_rank_max(rows, name, layout, train):
+    """memory_per_rank is the maximum of memory_on_rank over stages: the largest measured."""
+    top = memory_per_rank(_model(name), layout, train)
+    for k, key in (("params", "params_bytes"), ("grads", "grads_bytes"), ("optimizer", "optimizer_bytes")):
+        assert max(r[k] for r in rows) == top[key]
+    peak = max(r["activations"] for r in rows)
+    assert abs(peak / top["activations_bytes"] - 1) <= ACT_TOL
+
+
+# --------------------------------------------------------------------------------------
+# one device
+# --------------------------------------------------------------------------------------
+def test_memory_matches_a_single_device_run():
+    from minitron.train import Trainer
+
+    layout, train = ONE_DEVICE
+    rows = []
+    for name in MODELS:
+        validate(PRESETS[name], layout, train)
+        got = measure_step(Trainer(PRESETS[name], layout, train))
+        rows += _rows(f"{name} one device", {0: (0, got)}, name, layout, train)
+        _check_per_rank_max(rows[-1:], name, layout, train)
+    _show(rows)
+    assert not _check(rows), _check(rows)
+
+
+def test_memory_matches_a_single_device_run_with_recomputation():
+    from minitron.train import Trainer
+
+    if not hasattr(torch_checkpoint, "_recomputation_hook"):
+        pytest.skip("this torch's checkpoint has no _recomputation_hook to measure recomputation with")
+    _, train = ONE_DEVICE
+    rows = []
+    for name in (*MODELS, "long"):
+        for rc in ("selective", "full"):
+            layout = ParallelConfig(recompute=rc)
+            validate(_model(name), layout, train)
+            got = measure_step(Trainer(_model(name), layout, train))
+            rows += _rows(f"{name} one device {rc}", {0: (0, got)}, name, layout, train)
+    _show(rows)
+    assert not _check(rows), _check(rows)
+
+
+# --------------------------------------------------------------------------------------
+# dp2 x tp2 x pp2, 1F1B, replicated and ZeRO-1
+# --------------------------------------------------------------------------------------
+def _ptdp_job(comm):
+    from minitron.data import load_corpus
+    from minitron.train import Trainer
+
+    corpus = load_corpus("")
+    out = {}
+    for name in MODELS:
+        for layout in (PTDP, ZERO1):
+            tr = Trainer(PRESETS[name], layout, PTDP_TRAIN, comm, corpus)
+            out[(name, layout.zero1)] = (comm.index("pp"), measure_step(tr))
+            del tr
+    tr = Trainer(ODD, ZERO1, PTDP_TRAIN, comm, corpus)
+    out[("odd", True)] = (comm.index("pp"), measure_step(tr))
+    return out
+
+
+@pytest.mark.multirank
+def test_memory_matches_a_dp2_tp2_pp2_run():
+    for name in (*MODELS, "odd"):
+        validate(_model(name), ZERO1, PTDP_TRAIN)
+    results = run_on_ranks(_ptdp_job, PTDP)
+    rows = []
+    for name, layout in [(n, lay) for n in MODELS for lay in (PTDP, ZERO1)] + [("odd", ZERO1)]:
+        per_rank = {rank: res[(name, layout.zero1)] for rank, res in results.items()}
+        case_rows = _rows(f"{name} {layout.describe()}", per_rank, name, layout, PTDP_TRAIN)
+        _check_per_rank_max(case_rows, name, layout, PTDP_TRAIN)
+        rows += case_rows
+    _show(rows)
+    assert not _check(rows), _check(rows)
