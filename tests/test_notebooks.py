@@ -4,7 +4,8 @@ Each notebook runs in its own `python -m pytest --nbval` subprocess from the rep
 root (the kernel is this environment's Python): every cell must run without an error
 and print what the notebook stores, except cells marked `# NBVAL_IGNORE_OUTPUT`
 (timings, paths). Images are not compared, their text is. A notebook that starts
-ranks of its own (`run_cli`, `run_on_ranks`) is marked `multirank`.
+ranks of its own (`run_cli`, `run_on_ranks`, a lab checker) is marked `multirank`. Of the
+labs only the solutions run: a learner's unsolved lab fails its grading cell by design.
 
 After changing a lesson or an engine function it calls, store fresh outputs with
 `.venv/bin/jupyter nbconvert --to notebook --execute --inplace lessons/NN_topic.ipynb`.
@@ -18,14 +19,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "lessons").glob("*.ipynb"))
+LAB_SOLUTIONS = [ROOT / "labs" / "solutions" / "01_f_and_g.ipynb"]
 
 
 def _param(nb: Path):
-    starts_ranks = any(s in nb.read_text() for s in ("run_cli(", "run_on_ranks("))
+    starts_ranks = any(s in nb.read_text() for s in ("run_cli(", "run_on_ranks(", "minitron.labs"))
     return pytest.param(nb, id=nb.stem, marks=[pytest.mark.multirank] if starts_ranks else [])
 
 
-@pytest.mark.parametrize("notebook", [_param(nb) for nb in NOTEBOOKS])
+@pytest.mark.parametrize("notebook", [_param(nb) for nb in NOTEBOOKS + LAB_SOLUTIONS])
 def test_lesson_notebook(notebook):
     pytest.importorskip("nbval", reason="the course extras are not installed: pip install -e .[course]")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
