@@ -51,7 +51,7 @@ def assemble(shard_dicts) -> dict:
     full = {}
     for shards in shard_dicts:
         for name, rec in shards.items():
-            slot = full.setdefault(name, {"covered": 0})
+            slot = full.setdefault(name, {})
             region = tuple(slice(a, b) for a, b in rec["region"])
             for k in ("param",) + STATE_KEYS:
                 if k in rec:
@@ -64,7 +64,6 @@ def assemble(shard_dicts) -> dict:
         n = sum(_numel(r) for r in slot.pop("regions"))
         if n < slot["param"].numel():
             raise ConfigError(f"checkpoint is missing shards of '{name}': it is incomplete, save it again")
-        slot.pop("covered")
     return full
 
 

@@ -154,12 +154,14 @@ def cmd_train(args) -> int:
     if t.resume and t.ckpt_dir:
         from .checkpoint import check, latest
 
-        if latest(t.ckpt_dir) is not None:
-            check(latest(t.ckpt_dir))
+        newest = latest(t.ckpt_dir)
+        if newest is not None:
+            check(newest)
     for path in (t.trace, t.metrics, t.timeline):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).unlink(missing_ok=True) if path != t.metrics or not t.resume else None
+            if not (path == t.metrics and t.resume):  # a resumed run appends its metrics
+                Path(path).unlink(missing_ok=True)
     summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout})
     if not reporting():
         return 0

@@ -132,10 +132,3 @@ class ProcessGrid:
             lines.append(f"{r:>4} {c.tp:>3} {c.dp:>3} {c.pp:>3}{extra}")
         return "\n".join(lines)
 
-
-def all_coords(grid: ProcessGrid):
-    """Iterate (rank, Coord) over the whole world."""
-    for r in range(grid.world):
-        yield r, grid.coord(r)
-
-

@@ -53,11 +53,11 @@ def local_sq_norm(params, comm: Comm) -> torch.Tensor:
     return total
 
 
-def global_grad_norm(params, comm: Comm, extra_axes=()) -> float:
-    """The exact L2 norm of the full model's gradient (one all-reduce over the
-    model-parallel axes, plus `extra_axes` when gradients are sharded there)."""
+def global_grad_norm(params, comm: Comm) -> float:
+    """The exact L2 norm of the full model's gradient (all-reduces over the
+    model-parallel axes; ZeRO-1 also sums over dp, see parallel/data.py)."""
     sq = local_sq_norm(params, comm)
-    for axis in ("tp", "pp", *extra_axes):
+    for axis in ("tp", "pp"):
         comm.all_reduce(sq, axis)
     return math.sqrt(float(sq))
 

@@ -220,16 +220,11 @@ def _check_timeline(path, p, m, kind, v=1):
 
 
 @pytest.mark.multirank
-def test_pipeline_p2_every_schedule_equals_one_device(tmp_path):
+@pytest.mark.parametrize("p,cases", [(2, _cases_p2), (4, _cases_p4)], ids=["p2_every_schedule", "p4_dp_tp_sg"])
+def test_pipeline_equals_one_device(tmp_path, p, cases):
+    """One launch of 2 (4) ranks: every case of _cases_p2 (_cases_p4) against one device,
+    its p2p trace, and the measured timeline of the first case (GPipe, m = p)."""
     path = str(tmp_path / "timeline.jsonl")
-    results = run_on_ranks(_parity_job, ParallelConfig(pp=2), _cases_p2(), 2, path)
+    results = run_on_ranks(_parity_job, ParallelConfig(pp=p), cases(), 2, path)
     _check_parity_and_trace(results)
-    _check_timeline(path, p=2, m=2, kind="gpipe")
-
-
-@pytest.mark.multirank
-def test_pipeline_p4_dp_tp_scatter_gather_equal_one_device(tmp_path):
-    path = str(tmp_path / "timeline.jsonl")
-    results = run_on_ranks(_parity_job, ParallelConfig(pp=4), _cases_p4(), 2, path)
-    _check_parity_and_trace(results)
-    _check_timeline(path, p=4, m=4, kind="gpipe")
+    _check_timeline(path, p=p, m=p, kind="gpipe")
