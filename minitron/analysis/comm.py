@@ -122,9 +122,11 @@ def dp_bytes_per_step(n_params: int, d: int, zero1: bool = False, bytes_per_el: 
 
 
 def _replicated_elements(model: ModelConfig, layers: int, first: bool, last: bool) -> int:
-    """Parameters copied on every tensor rank (LayerNorms, row-parallel biases, wpe)."""
+    """Parameters copied on every tensor rank whose gradients are summed over it under
+    sequence parallelism: LayerNorms and row-parallel biases (wpe is added before the
+    sequence is split, so its gradient is already whole: no sum)."""
     h = model.hidden
-    return layers * 6 * h + (model.seq_len * h if first else 0) + (2 * h if last else 0)
+    return layers * 6 * h + (2 * h if last else 0)
 
 
 def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
@@ -179,7 +181,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                 3 * m, 3 * m * b * s * ea)
         if sp:
             n_rep = _replicated_elements(model, n_layers, first, last)
-            calls = 6 * n_layers + (1 if first else 0) + (2 if last else 0)
+            calls = 6 * n_layers + (2 if last else 0)
             add("replicated parameter gradients (sequence parallel)", "tp", "all_reduce",
                 calls, n_rep * e)
         add("gradient norm", "tp", "all_reduce", 1, 8)
