@@ -79,6 +79,10 @@ class ScheduleExplorer(W.VBox):
             control.observe(lambda _change: self.redraw(), names="value")
         self.redraw()
 
+    def __repr__(self) -> str:         # the text a notebook stores next to the widget
+        kind, p, m, v = self.shape()
+        return f"ScheduleExplorer({kind}, p={p}, m={m}, v={v}): {self.summary.value}"
+
     def shape(self) -> tuple[str, int, int, int]:
         """(kind, p, m, v) as chosen; v is 1 unless the kind is interleaved."""
         v = self.v.value if self.kind.value == "interleaved" else 1
