@@ -25,25 +25,55 @@ DATASHEET_PEAK = {  # dense, bf16/fp16 tensor-core FLOP/s
 }
 
 
-def sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+class StepTimer:
+    """Wall time of each step. On a GPU, CUDA events around each step, read once at the
+    end, so that timing adds no host synchronisation inside the loop (a gap where the
+    GPU waits for the host still counts); on the CPU, perf_counter."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Durations between consecutive pairs of marks (start, end, start, end, ...)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks[::2], self.marks[1::2])]
+        return [b - a for a, b in zip(self.marks[::2], self.marks[1::2])]
+
+
+class MatmulProbe:
+    """One dense n×n @ n×n product in the run's dtype: the device's peak, sampled
+    between the benchmark's steps so that it sees the same machine load they do."""
+
+    def __init__(self, dtype=torch.float32, device=None, n: int | None = None):
+        device = device or torch.device("cpu")
+        n = n or (8192 if device.type == "cuda" else 1024)
+        self.a, self.b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+        self.out = torch.empty(n, n, dtype=dtype, device=device)
+        self.flops = 2 * n ** 3
+
+    def __call__(self, _step=None):
+        torch.mm(self.a, self.b, out=self.out)
 
 
 def matmul_peak(dtype=torch.float32, device=None, n: int | None = None, reps: int = 5) -> float:
-    """Measured dense matmul FLOP/s: median over `reps` of one n×n @ n×n product."""
-    device = device or torch.device("cpu")
-    n = n or (8192 if device.type == "cuda" else 1024)
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    times = []
-    for _ in range(reps + 2):
-        sync(device)
-        t0 = time.perf_counter()
-        (a @ b).sum()  # .sum() keeps the product from being optimised away
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times[2:])
+    """Measured dense matmul FLOP/s: median over `reps` products (after two warm-ups)."""
+    probe = MatmulProbe(dtype, device, n)
+    timer = StepTimer(probe.a.device)
+    for i in range(reps + 2):
+        timer.mark()
+        probe()
+        timer.mark()
+    return probe.flops / statistics.median(timer.seconds()[2:])
 
 
 def datasheet_peak(device) -> float | None:
@@ -53,33 +83,46 @@ def datasheet_peak(device) -> float | None:
     return next((v for k, v in DATASHEET_PEAK.items() if k in name), None)
 
 
+class PlainBlock(nn.Module):
+    """One pre-LN transformer block in plain PyTorch (nanoGPT style)."""
+
+    def __init__(self, m: ModelConfig):
+        super().__init__()
+        self.heads = m.heads
+        self.ln1, self.ln2 = nn.LayerNorm(m.hidden), nn.LayerNorm(m.hidden)
+        self.qkv, self.proj = nn.Linear(m.hidden, 3 * m.hidden), nn.Linear(m.hidden, m.hidden)
+        self.fc, self.fc2 = nn.Linear(m.hidden, m.ffn_hidden), nn.Linear(m.ffn_hidden, m.hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, self.heads, 3, -1).permute(3, 0, 2, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x))))
+
+
 class PlainGPT(nn.Module):
     """The same GPT shape in plain PyTorch modules: the benchmark's reference."""
 
     def __init__(self, m: ModelConfig):
         super().__init__()
-        self.m = m
         self.wte, self.wpe = nn.Embedding(m.vocab, m.hidden), nn.Embedding(m.seq_len, m.hidden)
-        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
-            ln1=nn.LayerNorm(m.hidden), qkv=nn.Linear(m.hidden, 3 * m.hidden), proj=nn.Linear(m.hidden, m.hidden),
-            ln2=nn.LayerNorm(m.hidden), fc=nn.Linear(m.hidden, m.ffn_hidden), fc2=nn.Linear(m.ffn_hidden, m.hidden),
-        )) for _ in range(m.layers))
+        self.blocks = nn.ModuleList(PlainBlock(m) for _ in range(m.layers))
         self.ln_f, self.head = nn.LayerNorm(m.hidden), nn.Linear(m.hidden, m.vocab, bias=False)
 
     def forward(self, idx, targets):
-        b, s = idx.shape
-        x = self.wte(idx) + self.wpe.weight[:s]
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).view(b, s, self.m.heads, 3, -1).permute(3, 0, 2, 1, 4)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](y.transpose(1, 2).reshape(b, s, -1))
-            x = x + blk["fc2"](F.gelu(blk["fc"](blk["ln2"](x))))
+        x = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: str):
+def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: str, compile: bool = False):
     model = PlainGPT(m).to(device=device, dtype=DTYPES[t.dtype])
+    if compile:  # as minitron's --compile does: each block
+        for block in model.blocks:
+            block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay,
                             fused=device.type == "cuda" or None)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -102,19 +145,20 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
     """Single-device benchmark: minitron and PlainGPT alternating, plus the matmul peak."""
     tr = Trainer(m, layout, t, corpus=corpus)
     device = tr.ctx.device
-    plain = _plain_stepper(m, t, tr.train_data, device, layout.precision)
-    peak_dtype = torch.bfloat16 if layout.precision == "bf16" else DTYPES[t.dtype]
-    peak = matmul_peak(peak_dtype, device)
-    mine, ref = [], []
-    for i in range(warmup + steps):
-        for fn, out in ((tr.step, mine), (plain, ref)):
-            sync(device)
-            t0 = time.perf_counter()
+    plain = _plain_stepper(m, t, tr.train_data, device, layout.precision, layout.compile)
+    probe = MatmulProbe(torch.bfloat16 if layout.precision == "bf16" else DTYPES[t.dtype], device)
+    runs = {"minitron": tr.step_async, "reference": plain, "peak": probe}
+    for i in range(warmup):  # compilation, allocator and autotuning warm-up
+        for fn in runs.values():
             fn(i)
-            sync(device)
-            if i >= warmup:
-                out.append(time.perf_counter() - t0)
-    step_s, ref_s = statistics.median(mine), statistics.median(ref)
+    timers = {k: StepTimer(device) for k in runs}
+    for i in range(warmup, warmup + steps):  # the three alternate: noise hits all alike
+        for k, fn in runs.items():
+            timers[k].mark()
+            fn(i)
+            timers[k].mark()
+    step_s, ref_s, mm_s = (statistics.median(timers[k].seconds()) for k in runs)
+    peak = probe.flops / mm_s
     flops = model_flops_per_step(m, t.global_batch)
     sheet = datasheet_peak(device)
     return {

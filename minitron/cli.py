@@ -44,6 +44,8 @@ def add_layout_args(ap):
     g.add_argument("--backend", default="gloo", help="gloo or nccl")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda")
     g.add_argument("--precision", default="fp32", help="fp32 or bf16")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer block (first steps pay the compilation)")
     g.add_argument("--dropout-rng", default=None,
                    help="tensor: per-rank streams (train default); global: single-device masks (verify default)")
     g.add_argument("--timeout", type=float, default=300, help="collective timeout, seconds")
@@ -80,7 +82,7 @@ def layout_from(args) -> ParallelConfig:
                           tp_mode=args.tp_mode, sp=args.sp, schedule=args.schedule, zero1=args.zero1,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
-                          device=args.device,
+                          device=args.device, compile=args.compile,
                           precision=args.precision, dropout_rng=args.dropout_rng or
                           ("global" if getattr(args, "cmd", "") == "verify" else "tensor"))
 
@@ -148,7 +150,7 @@ def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
     t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=args.resume,
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
-                   sample_tokens=args.sample)
+                   sample_tokens=args.sample, log_every=args.log_every)
     validate(m, p, t)
     corpus = check_data(m, t)
     if t.resume and t.ckpt_dir:
@@ -236,7 +238,8 @@ def cmd_bench(args) -> int:
     corpus = check_data(m, t)
     if args.threads:
         torch.set_num_threads(args.threads)
-    one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend), t, corpus,
+    one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend, device=p.device,
+                                         compile=p.compile), t, corpus,
                        args.bench_steps, args.warmup_steps)
     res = dict(one)
     if p.world > 1:
@@ -324,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--eval-every", type=int, default=50)
     tr.add_argument("--sample", type=int, default=200, help="tokens of text to generate at the end")
     tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--log-every", type=int, default=1,
+                    help="read the loss back from the device every N steps (on a GPU, N > 1 avoids "
+                         "a host synchronisation per step)")
     tr.set_defaults(fn=cmd_train)
 
     ve = sub.add_parser("verify", help="prove a layout equals the single-device model")

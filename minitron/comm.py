@@ -21,6 +21,10 @@ import torch.distributed as dist
 
 from .grid import ProcessGrid
 
+# Under --compile every call here runs eagerly (a graph break): a compiled graph would
+# freeze the trace labels (step, phase) and cannot own a gloo process group.
+eager = torch.compiler.disable
+
 
 @dataclass
 class CommTrace:
@@ -90,6 +94,7 @@ class Comm:
             self.trace.add(**{**rec, **(labels or {})})
 
     # --- collectives --------------------------------------------------------------
+    @eager
     def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False):
         """In-place all-reduce of `t` over `axis` (op: 'sum' or 'max'). Returns `t`,
         or the work handle when `async_op`."""
@@ -100,6 +105,7 @@ class Comm:
         work = dist.all_reduce(t, op=rop, group=self.group(axis), async_op=async_op)
         return work if async_op else t
 
+    @eager
     def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
         """Concatenate every rank's `t` along `dim`, in axis order."""
         n = self.size(axis)
@@ -111,6 +117,7 @@ class Comm:
         dist.all_gather_single(out, x, group=self.group(axis))
         return out.movedim(0, dim)
 
+    @eager
     def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
         """Sum `t` over the axis and keep this rank's 1/n slice along `dim`."""
         n = self.size(axis)
@@ -122,6 +129,7 @@ class Comm:
         dist.reduce_scatter_single(out, x, group=self.group(axis))
         return out.movedim(0, dim)
 
+    @eager
     def all_gather_flat(self, shard: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
         """All-gather 1-D `shard`s into the flat buffer `out` (ZeRO parameter gather)."""
         if self.size(axis) == 1:
@@ -130,6 +138,7 @@ class Comm:
         self._record("all_gather", axis, shard)
         return dist.all_gather_single(out, shard, group=self.group(axis), async_op=async_op)
 
+    @eager
     def reduce_scatter_flat(self, full: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
         """Reduce-scatter the flat buffer `full` into this rank's 1-D slice `out`."""
         if self.size(axis) == 1:
@@ -138,6 +147,7 @@ class Comm:
         self._record("reduce_scatter", axis, full)
         return dist.reduce_scatter_single(out, full, group=self.group(axis), async_op=async_op)
 
+    @eager
     def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0) -> torch.Tensor:
         """Broadcast `t` from the rank at position `src_index` of the axis."""
         if self.size(axis) == 1:
@@ -161,6 +171,7 @@ class Comm:
             dist.barrier()
 
     # --- point to point -------------------------------------------------------------
+    @eager
     def p2p(self, ops: list[tuple[str, torch.Tensor, int]], axis: str = "pp"):
         """Post a batch of ('send'|'recv', tensor, peer_index_on_axis[, labels]) as one
         ``batch_isend_irecv``; returns the list of work handles to wait on. The optional

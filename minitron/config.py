@@ -87,6 +87,7 @@ class ParallelConfig:
     device: str = "auto"  # auto: the GPU with nccl or on one device when there is one, else the CPU
     precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
     dropout_rng: str = "tensor"  # "tensor" (Megatron streams) | "global" (single-device masks, sliced)
+    compile: bool = False  # torch.compile each transformer block (collectives stay eager)
 
     @property
     def world(self) -> int:
@@ -137,6 +138,7 @@ class TrainConfig:
     eval_batches: int = 4
     sample_tokens: int = 200
     progress: bool = True
+    log_every: int = 1  # read the loss back from the device every N steps (GPU: > 1 avoids syncs)
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -226,6 +228,7 @@ def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
           f"use a multiple of {p.dp * t.microbatches}")
     _need(t.dtype in DTYPES, f"unknown --dtype '{t.dtype}': choose one of {', '.join(DTYPES)}")
     _need(t.lr > 0, f"--lr must be positive (got {t.lr})")
+    _need(t.log_every >= 1, f"--log-every must be at least 1 (got {t.log_every})")
     if p.pp > 1 and p.schedule == "interleaved":
         _need(t.microbatches % p.pp == 0,
               f"interleaved schedule needs --microbatches ({t.microbatches}) to be a multiple of --pp {p.pp}")

@@ -53,23 +53,30 @@ def local_sq_norm(params, comm: Comm) -> torch.Tensor:
     return total
 
 
-def global_grad_norm(params, comm: Comm) -> float:
-    """The exact L2 norm of the full model's gradient (all-reduces over the
-    model-parallel axes; ZeRO-1 also sums over dp, see parallel/data.py)."""
+def global_grad_norm(params, comm: Comm) -> torch.Tensor:
+    """The exact L2 norm of the full model's gradient, a 0-dim float64 tensor on the
+    device (all-reduces over the model-parallel axes; ZeRO-1 also sums over dp, see
+    parallel/data.py)."""
     sq = local_sq_norm(params, comm)
     for axis in ("tp", "pp"):
         comm.all_reduce(sq, axis)
-    return math.sqrt(float(sq))
+    return sq.sqrt()
 
 
-def clip_(params, max_norm: float, comm: Comm) -> float:
-    """Scale gradients so that the global norm is at most `max_norm`; returns the norm."""
+def clip_coef(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ computes it,
+    left on the device: a Python `if norm > max_norm` would wait for the GPU every step."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def clip_(params, max_norm: float, comm: Comm) -> torch.Tensor:
+    """Scale gradients so that the global norm is at most `max_norm`; returns the norm
+    (a device tensor: no host synchronisation)."""
     norm = global_grad_norm(params, comm)
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in unique_params(params):
-            if p.grad is not None:
-                p.grad.mul_(scale)
+    if max_norm > 0:
+        grads = [p.grad for p in unique_params(params) if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, clip_coef(norm, max_norm).to(grads[0].dtype))
     return norm
 
 

@@ -54,6 +54,10 @@ class Trainer:
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len)
         self.chunks = self._build_chunks()
+        if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager
+            for c in self.chunks:
+                for block in c.blocks.values():
+                    block.compile()  # in place: parameter names and checkpoints unchanged
         self.params = unique_params(p for c in self.chunks for p in c.parameters())
         self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
         self.optimizer = ZeroOneAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
@@ -95,6 +99,17 @@ class Trainer:
     # --- one step -------------------------------------------------------------------
     def step(self, step: int | None = None) -> float:
         """One optimizer step on the global batch of `step`; returns the global mean loss."""
+        return float(self.step_async(step))
+
+    @property
+    def grad_norm(self) -> float:
+        """The global gradient norm of the last step (before clipping)."""
+        return float(self._grad_norm)
+
+    def step_async(self, step: int | None = None) -> torch.Tensor:
+        """`step` without reading anything back from the device: returns the global mean
+        loss as a 0-dim tensor, so that a GPU keeps working while the host queues the
+        next step. The training loop reads losses back every `--log-every` steps."""
         step = self.step_idx if step is None else step
         self.comm.step = step
         for c in self.chunks:
@@ -107,11 +122,11 @@ class Trainer:
             loss_sum = self._forward_backward(mbs)
         with self.comm.in_phase("optim"):
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
-            self.grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
+            self._grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
         self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
 
-    def _optimizer_step(self, lr: float) -> float:
+    def _optimizer_step(self, lr: float) -> torch.Tensor:
         """Exact global clipping and AdamW; returns the gradient norm. With ZeRO-1 both work on
         this rank's shard of the flat gradient, and the updated parameters are all-gathered."""
         if isinstance(self.optimizer, ZeroOneAdamW):
@@ -135,15 +150,16 @@ class Trainer:
         self.comm.microbatch = None
         return total
 
-    def reduce_loss(self, loss_sum: torch.Tensor | None) -> float:
-        """The global-batch mean loss on every rank: the last stage's tensor rank 0 of each
-        data-parallel replica contributes its mean; one 'log'-phase all-reduce."""
+    def reduce_loss(self, loss_sum: torch.Tensor | None) -> torch.Tensor:
+        """The global-batch mean loss on every rank (a 0-dim float64 tensor): the last
+        stage's tensor rank 0 of each data-parallel replica contributes its mean; one
+        'log'-phase all-reduce."""
         t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if loss_sum is not None and self.comm.index("tp") == 0:
             t += loss_sum.double() / self.layout.dp
         with self.comm.in_phase("log"):
             self.comm.all_reduce(t, "world")
-        return float(t)
+        return t
 
     @torch.no_grad()
     def evaluate(self, batches: int | None = None) -> float:
@@ -162,7 +178,7 @@ class Trainer:
                 with self.comm.in_phase("log"), self.ctx.autocast():
                     total += self.model(x, y).double()
         has = self.pipeline is None or self.chunks[-1].last
-        return self.reduce_loss(total / n if has else None)
+        return float(self.reduce_loss(total / n if has else None))
 
 
 def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm | None = None,
@@ -194,24 +210,32 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     if first_val is not None:
         val_losses[0] = first_val
     end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
+    pending, t_last = [], time.perf_counter()  # steps whose loss is still on the device
     for step in range(start, end):
-        t0 = time.perf_counter()
-        loss = tr.step(step)
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        rec = {"step": step + 1, "loss": loss, "lr": lr_at(step, tc), "grad_norm": tr.grad_norm,
-               "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
-        if tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end):
-            rec["val_loss"] = val_losses[step + 1] = tr.evaluate()
-        if tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end):
+        pending.append((step, tr.step_async(step), tr._grad_norm))
+        evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
+        ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
+        if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
+            continue
+        # read back: one host synchronisation per `log_every` steps
+        dt = (time.perf_counter() - t_last) / len(pending)
+        recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
+                 "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
+                for i, loss, norm in pending]
+        losses += [r["loss"] for r in recs]
+        if evaluate:
+            recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
+        if ckpt_now:
             ckpt.save(tc.ckpt_dir, step + 1, tr)
         if metrics:
-            metrics.write(json.dumps(rec) + "\n")
+            metrics.writelines(json.dumps(r) + "\n" for r in recs)
             metrics.flush()
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}",
-                            **({"val": f"{rec['val_loss']:.3f}"} if "val_loss" in rec else {}))
-            bar.update(1)
+            last = recs[-1]
+            bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}",
+                            **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
+            bar.update(len(recs))
+        pending, t_last = [], time.perf_counter()
     if bar is not None:
         bar.close()
     if metrics:

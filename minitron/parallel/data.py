@@ -53,7 +53,7 @@ import torch
 from ..analysis.data_parallel import Bucket, bucket_elements, plan_buckets
 from ..comm import Comm
 from ..config import ParallelConfig, TrainConfig
-from ..optim import owns_copy, sync_replicated_grads, unique_params
+from ..optim import clip_coef, owns_copy, sync_replicated_grads, unique_params
 
 
 class NaiveDataParallel:
@@ -281,23 +281,23 @@ class ZeroOneAdamW:
         """Bytes of optimizer state held by this rank (exp_avg and exp_avg_sq)."""
         return sum(t.numel() * t.element_size() for t in (self.exp_avg, self.exp_avg_sq))
 
-    def grad_norm(self) -> float:
-        """The exact global gradient norm, from the shards."""
+    def grad_norm(self) -> torch.Tensor:
+        """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
         g = self.dp.shard_grad
         sq = torch.zeros((), dtype=torch.float64, device=g.device)
         for a, b in self._counted:
             sq += g[a:b].double().pow(2).sum()
         for axis in ("dp", "tp", "pp"):
             self.comm.all_reduce(sq, axis)
-        return math.sqrt(float(sq))
+        return sq.sqrt()
 
     @torch.no_grad()
-    def step(self, lr: float, max_norm: float = 0.0) -> float:
+    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
         """Clip, step the shard, all-gather the parameters; returns the gradient norm."""
         g, p = self.dp.shard_grad, self.shard_param
         norm = self.grad_norm()
-        if max_norm > 0 and norm > max_norm:
-            g.mul_(max_norm / (norm + 1e-6))
+        if max_norm > 0:
+            g.mul_(clip_coef(norm, max_norm).to(g.dtype))
         for lo, hi, s0 in self.dp.own_ranges():  # current values (they may have been loaded)
             p[s0:s0 + hi - lo] = self.dp.param_buffer[lo:hi]
         beta1, beta2 = self.betas
