@@ -1,0 +1,264 @@
+"""Pictures of communication, drawn from real traces.
+
+A trace is the list of records that :class:`minitron.comm.CommTrace` keeps (and that
+``--trace FILE`` writes as JSON lines): ``{rank, step, microbatch, op, axis, bytes,
+phase, shape, dtype}``, one per collective or point-to-point call, in the order the
+rank issued them. This module sums them up and draws them:
+
+* :func:`select`, :func:`totals` — the records of one rank/step/axis, and their calls
+  and bytes per (phase, op): what lessons compare with ``minitron.analysis``.
+* :func:`plot_calls` — the calls of one microbatch in issue order, one lane per phase
+  (forward, backward, optimizer), a box per call coloured by op: a communication
+  diagram of a layer or a model, e.g. Megatron's f/g all-reduces next to sequence
+  parallelism's all-gathers and reduce-scatters.
+
+A trace says *what* was sent, not *when*. To see when data-parallel buckets fire
+during the backward pass, :func:`dp_overlap_job` (run on every rank by
+:func:`minitron.testing.run_on_ranks`) trains a few steps with a :class:`TimedTrace`
+and stamps the moment each parameter's gradient is produced;
+:func:`overlap_events` lists the calls against the gradients computed before them and
+:func:`plot_overlap` draws both on one time axis.
+
+matplotlib is imported only inside the drawing functions: the rank job needs none.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict
+
+from .comm import CommTrace
+
+OP_COLORS = {"all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
+             "broadcast": "#8172b2", "send": "#937860", "recv": "#da8bc3"}
+OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC",
+            "send": "send", "recv": "recv"}
+PHASES = ("fwd", "bwd", "optim")
+
+
+# --------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------
+def select(records, **match) -> list[dict]:
+    """The records whose fields equal every `match` (e.g. ``rank=0, step=1, axis='dp'``),
+    in issue order."""
+    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+
+def totals(records, by=("phase", "op"), **match) -> dict:
+    """``{key: {"calls": n, "bytes": b}}`` over the records that `match`, keyed by the
+    tuple of the `by` fields (a single field gives plain keys)."""
+    out: dict = defaultdict(lambda: {"calls": 0, "bytes": 0})
+    for r in select(records, **match):
+        key = tuple(r.get(k) for k in by) if len(by) > 1 else r.get(by[0])
+        out[key]["calls"] += 1
+        out[key]["bytes"] += r["bytes"]
+    return dict(out)
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, at most one decimal)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# --------------------------------------------------------------------------------------
+# A communication diagram: the calls of one microbatch, per phase
+# --------------------------------------------------------------------------------------
+def plot_calls(records, ax=None, labels=None, phases=PHASES, title: str | None = None,
+               highlight=None):
+    """Draw `records` (one rank, typically one step and microbatch plus its optimizer
+    phase) as boxes in issue order, one lane per phase in `phases`.
+
+    Each box is coloured by op and shows the op (AR all-reduce, AG all-gather, RS
+    reduce-scatter), the local tensor's shape and bytes; `labels`, when given, is one
+    string per record (same order) written above the box (e.g. "attn g"). `highlight`
+    is a set of record positions to outline (e.g. the calls of one layer). Returns the
+    axes.
+    """
+    from matplotlib.patches import Patch, Rectangle
+
+    recs = [r for r in records if r["phase"] in phases]
+    pos = [i for i, r in enumerate(records) if r["phase"] in phases]
+    lanes = [p for p in phases if any(r["phase"] == p for r in recs)]
+    ncol = max((sum(r["phase"] == p for r in recs) for p in lanes), default=1)
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(figsize=(max(6, 1.15 * ncol), 0.5 + 1.1 * len(lanes)))
+    col = dict.fromkeys(lanes, 0)
+    for i, r in zip(pos, recs):
+        y = len(lanes) - 1 - lanes.index(r["phase"])
+        x = col[r["phase"]]
+        col[r["phase"]] += 1
+        edge = "black" if highlight and i in highlight else "white"
+        ax.add_patch(Rectangle((x + 0.04, y + 0.12), 0.92, 0.62, color=OP_COLORS.get(r["op"], "grey"),
+                               ec=edge, lw=2 if edge == "black" else 0.5))
+        shape = "×".join(map(str, r["shape"])) or "scalar"
+        ax.text(x + 0.5, y + 0.43, f"{OP_SHORT.get(r['op'], r['op'])}\n{shape}\n{human_bytes(r['bytes'])}",
+                ha="center", va="center", fontsize=7, color="white")
+        if labels is not None:
+            ax.text(x + 0.5, y + 0.8, labels[i], ha="center", va="bottom", fontsize=7)
+    ax.set_xlim(0, ncol)
+    ax.set_ylim(0, len(lanes))
+    ax.set_yticks([len(lanes) - 1 - k + 0.43 for k in range(len(lanes))], lanes)
+    ax.set_xticks([])
+    ax.set_xlabel("calls in issue order")
+    for s in ("top", "right", "bottom"):
+        ax.spines[s].set_visible(False)
+    ops = [op for op in OP_COLORS if any(r["op"] == op for r in recs)]
+    ax.legend(handles=[Patch(color=OP_COLORS[o], label=o.replace("_", "-")) for o in ops],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+# --------------------------------------------------------------------------------------
+# When do data-parallel calls fire? A timed trace and gradient stamps
+# --------------------------------------------------------------------------------------
+class TimedTrace(CommTrace):
+    """A :class:`~minitron.comm.CommTrace` whose records also carry ``t`` (the
+    ``time.perf_counter()`` when the call was issued) and ``seq``, a counter shared with
+    :meth:`stamp`, so that calls and other events have one total order."""
+
+    def __init__(self):
+        super().__init__()
+        self.counter = itertools.count()
+
+    def stamp(self) -> tuple[int, float]:
+        """(sequence number, time) for an event that is not a call."""
+        return next(self.counter), time.perf_counter()
+
+    def add(self, **rec) -> None:
+        seq, t = self.stamp()
+        super().add(**rec, seq=seq, t=t)
+
+
+def dp_overlap_job(comm, model, train, layouts, steps: int = 2) -> list[dict] | None:
+    """Rank job for :func:`minitron.testing.run_on_ranks`: for each layout in `layouts`
+    (all of the launch's world size), build a ``Trainer``, train `steps` steps with a
+    :class:`TimedTrace` and a tensor hook on every parameter that stamps when its
+    gradient is produced (before it is accumulated, so before the data-parallel hook of
+    the same parameter runs). Returns, on global rank 0, one dict per layout::
+
+        {"layout", "params": names in the gradient buffer's order (~ backward order),
+         "buckets": [[positions of the tensors each bucket touches], ...] (bucketed only),
+         "records": the timed trace, "grads": [{name, step, microbatch, seq, t}],
+         "steps": [(t_start, t_end), ...]}
+
+    and None on the other ranks.
+    """
+    from .data import load_corpus
+    from .train import Trainer
+
+    corpus = load_corpus(train.data)
+    out = []
+    for layout in layouts:
+        trace = TimedTrace()
+        comm.trace = trace
+        tr = Trainer(model, layout, train, comm, corpus)
+        grads: list[dict] = []
+
+        def hook(name):
+            def stamp(g):
+                seq, t = trace.stamp()
+                grads.append({"name": name, "step": comm.step, "microbatch": comm.microbatch, "seq": seq, "t": t})
+            return stamp
+
+        for p in tr.params:
+            p.register_hook(hook(p.shard.name))
+        bucketed = hasattr(tr.dp, "buckets")
+        order = list(tr.dp.params) if bucketed else list(reversed(tr.params))  # ~ backward order
+        windows = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            tr.step(i)
+            windows.append((t0, time.perf_counter()))
+        comm.trace = None
+        out.append({"layout": layout.describe() + (f" {layout.dp_impl}" if not layout.zero1 else ""),
+                    "params": [p.shard.name for p in order],
+                    "buckets": [list(b.tensors) for b in tr.dp.buckets] if bucketed else None,
+                    "records": trace.records, "grads": grads, "steps": windows})
+        comm.barrier()
+    return out if comm.grid.rank == 0 else None
+
+
+def overlap_events(run: dict, step: int = -1, axis: str = "dp") -> list[dict]:
+    """The `axis` calls of one step of a :func:`dp_overlap_job` result, each with how
+    many of the step's last-microbatch gradients had been produced before it was issued:
+    ``{op, phase, microbatch, bytes, grads_before, grads_total}``. Deterministic (the
+    order of events, not their times)."""
+    step = run_step(run, step)
+    last_mb = max((g["microbatch"] for g in run["grads"] if g["step"] == step), default=None)
+    grads = [g for g in run["grads"] if g["step"] == step and g["microbatch"] == last_mb]
+    out = []
+    for r in select(run["records"], step=step, axis=axis):
+        out.append({"op": r["op"], "phase": r["phase"], "microbatch": r["microbatch"], "bytes": r["bytes"],
+                    "grads_before": sum(g["seq"] < r["seq"] for g in grads), "grads_total": len(grads)})
+    return out
+
+
+def run_step(run: dict, step: int) -> int:
+    """A step index of a :func:`dp_overlap_job` result (negative counts from the end)."""
+    return step if step >= 0 else len(run["steps"]) + step
+
+
+def plot_overlap(run: dict, step: int = -1, ax=None, axis: str = "dp", title: str | None = None):
+    """Gradients produced (dots: x = time since the step began, y = the tensor's position
+    in the gradient buffer) and the `axis` calls issued (vertical lines, coloured by op,
+    numbered in issue order above the axes; dashed: the step's end) during one step of a :func:`dp_overlap_job` result. The
+    shaded span is the last microbatch's backward pass (first to last gradient); for a
+    bucketed run, bands mark the buckets (call k belongs to bucket k). Returns the axes."""
+    from matplotlib.lines import Line2D
+
+    step = run_step(run, step)
+    t0, t1 = run["steps"][step]
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    where = {n: i for i, n in enumerate(run["params"])}
+    grads = [g for g in run["grads"] if g["step"] == step]
+    mbs = sorted({g["microbatch"] for g in grads})
+    shades = ["#bbbbbb", "#333333"]
+    for k, mb in enumerate(mbs):
+        gs = [g for g in grads if g["microbatch"] == mb]
+        ax.scatter([ms(g["t"]) for g in gs], [where[g["name"]] for g in gs], s=9, zorder=3,
+                   color=shades[1] if mb == mbs[-1] else shades[0])
+        if mb == mbs[-1] and gs:
+            ax.axvspan(ms(min(g["t"] for g in gs)), ms(max(g["t"] for g in gs)), color="#f2f2f2", zorder=0)
+    n = len(run["params"])
+    calls = select(run["records"], step=step, axis=axis)
+    for k, r in enumerate(calls):
+        x = ms(r["t"])
+        ax.axvline(x, color=OP_COLORS.get(r["op"], "grey"), lw=1.5, zorder=2)
+        if len(calls) <= 24:
+            ax.text(x, 1.005 + (k % 2) * 0.06, str(k), ha="center", va="bottom", fontsize=7,
+                    color=OP_COLORS.get(r["op"], "grey"), transform=ax.get_xaxis_transform())
+    ax.axvline(ms(t1), color="black", ls="--", lw=1, zorder=2)
+    if run.get("buckets"):  # a band per bucket: its call fires after the band's last dot
+        ticks = []
+        for k, b in enumerate(run["buckets"]):
+            lo, hi = min(b) - 0.5, max(b) + 0.5
+            if k % 2 == 0:
+                ax.axhspan(lo, hi, color="#e8eef7", zorder=0)
+            ticks.append(((lo + hi) / 2, f"bucket {k}"))
+        ax.set_yticks([t for t, _ in ticks], [s for _, s in ticks], fontsize=7)
+        ax.set_ylabel("gradient buffer")
+    else:
+        ax.set_ylabel("tensor (backward order)")
+    ax.set_xlim(0, ms(t1))
+    ax.set_ylim(-1, n)
+    ax.set_xlabel("ms since the step began")
+    ops = [op for op in OP_COLORS if select(run["records"], step=step, axis=axis, op=op)]
+    handles = [Line2D([], [], color=OP_COLORS[o], label=o.replace("_", "-")) for o in ops]
+    handles.append(Line2D([], [], color="black", ls="--", lw=1, label="step ends"))
+    handles.append(Line2D([], [], marker="o", ls="", color=shades[1], label="gradient (last microbatch)"))
+    if len(mbs) > 1:
+        handles.append(Line2D([], [], marker="o", ls="", color=shades[0], label="gradient (earlier)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    ax.set_title(title or run["layout"], fontsize=10, pad=14)
+    return ax
