@@ -140,9 +140,29 @@ def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: st
     return step
 
 
+def profile_steps(step, device, first: int, n: int = 2, top: int = 12) -> list[dict]:
+    """What limits a step: the operators with the most self time over `n` steps
+    (torch.profiler; device time on a GPU, CPU time otherwise), as shares of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for i in range(first, first + n):
+            step(i)
+        if cuda:
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [{"op": e.key, "share": getattr(e, attr) / total, "calls_per_step": e.count / n,
+             "ms_per_step": getattr(e, attr) / 1e3 / n} for e in events[:top]]
+
+
 def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus, steps: int = 10,
-                 warmup: int = 3) -> dict:
-    """Single-device benchmark: minitron and PlainGPT alternating, plus the matmul peak."""
+                 warmup: int = 3, profile: bool = False) -> dict:
+    """Single-device benchmark: minitron and PlainGPT alternating, plus the matmul peak;
+    with `profile`, also where minitron's step spends its time (`profile_steps`)."""
     tr = Trainer(m, layout, t, corpus=corpus)
     device = tr.ctx.device
     plain = _plain_stepper(m, t, tr.train_data, device, layout.precision, layout.compile)
@@ -161,7 +181,7 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
     peak = probe.flops / mm_s
     flops = model_flops_per_step(m, t.global_batch)
     sheet = datasheet_peak(device)
-    return {
+    out = {
         "model": m.name, "layout": layout.describe(), "dtype": t.dtype, "precision": layout.precision,
         "threads": torch.get_num_threads(), "device": str(device), "global_batch": t.global_batch,
         "minitron_step_s": step_s, "reference_step_s": ref_s, "overhead_ratio": step_s / ref_s,
@@ -169,6 +189,9 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
         "device_peak_flops_per_s": peak, "mfu": flops / step_s / peak,
         "mfu_datasheet": flops / step_s / sheet if sheet else None, "steps_timed": steps,
     }
+    if profile:
+        out["profile"] = profile_steps(tr.step_async, device, first=warmup + steps)
+    return out
 
 
 def bench_job(comm, m, p, t, corpus, extra) -> dict | None:

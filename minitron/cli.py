@@ -240,7 +240,7 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend, device=p.device,
                                          compile=p.compile), t, corpus,
-                       args.bench_steps, args.warmup_steps)
+                       args.bench_steps, args.warmup_steps, profile=args.profile)
     res = dict(one)
     if p.world > 1:
         multi = run_ranks(bench_job, m, p, t, corpus,
@@ -252,9 +252,14 @@ def cmd_bench(args) -> int:
                    mfu=multi["model_flops_per_s"] / one["device_peak_flops_per_s"])
     if args.json:
         print(json.dumps(res))
-    else:
-        for k, v in res.items():
+        return 0
+    for k, v in res.items():
+        if k != "profile":
             print(f"{k:>26}  {v:.4g}" if isinstance(v, float) else f"{k:>26}  {v}")
+    if res.get("profile"):
+        print("\nwhere minitron's step goes (self time per operator):")
+        for r in res["profile"]:
+            print(f"  {r['share']:6.1%}  {r['ms_per_step']:9.2f} ms/step  {r['calls_per_step']:6.0f}x  {r['op'][:70]}")
     return 0
 
 
@@ -373,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--bench-steps", type=int, default=10, help="timed steps (after warm-up)")
     be.add_argument("--warmup-steps", type=int, default=3)
     be.add_argument("--threads", type=int, default=0, help="torch threads for the single-device run")
+    be.add_argument("--profile", action="store_true", help="also profile minitron's step: top operators")
     be.add_argument("--json", action="store_true")
     be.set_defaults(fn=cmd_bench)
     return ap
