@@ -10,7 +10,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 NPROC ?= 8
 
-.PHONY: env run run-single test test-fast clean
+.PHONY: env browser run run-single test test-fast clean
 
 env: $(STAMP)
 
@@ -33,8 +33,18 @@ run-single: $(STAMP)
 	$(BIN)/minitron train --model small --steps 300 --global-batch 16 --eval-every 50 \
 	    --metrics runs/metrics-single.jsonl
 
+# Debian's Chromium for the browser tests (tests/test_browser.py), installed once when it
+# is missing and we are root (CI); otherwise the script says how, and those tests skip.
+BROWSER_STAMP := $(VENV)/.browser-installed
+browser: $(BROWSER_STAMP)
+
+$(BROWSER_STAMP): scripts/install_browser.sh
+	@mkdir -p $(VENV)
+	@if bash scripts/install_browser.sh; then touch $@; \
+	else echo "make: no Chromium: the browser tests will be skipped"; fi
+
 # The whole test suite (what CI runs).
-test: $(STAMP)
+test: $(STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

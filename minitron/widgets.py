@@ -59,14 +59,17 @@ class ScheduleExplorer(W.VBox):
     the browser) re-simulates and redraws."""
 
     def __init__(self, kind: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
-        wide = {"description_width": "initial"}
-        self.kind = W.Dropdown(options=list(S.KINDS), value=kind, description="schedule")
-        self.p = W.IntSlider(p, min=1, max=8, description="p (stages)", style=wide,
-                             continuous_update=False)
-        self.m = W.IntSlider(m, min=1, max=32, description="m (microbatches)", style=wide,
-                             continuous_update=False)
-        self.v = W.IntSlider(v, min=2, max=4, description="v (chunks, interleaved)",
-                             style=wide, continuous_update=False)
+        def look(description):
+            return {"description": description, "style": {"description_width": "9em"},
+                    "layout": W.Layout(width="26em")}
+
+        def slider(value, lo, hi, description):       # redraws on release, not mid-drag
+            return W.IntSlider(value, min=lo, max=hi, continuous_update=False, **look(description))
+
+        self.kind = W.Dropdown(options=list(S.KINDS), value=kind, **look("schedule"))
+        self.p = slider(p, 1, 8, "p (stages)")
+        self.m = slider(m, 1, 32, "m (microbatches)")
+        self.v = slider(v, 2, 4, "v (chunks)")        # used by interleaved only
         self.summary = W.Label()
         self.plot = W.Output()
         # CSS classes name the parts for browser tests (tests/test_browser.py).
