@@ -464,3 +464,25 @@ def test_planner_errors():
         plan(PRESETS["ptdp-1t"], 8, 8, "a100-dgx")
     assert set(CLUSTERS) == {"v100-dgx2", "a100-dgx", "h100-dgx"}
     assert get_cluster("h100-dgx").gpus_per_node == 8
+
+
+@pytest.mark.multirank
+def test_traced_bytes_of_a_composed_zero1_run_equal_the_analysis(tmp_path):
+    """dp2 · tp2 + sp with ZeRO-1, one step traced: every (axis, op) byte count on rank 0
+    equals comm_bytes_per_step, ZeRO-1's 8-byte gradient-norm all-reduce over dp included."""
+    from minitron.comm import read_trace
+    from minitron.testing import run_cli
+
+    trace = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "4", "--dp", "2", "--tp", "2", "--sp",
+                            "--zero1", "--global-batch", "4", "--microbatches", "2", "--steps", "1",
+                            "--eval-every", "0", "--sample", "0", "--no-progress", "--trace", str(trace)])
+    assert code == 0, err[-2000:]
+    got: dict = {}
+    for r in read_trace(trace):
+        if r["rank"] == 0 and r["phase"] != "log":  # 'log': the loss all-reduce, not training traffic
+            ops = got.setdefault(r["axis"], {})
+            ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
+    want = comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(dp=2, tp=2, sp=True, zero1=True),
+                               TrainConfig(global_batch=4, microbatches=2))
+    assert got == want

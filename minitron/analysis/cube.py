@@ -273,6 +273,8 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     n = params_on_rank(model, parallel, pp_rank)
     for op, nbytes in dp_bytes_per_step(n, d, parallel.zero1, e).items():
         add("gradients" if op != "all_gather" else "updated parameter shards", "dp", op, 1, nbytes)
+    if parallel.zero1 and d > 1:  # ZeRO-1's norm: squares summed over the dp shards too
+        add("gradient norm", "dp", "all_reduce", 1, 8)
     return list(merged.values())
 
 
