@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import subprocess
+import threading
 import uuid
 
 import torch
@@ -104,4 +106,12 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") 
                        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                        monitor_interval=0.05, start_method=start_method)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return elastic_launch(cfg, fn)(*args)
+    # The elastic agent installs its own SIGTERM/SIGINT... handlers; put ours back after,
+    # so that a notebook kernel that launched ranks still shuts down quietly.
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        return elastic_launch(cfg, fn)(*args)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in saved.items():
+                signal.signal(s, handler)
