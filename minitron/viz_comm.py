@@ -69,22 +69,22 @@ def human_bytes(n: float) -> str:
 # A communication diagram: the calls of one microbatch, per phase
 # --------------------------------------------------------------------------------------
 def plot_calls(records, ax=None, labels=None, phases=PHASES, title: str | None = None,
-               highlight=None):
+               highlight=None, columns: int | None = None):
     """Draw `records` (one rank, typically one step and microbatch plus its optimizer
     phase) as boxes in issue order, one lane per phase in `phases`.
 
     Each box is coloured by op and shows the op (AR all-reduce, AG all-gather, RS
     reduce-scatter), the local tensor's shape and bytes; `labels`, when given, is one
     string per record (same order) written above the box (e.g. "attn g"). `highlight`
-    is a set of record positions to outline (e.g. the calls of one layer). Returns the
-    axes.
+    is a set of record positions to outline (e.g. the calls of one layer). `columns`
+    widens the axes to at least that many boxes (to align panels). Returns the axes.
     """
     from matplotlib.patches import Patch, Rectangle
 
     recs = [r for r in records if r["phase"] in phases]
     pos = [i for i, r in enumerate(records) if r["phase"] in phases]
     lanes = [p for p in phases if any(r["phase"] == p for r in recs)]
-    ncol = max((sum(r["phase"] == p for r in recs) for p in lanes), default=1)
+    ncol = max([sum(r["phase"] == p for r in recs) for p in lanes] + [columns or 1])
     if ax is None:
         import matplotlib.pyplot as plt
         _, ax = plt.subplots(figsize=(max(6, 1.15 * ncol), 0.5 + 1.1 * len(lanes)))
