@@ -41,7 +41,7 @@ browser: $(BROWSER_STAMP)
 $(BROWSER_STAMP): scripts/install_browser.sh
 	@mkdir -p $(VENV)
 	@if bash scripts/install_browser.sh; then touch $@; \
-	else echo "make: no Chromium: the browser tests will be skipped"; fi
+	else echo "make: going on without Chromium (see above): tests/test_browser.py installs it when root, else skips"; fi
 
 # The whole test suite (what CI runs).
 test: $(STAMP) $(BROWSER_STAMP)
