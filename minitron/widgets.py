@@ -67,9 +67,9 @@ class ScheduleExplorer(W.VBox):
             return W.IntSlider(value, min=lo, max=hi, continuous_update=False, **look(description))
 
         self.kind = W.Dropdown(options=list(S.KINDS), value=kind, **look("schedule"))
-        self.p = slider(p, 1, 8, "p (stages)")
-        self.m = slider(m, 1, 32, "m (microbatches)")
-        self.v = slider(v, 2, 4, "v (chunks)")        # used by interleaved only
+        self.p = slider(p, 1, max(8, p), "p (stages)")
+        self.m = slider(m, 1, max(32, m), "m (microbatches)")
+        self.v = slider(v, 2, max(4, v), "v (chunks)")   # used by interleaved only
         self.summary = W.Label()
         self.plot = W.Output()
         # CSS classes name the parts for browser tests (tests/test_browser.py).
@@ -97,7 +97,7 @@ class ScheduleExplorer(W.VBox):
         self.v.disabled = kind != "interleaved"
         try:
             sim = S.simulate(S.validate(S.make_schedule(kind, p, v, m)))
-        except ValueError as e:          # ConfigError-like one-liners (and ScheduleError)
+        except ValueError as e:          # the engine's one-line refusal (ScheduleError too)
             self.summary.value = f"⚠ {e}"
             self.summary.style.text_color = "#b00020"
             self.plot.outputs = ()
