@@ -48,7 +48,7 @@ test: $(STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not multirank"
+	$(BIN)/python -m pytest -q -m "not multirank and not browser and not slurm"
 
 clean:
 	rm -rf runs .pytest_cache
