@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "lessons").glob("*.ipynb"))
-LAB_SOLUTIONS = [ROOT / "labs" / "solutions" / "01_f_and_g.ipynb"]
+LAB_SOLUTIONS = sorted((ROOT / "labs" / "solutions").glob("*.ipynb"))
 
 
 def _param(nb: Path):

@@ -190,12 +190,20 @@ def backward_input(root, grad, stage_input: torch.Tensor):
 
 # --- the runtime ---------------------------------------------------------------------------
 class PipelineRuntime:
-    """Executes this rank's part of the schedule `layout.schedule` for its chunks."""
+    """Executes this rank's part of the schedule `layout.schedule` for its chunks, or of
+    `schedule` when one is given (a Schedule built elsewhere, e.g. a lab's; validated here,
+    and its p, v, m must be the layout's pp, vpp and `microbatches`)."""
 
-    def __init__(self, chunks, ctx, model_cfg, layout, microbatches: int, record: bool = True):
+    def __init__(self, chunks, ctx, model_cfg, layout, microbatches: int, record: bool = True,
+                 schedule: Schedule | None = None):
         self.chunks, self.ctx, self.comm = list(chunks), ctx, ctx.comm
         self.cfg, self.layout = model_cfg, layout
-        self.schedule: Schedule = validate(make_schedule(layout.schedule, layout.pp, layout.vpp, microbatches))
+        if schedule is None:
+            schedule = make_schedule(layout.schedule, layout.pp, layout.vpp, microbatches)
+        elif (schedule.p, schedule.v, schedule.m) != (layout.pp, layout.vpp, microbatches):
+            raise ValueError(f"the schedule is for p={schedule.p}, v={schedule.v}, m={schedule.m}; this run "
+                             f"has pp={layout.pp}, vpp={layout.vpp}, microbatches={microbatches}")
+        self.schedule: Schedule = validate(schedule)
         self.rank = self.comm.index("pp")
         self.steps = self.schedule.steps(self.rank)
         self.split = self.schedule.kind == "zb-h1"  # B = input gradient, W = weight gradients

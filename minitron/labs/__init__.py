@@ -1,0 +1,22 @@
+"""Lab checkers: each runs the learner's version of one engine function (given as source
+text) inside the real engine, on local gloo ranks, and compares the run with the
+single-device model and with the engine's closed forms.
+
+==========================  ==========================================  =================
+lab                         checker                                     module
+==========================  ==========================================  =================
+01 f and g                  ``check_f_and_g(SOURCE)``                   :mod:`.f_and_g`
+02 the 1F1B schedule        ``check_one_f_one_b(SOURCE)``               :mod:`.pipeline`
+03 ZeRO-1 over a bucket     ``check_zero1(SOURCE)``                     :mod:`.zero`
+==========================  ==========================================  =================
+
+Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
+learner's code does not compile, raises, returns something malformed or hangs; what they
+share (the guarded ranks, deadlines, one-line failures) is :mod:`.runner`.
+"""
+from .f_and_g import check_f_and_g
+from .pipeline import check_one_f_one_b
+from .runner import LabError
+from .zero import check_zero1
+
+__all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "LabError"]

@@ -1,0 +1,146 @@
+"""Lab 2: the 1F1B schedule (PipeDream-Flush, PTD-P §2.2.1) as data.
+
+The learner writes ``one_f_one_b(p, m, rank)``: the ordered actions of pipeline rank
+`rank` in one training step, ``Action("F", k)`` and ``Action("B", k)`` (the engine's
+representation, :mod:`minitron.parallel.schedules`). Sends and receives may be left
+out: the checker then adds them the engine's way (a receive right before the compute that
+consumes it, a send right after the compute that produces it; consecutive ones form one
+batch). The checker
+
+1. builds the whole schedule for many shapes (p = 1..6, m = 1..10; in this process);
+2. ``validate``: every F and B once per microbatch, each rank's order respects its
+   dependencies, every send meets its receive, no deadlock (blocking or eager sends);
+3. ``simulate`` (F = 1, B = 2): the bubble fraction must be (p−1)/m and rank r's peak
+   stash min(p−r, m) (:mod:`minitron.analysis.bubble`);
+4. runs it in the pipeline runtime (``PipelineRuntime(..., schedule=...)``) on `pp` gloo
+   ranks, float64, 2 steps of m = 4 microbatches, and compares losses and parameters with
+   the single-device model.
+
+    result = check_one_f_one_b(SOURCE)   # {"ok", "message", "bubble_fraction", "peak_stashed", ...}
+"""
+from __future__ import annotations
+
+import torch
+
+from ..analysis.bubble import bubble_fraction, stashed_on_rank
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..parallel.schedules import (COMM_OPS, Action, Schedule, ScheduleError, _with_comms, simulate,
+                                  validate)
+from .runner import LabError, deadline, describe, fail, load, run_cases
+
+MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
+                    eval_every=0, sample_tokens=0)
+TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+SHAPES = [(4, 8), (2, 4)] + [(p, m) for p in range(1, 7) for m in range(1, 11) if (p, m) not in ((4, 8), (2, 4))]
+
+
+def build_schedule(fn, p: int, m: int) -> Schedule:
+    """The Schedule of `fn(p, m, rank)` for every rank (`fn` may also be the source text
+    that defines `one_f_one_b`), with sends and receives added the engine's way when `fn`
+    returns compute actions only. Raises LabError when `fn` raises or returns something
+    other than a list of Actions."""
+    if isinstance(fn, str):
+        fn = load(fn, ("one_f_one_b",), {"Action": Action})["one_f_one_b"]
+    rows = []
+    for rank in range(p):
+        try:
+            acts = fn(p, m, rank)
+        except Exception as e:
+            raise LabError(describe(e)) from None
+        call = f"one_f_one_b(p={p}, m={m}, rank={rank})"
+        if not isinstance(acts, (list, tuple)):
+            raise LabError(f"{call} returned {type(acts).__name__} {acts!r:.60}: return a list of Actions")
+        bad = next((a for a in acts if not isinstance(a, Action)), None)
+        if bad is not None:
+            raise LabError(f"{call} returned a list holding {bad!r:.40} ({type(bad).__name__}): "
+                           f"return Actions, e.g. Action('F', 0)")
+        if not any(a.op in COMM_OPS for a in acts):
+            acts = _with_comms(p, 1, rank, [(a,) for a in acts])
+        rows.append(tuple(acts))
+    return Schedule("1f1b", p, 1, m, tuple(rows))
+
+
+def _static_check(fn) -> tuple[str, dict]:
+    """('', the numbers of p=4, m=8) when every shape validates and has 1F1B's bubble and
+    stash; else (the first problem, {}). Shapes go from a typical one to the corner cases."""
+    built = {}
+    for p, m in SHAPES:
+        built[p, m] = s = build_schedule(fn, p, m)
+        try:
+            validate(s)
+        except ScheduleError as e:
+            return f"p={p}, m={m}: your schedule cannot run: {e}", {}
+    numbers = {}
+    for (p, m), s in built.items():
+        sim = simulate(s)
+        want = bubble_fraction("1f1b", p, m)
+        if abs(sim.bubble_fraction - want) > 1e-9:
+            hint = ("a rank idles waiting for work it could have had: begin with p-r-1 warm-up forwards, "
+                    "then alternate one forward and one backward" if sim.bubble_fraction > want else
+                    "is that a schedule that flushes the pipeline?")
+            return (f"p={p}, m={m}: your bubble fraction is {sim.bubble_fraction:.4f}, 1F1B's is "
+                    f"(p-1)/m = {want:.4f}: {hint}"), {}
+        for r in range(p):
+            want_r = stashed_on_rank("1f1b", p, m, 1, r)
+            got = sim.peak_stashed[r]
+            if got != want_r:
+                hint = ("that is GPipe's memory: start the backwards before all the forwards are done"
+                        if got == m else f"rank r needs only p-r-1 = {p - r - 1} forwards in flight before its "
+                        "first backward, then one forward per backward")
+                return (f"p={p}, m={m}: rank {r} stashes up to {got} microbatches of activations, "
+                        f"1F1B min(p-r, m) = {want_r:g}: {hint}"), {}
+        if not numbers:
+            numbers = {"p": p, "m": m, "bubble_fraction": sim.bubble_fraction,
+                       "peak_stashed": list(sim.peak_stashed)}
+    return "", numbers
+
+
+def _pipeline_job(comm, schedule: Schedule) -> dict | None:
+    from ..checkpoint import gather_full
+    from ..parallel.pipeline import PipelineRuntime
+    from ..train import Trainer
+    from ..verify import compare, reference_run
+
+    layout = ParallelConfig(pp=comm.size("pp"), schedule="1f1b", device="cpu")
+    tr = Trainer(MODEL, layout, TRAIN, comm)
+    tr.pipeline = PipelineRuntime(tr.chunks, tr.ctx, MODEL, layout, TRAIN.microbatches, schedule=schedule)
+    losses = [tr.step(i) for i in range(TRAIN.steps)]
+    ran = [(r["op"], r["mb"]) for r in tr.pipeline.records if r["step"] == 0]
+    planned = [(a.op, a.mb) for a in schedule.compute_actions(comm.index("pp"))]
+    if ran != planned:  # the runtime executes the schedule as data: this would be an engine bug
+        raise LabError(f"pipeline rank {comm.index('pp')} ran {ran} instead of the schedule's {planned}")
+    full = gather_full(tr)
+    if comm.grid.rank != 0:
+        return None
+    torch.manual_seed(TRAIN.seed)
+    ref_losses, ref = reference_run(MODEL, TRAIN, tr.corpus, TRAIN.steps)
+    return compare(losses, full, ref_losses, ref)
+
+
+def check_one_f_one_b(source: str, pp: int = 2, timeout: float = 60) -> dict:
+    """Lab 2: the 1F1B schedule `one_f_one_b(p, m, rank)` defined in `source`: validated
+    for p = 1..6 and m = 1..10 (dependencies, matched messages, no deadlock), its bubble
+    and peak stash compared with the closed forms, then run by the pipeline runtime on
+    `pp` gloo ranks (float64, 2 steps, 4 microbatches) against the single-device model.
+    Returns {"ok", "message", "bubble_fraction", "peak_stashed", "max_loss_abs_diff",
+    "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem."""
+    try:
+        with deadline(timeout):
+            ns = load(source, ("one_f_one_b",), {"Action": Action})
+            problem, numbers = _static_check(ns["one_f_one_b"])
+            if problem:
+                return fail(problem)
+            schedule = build_schedule(ns["one_f_one_b"], pp, TRAIN.microbatches)
+    except Exception as e:  # LabError, LabTimeout, or a surprise in the checker itself
+        return fail(describe(e))
+    res = run_cases(_pipeline_job, ParallelConfig(pp=pp, device="cpu"), [(schedule,)], timeout)[0]
+    if "message" in res:  # a failure of the run
+        return res
+    ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
+    msg = (f"your 1F1B is valid for every p <= 6, m <= 10, has 1F1B's bubble and stash, and trains on "
+           f"{pp} pipeline ranks exactly like the single-device model" if ok else
+           f"your schedule validates but training on {pp} ranks differs from the single-device model "
+           f"(loss by {res['max_loss_abs_diff']:.3g}, {res['worst_param']} by {res['max_param_rel_diff']:.3g})")
+    return {"ok": ok, "message": msg, **numbers, "max_loss_abs_diff": res["max_loss_abs_diff"],
+            "max_param_rel_diff": res["max_param_rel_diff"]}

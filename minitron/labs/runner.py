@@ -1,0 +1,345 @@
+"""What every lab checker shares: the learner's code, ranks that always report, one-line verdicts.
+
+The learner's code arrives as *source text* (a class or function defined in a notebook
+cannot be pickled to a forkserver rank). Whatever it does, the checker answers with a
+dict, never a traceback or a hang: ``{"ok": True, ...}`` or ``{"ok": False, "message":
+one line naming what is wrong}``:
+
+* it does not compile              -> the line and the parser's complaint (no rank starts)
+* it raises                        -> which of your functions, the exception, the line
+* it returns something malformed   -> the lab's own check (a :class:`LabError`)
+* it loops forever                 -> a per-rank alarm after `timeout` seconds, with the line it was on
+* ranks wait for each other        -> the collectives' timeout is cut to `timeout`/3 seconds
+  (a collective or message one rank never posts)
+* ranks issue different collectives -> gloo aborts the process: the launch reports it
+* a rank dies without reporting    -> that rank and its exit code
+
+Each rank runs the lab's job inside a guard that turns any exception into a record; rank
+0's verdict wins unless some rank failed, and the most telling failure is reported (your
+code's own exception before the engine error it caused, before the peer that lost it).
+
+Several cases can share one launch (``run_cases``: starting ranks is the slow part on a
+small machine). After a case the ranks compare notes through the rendezvous store, not
+through the process group a failed case may have left out of step: they go on only if
+every rank passed or failed cleanly having issued the same communication; otherwise the
+remaining cases get a fresh launch.
+
+    verdicts = run_cases(job, layout, [(source_a,), (source_b,)], timeout=60)
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import linecache
+import os
+import pickle
+import signal
+import tempfile
+import threading
+import traceback
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+
+YOUR_CODE = "<your code>"  # the file name of the learner's source in tracebacks
+SETUP_TIMEOUT = 120  # s: joining the process group on a loaded machine
+# which failure explains a case best (lower first): a finding about your code, then a
+# timeout, then an engine error (often caused by what your code returned), then a rank
+# that only lost its peer
+_PRIORITY = {"check": 0, "learner": 0, "timeout": 1, "engine": 2, "comm": 3}
+
+
+class LabError(Exception):
+    """A finding about the learner's code; its message is the verdict's one line."""
+
+
+class LabTimeout(Exception):
+    """Raised by the per-rank alarm when a case runs past its deadline."""
+
+
+def fail(message: str) -> dict:
+    return {"ok": False, "message": message}
+
+
+# --- the learner's source ---------------------------------------------------------------------
+def compile_source(source):
+    """Compile the learner's source (registered for tracebacks) or raise LabError."""
+    if not isinstance(source, str):
+        raise LabError(f"the checker takes your code as a string (SOURCE = '''...'''), "
+                       f"got a {type(source).__name__}")
+    try:
+        code = compile(source, YOUR_CODE, "exec")
+    except SyntaxError as e:
+        text = (e.text or "").strip()
+        raise LabError(f"your code does not compile: {e.msg} at line {e.lineno}"
+                       + (f": `{text}`" if text else "")) from None
+    linecache.cache[YOUR_CODE] = (len(source), None, source.splitlines(True), YOUR_CODE)
+    return code
+
+
+def load(source, names: tuple, namespace: dict | None = None) -> dict:
+    """Run the learner's source in a fresh namespace (seeded with `namespace`) and return it;
+    LabError when it does not compile, raises, or leaves one of `names` undefined."""
+    code = compile_source(source)
+    ns = dict(namespace or {})
+    try:
+        exec(code, ns)
+    except Exception as e:
+        raise LabError(describe(e)) from None
+    missing = [n for n in names if not callable(ns.get(n))]
+    if missing:
+        raise LabError(f"your code defines no {', '.join(missing)}: it must define "
+                       f"{' and '.join(names)}")
+    return ns
+
+
+def call(what: str, fn, *args):
+    """`fn(*args)`, with an exception of the learner's code described (LabError)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        if isinstance(e, (LabError, LabTimeout)) or _is_comm_error(e):
+            raise  # a timeout or a lost peer is ranked with the other ranks' failures (merge)
+        raise LabError(describe(e, what)) from None
+
+
+# --- describing a failure in one line ----------------------------------------------------------
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def _frames(e: BaseException):
+    return [(f, lineno) for f, lineno in traceback.walk_tb(e.__traceback__)]
+
+
+def _where_in_your_code(e: BaseException) -> str:
+    """'F.backward, line 12 of your code: `return dy`' for the innermost frame of the
+    learner's code in the traceback, or ''."""
+    mine = [(f, n) for f, n in _frames(e) if f.f_code.co_filename == YOUR_CODE]
+    if not mine:
+        return ""
+    f, n = mine[-1]
+    name = getattr(f.f_code, "co_qualname", f.f_code.co_name)
+    text = linecache.getline(YOUR_CODE, n).strip()
+    where = (f"line {n}" if name == "<module>" else f"{name}, line {n}") + " of your code"
+    return where + (f": `{text}`" if text else "")
+
+
+def _where_in_engine(e: BaseException) -> str:
+    frames = [(f, n) for f, n in _frames(e) if "minitron" in f.f_code.co_filename
+              and "labs" not in os.path.basename(os.path.dirname(f.f_code.co_filename))]
+    if not frames:
+        return ""
+    f, n = frames[-1]
+    path = f.f_code.co_filename
+    path = path[path.rindex("minitron"):] if "minitron" in path else path
+    return f"{path}:{n} in {f.f_code.co_name}"
+
+
+def _is_comm_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}"
+    return any(s in text for s in ("DistBackendError", "Gloo", "gloo", "Connection closed", "Connection reset",
+                                   "Timed out", "timed out", "Broken pipe", "NCCL"))
+
+
+def classify(e: BaseException) -> str:
+    if isinstance(e, LabError):
+        return "check"
+    if isinstance(e, LabTimeout):
+        return "timeout"
+    if _is_comm_error(e):
+        return "comm"
+    return "learner" if _where_in_your_code(e) else "engine"
+
+
+def describe(e: BaseException, what: str = "") -> str:
+    """One line for an exception raised while the learner's code ran (`what`: 'your F')."""
+    if isinstance(e, LabError):
+        return str(e)
+    mine = _where_in_your_code(e)
+    if isinstance(e, LabTimeout):
+        if mine:
+            return f"your code did not finish within {e.args[0]:g} s (an endless loop?): it was at {mine}"
+        return (f"the check did not finish within {e.args[0]:g} s: stuck in "
+                f"{_where_in_engine(e) or 'the engine'} with your code")
+    if _is_comm_error(e):
+        text = str(e).lower()
+        at = f" (at {mine})" if mine else ""
+        if "timed out" in text or "timeout" in text:
+            return ("a rank waited past the timeout for a collective or a message its peers never posted: "
+                    f"does every rank issue the same communication in the same order?{at}")
+        return f"a rank lost its peers: {_first_line(e)[:120]}{at}"
+    if mine:
+        return f"{_first_line(e)} in {mine}"
+    where = _where_in_engine(e)
+    return (f"the engine failed with what {what or 'your code'} returned: {_first_line(e)}"
+            + (f" ({where})" if where else ""))
+
+
+# --- deadlines ---------------------------------------------------------------------------------
+@contextmanager
+def deadline(seconds: float):
+    """Raise LabTimeout in the main thread after `seconds` (SIGALRM; a no-op elsewhere).
+    A rank blocked inside a collective is ended by the collective's own timeout instead."""
+    if (not seconds or threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "setitimer")):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise LabTimeout(seconds)
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def guarded(fn, *args, timeout: float = 60, what: str = "") -> dict:
+    """{"result": fn(*args)} or {"error": one line, "kind": ...}; never raises (but for
+    KeyboardInterrupt)."""
+    try:
+        with deadline(timeout):
+            return {"result": fn(*args)}
+    except Exception as e:
+        return {"error": describe(e, what), "kind": classify(e)}
+
+
+def _set_timeouts(comm, seconds: float) -> None:
+    """Cut every process group's collective timeout to `seconds` (a hang becomes an error)."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+    except ImportError:  # older torch: the start-up timeout stays
+        return
+    groups = {id(g): g for g in [dist.group.WORLD, *comm.grid.groups.values()] if g is not None}
+    for g in groups.values():
+        try:
+            _set_pg_timeout(datetime.timedelta(seconds=seconds), g)
+        except Exception:
+            pass
+
+
+# --- ranks -------------------------------------------------------------------------------------
+def _calls(comm) -> dict:
+    """How many calls of each (axis, op) this rank issued in the case (from its trace)."""
+    records = comm.trace.records if comm.trace is not None else []
+    return dict(Counter(f"{r['axis']}:{r['op']}" for r in records))
+
+
+def _in_step(comm, run_id: str, i: int, rec: dict, timeout: float) -> bool:
+    """After case i: may the ranks go on to the next case on the same process group? Every
+    rank posts its outcome to the rendezvous store and reads everyone's: yes when each
+    one passed or failed in a check or in the learner's code, having issued the same calls."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    store = _get_default_store()
+    key = f"minitron-lab/{run_id}/{i}/"
+    store.set(key + str(rank), json.dumps({"kind": rec.get("kind"), "calls": _calls(comm)}))
+    keys = [key + str(r) for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception:
+        return False
+    notes = [json.loads(store.get(k)) for k in keys]
+    return (all(n["kind"] in (None, "check", "learner") for n in notes)
+            and all(n["calls"] == notes[0]["calls"] for n in notes))
+
+
+def _rank_main(job, layout, cases, timeout: float, trace: bool, run_id: str, outdir: str) -> None:
+    """On each rank: join, run the cases in order (each guarded), stop early when the ranks
+    are out of step. Each case's record goes to `outdir` as soon as it is known, so that
+    the parent learns what ran even when a rank is killed later."""
+    from ..launch import setup_rank, teardown
+
+    comm = setup_rank(layout, layout.backend, SETUP_TIMEOUT, trace=trace)
+    try:
+        _set_timeouts(comm, max(3.0, timeout / 3))  # before the alarm: a wait is not a loop
+        for i, args in enumerate(cases):
+            if comm.trace is not None:
+                comm.trace.records.clear()
+            comm.step, comm.microbatch, comm.phase = 0, None, "other"
+            rec = guarded(job, comm, *args, timeout=timeout)
+            with open(os.path.join(outdir, f"{i}.{comm.grid.rank}.tmp"), "wb") as f:
+                pickle.dump(rec, f)
+            os.replace(f.name, f.name[:-4] + ".pkl")
+            more = i + 1 < len(cases)
+            if more and comm.grid.world > 1 and not _in_step(comm, run_id, i, rec, timeout):
+                break
+    finally:
+        with deadline(timeout):
+            try:
+                teardown()
+            except Exception:
+                pass
+
+
+def merge(records: list[dict]) -> dict:
+    """One verdict from the ranks' records of a case: rank 0's result, or the failure
+    that explains it best."""
+    errors = [(_PRIORITY.get(r.get("kind"), 9), rank, r) for rank, r in enumerate(records) if "error" in r]
+    if errors:
+        _, rank, r = min(errors, key=lambda t: t[:2])
+        where = f" (rank {rank})" if len(records) > 1 and r.get("kind") != "check" else ""
+        return fail(r["error"] + where)
+    verdict = records[0]["result"]
+    return verdict if isinstance(verdict, dict) else fail(f"the checker's rank 0 returned {verdict!r}")
+
+
+def _died(e: BaseException) -> str:
+    """One line for a launch that ended with a rank killed (no record of the case)."""
+    failures = getattr(e, "failures", None) or {}
+    for rank, f in sorted(failures.items()):
+        code = getattr(f, "exitcode", None)
+        if code == -signal.SIGABRT:
+            return (f"rank {rank} was aborted by the communication backend: most likely the ranks issued "
+                    "different collectives (a call on one rank met another kind or size of call on its "
+                    "peer): every rank must issue the same communication in the same order")
+        how = f"signal {-code}" if isinstance(code, int) and code < 0 else f"exit code {code}"
+        return f"rank {rank} died without reporting ({how}): killed, or a crash outside Python"
+    return f"the ranks did not start: {_first_line(e)}"
+
+
+def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool = True) -> list[dict]:
+    """Run `job(comm, *case)` for every case on `layout.world` local ranks, in as few
+    launches as the outcomes allow; one verdict dict per case (rank 0's return value, or
+    the failure that explains the case)."""
+    from ..launch import launch_local
+
+    verdicts: list = [None] * len(cases)
+    todo = list(range(len(cases)))
+    while todo:
+        with tempfile.TemporaryDirectory(prefix="minitron-lab-") as outdir:
+            args = (job, layout, [cases[i] for i in todo], timeout, trace, uuid.uuid4().hex[:8], outdir)
+            try:
+                if layout.world == 1:
+                    _rank_main(*args)
+                else:
+                    launch_local(_rank_main, args, layout.world)
+                crash = None
+            except Exception as e:  # a rank was killed: the cases it finished still count
+                crash = _died(e)
+            done = []
+            for j in range(len(todo)):
+                paths = [os.path.join(outdir, f"{j}.{r}.pkl") for r in range(layout.world)]
+                if not all(os.path.exists(p) for p in paths):
+                    break
+                done.append(merge([pickle.load(open(p, "rb")) for p in paths]))
+        for j, v in enumerate(done):
+            verdicts[todo[j]] = v
+        todo = todo[len(done):]
+        if todo and crash:  # the case that was running when a rank died
+            verdicts[todo.pop(0)] = fail(crash)
+        elif todo and not done:  # should not happen: every launch runs its first case
+            for i in todo:
+                verdicts[i] = fail("the ranks ended without running the check")
+            break
+    return verdicts

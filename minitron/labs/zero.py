@@ -1,0 +1,231 @@
+"""Lab 3: ZeRO-1 over one gradient bucket (Rajbhandari et al. 2020, stage 1; the engine's
+``--zero1``: ``BucketedDataParallel(shard=True)`` and ``ZeroOneAdamW`` in
+:mod:`minitron.parallel.data`).
+
+The learner writes two functions of one flat bucket of n elements (n a multiple of the d
+data-parallel ranks; rank r owns elements [r·n/d, (r+1)·n/d)):
+
+* ``reduce_scatter_grads(comm, grad)`` -> this rank's n/d elements of the *mean* gradient
+  over the d ranks. The engine calls it from the backward hook that sees the bucket's
+  last gradient (during the last microbatch's backward, overlapping the rest of it).
+* ``update_params(comm, grad_shard, param, state, lr)``: step this rank's shard of the
+  parameters with ``adam(shard, grad_shard, state, lr)`` (given: AdamW without weight
+  decay, elementwise, exactly torch's), then all-gather the shards into ``param`` in place.
+
+The checker trains a tiny GPT on `dp` gloo ranks (float64, 2 steps of 2 microbatches,
+several buckets) with these in place of the engine's reduce-scatter and sharded step, and
+checks, in this order: each returned gradient shard against the true mean (computed
+aside); the parameter bucket identical on every rank after ``update_params``; the data-
+parallel calls of one step, traced, against ``analysis.data_parallel.dp_calls`` (op, phase,
+count, bytes); the optimizer state held per rank against ``model_state_bytes``
+(2·ceil(n/d)·e); losses and parameters against the single-device model.
+
+    result = check_zero1(SOURCE)   # {"ok", "message", "calls", "optimizer_bytes", ...}
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..parallel.data import ZeroOneAdamW
+from .runner import LabError, call, compile_source, fail, load, run_cases
+
+MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
+                    clip=0.0, progress=False, eval_every=0, sample_tokens=0)
+BUCKET_MB = 0.02  # ~2.6k float64 elements: this 12k-parameter model gets 5 buckets
+TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+BETAS, EPS = (0.9, 0.95), 1e-8  # the engine's AdamW (minitron.optim.make_adamw)
+
+
+@torch.no_grad()
+def adam(param: torch.Tensor, grad: torch.Tensor, state: dict, lr: float) -> None:
+    """AdamW without weight decay on flat tensors, in place: what ``torch.optim.AdamW``
+    computes for each element. `state` (a dict kept between steps) gets the step count and
+    the two moments, ``exp_avg`` and ``exp_avg_sq``, each the size of `param`."""
+    if not state:
+        state.update(step=0, exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+    beta1, beta2 = BETAS
+    state["step"] += 1
+    t = state["step"]
+    state["exp_avg"].lerp_(grad, 1 - beta1)
+    state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** t)).add_(EPS)
+    param.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((a - b).abs().max() <= 1e-12 * b.abs().max().clamp_min(1e-300))
+
+
+def _diagnose(got, grad, full_mean, d: int, r: int) -> str:
+    """Why the shard `got` is not this rank's slice of the mean gradient."""
+    k = full_mean.numel() // d
+    mine = slice(r * k, (r + 1) * k)
+    if _close(got, full_mean[mine] * d):
+        return "it is the sum over the ranks, not the mean: divide by d (before or after the reduce-scatter)"
+    for j in range(d):
+        if j != r and _close(got, full_mean[j * k:(j + 1) * k]):
+            return (f"it is rank {j}'s slice of the mean: rank r owns elements [r*n/d, (r+1)*n/d) "
+                    f"of the bucket")
+    if _close(got, grad[mine]) or _close(got, grad[mine] / d):
+        return "it holds only this rank's own gradient: reduce (sum) over the data-parallel ranks"
+    err = float((got - full_mean[mine]).abs().max())
+    return f"it differs from this rank's slice of the mean by up to {err:.3g}"
+
+
+class _LabBuckets:
+    """The engine's bucket start (``BucketedDataParallel._start``), calling the learner's
+    reduce-scatter and checking what it returns against the mean computed aside."""
+
+    def __init__(self, dp, fn):
+        self.dp, self.fn = dp, fn
+
+    def __call__(self, b) -> None:
+        dp, d, r = self.dp, self.dp.d, self.dp.rank
+        grad = dp.grad_buffer[b.start:b.end]
+        truth = grad.clone()  # the mean, by a plain all-reduce that bypasses Comm (not traced)
+        dist.all_reduce(truth, group=dp.comm.group("dp"))
+        truth /= d
+        local = grad.clone()
+        got = call("reduce_scatter_grads", self.fn, dp.comm, grad)
+        k = b.numel // d
+        if not isinstance(got, torch.Tensor) or got.numel() != k:
+            what = f"{got.numel()} elements" if isinstance(got, torch.Tensor) else repr(got)[:40]
+            raise LabError(f"reduce_scatter_grads returned {what} for a bucket of n={b.numel} on d={d} ranks: "
+                           f"return this rank's n/d = {k} elements of the mean gradient")
+        got = got.reshape(-1).to(truth.dtype)
+        if not _close(got, truth[r * k:(r + 1) * k]):
+            raise LabError(f"reduce_scatter_grads on dp rank {r}, bucket {b.index} (n={b.numel}): "
+                           + _diagnose(got, local, truth, d, r))
+        dp.shard_grad[b.start // d:b.end // d] = got
+
+
+class _LabZeroOne(ZeroOneAdamW):
+    """``ZeroOneAdamW`` whose step calls the learner's `update_params` once per bucket
+    (no clipping: the lab trains with clip=0)."""
+
+    def __init__(self, dp, fn):  # no super().__init__: the learner keeps the state
+        self.dp, self.comm, self.fn, self.steps = dp, dp.comm, fn, 0
+        self.states = [{} for _ in dp.buckets]
+
+    def state_bytes(self) -> int:
+        def size(x):
+            if isinstance(x, torch.Tensor):
+                return x.numel() * x.element_size()
+            if isinstance(x, dict):
+                return sum(size(v) for v in x.values())
+            if isinstance(x, (list, tuple)):
+                return sum(size(v) for v in x)
+            return 0
+        return sum(size(s) for s in self.states)
+
+    @torch.no_grad()
+    def step(self, lr: float, max_norm: float = 0.0) -> float:
+        dp, d = self.dp, self.dp.d
+        for b in dp.buckets:
+            param = dp.param_buffer[b.start:b.end]
+            grad_shard = dp.shard_grad[b.start // d:b.end // d]
+            call("update_params", self.fn, self.comm, grad_shard, param, self.states[b.index], lr)
+            total = param.clone()
+            dist.all_reduce(total, group=self.comm.group("dp"))  # aside, not traced
+            if not _close(total, param * d):
+                raise LabError(f"after update_params the parameter bucket {b.index} differs between the "
+                               f"data-parallel ranks: all-gather every rank's updated shard into `param`")
+        return 0.0
+
+
+def _calls_summary(calls) -> str:
+    return ", ".join(f"{c['op']} x{c['calls']} in {c['phase']} ({c['bytes']} B)" for c in calls) or "none"
+
+
+def _zero1_job(comm, source: str) -> dict | None:
+    from ..analysis.data_parallel import dp_calls, model_state_bytes
+    from ..checkpoint import gather_full
+    from ..train import Trainer
+    from ..verify import compare, reference_run
+
+    ns = load(source, ("reduce_scatter_grads", "update_params"), {"torch": torch, "adam": adam})
+    d = comm.size("dp")
+    layout = ParallelConfig(dp=d, zero1=True, bucket_mb=BUCKET_MB, device="cpu")
+    tr = Trainer(MODEL, layout, TRAIN, comm)
+    tr.dp._start = _LabBuckets(tr.dp, ns["reduce_scatter_grads"])
+    tr.optimizer = opt = _LabZeroOne(tr.dp, ns["update_params"])
+    losses = [tr.step(i) for i in range(TRAIN.steps)]
+
+    predicted = model_state_bytes(MODEL, layout, TRAIN)
+    held = opt.state_bytes()
+    if held != predicted["optimizer_bytes_zero1"]:
+        raise LabError(f"dp rank {comm.index('dp')} holds {held} bytes of optimizer state; ZeRO-1 keeps "
+                       f"2*ceil(n/d)*e = {predicted['optimizer_bytes_zero1']:.0f} (Adam's two moments of this "
+                       f"rank's shard only; replicated Adam: {predicted['optimizer_bytes_replicated']:.0f})")
+
+    # the data-parallel calls of step 0 against the closed form (the engine's own ZeRO-1 also
+    # all-reduces the 8-byte gradient norm for clipping, which this lab leaves out)
+    e = tr.dp.grad_buffer.element_size()
+    want = [c for c in dp_calls([p.numel() for p in tr.dp.params], d, "bucketed", zero1=True,
+                                bucket_mb=BUCKET_MB, bytes_per_el=e) if c["op"] != "all_reduce"]
+    seen = defaultdict(lambda: [0, 0])
+    for rec in comm.trace.records:
+        if rec["axis"] == "dp" and rec["step"] == 0:
+            seen[rec["op"], rec["phase"]][0] += 1
+            seen[rec["op"], rec["phase"]][1] += rec["bytes"]
+    got = [{"op": op, "phase": ph, "calls": n, "bytes": nb} for (op, ph), (n, nb) in seen.items()]
+    key = lambda c: (c["op"], c["phase"])  # noqa: E731
+    if sorted(got, key=key) != sorted(want, key=key):
+        reduces = {c["phase"] for c in got if c["op"] == "all_reduce"}
+        hint = (": an all-reduce of the gradients moves twice a reduce-scatter's bytes on the wire, and "
+                "each rank needs only its shard" if "bwd" in reduces else
+                ": ZeRO-1 needs no all-reduce after backward, each rank steps its own shard and one "
+                "all-gather shares them" if reduces else "")
+        raise LabError(f"your data-parallel calls in one step: {_calls_summary(got)}; ZeRO-1's "
+                       f"(analysis.data_parallel.dp_calls): {_calls_summary(want)}{hint}")
+
+    full = gather_full(tr)
+    if comm.grid.rank != 0:
+        return None
+    torch.manual_seed(TRAIN.seed)
+    ref_losses, ref = reference_run(MODEL, TRAIN.replace(microbatches=TRAIN.microbatches * d), tr.corpus,
+                                    TRAIN.steps)
+    res = compare(losses, full, ref_losses, ref)
+    res.update(calls=got, optimizer_bytes=held, optimizer_bytes_replicated=predicted["optimizer_bytes_replicated"])
+    return res
+
+
+def check_zero1_all(sources: list[str], dp: int = 2, timeout: float = 60) -> list[dict]:
+    """`check_zero1` for several sources, in as few launches as their outcomes allow."""
+    verdicts: list = [None] * len(sources)
+    cases = []
+    for i, src in enumerate(sources):
+        try:
+            compile_source(src)
+            cases.append(i)
+        except LabError as e:
+            verdicts[i] = fail(str(e))
+    runs = run_cases(_zero1_job, ParallelConfig(dp=dp, device="cpu"), [(sources[i],) for i in cases], timeout)
+    for i, res in zip(cases, runs):
+        if "message" in res:  # a failure
+            verdicts[i] = res
+            continue
+        ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
+        msg = (f"your ZeRO-1 trains exactly like the single-device model on {dp} data-parallel ranks, "
+               f"moving what dp_calls predicts and keeping 1/{dp} of Adam's state" if ok else
+               f"each step checks out but training differs from the single-device model (loss by "
+               f"{res['max_loss_abs_diff']:.3g}, {res['worst_param']} by {res['max_param_rel_diff']:.3g})")
+        verdicts[i] = {"ok": ok, "message": msg, **res}
+    return verdicts
+
+
+def check_zero1(source: str, dp: int = 2, timeout: float = 60) -> dict:
+    """Lab 3: train a tiny GPT on `dp` gloo ranks (float64, 2 steps) with the learner's
+    `reduce_scatter_grads` and `update_params` in place of the engine's ZeRO-1 bucket
+    reduce-scatter and sharded AdamW step; check each gradient shard, the parameters after
+    the all-gather, the traced calls (dp_calls), the optimizer bytes (model_state_bytes)
+    and the run against the single-device model. Returns {"ok", "message", "calls",
+    "optimizer_bytes", "optimizer_bytes_replicated", "max_loss_abs_diff",
+    "max_param_rel_diff", ...}, or {"ok": False, "message"} naming the first problem."""
+    return check_zero1_all([source], dp, timeout)[0]
