@@ -308,23 +308,6 @@ def _died(e: BaseException) -> str:
     return f"the ranks did not start: {_first_line(e)}"
 
 
-_SIGNALS = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
-
-
-def _signal_handlers() -> dict:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
-
-
-def _restore(handlers: dict) -> None:
-    """Put back the caller's signal handlers: torch's elastic agent leaves its own, which turn
-    a notebook's interrupt (SIGINT) or a kernel shutdown (SIGTERM) into a SignalException."""
-    for sig, h in handlers.items():
-        if h is not None and signal.getsignal(sig) is not h:
-            signal.signal(sig, h)
-
-
 def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool = True) -> list[dict]:
     """Run `job(comm, *case)` for every case on `layout.world` local ranks, in as few
     launches as the outcomes allow; one verdict dict per case (rank 0's return value, or
@@ -336,8 +319,7 @@ def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool 
     while todo:
         with tempfile.TemporaryDirectory(prefix="minitron-lab-") as outdir:
             args = (job, layout, [cases[i] for i in todo], timeout, trace, uuid.uuid4().hex[:8], outdir)
-            handlers = _signal_handlers()
-            try:
+            try:  # launch_local puts the caller's signal handlers back afterwards
                 if layout.world == 1:
                     _rank_main(*args)
                 else:
@@ -345,8 +327,6 @@ def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool 
                 crash = None
             except Exception as e:  # a rank was killed: the cases it finished still count
                 crash = _died(e)
-            finally:
-                _restore(handlers)
             done = []
             for j in range(len(todo)):
                 paths = [os.path.join(outdir, f"{j}.{r}.pkl") for r in range(layout.world)]
