@@ -195,21 +195,27 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
 
 
 def bench_job(comm, m, p, t, corpus, extra) -> dict | None:
-    """Multi-rank step time of a layout (median after warm-up), reported by rank 0."""
+    """Multi-rank step time of a layout (median after warm-up), reported by rank 0, with
+    the per-device matmul peak measured on every rank at once between the steps (so that
+    it sees the cores or links the ranks share); MFU is against world × that peak."""
     tr = Trainer(m, p, t, comm, corpus)
+    device = tr.ctx.device
+    probe = MatmulProbe(torch.bfloat16 if p.precision == "bf16" else DTYPES[t.dtype], device)
     steps, warmup = extra.get("steps", 10), extra.get("warmup", 3)
-    times = []
+    times = {"step": StepTimer(device), "peak": StepTimer(device)}
     for i in range(warmup + steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        tr.step(i)
-        comm.barrier()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+        for k, fn in (("step", tr.step), ("peak", probe)):
+            comm.barrier()
+            if i >= warmup:
+                times[k].mark()
+            fn(i)
+            comm.barrier()
+            if i >= warmup:
+                times[k].mark()
+    step_s, mm_s = (statistics.median(times[k].seconds()) for k in ("step", "peak"))
     if comm.grid.rank != 0:
         return None
-    step_s = statistics.median(times)
+    flops_per_s = model_flops_per_step(m, t.global_batch) / step_s
     return {"layout": p.describe(), "world": p.world, "minitron_step_s": step_s,
-            "tokens_per_s": t.global_batch * m.seq_len / step_s,
-            "model_flops_per_s": model_flops_per_step(m, t.global_batch) / step_s}
-
+            "tokens_per_s": t.global_batch * m.seq_len / step_s, "model_flops_per_s": flops_per_s,
+            "device_peak_flops_per_s": probe.flops / mm_s, "mfu": flops_per_s / (p.world * probe.flops / mm_s)}

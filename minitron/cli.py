@@ -247,9 +247,8 @@ def cmd_bench(args) -> int:
                           {"timeout": args.timeout, "steps": args.bench_steps, "warmup": args.warmup_steps})
         if not reporting():
             return 0
-        res.update(multi, single_device_step_s=one["minitron_step_s"],
-                   speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"],
-                   mfu=multi["model_flops_per_s"] / one["device_peak_flops_per_s"])
+        res.update(multi, single_device_step_s=one["minitron_step_s"], single_device_mfu=one["mfu"],
+                   speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"])
     if args.json:
         print(json.dumps(res))
         return 0
