@@ -124,7 +124,7 @@ def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: st
         for block in model.blocks:
             block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay,
-                            fused=device.type == "cuda" or None)
+                            fused=True)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step(i):
