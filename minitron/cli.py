@@ -247,8 +247,11 @@ def cmd_bench(args) -> int:
                           {"timeout": args.timeout, "steps": args.bench_steps, "warmup": args.warmup_steps})
         if not reporting():
             return 0
+        # speedup: raw step times from two launches (noisy on a shared machine); efficiency:
+        # MFU over MFU, each against a peak measured alongside it, so machine load cancels
         res.update(multi, single_device_step_s=one["minitron_step_s"], single_device_mfu=one["mfu"],
-                   speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"])
+                   speedup_vs_one_rank=one["minitron_step_s"] / multi["minitron_step_s"],
+                   efficiency_vs_one_rank=multi["mfu"] / one["mfu"])
     if args.json:
         print(json.dumps(res))
         return 0

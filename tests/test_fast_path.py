@@ -111,3 +111,4 @@ def test_bench_two_ranks_from_the_command_line():
     assert r["layout"] == "dp2.tp1.pp1" and r["world"] == 2
     assert r["speedup_vs_one_rank"] == pytest.approx(r["single_device_step_s"] / r["minitron_step_s"])
     assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / (2 * r["device_peak_flops_per_s"]))
+    assert r["efficiency_vs_one_rank"] == pytest.approx(r["mfu"] / r["single_device_mfu"])
