@@ -321,7 +321,11 @@ def test_per_axis_call_bytes():
     x = 2 * 16 * 32 * 4
     assert tp_layer_bytes(m, 2, 4) == {"all_reduce": 4 * x}
     assert tp_layer_bytes(m, 2, 4, recompute="full") == {"all_reduce": 6 * x}
-    assert tp_layer_bytes(m, 2, 4, sp=True) == {"all_gather": 4 * x / 4, "reduce_scatter": 4 * x}
+    # --sp: each all-reduce an all-gather of the shard and a reduce-scatter, and the
+    # backward's re-gathers of the QKV and fc input shards (Korthikanti §4.2.2)
+    assert tp_layer_bytes(m, 2, 4, sp=True) == {"all_gather": (4 + 2) * x / 4, "reduce_scatter": 4 * x}
+    assert tp_layer_bytes(m, 2, 4, sp=True, recompute="full") == {"all_gather": (6 + 2) * x / 4,
+                                                                  "reduce_scatter": 6 * x}
     assert tp_layer_bytes(m, 2, 1) == {}
     assert pp_boundary_bytes(m, 2) == x and pp_boundary_bytes(m, 2, 4, scatter_gather=True) == x / 4
     assert dp_bytes_per_step(10, 4) == {"all_reduce": 40}

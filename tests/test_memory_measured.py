@@ -1,8 +1,8 @@
 """`minitron memory` against the bytes of a real run (issue 7).
 
 For the `tiny` and `small` presets, on one device and on one 8-rank launch of
-dp2 x tp2 x pp2 (1F1B, replicated AdamW and ZeRO-1 in the same launch), each rank runs
-one training step and measures
+dp2 x tp2 x pp2 (1F1B; replicated AdamW, ZeRO-1 and sequence parallelism in the same
+launch), each rank runs one training step and measures
 
 * parameters: the bytes of its unique local parameters;
 * gradients: the bytes of ``p.grad`` after the step;
@@ -53,6 +53,8 @@ KW = dict(steps=1, warmup=1, eval_every=0, progress=False, sample_tokens=0)
 ONE_DEVICE = (ParallelConfig(), TrainConfig(global_batch=8, microbatches=2, **KW))
 PTDP = ParallelConfig(dp=2, tp=2, pp=2, schedule="1f1b")
 ZERO1 = dataclasses.replace(PTDP, zero1=True)
+SP = dataclasses.replace(PTDP, sp=True)  # the column-parallel linears keep their input's sequence shard
+PTDP_CASES = [(n, lay) for n in MODELS for lay in (PTDP, ZERO1, SP)] + [("odd", ZERO1)]
 PTDP_TRAIN = TrainConfig(global_batch=16, microbatches=4, **KW)  # microbatches of 2, 2 in flight on stage 0
 
 
@@ -304,24 +306,21 @@ def _ptdp_job(comm):
 
     corpus = load_corpus("")
     out = {}
-    for name in MODELS:
-        for layout in (PTDP, ZERO1):
-            tr = Trainer(PRESETS[name], layout, PTDP_TRAIN, comm, corpus)
-            out[(name, layout.zero1)] = (comm.index("pp"), measure_step(tr))
-            del tr
-    tr = Trainer(ODD, ZERO1, PTDP_TRAIN, comm, corpus)
-    out[("odd", True)] = (comm.index("pp"), measure_step(tr))
+    for name, layout in PTDP_CASES:
+        tr = Trainer(_model(name), layout, PTDP_TRAIN, comm, corpus)
+        out[(name, layout.describe())] = (comm.index("pp"), measure_step(tr))
+        del tr
     return out
 
 
 @pytest.mark.multirank
 def test_memory_matches_a_dp2_tp2_pp2_run():
-    for name in (*MODELS, "odd"):
-        validate(_model(name), ZERO1, PTDP_TRAIN)
+    for name, layout in PTDP_CASES:
+        validate(_model(name), layout, PTDP_TRAIN)
     results = run_on_ranks(_ptdp_job, PTDP)
     rows = []
-    for name, layout in [(n, lay) for n in MODELS for lay in (PTDP, ZERO1)] + [("odd", ZERO1)]:
-        per_rank = {rank: res[(name, layout.zero1)] for rank, res in results.items()}
+    for name, layout in PTDP_CASES:
+        per_rank = {rank: res[(name, layout.describe())] for rank, res in results.items()}
         case_rows = _rows(f"{name} {layout.describe()}", per_rank, name, layout, PTDP_TRAIN)
         _check_per_rank_max(case_rows, name, layout, PTDP_TRAIN)
         rows += case_rows

@@ -3,7 +3,8 @@ the activations a layer keeps, dropout streams and recomputation, bad input.
 
 One launch per t (2, 4, 8 ranks) trains several layouts and checks each against the
 single-device reference, its trace against the analysis, and (t = 2, 4) the measured
-saved-activation bytes per layer.
+saved-activation bytes per layer; and one sequence-parallel column-parallel linear
+keeping its input shard and all-gathering it again in the backward (Korthikanti §4.2.2).
 """
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from collections import Counter
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import minitron.model as model_mod
 from minitron.analysis.comm import tp_layer_bytes
-from minitron.analysis.memory import activation_bytes_per_layer
+from minitron.analysis.memory import (activation_bytes_per_layer, engine_activation_bytes_on_rank,
+                                      korthikanti_activation_bytes_per_layer)
 from minitron.analysis.tensor_parallel import (activation_table, format_table, layer_call_bytes,
                                                saved_bytes_per_layer, tp_collectives, tp_scaling)
 from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig, validate
@@ -80,7 +83,7 @@ def _measure_all(comm, t: int, b: int = 2, dtype=torch.float64) -> list[dict]:
                     x = x.chunk(t, dim=1)[ctx.tp_rank]
                 got = measure_layer_bytes(gpt, x.contiguous().requires_grad_())
                 want = sum(saved_bytes_per_layer(m, b, t, sp, rc, DT[dtype]).values())
-                rows.append({"t": t, "dropout": drop, "sp": sp, "recompute": rc,
+                rows.append({"t": t, "dropout": drop, "sp": sp, "recompute": rc, "exact": got == want,
                              "measured": got, "analysis": want, "ratio": got / want})
     return rows
 
@@ -112,6 +115,57 @@ def _expected_counts(m: ModelConfig, p: ParallelConfig, b: int, mbs: int, e: int
     return c
 
 
+def _all_gather_linear_job(comm, t: int) -> dict:
+    """One sequence-parallel column-parallel linear (`_AllGatherLinear`) on this rank's
+    shard: what it saves for the backward, its calls in the forward and in three kinds of
+    backward (whole; the input gradient only, as zb-h1's B; the weight gradients only, as
+    its W), and its gradients against F.linear on the whole input of every rank."""
+    from minitron.parallel.tensor import all_gather_linear
+
+    r, b, s, h, d = comm.index("tp"), 2, 8, 6, 4
+    ctx = Context(comm, ParallelConfig(tp=t, sp=True), torch.float64)
+    g = torch.Generator().manual_seed(0)
+    x_full = torch.randn(b, s, h, generator=g, dtype=torch.float64)
+    ws, bs, dys = ([torch.randn(*shape, generator=g, dtype=torch.float64) for _ in range(t)]
+                   for shape in ((d, h), (d,), (b, s, d)))  # rank q's column shard and dL/dY
+    w, bias = ws[r].clone().requires_grad_(), bs[r].clone().requires_grad_()
+    x0 = x_full.chunk(t, dim=1)[r].clone().requires_grad_()
+    saved = {}
+
+    def pack(x):
+        saved[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    calls = {}
+
+    def run(label, phase, fn):
+        comm.trace.records.clear()
+        with comm.in_phase(phase):
+            out = fn()
+        calls[label] = [(rec["phase"], rec["op"], rec["bytes"], tuple(rec["shape"]))
+                        for rec in comm.trace.records]
+        return out
+
+    x = x0 * 1.0  # a non-leaf input, as the output of a LayerNorm
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        y = run("forward", "fwd", lambda: all_gather_linear(x, w, bias, ctx))
+    saved.pop(w.untyped_storage().data_ptr())  # (parameters are not activations)
+    (dx_only,) = run("input gradient only (zb-h1 B)", "bwd",
+                     lambda: torch.autograd.grad(y, x0, dys[r], retain_graph=True))
+    run("weight gradients only (zb-h1 W)", "bwd",
+        lambda: torch.autograd.backward(y, dys[r], inputs=[w, bias], retain_graph=True))
+    dw_only = w.grad.clone()
+    w.grad = bias.grad = None
+    run("whole backward", "bwd", lambda: y.backward(dys[r]))
+    want_dx = sum(dys[q] @ ws[q] for q in range(t)).chunk(t, dim=1)[r]  # f's sum over the column shards
+    want_dw = dys[r].flatten(0, 1).t() @ x_full.flatten(0, 1)
+    err = max(float((x0.grad - want_dx).abs().max()), float((dx_only - want_dx).abs().max()),
+              float((w.grad - want_dw).abs().max()), float((dw_only - want_dw).abs().max()),
+              float((bias.grad - dys[r].sum((0, 1))).abs().max()),
+              float((y.detach() - F.linear(x_full, ws[r], bs[r])).abs().max()))
+    return {"saved_bytes": sum(saved.values()), "shard_bytes": x0.numel() * 8, "calls": calls, "err": err}
+
+
 def _tp_job(comm, t: int, measure: bool):
     from minitron.checkpoint import gather_full
     from minitron.data import load_corpus
@@ -141,6 +195,7 @@ def _tp_job(comm, t: int, measure: bool):
                                   "dropout": m.dropout, **res})
     if measure:
         out["activations"] = _measure_all(comm, t)
+    out["all_gather_linear"] = _all_gather_linear_job(comm, t)
     # dropout streams: the attention mask of this rank's heads, and a residual mask shard
     ctx_t = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="tensor"))
     ctx_g = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="global"))
@@ -173,19 +228,34 @@ def _check_launch(t: int, measure: bool):
     assert all(not torch.equal(tensor[0], x) for x in tensor[1:])
     assert torch.equal(torch.cat([results[r]["rng"]["global_probs"] for r in range(t)], 1), full_probs)
     assert torch.equal(torch.cat([results[r]["rng"]["tensor_resid"] for r in range(t)], 1), full_resid)
+    # the sequence-parallel column-parallel linear keeps the shard and gathers it again
+    b, s, h = 2, 8, 6
+    shard = ("all_gather", b * s // t * h * 8, (b, s // t, h))
+    full = ("reduce_scatter", b * s * h * 8, (b, s, h))
+    want = {"forward": [("fwd", *shard)], "input gradient only (zb-h1 B)": [("bwd", *full)],
+            "weight gradients only (zb-h1 W)": [("bwd", *shard)],
+            "whole backward": [("bwd", *shard), ("bwd", *full)]}
+    for r in range(t):
+        res = results[r]["all_gather_linear"]
+        assert res["calls"] == want, (r, res["calls"])
+        assert res["saved_bytes"] == res["shard_bytes"], res
+        assert res["err"] < 1e-12, res
     if measure:
         rows = [row for r in range(t) for row in results[r]["activations"] if r == 0]
         print(format_table(rows))
         for r in range(t):
             for row in results[r]["activations"]:
                 assert abs(row["ratio"] - 1) <= 0.10, row
+                # under --sp the column-parallel linears keep the input shard: to the byte
+                assert row["exact"] or not row["sp"], row
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("t,measure", [(2, True), (4, True), (8, False)])
 def test_tensor_parallel_ranks(t, measure):
     """verify (float64, 1e-9) for t ranks with and without --sp and --recompute full,
-    vocab 259, tied, dropout; trace = analysis; measured activations = analysis."""
+    vocab 259, tied, dropout; trace = analysis; measured activations = analysis (to the
+    byte under --sp); the --sp linear's saved shard and backward re-gather."""
     _check_launch(t, measure)
 
 
@@ -265,14 +335,16 @@ def test_layer_collectives_match_comm_analysis():
     per = {(c["phase"], c["op"]): (c["calls"], c["bytes"])
            for c in tp_collectives(MODEL, 2, 4, layers=1, first=False, last=False)}
     assert per == {("fwd", "all_reduce"): (2, x), ("bwd", "all_reduce"): (2, x)}
+    # --sp: the same ring wire bytes, plus the backward's re-gathers of the QKV and fc
+    # input shards, (t − 1)/t · b·s·h each
     sp = tp_collectives(MODEL, 2, 4, sp=True, layers=1, first=False, last=False)
     wire = sum(c["calls"] * (c["bytes"] * 4 if c["op"] == "all_gather" else c["bytes"]) * 3 / 4 for c in sp)
-    assert wire == 4 * 2 * 3 / 4 * x
+    assert wire == 4 * 2 * 3 / 4 * x + 2 * 3 / 4 * x
 
 
 def test_activation_analysis_against_table2():
-    """Without --sp minitron's layer is Table 2 per element plus the LayerNorm (and SDPA)
-    statistics; with --sp it also keeps the whole QKV and fc inputs (2·e·b·s·h·(1 − 1/t))."""
+    """With and without --sp minitron's layer is Table 2 per element plus the LayerNorm
+    statistics (under --sp the QKV and fc linears keep their input's sequence shard)."""
     m = PRESETS["megatron-8.3b"].replace(dropout=0.1)
     b, e = 1, 2
     T, h = b * m.seq_len, m.hidden
@@ -280,10 +352,32 @@ def test_activation_analysis_against_table2():
         for row in activation_table(m, b, t, e):
             ts = t if row["sp"] else 1
             stats = 0 if row["recompute"] == "full" else 2 * 2 * 4 * T / ts
-            extra = 2 * e * T * h * (1 - 1 / ts) if row["recompute"] != "full" else 0
-            assert math.isclose(row["minitron_bytes"], row["table2_bytes"] + stats + extra, rel_tol=1e-12), row
+            assert math.isclose(row["minitron_bytes"], row["table2_bytes"] + stats, rel_tol=1e-12), row
     # Table 2 literally (34 + 5as/h at 16 bits), for one layer of the 8.3B model on one device
     assert activation_bytes_per_layer(m, 1) == T * h * (34 + 5 * m.heads * m.seq_len / h)
+
+
+def test_sp_layer_keeps_what_table2_counts():
+    """Korthikanti Table 2 under sequence parallelism, sbh·(34/t + 5as/(ht)) (2-byte
+    activations, 1-byte masks), is what the engine's model keeps per layer, LayerNorm's
+    statistics aside, per item and in engine_activation_bytes_on_rank: the QKV and fc
+    linears keep their input's sequence shard, e·sbh/t each. (An all-gather followed by
+    F.linear kept it whole: 2·e·sbh·(1 − 1/t) above Table 2 per layer.)"""
+    m = PRESETS["gpt3-175b"].replace(dropout=0.1)
+    s, h, a, b, e = m.seq_len, m.hidden, m.heads, 1, 2
+    sbh = s * b * h
+    for t in (2, 4, 8):
+        stats = 2 * 2 * 4 * s * b / t  # ln1 and ln2: float32 mean and rstd of the shard's tokens
+        items = saved_bytes_per_layer(m, b, t, True, "none", e)
+        assert items["qkv input"] == items["fc input"] == e * sbh / t
+        for rc in ("none", "selective"):
+            table2 = korthikanti_activation_bytes_per_layer(s, b, h, a, t, True, rc)
+            layer = sum(saved_bytes_per_layer(m, b, t, True, rc, e).values())
+            assert math.isclose(layer - stats, table2, rel_tol=1e-12), (t, rc, layer - stats, table2)
+            # the engine's per-rank model: one more layer on the stage holds exactly that
+            lay = ParallelConfig(tp=t, sp=True, recompute=rc)
+            one, two = (engine_activation_bytes_on_rank(m.replace(layers=n), lay, b, 1, 0, e) for n in (1, 2))
+            assert math.isclose(two - one - stats, table2, rel_tol=1e-12), (t, rc, two - one - stats, table2)
 
 
 def test_tp_stays_inside_a_node():

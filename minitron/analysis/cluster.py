@@ -12,7 +12,9 @@ does in one iteration, each priced by the part of the machine that limits it:
   the optimizer) at a fraction of the memory bandwidth, from a per-layer inventory of
   the bytes these kernels read and write (unfused kernels, as in Megatron-LM 2019);
 * **tensor-parallel all-reduces**, never overlapped: ring all-reduces of b·s·h inside
-  a node over NVLink/NVSwitch (between nodes once t exceeds a node);
+  a node over NVLink/NVSwitch (between nodes once t exceeds a node); with sequence
+  parallelism also the backward's all-gathers of the column-parallel linears' saved
+  input shards (Korthikanti et al. 2022, §4.2.2);
 * **pipeline sends** between stages (b·s·h/t with the scatter/gather optimisation),
   and the **bubble** ``bubble_fraction(schedule, p, m, v)`` × the ideal time;
 * **data-parallel all-reduce** of the gradients (2 bytes each), overlapped with the
@@ -71,7 +73,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from .bubble import bubble_fraction
-from .comm import ring_allreduce_wire_bytes
+from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
 from .flops import _policy, flops_per_iteration, hardware_flops_per_iteration
 from .memory import memory_estimate
 from .params import _get, _params_given_layers, padded_vocab, rank_layers
@@ -258,6 +260,14 @@ def _allreduce_s(nbytes: float, n: int, bw: float, latency: float) -> float:
     return 2 * (n - 1) * latency + ring_allreduce_wire_bytes(nbytes, n) / (bw * COMM_BW_FRACTION)
 
 
+def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
+    """Ring all-gather time into an `nbytes` output: n−1 latency steps and
+    (n−1)/n · bytes at `bw` (half an all-reduce)."""
+    if n == 1:
+        return 0.0
+    return (n - 1) * latency + ring_allgather_wire_bytes(nbytes, n) / (bw * COMM_BW_FRACTION)
+
+
 # --------------------------------------------------------------------------------------
 # The iteration
 # --------------------------------------------------------------------------------------
@@ -285,12 +295,15 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # per microbatch, per stage: compute and the tensor-parallel all-reduces of b·s·h
     # (k per layer: 2 forward, 2 backward, 2 more when the forward is replayed; one
     # more for the embedding on the first stage and the output layer on the last),
-    # which sit on the critical path
+    # which sit on the critical path. With sequence parallelism an all-reduce is an
+    # all-gather and a reduce-scatter (the same time), and the backward all-gathers
+    # again the input shards that QKV and fc (and the output layer) kept (§4.2.2).
     lt = _layer_time(model, b, t, L.sp, c)
     replay = {"none": 0.0, "selective": lt.core_fwd, "full": lt.fwd}[rc]
     x = b * model.seq_len * model.hidden * 2  # bytes of a b·s·h activation in 16 bits
     tp_bw, tp_lat = (c.intra_bw, c.intra_latency) if t <= G else (c.inter_bw / G, c.inter_latency)
     ar = _allreduce_s(x, t, tp_bw, tp_lat)
+    regather = _allgather_s(x, t, tp_bw, tp_lat) if L.sp else 0.0
     k = 6 if rc == "full" else 4
     of, ob_in, ob_w = _logit_times(model, b, t, c)
     layers = rank_layers(model, {"pp": p, "vpp": v})
@@ -300,7 +313,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         fwd = n * lt.fwd + (of if last else 0.0)
         b_in = n * (lt.bwd_input + replay) + (ob_in if last else 0.0)
         b_w = n * lt.bwd_weight + (ob_w if last else 0.0)
-        tp_s = (n * k + first + last) * ar
+        tp_s = (n * k + first + last) * ar + (2 * n + last) * regather
         stages.append((fwd, b_in, b_w, tp_s))
     F, B_in, B_w, tp_mb = max(stages, key=lambda x: sum(x))
 

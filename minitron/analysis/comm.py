@@ -19,7 +19,10 @@ Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
 * 1-D tensor parallel, per layer per microbatch: 2 all-reduces of b·s·h forward
   (after attention and after the MLP: g) and 2 backward (f), 2 more when full
   recomputation replays the forward; with sequence parallelism each all-reduce becomes
-  an all-gather of the b·s·h/t shard and a reduce-scatter of b·s·h (same wire bytes);
+  an all-gather of the b·s·h/t shard and a reduce-scatter of b·s·h (same wire bytes),
+  and the QKV and fc linears, which keep only their input's sequence shard, all-gather
+  it again in the backward for their weight gradients: 2 more all-gathers of the
+  shard (Korthikanti et al. 2022, §4.2.2; one more for the output layer);
 * pipeline: b·s·h per stage boundary per microbatch in each direction (v times as many
   boundaries with interleaving; /t with sequence parallelism or scatter/gather).
 
@@ -81,7 +84,9 @@ def tp_layer_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     """1-D tensor-parallel call bytes of one transformer layer for one microbatch.
 
     Without sequence parallelism: ``{'all_reduce': k·b·s·h·e}`` with k = 4 (2 forward,
-    2 backward), 6 with full recomputation. With it: ``{'all_gather': k·b·s·h·e/t,
+    2 backward), 6 with full recomputation. With it each all-reduce becomes an
+    all-gather of the shard and a reduce-scatter, and the backward all-gathers the
+    2 saved input shards of QKV and fc again: ``{'all_gather': (k + 2)·b·s·h·e/t,
     'reduce_scatter': k·b·s·h·e}``. Empty when t = 1.
     """
     if tp == 1:
@@ -89,7 +94,8 @@ def tp_layer_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     k = 6 if _policy(recompute) == "full" else 4
     x = micro_batch * model.seq_len * model.hidden * bytes_per_el
     if sp:
-        return {"all_gather": _exact(k * x / tp), "reduce_scatter": k * x}
+        regather = 2  # the backward's all-gathers of QKV's and fc's saved input shards
+        return {"all_gather": _exact((k + regather) * x / tp), "reduce_scatter": k * x}
     return {"all_reduce": k * x}
 
 
@@ -137,10 +143,12 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     over the step. `dtype_bytes` is the parameter/gradient element size (4, 8 for
     float64 training); `act_bytes` the activation size (2 with bf16 precision, else
     `dtype_bytes`). Follows minitron's model: the vocab-parallel embedding all-reduces
-    its output, the output layer enters the parallel region (f), the loss all-reduces
-    max, target logit and sum of exponentials (b·s each); under sequence parallelism
-    replicated parameters sum their gradients over the tensor group; the gradient
-    norm for clipping is one 8-byte all-reduce on the tensor and pipeline axes.
+    its output, the output layer enters the parallel region (f; under sequence
+    parallelism an all-gather forward, and backward the re-gather of its saved input
+    shard and a reduce-scatter), the loss all-reduces max, target logit and sum of
+    exponentials (b·s each); under sequence parallelism replicated parameters sum their
+    gradients over the tensor group; the gradient norm for clipping is one 8-byte
+    all-reduce on the tensor and pipeline axes.
     """
     if _get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
         raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
@@ -174,6 +182,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         if last:
             if sp:
                 add("output layer input (forward)", "tp", "all_gather", m, m * x / t)
+                add("output layer input shard, re-gathered (backward)", "tp", "all_gather", m, m * x / t)
                 add("output layer input (backward)", "tp", "reduce_scatter", m, m * x)
             else:
                 add("output layer input (backward f)", "tp", "all_reduce", m, m * x)

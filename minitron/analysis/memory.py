@@ -45,7 +45,9 @@ A pipeline stage keeps these for every microbatch in flight
 (:func:`~minitron.analysis.bubble.stashed_on_rank`: p on the first stage with 1F1B, m
 with GPipe, ×(1 + (p−1)/(p·v)) interleaved), plus, on the first stage, the embedding's
 dropout mask and, on the last, the inputs of the final LayerNorm and of the output
-layer and the fp32 softmax of the cross-entropy (``4·b·s·V/t``). With recomputation one
+layer (sequence shards under sequence parallelism) and the fp32 softmax of the
+cross-entropy (``4·b·s·V/t``; Korthikanti §4.3: ``4sbh/t·(1 + V/h)`` with 2-byte
+activations and sequence parallelism). With recomputation one
 layer's activations are rebuilt during its backward: that working set is added once.
 This is :func:`activation_bytes_on_rank`, the estimate of the planner
 (:func:`memory_estimate`) for Megatron-style training at scale.
@@ -61,9 +63,11 @@ minitron's engine (:func:`memory_on_rank`)
 * activations (:func:`engine_activation_bytes_on_rank`): the peak of what autograd
   saves for the backward, parameters excluded, storages counted once. Per layer that is
   :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`, minitron's ``Block``
-  item by item (exact in float32/float64) — not Table 2, which counts the s² attention
-  matrices that the engine's SDPA core (no dropout) never stores, and leaves out
-  LayerNorm's statistics. A stage holds its layers for every microbatch in flight
+  item by item (exact in float32/float64): with dropout, Table 2 per element (also
+  under ``--sp``: the column-parallel linears keep their input's sequence shard and
+  all-gather it again in the backward, as Megatron does) plus LayerNorm's statistics,
+  which Table 2 leaves out; without dropout the SDPA core stores no s² attention
+  matrices. A stage holds its layers for every microbatch in flight
   (``stashed_on_rank``, as above; the pipeline stash's stage input *is* the first
   layer's saved input), plus per microbatch (:func:`stage_activation_bytes`):
 
@@ -72,7 +76,7 @@ minitron's engine (:func:`memory_on_rank`)
     embedding's mask (``b·s·h/t_s``);
   - last stage (one microbatch in flight outside GPipe): the final LayerNorm's input
     and statistics (``e·b·s·h/t_s + 2·e'·b·s/t_s``), the output layer's input
-    (``e·b·s·h``, whole), the cross-entropy's float32-or-wider softmax
+    (``e·b·s·h/t_s``: a sequence shard under ``--sp``), the cross-entropy's float32-or-wider softmax
     (``e'·b·s·V_pad/t``) and its targets (``8·b·s``, with t > 1 also a 1-byte mask).
 
   With t = 1 the ids the embedding saves are a view of the rank's whole token batch
@@ -236,7 +240,7 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     if pp_rank == (p * v - 1) % p:  # final LayerNorm input, output-layer input, fp32 softmax
         logits_in_flight = m if kind == "gpipe" else 1
         vocab = padded_vocab(model, t) // t
-        total += logits_in_flight * (e * s * b * h / (t if sp else 1) + e * s * b * h
+        total += logits_in_flight * (2 * e * s * b * h / (t if sp else 1)  # (shards under sp, §4.3)
                                      + max(4, e) * s * b * vocab)
     return total
 
@@ -266,7 +270,7 @@ def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp
     if last:
         out["ln_f input"] = e * T * h / ts
         out["ln_f mean, rstd"] = 2 * es * T / ts
-        out["output layer input"] = e * T * h
+        out["output layer input"] = e * T * h / ts  # (the shard under --sp: re-gathered in the backward)
         out["cross-entropy softmax"] = es * T * padded_vocab(model, t) / t
         out["targets"] = 8 * T + (T if t > 1 else 0)  # (t > 1: clamped local ids and their mask)
     return out

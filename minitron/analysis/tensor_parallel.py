@@ -11,8 +11,9 @@ one item per tensor, for one microbatch of b sequences on one tensor rank (e byt
 activation, boolean masks of 1 byte; T = b·s tokens, t_s = t with ``--sp`` else 1)::
 
     ln1, ln2 input                 e·T·h/t_s each, + mean and rstd: 2·e'·T/t_s each
-    QKV input, fc input            e·T·h each       (whole: the output of f, or of the
-                                                     sequence all-gather under --sp)
+    QKV input, fc input            e·T·h/t_s each   (under --sp the sequence shard: the
+                                                     linear all-gathers it again in the
+                                                     backward, Korthikanti §4.2.2)
     Q, K, V                        3·e·T·h/t
     attention, dropout > 0         softmax output e·b·a·s²/t, mask b·a·s²/t, dropped
                                    probabilities e·b·a·s²/t      (explicit core)
@@ -23,11 +24,11 @@ activation, boolean masks of 1 byte; T = b·s tokens, t_s = t with ``--sp`` else
 
 (e' = max(e, 4): statistics stay in float32 for 16-bit activations.) Selective
 recomputation keeps the input of the attention core (Q, K, V) and drops what it
-saved; full recomputation keeps only the layer input, e·T·h/t_s. Two differences from
-Table 2: the inputs of QKV and fc stay whole under ``--sp`` (Megatron saves the
-sequence shard and all-gathers it again in the backward, which minitron does not do:
-its trace then shows the same bytes with and without ``--sp``), and LayerNorm's and
-SDPA's statistics (b·s-sized) are counted.
+saved; full recomputation keeps only the layer input, e·T·h/t_s. With dropout and e = 2
+this is Table 2, with and without ``--sp``, plus what Table 2 leaves out: LayerNorm's
+statistics (b·s-sized; and SDPA's logsumexp when the SDPA core runs). Under full
+recomputation Table 2 counts the whole layer input, 2·s·b·h, where each rank holds its
+1/t shard under ``--sp``.
 
 Communication of one layer, one microbatch, one tensor rank
 -----------------------------------------------------------
@@ -35,13 +36,16 @@ Without ``--sp``: g all-reduces b·s·h after attention and after the MLP (forwa
 all-reduces the gradient of their inputs (backward): 2 + 2 all-reduces of b·s·h. With
 ``--sp`` each all-reduce becomes an all-gather (of the b·s·h/t shard) and a
 reduce-scatter (of b·s·h): the same bytes on the wire, 2(t−1)/t · b·s·h·e per pair
-on a ring. Full recomputation replays the two forward collectives in the backward.
-Once per microbatch: the vocabulary-parallel embedding's g (an all-reduce of b·s·h
-forward; under ``--sp`` the sequence split all-gathers its gradient), the output
-layer's f (all-reduce backward; under ``--sp`` an all-gather forward and a
-reduce-scatter backward) and the cross-entropy's three all-reduces of b·s numbers
-(max, target logit, sum of exponentials). :func:`tp_collectives` lists them with the
-phase they run in, as :class:`minitron.comm.CommTrace` records them.
+on a ring. The price of keeping only the input shard of QKV and fc is one more
+all-gather of it in each one's backward (the weight gradient needs the whole input):
+2 per layer, (t−1)/t · b·s·h·e on the wire each. Full recomputation replays the two
+forward collectives in the backward. Once per microbatch: the vocabulary-parallel
+embedding's g (an all-reduce of b·s·h forward; under ``--sp`` the sequence split
+all-gathers its gradient), the output layer's f (all-reduce backward; under ``--sp``
+an all-gather forward, and backward the re-gather of its input shard and a
+reduce-scatter) and the cross-entropy's three all-reduces of b·s numbers (max, target
+logit, sum of exponentials). :func:`tp_collectives` lists them with the phase they
+run in, as :class:`minitron.comm.CommTrace` records them.
 
 Why t stays inside a node
 -------------------------
@@ -89,7 +93,7 @@ def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp:
     if rc == "none":
         out["ln1 input"] = e * T * h / ts
         out["ln1 mean, rstd"] = 2 * es * T / ts
-        out["qkv input"] = e * T * h
+        out["qkv input"] = e * T * h / ts
     out["Q, K, V"] = 3 * e * T * h / t
     if rc == "none":
         if drop:
@@ -101,13 +105,13 @@ def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp:
     out["proj input"] = e * T * h / t
     out["ln2 input"] = e * T * h / ts
     out["ln2 mean, rstd"] = 2 * es * T / ts
-    out["fc input"] = e * T * h
+    out["fc input"] = e * T * h / ts
     out["GELU input"] = e * T * f / t
     out["fc2 input"] = e * T * f / t
     if drop:
         out["residual dropout masks"] = 2 * T * h / ts
     if rc == "selective":  # the layer input is ln1's input: kept, not recomputed
-        out = {"ln1 input": e * T * h / ts, "ln1 mean, rstd": 2 * es * T / ts, "qkv input": e * T * h,
+        out = {"ln1 input": e * T * h / ts, "ln1 mean, rstd": 2 * es * T / ts, "qkv input": e * T * h / ts,
                **out}
     return out
 
@@ -161,6 +165,7 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
         add("layers: enter (all-gather the sequence)", "fwd", "all_gather", 2 * L, shard)
         add("layers: leave (reduce-scatter the sequence)", "fwd", "reduce_scatter", 2 * L, x)
         add("layers: leave backward + enter replayed", "bwd", "all_gather", (4 if replay else 2) * L, shard)
+        add("layers: QKV and fc re-gather their input shard", "bwd", "all_gather", 2 * L, shard)
         add("layers: enter backward + leave replayed", "bwd", "reduce_scatter", (4 if replay else 2) * L, x)
     else:
         add("layers: g (after attention, after MLP)", "fwd", "all_reduce", 2 * L, x)
@@ -173,6 +178,7 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     if last:
         if sp:
             add("output layer: enter", "fwd", "all_gather", 1, shard)
+            add("output layer: re-gather its input shard", "bwd", "all_gather", 1, shard)
             add("output layer: enter, backward", "bwd", "reduce_scatter", 1, x)
         else:
             add("output layer: f backward", "bwd", "all_reduce", 1, x)

@@ -11,8 +11,12 @@ an MLP or an attention block costs one all-reduce forward and one backward.
 
 Sequence parallelism (Korthikanti et al. 2022, §4.2.2) replaces f by an all-gather
 along the sequence (reduce-scatter backward) and g by a reduce-scatter along the
-sequence (all-gather backward): same bytes, but LayerNorm and dropout run on 1/t of
-the tokens. Hidden states are [batch, seq, hidden]; the sequence is dim 1.
+sequence (all-gather backward), so that LayerNorm and dropout run on 1/t of the
+tokens. The all-gather is fused into the column-parallel linear that follows it
+(`_AllGatherLinear`), as in Megatron: the linear keeps only this rank's sequence shard
+for its backward and all-gathers it again there for the weight gradient. That is what
+makes Table 2's ``34/t`` hold, at the price of one more all-gather per column-parallel
+linear in the backward. Hidden states are [batch, seq, hidden]; the sequence is dim 1.
 
 With t = 1 every operator is the identity: the single-device model is this model.
 """
@@ -57,7 +61,8 @@ class _G(torch.autograd.Function):
 
 class _AllGather(torch.autograd.Function):
     """All-gather along `axis` on dimension `dim` forward; reduce-scatter the gradient
-    backward (sequence parallelism's f; the 3-D cube's gathers)."""
+    backward (the 3-D cube's gathers; sequence parallelism's f is fused into the linear
+    it feeds, `_AllGatherLinear`)."""
 
     @staticmethod
     def forward(ctx, x, comm, axis, dim):
@@ -108,10 +113,12 @@ class _SplitSeq(torch.autograd.Function):
 
 
 def enter_region(x, ctx: Context):
-    """Into a tensor-parallel region: f, or the sequence all-gather with --sp."""
-    if ctx.tp == 1:
+    """Into a tensor-parallel region: f. With --sp nothing happens here: the
+    column-parallel linear that follows all-gathers the sequence itself, fused with its
+    matmul (`_AllGatherLinear`), so x stays this rank's sequence shard."""
+    if ctx.tp == 1 or ctx.layout.sp:
         return x
-    return gather(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else _F.apply(x, ctx.comm)
+    return _F.apply(x, ctx.comm)
 
 
 def leave_region(x, ctx: Context):
@@ -119,6 +126,64 @@ def leave_region(x, ctx: Context):
     if ctx.tp == 1:
         return x
     return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else _G.apply(x, ctx.comm)
+
+
+def _wanted(ctx, i: int) -> bool:
+    """Does the running backward pass want the gradient of input `i` of this node?
+
+    Usually whenever the input requires one. But zb-h1 (``pipeline.py``) runs a node
+    twice: B asks only for the input gradient, W only for the weight gradients, and
+    only the engine knows which edges it follows this time (the question torch's own
+    ``register_multi_grad_hook`` asks it). F.linear's backward skips the rest by itself;
+    a Function written in Python must ask, or it would do (and communicate) both twice.
+    """
+    node, _ = ctx.next_functions[i]
+    if node is None:  # needs no gradient at all
+        return False
+    try:
+        return torch._C._will_engine_execute_node(node)
+    except RuntimeError:  # raised only for a leaf that autograd.grad() returns: wanted
+        return True
+
+
+class _AllGatherLinear(torch.autograd.Function):
+    """Y = all-gather(X_r) · Aᵀ + b: sequence parallelism's entry into a column-parallel
+    linear, with the all-gather fused into the linear (Korthikanti et al. 2022, §4.2.2;
+    Megatron-Core's ``LinearWithGradAccumulationAndAsyncCommunication``).
+
+    An all-gather followed by F.linear would save the gathered input, b·s·h, for the
+    weight gradient. This keeps only this rank's shard X_r, b·s·h/t, and all-gathers it
+    again in the backward: activation memory traded for one more all-gather of the
+    shard. The input gradient dY·A is reduce-scattered back to the sequence shard, as
+    the backward of the forward's all-gather. (Megatron overlaps the re-gather with the
+    dY·A matmul and the reduce-scatter with the weight gradient; the calls here block.)
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, comm):
+        ctx.comm, ctx.has_bias = comm, bias is not None
+        ctx.save_for_backward(x, weight)  # the shard, not the gathered input
+        return F.linear(comm.all_gather(x, "tp", SEQ), weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        want_dx, want_dw = _wanted(ctx, 0), _wanted(ctx, 1)
+        dx = dw = db = None
+        dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
+        if want_dw:  # the re-gather first (Megatron starts it before dY·A)
+            x_full = ctx.comm.all_gather(x, "tp", SEQ)
+            dw = dy2.t() @ x_full.flatten(0, -2).to(dy.dtype)
+        if want_dx:  # reduce-scattered in the input's dtype, as the forward gathered it
+            dx = ctx.comm.reduce_scatter((dy @ weight.to(dy.dtype)).to(x.dtype), "tp", SEQ)
+        if ctx.has_bias and _wanted(ctx, 2):
+            db = dy2.sum(0)
+        return dx, dw, db, None
+
+
+def all_gather_linear(x, weight, bias, ctx: Context):
+    """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t]."""
+    return _AllGatherLinear.apply(x, weight, bias, ctx.comm)
 
 
 def scatter_sequence(x, ctx: Context):
@@ -137,8 +202,13 @@ class ColumnParallelLinear(nn.Module):
         rows = split(d_out, t, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros")
+        self.ctx = ctx
 
-    def forward(self, x):  # x is already replicated (after enter_region)
+    def forward(self, x):
+        """x after enter_region: whole (f), or with --sp this rank's sequence shard,
+        all-gathered here (`_AllGatherLinear`)."""
+        if self.ctx.tp > 1 and self.ctx.layout.sp:
+            return all_gather_linear(x, self.weight, self.bias, self.ctx)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -255,7 +325,10 @@ def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float
 
 
 def output_logits(x, head: VocabParallelEmbedding, ctx: Context):
-    """The output layer on the vocabulary-split weight: local logits [b, s, V/t]."""
+    """The output layer on the vocabulary-split weight: local logits [b, s, V/t] (a
+    column-parallel linear without bias: with --sp it too keeps only the shard)."""
+    if ctx.tp > 1 and ctx.layout.sp:
+        return all_gather_linear(x, head.weight, None, ctx)
     return F.linear(enter_region(x, ctx), head.weight)
 
 
