@@ -1,0 +1,51 @@
+"""Eager vs `--compile` minitron, side by side in one run (steps alternate, medians).
+
+    .venv/bin/python benchmarks/bench_compile.py --model small --steps 10
+    .venv/bin/python benchmarks/bench_compile.py --model medium --steps 5 --global-batch 8
+
+Prints one JSON line: median step time of each and their ratio (compiled / eager), with
+the matmul probe's FLOP/s sampled between the steps, and the MFU of each.
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+from minitron.bench import MatmulProbe, StepTimer
+from minitron.config import ParallelConfig, TrainConfig, preset
+from minitron.train import Trainer, model_flops_per_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    m, t = preset(args.model), TrainConfig(global_batch=args.global_batch, progress=False)
+    runs = {"eager": Trainer(m, ParallelConfig(), t).step_async,
+            "compiled": Trainer(m, ParallelConfig(compile=True), t).step_async,
+            "peak": MatmulProbe()}
+    for i in range(args.warmup):
+        for fn in runs.values():
+            fn(i)
+    timers = {k: StepTimer(torch.device("cpu")) for k in runs}
+    for i in range(args.warmup, args.warmup + args.steps):
+        for k, fn in runs.items():
+            timers[k].mark()
+            fn(i)
+            timers[k].mark()
+    s = {k: statistics.median(timers[k].seconds()) for k in runs}
+    peak, flops = runs["peak"].flops / s["peak"], model_flops_per_step(m, args.global_batch)
+    print(json.dumps({"model": m.name, "threads": args.threads, "eager_step_s": s["eager"],
+                      "compiled_step_s": s["compiled"], "compiled_over_eager": s["compiled"] / s["eager"],
+                      "peak_flops_per_s": peak, "mfu_eager": flops / s["eager"] / peak,
+                      "mfu_compiled": flops / s["compiled"] / peak}))
+
+
+if __name__ == "__main__":
+    main()
