@@ -3,6 +3,7 @@
 For the `tiny` and `small` presets, on one device and on one 8-rank launch of
 dp2 x tp2 x pp2 (1F1B; replicated AdamW, ZeRO-1 and sequence parallelism in the same
 launch), each rank runs one training step and measures
+(:func:`minitron.measure.measure_step_memory`)
 
 * parameters: the bytes of its unique local parameters;
 * gradients: the bytes of ``p.grad`` after the step;
@@ -16,8 +17,8 @@ launch), each rank runs one training step and measures
   The stage output waiting for its send is a communication buffer, not counted here.
   A checkpointed region (``--recompute``) holds its inputs (torch saves them as saved
   tensors: the hooks see them) and, during its backward, what its recomputation saves
-  again: torch keeps those behind its private ``_recomputation_hook``, whose pack this
-  test wraps (one more single-device test, tiny and small under selective and full
+  again: torch keeps those behind its private ``_recomputation_hook``, whose pack the
+  probe wraps (one more single-device test, tiny and small under selective and full
   recomputation, and a long-sequence model where rebuilding the attention core is the
   peak).
 
@@ -29,17 +30,15 @@ within 10%.
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from contextlib import contextmanager
 
 import pytest
-import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from minitron.analysis.memory import buffer_bytes_on_rank, memory_on_rank, memory_per_rank
 from minitron.analysis.params import params_on_rank
 from minitron.analysis.tensor_parallel import format_table
 from minitron.config import PRESETS, ModelConfig, ParallelConfig, TrainConfig, validate
+from minitron.measure import measure_step_memory
 from minitron.testing import run_on_ranks
 
 MODELS = ("tiny", "small")
@@ -59,158 +58,13 @@ PTDP_TRAIN = TrainConfig(global_batch=16, microbatches=4, **KW)  # microbatches 
 
 
 # --------------------------------------------------------------------------------------
-# measuring
+# measuring: minitron.measure, under this file's short keys
 # --------------------------------------------------------------------------------------
-class _Packed:
-    """What a saved-tensor pack hook hands autograd: freed when autograd drops it."""
-
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t
-
-
-class SavedBytes:
-    """The bytes saved for the backward and alive, one count per storage, and their peak.
-
-    Every saved tensor is wrapped (pack hook); when autograd releases it (its node ran,
-    or the graph went) the wrapper dies and the storage's count drops. Storages of the
-    parameters are excluded. ``hold``/``release`` add other owners (the pipeline stash).
-    """
-
-    def __init__(self, params):
-        self.exclude = {p.untyped_storage().data_ptr() for p in params}
-        self.alive: dict[int, list] = {}  # storage pointer -> [bytes, owners]
-        self.now = self.peak = 0
-        self._held: dict = {}
-
-    def _add(self, t) -> int | None:
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr == 0 or ptr in self.exclude:
-            return None
-        entry = self.alive.setdefault(ptr, [st.nbytes(), 0])
-        if entry[1] == 0:
-            self.now += entry[0]
-            self.peak = max(self.peak, self.now)
-        entry[1] += 1
-        return ptr
-
-    def _drop(self, ptr: int) -> None:
-        entry = self.alive[ptr]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.alive[ptr]
-
-    def pack(self, t):
-        packed = _Packed(t)
-        ptr = self._add(t)
-        if ptr is not None:
-            weakref.finalize(packed, self._drop, ptr)
-        return packed
-
-    @staticmethod
-    def unpack(packed):
-        return packed.t
-
-    def hold(self, key, tensors) -> None:
-        self._held[key] = [p for p in (self._add(t) for t in tensors if t is not None and t.numel()) if p]
-
-    def release(self, key) -> None:
-        for ptr in self._held.pop(key, []):
-            self._drop(ptr)
-
-
-def _watch_stash(runtime, meter: SavedBytes) -> None:
-    """Count the pipeline stash: a microbatch's stage input from its F to the end of its B."""
-    forward, backward = runtime._F, runtime._B
-
-    def F(a):
-        forward(a)
-        key = (a.mb, a.chunk)
-        if key in runtime._stash:
-            meter.hold(key, [runtime._stash[key][0]])
-
-    def B(a):
-        backward(a)
-        meter.release((a.mb, a.chunk))
-
-    runtime._F, runtime._B = F, B
-
-
-@contextmanager
-def _watch_recomputation(meter: SavedBytes):
-    """Count what checkpointed regions save again when their backward recomputes them.
-
-    torch's non-reentrant checkpoint saves only placeholders for a region's tensors; at
-    the first unpack it reruns the region under ``_recomputation_hook``, whose pack keeps
-    each recomputed tensor (keyed by a ``_Handle`` of its placeholder) until that
-    placeholder is unpacked and drops the handle. This wraps the pack: a tensor counts
-    from its recomputation until its handle dies. (Private to torch: without it, nothing
-    is wrapped and the recomputation test skips.)"""
-    real = getattr(torch_checkpoint, "_recomputation_hook", None)
-    if real is None:
-        yield
-        return
-
-    class Counted(real):
-        def __init__(self, frame_ref, gid):
-            super().__init__(frame_ref, gid)
-            pack = self.pack_hook
-
-            def counted(x):
-                frame = frame_ref()
-                i = frame.recomp_counter[gid]
-                try:
-                    return pack(x)
-                finally:  # (the last one is stored, then stops the recomputation by raising)
-                    holder = frame.weak_holders[i]() if i < len(frame.weak_holders) else None
-                    handle = holder.handles.get(gid) if holder is not None else None
-                    if handle is not None and (ptr := meter._add(x)) is not None:
-                        weakref.finalize(handle, meter._drop, ptr)
-
-            self.pack_hook = counted
-
-    torch_checkpoint._recomputation_hook = Counted
-    try:
-        yield
-    finally:
-        torch_checkpoint._recomputation_hook = real
-
-
-def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _storages(tensors) -> int:
-    seen = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
-
-
 def measure_step(tr) -> dict:
     """Run one step of Trainer `tr` and measure this rank's bytes (module docstring)."""
-    meter = SavedBytes(tr.params)
-    if tr.pipeline is not None:
-        _watch_stash(tr.pipeline, meter)
-    with _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-        tr.step(0)
-    assert meter.now == 0 and not meter.alive, "saved tensors outlived the step"
-    grads = [p.grad for p in tr.params if p.grad is not None]
-    opt = tr.optimizer
-    if tr.layout.zero1:
-        state = [opt.exp_avg, opt.exp_avg_sq]
-        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, opt.shard_param]
-    else:
-        state = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
-        flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
-    params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
-    return {"params": params, "grads": grad_bytes, "optimizer": _nbytes(state),
-            "dp_buffers": _storages([*tr.params, *grads, *flat]) - params - grad_bytes,
-            "activations": meter.peak}
+    got = measure_step_memory(tr, 0)
+    return {"params": got["params_bytes"], "grads": got["grads_bytes"], "optimizer": got["optimizer_bytes"],
+            "dp_buffers": got["buffers_bytes"], "activations": got["activations_bytes"]}
 
 
 def _model(name: str):

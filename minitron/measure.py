@@ -1,0 +1,200 @@
+"""Measure what one training step holds in memory on this rank.
+
+The counterpart of :func:`minitron.analysis.memory.memory_on_rank`: same keys, counted
+from a real :class:`~minitron.train.Trainer` step instead of formulas.
+
+* params_bytes: the bytes of the rank's unique local parameters;
+* grads_bytes: the bytes of ``p.grad`` after the step;
+* optimizer_bytes: AdamW's ``exp_avg`` + ``exp_avg_sq`` (ZeRO-1: its shard tensors);
+* buffers_bytes: the data-parallel buffers only: the distinct storages behind parameters,
+  gradients and the data-parallel engine's flat buffers (``grad_buffer``,
+  ``param_buffer``, ``shard_grad``, ZeRO-1's ``shard_param``) minus the parameters and
+  gradients. The pipeline's send/receive tensors (in ``memory_on_rank``'s estimate) are
+  communication buffers and are not measured;
+* activations_bytes: the peak over the step of the bytes saved for the backward and
+  still alive (saved-tensor hooks; parameters excluded; one count per storage), together
+  with the pipeline stash (the stage inputs of the microbatches in flight). A
+  checkpointed region (``--recompute``) holds its inputs, and during its backward what
+  its recomputation saves again, which torch keeps behind its private
+  ``_recomputation_hook``: that hook's pack is wrapped here (without it, recomputed
+  tensors go uncounted).
+
+From a notebook: ``run_on_ranks(memory_job, layout, model, layout, train)``.
+"""
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+
+class _Packed:
+    """What a saved-tensor pack hook hands autograd: freed when autograd drops it."""
+
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+class SavedBytes:
+    """The bytes saved for the backward and alive, one count per storage, and their peak.
+
+    Every saved tensor is wrapped (pack hook); when autograd releases it (its node ran,
+    or the graph went) the wrapper dies and the storage's count drops. Storages of the
+    parameters are excluded. ``hold``/``release`` add other owners (the pipeline stash).
+    """
+
+    def __init__(self, params):
+        self.exclude = {p.untyped_storage().data_ptr() for p in params}
+        self.alive: dict[int, list] = {}  # storage pointer -> [bytes, owners]
+        self.now = self.peak = 0
+        self._held: dict = {}
+
+    def _add(self, t) -> int | None:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr == 0 or ptr in self.exclude:
+            return None
+        entry = self.alive.setdefault(ptr, [st.nbytes(), 0])
+        if entry[1] == 0:  # a storage counts once, however many tensors view it
+            self.now += entry[0]
+            self.peak = max(self.peak, self.now)
+        entry[1] += 1
+        return ptr
+
+    def _drop(self, ptr: int) -> None:
+        entry = self.alive[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.alive[ptr]
+
+    def pack(self, t):
+        packed = _Packed(t)
+        ptr = self._add(t)
+        if ptr is not None:
+            weakref.finalize(packed, self._drop, ptr)
+        return packed
+
+    @staticmethod
+    def unpack(packed):
+        return packed.t
+
+    def hold(self, key, tensors) -> None:
+        self._held[key] = [p for p in (self._add(t) for t in tensors if t is not None and t.numel()) if p]
+
+    def release(self, key) -> None:
+        for ptr in self._held.pop(key, []):
+            self._drop(ptr)
+
+
+def _watch_stash(runtime, meter: SavedBytes) -> None:
+    """Count the pipeline stash: a microbatch's stage input from its F to the end of its B."""
+    forward, backward = runtime._F, runtime._B
+
+    def F(a):
+        forward(a)
+        key = (a.mb, a.chunk)
+        if key in runtime._stash:
+            meter.hold(key, [runtime._stash[key][0]])
+
+    def B(a):
+        backward(a)
+        meter.release((a.mb, a.chunk))
+
+    runtime._F, runtime._B = F, B
+
+
+@contextmanager
+def _watch_recomputation(meter: SavedBytes):
+    """Count what checkpointed regions save again when their backward recomputes them.
+
+    torch's non-reentrant checkpoint saves only placeholders for a region's tensors; at
+    the first unpack it reruns the region under ``_recomputation_hook``, whose pack keeps
+    each recomputed tensor (keyed by a ``_Handle`` of its placeholder) until that
+    placeholder is unpacked and drops the handle. This wraps the pack: a tensor counts
+    from its recomputation until its handle dies."""
+    real = getattr(torch_checkpoint, "_recomputation_hook", None)
+    if real is None:
+        yield
+        return
+
+    class Counted(real):
+        def __init__(self, frame_ref, gid):
+            super().__init__(frame_ref, gid)
+            pack = self.pack_hook
+
+            def counted(x):
+                frame = frame_ref()
+                i = frame.recomp_counter[gid]
+                try:
+                    return pack(x)
+                finally:  # (the last one is stored, then stops the recomputation by raising)
+                    holder = frame.weak_holders[i]() if i < len(frame.weak_holders) else None
+                    handle = holder.handles.get(gid) if holder is not None else None
+                    if handle is not None and (ptr := meter._add(x)) is not None:
+                        weakref.finalize(handle, meter._drop, ptr)
+
+            self.pack_hook = counted
+
+    torch_checkpoint._recomputation_hook = Counted
+    try:
+        yield
+    finally:
+        torch_checkpoint._recomputation_hook = real
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _storages(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_step_memory(trainer, step: int = 0) -> dict:
+    """Run training step `step` of `trainer` and return the bytes this rank holds.
+
+    Keys as :func:`minitron.analysis.memory.memory_on_rank` (``params_bytes,
+    grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes, total_bytes``); see
+    the module docstring for what each counts (``buffers_bytes``: data-parallel buffers
+    only). Patches the trainer's pipeline runtime, if any, to count its stash.
+    """
+    tr = trainer
+    meter = SavedBytes(tr.params)
+    if tr.pipeline is not None:
+        _watch_stash(tr.pipeline, meter)
+    with _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+        tr.step(step)
+    if meter.now or meter.alive:  # a leak would make the peak meaningless
+        raise RuntimeError("saved tensors outlived the step")
+    grads = [p.grad for p in tr.params if p.grad is not None]
+    opt = tr.optimizer
+    if tr.layout.zero1:
+        state = [opt.exp_avg, opt.exp_avg_sq]
+        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, opt.shard_param]
+    else:
+        state = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
+        flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
+    params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
+    out = {"params_bytes": params, "grads_bytes": grad_bytes, "optimizer_bytes": _nbytes(state),
+           "activations_bytes": meter.peak,
+           "buffers_bytes": _storages([*tr.params, *grads, *flat]) - params - grad_bytes}
+    out["total_bytes"] = sum(out.values())
+    return out
+
+
+def memory_job(comm, model, layout, train, step: int = 0) -> dict:
+    """Rank job for :func:`minitron.testing.run_on_ranks`: build a Trainer, measure one
+    step; returns :func:`measure_step_memory`'s dict plus ``stage`` (this rank's pipeline
+    stage, for ``memory_on_rank(model, layout, train, stage)``)."""
+    from .train import Trainer
+
+    return {"stage": comm.index("pp"), **measure_step_memory(Trainer(model, layout, train, comm), step)}
