@@ -28,7 +28,9 @@ assert max(diffs) < 1e-9 and worst < 1e-9
 EOF
 
 # 2. The benchmark: ~1.3B parameters, s = 2048, bf16 autocast with fp32 master weights.
-BENCH=(bench --model gpt-1.3b --precision bf16 --global-batch 8 --microbatches 2 --bench-steps 8 --warmup-steps 3 --profile --json)
+# Microbatches of 2 sequences: minitron and PlainGPT (16 bytes of state per parameter
+# each, ~42 GB together) plus one step's activations must fit in 80 GB.
+BENCH=(bench --model gpt-1.3b --precision bf16 --global-batch 8 --microbatches 4 --bench-steps 8 --warmup-steps 3 --profile --json)
 $PY -m minitron "${BENCH[@]}" | tail -1 | tee "$OUT/bench_eager.json"
 $PY -m minitron "${BENCH[@]}" --compile | tail -1 | tee "$OUT/bench_compiled.json"
 $PY - "$OUT" <<'EOF'
