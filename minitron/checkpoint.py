@@ -28,8 +28,17 @@ def _region(p):
     return tuple((s.start, s.stop) for s in p.shard.slices)
 
 
+def _settle(opt) -> None:
+    """ZeRO-1 leaves its parameter all-gather in flight after a step (it overlaps the next
+    forward): complete it before parameters are read or overwritten here."""
+    dp = getattr(opt, "dp", None)
+    if dp is not None:
+        dp.wait_params()
+
+
 def export_state(params, opt=None) -> dict:
     """This rank's shards: {name: {"full_shape", "region", "param", "exp_avg", "exp_avg_sq", "step"}}."""
+    _settle(opt)
     per_param = opt.export_param_state() if hasattr(opt, "export_param_state") else None
     out = {}
     for p in params:
@@ -81,6 +90,7 @@ def import_state(params, opt, full: dict) -> None:
     if missing:
         raise ConfigError(f"checkpoint does not match the model: no '{missing[0]}' "
                           f"(was it saved with other --layers/--hidden/--tied?)")
+    _settle(opt)  # a pending gather would overwrite what is loaded
     opt_state = {}
     for p in params:
         info, rec = p.shard, full[p.shard.name]

@@ -43,6 +43,19 @@ def stage_layers(m: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
     return out
 
 
+def gather_points(chunk: GPT) -> list[tuple]:
+    """Where a forward waits for ZeRO-1's parameter all-gather: each block before it runs,
+    the head (final LayerNorm and output layer, which ``head`` reads without calling) before
+    ``ln_f``, and everything else (embeddings) when the chunk's forward starts."""
+    points = [(b, list(b.parameters())) for b in chunk.blocks.values()]
+    if chunk.last:
+        early = set(chunk.wte.parameters()) if chunk.first else set()  # tied: used first
+        points.append((chunk.ln_f, [p for p in (*chunk.ln_f.parameters(), *chunk.lm_head.parameters())
+                                    if p not in early]))
+    later = {p for _, ps in points for p in ps}
+    return [(chunk, [p for p in chunk.parameters() if p not in later])] + points
+
+
 class Trainer:
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  comm: Comm | None = None, corpus=None):
@@ -61,6 +74,8 @@ class Trainer:
         self.params = unique_params(p for c in self.chunks for p in c.parameters())
         self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
         self.optimizer = ZeroOneAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
+        if isinstance(self.optimizer, ZeroOneAdamW):  # the all-gather overlaps the next forward
+            self.dp.wait_before([pt for c in self.chunks for pt in gather_points(c)])
         self.pipeline = None
         if layout.pp > 1:
             from .parallel.pipeline import PipelineRuntime
@@ -98,8 +113,11 @@ class Trainer:
 
     # --- one step -------------------------------------------------------------------
     def step(self, step: int | None = None) -> float:
-        """One optimizer step on the global batch of `step`; returns the global mean loss."""
-        return float(self.step_async(step))
+        """One optimizer step on the global batch of `step`; returns the global mean loss.
+        Synchronous: the parameters are final on return (ZeRO-1's all-gather waited for)."""
+        loss = self.step_async(step)
+        self.dp.wait_params()
+        return float(loss)
 
     @property
     def grad_norm(self) -> float:
@@ -109,7 +127,9 @@ class Trainer:
     def step_async(self, step: int | None = None) -> torch.Tensor:
         """`step` without reading anything back from the device: returns the global mean
         loss as a 0-dim tensor, so that a GPU keeps working while the host queues the
-        next step. The training loop reads losses back every `--log-every` steps."""
+        next step. The training loop reads losses back every `--log-every` steps.
+        With ZeRO-1 the parameters' all-gather is still in flight on return: the next
+        forward waits for it layer by layer; anything else calls ``dp.wait_params()``."""
         step = self.step_idx if step is None else step
         self.comm.step = step
         for c in self.chunks:
@@ -166,6 +186,7 @@ class Trainer:
         """Mean validation loss over `batches` fixed validation batches (single-stage models;
         with a pipeline, the pipeline runtime's forward-only pass)."""
         n = batches or self.tcfg.eval_batches
+        self.dp.wait_params()  # the forward hooks would too; evaluation reads them all anyway
         for c in self.chunks:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)

@@ -205,6 +205,54 @@ def _check_state_export(rep_tr, zero_tr, comm, corpus, problems, tag):
             problems.append(f"{tag}: {p.shard.name} after import differs by {_rel(q.detach(), p.detach()):.2e}")
 
 
+def _check_overlapped_gather(comm, corpus, m, t, problems, tag):
+    """ZeRO-1's parameter all-gather overlaps the next forward: after ``step_async`` every
+    bucket's gather is still pending, each block's forward waits for exactly its own buckets
+    (later ones stay pending while the first blocks run), and the result is bit for bit the
+    blocking gather's; evaluation and checkpoint export right after a step see fresh values."""
+    from minitron.checkpoint import export_state
+    from minitron.train import Trainer
+
+    layout = ParallelConfig(dp=comm.size("dp"), zero1=True, bucket_mb=BUCKET_MB)
+    lazy, eager = Trainer(m, layout, t, comm, corpus), Trainer(m, layout, t, comm, corpus)
+    dp, seen = lazy.dp, []
+
+    def probe(block):
+        def hook(module, args):  # registered after dp's own hook: runs once it has waited
+            mine = {k for p in block.parameters() for k in dp.bucket_of[p]}
+            seen.append((mine & set(dp.pending_gathers), set(dp.pending_gathers) - mine))
+        return hook
+
+    for block in lazy.model.blocks.values():
+        block.register_forward_pre_hook(probe(block))
+    for i in range(t.steps):
+        lazy.step_async(i)
+        eager.step_async(i)
+        eager.dp.wait_params()  # the blocking gather
+        if dp.pending_gathers != list(range(len(dp.buckets))):
+            problems.append(f"{tag}: after step {i} pending gathers {dp.pending_gathers}, want every bucket")
+    a, b = export_state(lazy.params, lazy.optimizer), export_state(eager.params, eager.optimizer)
+    for name, ra in a.items():  # checkpoint export right after a step
+        for k in ("param", "exp_avg", "exp_avg_sq"):
+            if not torch.equal(ra[k], b[name][k]):
+                problems.append(f"{tag}: exported {k} of {name} differs from the blocking gather")
+    lazy.step_async(t.steps)
+    eager.step_async(t.steps)
+    eager.dp.wait_params()
+    if lazy.evaluate(1) != eager.evaluate(1):  # evaluation right after a step
+        problems.append(f"{tag}: evaluate after an overlapped step differs from the blocking one")
+    for p, q in zip(lazy.params, eager.params):
+        if not torch.equal(p, q):
+            problems.append(f"{tag}: {p.shard.name} differs from the blocking gather")
+    lazy.step_async(t.steps + 1)
+    seen.clear()
+    lazy.step(t.steps + 2)  # its forward consumes the gathers launched by the step before
+    if not seen or any(stale for stale, _ in seen):
+        problems.append(f"{tag}: a block ran before its bucket's gather was waited for: {seen}")
+    if not seen[0][1]:
+        problems.append(f"{tag}: nothing left pending when the first block ran (no overlap)")
+
+
 def _dp_job(comm, M, corpus, extra_layout):
     """Every variant on this world; rank 0 also runs the single-device reference."""
     from minitron.checkpoint import gather_full
@@ -232,6 +280,8 @@ def _dp_job(comm, M, corpus, extra_layout):
     if ("bucketed", False) in trainers and ("bucketed", True) in trainers:
         _check_state_export(trainers[("bucketed", False)], trainers[("bucketed", True)], comm, corpus, problems,
                             f"rank {comm.grid.rank}")
+    if comm.grid.world == 2:
+        _check_overlapped_gather(comm, corpus, m, t, problems, f"rank {comm.grid.rank} overlap")
     if comm.grid.rank == 0:
         ref_losses, ref = reference_run(m, t.replace(microbatches=M * D), corpus, t.steps)
         for key, (losses, full, norm) in verdicts.items():

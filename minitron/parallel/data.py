@@ -30,6 +30,14 @@ computes. Three ways to get that mean, from the textbook to the engine:
     that the parameters are views of. Call bytes per step: reduce-scatter ``ceil(n/d)·d``
     elements, all-gather ``ceil(n/d)`` (see ``minitron.analysis``).
 
+    The all-gather overlaps the *next forward* (ZeRO, Rajbhandari et al. 2020; Megatron-LM's
+    distributed optimizer, ``--overlap-param-gather``): ``step()`` only launches it, one
+    asynchronous call per bucket in forward order (the first layers' bucket first), and a
+    forward pre-hook on each module waits for the buckets of its parameters just before it
+    runs — the first layers compute while the last layers' parameters are still on the
+    wire. Whatever reads parameters outside a forward (evaluation, checkpoints, the next
+    optimizer step) calls ``dp.wait_params()`` first.
+
 Gradients that must also be summed over another axis (``ShardInfo.grad_sync``: the tied
 embedding between the first and last stage, LayerNorm under sequence parallelism) are
 summed in ``finish()`` too: after the data-parallel average for the replicated optimizer;
@@ -81,6 +89,9 @@ class NaiveDataParallel:
                     p.grad.div_(self.d)
         sync_replicated_grads(self.params, self.comm)
 
+    def wait_params(self) -> None:
+        """Nothing to wait for: the parameters are always up to date."""
+
 
 # --- bucketed, overlapped all-reduce (and reduce-scatter for ZeRO-1) ------------------------------
 class BucketedDataParallel:
@@ -112,6 +123,13 @@ class BucketedDataParallel:
             b.late = shard and any(order[i].shard.grad_sync for i in b.tensors)
         self.bucket_of = {p: [b.index for b in self.buckets if i in b.tensors] for i, p in enumerate(order)}
         self.offset = dict(zip(order, self.offsets))
+        # ZeRO-1 gathers start in forward order: the bucket holding the earliest-used parameter
+        # first (the reverse of the buffer, except the grad_sync buckets at its end)
+        fwd = {p: i for i, p in enumerate(unique_params(params))}
+        self.gather_order = sorted(range(len(self.buckets)),
+                                   key=lambda k: min(fwd[order[i]] for i in self.buckets[k].tensors))
+        self._gathers: dict = {}  # bucket index -> all-gather handle not yet waited for
+        self._fwd_hooks: list = []
 
         self.grad_buffer = torch.zeros(self.numel, dtype=dtype, device=device)
         self.views = {p: self._view(self.grad_buffer, p) for p in order}
@@ -199,6 +217,7 @@ class BucketedDataParallel:
     def finish(self) -> None:
         """Start what the hooks did not, wait for everything: afterwards ``p.grad`` is the
         averaged gradient (ZeRO-1: ``shard_grad`` is this rank's shard of it)."""
+        self.wait_params()  # a bucket no forward used (nothing, normally)
         for b in self.buckets[self._next:]:
             for i in b.tensors:
                 self._adopt(self.params[i])
@@ -242,6 +261,56 @@ class BucketedDataParallel:
             if w is not None:
                 w.wait()
         return out
+
+    # --- ZeRO-1: the parameter all-gather, overlapped with the next forward ---------------------
+    def start_param_gather(self, shard: torch.Tensor) -> None:
+        """Launch the all-gather of the updated shard into ``param_buffer``, one asynchronous
+        call per bucket in forward order, and return at once: the forward pre-hooks (see
+        `wait_before`) or `wait_params` complete them. `shard` must not change until then."""
+        self.wait_params()
+        for k in self.gather_order:
+            b = self.buckets[k]
+            work = self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d],
+                                             self.param_buffer[b.start:b.end], "dp", async_op=True)
+            if work is not None:
+                self._gathers[k] = work
+
+    @property
+    def pending_gathers(self) -> list[int]:
+        """Buckets whose parameter all-gather has been launched but not waited for."""
+        return sorted(self._gathers)
+
+    def _wait_buckets(self, buckets) -> None:
+        for k in buckets:
+            work = self._gathers.pop(k, None)
+            if work is not None:
+                work.wait()
+
+    def wait_params(self) -> None:
+        """Complete every pending parameter all-gather: call before reading parameters
+        outside a forward (evaluation, checkpoints, the optimizer step)."""
+        self._wait_buckets(list(self._gathers))
+
+    def wait_before(self, points) -> None:
+        """`points`: [(module, params)]; a forward pre-hook on each module waits for the
+        buckets of its `params`. Every parameter must be covered (else a forward could read
+        it stale): list a module that runs before the parameter is used."""
+        covered = set()
+        for module, params in points:
+            buckets = sorted({k for p in params for k in self.bucket_of.get(p, ())})
+            covered.update(params)
+            if buckets:
+                self._fwd_hooks.append(module.register_forward_pre_hook(self._waiter(buckets)))
+        missing = [p.shard.name for p in self.params if p not in covered]
+        if missing:
+            raise ValueError(f"no forward waits for the all-gather of {missing[:3]}")
+
+    def _waiter(self, buckets):
+        @torch.compiler.disable  # runs eagerly, also inside a compiled block (a graph break)
+        def hook(module, args):
+            if self._gathers:
+                self._wait_buckets(buckets)
+        return hook
 
 
 def _merge(ranges) -> list[tuple[int, int]]:
@@ -293,7 +362,9 @@ class ZeroOneAdamW:
 
     @torch.no_grad()
     def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
-        """Clip, step the shard, all-gather the parameters; returns the gradient norm."""
+        """Clip, step the shard, launch the parameters' all-gather (the next forward or
+        ``dp.wait_params()`` completes it); returns the gradient norm."""
+        self.dp.wait_params()  # reads param_buffer and overwrites the shard being sent
         g, p = self.dp.shard_grad, self.shard_param
         norm = self.grad_norm()
         if max_norm > 0:
@@ -309,12 +380,13 @@ class ZeroOneAdamW:
         step_size = lr / (1 - beta1 ** self.steps)
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
         p.addcdiv_(self.exp_avg, denom, value=-step_size)
-        self.dp.gather_flat(p, self.dp.param_buffer)
+        self.dp.start_param_gather(p)
         return norm
 
     # --- layout-independent checkpoints (minitron/checkpoint.py) ------------------------------------
     def export_param_state(self) -> dict:
         """{param: {"exp_avg", "exp_avg_sq", "step"}} with full local shapes (collective over dp)."""
+        self.dp.wait_params()
         if self.steps == 0:
             return {p: {} for p in self.dp.params}
         with self.comm.in_phase("checkpoint"):
