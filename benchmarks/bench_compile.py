@@ -8,11 +8,9 @@ the matmul probe's FLOP/s sampled between the steps, and the MFU of each.
 """
 import argparse
 import json
-import statistics
-
 import torch
 
-from minitron.bench import MatmulProbe, StepTimer
+from minitron.bench import MatmulProbe, alternate
 from minitron.config import ParallelConfig, TrainConfig, preset
 from minitron.train import Trainer, model_flops_per_step
 
@@ -27,20 +25,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     m, t = preset(args.model), TrainConfig(global_batch=args.global_batch, progress=False)
-    runs = {"eager": Trainer(m, ParallelConfig(), t).step_async,
-            "compiled": Trainer(m, ParallelConfig(compile=True), t).step_async,
-            "peak": MatmulProbe()}
-    for i in range(args.warmup):
-        for fn in runs.values():
-            fn(i)
-    timers = {k: StepTimer(torch.device("cpu")) for k in runs}
-    for i in range(args.warmup, args.warmup + args.steps):
-        for k, fn in runs.items():
-            timers[k].mark()
-            fn(i)
-            timers[k].mark()
-    s = {k: statistics.median(timers[k].seconds()) for k in runs}
-    peak, flops = runs["peak"].flops / s["peak"], model_flops_per_step(m, args.global_batch)
+    probe = MatmulProbe()
+    s = alternate({"eager": Trainer(m, ParallelConfig(), t).step_async,
+                   "compiled": Trainer(m, ParallelConfig(compile=True), t).step_async,
+                   "peak": probe}, torch.device("cpu"), args.warmup, args.steps)
+    peak, flops = probe.flops / s["peak"], model_flops_per_step(m, args.global_batch)
     print(json.dumps({"model": m.name, "threads": args.threads, "eager_step_s": s["eager"],
                       "compiled_step_s": s["compiled"], "compiled_over_eager": s["compiled"] / s["eager"],
                       "peak_flops_per_s": peak, "mfu_eager": flops / s["eager"] / peak,

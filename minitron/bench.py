@@ -65,15 +65,30 @@ class MatmulProbe:
         torch.mm(self.a, self.b, out=self.out)
 
 
+def probe_dtype(layout: ParallelConfig, t: TrainConfig) -> torch.dtype:
+    """The dtype the run's matmuls use: bf16 under autocast, else the parameters'."""
+    return torch.bfloat16 if layout.precision == "bf16" else DTYPES[t.dtype]
+
+
+def alternate(runs: dict, device, warmup: int, steps: int) -> dict[str, float]:
+    """Median seconds of each callable in `runs` (called with the step index), after
+    `warmup` untimed rounds; they alternate round by round, so noise hits all alike."""
+    for i in range(warmup):  # compilation, allocator and autotuning warm-up
+        for fn in runs.values():
+            fn(i)
+    timers = {k: StepTimer(device) for k in runs}
+    for i in range(warmup, warmup + steps):
+        for k, fn in runs.items():
+            timers[k].mark()
+            fn(i)
+            timers[k].mark()
+    return {k: statistics.median(timers[k].seconds()) for k in runs}
+
+
 def matmul_peak(dtype=torch.float32, device=None, n: int | None = None, reps: int = 5) -> float:
     """Measured dense matmul FLOP/s: median over `reps` products (after two warm-ups)."""
     probe = MatmulProbe(dtype, device, n)
-    timer = StepTimer(probe.a.device)
-    for i in range(reps + 2):
-        timer.mark()
-        probe()
-        timer.mark()
-    return probe.flops / statistics.median(timer.seconds()[2:])
+    return probe.flops / alternate({"peak": probe}, probe.a.device, 2, reps)["peak"]
 
 
 def datasheet_peak(device) -> float | None:
@@ -166,18 +181,9 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
     tr = Trainer(m, layout, t, corpus=corpus)
     device = tr.ctx.device
     plain = _plain_stepper(m, t, tr.train_data, device, layout.precision, layout.compile)
-    probe = MatmulProbe(torch.bfloat16 if layout.precision == "bf16" else DTYPES[t.dtype], device)
-    runs = {"minitron": tr.step_async, "reference": plain, "peak": probe}
-    for i in range(warmup):  # compilation, allocator and autotuning warm-up
-        for fn in runs.values():
-            fn(i)
-    timers = {k: StepTimer(device) for k in runs}
-    for i in range(warmup, warmup + steps):  # the three alternate: noise hits all alike
-        for k, fn in runs.items():
-            timers[k].mark()
-            fn(i)
-            timers[k].mark()
-    step_s, ref_s, mm_s = (statistics.median(timers[k].seconds()) for k in runs)
+    probe = MatmulProbe(probe_dtype(layout, t), device)
+    med = alternate({"minitron": tr.step_async, "reference": plain, "peak": probe}, device, warmup, steps)
+    step_s, ref_s, mm_s = med["minitron"], med["reference"], med["peak"]
     peak = probe.flops / mm_s
     flops = model_flops_per_step(m, t.global_batch)
     sheet = datasheet_peak(device)
@@ -200,7 +206,7 @@ def bench_job(comm, m, p, t, corpus, extra) -> dict | None:
     it sees the cores or links the ranks share); MFU is against world × that peak."""
     tr = Trainer(m, p, t, comm, corpus)
     device = tr.ctx.device
-    probe = MatmulProbe(torch.bfloat16 if p.precision == "bf16" else DTYPES[t.dtype], device)
+    probe = MatmulProbe(probe_dtype(p, t), device)
     steps, warmup = extra.get("steps", 10), extra.get("warmup", 3)
     times = {"step": StepTimer(device), "peak": StepTimer(device)}
     for i in range(warmup + steps):
