@@ -40,6 +40,8 @@ for name in ("bench_eager", "bench_compiled"):
     print(f"{name}: step {r['minitron_step_s']:.3f} s, overhead {r['overhead_ratio']:.3f}, "
           f"{r['model_flops_per_s'] / 1e12:.0f} TFLOP/s, MFU {r['mfu']:.3f} of measured "
           f"{r['device_peak_flops_per_s'] / 1e12:.0f}, {r['mfu_datasheet'] or 0:.3f} of datasheet")
+    print("    by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in r["profile_kinds"].items())
+          + f"; MFU if only matmuls and attention took time: {r['mfu_ceiling']:.3f}")
     for p in r["profile"][:8]:
-        print(f"    {p['share']:6.1%}  {p['op'][:80]}")
+        print(f"    {p['share']:6.1%}  {p['kind']:>13}  {p['op'][:70]}")
 EOF

@@ -155,9 +155,33 @@ def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: st
     return step
 
 
-def profile_steps(step, device, first: int, n: int = 2, top: int = 12) -> list[dict]:
-    """What limits a step: the operators with the most self time over `n` steps
-    (torch.profiler; device time on a GPU, CPU time otherwise), as shares of the total."""
+# What kind of work an operator is (by its profiler name, ATen on CPU and GPU alike).
+OP_KINDS = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::_scaled_mm")),
+    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")),
+    ("optimizer", ("adamw", "Optimizer.step", "_foreach_")),
+    ("communication", ("c10d::", "nccl", "gloo", "record_param_comms")),
+)
+
+
+def op_kind(name: str) -> str:
+    """'matmul', 'attention', 'optimizer', 'communication' or 'other' (elementwise,
+    norms, copies, the framework's own work) for a profiler operator name."""
+    for kind, marks in OP_KINDS:
+        if any(name == m or (not m.startswith("aten::") and m in name) for m in marks):
+            return kind
+    return "other"
+
+
+def profile_steps(step, device, first: int, n: int = 2, top: int = 12) -> dict:
+    """What limits a step: torch.profiler over `n` steps, self time per operator (device
+    time on a GPU, CPU time otherwise), as shares of the total.
+
+    Returns ``{"ops": [top operators], "kinds": {kind: share}}`` with kinds from
+    :func:`op_kind`. On a GPU only host-side operators are counted, each with the time
+    of the kernels it launched (the kernels themselves are listed by the profiler too:
+    counting both would count every kernel twice)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -167,11 +191,22 @@ def profile_steps(step, device, first: int, n: int = 2, top: int = 12) -> list[d
         if cuda:
             torch.cuda.synchronize()
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    events = [e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, attr, 0) > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [{"op": e.key, "share": getattr(e, attr) / total, "calls_per_step": e.count / n,
-             "ms_per_step": getattr(e, attr) / 1e3 / n} for e in events[:top]]
+    kinds: dict[str, float] = {k: 0.0 for k, _ in OP_KINDS} | {"other": 0.0}
+    for e in events:
+        kinds[op_kind(e.key)] += getattr(e, attr) / total
+    ops = [{"op": e.key, "kind": op_kind(e.key), "share": getattr(e, attr) / total,
+            "calls_per_step": e.count / n, "ms_per_step": getattr(e, attr) / 1e3 / n} for e in events[:top]]
+    return {"ops": ops, "kinds": kinds}
+
+
+def mfu_ceiling(mfu: float, kinds: dict) -> float:
+    """The MFU the step would reach if everything but its matmuls and attention took no
+    time (the kernels as fast as they ran): what fusing or removing the rest can buy."""
+    useful = kinds["matmul"] + kinds["attention"]
+    return mfu / useful if useful > 0 else float("nan")
 
 
 def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus, steps: int = 10,
@@ -196,7 +231,9 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
         "mfu_datasheet": flops / step_s / sheet if sheet else None, "steps_timed": steps,
     }
     if profile:
-        out["profile"] = profile_steps(tr.step_async, device, first=warmup + steps)
+        prof = profile_steps(tr.step_async, device, first=warmup + steps)
+        out.update(profile=prof["ops"], profile_kinds=prof["kinds"],
+                   mfu_ceiling=mfu_ceiling(out["mfu"], prof["kinds"]))
     return out
 
 

@@ -256,12 +256,14 @@ def cmd_bench(args) -> int:
         print(json.dumps(res))
         return 0
     for k, v in res.items():
-        if k != "profile":
+        if k not in ("profile", "profile_kinds"):
             print(f"{k:>26}  {v:.4g}" if isinstance(v, float) else f"{k:>26}  {v}")
     if res.get("profile"):
         print("\nwhere minitron's step goes (self time per operator):")
         for r in res["profile"]:
-            print(f"  {r['share']:6.1%}  {r['ms_per_step']:9.2f} ms/step  {r['calls_per_step']:6.0f}x  {r['op'][:70]}")
+            print(f"  {r['share']:6.1%}  {r['ms_per_step']:9.2f} ms/step  {r['calls_per_step']:6.0f}x  {r['kind']:>13}  {r['op'][:60]}")
+        print("by kind: " + ", ".join(f"{k} {v:.1%}" for k, v in res["profile_kinds"].items()))
+        print(f"MFU if only matmuls and attention took time: {res['mfu_ceiling']:.2f}")
     return 0
 
 

@@ -102,6 +102,27 @@ def test_bench_figures_are_consistent():
     assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / r["device_peak_flops_per_s"])
 
 
+def test_bench_profile_sorts_the_step_by_kind():
+    """--profile: operator shares and kinds add up, matmuls are found, and the ceiling
+    is the MFU divided by the matmul and attention share."""
+    from minitron.bench import mfu_ceiling, op_kind
+    from minitron.data import load_corpus
+
+    assert [op_kind(n) for n in ("aten::mm", "aten::addmm", "aten::mm_backward_fake",
+                                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                 "aten::_fused_adamw_", "c10d::allreduce_", "aten::gelu")] == \
+        ["matmul", "matmul", "other", "attention", "optimizer", "communication", "other"]
+    t = TrainConfig(global_batch=4, progress=False, eval_every=0)
+    r = bench_single(TINY, ParallelConfig(), t, load_corpus(""), steps=1, warmup=1, profile=True)
+    kinds = r["profile_kinds"]
+    assert sum(kinds.values()) == pytest.approx(1.0)
+    assert kinds["matmul"] > 0.05 and kinds["attention"] > 0 and kinds["optimizer"] > 0
+    assert all(p["kind"] == op_kind(p["op"]) for p in r["profile"])
+    assert sum(p["share"] for p in r["profile"]) <= 1.0 + 1e-9
+    assert r["mfu_ceiling"] == pytest.approx(r["mfu"] / (kinds["matmul"] + kinds["attention"]))
+    assert mfu_ceiling(0.5, {"matmul": 0.5, "attention": 0.0}) == pytest.approx(1.0)
+
+
 @pytest.mark.multirank
 def test_bench_two_ranks_from_the_command_line():
     code, out, err = run_cli(["bench", "--model", "tiny", "--nproc", "2", "--dp", "2", "--global-batch", "4",
