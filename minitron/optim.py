@@ -44,14 +44,20 @@ def owns_copy(p, comm: Comm) -> bool:
     return all(comm.index(a) == 0 for a in p.shard.replicas)
 
 
+def sum_of_squares(tensors, device) -> torch.Tensor:
+    """Σ x² over every entry of `tensors`, a 0-dim float64 tensor on `device`: one fused
+    norm kernel over the list (as clip_grad_norm_ does), no float64 copies."""
+    tensors = list(tensors)
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)).square().sum()
+
+
 def local_sq_norm(params, comm: Comm) -> torch.Tensor:
     """Sum of squared gradient entries of the shards this rank counts."""
     params = unique_params(params)
-    total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
-    for p in params:
-        if p.grad is not None and owns_copy(p, comm):
-            total += p.grad.detach().double().pow(2).sum()
-    return total
+    return sum_of_squares((p.grad.detach() for p in params if p.grad is not None and owns_copy(p, comm)),
+                          params[0].device if params else None)
 
 
 def global_grad_norm(params, comm: Comm) -> torch.Tensor:

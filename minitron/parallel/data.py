@@ -61,7 +61,7 @@ import torch
 from ..analysis.data_parallel import Bucket, bucket_elements, plan_buckets
 from ..comm import Comm
 from ..config import ParallelConfig, TrainConfig
-from ..optim import clip_coef, owns_copy, sync_replicated_grads, unique_params
+from ..optim import clip_coef, owns_copy, sum_of_squares, sync_replicated_grads, unique_params
 
 
 class NaiveDataParallel:
@@ -353,9 +353,7 @@ class ZeroOneAdamW:
     def grad_norm(self) -> torch.Tensor:
         """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
         g = self.dp.shard_grad
-        sq = torch.zeros((), dtype=torch.float64, device=g.device)
-        for a, b in self._counted:
-            sq += g[a:b].double().pow(2).sum()
+        sq = sum_of_squares((g[a:b] for a, b in self._counted), g.device)
         for axis in ("dp", "tp", "pp"):
             self.comm.all_reduce(sq, axis)
         return sq.sqrt()
