@@ -47,6 +47,22 @@ class CommTrace:
         return sum(r["bytes"] for r in self.select(**match))
 
 
+@dataclass
+class Pending:
+    """A collective in flight: ``wait()`` blocks until it is done and returns its
+    result. Holds the input too, so that it lives as long as the transfer."""
+
+    result: torch.Tensor
+    work: object = None
+    source: torch.Tensor | None = None
+
+    @eager
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.result
+
+
 def read_trace(path: str) -> list[dict]:
     """Load a trace file written by ``--trace`` (all ranks, JSON lines)."""
     with open(path) as f:
@@ -106,28 +122,30 @@ class Comm:
         return work if async_op else t
 
     @eager
-    def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
-        """Concatenate every rank's `t` along `dim`, in axis order."""
+    def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False):
+        """Concatenate every rank's `t` along `dim`, in axis order. With `async_op`,
+        returns a :class:`Pending` whose ``wait()`` gives the result."""
         n = self.size(axis)
         if n == 1:
-            return t
+            return Pending(t) if async_op else t
         self._record("all_gather", axis, t)
         x = t.movedim(dim, 0).contiguous()
         out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_single(out, x, group=self.group(axis))
-        return out.movedim(0, dim)
+        work = dist.all_gather_single(out, x, group=self.group(axis), async_op=async_op)
+        return Pending(out.movedim(0, dim), work, x) if async_op else out.movedim(0, dim)
 
     @eager
-    def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
-        """Sum `t` over the axis and keep this rank's 1/n slice along `dim`."""
+    def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False):
+        """Sum `t` over the axis and keep this rank's 1/n slice along `dim`. With
+        `async_op`, returns a :class:`Pending` whose ``wait()`` gives the result."""
         n = self.size(axis)
         if n == 1:
-            return t
+            return Pending(t) if async_op else t
         self._record("reduce_scatter", axis, t)
         x = t.movedim(dim, 0).contiguous()
         out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_single(out, x, group=self.group(axis))
-        return out.movedim(0, dim)
+        work = dist.reduce_scatter_single(out, x, group=self.group(axis), async_op=async_op)
+        return Pending(out.movedim(0, dim), work, x) if async_op else out.movedim(0, dim)
 
     @eager
     def all_gather_flat(self, shard: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):

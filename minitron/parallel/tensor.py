@@ -155,8 +155,8 @@ class _AllGatherLinear(torch.autograd.Function):
     weight gradient. This keeps only this rank's shard X_r, b·s·h/t, and all-gathers it
     again in the backward: activation memory traded for one more all-gather of the
     shard. The input gradient dY·A is reduce-scattered back to the sequence shard, as
-    the backward of the forward's all-gather. (Megatron overlaps the re-gather with the
-    dY·A matmul and the reduce-scatter with the weight gradient; the calls here block.)
+    the backward of the forward's all-gather. As in Megatron, the re-gather overlaps the
+    dY·A matmul and the reduce-scatter overlaps the weight gradient (async collectives).
     """
 
     @staticmethod
@@ -169,16 +169,16 @@ class _AllGatherLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         want_dx, want_dw = _wanted(ctx, 0), _wanted(ctx, 1)
-        dx = dw = db = None
+        comm, dx = ctx.comm, None
         dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
-        if want_dw:  # the re-gather first (Megatron starts it before dY·A)
-            x_full = ctx.comm.all_gather(x, "tp", SEQ)
-            dw = dy2.t() @ x_full.flatten(0, -2).to(dy.dtype)
+        # Megatron's overlap: the re-gather of X runs while dY·A is computed, the
+        # reduce-scatter of dX while dW is; each waits only when its result is needed.
+        gathering = comm.all_gather(x, "tp", SEQ, async_op=True) if want_dw else None
         if want_dx:  # reduce-scattered in the input's dtype, as the forward gathered it
-            dx = ctx.comm.reduce_scatter((dy @ weight.to(dy.dtype)).to(x.dtype), "tp", SEQ)
-        if ctx.has_bias and _wanted(ctx, 2):
-            db = dy2.sum(0)
-        return dx, dw, db, None
+            dx = comm.reduce_scatter((dy @ weight.to(dy.dtype)).to(x.dtype), "tp", SEQ, async_op=True)
+        dw = dy2.t() @ gathering.wait().flatten(0, -2).to(dy.dtype) if want_dw else None
+        db = dy2.sum(0) if ctx.has_bias and _wanted(ctx, 2) else None
+        return dx.wait() if want_dx else None, dw, db, None
 
 
 def all_gather_linear(x, weight, bias, ctx: Context):
