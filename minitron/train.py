@@ -82,6 +82,7 @@ class Trainer:
             self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches,
                                             record=bool(train.timeline))
         self.step_idx = 0
+        self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
     def _build_chunks(self) -> list[GPT]:
         """This rank's model chunks: one unless the schedule is interleaved."""
@@ -121,8 +122,9 @@ class Trainer:
 
     @property
     def grad_norm(self) -> float:
-        """The global gradient norm of the last step (before clipping)."""
-        return float(self._grad_norm)
+        """The global gradient norm of the last step (before clipping); reading it waits for
+        the device (``last_grad_norm`` is the same as a device tensor)."""
+        return float(self.last_grad_norm)
 
     def step_async(self, step: int | None = None) -> torch.Tensor:
         """`step` without reading anything back from the device: returns the global mean
@@ -142,7 +144,7 @@ class Trainer:
             loss_sum = self._forward_backward(mbs)
         with self.comm.in_phase("optim"):
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
-            self._grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
+            self.last_grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
         self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
 
@@ -233,7 +235,7 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
     pending, t_last = [], time.perf_counter()  # steps whose loss is still on the device
     for step in range(start, end):
-        pending.append((step, tr.step_async(step), tr._grad_norm))
+        pending.append((step, tr.step_async(step), tr.last_grad_norm))
         evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
         ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
         if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
