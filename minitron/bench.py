@@ -20,8 +20,8 @@ from .config import ModelConfig, ParallelConfig, TrainConfig
 from .data import batch
 from .train import DTYPES, Trainer, model_flops_per_step
 
-DATASHEET_PEAK = {  # dense, bf16/fp16 tensor-core FLOP/s
-    "H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12,
+DATASHEET_PEAK = {  # dense bf16/fp16 tensor-core FLOP/s; the first name found in the device's wins
+    "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12,
 }
 
 
@@ -92,9 +92,12 @@ def matmul_peak(dtype=torch.float32, device=None, n: int | None = None, reps: in
 
 
 def datasheet_peak(device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+    """The datasheet's dense bf16 peak of a known GPU (None on the CPU or an unknown GPU)."""
+    return peak_for_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
+def peak_for_name(name: str) -> float | None:
+    """'NVIDIA H100 PCIe' -> 756e12: the most specific entry of DATASHEET_PEAK in `name`."""
     return next((v for k, v in DATASHEET_PEAK.items() if k in name), None)
 
 

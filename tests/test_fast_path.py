@@ -102,6 +102,16 @@ def test_bench_figures_are_consistent():
     assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / r["device_peak_flops_per_s"])
 
 
+def test_datasheet_peak_prefers_the_specific_name():
+    from minitron.bench import peak_for_name
+
+    assert peak_for_name("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_for_name("NVIDIA H100 PCIe") == 756e12
+    assert peak_for_name("NVIDIA H200") == 989e12
+    assert peak_for_name("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_for_name("Tesla T4") is None
+
+
 def test_bench_profile_sorts_the_step_by_kind():
     """--profile: operator shares and kinds add up, matmuls are found, and the ceiling
     is the MFU divided by the matmul and attention share."""
