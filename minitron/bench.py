@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .analysis.flops import hardware_flops_per_iteration
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .data import batch
 from .train import DTYPES, Trainer, model_flops_per_step
@@ -212,10 +213,12 @@ def mfu_ceiling(mfu: float, kinds: dict) -> float:
     return mfu / useful if useful > 0 else float("nan")
 
 
-def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus, steps: int = 10,
+def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus=None, steps: int = 10,
                  warmup: int = 3, profile: bool = False) -> dict:
     """Single-device benchmark: minitron and PlainGPT alternating, plus the matmul peak;
-    with `profile`, also where minitron's step spends its time (`profile_steps`)."""
+    with `profile`, also where minitron's step spends its time (`profile_steps`).
+    `corpus`: the built-in text when None. ``hfu`` counts recomputed forwards too
+    (``layout.recompute``; PlainGPT never recomputes)."""
     tr = Trainer(m, layout, t, corpus=corpus)
     device = tr.ctx.device
     plain = _plain_stepper(m, t, tr.train_data, device, layout.precision, layout.compile)
@@ -231,6 +234,7 @@ def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus,
         "minitron_step_s": step_s, "reference_step_s": ref_s, "overhead_ratio": step_s / ref_s,
         "tokens_per_s": t.global_batch * m.seq_len / step_s, "model_flops_per_s": flops / step_s,
         "device_peak_flops_per_s": peak, "mfu": flops / step_s / peak,
+        "hfu": hardware_flops_per_iteration(m, t.global_batch, layout.recompute) / step_s / peak,
         "mfu_datasheet": flops / step_s / sheet if sheet else None, "steps_timed": steps,
     }
     if profile:
@@ -262,6 +266,8 @@ def bench_job(comm, m, p, t, corpus, extra) -> dict | None:
     if comm.grid.rank != 0:
         return None
     flops_per_s = model_flops_per_step(m, t.global_batch) / step_s
+    peak = p.world * probe.flops / mm_s
     return {"layout": p.describe(), "world": p.world, "minitron_step_s": step_s,
             "tokens_per_s": t.global_batch * m.seq_len / step_s, "model_flops_per_s": flops_per_s,
-            "device_peak_flops_per_s": probe.flops / mm_s, "mfu": flops_per_s / (p.world * probe.flops / mm_s)}
+            "device_peak_flops_per_s": probe.flops / mm_s, "mfu": flops_per_s / peak,
+            "hfu": hardware_flops_per_iteration(m, t.global_batch, p.recompute) / step_s / peak}

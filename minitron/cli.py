@@ -239,7 +239,7 @@ def cmd_bench(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend, device=p.device,
-                                         compile=p.compile), t, corpus,
+                                         compile=p.compile, recompute=p.recompute), t, corpus,
                        args.bench_steps, args.warmup_steps, profile=args.profile)
     res = dict(one)
     if p.world > 1:

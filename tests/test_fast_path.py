@@ -100,6 +100,13 @@ def test_bench_figures_are_consistent():
     assert r["tokens_per_s"] == pytest.approx(4 * TINY.seq_len / r["minitron_step_s"])
     assert r["model_flops_per_s"] == pytest.approx(model_flops_per_step(TINY, 4) / r["minitron_step_s"])
     assert r["mfu"] == pytest.approx(r["model_flops_per_s"] / r["device_peak_flops_per_s"])
+    assert r["hfu"] == pytest.approx(r["mfu"])  # nothing recomputed: hardware = model FLOPs
+    from minitron.analysis.flops import hardware_flops_per_iteration
+
+    full = bench_single(TINY, ParallelConfig(recompute="full"), t, steps=1, warmup=1)  # built-in corpus
+    assert full["layout"].endswith("rc-full")
+    assert full["hfu"] / full["mfu"] == pytest.approx(
+        hardware_flops_per_iteration(TINY, 4, "full") / model_flops_per_step(TINY, 4))
 
 
 def test_datasheet_peak_prefers_the_specific_name():
