@@ -8,15 +8,18 @@ lab                         checker                                     module
 01 f and g                  ``check_f_and_g(SOURCE)``                   :mod:`.f_and_g`
 02 the 1F1B schedule        ``check_one_f_one_b(SOURCE)``               :mod:`.pipeline`
 03 ZeRO-1 over a bucket     ``check_zero1(SOURCE)``                     :mod:`.zero`
+04 vocab-parallel CE        ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
 learner's code does not compile, raises, returns something malformed or hangs; what they
-share (the guarded ranks, deadlines, one-line failures) is :mod:`.runner`.
+share (the guarded ranks, deadlines, one-line failures, the run against the single-device
+model) is :mod:`.runner`.
 """
+from .cross_entropy import check_vocab_parallel_ce
 from .f_and_g import check_f_and_g
 from .pipeline import check_one_f_one_b
 from .runner import LabError
 from .zero import check_zero1
 
-__all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "LabError"]
+__all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "check_vocab_parallel_ce", "LabError"]

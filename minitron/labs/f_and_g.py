@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, call, compile_source, fail, load, run_cases
+from .runner import LabError, call, load, run_sources, train_swapped
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -56,27 +56,15 @@ def _unit_check(comm, F, G) -> str:
 
 
 def _f_and_g_job(comm, source: str) -> dict | None:
-    from ..checkpoint import gather_full
     from ..parallel import tensor
-    from ..train import Trainer
-    from ..verify import compare, reference_run
 
     ns = load(source, ("F", "G"), {"torch": torch})
     F, G = ns["F"], ns["G"]
     problem = _unit_check(comm, F, G)
-    saved = tensor._F, tensor._G
-    tensor._F, tensor._G = F, G
-    try:
-        tr = Trainer(MODEL, ParallelConfig(tp=comm.size("tp"), device="cpu"), TRAIN, comm)
-        losses = [tr.step(i) for i in range(TRAIN.steps)]
-    finally:
-        tensor._F, tensor._G = saved
-    full = gather_full(tr)
-    if comm.grid.rank != 0:
+    layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
+    res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _F=F, _G=G)
+    if res is None:  # not rank 0
         return None
-    torch.manual_seed(TRAIN.seed)
-    ref_losses, ref = reference_run(MODEL, TRAIN, tr.corpus, TRAIN.steps)
-    res = compare(losses, full, ref_losses, ref)
     ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL and not problem
     if ok:
         msg = "your F and G train exactly like the single-device model"
@@ -90,18 +78,7 @@ def _f_and_g_job(comm, source: str) -> dict | None:
 
 def check_f_and_g_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:
     """`check_f_and_g` for several sources, in as few launches as their outcomes allow."""
-    verdicts: list = [None] * len(sources)
-    cases = []
-    for i, src in enumerate(sources):
-        try:
-            compile_source(src)  # a syntax error needs no ranks
-            cases.append(i)
-        except LabError as e:
-            verdicts[i] = fail(str(e))
-    layout = ParallelConfig(tp=tp, device="cpu")
-    for i, v in zip(cases, run_cases(_f_and_g_job, layout, [(sources[i],) for i in cases], timeout)):
-        verdicts[i] = v
-    return verdicts
+    return run_sources(_f_and_g_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout)
 
 
 def check_f_and_g(source: str, tp: int = 2, timeout: float = 60) -> dict:

@@ -25,6 +25,11 @@ every rank passed or failed cleanly having issued the same communication; otherw
 remaining cases get a fresh launch.
 
     verdicts = run_cases(job, layout, [(source_a,), (source_b,)], timeout=60)
+
+``run_sources`` is that for one learner's source per case (a source that does not compile
+fails before any rank starts); ``train_swapped`` is the end of a lab that swaps the
+learner's code into the engine: train a tiny GPT with it, compare with the single-device
+model.
 """
 from __future__ import annotations
 
@@ -343,3 +348,47 @@ def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool 
                 verdicts[i] = fail("the ranks ended without running the check")
             break
     return verdicts
+
+
+def run_sources(job, layout, sources: list, timeout: float = 60, *args) -> list[dict]:
+    """`run_cases` of ``job(comm, source, *args)`` for each of the learner's `sources`: one
+    that does not compile fails at once (no rank starts for it); one verdict per source."""
+    verdicts: list = [None] * len(sources)
+    cases = []
+    for i, src in enumerate(sources):
+        try:
+            compile_source(src)  # a syntax error needs no ranks
+            cases.append(i)
+        except LabError as e:
+            verdicts[i] = fail(str(e))
+    for i, v in zip(cases, run_cases(job, layout, [(sources[i], *args) for i in cases], timeout)):
+        verdicts[i] = v
+    return verdicts
+
+
+def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
+    """Train `model` on `layout` (`train.steps` steps) with the learner's versions in
+    place of `module`'s attributes (``swaps``: name=value), put the engine's back, and
+    compare with the single-device model: rank 0 gets :func:`minitron.verify.compare`'s
+    dict, the other ranks None."""
+    import torch
+
+    from ..checkpoint import gather_full
+    from ..train import Trainer
+    from ..verify import compare, reference_run
+
+    saved = {name: getattr(module, name) for name in swaps}
+    for name, value in swaps.items():
+        setattr(module, name, value)
+    try:
+        tr = Trainer(model, layout, train, comm)
+        losses = [tr.step(i) for i in range(train.steps)]
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+    full = gather_full(tr)
+    if comm.grid.rank != 0:
+        return None
+    torch.manual_seed(train.seed)
+    ref_losses, ref = reference_run(model, train, tr.corpus, train.steps)
+    return compare(losses, full, ref_losses, ref)
