@@ -74,12 +74,16 @@ class Comm:
 
     `phase` ('fwd', 'bwd', 'optim', 'other'), `step` and `microbatch` (None outside a
     microbatch) are set by the training loop and the pipeline runtime; they only label
-    trace records.
+    trace records. `wire_dtype` is set by the Trainer from ``--precision``.
     """
 
     def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None):
         self.grid = grid or ProcessGrid()
         self.trace = trace
+        # the dtype activations and their gradients travel in between tensor ranks and
+        # pipeline stages: bf16 under --precision bf16 (Megatron's bf16 activations), else
+        # None (as computed). Gradients for data parallelism never change dtype.
+        self.wire_dtype: torch.dtype | None = None
         self.phase = "other"
         self.step = 0
         self.microbatch = None  # index of the microbatch being run, when one is

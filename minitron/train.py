@@ -61,6 +61,8 @@ class Trainer:
                  comm: Comm | None = None, corpus=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
         self.comm = comm or Comm()
+        # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p)
+        self.comm.wire_dtype = torch.bfloat16 if layout.precision == "bf16" else None
         device = resolve_device(layout, self.comm.grid.world)
         self.ctx = Context(self.comm, layout, DTYPES[train.dtype], device, seed=train.seed)
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)

@@ -490,3 +490,29 @@ def test_traced_bytes_of_a_composed_zero1_run_equal_the_analysis(tmp_path):
     want = comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(dp=2, tp=2, sp=True, zero1=True),
                                TrainConfig(global_batch=4, microbatches=2))
     assert got == want
+
+
+@pytest.mark.multirank
+def test_traced_bytes_of_a_bf16_run_equal_the_analysis(tmp_path):
+    """--precision bf16, tp2 + sp × pp2, one step traced: activations and their gradients
+    travel in bf16 (Comm.wire_dtype; 2 bytes in comm_items), the cross-entropy's three
+    all-reduces in fp32, the replicated-gradient sums and norms in the master dtype."""
+    from minitron.comm import read_trace
+    from minitron.testing import run_cli
+
+    trace = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "4", "--tp", "2", "--sp", "--pp", "2",
+                            "--precision", "bf16", "--global-batch", "4", "--microbatches", "2", "--steps", "1",
+                            "--eval-every", "0", "--sample", "0", "--no-progress", "--trace", str(trace)])
+    assert code == 0, err[-2000:]
+    records = read_trace(trace)
+    assert {r["dtype"] for r in records if r["phase"] in ("fwd", "bwd") and r["axis"] == "pp"} == {"bfloat16"}
+    for rank, pp_rank in ((0, 0), (2, 1)):  # Megatron's order: tp fastest, so rank 2 is stage 1
+        got: dict = {}
+        for r in records:
+            if r["rank"] == rank and r["phase"] != "log":
+                ops = got.setdefault(r["axis"], {})
+                ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
+        want = comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(tp=2, sp=True, pp=2, precision="bf16"),
+                                   TrainConfig(global_batch=4, microbatches=2), pp_rank=pp_rank)
+        assert got == want, (rank, got, want)

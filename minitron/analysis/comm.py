@@ -141,8 +141,8 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
 
     Each item is ``{what, axis, op, calls, bytes}`` with `bytes` the call bytes summed
     over the step. `dtype_bytes` is the parameter/gradient element size (4, 8 for
-    float64 training); `act_bytes` the activation size (2 with bf16 precision, else
-    `dtype_bytes`). Follows minitron's model: the vocab-parallel embedding all-reduces
+    float64 training); `act_bytes` the activation size on the wire (2 with bf16
+    precision, ``Comm.wire_dtype``; else `dtype_bytes`). Follows minitron's model: the vocab-parallel embedding all-reduces
     its output, the output layer enters the parallel region (f; under sequence
     parallelism an all-gather forward, and backward the re-gather of its saved input
     shard and a reduce-scatter), the loss all-reduces max, target logit and sum of
@@ -186,8 +186,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                 add("output layer input (backward)", "tp", "reduce_scatter", m, m * x)
             else:
                 add("output layer input (backward f)", "tp", "all_reduce", m, m * x)
+            # in fp32 at least: bf16 logits are cast up first (as Megatron does)
             add("vocab-parallel cross-entropy (max, target, sum exp)", "tp", "all_reduce",
-                3 * m, 3 * m * b * s * ea)
+                3 * m, 3 * m * b * s * max(ea, 4))
         if sp:
             n_rep = _replicated_elements(model, n_layers, first, last)
             calls = 6 * n_layers + (2 if last else 0)

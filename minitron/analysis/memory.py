@@ -376,7 +376,8 @@ def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: i
     ``(2·ceil(n/d) + 2·(ceil(n/d)·d − n))·e``.
 
     pipeline (an estimate): a stage output waiting for its send and a received gradient,
-    ``2·b·s·h·e`` in the run's dtype (the wire stays in it under bf16 autocast), /t
+    ``2·b·s·h·e`` in the run's dtype (under bf16 the copy in flight is bf16 and the
+    received gradient is cast back: ``e`` is an upper bound there), /t
     under ``--sp`` or ``--scatter-gather``. The received forward input is the stage
     input, counted with the activations.
     """

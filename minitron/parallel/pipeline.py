@@ -21,9 +21,10 @@ stage embeds, the last one applies the final norm, the head and the loss.
 
 What crosses a stage boundary. The hidden states [b, s, h] (``GPT.boundary_shape``:
 [b, s/t, h] under sequence parallelism, the cube's local block under 3-D), in the
-run's dtype (``TrainConfig.dtype``; with ``--precision bf16`` autocast computes in bf16
-but the residual stream and the wire stay in the fp32 of the master weights), and the
-gradient of the same shape back. Shapes are known in advance, so a receive allocates
+run's dtype, and the gradient of the same shape back. With ``--precision bf16`` autocast
+computes in bf16 while the residual stream stays in the fp32 of the master weights; the
+wire carries bf16 (``Comm.wire_dtype``, as Megatron sends its bf16 activations): a send
+casts, a receive casts back. Shapes are known in advance, so a receive allocates
 its buffer without a handshake. Once handed to the wire an output's storage belongs to
 the send alone: ``out.data`` is replaced by an empty tensor (Megatron's
 ``deallocate_output_tensor``) and the memory goes when the send completes. B only needs
@@ -305,7 +306,7 @@ class PipelineRuntime:
             out = out / m
             self.loss += out.detach().double()
         else:
-            out = out.to(self.ctx.dtype)  # the wire's dtype (a no-op unless autocast left bf16)
+            out = out.to(self.ctx.dtype)  # the residual stream's dtype (a no-op unless autocast left bf16)
             self._sends[("fwd", *key)] = out.detach()
         if torch.is_grad_enabled():
             self._stash[key] = (None if chunk.first else inp, out)
@@ -356,10 +357,10 @@ class PipelineRuntime:
                 sent.append((a, key))
                 if self.scatter_gather:
                     t = t.reshape(-1)[self._my_slice()]
-                ops.append(("send", t.contiguous(), a.peer, labels))
+                ops.append(("send", t.to(self.wire).contiguous(), a.peer, labels))
             else:
                 n = self.numel // self.t if self.scatter_gather else self.numel
-                buf = torch.empty(n, dtype=self.ctx.dtype, device=self.ctx.device)
+                buf = torch.empty(n, dtype=self.wire, device=self.ctx.device)
                 ops.append(("recv", buf, a.peer, labels))
                 received.append((a, key, direction, buf))
         works = self.comm.p2p(ops)
@@ -383,11 +384,16 @@ class PipelineRuntime:
                 self.comm.microbatch = a.mb
                 with self.comm.in_phase(self._phase(direction)):
                     buf = self.comm.all_gather(buf, "tp", dim=0)
-            buf = buf.view(self.shape).detach()
+            buf = buf.view(self.shape).to(self.ctx.dtype).detach()
             if direction == "fwd":
                 self._inputs[key] = buf.requires_grad_(torch.is_grad_enabled())
             else:
                 self._grads[key] = buf
+
+    @property
+    def wire(self) -> torch.dtype:
+        """The dtype of what crosses a stage boundary (bf16 under --precision bf16)."""
+        return self.comm.wire_dtype or self.ctx.dtype
 
     def _my_slice(self) -> slice:
         k = self.numel // self.t

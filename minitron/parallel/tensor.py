@@ -34,6 +34,14 @@ from ..context import Context, make_param, split
 SEQ = 1  # the sequence dimension of [b, s, h] hidden states
 
 
+def wire(x, comm):
+    """`x` in the dtype activations travel in (``Comm.wire_dtype``): bf16 under
+    ``--precision bf16``, as Megatron's bf16 activations do, even where autocast keeps
+    fp32 (LayerNorm outputs, the residual stream, their gradients); else unchanged.
+    Every operator here sends ``wire(x)`` and returns its result in x's dtype."""
+    return x if comm.wire_dtype is None else x.to(comm.wire_dtype)
+
+
 class _F(torch.autograd.Function):
     """f: identity forward, all-reduce of the gradient backward."""
 
@@ -44,7 +52,7 @@ class _F(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_reduce(dy.contiguous(), "tp"), None
+        return ctx.comm.all_reduce(wire(dy, ctx.comm).contiguous(), "tp").to(dy.dtype), None
 
 
 class _G(torch.autograd.Function):
@@ -52,7 +60,7 @@ class _G(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, comm):
-        return comm.all_reduce(x.contiguous(), "tp")
+        return comm.all_reduce(wire(x, comm).contiguous(), "tp").to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -67,11 +75,11 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis, dim):
         ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.all_gather(x, axis, dim)
+        return comm.all_gather(wire(x, comm), axis, dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim), None, None, None
+        return ctx.comm.reduce_scatter(wire(dy, ctx.comm), ctx.axis, ctx.dim).to(dy.dtype), None, None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
@@ -81,11 +89,11 @@ class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis, dim):
         ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.reduce_scatter(x, axis, dim)
+        return comm.reduce_scatter(wire(x, comm), axis, dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim), None, None, None
+        return ctx.comm.all_gather(wire(dy, ctx.comm).contiguous(), ctx.axis, ctx.dim).to(dy.dtype), None, None, None
 
 
 def gather(x, comm, axis: str, dim: int):
@@ -109,7 +117,7 @@ class _SplitSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ), None
+        return ctx.comm.all_gather(wire(dy, ctx.comm).contiguous(), "tp", dim=SEQ).to(dy.dtype), None
 
 
 def enter_region(x, ctx: Context):
@@ -163,7 +171,7 @@ class _AllGatherLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, comm):
         ctx.comm, ctx.has_bias = comm, bias is not None
         ctx.save_for_backward(x, weight)  # the shard, not the gathered input
-        return F.linear(comm.all_gather(x, "tp", SEQ), weight, bias)
+        return F.linear(comm.all_gather(wire(x, comm), "tp", SEQ).to(x.dtype), weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -173,12 +181,12 @@ class _AllGatherLinear(torch.autograd.Function):
         dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
         # Megatron's overlap: the re-gather of X runs while dY·A is computed, the
         # reduce-scatter of dX while dW is; each waits only when its result is needed.
-        gathering = comm.all_gather(x, "tp", SEQ, async_op=True) if want_dw else None
-        if want_dx:  # reduce-scattered in the input's dtype, as the forward gathered it
-            dx = comm.reduce_scatter((dy @ weight.to(dy.dtype)).to(x.dtype), "tp", SEQ, async_op=True)
+        gathering = comm.all_gather(wire(x, comm), "tp", SEQ, async_op=True) if want_dw else None
+        if want_dx:  # on the wire as the forward's gather was; returned in the input's dtype
+            dx = comm.reduce_scatter(wire(dy @ weight.to(dy.dtype), comm), "tp", SEQ, async_op=True)
         dw = dy2.t() @ gathering.wait().flatten(0, -2).to(dy.dtype) if want_dw else None
         db = dy2.sum(0) if ctx.has_bias and _wanted(ctx, 2) else None
-        return dx.wait() if want_dx else None, dw, db, None
+        return dx.wait().to(x.dtype) if want_dx else None, dw, db, None
 
 
 def all_gather_linear(x, weight, bias, ctx: Context):
