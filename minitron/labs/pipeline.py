@@ -20,13 +20,11 @@ batch). The checker
 """
 from __future__ import annotations
 
-import torch
-
 from ..analysis.bubble import bubble_fraction, stashed_on_rank
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.schedules import (COMM_OPS, Action, Schedule, ScheduleError, _with_comms, simulate,
                                   validate)
-from .runner import LabError, deadline, describe, fail, load, run_cases
+from .runner import LabError, deadline, describe, fail, load, run_cases, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
@@ -97,10 +95,8 @@ def _static_check(fn) -> tuple[str, dict]:
 
 
 def _pipeline_job(comm, schedule: Schedule) -> dict | None:
-    from ..checkpoint import gather_full
     from ..parallel.pipeline import PipelineRuntime
     from ..train import Trainer
-    from ..verify import compare, reference_run
 
     layout = ParallelConfig(pp=comm.size("pp"), schedule="1f1b", device="cpu")
     tr = Trainer(MODEL, layout, TRAIN, comm)
@@ -110,12 +106,7 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
     planned = [(a.op, a.mb) for a in schedule.compute_actions(comm.index("pp"))]
     if ran != planned:  # the runtime executes the schedule as data: this would be an engine bug
         raise LabError(f"pipeline rank {comm.index('pp')} ran {ran} instead of the schedule's {planned}")
-    full = gather_full(tr)
-    if comm.grid.rank != 0:
-        return None
-    torch.manual_seed(TRAIN.seed)
-    ref_losses, ref = reference_run(MODEL, TRAIN, tr.corpus, TRAIN.steps)
-    return compare(losses, full, ref_losses, ref)
+    return versus_one_device(comm, tr, losses, MODEL, TRAIN)
 
 
 def check_one_f_one_b(source: str, pp: int = 2, timeout: float = 60) -> dict:

@@ -371,11 +371,7 @@ def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
     place of `module`'s attributes (``swaps``: name=value), put the engine's back, and
     compare with the single-device model: rank 0 gets :func:`minitron.verify.compare`'s
     dict, the other ranks None."""
-    import torch
-
-    from ..checkpoint import gather_full
     from ..train import Trainer
-    from ..verify import compare, reference_run
 
     saved = {name: getattr(module, name) for name in swaps}
     for name, value in swaps.items():
@@ -386,6 +382,19 @@ def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+    return versus_one_device(comm, tr, losses, model, train)
+
+
+def versus_one_device(comm, tr, losses, model, train) -> dict | None:
+    """The trainer's run (`losses`, its parameters gathered from every rank) against the
+    single-device model trained on the same data: :func:`minitron.verify.compare`'s dict
+    on rank 0, None on the other ranks. `train` describes the reference's steps (its
+    microbatches: the whole global batch accumulated on one device)."""
+    import torch
+
+    from ..checkpoint import gather_full
+    from ..verify import compare, reference_run
+
     full = gather_full(tr)
     if comm.grid.rank != 0:
         return None

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.data import ZeroOneAdamW
-from .runner import LabError, call, compile_source, fail, load, run_cases
+from .runner import LabError, call, compile_source, fail, load, run_cases, versus_one_device
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
@@ -145,9 +145,7 @@ def _calls_summary(calls) -> str:
 
 def _zero1_job(comm, source: str) -> dict | None:
     from ..analysis.data_parallel import dp_calls, model_state_bytes
-    from ..checkpoint import gather_full
     from ..train import Trainer
-    from ..verify import compare, reference_run
 
     ns = load(source, ("reduce_scatter_grads", "update_params"), {"torch": torch, "adam": adam})
     d = comm.size("dp")
@@ -185,13 +183,9 @@ def _zero1_job(comm, source: str) -> dict | None:
         raise LabError(f"your data-parallel calls in one step: {_calls_summary(got)}; ZeRO-1's "
                        f"(analysis.data_parallel.dp_calls): {_calls_summary(want)}{hint}")
 
-    full = gather_full(tr)
-    if comm.grid.rank != 0:
+    res = versus_one_device(comm, tr, losses, MODEL, TRAIN.replace(microbatches=TRAIN.microbatches * d))
+    if res is None:
         return None
-    torch.manual_seed(TRAIN.seed)
-    ref_losses, ref = reference_run(MODEL, TRAIN.replace(microbatches=TRAIN.microbatches * d), tr.corpus,
-                                    TRAIN.steps)
-    res = compare(losses, full, ref_losses, ref)
     res.update(calls=got, optimizer_bytes=held, optimizer_bytes_replicated=predicted["optimizer_bytes_replicated"])
     return res
 
