@@ -58,7 +58,8 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
     g.add_argument("--microbatches", type=int, default=1)
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--data", default="", help="text file or folder of .txt (default: Shakespeare)")
+    g.add_argument("--data", default="", help="text file, folder of .txt, or a tokenized .bin "
+                   "(from `minitron tokenize`; with --vocab N) (default: Shakespeare)")
     g.add_argument("--dtype", default=dtype, help="float32, float64 or bfloat16")
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
     g.add_argument("--timeline", default="", help="write pipeline action timings here")
@@ -101,9 +102,7 @@ def check_data(m: ModelConfig, t: TrainConfig):
     from .data import check_corpus, load_corpus
 
     corpus = load_corpus(t.data)
-    if m.vocab < corpus.vocab:
-        raise ConfigError(f"--vocab {m.vocab} is smaller than the corpus' {corpus.vocab} byte values: use 256 or more")
-    check_corpus(corpus.split()[1], m.seq_len)
+    check_corpus(corpus.split()[1], m.seq_len, m.vocab)
     return corpus
 
 
@@ -319,6 +318,20 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_tokenize(args) -> int:
+    from .tokenize import tokenize
+
+    res = tokenize(args.data, args.out, args.vocab)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"{res['bytes']} bytes of text -> {res['tokens']} tokens ({res['bytes_per_token']:.2f} bytes/token), "
+              f"vocabulary {res['vocab']}, {res['dtype']}")
+        print(f"wrote {res['out']}, {res['sidecar']}, {res['tokenizer']}")
+        print(f"train on it: minitron train --data {res['out']} --vocab {res['vocab']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minitron", description="Megatron-style parallel GPT training, small.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -385,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--profile", action="store_true", help="also profile minitron's step: top operators")
     be.add_argument("--json", action="store_true")
     be.set_defaults(fn=cmd_bench)
+
+    tk = sub.add_parser("tokenize", help="train a byte-level BPE on text and write a token file (.bin)")
+    tk.add_argument("--data", default="", help="text file or folder of .txt (default: Shakespeare)")
+    tk.add_argument("--vocab", type=int, default=4096, help="vocabulary size (256 byte values + merges)")
+    tk.add_argument("--out", required=True, help="the .bin to write (with .json and .tokenizer.json beside it)")
+    tk.add_argument("--json", action="store_true")
+    tk.set_defaults(fn=cmd_tokenize)
     return ap
 
 

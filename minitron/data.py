@@ -15,6 +15,7 @@ rows it owns without talking to anyone, and a resumed run sees the same data.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -49,22 +50,72 @@ class ByteCorpus:
         return ByteCorpus(self.tokens[:cut], self.name), ByteCorpus(self.tokens[cut:], self.name)
 
     @staticmethod
+    def encode(text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    @staticmethod
     def decode(ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 class TokenFile:
-    """A memory-mapped flat file of token ids (`.bin`, dtype uint16 or uint32)."""
+    """A memory-mapped flat file of token ids (`.bin`, dtype uint16 or uint32).
 
-    def __init__(self, path: str, dtype=np.uint16, vocab: int = 65536):
-        self.tokens = np.memmap(path, dtype=dtype, mode="r")
-        self.vocab, self.name = vocab, os.path.basename(path)
+    `split()` gives views of the same file (no copy); pickling one (to a rank) sends only
+    the path and the range, and the rank maps the file again. `tokenizer` is the Hugging
+    Face tokenizer JSON written beside it by `minitron tokenize`, used by `decode`/`encode`.
+    """
+
+    def __init__(self, path: str, dtype=np.uint16, vocab: int = 65536, tokenizer: str | None = None,
+                 start: int = 0, stop: int | None = None):
+        self.path, self.dtype, self.vocab = str(path), np.dtype(dtype), int(vocab)
+        self.tokenizer, self.name = tokenizer, os.path.basename(path)
+        n = os.path.getsize(path) // self.dtype.itemsize
+        self.start, self.stop = start, n if stop is None else stop
+        self._tokens = self._tok = None
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")[self.start:self.stop]
+        return self._tokens
+
+    def __getstate__(self):
+        return {**self.__dict__, "_tokens": None, "_tok": None}
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return self.stop - self.start
 
     def window(self, start: int, n: int) -> torch.Tensor:
         return torch.from_numpy(self.tokens[start:start + n].astype(np.int64))
+
+    def _view(self, start: int, stop: int) -> "TokenFile":
+        return TokenFile(self.path, self.dtype, self.vocab, self.tokenizer, self.start + start, self.start + stop)
+
+    def split(self, val_fraction: float = 0.1) -> tuple["TokenFile", "TokenFile"]:
+        cut = int(len(self) * (1 - val_fraction))
+        return self._view(0, cut), self._view(cut, len(self))
+
+    def _tokenizer(self):
+        """The saved tokenizer, or None (no file beside the .bin, or no `tokenizers` package)."""
+        if self._tok is None and self.tokenizer and os.path.exists(self.tokenizer):
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                return None
+            self._tok = Tokenizer.from_file(self.tokenizer)
+        return self._tok
+
+    def encode(self, text: str) -> list[int] | None:
+        tok = self._tokenizer()
+        return tok.encode(text).ids if tok is not None else None
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        tok = self._tokenizer()
+        if tok is None:
+            return " ".join(map(str, ids))
+        return tok.decode([i for i in ids if i < self.vocab], skip_special_tokens=False)
 
 
 def _read_text(path: Path) -> bytes:
@@ -78,11 +129,12 @@ def _read_text(path: Path) -> bytes:
     return data
 
 
-def load_corpus(path: str = "") -> ByteCorpus:
-    """The built-in Shakespeare (path ""), a UTF-8 text file, or a folder of .txt files."""
+def read_text_source(path: str = "") -> tuple[bytes, str]:
+    """The bytes and name of a text source: the built-in Shakespeare (path ""), a UTF-8
+    text file (.gz too), or a folder of .txt files (joined by blank lines)."""
     if not path:
         with resources.files("minitron.corpus").joinpath(BUILTIN).open("rb") as f:
-            return ByteCorpus(gzip.decompress(f.read()), "shakespeare")
+            return gzip.decompress(f.read()), "shakespeare"
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"--data {path} does not exist: give a text file or a folder of .txt files")
@@ -95,10 +147,60 @@ def load_corpus(path: str = "") -> ByteCorpus:
         data = _read_text(p)
     if not data.strip():
         raise ConfigError(f"--data {path} is empty: give a file with some text")
-    return ByteCorpus(data, p.name)
+    return data, p.name
 
 
-def check_corpus(corpus, seq_len: int) -> None:
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """`data.bin` -> `data.json` (dtype, vocabulary, tokenizer file)."""
+    return Path(path).with_suffix(".json")
+
+
+def load_token_file(path: str) -> TokenFile:
+    """A `.bin` of token ids with its JSON sidecar, as `minitron tokenize` writes them."""
+    p, side = Path(path), sidecar_path(path)
+    if not p.is_file():
+        raise ConfigError(f"--data {path} does not exist: make it with `minitron tokenize --out {path}`")
+    if not side.is_file():
+        raise ConfigError(f"--data {path} has no sidecar {side.name} (dtype and vocabulary): "
+                          f"make both with `minitron tokenize --out {path}`")
+    try:
+        meta = json.loads(side.read_text())
+        dtype, vocab = meta["dtype"], int(meta["vocab"])
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{side} is not a valid sidecar (JSON with dtype and vocab): "
+                          f"remake it with `minitron tokenize --out {path}`") from None
+    if dtype not in DTYPES:
+        raise ConfigError(f"{side} names dtype '{dtype}': use uint16 or uint32")
+    limit = int(np.iinfo(DTYPES[dtype]).max) + 1
+    if not 0 < vocab <= limit:
+        raise ConfigError(f"{side} gives vocab {vocab}, outside 1..{limit} for {dtype}: fix the sidecar")
+    size, item = p.stat().st_size, np.dtype(DTYPES[dtype]).itemsize
+    if size == 0:
+        raise ConfigError(f"--data {path} is empty: tokenize some text into it")
+    if size % item:
+        raise ConfigError(f"--data {path} has {size} bytes, not a multiple of {item} ({dtype}): "
+                          f"the file is truncated or the sidecar's dtype is wrong; tokenize again")
+    tok = meta.get("tokenizer")
+    return TokenFile(str(p), DTYPES[dtype], vocab, str(p.parent / tok) if tok else None)
+
+
+def load_corpus(path: str = "") -> ByteCorpus | TokenFile:
+    """The built-in Shakespeare (path ""), a UTF-8 text file, a folder of .txt files, or a
+    tokenized `.bin` (with its `.json` sidecar; see `minitron tokenize`)."""
+    if path.endswith(".bin"):
+        return load_token_file(path)
+    data, name = read_text_source(path)
+    return ByteCorpus(data, name)
+
+
+def check_corpus(corpus, seq_len: int, vocab: int | None = None) -> None:
+    """The corpus fits the model: enough tokens for `seq_len`, ids within `vocab`."""
+    if vocab is not None and vocab < corpus.vocab:
+        raise ConfigError(f"--vocab {vocab} is smaller than the corpus' {corpus.vocab} token ids: "
+                          f"use {corpus.vocab} or more")
     if len(corpus) < 2 * (seq_len + 1) * 10:
         raise ConfigError(f"the corpus has only {len(corpus)} tokens, too few for --seq-len {seq_len}: "
                           f"give more text or a shorter sequence")

@@ -67,7 +67,7 @@ class Trainer:
         self.ctx = Context(self.comm, layout, DTYPES[train.dtype], device, seed=train.seed)
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
         self.train_data, self.val_data = self.corpus.split()
-        data_mod.check_corpus(self.val_data, model.seq_len)
+        data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
         self.chunks = self._build_chunks()
         if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager
             for c in self.chunks:
@@ -274,7 +274,7 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     if tc.sample_tokens:
         full = gather_full(tr)  # any layout -> full weights on rank 0
         if full is not None:
-            summary["sample"] = sample(single_device_model(model, full, tc), n=tc.sample_tokens)
+            summary["sample"] = sample(single_device_model(model, full, tc), n=tc.sample_tokens, corpus=tr.corpus)
     return summary
 
 
@@ -287,9 +287,14 @@ def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:
     return gpt
 
 
-def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0) -> str:
-    """Generate `n` bytes of text after `prompt` from a single-device model."""
-    idx = torch.tensor([list(prompt.encode())], dtype=torch.long)
+def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0, corpus=None) -> str | None:
+    """Generate `n` tokens of text after `prompt` from a single-device model, in the
+    corpus' tokens (bytes by default); None for a token file without its tokenizer."""
+    corpus = corpus if corpus is not None else data_mod.ByteCorpus
+    ids = corpus.encode(prompt)
+    if not ids:
+        return None
+    idx = torch.tensor([ids], dtype=torch.long)
     out = gpt.eval().generate(idx, n, generator=torch.Generator().manual_seed(seed))
-    return data_mod.ByteCorpus.decode(out[0].tolist())
+    return corpus.decode(out[0].tolist())
 
