@@ -319,7 +319,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tokenize(args) -> int:
-    from .tokenize import tokenize
+    from .tokenizer import tokenize
 
     res = tokenize(args.data, args.out, args.vocab)
     if args.json:

@@ -27,7 +27,7 @@ def text_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def token_file(text_file, tmp_path_factory):
     pytest.importorskip("tokenizers")
-    from minitron.tokenize import tokenize
+    from minitron.tokenizer import tokenize
 
     out = tmp_path_factory.mktemp("tok") / "sample.bin"
     return out, tokenize(str(text_file), str(out), VOCAB)
@@ -124,7 +124,7 @@ def test_trainer_on_token_file(token_file):
 
 
 def test_missing_tokenizers_package(monkeypatch, tmp_path):
-    from minitron.tokenize import tokenize
+    from minitron.tokenizer import tokenize
 
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails as if not installed
     with pytest.raises(ConfigError, match="needs the tokenizers package: pip install"):
