@@ -263,3 +263,25 @@ def test_verify_cube_times_data_parallel_tied():
 def test_verify_cube_times_pipeline_tied():
     res = _verify(["--pp", "2", "--nproc", "16", "--microbatches", "2", "--tied"])
     assert res["layout"].startswith("dp1.tp8.pp2.cube")
+
+
+@pytest.mark.multirank
+def test_bf16_cube_sends_what_the_analysis_says(tmp_path):
+    """--precision bf16 on the 2×2×2 cube, one step traced: activations and their
+    gradients travel in bf16, weights, their gradients and the LayerNorm/loss sums in
+    fp32; every (axis, op) byte count on rank 0 equals cube_comm_bytes_per_step."""
+    trace = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "8", "--tp", "8", "--tp-mode", "3d",
+                            "--precision", "bf16", "--global-batch", "4", "--steps", "1", "--eval-every", "0",
+                            "--sample", "0", "--no-progress", "--trace", str(trace)])
+    assert code == 0, err[-2000:]
+    got: dict = {}
+    dtypes = Counter()
+    for r in read_trace(trace):
+        if r["rank"] == 0 and r["phase"] != "log":
+            ops = got.setdefault(r["axis"], {})
+            ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
+            dtypes[r["op"], r["dtype"]] += 1
+    assert dtypes["all_gather", "bfloat16"] and dtypes["all_gather", "float32"]  # activations, weights
+    assert got == A.cube_comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(tp=8, tp_mode="3d", precision="bf16"),
+                                             TrainConfig(global_batch=4, microbatches=1))

@@ -101,19 +101,23 @@ def _call(what, phase, op, axis, nbytes, calls=1):
 # Calls of one layer type, one microbatch (bytes per call)
 # --------------------------------------------------------------------------------------
 def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, bytes_per_el: int = 4,
-                 layout: tuple[str, str] = FIRST, what: str = "linear") -> list[dict]:
+                 layout: tuple[str, str] = FIRST, what: str = "linear",
+                 act_bytes_per_el: int | None = None) -> list[dict]:
     """The six collectives of one Linear3D on layout (a, c) for one microbatch of
-    `micro_batch` sequences (module docstring). Empty when q = 1."""
+    `micro_batch` sequences (module docstring). Empty when q = 1. The weight and its
+    gradient travel in `bytes_per_el`, activations and theirs in `act_bytes_per_el`
+    (default the same; 2 under bf16, ``Comm.wire_dtype``)."""
     if q == 1:
         return []
     a, c = layout
     e, b, s = bytes_per_el, micro_batch, seq_len
+    ea = act_bytes_per_el or e
     return [
-        _call(f"{what}: input all-gather", "fwd", "all_gather", a, e * b // (q * q) * s * d_in // q),
+        _call(f"{what}: input all-gather", "fwd", "all_gather", a, ea * b // (q * q) * s * d_in // q),
         _call(f"{what}: weight all-gather", "fwd", "all_gather", I, e * d_out // q * d_in // (q * q)),
-        _call(f"{what}: output reduce-scatter", "fwd", "reduce_scatter", c, e * b // q * s * d_out // q),
-        _call(f"{what}: output-grad all-gather", "bwd", "all_gather", c, e * b // (q * q) * s * d_out // q),
-        _call(f"{what}: input-grad reduce-scatter", "bwd", "reduce_scatter", a, e * b // q * s * d_in // q),
+        _call(f"{what}: output reduce-scatter", "fwd", "reduce_scatter", c, ea * b // q * s * d_out // q),
+        _call(f"{what}: output-grad all-gather", "bwd", "all_gather", c, ea * b // (q * q) * s * d_out // q),
+        _call(f"{what}: input-grad reduce-scatter", "bwd", "reduce_scatter", a, ea * b // q * s * d_in // q),
         _call(f"{what}: weight-grad reduce-scatter", "bwd", "reduce_scatter", I, e * d_out // q * d_in // q),
     ]
 
@@ -142,12 +146,13 @@ def linear_wire_bytes(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: 
 
 
 def embedding_calls(micro_batch: int, seq_len: int, vocab_padded: int, h: int, q: int,
-                    bytes_per_el: int = 4) -> list[dict]:
+                    bytes_per_el: int = 4, act_bytes_per_el: int | None = None) -> list[dict]:
     """The token embedding on the cube (a Linear3D on layout (k, j) whose input, the
     token ids, every rank already holds): no input all-gather, no input gradient."""
     if q == 1:
         return []
-    return [c for c in linear_calls(micro_batch, seq_len, vocab_padded, h, q, bytes_per_el, SECOND, "embedding")
+    return [c for c in linear_calls(micro_batch, seq_len, vocab_padded, h, q, bytes_per_el, SECOND, "embedding",
+                                    act_bytes_per_el)
             if "input" not in c["what"]]
 
 
@@ -173,16 +178,18 @@ def loss_calls(micro_batch: int, seq_len: int, q: int, loss_bytes_per_el: int = 
 
 
 def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int = 4,
-                recompute: str = "none") -> list[dict]:
+                recompute: str = "none", act_bytes_per_el: int | None = None) -> list[dict]:
     """The collectives of one transformer layer for one microbatch; with full
-    recomputation the forward calls run again in the backward."""
+    recomputation the forward calls run again in the backward. LayerNorm statistics
+    stay in `bytes_per_el` (sums of the fp32 residual stream under bf16 autocast)."""
     b, s, h, f, e = micro_batch, model.seq_len, model.hidden, model.ffn_hidden, bytes_per_el
+    ea = act_bytes_per_el
     out = (layer_norm_calls(b, s, q, e, "ln1")
-           + linear_calls(b, s, h, 3 * h, q, e, FIRST, "qkv")
-           + linear_calls(b, s, h, h, q, e, SECOND, "proj")
+           + linear_calls(b, s, h, 3 * h, q, e, FIRST, "qkv", ea)
+           + linear_calls(b, s, h, h, q, e, SECOND, "proj", ea)
            + layer_norm_calls(b, s, q, e, "ln2")
-           + linear_calls(b, s, h, f, q, e, FIRST, "fc")
-           + linear_calls(b, s, f, h, q, e, SECOND, "fc2"))
+           + linear_calls(b, s, h, f, q, e, FIRST, "fc", ea)
+           + linear_calls(b, s, f, h, q, e, SECOND, "fc2", ea))
     if _policy(recompute) == "full":
         out += [{**c, "phase": "bwd", "what": c["what"] + " (replayed)"} for c in out if c["phase"] == "fwd"]
     return out
@@ -190,20 +197,21 @@ def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int 
 
 def cube_collectives(model: ModelConfig, micro_batch: int, q: int, layers: int | None = None,
                      first: bool = True, last: bool = True, bytes_per_el: int = 4,
-                     loss_bytes_per_el: int | None = None, recompute: str = "none") -> list[dict]:
+                     loss_bytes_per_el: int | None = None, recompute: str = "none",
+                     act_bytes_per_el: int | None = None) -> list[dict]:
     """Every cube collective of one microbatch on one rank (``calls`` per item, `bytes`
     per call), in forward order; `first`/`last`: the rank holds the embedding / the
-    output layer and loss."""
-    b, s, h, e = micro_batch, model.seq_len, model.hidden, bytes_per_el
+    output layer and loss. `act_bytes_per_el`: activations on the wire (2 under bf16)."""
+    b, s, h, e, ea = micro_batch, model.seq_len, model.hidden, bytes_per_el, act_bytes_per_el
     vp = cube_vocab(model, q)
     out: list[dict] = []
     if first:
-        out += embedding_calls(b, s, vp, h, q, e)
+        out += embedding_calls(b, s, vp, h, q, e, ea)
     for _ in range(model.layers if layers is None else layers):
-        out += layer_calls(model, b, q, e, recompute)
+        out += layer_calls(model, b, q, e, recompute, ea)
     if last:
         out += layer_norm_calls(b, s, q, e, "ln_f")
-        out += linear_calls(b, s, h, vp, q, e, FIRST, "output layer")
+        out += linear_calls(b, s, h, vp, q, e, FIRST, "output layer", ea)
         out += loss_calls(b, s, q, loss_bytes_per_el or max(e, 4))
     return out
 
@@ -239,6 +247,7 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Tensor (cube), pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or (8 if train.dtype == "float64" else 4)
+    ea = 2 if _get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
     q, p, d, v = cube_q(parallel.tp), parallel.pp, parallel.dp, parallel.vpp
     m = train.microbatches
     b = train.global_batch // (d * m)
@@ -253,7 +262,8 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
             it["calls"] += calls
             it["bytes"] += nbytes
 
-    per_mb = cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute)
+    per_mb = cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
+                              act_bytes_per_el=ea)
     for c in per_mb:
         add(c["what"].split(":")[0] if ":" in c["what"] else c["what"], c["axis"], c["op"],
             m * c["calls"], m * c["calls"] * c["bytes"])
@@ -263,7 +273,7 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
         add("gradient norm", "tp", "all_reduce", 1, 8)
     if p > 1:
         sends, recvs = _p2p_counts(model, parallel, pp_rank)
-        nb = e * b // (q * q) * model.seq_len * model.hidden // q
+        nb = ea * b // (q * q) * model.seq_len * model.hidden // q
         add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
         add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
         add("gradient norm", "pp", "all_reduce", 1, 8)

@@ -133,7 +133,7 @@ class Linear3D(nn.Module):
     def forward(self, x):
         L = self.layout
         x = gather(x, self.comm, L.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
-        w = gather(self.weight, self.comm, I, 1)  # [d_out/q, d_in/q]: rows a, columns c
+        w = gather(self.weight, self.comm, I, 1, param=True)  # [d_out/q, d_in/q]: rows a, columns c
         y = reduce_scatter(F.linear(x, w), self.comm, L.c, BATCH)  # [b/q², s, d_out/q]
         return y if self.skip_bias_add else y + self.bias
 
@@ -229,7 +229,7 @@ class Embedding3D(nn.Module):
         """Token ids [b, s] (the whole data-parallel microbatch) -> [b/q², s, h/q] in
         layout (j, k). This rank looks up batch block i in its vocabulary slice j."""
         ids = idx[split(idx.shape[0], self.q, self.comm.index(I))]  # no communication
-        w = gather(self.weight, self.comm, I, 0)  # [V'/q, h/q]: vocabulary slice j, hidden k
+        w = gather(self.weight, self.comm, I, 0, param=True)  # [V'/q, h/q]: vocabulary slice j, hidden k
         local = ids - self.start
         outside = (local < 0) | (local >= w.shape[0])
         out = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)
@@ -239,7 +239,7 @@ class Embedding3D(nn.Module):
         """x [b/q², s, h/q] in layout (j, k) -> local logits [b/q², s, V'/q] (batch piece
         (i, k), vocabulary slice j): a Linear3D on layout (j, k) with weight wteᵀ."""
         x = gather(x, self.comm, J, BATCH)  # [b/q, s, h/q]
-        w = gather(self.weight, self.comm, I, 0)  # [V'/q, h/q]
+        w = gather(self.weight, self.comm, I, 0, param=True)  # [V'/q, h/q]
         return reduce_scatter(F.linear(x, w), self.comm, K, BATCH)
 
     def loss(self, logits, targets):

@@ -70,16 +70,18 @@ class _G(torch.autograd.Function):
 class _AllGather(torch.autograd.Function):
     """All-gather along `axis` on dimension `dim` forward; reduce-scatter the gradient
     backward (the 3-D cube's gathers; sequence parallelism's f is fused into the linear
-    it feeds, `_AllGatherLinear`)."""
+    it feeds, `_AllGatherLinear`). A parameter (`param`) and its gradient travel in
+    the master dtype, an activation in the wire dtype."""
 
     @staticmethod
-    def forward(ctx, x, comm, axis, dim):
-        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.all_gather(wire(x, comm), axis, dim).to(x.dtype)
+    def forward(ctx, x, comm, axis, dim, param):
+        ctx.comm, ctx.axis, ctx.dim, ctx.param = comm, axis, dim, param
+        return comm.all_gather(x if param else wire(x, comm), axis, dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(wire(dy, ctx.comm), ctx.axis, ctx.dim).to(dy.dtype), None, None, None
+        out = dy if ctx.param else wire(dy, ctx.comm)
+        return ctx.comm.reduce_scatter(out, ctx.axis, ctx.dim).to(dy.dtype), None, None, None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
@@ -96,9 +98,10 @@ class _ReduceScatter(torch.autograd.Function):
         return ctx.comm.all_gather(wire(dy, ctx.comm).contiguous(), ctx.axis, ctx.dim).to(dy.dtype), None, None, None
 
 
-def gather(x, comm, axis: str, dim: int):
-    """Differentiable all-gather of `x` along `axis` on dimension `dim`."""
-    return _AllGather.apply(x, comm, axis, dim)
+def gather(x, comm, axis: str, dim: int, param: bool = False):
+    """Differentiable all-gather of `x` along `axis` on dimension `dim`; `param`: x is a
+    parameter (its gradient's reduce-scatter is a gradient reduction: master dtype)."""
+    return _AllGather.apply(x, comm, axis, dim, param)
 
 
 def reduce_scatter(x, comm, axis: str, dim: int):
