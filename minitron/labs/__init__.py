@@ -9,6 +9,7 @@ lab                         checker                                     module
 02 the 1F1B schedule        ``check_one_f_one_b(SOURCE)``               :mod:`.pipeline`
 03 ZeRO-1 over a bucket     ``check_zero1(SOURCE)``                     :mod:`.zero`
 04 vocab-parallel CE        ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
+05 the all-gather linear    ``check_all_gather_linear(SOURCE)``         :mod:`.seq_parallel`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -20,6 +21,8 @@ from .cross_entropy import check_vocab_parallel_ce
 from .f_and_g import check_f_and_g
 from .pipeline import check_one_f_one_b
 from .runner import LabError
+from .seq_parallel import check_all_gather_linear
 from .zero import check_zero1
 
-__all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "check_vocab_parallel_ce", "LabError"]
+__all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "check_vocab_parallel_ce",
+           "check_all_gather_linear", "LabError"]

@@ -401,3 +401,30 @@ def versus_one_device(comm, tr, losses, model, train) -> dict | None:
     torch.manual_seed(train.seed)
     ref_losses, ref = reference_run(model, train, tr.corpus, train.steps)
     return compare(losses, full, ref_losses, ref)
+
+
+def agree(comm, key: str, problem: str, timeout: float) -> None:
+    """Raise LabError on every rank when some rank found a problem (the lowest rank's):
+    `problem` is this rank's ('' when none), `key` names the case and is the same on
+    every rank. Through the rendezvous store, not a collective: a rank whose own code
+    failed alone may have left the others inside one."""
+    if comm.grid.world == 1:
+        if problem:
+            raise LabError(problem)
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store, world = _get_default_store(), comm.grid.world
+    key = f"minitron-lab/{key}/"
+    store.set(key + str(comm.grid.rank), problem)
+    if problem:
+        raise LabError(problem)
+    keys = [key + str(q) for q in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=max(3.0, timeout / 3) + 2))
+    except Exception:  # a peer is stuck or failed on its own: its record explains the case
+        raise RuntimeError("Timed out waiting for the other ranks' unit checks") from None
+    problems = [store.get(k).decode() for k in keys]
+    first = next((p for p in problems if p), "")
+    if first:
+        raise LabError(first)
