@@ -30,14 +30,13 @@ float64 steps, and rank 0 compares it with the single-device model.
 """
 from __future__ import annotations
 
-import datetime
 import itertools
 
 import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import LabError, call, load, run_sources, train_swapped
+from .runner import LabError, agree, call, load, run_sources, train_swapped
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 258 on 2 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -238,32 +237,6 @@ def _unit_check(comm, cls) -> str:
     return ""
 
 
-def _agree(comm, case: int, problem: str, timeout: float) -> None:
-    """Raise LabError on every rank when some rank found a problem (the lowest rank's).
-    Through the rendezvous store, not a collective: a rank whose own code failed alone
-    may have left the others inside one."""
-    if comm.grid.world == 1:
-        if problem:
-            raise LabError(problem)
-        return
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    store, world = _get_default_store(), comm.grid.world
-    key = f"minitron-lab/ce/{case}/"
-    store.set(key + str(comm.grid.rank), problem)
-    if problem:
-        raise LabError(problem)
-    keys = [key + str(q) for q in range(world)]
-    try:
-        store.wait(keys, datetime.timedelta(seconds=max(3.0, timeout / 3) + 2))
-    except Exception:  # a peer is stuck or failed on its own: its record explains the case
-        raise RuntimeError("Timed out waiting for the other ranks' unit checks") from None
-    problems = [store.get(k).decode() for k in keys]
-    first = next((p for p in problems if p), "")
-    if first:
-        raise LabError(first)
-
-
 def _ce_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
@@ -273,7 +246,7 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
         problem = _unit_check(comm, cls)
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
-    _agree(comm, case, problem, timeout)
+    agree(comm, f"ce/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
     res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _VocabParallelCrossEntropy=cls)
     if res is None:  # not rank 0
