@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import LabError, agree, call, load, run_sources, train_swapped
+from .runner import LabError, agree, call, load, run_sources, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 258 on 2 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -249,16 +249,8 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
     agree(comm, f"ce/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
     res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _VocabParallelCrossEntropy=cls)
-    if res is None:  # not rank 0
-        return None
-    ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
-    msg = (f"your {NAME} trains exactly like the single-device model (vocabulary {MODEL.vocab}, padded "
-           f"to {pad_vocab(MODEL.vocab, layout.tp)} on {layout.tp} ranks)" if ok else
-           f"your {NAME} passes the unit checks but training differs from the single-device model (loss "
-           f"by {res['max_loss_abs_diff']:.3g}, worst parameter {res['worst_param']} by "
-           f"{res['max_param_rel_diff']:.3g})")
-    return {"ok": ok, "max_loss_abs_diff": res["max_loss_abs_diff"],
-            "max_param_rel_diff": res["max_param_rel_diff"], "message": msg}
+    return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model (vocabulary "
+                            f"{MODEL.vocab}, padded to {pad_vocab(MODEL.vocab, layout.tp)} on {layout.tp} ranks)", TOL)
 
 
 def check_vocab_parallel_ce_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:

@@ -385,6 +385,21 @@ def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
     return versus_one_device(comm, tr, losses, model, train)
 
 
+def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-9) -> dict | None:
+    """The lab's result from :func:`train_swapped`'s comparison (None off rank 0): ok when
+    losses and parameters agree within `tol` (float64: minitron.verify.TOLERANCE), with
+    `success` as the message, else one line saying by how much training differs."""
+    if res is None:
+        return None
+    ok = res["max_loss_abs_diff"] <= tol and res["max_param_rel_diff"] <= tol
+    msg = success if ok else (
+        f"your {name} passes the unit checks but training differs from the single-device model (loss "
+        f"by {res['max_loss_abs_diff']:.3g}, worst parameter {res['worst_param']} by "
+        f"{res['max_param_rel_diff']:.3g})")
+    return {"ok": ok, "max_loss_abs_diff": res["max_loss_abs_diff"],
+            "max_param_rel_diff": res["max_param_rel_diff"], "message": msg}
+
+
 def versus_one_device(comm, tr, losses, model, train) -> dict | None:
     """The trainer's run (`losses`, its parameters gathered from every rank) against the
     single-device model trained on the same data: :func:`minitron.verify.compare`'s dict
