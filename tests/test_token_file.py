@@ -145,3 +145,16 @@ def test_cli_tokenize_then_train(text_file, tmp_path):
     assert "--- sample ---" in stdout and "ROMEO:" in stdout
     code, _, err = run_cli(base)  # the tiny preset's vocab 256 < 300
     assert code == 2 and "use 300 or more" in err and err.strip().count("\n") == 0
+
+
+@pytest.mark.multirank
+def test_a_layout_on_a_token_file_equals_one_device(token_file):
+    """The oracle on real (subword) data: dp2 × tp2 on 4 ranks reading the memory-mapped
+    .bin (each rank opens it by path) equals the single-device model in float64."""
+    out, _ = token_file
+    code, stdout, err = run_cli(["verify", "--model", "tiny", "--vocab", str(VOCAB), "--data", str(out),
+                                 "--nproc", "4", "--dp", "2", "--tp", "2", "--steps", "3", "--global-batch", "4",
+                                 "--dtype", "float64", "--json"])
+    assert code == 0, err[-2000:]
+    res = last_json(stdout)
+    assert res["ok"] and res["max_loss_abs_diff"] <= 1e-9 and res["max_param_rel_diff"] <= 1e-9
