@@ -55,12 +55,13 @@ class Pending:
     result: torch.Tensor
     work: object = None
     source: torch.Tensor | None = None
+    dtype: torch.dtype | None = None  # the caller's dtype, when the wire's differs
 
     @eager
     def wait(self) -> torch.Tensor:
         if self.work is not None:
             self.work.wait()
-        return self.result
+        return self.result if self.dtype is None else self.result.to(self.dtype)
 
 
 def read_trace(path: str) -> list[dict]:
@@ -82,7 +83,8 @@ class Comm:
         self.trace = trace
         # the dtype activations and their gradients travel in between tensor ranks and
         # pipeline stages: bf16 under --precision bf16 (Megatron's bf16 activations), else
-        # None (as computed). Gradients for data parallelism never change dtype.
+        # None (as computed). Only calls marked `activation=True` use it: parameters and
+        # gradient reductions never change dtype.
         self.wire_dtype: torch.dtype | None = None
         self.phase = "other"
         self.step = 0
@@ -113,43 +115,66 @@ class Comm:
                        shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
             self.trace.add(**{**rec, **(labels or {})})
 
+    def _wire(self, t: torch.Tensor, activation: bool) -> torch.Tensor:
+        """`t` as it travels: in `wire_dtype` when it carries activations (bf16 under
+        --precision bf16, even where autocast keeps fp32), else unchanged."""
+        return t.to(self.wire_dtype) if activation and self.wire_dtype is not None else t
+
     # --- collectives --------------------------------------------------------------
+    # `activation=True`: the tensor is an activation or its gradient; it travels in
+    # `wire_dtype` and the result comes back in the tensor's own dtype.
     @eager
-    def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False):
+    def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False,
+                   activation: bool = False):
         """In-place all-reduce of `t` over `axis` (op: 'sum' or 'max'). Returns `t`,
-        or the work handle when `async_op`."""
+        or the work handle when `async_op` (not with a change of dtype on the wire)."""
         if self.size(axis) == 1:
             return None if async_op else t
-        self._record("all_reduce", axis, t)
+        x = self._wire(t, activation)
+        self._record("all_reduce", axis, x)
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        work = dist.all_reduce(t, op=rop, group=self.group(axis), async_op=async_op)
-        return work if async_op else t
+        work = dist.all_reduce(x, op=rop, group=self.group(axis), async_op=async_op)
+        if async_op:
+            assert x is t, "an asynchronous all-reduce cannot change dtype on the wire"
+            return work
+        return t if x is t else t.copy_(x)
 
     @eager
-    def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False):
+    def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False,
+                   activation: bool = False):
         """Concatenate every rank's `t` along `dim`, in axis order. With `async_op`,
         returns a :class:`Pending` whose ``wait()`` gives the result."""
         n = self.size(axis)
         if n == 1:
             return Pending(t) if async_op else t
-        self._record("all_gather", axis, t)
-        x = t.movedim(dim, 0).contiguous()
+        w = self._wire(t, activation)
+        self._record("all_gather", axis, w)
+        x = w.movedim(dim, 0).contiguous()
         out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
         work = dist.all_gather_single(out, x, group=self.group(axis), async_op=async_op)
-        return Pending(out.movedim(0, dim), work, x) if async_op else out.movedim(0, dim)
+        return self._result(out.movedim(0, dim), work, x, t.dtype, async_op)
 
     @eager
-    def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False):
+    def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False,
+                       activation: bool = False):
         """Sum `t` over the axis and keep this rank's 1/n slice along `dim`. With
         `async_op`, returns a :class:`Pending` whose ``wait()`` gives the result."""
         n = self.size(axis)
         if n == 1:
             return Pending(t) if async_op else t
-        self._record("reduce_scatter", axis, t)
-        x = t.movedim(dim, 0).contiguous()
+        w = self._wire(t, activation)
+        self._record("reduce_scatter", axis, w)
+        x = w.movedim(dim, 0).contiguous()
         out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
         work = dist.reduce_scatter_single(out, x, group=self.group(axis), async_op=async_op)
-        return Pending(out.movedim(0, dim), work, x) if async_op else out.movedim(0, dim)
+        return self._result(out.movedim(0, dim), work, x, t.dtype, async_op)
+
+    @staticmethod
+    def _result(out, work, source, dtype, async_op):
+        """The collective's output in the caller's `dtype`: now, or a Pending for later."""
+        if async_op:
+            return Pending(out, work, source, dtype if out.dtype != dtype else None)
+        return out.to(dtype)
 
     @eager
     def all_gather_flat(self, shard: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):

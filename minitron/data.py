@@ -150,7 +150,7 @@ def read_text_source(path: str = "") -> tuple[bytes, str]:
     return data, p.name
 
 
-DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}  # the element types of a .bin
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -172,19 +172,19 @@ def load_token_file(path: str) -> TokenFile:
     except (ValueError, KeyError, TypeError):
         raise ConfigError(f"{side} is not a valid sidecar (JSON with dtype and vocab): "
                           f"remake it with `minitron tokenize --out {path}`") from None
-    if dtype not in DTYPES:
+    if dtype not in TOKEN_DTYPES:
         raise ConfigError(f"{side} names dtype '{dtype}': use uint16 or uint32")
-    limit = int(np.iinfo(DTYPES[dtype]).max) + 1
+    limit = int(np.iinfo(TOKEN_DTYPES[dtype]).max) + 1
     if not 0 < vocab <= limit:
         raise ConfigError(f"{side} gives vocab {vocab}, outside 1..{limit} for {dtype}: fix the sidecar")
-    size, item = p.stat().st_size, np.dtype(DTYPES[dtype]).itemsize
+    size, item = p.stat().st_size, np.dtype(TOKEN_DTYPES[dtype]).itemsize
     if size == 0:
         raise ConfigError(f"--data {path} is empty: tokenize some text into it")
     if size % item:
         raise ConfigError(f"--data {path} has {size} bytes, not a multiple of {item} ({dtype}): "
                           f"the file is truncated or the sidecar's dtype is wrong; tokenize again")
     tok = meta.get("tokenizer")
-    return TokenFile(str(p), DTYPES[dtype], vocab, str(p.parent / tok) if tok else None)
+    return TokenFile(str(p), TOKEN_DTYPES[dtype], vocab, str(p.parent / tok) if tok else None)
 
 
 def load_corpus(path: str = "") -> ByteCorpus | TokenFile:

@@ -46,7 +46,7 @@ def test_syntax_error_needs_no_ranks():
 
 @pytest.mark.multirank
 def test_reference_passes_and_mistakes_get_one_line():
-    engine = ("from minitron.parallel.tensor import SEQ, _wanted, wire\n"
+    engine = ("from minitron.parallel.tensor import SEQ, _wanted\n"
               + inspect.getsource(tensor._AllGatherLinear).replace("class _AllGatherLinear(",
                                                                    "class AllGatherLinear("))
     saves_gathered = broken("        ctx.save_for_backward(x, weight)\n        return F.linear(comm.all_gather(x, "

@@ -34,14 +34,6 @@ from ..context import Context, make_param, split
 SEQ = 1  # the sequence dimension of [b, s, h] hidden states
 
 
-def wire(x, comm):
-    """`x` in the dtype activations travel in (``Comm.wire_dtype``): bf16 under
-    ``--precision bf16``, as Megatron's bf16 activations do, even where autocast keeps
-    fp32 (LayerNorm outputs, the residual stream, their gradients); else unchanged.
-    Every operator here sends ``wire(x)`` and returns its result in x's dtype."""
-    return x if comm.wire_dtype is None else x.to(comm.wire_dtype)
-
-
 class _F(torch.autograd.Function):
     """f: identity forward, all-reduce of the gradient backward."""
 
@@ -52,7 +44,7 @@ class _F(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_reduce(wire(dy, ctx.comm).contiguous(), "tp").to(dy.dtype), None
+        return ctx.comm.all_reduce(dy.contiguous(), "tp", activation=True), None
 
 
 class _G(torch.autograd.Function):
@@ -60,7 +52,7 @@ class _G(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, comm):
-        return comm.all_reduce(wire(x, comm).contiguous(), "tp").to(x.dtype)
+        return comm.all_reduce(x.contiguous(), "tp", activation=True)
 
     @staticmethod
     def backward(ctx, dy):
@@ -76,12 +68,11 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis, dim, param):
         ctx.comm, ctx.axis, ctx.dim, ctx.param = comm, axis, dim, param
-        return comm.all_gather(x if param else wire(x, comm), axis, dim).to(x.dtype)
+        return comm.all_gather(x, axis, dim, activation=not param)
 
     @staticmethod
     def backward(ctx, dy):
-        out = dy if ctx.param else wire(dy, ctx.comm)
-        return ctx.comm.reduce_scatter(out, ctx.axis, ctx.dim).to(dy.dtype), None, None, None, None
+        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim, activation=not ctx.param), None, None, None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
@@ -91,11 +82,11 @@ class _ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm, axis, dim):
         ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
-        return comm.reduce_scatter(wire(x, comm), axis, dim).to(x.dtype)
+        return comm.reduce_scatter(x, axis, dim, activation=True)
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(wire(dy, ctx.comm).contiguous(), ctx.axis, ctx.dim).to(dy.dtype), None, None, None
+        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim, activation=True), None, None, None
 
 
 def gather(x, comm, axis: str, dim: int, param: bool = False):
@@ -120,7 +111,7 @@ class _SplitSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return ctx.comm.all_gather(wire(dy, ctx.comm).contiguous(), "tp", dim=SEQ).to(dy.dtype), None
+        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ, activation=True), None
 
 
 def enter_region(x, ctx: Context):
@@ -174,7 +165,7 @@ class _AllGatherLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, comm):
         ctx.comm, ctx.has_bias = comm, bias is not None
         ctx.save_for_backward(x, weight)  # the shard, not the gathered input
-        return F.linear(comm.all_gather(wire(x, comm), "tp", SEQ).to(x.dtype), weight, bias)
+        return F.linear(comm.all_gather(x, "tp", SEQ, activation=True), weight, bias)
 
     @staticmethod
     def backward(ctx, dy):
@@ -184,9 +175,9 @@ class _AllGatherLinear(torch.autograd.Function):
         dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
         # Megatron's overlap: the re-gather of X runs while dY·A is computed, the
         # reduce-scatter of dX while dW is; each waits only when its result is needed.
-        gathering = comm.all_gather(wire(x, comm), "tp", SEQ, async_op=True) if want_dw else None
-        if want_dx:  # on the wire as the forward's gather was; returned in the input's dtype
-            dx = comm.reduce_scatter(wire(dy @ weight.to(dy.dtype), comm), "tp", SEQ, async_op=True)
+        gathering = comm.all_gather(x, "tp", SEQ, async_op=True, activation=True) if want_dw else None
+        if want_dx:  # returned in the input's dtype, as the forward gathered it
+            dx = comm.reduce_scatter(dy @ weight.to(dy.dtype), "tp", SEQ, async_op=True, activation=True)
         dw = dy2.t() @ gathering.wait().flatten(0, -2).to(dy.dtype) if want_dw else None
         db = dy2.sum(0) if ctx.has_bias and _wanted(ctx, 2) else None
         return dx.wait().to(x.dtype) if want_dx else None, dw, db, None
