@@ -1,0 +1,224 @@
+"""Graded questions for the lessons.
+
+A lesson asks a question in a markdown cell and grades the learner's answer in the next
+code cell::
+
+    from minitron.quiz import check
+    check("02.bubble_1f1b", ...)        # replace ... with your answer, then run the cell
+
+`check` prints ``right`` or ``wrong — <hint>`` (and returns True or False). The answers
+live here, not in the notebooks; where an answer is a figure the engine can compute, it
+is computed by calling the engine (the analysis functions, the process grid), so the
+question and the engine can never disagree.
+
+Answers are numbers (compared with a relative tolerance), words (compared without case,
+spaces, hyphens or underscores, against a set of accepted spellings) or lists (compared
+element by element).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Question:
+    """One graded question: how to compute its answer, and the hint a wrong answer gets.
+
+    `answer` is a callable returning the right answer (a number, a list, or a tuple of
+    accepted words); `rel_tol` is the relative tolerance for numbers.
+    """
+
+    answer: Callable[[], Any]
+    hint: str
+    rel_tol: float = 1e-3
+
+
+def _A():
+    from . import analysis
+    return analysis
+
+
+def _preset(name):
+    from .config import PRESETS
+    return PRESETS[name]
+
+
+def _grid(**kw):
+    from .grid import ProcessGrid
+    return ProcessGrid(**kw)
+
+
+def _words(*accepted: str) -> Callable[[], tuple[str, ...]]:
+    return lambda: tuple(accepted)
+
+
+def _gpus_for_states(name: str, bytes_per_param: float, gpu_bytes: float) -> int:
+    return math.ceil(_A().param_count(_preset(name)) * bytes_per_param / gpu_bytes)
+
+
+def _model_flops_per_token(name: str) -> float:
+    m = _preset(name)
+    return _A().model_flops_per_iteration(m, 1) / m.seq_len
+
+
+QUESTIONS: dict[str, Question] = {
+    # --- lesson 0: collectives ---------------------------------------------------------
+    "00.all_reduce": Question(
+        lambda: sum(range(1, 5)),
+        "an all-reduce leaves the *sum* of every rank's value on every rank: 1 + 2 + 3 + 4."),
+    "00.ring_steps": Question(
+        lambda: 2 * (4 - 1),
+        "a ring all-reduce is a reduce-scatter (p − 1 steps) followed by an all-gather "
+        "(p − 1 steps)."),
+    "00.ring_bytes": Question(
+        lambda: _A().ring_allreduce_wire_bytes(8e6, 4),
+        "each rank sends 2·(p − 1)/p of its buffer: (p − 1) chunks of size N/p in each "
+        "of the two phases."),
+    "00.dp_group": Question(
+        lambda: _grid(tp=2, dp=2).axis_ranks("dp", 1),
+        "the tensor-parallel index runs fastest: rank = tp_rank + t·dp_rank. Keep rank 1's "
+        "tp_rank and vary dp_rank."),
+    "00.latency_bound": Question(
+        _words("alpha", "α", "latency"),
+        "for a tiny message the n·β term is negligible: what is left is the per-step cost."),
+    # --- lesson 1: memory and FLOPs ----------------------------------------------------
+    "01.bytes_per_param": Question(
+        lambda: _A().zero_bytes_per_param(0, 1),
+        "count fp16 parameters, fp16 gradients, and Adam's fp32 master weights, momentum "
+        "and variance (ZeRO §3.1)."),
+    "01.gpus_175b": Question(
+        lambda: _gpus_for_states("gpt3-175b", 16, 80e9),
+        "divide 16 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
+        "a fraction of a GPU is a whole GPU."),
+    "01.zero3_d64": Question(
+        lambda: _A().zero_bytes_per_param(3, 64),
+        "stage 3 shards all 16 bytes of every parameter over the d data-parallel ranks."),
+    "01.full_recompute": Question(
+        lambda: _A().korthikanti_activation_bytes_per_layer(2048, 1, 12288, 96, 8,
+                                                             recompute="full") / 2**20,
+        "full recomputation keeps only the layer's input: s·b·h values of 2 bytes each."),
+    # --- lesson 2: pipeline schedules --------------------------------------------------
+    "02.bubble_1f1b": Question(
+        lambda: _A().bubble_fraction("1f1b", 4, 8),
+        "1F1B's bubble is (p − 1)/m of the ideal time, whatever the order of its work."),
+    "02.bubble_interleaved": Question(
+        lambda: _A().bubble_fraction("interleaved", 4, 8, 2),
+        "interleaving with v chunks per rank divides the bubble by v: (p − 1)/(v·m)."),
+    "02.stash_gpipe": Question(
+        lambda: _A().peak_stashed_microbatches("gpipe", 4, 8),
+        "GPipe runs every forward before the first backward."),
+    "02.warmup": Question(
+        lambda: (4 - 0 - 1) * 2 + (2 - 1) * 4,
+        "use (p − r − 1)·2 + (v − 1)·p with p = 4, v = 2, r = 0."),
+    # --- lesson 3: data parallelism ----------------------------------------------------
+    "03.ring_wire": Question(
+        lambda: _A().ring_allreduce_wire_bytes(4e9, 8) / 1e9,
+        "a ring all-reduce sends 2·(d − 1)/d times the buffer from every rank."),
+    "03.zero1_over_allreduce": Question(
+        lambda: (_A().data_parallel.dp_wire_bytes(10**6, 8, zero1=True)
+                 / _A().data_parallel.dp_wire_bytes(10**6, 8)),
+        "a reduce-scatter and an all-gather are exactly the two halves of a ring all-reduce."),
+    "03.zero1_bytes": Question(
+        lambda: _A().zero_bytes_per_param(1, 8),
+        "stage 1 shards only Adam's 12 bytes: 2 + 2 + 12/d."),
+    # --- lesson 4: tensor parallelism --------------------------------------------------
+    "04.f_backward": Question(
+        _words("all-reduce", "allreduce", "all_reduce", "all reduce"),
+        "f copies its input to every tensor rank in forward; in backward each rank holds "
+        "only its part of the input's gradient."),
+    "04.allreduces_per_layer": Question(
+        lambda: 4,
+        "one g after attention and one after the MLP in forward, and the matching f's in "
+        "backward."),
+    "04.ce_allreduces": Question(
+        lambda: 3,
+        "the cross-entropy needs the largest logit, the target logit and the sum of the "
+        "exponentials — each over the whole vocabulary."),
+    "04.max_t": Question(
+        lambda: 8,
+        "count the GPUs that share one server's NVLink/NVSwitch in a DGX A100."),
+    # --- lesson 5: 3-D tensor parallelism ----------------------------------------------
+    "05.devices": Question(
+        lambda: 4 ** 3,
+        "the cube has q ranks along each of its three axes."),
+    "05.vector_copies": Question(
+        lambda: 2 ** 2,
+        "a bias is split q ways along one axis of the cube; each piece is replicated on the "
+        "plane of the two other axes."),
+    "05.min_batch": Question(
+        lambda: 3 ** 2,
+        "the batch is split over two axes of the cube (i and a) into whole sequences."),
+    "05.linear_collectives": Question(
+        lambda: 6,
+        "forward: gather X, gather W, reduce-scatter Y; backward: gather dY, reduce-scatter "
+        "dX, reduce-scatter dW."),
+    # --- lesson 6: PTD-P -----------------------------------------------------------------
+    "06.rank_of": Question(
+        lambda: _grid(tp=2, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
+        "rank = tp_rank + t·dp_rank + t·d·pp_rank."),
+    "06.gpus_1t": Question(
+        lambda: 8 * 64 * 6,
+        "n = t · p · d."),
+    "06.bubble_dp": Question(
+        lambda: (64 / 8 - 1) / (512 / 8),
+        "with n GPUs, d-way data parallelism leaves p = n/d stages and b′/d microbatches "
+        "per pipeline: the bubble is (n/d − 1)/(b′/d)."),
+    # --- lesson 7: performance -----------------------------------------------------------
+    "07.hfu_over_mfu": Question(
+        lambda: 96 / 72,
+        "full recomputation replays one forward: 4 passes' worth of work (96) where the "
+        "model needs 3 (72)."),
+    "07.mfu": Question(
+        lambda: 163 / 312,
+        "MFU = achieved model FLOP/s ÷ the GPU's peak (312 TFLOP/s in bf16 on an A100)."),
+    "07.flops_per_token": Question(
+        lambda: _model_flops_per_token("gpt-1.3b") / 1e9,
+        "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
+        rel_tol=0.1),
+}
+
+
+def _norm_word(s: str) -> str:
+    return "".join(ch for ch in str(s).lower() if ch not in " -_")
+
+
+def _matches(given: Any, right: Any, rel_tol: float) -> bool:
+    if isinstance(right, tuple):  # accepted spellings of a word
+        return isinstance(given, str) and _norm_word(given) in {_norm_word(w) for w in right}
+    if isinstance(right, list):
+        try:
+            return len(given) == len(right) and all(_matches(g, r, rel_tol) for g, r in zip(given, right))
+        except TypeError:
+            return False
+    try:
+        g = float(given)
+    except (TypeError, ValueError):
+        return False
+    return math.isclose(g, float(right), rel_tol=rel_tol, abs_tol=1e-12)
+
+
+def grade(question_id: str, answer: Any) -> tuple[bool, str]:
+    """(right?, message) for `answer` to the question `question_id`."""
+    if question_id not in QUESTIONS:
+        raise KeyError(f"no question {question_id!r}; the questions are {sorted(QUESTIONS)}")
+    q = QUESTIONS[question_id]
+    if answer is Ellipsis:
+        return False, "no answer yet — replace ... with your answer and run the cell again"
+    if _matches(answer, q.answer(), q.rel_tol):
+        return True, "right"
+    return False, f"wrong — {q.hint}"
+
+
+def check(question_id: str, answer: Any) -> bool:
+    """Grade `answer` to the question `question_id`: print ``right`` or ``wrong — <hint>``
+    and return whether it was right."""
+    ok, message = grade(question_id, answer)
+    print(message)
+    return ok
+
+
+def questions(lesson: str | None = None) -> list[str]:
+    """The question ids, all or those of one lesson (``"03"``)."""
+    return sorted(q for q in QUESTIONS if lesson is None or q.split(".")[0] == lesson)
