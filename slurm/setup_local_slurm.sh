@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# A real, single-node Slurm on this machine (localhost), for tests and for learning.
+# A real Slurm with two nodes on this machine (node1 and node2, both on the loopback), for
+# tests and for learning: jobs can span nodes (`--nodes=2`), so rank placement,
+# MASTER_ADDR and process groups that cross a node boundary are exercised.
 #
 #   sudo slurm/setup_local_slurm.sh        # idempotent: safe to run again
 #   sinfo; srun -n 2 hostname; sbatch slurm/verify.sbatch
@@ -7,13 +9,17 @@
 #
 # What it does (as root, no systemd needed, works inside a container):
 #   1. installs Debian/Ubuntu's slurm-wlm + munge (apt-get) when they are missing;
-#   2. writes a minimal slurm.conf for one node called `localhost` (partition `debug`);
+#   2. writes a minimal slurm.conf for two nodes, node1 and node2 (partition `debug`);
 #   3. creates a munge key when there is none;
-#   4. starts munged, slurmctld and slurmd as plain daemons (no systemd);
-#   5. waits until `sinfo` shows the node idle.
+#   4. starts munged, slurmctld and one slurmd per node as plain daemons (no systemd);
+#   5. waits until `sinfo` shows both nodes idle.
 #
 # The cluster is a test cluster. Things to know:
-#   * The node declares CPUs=max(nproc, $MINITRON_SLURM_CPUS) (default 16) with
+#   * Two slurmd run on this one host: each is started with `-N nodeN`, listens on its
+#     own port (6818, 6819) and keeps its own spool, pid and log file (%n in slurm.conf).
+#     Both nodes have NodeAddr=127.0.0.1, so a two-node job's ranks reach each other over
+#     the loopback exactly as they would over a cluster network.
+#   * Each node declares CPUs=max(nproc, $MINITRON_SLURM_CPUS) (default 16) with
 #     `SlurmdParameters=config_overrides`, so an 8-task job fits on a 2-core laptop:
 #     Slurm hands out "CPUs" it does not have and the tasks share the real cores
 #     (oversubscription, fine for gloo tests, never for real training). The partition
@@ -21,7 +27,7 @@
 #   * No cgroups: ProctrackType=proctrack/linuxproc, TaskPlugin=task/none,
 #     JobAcctGatherType=jobacct_gather/none; no accounting database; MpiDefault=none.
 #   * Daemons run as root (SlurmUser=root); state lives in /var/spool/slurm-minitron,
-#     logs in /var/log/slurm-minitron/{slurmctld,slurmd}.log.
+#     logs in /var/log/slurm-minitron/{slurmctld,slurmd-node1,slurmd-node2}.log.
 #   * MinJobAge=4: `sbatch --wait` then polls every 2 s (with the default 300 it sleeps
 #     2, 8, 32 s between polls, so a 10-second job returns after 42 s). Finished jobs
 #     stay visible (scontrol show job) until the next purge, about a minute.
@@ -58,8 +64,11 @@ stop_daemon() {  # stop_daemon PIDFILE NAME
   rm -f "$f"
 }
 
+NODES=(node1 node2)
+
 if [[ ${1:-} == --stop ]]; then
-  stop_daemon /run/slurm-minitron/slurmd.pid slurmd
+  for n in "${NODES[@]}"; do stop_daemon "/run/slurm-minitron/slurmd-$n.pid" slurmd; done
+  stop_daemon /run/slurm-minitron/slurmd.pid slurmd  # a single-node setup of an older version
   stop_daemon /run/slurm-minitron/slurmctld.pid slurmctld
   stop_daemon /run/munge/munged.pid munged
   exit 0
@@ -95,7 +104,7 @@ mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
 mkdir -p "$CONF_DIR" "$STATE/ctld" "$STATE/d" "$LOGS" /run/slurm-minitron
 conf=$(cat <<EOF
 $MARK
-# A single-node test cluster: see the header of that script. Not for production.
+# A two-node test cluster on one host: see the header of that script. Not for production.
 ClusterName=minitron
 SlurmctldHost=localhost
 SlurmUser=root
@@ -115,11 +124,11 @@ SlurmdParameters=config_overrides
 SlurmctldPort=6817
 SlurmdPort=6818
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/d
+SlurmdSpoolDir=$STATE/d-%n
 SlurmctldPidFile=/run/slurm-minitron/slurmctld.pid
-SlurmdPidFile=/run/slurm-minitron/slurmd.pid
+SlurmdPidFile=/run/slurm-minitron/slurmd-%n.pid
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/slurmd.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 SlurmctldTimeout=30
 SlurmdTimeout=60
 InactiveLimit=0
@@ -127,8 +136,9 @@ KillWait=5
 MinJobAge=4
 Waittime=0
 MailProg=/bin/true
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=6819 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 )
 changed=0
@@ -138,7 +148,7 @@ fi
 if [[ ! -e $CONF ]] || [[ $(cat "$CONF") != "$conf" ]]; then
   printf '%s\n' "$conf" >"$CONF"
   changed=1
-  say "wrote $CONF (node localhost, CPUs=$cpus on $ncpu cores, RealMemory=${mem_mb}M)"
+  say "wrote $CONF (nodes node1 and node2, CPUs=$cpus each on $ncpu cores, RealMemory=${mem_mb}M)"
 fi
 # slurmd looks for cgroup.conf only with cgroup plugins; none are configured here.
 
@@ -165,8 +175,15 @@ fi
 for _ in $(seq 50); do munge -n </dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
 munge -n </dev/null | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
 
+# The node names must resolve, as a cluster's do (its DNS or /etc/hosts): rank 0's node is
+# MASTER_ADDR. Both are this host, on the loopback.
+for n in "${NODES[@]}"; do
+  getent hosts "$n" >/dev/null || echo "127.0.0.1 $n  $MARK" >>/etc/hosts
+done
+
 # --- 4. slurmctld and slurmd ---------------------------------------------------------------
 if ((changed)); then  # a new configuration: restart what runs
+  for n in "${NODES[@]}"; do stop_daemon "/run/slurm-minitron/slurmd-$n.pid" slurmd; done
   stop_daemon /run/slurm-minitron/slurmd.pid slurmd
   stop_daemon /run/slurm-minitron/slurmctld.pid slurmctld
 fi
@@ -176,24 +193,29 @@ if ! pid_alive /run/slurm-minitron/slurmctld.pid slurmctld; then
 fi
 for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
 scontrol ping | grep -q UP || die "slurmctld does not answer: see $LOGS/slurmctld.log"
-if ! pid_alive /run/slurm-minitron/slurmd.pid slurmd; then
-  slurmd -f "$CONF" -N localhost || die "slurmd did not start: see $LOGS/slurmd.log"
-  say "started slurmd"
-fi
-
-# --- 5. wait for the node --------------------------------------------------------------------
-state=""
-for _ in $(seq 150); do
-  state=$(sinfo -h -n localhost -o %T 2>/dev/null | head -1)
-  case $state in
-    idle|mixed|allocated) break ;;
-    down*|drain*|fail*) scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true ;;
-  esac
-  sleep 0.2
+for n in "${NODES[@]}"; do
+  mkdir -p "$STATE/d-$n"
+  if ! pid_alive "/run/slurm-minitron/slurmd-$n.pid" slurmd; then
+    slurmd -f "$CONF" -N "$n" || die "slurmd for $n did not start: see $LOGS/slurmd-$n.log"
+    say "started slurmd for $n"
+  fi
 done
-case $state in
-  idle|mixed|allocated) ;;
-  *) sinfo -R >&2 || true; die "node localhost is '$state', not idle: see $LOGS/slurmd.log and $LOGS/slurmctld.log" ;;
-esac
+
+# --- 5. wait for the nodes ------------------------------------------------------------------
+for n in "${NODES[@]}"; do
+  state=""
+  for _ in $(seq 150); do
+    state=$(sinfo -h -n "$n" -o %T 2>/dev/null | head -1)
+    case $state in
+      idle|mixed|allocated) break ;;
+      down*|drain*|fail*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;
+    esac
+    sleep 0.2
+  done
+  case $state in
+    idle|mixed|allocated) ;;
+    *) sinfo -R >&2 || true; die "node $n is '$state', not idle: see $LOGS/slurmd-$n.log and $LOGS/slurmctld.log" ;;
+  esac
+done
 sinfo
-say "ready: try 'srun -n 2 hostname'"
+say "ready: try 'srun -N 2 -n 4 hostname'"

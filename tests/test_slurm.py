@@ -39,6 +39,11 @@ def _node_states() -> set[str]:
     return {s.strip().rstrip("*~#!%$@^-") for s in r.stdout.split()} if r.returncode == 0 else set()
 
 
+def _nodes() -> list[str]:
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=60)
+    return sorted(set(r.stdout.split()))
+
+
 def _cluster_name() -> str:
     r = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
     for line in r.stdout.splitlines():
@@ -99,6 +104,21 @@ def test_verify_sbatch_dp2_tp2(cluster):
     assert "verify dp2.tp2.pp1 vs single device" in out, log
     assert "->  OK" in out and "FAILED" not in out, log
     assert out.count("verify dp2.tp2.pp1 vs single device") == 1, "only rank 0 should report:\n" + log
+
+
+def test_verify_sbatch_across_two_nodes(cluster):
+    # Two tasks per node, tensor-parallel pairs inside a node, data-parallel pairs across the
+    # node boundary (ranks 0,2 and 1,3): MASTER_ADDR is node1, and node2's ranks reach it.
+    if len(_nodes()) < 2:
+        pytest.skip("this Slurm has one node: slurm/setup_local_slurm.sh starts two")
+    rc, log, out = _sbatch(cluster, "verify-2n", "verify.sbatch", "--nodes", "2", "--ntasks-per-node", "2",
+                           TP=2, MODEL="tiny", DTYPE="float64", BACKEND="gloo", STEPS=2)
+    assert rc == 0, log
+    assert "dp2.tp2.pp1 on 4 tasks, 2 node(s)" in out, log
+    placement = [line.split() for line in out.splitlines() if line.strip().startswith("rank ")]
+    nodes = {int(r[1]): r[3] for r in placement}
+    assert len(nodes) == 4 and nodes[0] == nodes[1] and nodes[2] == nodes[3] and nodes[0] != nodes[2], log
+    assert "->  OK" in out and "FAILED" not in out, log
 
 
 def test_verify_sbatch_job_fails_when_the_oracle_does(cluster):
