@@ -6,9 +6,13 @@ Every option is checked before any process group starts; bad input prints one li
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
@@ -30,11 +34,17 @@ def add_layout_args(ap):
     g.add_argument("--nproc", type=int, default=0, help="ranks to start locally (default dp*tp*pp)")
     for k in ("dp", "tp", "pp", "vpp"):
         g.add_argument(f"--{k}", type=int, default=1)
-    g.add_argument("--tp-mode", default="1d", help="1d (Megatron) or 3d (cube)")
+    g.add_argument("--cp", type=int, default=1,
+                   help="context parallel: the sequence split over cp ranks (ring attention)")
+    g.add_argument("--tp-mode", default="1d",
+                   help="1d (Megatron), 2d (SUMMA, --tp q^2), 2.5d (Tesseract, --tp q^2*d) or 3d (cube, --tp q^3)")
+    g.add_argument("--tp-depth", type=int, default=1, help="d of --tp-mode 2.5d: copies of the q x q grid")
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
-    g.add_argument("--zero1", action="store_true",
-                   help="ZeRO-1: shard AdamW state over dp (reduce-scatter gradients, all-gather parameters)")
+    g.add_argument("--zero", type=int, default=0,
+                   help="ZeRO stage over dp: 1 AdamW state, 2 + gradients (reduce-scattered in backward), "
+                        "3 + parameters (gathered per block)")
+    g.add_argument("--zero1", action="store_true", help="the same as --zero 1")
     g.add_argument("--dp-impl", default="bucketed",
                    help="naive (all-reduce per tensor after backward) or bucketed (overlapped with backward)")
     g.add_argument("--bucket-mb", type=float, default=4.0, help="gradient bucket size in MB (bucketed, zero1)")
@@ -63,9 +73,14 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
     g.add_argument("--dtype", default=dtype, help="float32, float64 or bfloat16")
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
     g.add_argument("--timeline", default="", help="write pipeline action timings here")
+    g.add_argument("--init-from", default="", metavar="HF_DIR",
+                   help="start from a GPT-2 checkpoint (config.json + model.safetensors, Hugging Face format); "
+                        "it decides the model's shape")
 
 
 def model_from(args) -> ModelConfig:
+    if getattr(args, "init_from", ""):
+        return model_from_hf(args)
     m = preset(args.model)
     over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "dropout")
             if getattr(args, k, None) is not None}
@@ -74,13 +89,26 @@ def model_from(args) -> ModelConfig:
     return m.replace(**over) if over else m
 
 
+def model_from_hf(args) -> ModelConfig:
+    """The model of --init-from's GPT-2 directory; --seq-len may shorten its context, other
+    model flags must agree with it."""
+    from .hf import check_model, check_weights, model_config
+
+    m = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "ffn")
+             if getattr(args, k, None) is not None}
+    check_model(args.init_from, m.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
+    check_weights(args.init_from, m)  # names and shapes from the file's header, before any rank starts
+    return m
+
+
 def layout_from(args) -> ParallelConfig:
     try:
         stage = tuple(int(x) for x in args.stage_layers.split(",") if x.strip())
     except ValueError:
         raise ConfigError(f"--stage-layers '{args.stage_layers}' must be comma-separated integers, e.g. 1,3") from None
-    return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp,
-                          tp_mode=args.tp_mode, sp=args.sp, schedule=args.schedule, zero1=args.zero1,
+    return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp,
+                          tp_mode=args.tp_mode, tp_depth=args.tp_depth, sp=args.sp, schedule=args.schedule, zero1=args.zero1, zero=args.zero,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
                           device=args.device, compile=args.compile,
@@ -90,7 +118,8 @@ def layout_from(args) -> ParallelConfig:
 
 def train_from(args, **over) -> TrainConfig:
     kw = dict(steps=args.steps, global_batch=args.global_batch, microbatches=args.microbatches,
-              seed=args.seed, data=args.data, dtype=args.dtype, trace=args.trace, timeline=args.timeline)
+              seed=args.seed, data=args.data, dtype=args.dtype, trace=args.trace, timeline=args.timeline,
+              init_from=getattr(args, "init_from", ""))
     if args.lr is not None:
         kw["lr"] = args.lr
     kw.update(over)
@@ -101,23 +130,74 @@ def check_data(m: ModelConfig, t: TrainConfig):
     """Load the corpus once up front, so a bad --data fails before any rank starts."""
     from .data import check_corpus, load_corpus
 
+    from .preflight import check_token_ids
+
     corpus = load_corpus(t.data)
     check_corpus(corpus.split()[1], m.seq_len, m.vocab)
+    check_token_ids(corpus, m.vocab)
+    if t.init_from and corpus.vocab != m.vocab:  # ids must mean the tokens the weights learnt
+        raise ConfigError(f"--data has a vocabulary of {corpus.vocab} but --init-from {t.init_from} has {m.vocab}: "
+                          f"tokenize the text with the checkpoint's tokenizer (minitron tokenize --tokenizer FILE)")
     return corpus
 
 
 # --- running on every rank ----------------------------------------------------------------
+class Interrupted(Exception):
+    """The launcher got SIGTERM/SIGINT while its ranks ran (they were told to stop too)."""
+
+    def __init__(self, sig):
+        super().__init__(sig.name)
+        self.signal = sig
+
+
+@dataclass
+class RankFailed:
+    """What a rank returns instead of raising: the launcher reports one line, not 80."""
+
+    rank: int
+    message: str
+    config: bool  # a ConfigError (the cause) rather than a consequence (a peer that left)
+
+
+def preflight(m, p, t) -> None:
+    """What the machine must offer before any rank starts: GPUs, a launcher, memory."""
+    from .preflight import check_environment, check_memory
+
+    check_environment(p)
+    check_memory(m, p, t)
+
+
 def run_ranks(job, m, p, t, corpus, extra=None):
-    """Run `job(comm, m, p, t, corpus, extra)` on every rank; return rank 0's result."""
+    """Run `job(comm, m, p, t, corpus, extra)` on every rank; return rank 0's result.
+    A rank's error becomes one ConfigError here (the cause first: a refusal, then the
+    lowest rank's failure); a signal to the launcher becomes :class:`Interrupted`."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     from . import launch
 
+    preflight(m, p, t)
     world = p.world
     if world == 1 or launch.under_launcher():
         if launch.under_launcher() and launch.env_world() != world:
-            raise ConfigError(f"the launcher started {launch.env_world()} ranks but dp*tp*pp = {world}: "
+            raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
                               f"match --nproc-per-node/--ntasks to the layout")
-        return _rank_main(job, m, p, t, corpus, extra)
-    results = launch.launch_local(_rank_main, (job, m, p, t, corpus, extra), world)
+        results = {0: _rank_main(job, m, p, t, corpus, extra)}
+    else:
+        try:
+            results = launch.launch_local(_rank_main, (job, m, p, t, corpus, extra), world)
+        except SignalException as e:
+            raise Interrupted(e.sigval) from None
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+            hint = ("its launcher died" if failure.exitcode == launch.EXIT_ORPHANED else
+                    "out of memory?" if failure.exitcode in (-9, 137) else "see the messages above")
+            raise ConfigError(f"rank {rank} died ({how}; {hint}): rerun with fewer ranks or a smaller model "
+                              f"to narrow it down") from None
+    failed = sorted((r for r in results.values() if isinstance(r, RankFailed)), key=lambda f: (not f.config, f.rank))
+    if failed:
+        raise ConfigError(failed[0].message)
     return results[0]
 
 
@@ -131,11 +211,21 @@ def reporting() -> bool:
 def _rank_main(job, m, p, t, corpus, extra):
     from . import launch
 
-    comm = launch.setup_rank(p, p.backend, (extra or {}).get("timeout", 300), trace=bool(t.trace))
+    rank = int(os.environ.get("RANK", 0))
     try:
-        return job(comm, m, p, t, corpus, extra)
-    finally:
-        launch.teardown()
+        comm = launch.setup_rank(p, p.backend, (extra or {}).get("timeout", 300), trace=bool(t.trace))
+        try:
+            return job(comm, m, p, t, corpus, extra)
+        finally:
+            launch.teardown()
+    except ConfigError as e:
+        return RankFailed(rank, str(e), True)
+    except Exception as e:  # noqa: BLE001 - a rank reports, the launcher prints one line
+        if os.environ.get("MINITRON_DEBUG"):
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return RankFailed(rank, f"rank {rank} failed: {type(e).__name__}: {first} "
+                                f"(MINITRON_DEBUG=1 prints the traceback)", False)
 
 
 def _train_job(comm, m, p, t, corpus, extra):
@@ -147,23 +237,42 @@ def _train_job(comm, m, p, t, corpus, extra):
 # --- commands ------------------------------------------------------------------------------
 def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
-    t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=args.resume,
+    from .checkpoint import latest
+    from .preemption import EXIT_PREEMPTED
+    from .preflight import check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
+
+    t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
-                   sample_tokens=args.sample, log_every=args.log_every)
+                   sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last)
     validate(m, p, t)
     corpus = check_data(m, t)
-    if t.resume and t.ckpt_dir:
-        from .checkpoint import check, latest
-
-        newest = latest(t.ckpt_dir)
-        if newest is not None:
-            check(newest)
+    start = check_resume(t.ckpt_dir, args.resume, m, t) if t.resume else 0
+    check_outputs({"--metrics": t.metrics, "--trace": t.trace, "--timeline": t.timeline}, inputs_of(t))
+    if t.ckpt_dir:
+        prepare_ckpt_dir(t.ckpt_dir, args.resume, args.overwrite, inputs_of(t))
     for path in (t.trace, t.metrics, t.timeline):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            if not (path == t.metrics and t.resume):  # a resumed run appends its metrics
-                Path(path).unlink(missing_ok=True)
-    summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout})
+        if path and not (path == t.metrics and start):  # a resumed run appends its metrics
+            Path(path).unlink(missing_ok=True)
+    trim_metrics(t.metrics if start else "", start)  # steps after the checkpoint are trained again
+    try:
+        summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout})
+    except Interrupted as e:  # the launcher was signalled; its ranks stopped at a step boundary
+        now = latest(t.ckpt_dir) if t.ckpt_dir else None
+        step = int(now.name.split("_")[1]) if now is not None else 0
+        if now is None or step <= start:
+            print(f"minitron: stopped by {e.signal.name} before a checkpoint was written", file=sys.stderr)
+            return 128 + e.signal.value
+        print(f"minitron: stopped by {e.signal.name} after step {step}; checkpoint {now}: "
+              f"continue with --resume (exit code {EXIT_PREEMPTED})", file=sys.stderr)
+        return EXIT_PREEMPTED
+    if summary.get("preempted"):
+        pre = summary["preempted"]
+        if reporting():
+            where = f"checkpoint {latest(t.ckpt_dir)}: continue with --resume" if pre["checkpoint"] else \
+                "no --ckpt-dir, nothing saved"
+            print(f"minitron: stopped by {pre['signal']} after step {pre['step']}; {where} "
+                  f"(exit code {EXIT_PREEMPTED})", file=sys.stderr)
+        return EXIT_PREEMPTED
     if not reporting():
         return 0
     vl = summary["val_losses"]
@@ -185,7 +294,7 @@ def cmd_verify(args) -> int:
     from .verify import verify_job
 
     m, p = model_from(args), layout_from(args)
-    gb = args.global_batch or p.dp * args.microbatches * max(2, p.cube_q ** 2)
+    gb = args.global_batch or p.dp * args.microbatches * max(2, p.cube_q ** 2, p.summa_q * p.tp_depth)
     t = train_from(args, global_batch=gb, lr=args.lr or 1e-2, warmup=1, eval_every=0, progress=False)
     validate(m, p, t)
     corpus = check_data(m, t)
@@ -321,7 +430,7 @@ def cmd_plan(args) -> int:
 def cmd_tokenize(args) -> int:
     from .tokenizer import tokenize
 
-    res = tokenize(args.data, args.out, args.vocab)
+    res = tokenize(args.data, args.out, args.vocab, args.tokenizer)
     if args.json:
         print(json.dumps(res))
     else:
@@ -330,6 +439,82 @@ def cmd_tokenize(args) -> int:
         print(f"wrote {res['out']}, {res['sidecar']}, {res['tokenizer']}")
         print(f"train on it: minitron train --data {res['out']} --vocab {res['vocab']}")
     return 0
+
+
+def cmd_sample(args) -> int:
+    from .sampling import sample_text
+
+    print(sample_text(args))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .hf import save
+    from .sampling import model_from_checkpoint
+
+    cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
+    res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
+    print(f"wrote {res['dir']}/config.json and model.safetensors ({res['tensors']} tensors, "
+          f"{res['params']:,} parameters, {res['dtype']}): "
+          f"transformers.GPT2LMHeadModel.from_pretrained('{res['dir']}') loads it")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """A scaling series (minitron/sweep.py): each layout measured on real ranks, one JSON line
+    per point with the local throughput model's prediction beside it."""
+    from . import sweep
+
+    m = model_from(args)
+    validate_model(m)
+    if args.measure_machine:
+        prof = sweep.measure_machine(m, args.base_batch)
+        prof.save(args.measure_machine)
+        print(f"wrote {args.measure_machine}: {prof.cores} cores, one-rank step {prof.step_flops_per_s / 1e9:.2f} "
+              f"GFLOP/s ({m.name}), collectives fitted on groups of {', '.join(map(str, sorted(prof.links['all_reduce'])))}")
+        return 0
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError("--steps must be >= 1 and --warmup >= 0")
+    points = []
+    for spec in args.layouts.split():
+        p = sweep.parse_layout(spec)
+        p = dataclasses.replace(p, backend=args.backend)
+        t = sweep.point_config(m, p, args.series, args.base_batch, args.steps + args.warmup + 1, args.microbatches)
+        validate(m, p, t)
+        points.append((p, t))
+    machine = sweep.MachineProfile.load(args.machine) if args.machine else None
+    out = _output_path(args.out) if args.out else None
+    corpus = check_data(m, TrainConfig(data=args.data))
+    one_rank = None
+    for p, t in points:
+        row = run_ranks(sweep.sweep_job, m, p, t, corpus, {"timeout": args.timeout, "steps": args.steps,
+                                                          "warmup": args.warmup})
+        if not reporting():
+            continue
+        if p.world == 1:
+            one_rank = row["step_s"]
+        row = sweep.finish_row(row, m, p, t, args.series, machine, one_rank)
+        line = f"{row['layout']:>16} {row['world']:>3} ranks  batch {row['global_batch']:>3}  step {row['step_s'] * 1e3:8.1f} ms"
+        if "efficiency" in row:
+            line += f"  efficiency {row['efficiency']:5.2f}"
+        if "predicted_step_s" in row:
+            line += f"  predicted {row['predicted_step_s'] * 1e3:8.1f} ms ({row['prediction_error']:+.0%})"
+        print(line, flush=True)
+        if out:
+            with open(out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    if out and reporting():
+        print(f"wrote {out}")
+    return 0
+
+
+def _output_path(path: str) -> str:
+    """Create the parents of an output file; refuse a folder where a file is meant."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"--out {path} is a folder: name a file, e.g. {target / 'sweep.jsonl'}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return str(target)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -342,7 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(tr)
     tr.add_argument("--ckpt-dir", default="")
     tr.add_argument("--ckpt-every", type=int, default=0)
-    tr.add_argument("--resume", action="store_true")
+    tr.add_argument("--resume", nargs="?", const="yes", default="", choices=("yes", "auto"),
+                    help="continue from the newest checkpoint of --ckpt-dir; `--resume auto`: if there is one "
+                         "(a requeued batch job)")
+    tr.add_argument("--overwrite", action="store_true", help="delete the checkpoints of --ckpt-dir and start again")
+    tr.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
     tr.add_argument("--stop-at", type=int, default=0, help="stop after this step (and checkpoint), as a "
                     "time-limited job would; resume later with --resume")
     tr.add_argument("--metrics", default="", help="JSON lines of step metrics")
@@ -403,8 +592,48 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--data", default="", help="text file or folder of .txt (default: Shakespeare)")
     tk.add_argument("--vocab", type=int, default=4096, help="vocabulary size (256 byte values + merges)")
     tk.add_argument("--out", required=True, help="the .bin to write (with .json and .tokenizer.json beside it)")
+    tk.add_argument("--tokenizer", default="", help="encode with this tokenizer.json (e.g. GPT-2's) "
+                    "instead of training one (--vocab is then the tokenizer's)")
     tk.add_argument("--json", action="store_true")
     tk.set_defaults(fn=cmd_tokenize)
+
+    sa = sub.add_parser("sample", help="text from a checkpoint (any layout) or a GPT-2 directory")
+    sa.add_argument("--ckpt-dir", default="", help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
+    sa.add_argument("--init-from", default="", metavar="HF_DIR", help="a GPT-2 directory (Hugging Face format)")
+    sa.add_argument("--prompt", default="ROMEO:")
+    sa.add_argument("--tokens", type=int, default=200, help="tokens to generate")
+    sa.add_argument("--temperature", type=float, default=0.8)
+    sa.add_argument("--top-k", type=int, default=40)
+    sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--tokenizer", default="", help="a tokenizer.json (default: --data's, the GPT-2 "
+                    "directory's, else bytes)")
+    sa.add_argument("--data", default="", help="a token file (.bin) whose tokenizer to use")
+    sa.add_argument("--dtype", default="float32", help="float32 or float64")
+    sa.set_defaults(fn=cmd_sample)
+
+    ex = sub.add_parser("export", help="write a checkpoint as a GPT-2 directory (Hugging Face format)")
+    ex.add_argument("--ckpt-dir", required=True, help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
+    ex.add_argument("--hf", required=True, metavar="DIR", help="where to write config.json and model.safetensors")
+    ex.set_defaults(fn=cmd_export)
+
+    sw = sub.add_parser("sweep", help="a scaling series: layouts measured on real ranks, the model's prediction beside each")
+    add_model_args(sw)
+    sw.add_argument("--layouts", default="dp1 dp2 tp2 pp2 dp4 dp2.tp2.pp2",
+                    help="space-separated layouts, e.g. 'dp1 dp2 dp2.tp2.pp2' (.vN interleaved, .sp, .3d); "
+                         "under srun: one layout whose ranks are the job's tasks")
+    sw.add_argument("--series", default="weak", help="weak (work per rank fixed) or strong (global batch fixed)")
+    sw.add_argument("--base-batch", type=int, default=4, help="sequences per rank (weak) or in all (strong)")
+    sw.add_argument("--microbatches", type=int, default=2, help="at least this many with a pipeline")
+    sw.add_argument("--steps", type=int, default=5, help="timed steps per point (after --warmup)")
+    sw.add_argument("--warmup", type=int, default=2)
+    sw.add_argument("--data", default="")
+    sw.add_argument("--backend", default="gloo")
+    sw.add_argument("--timeout", type=float, default=300)
+    sw.add_argument("--machine", default="", help="a machine profile (from --measure-machine): adds the prediction")
+    sw.add_argument("--measure-machine", default="", metavar="FILE",
+                    help="measure this machine (one-rank step rate, collectives' latency and bandwidth) into FILE")
+    sw.add_argument("--out", default="", help="append one JSON line per point here")
+    sw.set_defaults(fn=cmd_sweep)
     return ap
 
 

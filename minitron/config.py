@@ -27,6 +27,7 @@ class ModelConfig:
     ffn: int = 0  # 0 means 4 * hidden
     tied_embeddings: bool = False
     dropout: float = 0.0
+    activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's original gelu_new)
     name: str = "custom"
 
     @property
@@ -74,10 +75,13 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     vpp: int = 1
-    tp_mode: str = "1d"  # "1d" (Megatron) or "3d" (cube of q^3 ranks)
+    cp: int = 1  # context parallel: the sequence split over cp ranks, ring attention
+    tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
+    tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
     schedule: str = "1f1b"
-    zero1: bool = False
+    zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
+    zero: int = 0  # ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
     dp_impl: str = "bucketed"
     bucket_mb: float = 4.0
     recompute: str = "none"
@@ -89,26 +93,43 @@ class ParallelConfig:
     dropout_rng: str = "tensor"  # "tensor" (Megatron streams) | "global" (single-device masks, sliced)
     compile: bool = False  # torch.compile each transformer block (collectives stay eager)
 
+    def __post_init__(self):
+        # --zero1 and --zero 1 are one setting: zero1 reads "optimizer state is sharded"
+        zero = self.zero if self.zero else (1 if self.zero1 else 0)
+        object.__setattr__(self, "zero", zero)
+        object.__setattr__(self, "zero1", zero >= 1)
+
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def cube_q(self) -> int:
         """Edge of the 3-D cube (q with q^3 = tp); 1 in 1-D mode."""
         return round(self.tp ** (1 / 3)) if self.tp_mode == "3d" else 1
 
+    @property
+    def summa_q(self) -> int:
+        """Edge of the 2-D / 2.5-D grid (q with q^2 * tp_depth = tp); 1 otherwise."""
+        return math.isqrt(self.tp // max(1, self.tp_depth)) if self.tp_mode in ("2d", "2.5d") else 1
+
     def describe(self) -> str:
         s = f"dp{self.dp}.tp{self.tp}.pp{self.pp}"
         if self.tp_mode == "3d":
             s += ".cube"
+        elif self.tp_mode == "2d":
+            s += ".summa"
+        elif self.tp_mode == "2.5d":
+            s += f".tesseract-d{self.tp_depth}"
+        if self.cp > 1:
+            s += f".cp{self.cp}"
         if self.pp > 1:
             s += f".{self.schedule}"
             if self.vpp > 1:
                 s += f".v{self.vpp}"
         for flag in ("sp", "zero1", "scatter_gather"):
             if getattr(self, flag):
-                s += f".{flag}"
+                s += f".zero{self.zero}" if flag == "zero1" else f".{flag}"
         if self.recompute != "none":
             s += f".rc-{self.recompute}"
         return s
@@ -129,6 +150,7 @@ class TrainConfig:
     dtype: str = "float32"
     ckpt_dir: str = ""
     ckpt_every: int = 0
+    keep_last: int = 0  # keep only the newest K checkpoints (0: all)
     stop_at: int = 0  # stop after this step (a time-limited job), checkpointing first
     resume: bool = False
     metrics: str = ""
@@ -139,6 +161,7 @@ class TrainConfig:
     sample_tokens: int = 200
     progress: bool = True
     log_every: int = 1  # read the loss back from the device every N steps (GPU: > 1 avoids syncs)
+    init_from: str = ""  # a GPT-2 directory (Hugging Face format) whose weights start the run
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -166,17 +189,25 @@ def validate_model(m: ModelConfig) -> None:
     _need(m.hidden % m.heads == 0,
           f"hidden size {m.hidden} is not divisible by {m.heads} heads: pick --hidden a multiple of --heads")
     _need(0.0 <= m.dropout < 1.0, f"dropout must be in [0, 1) (got {m.dropout})")
+    _need(m.ffn >= 0, f"--ffn must be positive, or 0 for 4*hidden (got {m.ffn})")
+    for k in ("hidden", "seq_len", "vocab", "ffn"):  # beyond this an index or a tensor size overflows
+        _need(getattr(m, k) < 2**31, f"--{k.replace('_', '-')} {getattr(m, k)} is too large: it must be below 2**31")
+    _need(m.activation in ("gelu", "gelu_tanh"), f"unknown activation '{m.activation}': use gelu or gelu_tanh")
 
 
 def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = None) -> None:
     """Check the layout against the model (and the world size, when known)."""
     for k in ("dp", "tp", "pp", "vpp"):
         _need(getattr(p, k) >= 1, f"--{k} must be at least 1 (got {getattr(p, k)})")
+    _need(p.cp >= 1, f"--cp must be at least 1 (got {p.cp})")
     world = world if world is not None else (p.nproc or p.world)
+    cp = f"*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp}" if p.cp > 1 else f" = {p.dp}*{p.tp}*{p.pp}"
     _need(world == p.world,
-          f"world size {world} != dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.world}: "
-          f"set --nproc {p.world} or change --dp/--tp/--pp")
-    _need(p.tp_mode in ("1d", "3d"), f"unknown --tp-mode '{p.tp_mode}': use 1d or 3d")
+          f"world size {world} != dp*tp*pp{cp} = {p.world}: "
+          f"set --nproc {p.world} or change --dp/--tp/--pp{'/--cp' if p.cp > 1 else ''}")
+    _need(p.tp_mode in ("1d", "2d", "2.5d", "3d"), f"unknown --tp-mode '{p.tp_mode}': use 1d, 2d, 2.5d or 3d")
+    _need(p.tp_depth >= 1, f"--tp-depth must be at least 1 (got {p.tp_depth})")
+    _need(p.tp_depth == 1 or p.tp_mode == "2.5d", "--tp-depth is the depth of --tp-mode 2.5d: add --tp-mode 2.5d or drop it")
     _need(p.schedule in SCHEDULES, f"unknown schedule '{p.schedule}': choose one of {', '.join(SCHEDULES)}")
     _need(p.recompute in RECOMPUTE, f"unknown --recompute '{p.recompute}': choose one of {', '.join(RECOMPUTE)}")
     _need(p.backend in ("gloo", "nccl"), f"unknown --backend '{p.backend}': use gloo or nccl")
@@ -186,8 +217,11 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     _need(p.dropout_rng in ("tensor", "global"),
           f"unknown --dropout-rng '{p.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
     _need(p.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{p.dp_impl}': use naive or bucketed")
-    _need(p.bucket_mb > 0, f"--bucket-mb must be positive (got {p.bucket_mb})")
-    _need(not p.zero1 or p.dp > 1, "--zero1 shards optimizer state over data parallel ranks: it needs --dp 2 or more")
+    _need(p.bucket_mb > 0 and math.isfinite(p.bucket_mb), f"--bucket-mb must be a positive finite number (got {p.bucket_mb})")
+    _need(p.zero in (0, 1, 2, 3), f"unknown --zero {p.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
+    _need(not p.zero1 or p.dp > 1, f"--zero {p.zero} shards model states over data parallel ranks: it needs --dp 2 or more")
+    if p.zero >= 2:
+        validate_zero(m, p)
     if p.tp_mode == "3d":
         q = p.cube_q
         _need(q ** 3 == p.tp, f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {p.tp}")
@@ -195,6 +229,16 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
         _need(m.heads % q == 0, f"3-D tensor parallelism needs {m.heads} heads divisible by q = {q}")
         _need(m.ffn_hidden % (q * q) == 0, f"3-D tensor parallelism needs FFN size {m.ffn_hidden} divisible by q^2 = {q * q}")
         _need(not p.sp, "--sp is a 1-D tensor parallel feature: drop it with --tp-mode 3d")
+    elif p.tp_mode in ("2d", "2.5d"):
+        q, d = p.summa_q, p.tp_depth
+        _need(p.tp_mode == "2.5d" or q * q == p.tp,
+              f"--tp-mode 2d needs a square number of tensor ranks (4, 9, 16...), got --tp {p.tp}")
+        _need(p.tp_mode == "2d" or (p.tp % d == 0 and q * q * d == p.tp),
+              f"--tp-mode 2.5d needs --tp = q^2 * d with d = --tp-depth: --tp {p.tp} is not a square times {d}")
+        _need(m.hidden % q == 0, f"2-D tensor parallelism needs hidden {m.hidden} divisible by q = {q}")
+        _need(m.heads % q == 0, f"2-D tensor parallelism needs {m.heads} heads divisible by q = {q}")
+        _need(m.ffn_hidden % q == 0, f"2-D tensor parallelism needs FFN size {m.ffn_hidden} divisible by q = {q}")
+        _need(not p.sp, f"--sp is a 1-D tensor parallel feature: drop it with --tp-mode {p.tp_mode}")
     else:
         _need(m.heads % p.tp == 0, f"{m.heads} heads are not divisible by --tp {p.tp}: pick --heads a multiple of --tp")
         _need(m.hidden % p.tp == 0, f"hidden {m.hidden} is not divisible by --tp {p.tp}")
@@ -202,6 +246,8 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
         _need(not p.sp or m.seq_len % p.tp == 0,
               f"--sp splits the sequence: --seq-len {m.seq_len} must be divisible by --tp {p.tp}")
     _need(not p.sp or p.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
+    if p.cp > 1:
+        validate_context_parallel(m, p)
     if p.pp > 1 or p.vpp > 1:
         if p.schedule == "interleaved":
             _need(p.vpp >= 2, "the interleaved schedule needs --vpp 2 or more model chunks per rank")
@@ -219,6 +265,41 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
         _need(not p.stage_layers, "--stage-layers needs pipeline parallelism (--pp 2 or more)")
 
 
+def validate_zero(m: ModelConfig, p: ParallelConfig) -> None:
+    """ZeRO-2/3 reduce-scatter every unit's gradient as soon as its backward is done; a
+    gradient that must first be summed over another axis (ShardInfo.grad_sync) cannot be,
+    so those layouts stay with --zero 1 (whose reduce-scatter waits for the whole step)."""
+    z = f"--zero {p.zero}"
+    _need(p.dp_impl == "bucketed", f"{z} reduce-scatters unit by unit during backward: drop --dp-impl {p.dp_impl}")
+    _need(not p.sp, f"{z} cannot shard --sp's LayerNorm gradients (summed over tensor ranks first): drop --sp or use --zero 1")
+    _need(p.tp_mode == "1d" or p.tp == 1,
+          f"{z} composes with 1-D tensor parallelism only (--tp-mode {p.tp_mode} sums replicated gradients first): use --zero 1")
+    _need(not (m.tied_embeddings and p.pp * p.vpp > 1),
+          f"{z} cannot shard the tied embedding shared by the first and last stage: drop --tied or use --zero 1")
+    if p.zero == 3:
+        _need(not p.compile, "--zero 3 gathers parameters in module hooks that --compile would trace: drop --compile")
+        _need(p.recompute != "full",
+              "--zero 3 frees a block's parameters after its forward, which --recompute full replays: use selective or --zero 2")
+        _need(p.schedule != "zb-h1" or p.pp == 1,
+              "--zero 3 frees a block after its backward, which zb-h1 splits in two (B and W): use 1f1b or --zero 2")
+
+
+def validate_context_parallel(m: ModelConfig, p: ParallelConfig) -> None:
+    """Context parallelism cuts the sequence into 2·cp chunks (rank r holds chunks r and
+    2·cp−1−r); it is written for 1-D tensor parallelism and exact (dropout-free) attention."""
+    n = 2 * p.cp
+    _need(m.seq_len % n == 0,
+          f"--cp {p.cp} cuts the sequence into 2*cp = {n} chunks: --seq-len {m.seq_len} must be divisible by {n}")
+    if p.sp:
+        _need(m.seq_len % (n * p.tp) == 0,
+              f"--cp {p.cp} with --sp splits each rank's {m.seq_len // p.cp} tokens over --tp {p.tp}: "
+              f"--seq-len {m.seq_len} must be divisible by 2*cp*tp = {n * p.tp}")
+    _need(p.tp_mode == "1d",
+          f"--cp composes with 1-D tensor parallelism only: use --tp-mode 1d or drop --cp")
+    _need(m.dropout == 0.0,
+          f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
+
+
 def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
     _need(t.steps > 0, f"--steps must be a positive number of steps (got {t.steps})")
     _need(t.microbatches >= 1, f"--microbatches must be at least 1 (got {t.microbatches})")
@@ -227,8 +308,19 @@ def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
           f"--global-batch {t.global_batch} is not divisible by dp*microbatches = {p.dp}*{t.microbatches}: "
           f"use a multiple of {p.dp * t.microbatches}")
     _need(t.dtype in DTYPES, f"unknown --dtype '{t.dtype}': choose one of {', '.join(DTYPES)}")
-    _need(t.lr > 0, f"--lr must be positive (got {t.lr})")
+    _need(t.lr > 0 and math.isfinite(t.lr), f"--lr must be a positive finite number (got {t.lr})")
     _need(t.log_every >= 1, f"--log-every must be at least 1 (got {t.log_every})")
+    _need(0 <= t.seed < 2**32, f"--seed must be in 0..{2**32 - 1} (got {t.seed})")
+    for flag, v in (("--stop-at", t.stop_at), ("--ckpt-every", t.ckpt_every), ("--eval-every", t.eval_every),
+                    ("--sample", t.sample_tokens), ("--keep-last", t.keep_last)):
+        _need(v >= 0, f"{flag} must be 0 (off) or a positive number (got {v})")
+    _need(not t.stop_at or t.stop_at <= t.steps,
+          f"--stop-at {t.stop_at} is past --steps {t.steps}: stop earlier or train more steps")
+    _need(not t.resume or bool(t.ckpt_dir), "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
+    _need(not (t.ckpt_every or t.keep_last) or bool(t.ckpt_dir),
+          "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
+    _need(not t.timeline or p.pp > 1,
+          "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
     if p.pp > 1 and p.schedule == "interleaved":
         _need(t.microbatches % p.pp == 0,
               f"interleaved schedule needs --microbatches ({t.microbatches}) to be a multiple of --pp {p.pp}")
@@ -238,6 +330,12 @@ def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
         _need(mb % (q * q) == 0,
               f"3-D tensor parallelism splits the batch over q^2 = {q * q} ranks: microbatch size {mb} "
               f"(global batch / (dp*microbatches)) must be divisible by {q * q}")
+    if p.tp_mode in ("2d", "2.5d"):
+        pieces = p.summa_q * p.tp_depth
+        mb = t.global_batch // (p.dp * t.microbatches)
+        _need(mb % pieces == 0,
+              f"--tp-mode {p.tp_mode} splits the batch over q*d = {pieces} ranks: microbatch size {mb} "
+              f"(global batch / (dp*microbatches)) must be divisible by {pieces}")
 
 
 def validate(m: ModelConfig, p: ParallelConfig, t: TrainConfig | None = None,

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
+import time
 import uuid
 
 import torch
@@ -69,7 +73,8 @@ def resolve_device(layout, world: int) -> torch.device:
 def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: bool = False) -> Comm:
     """Join the process group (if world > 1), build the grid's groups, return a Comm."""
     world = env_world() if under_launcher() else 1
-    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cube=layout.tp_mode == "3d")
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cube=layout.tp_mode == "3d", cp=layout.cp,
+                       summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
     if world > 1:
         slurm_to_torch_env()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world)))
@@ -88,6 +93,55 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+# A rank whose launcher died exits with this status (128 + SIGKILL, what the launcher got).
+EXIT_ORPHANED = 137
+
+
+def die_with(pid: int, leftovers: str = "") -> None:
+    """End this process as soon as process `pid` (its launcher) is gone.
+
+    Local ranks are children of a fork server, not of the launcher, so the kernel's
+    parent-death signal (PR_SET_PDEATHSIG) would watch the wrong process. A daemon thread
+    waits on a pidfd of the launcher instead (immune to pid reuse; polling where pidfds
+    are missing) and ends the rank at once: no step, no checkpoint after the launcher's
+    death, no rank left training alone or waiting forever in a collective. The folder
+    `leftovers` (the launcher's scratch space, which it can no longer remove) goes too."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(EXIT_ORPHANED)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch():
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(0.5)
+        if leftovers:
+            shutil.rmtree(leftovers, ignore_errors=True)
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="minitron-launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _rank_of(launcher: int, scratch: str, fn, *args):
+    """A local rank: watch the launcher, then run `fn(*args)`."""
+    die_with(launcher, scratch)
+    return fn(*args)
+
+
 def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
     Returns {rank: return value}.
@@ -102,16 +156,24 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") 
 
     if start_method == "forkserver":
         mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.cli", "minitron.train"])
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    # the agent's per-run folder (it would leave /tmp/torchelastic_* behind): ours, removed after
+    log_dir = tempfile.mkdtemp(prefix="minitron_ranks_")
+    # shutdown_timeout: on SIGTERM/SIGINT the agent forwards the signal to the ranks and
+    # waits this long for them to finish their step and checkpoint (see preemption.py)
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
                        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                       monitor_interval=0.05, start_method=start_method)
+                       monitor_interval=0.05, start_method=start_method, shutdown_timeout=120,
+                       logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The elastic agent installs its own SIGTERM/SIGINT... handlers; put ours back after,
     # so that a notebook kernel that launched ranks still shuts down quietly.
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     try:
-        return elastic_launch(cfg, fn)(*args)
+        return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, fn, *args)
     finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
             for s, handler in saved.items():
                 signal.signal(s, handler)

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from .config import ModelConfig
 from .context import Context, make_param
 from .parallel import tensor as tp
+from .parallel.context_parallel import local_positions, ring_attention
 from .parallel.random import Dropout
 
 
@@ -31,11 +32,16 @@ def layers_for(ctx: Context):
     tensor-parallel region), ``layer_norm``, ``embedding`` (also the output layer),
     ``position``, ``scatter``, ``logits``, ``loss`` and ``boundary_shape`` (the
     hidden states between pipeline stages). 1-D (Megatron) comes from
-    ``parallel/tensor.py``; the 3-D cube (``--tp-mode 3d``) from ``parallel/cube.py``."""
+    ``parallel/tensor.py``; the 3-D cube (``--tp-mode 3d``) from ``parallel/cube.py``;
+    2-D SUMMA and 2.5-D Tesseract (``--tp-mode 2d``, ``2.5d``) from ``parallel/summa.py``."""
     if ctx.layout.tp_mode == "3d":
         from .parallel import cube
 
         return cube.LAYERS
+    if ctx.layout.tp_mode in ("2d", "2.5d"):
+        from .parallel import summa
+
+        return summa.LAYERS
     return tp.LAYERS
 
 
@@ -55,9 +61,13 @@ class Attention(nn.Module):
     def core(self, qkv, key=None):
         """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes.
         With dropout the core is written out, so that the mask comes from our streams
-        (SDPA's internal dropout cannot be given a generator); otherwise SDPA."""
+        (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
+        context parallelism, ring attention over the context group (its keys and values
+        travel; parallel/context_parallel.py)."""
         q, k, v = rearrange(qkv, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
-        if self.training and self.drop.p > 0:
+        if self.ctx.layout.cp > 1:
+            y = ring_attention(q, k, v, self.ctx.comm)
+        elif self.training and self.drop.p > 0:
             s = q.shape[-2]
             causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
@@ -81,13 +91,14 @@ class MLP(nn.Module):
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
         super().__init__()
         self.ctx = ctx
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's gelu_new
         self.L = layers_for(ctx)
         self.fc = self.L.linear_in(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
         self.fc2 = self.L.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
                                         0.02 / math.sqrt(2 * cfg.layers))
 
     def forward(self, x):
-        y = self.fc2(F.gelu(self.fc(self.L.enter(x, self.ctx))))
+        y = self.fc2(F.gelu(self.fc(self.L.enter(x, self.ctx)), approximate=self.approximate))
         return self.L.leave(y, self.ctx) + self.fc2.bias
 
 
@@ -138,7 +149,8 @@ class GPT(nn.Module):
                 self.lm_head = self.wte
 
     def embed(self, idx, key=None):
-        x = self.wte(idx) + self.wpe[: idx.shape[1]]
+        # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism)
+        x = self.wte(idx) + self.wpe[local_positions(idx.shape[1], self.ctx.comm, self.wpe.device)]
         return self.drop(self.L.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
     def run_block(self, block, x, key=None):
@@ -156,7 +168,8 @@ class GPT(nn.Module):
 
     def boundary_shape(self, micro_batch: int) -> tuple:
         """Shape of this rank's hidden states between pipeline stages."""
-        return self.L.boundary_shape(micro_batch, self.cfg.seq_len, self.cfg.hidden, self.ctx)
+        tokens = self.cfg.seq_len // self.ctx.layout.cp  # this context rank's share of the sequence
+        return self.L.boundary_shape(micro_batch, tokens, self.cfg.hidden, self.ctx)
 
     def forward(self, x, targets=None):
         key = self.ctx.rng.key()  # this microbatch's dropout key, set by the training loop

@@ -9,6 +9,7 @@ directly (a single-device Trainer needs no process group at all).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 
@@ -16,14 +17,20 @@ import torch
 
 from . import data as data_mod
 from .comm import Comm
-from .config import ModelConfig, ParallelConfig, TrainConfig
+from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from .context import Context
 from .launch import resolve_device
 from .model import GPT
 from .optim import clip_, lr_at, make_adamw, unique_params
+from .parallel.context_parallel import local_tokens
 from .parallel.data import ZeroOneAdamW, make_data_parallel
+from .preemption import StopOnSignal, process_group_store
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+class NonFiniteLoss(ConfigError):
+    """The loss became NaN or infinite: the run stops there, naming the step."""
 
 
 def model_flops_per_step(m: ModelConfig, global_batch: int) -> float:
@@ -74,6 +81,11 @@ class Trainer:
                 for block in c.blocks.values():
                     block.compile()  # in place: parameter names and checkpoints unchanged
         self.params = unique_params(p for c in self.chunks for p in c.parameters())
+        if train.init_from:  # GPT-2 weights, sliced for this layout like a checkpoint's
+            from .checkpoint import import_state
+            from .hf import load_full
+
+            import_state(self.params, None, load_full(train.init_from, model))
         self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
         self.optimizer = ZeroOneAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
         if isinstance(self.optimizer, ZeroOneAdamW):  # the all-gather overlaps the next forward
@@ -103,11 +115,13 @@ class Trainer:
 
     # --- data -----------------------------------------------------------------------
     def local_batch(self, step: int, split: str = "train"):
-        """This data-parallel rank's rows of the global batch of `step`."""
+        """This data-parallel rank's rows of the global batch of `step` (with context
+        parallelism, only this context rank's chunks of each sequence)."""
         t = self.tcfg
         rows = data_mod.dp_rows(t.global_batch, self.layout.dp, self.comm.index("dp"))
         src = self.train_data if split == "train" else self.val_data
         x, y = data_mod.batch(src, self.mcfg.seq_len, t.global_batch, t.seed, step, rows)
+        x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def microbatches(self, step: int):
@@ -176,11 +190,11 @@ class Trainer:
 
     def reduce_loss(self, loss_sum: torch.Tensor | None) -> torch.Tensor:
         """The global-batch mean loss on every rank (a 0-dim float64 tensor): the last
-        stage's tensor rank 0 of each data-parallel replica contributes its mean; one
-        'log'-phase all-reduce."""
+        stage's tensor rank 0 of each data-parallel replica contributes its mean (of each
+        context rank: the mean over its equal share of the tokens); one 'log'-phase all-reduce."""
         t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if loss_sum is not None and self.comm.index("tp") == 0:
-            t += loss_sum.double() / self.layout.dp
+            t += loss_sum.double() / (self.layout.dp * self.layout.cp)
         with self.comm.in_phase("log"):
             self.comm.all_reduce(t, "world")
         return t
@@ -236,31 +250,41 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
         val_losses[0] = first_val
     end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
     pending, t_last = [], time.perf_counter()  # steps whose loss is still on the device
-    for step in range(start, end):
-        pending.append((step, tr.step_async(step), tr.last_grad_norm))
-        evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
-        ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
-        if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
-            continue
-        # read back: one host synchronisation per `log_every` steps
-        dt = (time.perf_counter() - t_last) / len(pending)
-        recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
-                 "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
-                for i, loss, norm in pending]
-        losses += [r["loss"] for r in recs]
-        if evaluate:
-            recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
-        if ckpt_now:
-            ckpt.save(tc.ckpt_dir, step + 1, tr)
-        if metrics:
-            metrics.writelines(json.dumps(r) + "\n" for r in recs)
-            metrics.flush()
-        if bar is not None:
-            last = recs[-1]
-            bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}",
-                            **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
-            bar.update(len(recs))
-        pending, t_last = [], time.perf_counter()
+    stop, preempted = StopOnSignal(process_group_store()), None  # SIGTERM/SIGINT: checkpoint, then stop
+    with stop:
+        for step in range(start, end):
+            pending.append((step, tr.step_async(step), tr.last_grad_norm))
+            evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
+            ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
+            if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
+                continue
+            # read back: one host synchronisation per `log_every` steps
+            dt = (time.perf_counter() - t_last) / len(pending)
+            recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
+                     "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
+                    for i, loss, norm in pending]
+            losses += [r["loss"] for r in recs]
+            bad = next((r for r in recs if not math.isfinite(r["loss"])), None)
+            if bad is not None:  # the loss is all-reduced: every rank stops at the same step
+                raise NonFiniteLoss(f"the loss is {bad['loss']} at step {bad['step']}: training diverged; "
+                                    f"lower --lr (it is {tc.lr:g}) or resume from an earlier checkpoint")
+            if stop.should_stop() and step + 1 < end:  # every rank agrees on this step
+                preempted, evaluate, ckpt_now = step + 1, False, bool(tc.ckpt_dir)
+            if evaluate:
+                recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
+            if ckpt_now:
+                ckpt.save(tc.ckpt_dir, step + 1, tr, tc.keep_last)
+            if metrics:
+                metrics.writelines(json.dumps(r) + "\n" for r in recs)
+                metrics.flush()
+            if bar is not None:
+                last = recs[-1]
+                bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}",
+                                **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
+                bar.update(len(recs))
+            pending, t_last = [], time.perf_counter()
+            if preempted:
+                break
     if bar is not None:
         bar.close()
     if metrics:
@@ -271,6 +295,10 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
         tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
     summary = {"losses": losses, "val_losses": val_losses, "layout": layout.describe(),
                "model": asdict(model), "steps": tc.steps}
+    if preempted:  # the command exits with preemption.EXIT_PREEMPTED
+        summary["preempted"] = {"step": preempted, "signal": stop.signal or "a signal on another rank",
+                                "checkpoint": bool(tc.ckpt_dir)}
+        return summary
     if tc.sample_tokens:
         full = gather_full(tr)  # any layout -> full weights on rank 0
         if full is not None:
@@ -287,7 +315,8 @@ def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:
     return gpt
 
 
-def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0, corpus=None) -> str | None:
+def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0, corpus=None,
+           temperature: float = 0.8, top_k: int = 40) -> str | None:
     """Generate `n` tokens of text after `prompt` from a single-device model, in the
     corpus' tokens (bytes by default); None for a token file without its tokenizer."""
     corpus = corpus if corpus is not None else data_mod.ByteCorpus
@@ -295,6 +324,6 @@ def sample(gpt: GPT, prompt: str = "ROMEO:", n: int = 200, seed: int = 0, corpus
     if not ids:
         return None
     idx = torch.tensor([ids], dtype=torch.long)
-    out = gpt.eval().generate(idx, n, generator=torch.Generator().manual_seed(seed))
+    out = gpt.eval().generate(idx, n, temperature, top_k, generator=torch.Generator().manual_seed(seed))
     return corpus.decode(out[0].tolist())
 

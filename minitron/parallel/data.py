@@ -21,10 +21,10 @@ computes. Three ways to get that mean, from the textbook to the engine:
     microbatches only accumulate into the buffer: no communication at all. ``finish()``
     waits for every handle. The 1/d is applied before the sum (pre-scaling).
 
-``BucketedDataParallel(shard=True)`` + ``ZeroOneAdamW`` (``--zero1``)
+``BucketedDataParallel(shard=True)`` + ``ShardedAdamW`` (``--zero1``)
     The same buffer, with buckets whose sizes are multiples of d (the buffer is padded up
     to a multiple of d). Each bucket is *reduce-scattered*: rank r receives the summed
-    r-th 1/d slice of every bucket — the gradient of its shard. `ZeroOneAdamW` keeps AdamW
+    r-th 1/d slice of every bucket — the gradient of its shard. `ShardedAdamW` keeps AdamW
     state for that shard only (1/d of the memory), clips with the exact global norm, steps
     the shard and all-gathers the updated parameters straight into a flat parameter buffer
     that the parameters are views of. Call bytes per step: reduce-scatter ``ceil(n/d)·d``
@@ -43,6 +43,9 @@ embedding between the first and last stage, LayerNorm under sequence parallelism
 summed in ``finish()`` too: after the data-parallel average for the replicated optimizer;
 with ZeRO-1 *before* the reduce-scatter (the stages' shards do not line up), so they sit
 at the end of the buffer and their buckets start in ``finish()``.
+
+ZeRO-2 and ZeRO-3 (``--zero 2|3``) shard gradients and parameters too: see
+``minitron.parallel.zero``.
 
 The interface every implementation offers the training loop and the pipeline runtime::
 
@@ -64,12 +67,20 @@ from ..config import ParallelConfig, TrainConfig
 from ..optim import clip_coef, owns_copy, sum_of_squares, sync_replicated_grads, unique_params
 
 
+def grad_axis(comm: Comm) -> str:
+    """The axis gradients are averaged over: the data-parallel ranks, and under context
+    parallelism the context ranks too ('dp_cp': the same weights on different tokens;
+    Megatron-Core's data-parallel group "with context parallel")."""
+    return "dp_cp" if comm.size("cp") > 1 else "dp"
+
+
 class NaiveDataParallel:
     """All-reduce every gradient after backward (one call per parameter)."""
 
     def __init__(self, params, comm: Comm):
         self.params, self.comm = unique_params(params), comm
-        self.d = comm.size("dp")
+        self.axis = grad_axis(comm)
+        self.d = comm.size(self.axis)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -85,12 +96,14 @@ class NaiveDataParallel:
         if self.d > 1:
             for p in self.params:
                 if p.grad is not None:
-                    self.comm.all_reduce(p.grad, "dp")
+                    self.comm.all_reduce(p.grad, self.axis)
                     p.grad.div_(self.d)
         sync_replicated_grads(self.params, self.comm)
 
     def wait_params(self) -> None:
         """Nothing to wait for: the parameters are always up to date."""
+
+    materialize = wait_params
 
 
 # --- bucketed, overlapped all-reduce (and reduce-scatter for ZeRO-1) ------------------------------
@@ -106,7 +119,8 @@ class BucketedDataParallel:
 
     def __init__(self, params, comm: Comm, bucket_mb: float = 4.0, shard: bool = False,
                  overlap: bool = True):
-        self.comm, self.d, self.rank = comm, comm.size("dp"), comm.index("dp")
+        self.axis = grad_axis(comm)
+        self.comm, self.d, self.rank = comm, comm.size(self.axis), comm.index(self.axis)
         self.shard, self.overlap = shard, overlap
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
@@ -208,9 +222,9 @@ class BucketedDataParallel:
         flat.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
         if self.shard:
             out = self.shard_grad[b.start // self.d:b.end // self.d]
-            work = self.comm.reduce_scatter_flat(flat, out, "dp", async_op=True)
+            work = self.comm.reduce_scatter_flat(flat, out, self.axis, async_op=True)
         else:
-            work = self.comm.all_reduce(flat, "dp", async_op=True)
+            work = self.comm.all_reduce(flat, self.axis, async_op=True)
         if work is not None:
             self._handles.append(work)
 
@@ -233,6 +247,15 @@ class BucketedDataParallel:
         self._reset()
 
     # --- ZeRO-1 helpers ---------------------------------------------------------------------------
+    def read_param_shard(self, out: torch.Tensor) -> None:
+        """Copy this rank's slice of every bucket of ``param_buffer`` into `out`."""
+        for lo, hi, s0 in self.own_ranges():
+            out[s0:s0 + hi - lo] = self.param_buffer[lo:hi]
+
+    def materialize(self) -> None:
+        """Every parameter whole and current (for checkpoints): wait for the all-gather."""
+        self.wait_params()
+
     def own_ranges(self) -> list[tuple[int, int, int]]:
         """(flat start, flat end, shard start) of this rank's slice of every bucket."""
         out = []
@@ -256,7 +279,7 @@ class BucketedDataParallel:
         """All-gather a shard-sized tensor into a buffer-sized one (bucket by bucket)."""
         out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
         works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
-                                           "dp", async_op=True) for b in self.buckets]
+                                           self.axis, async_op=True) for b in self.buckets]
         for w in works:
             if w is not None:
                 w.wait()
@@ -271,7 +294,7 @@ class BucketedDataParallel:
         for k in self.gather_order:
             b = self.buckets[k]
             work = self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d],
-                                             self.param_buffer[b.start:b.end], "dp", async_op=True)
+                                             self.param_buffer[b.start:b.end], self.axis, async_op=True)
             if work is not None:
                 self._gathers[k] = work
 
@@ -323,8 +346,11 @@ def _merge(ranges) -> list[tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
-class ZeroOneAdamW:
-    """ZeRO stage 1: AdamW whose state covers only this rank's 1/d of the flat parameters.
+class ShardedAdamW:
+    """ZeRO's sharded optimizer: AdamW whose state covers only this rank's 1/d of the flat
+    parameters. Stage 1 with a ``BucketedDataParallel(shard=True)``; stages 2 and 3 with a
+    ``minitron.parallel.zero.ShardedDataParallel`` (the same interface: ``shard_grad``,
+    ``own_ranges``, ``segments``, ``read_param_shard``, ``start_param_gather``).
 
     The same math as ``torch.optim.AdamW`` with the Trainer's groups (weight decay on
     tensors of dim >= 2 only, betas (0.9, 0.95), eps 1e-8), applied elementwise to the shard.
@@ -334,13 +360,15 @@ class ZeroOneAdamW:
 
     def __init__(self, dp: BucketedDataParallel, train: TrainConfig, betas=(0.9, 0.95), eps: float = 1e-8):
         if not dp.shard:
-            raise ValueError("ZeroOneAdamW needs a BucketedDataParallel built with shard=True")
+            raise ValueError("ShardedAdamW needs a BucketedDataParallel built with shard=True")
         self.dp, self.comm = dp, dp.comm
         self.betas, self.eps, self.weight_decay = betas, eps, train.weight_decay
         n = dp.numel // dp.d
         like = dp.shard_grad
         self.exp_avg, self.exp_avg_sq = torch.zeros_like(like), torch.zeros_like(like)
-        self.shard_param = torch.zeros(n, dtype=like.dtype, device=like.device)
+        # ZeRO-3: the parameters live in the shard (the data-parallel object's); else a copy
+        own = getattr(dp, "param_shard", None)
+        self.shard_param = own if own is not None else torch.zeros(n, dtype=like.dtype, device=like.device)
         self.steps = 0
         segs = dp.segments()
         self._decay = _merge((a, b) for p, a, b, _ in segs if p.dim() >= 2)
@@ -354,7 +382,7 @@ class ZeroOneAdamW:
         """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
         g = self.dp.shard_grad
         sq = sum_of_squares((g[a:b] for a, b in self._counted), g.device)
-        for axis in ("dp", "tp", "pp"):
+        for axis in (self.dp.axis, "tp", "pp"):
             self.comm.all_reduce(sq, axis)
         return sq.sqrt()
 
@@ -367,8 +395,7 @@ class ZeroOneAdamW:
         norm = self.grad_norm()
         if max_norm > 0:
             g.mul_(clip_coef(norm, max_norm).to(g.dtype))
-        for lo, hi, s0 in self.dp.own_ranges():  # current values (they may have been loaded)
-            p[s0:s0 + hi - lo] = self.dp.param_buffer[lo:hi]
+        self.dp.read_param_shard(p)  # current values (they may have been loaded)
         beta1, beta2 = self.betas
         self.steps += 1
         for a, b in self._decay:  # decoupled weight decay, matrices only
@@ -408,7 +435,7 @@ class ZeroOneAdamW:
 
 def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
     """The gradient synchroniser chosen by `--dp-impl` (and `--zero1`)."""
-    if comm.size("dp") == 1:
+    if comm.size(grad_axis(comm)) == 1:
         return NaiveDataParallel(params, comm)
     overlap = layout.dp_impl == "bucketed"
     if layout.zero1:
@@ -416,3 +443,6 @@ def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
     if overlap:
         return BucketedDataParallel(params, comm, layout.bucket_mb)
     return NaiveDataParallel(params, comm)
+
+
+ZeroOneAdamW = ShardedAdamW  # its first name (ZeRO stage 1), kept for the lab

@@ -1,0 +1,227 @@
+"""Context parallelism: the sequence split over `cp` ranks, attention computed by a ring.
+
+Sequence parallelism (Korthikanti et al. 2022) splits the sequence only around LayerNorm
+and dropout; attention still sees every token on every tensor rank. Context parallelism
+splits the whole layer: each of the N ranks of a context group holds s/N tokens of every
+sequence from the embedding to the loss. Everything but attention is token-wise and
+needs nothing; attention needs every earlier key and value, which travel around a ring
+(Liu et al. 2023, "Ring Attention with Blockwise Transformers"), in Megatron-Core's form:
+
+Load balance. Under a causal mask the last tokens attend to the most keys. The sequence
+is cut into 2N chunks of c = s/(2N) tokens and rank r holds chunks r and 2N−1−r (one
+early, one late), so every rank does the same attention work. Its local sequence is the
+two chunks one after the other: positions ``local_positions`` and tokens
+``local_tokens`` pick them out of the full sequence.
+
+Forward (``ring_attention``). Each rank starts with its own K and V (one [2, b, nh, 2c, d]
+message) and passes them on N−1 times: at ring step i it holds the blocks of rank
+src = r − i (mod N) and sends them to r+1 while it computes with them (the send and
+receive are posted before the computation and waited for after it: overlap). Which
+block pairs are needed follows from the chunk indices:
+
+* i = 0, its own blocks: causal attention on the local sequence (chunk r before chunk
+  2N−1−r: the mask is the ordinary lower triangle);
+* src < r: both query chunks see src's *first* chunk whole and its second (2N−1−src,
+  later than both) not at all: all queries × the first half of K, V, no mask;
+* src > r: the first query chunk r is earlier than both of src's chunks (skipped); the
+  second, 2N−1−r, sees both whole: the second half of the queries × all of K, V.
+
+So each step after the first is half a block pair of work, on every rank. The partial
+results are combined by the online softmax: a block gives its output O_b (normalised
+within the block) and the log-sum-exp L_b of its scores per query; with the running
+(O, L), ``L' = log(e^L + e^{L_b})`` and ``O' = e^{L−L'}·O + e^{L_b−L'}·O_b``, exact.
+
+Backward. Flash attention's backward per block pair, with the final L and
+D = rowsum(dO ∘ O): P = exp(QKᵀ/√d − L), dV = PᵀdO, dP = dO·Vᵀ, dS = P∘(dP − D),
+dQ = dS·K/√d, dK = dSᵀQ/√d. K and V go around the ring again (N−1 sends: nothing but
+the local blocks was kept, so memory stays 1/N), and so do the gradients of the visiting
+blocks: the accumulator of block o is started on rank o+1, travels with the block and
+finally returns to o, N−1 sends of the same size. Per rank, per layer and microbatch:
+N−1 sends (and receives) of 2·b·(s/N)·(h/t) elements forward, 2(N−1) backward
+(``minitron.analysis.context_parallel``). The communication goes through the door
+(``Comm.p2p`` on axis 'cp'), so a traced step shows every byte.
+
+Weights are replicated over the context group and see different tokens; their gradients
+are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
+as each rank's loss is the mean over its own s/N tokens of each sequence.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..comm import Comm
+
+AXIS = "cp"
+
+
+# --- which tokens a context rank holds ------------------------------------------------------------
+def chunk_ids(n: int, r: int) -> tuple[int, int]:
+    """The two chunks (of 2n) of the sequence that context rank r holds: r and 2n−1−r."""
+    return r, 2 * n - 1 - r
+
+
+def local_tokens(t: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
+    """This context rank's tokens of full sequences `t` (the sequence along `dim`):
+    chunks r and 2N−1−r, concatenated; `t` itself without context parallelism."""
+    n = comm.size(AXIS)
+    if n == 1:
+        return t
+    parts = t.chunk(2 * n, dim=dim)
+    a, b = chunk_ids(n, comm.index(AXIS))
+    return torch.cat([parts[a], parts[b]], dim=dim).contiguous()
+
+
+def local_positions(n_local: int, comm: Comm, device=None):
+    """The positions of this rank's `n_local` tokens in the full sequence: ``slice(0,
+    n_local)`` without context parallelism (the sequence is whole), else the indices
+    of chunks r and 2N−1−r (2N−1 chunks of n_local/2 tokens each)."""
+    n = comm.size(AXIS)
+    if n == 1:
+        return slice(0, n_local)
+    c = n_local // 2
+    a, b = chunk_ids(n, comm.index(AXIS))
+    return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)]).to(device)
+
+
+# --- one block pair -----------------------------------------------------------------------------------
+def _causal_mask(sq: int, sk: int, device) -> torch.Tensor:
+    """True where a query may not see a key (the upper triangle)."""
+    return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(1)
+
+
+def block_attention(q, k, v, scale: float, causal: bool):
+    """Attention of queries `q` [.., sq, d] on one block of keys and values [.., sk, d]:
+    the block's output O_b, normalised within the block, and the log-sum-exp L_b of
+    each query's scores (the statistics the online softmax combines)."""
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def combine(out, lse, out_b, lse_b):
+    """The online-softmax combination of a running (O, L) with a block's (O_b, L_b)
+    (Milakov & Gimelshein 2018; flash attention): exact, in any order."""
+    new = torch.logaddexp(lse, lse_b)
+    return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new).unsqueeze(-1) * out_b), new
+
+
+def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bool):
+    """Gradients (dQ, dK, dV) of one block pair, from the *final* log-sum-exp `lse` and
+    delta = rowsum(dO ∘ O) (flash attention's backward: P is recomputed, never kept)."""
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    p = torch.exp(s - lse.unsqueeze(-1))
+    dv = p.transpose(-2, -1) @ dout
+    ds = p * (dout @ v.transpose(-2, -1) - delta.unsqueeze(-1))
+    return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
+
+
+# --- the ring ---------------------------------------------------------------------------------------------
+def _exchange(comm: Comm, t: torch.Tensor):
+    """Send `t` to the next rank of the ring and receive the previous rank's into a new
+    buffer; returns (buffer, handles). Posted now, waited for after the computation."""
+    n, r = comm.size(AXIS), comm.index(AXIS)
+    buf = torch.empty_like(t)
+    return buf, comm.p2p([("send", t, (r + 1) % n), ("recv", buf, (r - 1) % n)], AXIS)
+
+
+def _wait(handles) -> None:
+    for w in handles:
+        w.wait()
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """Blocks and softmax statistics in fp32 at least (bf16 inputs under autocast)."""
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
+class _RingAttention(torch.autograd.Function):
+    """Causal attention of local queries on the keys and values of the whole context
+    group, with load-balanced chunks (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, comm: Comm):
+        n, r = comm.size(AXIS), comm.index(AXIS)
+        dtype, cd = q.dtype, _compute_dtype(q)
+        q, k, v = q.to(cd), k.to(cd), v.to(cd)
+        c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):
+            kv = torch.stack([k, v])  # one message per hop
+            out = lse = None
+            for i in range(n):
+                nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
+                src = (r - i) % n
+                if i == 0:  # own blocks: the ordinary causal mask on the local sequence
+                    out, lse = block_attention(q, kv[0], kv[1], scale, causal=True)
+                elif src < r:  # every query sees src's early chunk; its late one is in the future
+                    out, lse = combine(out, lse, *block_attention(q, kv[0, ..., :c, :], kv[1, ..., :c, :],
+                                                                  scale, causal=False))
+                else:  # only the late query chunk sees src's chunks, both whole
+                    o, l = combine(out[..., c:, :], lse[..., c:], *block_attention(q[..., c:, :], kv[0], kv[1],
+                                                                                  scale, causal=False))
+                    out, lse = torch.cat([out[..., :c, :], o], dim=-2), torch.cat([lse[..., :c], l], dim=-1)
+                _wait(handles)
+                kv = nxt
+        ctx.comm = comm
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        comm = ctx.comm
+        n, r = comm.size(AXIS), comm.index(AXIS)
+        dtype = dout.dtype
+        c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):
+            dout = dout.to(q.dtype)
+            delta = (dout * out).sum(-1)
+            dq = torch.zeros_like(q)
+            kv = torch.stack([k, v])
+            own = acc = None
+            acc_handles: list = []
+            for i in range(n):
+                nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
+                src = (r - i) % n
+                if i == 0:
+                    dq_b, dk, dv = block_attention_backward(q, k, v, dout, lse, delta, scale, causal=True)
+                    dq += dq_b
+                    own = torch.stack([dk, dv])
+                else:
+                    blk = torch.zeros_like(kv)  # the gradient of src's blocks from this rank
+                    if src < r:
+                        dq_b, dk, dv = block_attention_backward(q, kv[0, ..., :c, :], kv[1, ..., :c, :], dout,
+                                                                lse, delta, scale, causal=False)
+                        dq += dq_b
+                        blk[0, ..., :c, :], blk[1, ..., :c, :] = dk, dv
+                    else:
+                        dq_b, dk, dv = block_attention_backward(q[..., c:, :], kv[0], kv[1], dout[..., c:, :],
+                                                                lse[..., c:], delta[..., c:], scale, causal=False)
+                        dq[..., c:, :] += dq_b
+                        blk[0], blk[1] = dk, dv
+                    if i > 1:  # add what the ranks before us contributed to src's blocks
+                        _wait(acc_handles)
+                        blk += acc
+                    # pass it on: the next rank holds src's blocks at step i+1; after the last
+                    # step it is src itself, which adds the sum to its own
+                    acc, acc_handles = _exchange(comm, blk)
+                _wait(handles)
+                kv = nxt
+            _wait(acc_handles)
+            if acc is not None:
+                own += acc
+        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
+    keys and values of every rank of the 'cp' axis (each holding chunks r and 2N−1−r of
+    the sequence). Equal to full causal attention on the whole sequence, sliced."""
+    if comm.size(AXIS) == 1:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return _RingAttention.apply(q, k, v, comm)
