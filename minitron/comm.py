@@ -204,6 +204,17 @@ class Comm:
         dist.broadcast(t, src=src, group=self.group(axis))
         return t
 
+    @eager
+    def reduce(self, t: torch.Tensor, axis: str, dst_index: int = 0) -> torch.Tensor:
+        """Sum `t` over the axis into the rank at position `dst_index` (SUMMA's partial
+        products): there `t` holds the sum afterwards; elsewhere its content is undefined."""
+        if self.size(axis) == 1:
+            return t
+        self._record("reduce", axis, t)
+        dst = self.grid.axis_ranks(axis)[dst_index]
+        dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM, group=self.group(axis))
+        return t
+
     def gather_object(self, obj, dst: int = 0):
         """Pickle-gather `obj` from every rank to global rank `dst` (checkpoint assembly,
         verification; not part of training traffic). Returns the list on `dst`."""

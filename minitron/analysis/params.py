@@ -64,9 +64,12 @@ def _get(layout: Any, key: str, default: Any = None) -> Any:
 
 
 def _degrees(layout: Any) -> tuple[int, int, int, str]:
-    """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'."""
-    return (int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1),
-            int(_get(layout, "vpp", 1) or 1), str(_get(layout, "tp_mode", "1d") or "1d"))
+    """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'. A 2.5-D layout
+    (q²·d ranks) reads as 2-D on q² ranks: each of its d copies holds what 2-D holds."""
+    t, mode = int(_get(layout, "tp", 1) or 1), str(_get(layout, "tp_mode", "1d") or "1d")
+    if mode == "2.5d":
+        t, mode = t // int(_get(layout, "tp_depth", 1) or 1), "2d"
+    return t, int(_get(layout, "pp", 1) or 1), int(_get(layout, "vpp", 1) or 1), mode
 
 
 # --------------------------------------------------------------------------------------
@@ -96,6 +99,8 @@ def padded_vocab(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
     """
     if tp_mode == "3d":
         return pad_vocab(model.vocab, round(tp ** (1 / 3)) ** 2)
+    if tp_mode == "2d":  # SUMMA (parallel/summa.py): rows over q of the q×q grid
+        return pad_vocab(model.vocab, round(tp ** 0.5))
     return pad_vocab(model.vocab, tp)
 
 
@@ -166,6 +171,9 @@ def _local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
         # replicated on the plane of the two other axes.
         q = round(tp ** (1 / 3))
         return (4 * h * h + 2 * h * f) // (q**3) + (9 * h + f) // q
+    if tp_mode == "2d":  # SUMMA (parallel/summa.py): matrices in q×q blocks, vectors over q
+        q = round(tp ** 0.5)
+        return (4 * h * h + 2 * h * f) // (q * q) + (9 * h + f) // q
     t = tp
     return (2 * h                          # ln1
             + 3 * h // t * h + 3 * h // t  # qkv, column split
@@ -199,6 +207,9 @@ def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, 
     if mode == "3d":  # vocabulary rows over q² ranks, hidden over q; vectors over q
         q = round(t ** (1 / 3))
         emb, vec, pos = padded_vocab(model, t, mode) * h // q**3, 2 * h // q, model.seq_len * h // q
+    elif mode == "2d":  # vocabulary rows and hidden over q each; vectors over q
+        q = round(t ** 0.5)
+        emb, vec, pos = padded_vocab(model, t, mode) * h // (q * q), 2 * h // q, model.seq_len * h // q
     else:
         emb, vec, pos = padded_vocab(model, t) // t * h, 2 * h, model.seq_len * h
     chunks = p * v

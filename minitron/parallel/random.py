@@ -93,6 +93,10 @@ class DropoutRNG:
             from .cube import keep_mask
 
             return keep_mask(self, site, key, shape, p, device, inside=per_rank)
+        if self.ctx.layout.tp_mode in ("2d", "2.5d") and t > 1:  # and on the SUMMA grid
+            from .summa import keep_mask as summa_keep_mask
+
+            return summa_keep_mask(self, site, key, shape, p, device, inside=per_rank)
         if split_dim is None or t == 1:
             return self.draw(site, key, shape, p, device)
         if per_rank and self.ctx.layout.dropout_rng == "tensor":

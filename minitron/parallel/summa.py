@@ -1,0 +1,366 @@
+"""2-D tensor parallelism on a q×q grid (SUMMA, as in Optimus: Xu et al. 2021, "An
+Efficient 2D Method for Training Super-Large Deep Learning Models") and 2.5-D on q×q×d
+(Tesseract: Wang et al. 2021, "Tesseract: Parallelize the Tensor Parallelism
+Efficiently"). 2-D is the depth d = 1 case of 2.5-D: one module for both.
+
+**The grid.** A tensor rank has coordinates (r, c, k): row, column and depth
+(``tp_rank = c + q·r + q²·k``, ``ProcessGrid.summa_coord``). The grid's axis
+'summa_row' is the line through a rank along which c varies (its grid row),
+'summa_col' the line along which r varies, 'summa_dep' the line along which k varies.
+
+**Blocks.** An activation ``[b, s, h]`` is split by batch (whole sequences) into q·d
+pieces — piece ``k·q + r`` — and by hidden into q slices — slice c. Every element of
+an activation lives on exactly one rank. A weight ``W [h_in, h_out]`` is split into q×q
+blocks, block (r, c) on rank (r, c, k) for every depth k: the d copies of the 2-D grid
+hold the same weights, each works on 1/d of the batch, and the weight gradients are
+summed over the depth once per step (Tesseract §3; ``ShardInfo.grad_sync``, like the
+data-parallel all-reduce inside the tensor group). With d = 1 that sum is a no-op.
+
+**SUMMA** ``Y = X·W`` (Optimus §3.1, Alg. 1): ``Y(r, c) = Σ_l X(r, l)·W(l, c)``. For
+l = 0..q−1, the rank in column l broadcasts its X block along its row, the rank in row
+l its W block along its column, and every rank adds the product of the two blocks it
+received. The output is in the input's layout (batch r, hidden slice c): the next
+linear needs nothing. Backward (Optimus Alg. 2 and 3, Colossal-AI's
+``Matmul_ABT_2D`` / ``Matmul_ATB_2D``), from the local X and W only (nothing gathered
+is kept)::
+
+    dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ   for l: broadcast W(l, c) along the column,
+                                       multiply, reduce along the row to column l
+    dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c)   for l: broadcast X(r, l) along the row,
+                                       multiply, reduce along the column to row l
+
+Each rank sends and receives ``(q−1)/q²·(|X| + |W|)`` elements per product forward
+(q broadcasts of a block along each line), twice that backward.
+
+**Attention** needs no collective: the QKV rows of ``model.py`` are head-major, so
+hidden slice c of the QKV output holds whole heads (heads divisible by q), and batch
+pieces are whole sequences.
+
+**Vectors** (biases, LayerNorm weight and bias, the position embedding) are split like
+the hidden slice c they act on and replicated over the column and the depth; each copy
+sees other rows of the batch, so their gradients are summed over both.
+
+**LayerNorm** sums ``x`` and ``x²`` over the local hidden slice and all-reduces the two
+statistics along the row (``cube._LayerNormFn``, the same function as on the cube).
+
+**Embedding and output layer.** ``wte [V', h]`` (V' = V padded to a multiple of q) is
+split like a weight: vocabulary rows r, hidden slice c. The lookup is the product
+``onehot(ids)·wte`` with the ids on every rank: each rank looks up its depth's b/d
+sequences in its vocabulary slice, and a reduce-scatter along the column sums the
+slices and hands rank (r, c) batch piece r (backward: an all-gather). The output layer
+is ``logits = x·wteᵀ``, SUMMA's A·Bᵀ: for l, the rank in row l broadcasts its wte block
+along the column, every rank multiplies, and the partial logits are reduced along the
+row to column l. Rank (r, c) ends with the logits of batch piece r for vocabulary
+slice c, so the cross-entropy is Megatron's vocabulary-parallel one along the row.
+The same shard serves the lookup and the output layer: tied embeddings need nothing
+special. Each rank's loss is the mean over its batch piece; a scalar all-reduce over
+the column and the depth gives every rank the global mean.
+
+With q = d = 1 every collective is a no-op and these are the single-device layers.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import pad_vocab
+from ..context import Context, make_param, split
+from .cube import _LayerNormFn
+from .tensor import _wanted, reduce_scatter, vocab_parallel_cross_entropy
+
+ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
+BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
+
+
+def grid_of(comm) -> tuple[int, int, int, int]:
+    """(q, r, c, k) of this rank: the grid's edge, its row, column and depth."""
+    return comm.size(ROW), comm.index(COL), comm.index(ROW), comm.index(DEP)
+
+
+def batch_piece(comm) -> int:
+    """Index of this rank's batch piece (of q·d): k·q + r."""
+    q, r, _, k = grid_of(comm)
+    return k * q + r
+
+
+def replicated_over(ctx: Context, *axes: str) -> dict:
+    """make_param keywords for a parameter copied along `axes` (those of more than one
+    rank): its gradient is summed there and the norm counts one copy."""
+    axes = tuple(a for a in axes if ctx.comm.size(a) > 1)
+    return {"replicas": axes, "grad_sync": axes} if axes else {}
+
+
+# --- SUMMA products -----------------------------------------------------------------------
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the products run in: autocast's (bf16) when it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def _broadcast_block(t: torch.Tensor, comm, axis: str, src: int) -> torch.Tensor:
+    """The block of the rank at position `src` of `axis`, on every rank of the line."""
+    buf = t if comm.index(axis) == src else torch.empty_like(t)
+    return comm.broadcast(buf, axis, src)
+
+
+def _t(x: torch.Tensor) -> torch.Tensor:
+    """[..., n] -> [n, tokens]: the transposed token matrix (for weight gradients)."""
+    return x.reshape(-1, x.shape[-1]).t()
+
+
+class _SummaAB(torch.autograd.Function):
+    """``Y = X·W`` on the grid, W given as the torch weight block ``[d_out/q, d_in/q]``
+    (= W(r, c)ᵀ); see the module docstring. Activations travel in the compute dtype
+    (bf16 under autocast), the weight and its gradient in the master dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, comm):
+        q, r, c, _ = grid_of(comm)
+        cdt = _compute_dtype(x)
+        xs, w = x.detach().to(cdt).contiguous(), weight.detach()
+        y = None
+        for l in range(q):
+            x_l = _broadcast_block(xs, comm, ROW, l)  # X(r, l)
+            w_l = _broadcast_block(w, comm, COL, l).to(cdt)  # W(l, c)ᵀ
+            part = F.linear(x_l, w_l)
+            y = part if y is None else y.add_(part)
+        ctx.save_for_backward(x, weight)  # the local blocks only: the backward broadcasts again
+        ctx.comm, ctx.cdt = comm, cdt
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        comm, cdt = ctx.comm, ctx.cdt
+        q, r, c, _ = grid_of(comm)
+        dy = dy.to(cdt).contiguous()
+        dx = dw = None
+        if _wanted(ctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
+            for l in range(q):
+                w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)
+                part = comm.reduce((dy @ w_l).contiguous(), ROW, l)
+                if l == c:
+                    dx = part.to(x.dtype)
+        if _wanted(ctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
+            xs = x.detach().to(cdt).contiguous()
+            for l in range(q):
+                x_l = _broadcast_block(xs, comm, ROW, l)
+                part = comm.reduce((_t(dy) @ _t(x_l).t()).to(weight.dtype), COL, l)
+                if l == r:
+                    dw = part
+        return dx, dw, None
+
+
+class _SummaABT(torch.autograd.Function):
+    """``Z = X·Bᵀ`` on the grid with B ``[n/q, d/q]`` block (r, c) on rank (r, c) (the
+    output layer, B = wte): Z(r, c) = Σ_l X(r, l)·B(c, l)ᵀ. For l: broadcast B(l, c)
+    along the column, multiply, reduce along the row to column l. Backward: dX =
+    dZ·B (broadcast dZ(r, l) along the row and B(l, c) along the column) and
+    dB(l, c) = Σ_r dZ(r, l)ᵀ·X(r, c) (reduced along the column to row l)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, comm):
+        q, r, c, _ = grid_of(comm)
+        cdt = _compute_dtype(x)
+        xs, w = x.detach().to(cdt), weight.detach()
+        z = None
+        for l in range(q):
+            w_l = _broadcast_block(w, comm, COL, l).to(cdt)  # B(l, c)
+            part = comm.reduce(F.linear(xs, w_l).contiguous(), ROW, l)  # Z(r, l), partial over c
+            if l == c:
+                z = part
+        ctx.save_for_backward(x, weight)
+        ctx.comm, ctx.cdt = comm, cdt
+        return z
+
+    @staticmethod
+    def backward(ctx, dz):
+        x, weight = ctx.saved_tensors
+        comm, cdt = ctx.comm, ctx.cdt
+        q, r, c, _ = grid_of(comm)
+        dz, xs = dz.to(cdt).contiguous(), x.detach().to(cdt)
+        want_x, want_w = _wanted(ctx, 0), _wanted(ctx, 1)
+        dx = dw = None
+        for l in range(q):
+            dz_l = _broadcast_block(dz, comm, ROW, l)  # dZ(r, l)
+            if want_x:
+                w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)  # B(l, c)
+                part = dz_l @ w_l
+                dx = part if dx is None else dx.add_(part)
+            if want_w:
+                part = comm.reduce((_t(dz_l) @ _t(xs).t()).to(weight.dtype), COL, l)
+                if l == r:
+                    dw = part
+        return (dx.to(x.dtype) if dx is not None else None), dw, None
+
+
+def summa_linear(x, weight, comm):
+    """Differentiable SUMMA product ``x·weightᵀ`` of the local blocks (no bias)."""
+    return _SummaAB.apply(x, weight, comm)
+
+
+# --- layers ---------------------------------------------------------------------------------
+class LinearSumma(nn.Module):
+    """``Y = X·W + bias`` on the grid. The torch weight is ``[d_out, d_in]`` (= Wᵀ):
+    this rank holds output rows ``split(d_out, q, c)`` and input columns
+    ``split(d_in, q, r)`` — W's block (r, c), a slice of the single-device weight —
+    on every depth. The bias ``[d_out/q]`` (slice c) is replicated over the column and
+    the depth. With `skip_bias_add` the caller adds ``.bias`` (the second linear of a
+    pair, to read the same in every layout)."""
+
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02,
+                 skip_bias_add: bool = False):
+        super().__init__()
+        self.comm, self.skip_bias_add = ctx.comm, skip_bias_add
+        q, r, c, _ = grid_of(ctx.comm)
+        rows, cols = split(d_out, q, c), split(d_in, q, r)
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std,
+                                 **replicated_over(ctx, DEP))
+        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros",
+                               **replicated_over(ctx, COL, DEP))
+
+    def forward(self, x):
+        y = summa_linear(x, self.weight, self.comm)
+        return y if self.skip_bias_add else y + self.bias
+
+
+class LayerNormSumma(nn.Module):
+    """LayerNorm of a block (batch piece, hidden slice c): statistics all-reduced along
+    the row; weight and bias ``[h/q]`` replicated over the column and the depth."""
+
+    def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5):
+        super().__init__()
+        self.comm, self.h, self.eps = ctx.comm, h, eps
+        q, _, c, _ = grid_of(ctx.comm)
+        cols, copies = split(h, q, c), replicated_over(ctx, COL, DEP)
+        self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **copies)
+        self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **copies)
+
+    def forward(self, x):
+        return _LayerNormFn.apply(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps)
+
+
+class _GridMean(torch.autograd.Function):
+    """Mean of one scalar per batch piece over `axes` (column and depth): forward one
+    scalar all-reduce per axis; backward 1/(q·d) (every rank backpropagates the same
+    global loss)."""
+
+    @staticmethod
+    def forward(ctx, x, comm, axes):
+        out, n = x.detach().clone(), 1
+        for axis in axes:
+            comm.all_reduce(out, axis)
+            n *= comm.size(axis)
+        ctx.n = n
+        return out / n
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy / ctx.n, None, None
+
+
+class EmbeddingSumma(nn.Module):
+    """Token embedding ``wte [V, h]`` on the grid, also the output layer (:meth:`logits`,
+    :meth:`loss`); see the module docstring. Local shard: vocabulary rows
+    ``[r·V'/q, (r+1)·V'/q)`` (padded rows zero) × hidden slice c, on every depth."""
+
+    def __init__(self, name: str, vocab: int, h: int, ctx: Context, std: float = 0.02, grad_sync=()):
+        super().__init__()
+        comm = self.comm = ctx.comm
+        q, r, c, k = grid_of(comm)
+        self.vocab, self.q, self.depth = vocab, q, comm.size(DEP)
+        self.padded = pad_vocab(vocab, q)
+        per = self.padded // q
+        self.first = r * per  # first id of this rank's vocabulary rows (the lookup)
+        self.start = c * per  # first id of this rank's logits (vocabulary slice c)
+        rows = slice(min(self.first, vocab), min(self.first + per, vocab))
+        depth = replicated_over(ctx, DEP)
+        tied = ("embed",) if grad_sync and comm.index("embed") else ()
+        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, split(h, q, c)), ctx, std,
+                                 local_shape=(per, h // q),
+                                 grad_sync=tuple(grad_sync) + depth.get("grad_sync", ()),
+                                 replicas=tied + depth.get("replicas", ()))
+
+    def forward(self, idx):
+        """Token ids [b, s] (the whole data-parallel microbatch) -> [b/(q·d), s, h/q]:
+        look up this depth's sequences in the local vocabulary rows, then sum the
+        vocabulary slices and scatter the batch along the column."""
+        _, _, _, k = grid_of(self.comm)
+        ids = idx[split(idx.shape[0], self.depth, k)]  # no communication
+        local = ids - self.first
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_scatter(out, self.comm, COL, BATCH)
+
+    def logits(self, x):
+        """x [b/(q·d), s, h/q] -> local logits [b/(q·d), s, V'/q] (batch piece, vocabulary
+        slice c): SUMMA's A·Bᵀ with B = wte."""
+        return _SummaABT.apply(x, self.weight, self.comm)
+
+    def loss(self, logits, targets):
+        """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""
+        comm = self.comm
+        tgt = targets[split(targets.shape[0], self.q * self.depth, batch_piece(comm))]
+        per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
+                                                 self.vocab, comm, axis=ROW)
+        return _GridMean.apply(per_token.mean(), comm, (COL, DEP))
+
+
+# --- dropout masks on the grid ----------------------------------------------------------------
+def keep_mask(rng, site: str, key, shape, p: float, device, inside: bool) -> torch.Tensor:
+    """Dropout keep-mask for a local tensor of the grid (called by parallel/random.py).
+
+    Every element of an activation lives on one rank: ``[b/(q·d), s, h/q]`` outside
+    attention (hidden slice c), ``[b/(q·d), heads/q, s, s]`` inside (heads slice c).
+    Mode 'tensor' draws the local mask from the rank's own stream; mode 'global' draws
+    the single-device mask and keeps this rank's block."""
+    ctx = rng.ctx
+    if ctx.layout.dropout_rng == "tensor":
+        return rng.draw(site, key, shape, p, device, rank=ctx.tp_rank)
+    comm = ctx.comm
+    q, _, c, _ = grid_of(comm)
+    split_dim = 1 if inside else len(shape) - 1
+    full = list(shape)
+    full[0] *= q * comm.size(DEP)
+    full[split_dim] *= q
+    b, n = shape[0], shape[split_dim]
+    mask = rng.draw(site, key, full, p, device).narrow(0, batch_piece(comm) * b, b)
+    return mask.narrow(split_dim, c * n, n).contiguous()
+
+
+# --- the layer namespace the model is written against (see model.py) ----------------------
+def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
+    """wpe [s, h]: hidden slice c, replicated over the column and the depth."""
+    q, _, c, _ = grid_of(ctx.comm)
+    return make_param(name, (seq_len, h), (slice(0, seq_len), split(h, q, c)), ctx, std,
+                      **replicated_over(ctx, COL, DEP))
+
+
+def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
+    """The local hidden states between pipeline stages: [b/(q·d), s, h/q]."""
+    q, depth = ctx.comm.size(ROW), ctx.comm.size(DEP)
+    return (micro_batch // (q * depth), seq_len, h // q)
+
+
+def _identity(x, ctx):
+    return x
+
+
+LAYERS = SimpleNamespace(
+    name="2d",
+    linear_in=LinearSumma,
+    linear_out=lambda name, d_in, d_out, ctx, std=0.02: LinearSumma(name, d_in, d_out, ctx, std,
+                                                                    skip_bias_add=True),
+    enter=_identity,
+    leave=_identity,
+    layer_norm=LayerNormSumma,
+    embedding=EmbeddingSumma,
+    position=position_embedding,
+    scatter=_identity,
+    logits=lambda x, head, ctx: head.logits(x),
+    loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
+    boundary_shape=boundary_shape,
+)
