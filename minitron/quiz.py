@@ -6,7 +6,7 @@ code cell::
     from minitron.quiz import check
     check("02.bubble_1f1b", ...)        # replace ... with your answer, then run the cell
 
-`check` prints ``right`` or ``wrong — <hint>`` (and returns True or False). The answers
+`check` prints ``right`` or ``wrong — <hint>``; `grade` returns (right?, message). The answers
 live here, not in the notebooks; where an answer is a figure the engine can compute, it
 is computed by calling the engine (the analysis functions, the process grid), so the
 question and the engine can never disagree.
@@ -66,10 +66,10 @@ def _model_flops_per_token(name: str) -> float:
 QUESTIONS: dict[str, Question] = {
     # --- lesson 0: collectives ---------------------------------------------------------
     "00.all_reduce": Question(
-        lambda: sum(range(1, 5)),
-        "an all-reduce leaves the *sum* of every rank's value on every rank: 1 + 2 + 3 + 4."),
+        lambda: sum(range(1, 9)),
+        "an all-reduce leaves the *sum* of every rank's value on every rank: 1 + 2 + ... + 8."),
     "00.ring_steps": Question(
-        lambda: 2 * (4 - 1),
+        lambda: 2 * (8 - 1),
         "a ring all-reduce is a reduce-scatter (p − 1 steps) followed by an all-gather "
         "(p − 1 steps)."),
     "00.ring_bytes": Question(
@@ -211,12 +211,10 @@ def grade(question_id: str, answer: Any) -> tuple[bool, str]:
     return False, f"wrong — {q.hint}"
 
 
-def check(question_id: str, answer: Any) -> bool:
+def check(question_id: str, answer: Any) -> None:
     """Grade `answer` to the question `question_id`: print ``right`` or ``wrong — <hint>``
-    and return whether it was right."""
-    ok, message = grade(question_id, answer)
-    print(message)
-    return ok
+    (:func:`grade` returns the verdict instead)."""
+    print(grade(question_id, answer)[1])
 
 
 def questions(lesson: str | None = None) -> list[str]:
