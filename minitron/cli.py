@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import traceback
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from .config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
                      preset, validate, validate_model)
+from .preflight import PLOT_TYPES, check_output_file, check_outputs, finite_positive, inputs_of
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -297,7 +297,10 @@ def cmd_verify(args) -> int:
     gb = args.global_batch or p.dp * args.microbatches * max(2, p.cube_q ** 2, p.summa_q * p.tp_depth)
     t = train_from(args, global_batch=gb, lr=args.lr or 1e-2, warmup=1, eval_every=0, progress=False)
     validate(m, p, t)
+    if args.tol is not None:
+        finite_positive("--tol", args.tol)
     corpus = check_data(m, t)
+    check_outputs({"--trace": t.trace, "--timeline": t.timeline}, inputs_of(t))
     for path in (t.trace, t.timeline):
         if path:
             Path(path).unlink(missing_ok=True)
@@ -314,9 +317,24 @@ def cmd_verify(args) -> int:
     return 0 if res["ok"] else 1
 
 
+# forward passes (pp * vpp * microbatches) a schedule is built, checked and simulated for
+# within seconds; past it the closed forms answer (bubble (p-1)/(v*m))
+SCHEDULE_LIMIT = 10_000
+
+
 def cmd_schedule(args) -> int:
     from .parallel import schedules
 
+    for flag, v in (("--pp", args.pp), ("--vpp", args.vpp), ("--microbatches", args.microbatches)):
+        if v < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {v})")
+    size = args.pp * args.vpp * args.microbatches
+    if size > SCHEDULE_LIMIT:
+        raise ConfigError(f"--pp {args.pp} x --vpp {args.vpp} x --microbatches {args.microbatches} = {size} forward "
+                          f"passes, more than the {SCHEDULE_LIMIT} simulated here in seconds: use fewer microbatches "
+                          f"(the bubble fraction is (p-1)/(v*m) = {(args.pp - 1) / (args.vpp * args.microbatches):.3g})")
+    if args.plot:
+        check_output_file("--plot", args.plot, [], extensions=PLOT_TYPES)
     try:
         s = schedules.make_schedule(args.schedule, args.pp, args.vpp, args.microbatches)
         schedules.validate(s)
@@ -343,7 +361,11 @@ def cmd_bench(args) -> int:
     m, p = model_from(args), layout_from(args)
     t = train_from(args, eval_every=0, progress=False, warmup=2)
     validate(m, p, t)
+    if args.bench_steps < 1 or args.warmup_steps < 0 or args.threads < 0:
+        raise ConfigError("--bench-steps must be at least 1, --warmup-steps and --threads at least 0 "
+                          f"(got {args.bench_steps}, {args.warmup_steps}, {args.threads})")
     corpus = check_data(m, t)
+    preflight(m, p, t)
     if args.threads:
         torch.set_num_threads(args.threads)
     one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend, device=p.device,
@@ -397,6 +419,13 @@ def cmd_plan(args) -> int:
 
     m = model_from(args)
     validate_model(m)
+    for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
+                         ("--tp", args.tp, 0), ("--pp", args.pp, 0), ("--vpp", args.vpp, 0),
+                         ("--microbatch-size", args.microbatch_size, 0)):
+        if v < low:
+            raise ConfigError(f"{flag} must be at least {low}{' (0: search)' if low == 0 else ''} (got {v})")
+    if args.vpp > 1 and args.pp == 1:
+        raise ConfigError(f"--vpp {args.vpp} interleaves pipeline stages: it needs --pp 2 or more (or leave --pp to the search)")
     fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
     try:
         if all(fixed[k] for k in ("tp", "pp")):
@@ -430,6 +459,7 @@ def cmd_plan(args) -> int:
 def cmd_tokenize(args) -> int:
     from .tokenizer import tokenize
 
+    check_output_file("--out", args.out, [args.data, args.tokenizer], extensions=(".bin",))
     res = tokenize(args.data, args.out, args.vocab, args.tokenizer)
     if args.json:
         print(json.dumps(res))
@@ -641,10 +671,24 @@ def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
+        if hasattr(args, "timeout"):
+            finite_positive("--timeout", args.timeout)
         return args.fn(args)
     except ConfigError as e:
         print(f"minitron: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"minitron: stopped by {e.signal.name}", file=sys.stderr)
+        return 128 + e.signal.value
+    except KeyboardInterrupt:
+        print("minitron: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for the user; the traceback on request
+        if os.environ.get("MINITRON_DEBUG"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"minitron: error: {type(e).__name__}: {first} (MINITRON_DEBUG=1 prints the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

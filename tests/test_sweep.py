@@ -1,0 +1,64 @@
+"""`minitron sweep`: a scaling series on real ranks, one JSON line per point, the local
+throughput model's prediction beside each (timings are reported, never asserted)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minitron.config import ConfigError, PRESETS
+from minitron.sweep import MachineProfile, parse_layout, point_config
+from minitron.testing import run_cli
+
+
+def test_parse_layout_and_series():
+    p = parse_layout("dp2.tp2.pp2.v2")
+    assert (p.dp, p.tp, p.pp, p.vpp, p.schedule) == (2, 2, 2, 2, "interleaved")
+    assert parse_layout("tp8.3d").tp_mode == "3d" and parse_layout("tp2.sp").sp
+    with pytest.raises(ConfigError, match="'xx2' is not"):
+        parse_layout("dp2.xx2")
+    m = PRESETS["tiny"]
+    assert point_config(m, parse_layout("dp4"), "weak", 4, 3, 1).global_batch == 16
+    assert point_config(m, parse_layout("dp4"), "strong", 8, 3, 1).global_batch == 8
+    t = point_config(m, parse_layout("pp2"), "weak", 3, 3, 2)
+    assert t.microbatches >= 2 and (t.global_batch // 1) % t.microbatches == 0
+    with pytest.raises(ConfigError, match="weak or strong"):
+        point_config(m, parse_layout("dp2"), "sideways", 4, 3, 1)
+
+
+def test_alpha_beta_pricing():
+    prof = MachineProfile("m", 2, 1e9, "tiny", {"all_reduce": {2: [1e-4, 1e-9]}, "send": {2: [5e-5, 2e-9]}})
+    assert prof.call_seconds("all_reduce", 2, 1000) == pytest.approx(1e-4 + 1e-6)
+    # a group of 4 measured at 2: three ring steps instead of one, each moving half the bytes
+    assert prof.call_seconds("all_reduce", 4, 1000) == pytest.approx(3e-4 + 3 * 0.5 * 1e-6)
+    assert prof.call_seconds("recv", 2, 1000) == pytest.approx(5e-5 + 2e-6)
+
+
+def test_bad_profile_and_output_are_one_line(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text("{}")
+    code, out, err = run_cli(["sweep", "--machine", str(bad), "--layouts", "dp1"])
+    assert code == 2 and err.count("\n") == 1 and "not a machine profile" in err, err
+    code, out, err = run_cli(["sweep", "--layouts", "dp2.zz3"])
+    assert code == 2 and "'zz3' is not" in err and "Traceback" not in err, err
+
+
+@pytest.mark.multirank
+def test_local_series_rows(tmp_path):
+    prof, out = tmp_path / "machine.json", tmp_path / "sweep.jsonl"
+    code, so, se = run_cli(["sweep", "--model", "tiny", "--measure-machine", str(prof)], timeout=600)
+    assert code == 0, se
+    code, so, se = run_cli(["sweep", "--model", "tiny", "--layouts", "dp1 dp2 tp2.sp", "--steps", "2",
+                            "--warmup", "1", "--machine", str(prof), "--out", str(out)], timeout=600)
+    assert code == 0, se
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["layout"] for r in rows] == ["dp1.tp1.pp1", "dp2.tp1.pp1", "dp1.tp2.pp1.sp"]
+    assert [r["global_batch"] for r in rows] == [4, 8, 8]  # weak scaling: 4 sequences per rank
+    for r in rows:
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_rss_bytes"] > 0
+        assert r["predicted"]["step_s"] == pytest.approx(sum(r["predicted"][k] for k in ("compute_s", "bubble_s", "comm_s")))
+    assert rows[0]["bytes_per_axis"] == {} and rows[0]["efficiency"] == 1.0
+    # the traced bytes of the dp2 step: one all-reduce of every gradient (float32)
+    from minitron.analysis import param_count
+    assert rows[1]["bytes_per_axis"]["dp"] == 4 * param_count(PRESETS["tiny"])
+    assert rows[2]["bytes_per_axis"]["tp"] > 0 and "dp" not in rows[2]["bytes_per_axis"]
