@@ -37,28 +37,38 @@ def _chunks(text: str) -> list[str]:
     return ["".join(lines[i:i + CHUNK_LINES]) for i in range(0, len(lines), CHUNK_LINES)]
 
 
-def tokenize(source: str, out_path: str, vocab_size: int = 4096) -> dict:
+def tokenize(source: str, out_path: str, vocab_size: int = 4096, tokenizer: str = "") -> dict:
     """Train a byte-level BPE of `vocab_size` on `source` (a text file, a folder of .txt,
     or "" for the built-in Shakespeare) and write `out_path` (.bin), its sidecar and tokenizer.
+    With `tokenizer` (an existing Hugging Face tokenizer.json, e.g. GPT-2's) encode with it
+    instead of training one, so that the ids are those a pretrained model knows.
 
     Returns {"tokens", "vocab", "bytes", "bytes_per_token", "dtype", "out", "sidecar", "tokenizer"}.
     """
     out = Path(out_path)
     if out.suffix != ".bin":
         raise ConfigError(f"--out {out_path} must end in .bin: e.g. --out {out.with_suffix('.bin')}")
-    if not 257 <= vocab_size <= 2**32:
+    if not tokenizer and not 257 <= vocab_size <= 2**32:
         raise ConfigError(f"--vocab {vocab_size} must be at least 257 (the 256 byte values and one merge)")
     tk = _tokenizers()
     data, _ = read_text_source(source)
     text = data.decode("utf-8")
     chunks = _chunks(text)
 
-    tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[],
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(chunks, trainer=trainer, length=len(chunks))
+    if tokenizer:
+        if not Path(tokenizer).is_file():
+            raise ConfigError(f"--tokenizer {tokenizer} does not exist: give a tokenizer.json (e.g. GPT-2's)")
+        try:
+            tok = tk.Tokenizer.from_file(tokenizer)
+        except Exception as e:
+            raise ConfigError(f"--tokenizer {tokenizer} is not a tokenizer.json ({type(e).__name__})") from None
+    else:
+        tok = tk.Tokenizer(tk.models.BPE())
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=[],
+                                         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(chunks, trainer=trainer, length=len(chunks))
 
     vocab = tok.get_vocab_size()  # may be below vocab_size when the text has few merges left
     dtype = np.uint16 if vocab <= 2**16 else np.uint32

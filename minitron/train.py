@@ -23,7 +23,8 @@ from .launch import resolve_device
 from .model import GPT
 from .optim import clip_, lr_at, make_adamw, unique_params
 from .parallel.context_parallel import local_tokens
-from .parallel.data import ZeroOneAdamW, make_data_parallel
+from .parallel.data import ShardedAdamW, make_data_parallel
+from .parallel.zero import ShardedDataParallel
 from .preemption import StopOnSignal, process_group_store
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -63,6 +64,14 @@ def gather_points(chunk: GPT) -> list[tuple]:
     return [(chunk, [p for p in chunk.parameters() if p not in later])] + points
 
 
+def zero_units(chunk: GPT) -> list[tuple]:
+    """ZeRO-2/3's units of a model chunk, in forward order: the root (embeddings, final
+    norm, output layer: everything outside the blocks) and then each block."""
+    inside = {p for b in chunk.blocks.values() for p in b.parameters()}
+    root = [p for p in chunk.parameters() if p not in inside]
+    return [(chunk, root, "root")] + [(b, list(b.parameters()), "block") for b in chunk.blocks.values()]
+
+
 class Trainer:
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  comm: Comm | None = None, corpus=None):
@@ -86,9 +95,12 @@ class Trainer:
             from .hf import load_full
 
             import_state(self.params, None, load_full(train.init_from, model))
-        self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
-        self.optimizer = ZeroOneAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
-        if isinstance(self.optimizer, ZeroOneAdamW):  # the all-gather overlaps the next forward
+        if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
+            self.dp = ShardedDataParallel([u for c in self.chunks for u in zero_units(c)], self.comm, layout.zero)
+        else:
+            self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
+        self.optimizer = ShardedAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
+        if layout.zero == 1:  # the all-gather overlaps the next forward
             self.dp.wait_before([pt for c in self.chunks for pt in gather_points(c)])
         self.pipeline = None
         if layout.pp > 1:
@@ -167,7 +179,7 @@ class Trainer:
     def _optimizer_step(self, lr: float) -> torch.Tensor:
         """Exact global clipping and AdamW; returns the gradient norm. With ZeRO-1 both work on
         this rank's shard of the flat gradient, and the updated parameters are all-gathered."""
-        if isinstance(self.optimizer, ZeroOneAdamW):
+        if isinstance(self.optimizer, ShardedAdamW):
             return self.optimizer.step(lr, max_norm=self.tcfg.clip)
         norm = clip_(self.params, self.tcfg.clip, self.comm)
         for g in self.optimizer.param_groups:
