@@ -8,7 +8,9 @@ device or a cube. Replicated copies are simply written more than once.
 
 Atomicity: shards go into `step_N.tmp/`, which rank 0 renames to `step_N/` only after
 every rank has finished; then `latest` is replaced (write aside, then rename). A crash
-leaves at worst a stray `.tmp` folder; `latest` always names a complete checkpoint.
+leaves at worst a stray `.tmp` folder (the next save removes it); `latest` always names a
+complete checkpoint, also while the very step it names is saved again. `keep_last`
+prunes all but the newest checkpoints.
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ def _region(p):
 
 
 def _settle(opt) -> None:
-    """ZeRO-1 leaves its parameter all-gather in flight after a step (it overlaps the next
-    forward): complete it before parameters are read or overwritten here."""
+    """ZeRO-1/2 leave their parameter all-gather in flight after a step (it overlaps the next
+    forward) and ZeRO-3 keeps parameters sharded: make them whole and current before they
+    are read or overwritten here (ZeRO-3 writes them back into its shard at the next step)."""
     dp = getattr(opt, "dp", None)
     if dp is not None:
-        dp.wait_params()
+        dp.materialize()
 
 
 def export_state(params, opt=None) -> dict:
@@ -123,8 +126,27 @@ def _load(path: Path) -> dict:
                           f"delete that step folder or resume from another") from None
 
 
-def save(ckpt_dir: str, step: int, tr) -> Path:
-    """Write this rank's shards; rank 0 publishes the folder once all have written."""
+def _point_latest(root: Path, name: str) -> None:
+    (root / "latest.part").write_text(name)
+    os.replace(root / "latest.part", root / "latest")
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    """Remove stray `.tmp` folders of killed saves and, with `keep_last` > 0, all but the
+    newest `keep_last` checkpoints (never the one `latest` names)."""
+    current = root / (root / "latest").read_text().strip()
+    for tmp in root.glob("step_*.tmp"):
+        if tmp != current:
+            shutil.rmtree(tmp, ignore_errors=True)
+    done = sorted(d for d in root.glob("step_*") if d.is_dir() and d.suffix == "" and d != current)
+    if keep_last > 0:
+        for old in done[:max(0, len(done) - (keep_last - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
+    """Write this rank's shards; rank 0 publishes the folder once all have written
+    (and keeps only the newest `keep_last` checkpoints when it is positive)."""
     comm, rank = tr.comm, tr.comm.grid.rank
     root = Path(ckpt_dir)
     tmp, final = root / f"step_{step:07d}.tmp", root / f"step_{step:07d}"
@@ -140,10 +162,12 @@ def save(ckpt_dir: str, step: int, tr) -> Path:
         meta = {"step": step, "world": comm.grid.world, "layout": tr.layout.describe(),
                 "model": tr.mcfg.__dict__, "seed": tr.tcfg.seed}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        if latest(ckpt_dir) == final:  # saving the step `latest` names: never let it dangle
+            _point_latest(root, tmp.name)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        (root / "latest.part").write_text(final.name)
-        os.replace(root / "latest.part", root / "latest")
+        _point_latest(root, final.name)
+        _prune(root, keep_last)
     comm.barrier()
     return final
 
@@ -163,15 +187,42 @@ def check(path) -> dict:
         raise ConfigError(f"checkpoint {path} has no meta.json: it is incomplete, resume from another")
     try:
         meta = json.loads(meta_file.read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise ConfigError(f"checkpoint {meta_file} is corrupt: resume from another checkpoint") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world"), int)
+            and isinstance(meta.get("model"), dict) and meta["step"] >= 0 and meta["world"] >= 1):
+        raise ConfigError(f"checkpoint {meta_file} lacks a valid step, world or model: it was edited or "
+                          f"damaged; resume from another checkpoint")
     files = sorted(path.glob("rank_*.pt"))
     if len(files) != meta.get("world"):
         raise ConfigError(f"checkpoint {path} has {len(files)} shard files, expected {meta.get('world')}: "
                           f"it is incomplete, resume from another")
     for f in files:
-        _load(f)
+        shards = _load(f)
+        if not isinstance(shards, dict) or not all(
+                isinstance(r, dict) and "param" in r and "region" in r and "full_shape" in r for r in shards.values()):
+            raise ConfigError(f"checkpoint file {f} does not hold minitron shards: it was replaced or damaged; "
+                              f"resume from another checkpoint")
     return meta
+
+
+def check_model(meta: dict, m, where: str = "the checkpoint") -> None:
+    """The model in checkpoint `meta` has the shape of `m`; else a ConfigError naming
+    the options that differ (a checkpoint of another model must not load, then be
+    overwritten, without a word). Dropout may change between runs."""
+    saved = meta.get("model", {})
+    mine = dict(m.__dict__)
+    saved = {**saved, "ffn": saved.get("ffn") or 4 * saved.get("hidden", 0)}
+    mine["ffn"] = mine.get("ffn") or 4 * mine["hidden"]
+    keys = ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "tied_embeddings", "activation")
+    diff = [k for k in keys if k in saved and k in mine and saved[k] != mine[k]
+            and not (k == "ffn" and not meta["model"].get("ffn") and not m.ffn)]  # both 4*hidden
+    if diff:
+        def opts(d):
+            return " ".join(f"--{k.replace('_', '-')} {d[k]}" if k != "tied_embeddings" else
+                            ("--tied" if d[k] else "(untied)") for k in diff)
+        raise ConfigError(f"{where} holds a model with {opts(saved)}, this run has {opts(mine)}: "
+                          f"use the model options it was saved with, or another --ckpt-dir")
 
 
 def load_full(path) -> dict:
@@ -185,6 +236,7 @@ def load_latest(ckpt_dir: str, tr) -> int:
     if path is None:
         return 0
     meta = check(path)
+    check_model(meta, tr.mcfg, f"checkpoint {path}")
     import_state(tr.params, tr.optimizer, load_full(path))
     tr.step_idx = meta["step"]
     return meta["step"]

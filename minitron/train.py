@@ -233,10 +233,13 @@ class Trainer:
 
 
 def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm | None = None,
-          corpus=None, log=print) -> dict:
+          corpus=None, log=print, observer=None) -> dict:
     """The `minitron train` job on this rank: train, evaluate, checkpoint, sample.
 
     Returns a summary dict (first/last validation loss, losses per step, ...).
+    `observer` (the run report's, passed in by the command line) runs each step itself,
+    ``observer.step(trainer, step)`` returning its loss, and ``observer.finish(trainer)``
+    is called on every rank after training; its result is the summary's "report".
     """
     from . import checkpoint as ckpt
     from .checkpoint import gather_full
@@ -252,7 +255,7 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     metrics = open(tc.metrics, "a") if (tc.metrics and rank0) else None
     tokens_per_step = tc.global_batch * model.seq_len
     flops_per_step = model_flops_per_step(model, tc.global_batch)
-    losses, val_losses = [], {}
+    losses, val_losses, speeds = [], {}, []
     bar = None
     if rank0 and tc.progress:
         from tqdm.auto import tqdm
@@ -265,7 +268,8 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     stop, preempted = StopOnSignal(process_group_store()), None  # SIGTERM/SIGINT: checkpoint, then stop
     with stop:
         for step in range(start, end):
-            pending.append((step, tr.step_async(step), tr.last_grad_norm))
+            loss = observer.step(tr, step) if observer is not None else tr.step_async(step)
+            pending.append((step, loss, tr.last_grad_norm))
             evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
             ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
             if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
@@ -276,6 +280,7 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
                      "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
                     for i, loss, norm in pending]
             losses += [r["loss"] for r in recs]
+            speeds += [r["tokens_per_s"] for r in recs]
             bad = next((r for r in recs if not math.isfinite(r["loss"])), None)
             if bad is not None:  # the loss is all-reduced: every rank stops at the same step
                 raise NonFiniteLoss(f"the loss is {bad['loss']} at step {bad['step']}: training diverged; "
@@ -306,7 +311,9 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     if tc.timeline and tr.pipeline is not None:
         tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
     summary = {"losses": losses, "val_losses": val_losses, "layout": layout.describe(),
-               "model": asdict(model), "steps": tc.steps}
+               "model": asdict(model), "steps": tc.steps, "tokens_per_s": speeds}
+    if observer is not None:
+        summary["report"] = observer.finish(tr)  # collective
     if preempted:  # the command exits with preemption.EXIT_PREEMPTED
         summary["preempted"] = {"step": preempted, "signal": stop.signal or "a signal on another rank",
                                 "checkpoint": bool(tc.ckpt_dir)}

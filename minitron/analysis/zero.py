@@ -1,0 +1,156 @@
+"""ZeRO's ladder by the numbers: what each rung keeps on a rank and what it sends.
+
+ZeRO (Rajbhandari et al. 2020) removes the data-parallel redundancy of model states one
+kind at a time: stage 1 shards the optimizer state over the d data-parallel ranks, stage
+2 the gradients too, stage 3 the parameters as well. With Ψ parameters and mixed-precision
+Adam (2 + 2 + 12 bytes per parameter, §3.1) a rank holds ``2Ψ + 2Ψ + 12Ψ/d`` (1),
+``2Ψ + 14Ψ/d`` (2), ``16Ψ/d`` (3) bytes; minitron keeps every state in the parameter
+dtype (fp32: 4 + 4 + 8 bytes), see :func:`zero_state_bytes`.
+
+Traffic (§7): stages 1 and 2 move one all-reduce's worth (a reduce-scatter of gradients and
+an all-gather of parameters, 2Ψ on the wire per rank in the limit); stage 3 gathers the
+parameters twice (before a unit's forward and again before its backward) and
+reduce-scatters the gradients: 3Ψ, 1.5× data parallelism (:func:`zero_wire_bytes`).
+
+How minitron's rungs 2 and 3 lay out a rank's parameters (``minitron.parallel.zero``): in
+*units*, each model chunk's non-block parameters (embeddings, final norm, output layer:
+the "root", as FSDP wraps the root module) first, then one unit per transformer block;
+each unit padded to a multiple of d so that rank r owns the r-th 1/d of every unit. Per
+microbatch a unit's gradient is reduce-scattered as soon as its backward is done (no
+full gradient buffer is kept). Stage 3 gathers a block before its forward and before its
+backward and frees it after each; the root is gathered once per step (its first forward)
+and kept until the step ends. The engine calls :func:`plan_units`, so the prediction and the
+run share one plan.
+
+Pure Python: no tensors, no processes.
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from .data_parallel import NORM_BYTES, Bucket
+from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
+from .params import _degrees, _local_layer_params, chunk_layers, padded_vocab
+
+__all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_peak_gathered_bytes",
+           "zero_wire_bytes"]
+
+
+def plan_units(unit_numels, d: int) -> tuple[list[int], list[Bucket], int]:
+    """Lay units of tensors (``[[numel, ...], ...]``) one after another, each unit padded
+    up to a multiple of `d`. Returns (offset of each tensor, one Bucket per unit, size of
+    the flat layout); rank r's shard of unit u is ``[start + r·k, start + (r+1)·k)`` with
+    ``k = numel/d``, and the shards of all units, concatenated, are the rank's flat shard."""
+    offsets, buckets, n, i = [], [], 0, 0
+    for numels in unit_numels:
+        start, first = n, i
+        for k in numels:
+            offsets.append(n)
+            n += k
+            i += 1
+        n = start + -(-(n - start) // d) * d
+        buckets.append(Bucket(len(buckets), start, n, list(range(first, i))))
+    return offsets, buckets, n
+
+
+def zero_units(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0) -> list[dict]:
+    """The units of a rank of pipeline stage `pp_rank`, in the engine's order:
+    ``[{"kind": "root" | "block", "numel": n}, ...]`` (1-D tensor parallelism; a chunk with
+    no embedding, norm or head has no root unit)."""
+    t, p, v, mode = _degrees(parallel)
+    h = model.hidden
+    emb = padded_vocab(model, t) // t * h
+    layer = _local_layer_params(model, t, mode)
+    counts = chunk_layers(model, parallel)
+    units = []
+    for c in range(pp_rank, p * v, p):  # this rank's chunks, in order
+        first, last = c == 0, c == p * v - 1
+        root = (emb + model.seq_len * h if first else 0) + (2 * h if last else 0)
+        if last and not (model.tied_embeddings and first):
+            root += emb  # lm_head (or the last chunk's copy of a tied wte)
+        if root:
+            units.append({"kind": "root", "numel": root})
+        units += [{"kind": "block", "numel": layer} for _ in range(counts[c])]
+    return units
+
+
+def _shard(numel: int, d: int) -> int:
+    return -(-numel // d)
+
+
+def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
+               bytes_per_el: int | None = None) -> list[dict]:
+    """The data-parallel calls of one optimizer step under ``--zero 2`` or ``--zero 3``:
+    ``[{op, phase, calls, bytes}]`` in call bytes (the all-gather's input shard, the
+    reduce-scatter's whole input), as a trace records them.
+
+    Per microbatch, every unit's gradient: one reduce-scatter (phase 'bwd'). Then the
+    gradient norm's 8-byte all-reduce. Stage 2: one all-gather per unit of the updated
+    shard after the step ('optim'). Stage 3: one all-gather per block before its forward
+    ('fwd') and one before its backward ('bwd') per microbatch, one per root per step.
+    """
+    d, z = parallel.dp, parallel.zero
+    if d == 1 or z < 2:
+        return []
+    e = bytes_per_el or (8 if train.dtype == "float64" else 4)
+    m = train.microbatches
+    units = zero_units(model, parallel, pp_rank)
+    padded = [_shard(u["numel"], d) * d for u in units]
+    out = [{"op": "reduce_scatter", "phase": "bwd", "calls": m * len(units), "bytes": m * sum(padded) * e}]
+    if z == 3:
+        blocks = [s // d for s, u in zip(padded, units) if u["kind"] == "block"]
+        roots = [s // d for s, u in zip(padded, units) if u["kind"] == "root"]
+        out.append({"op": "all_gather", "phase": "fwd", "calls": m * len(blocks) + len(roots),
+                    "bytes": (m * sum(blocks) + sum(roots)) * e})
+        if blocks:
+            out.append({"op": "all_gather", "phase": "bwd", "calls": m * len(blocks), "bytes": m * sum(blocks) * e})
+    out.append({"op": "all_reduce", "phase": "optim", "calls": 1, "bytes": NORM_BYTES})
+    if z == 2:
+        out.append({"op": "all_gather", "phase": "optim", "calls": len(units), "bytes": sum(padded) // d * e})
+    return [c for c in out if c["calls"]]
+
+
+def zero_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
+                     bytes_per_el: int | None = None) -> dict:
+    """Bytes a rank keeps between steps at its ZeRO stage (``parallel.zero``):
+    ``{params_bytes, grads_bytes, optimizer_bytes}``, minitron's engine exactly (every
+    state in the parameter dtype: AdamW's two moments are ``2·e`` per element).
+
+    stage 0: n, n, 2n elements; 1: n, n, 2·ceil(n/d); 2: n, s, 2s; 3: s, s, 2s, where
+    s = Σ ceil(n_u/d) over the units (n/d up to padding). Stage 3 also holds, for a
+    moment, the gathered units: see :func:`zero_peak_gathered_bytes`.
+    """
+    from .params import params_on_rank
+
+    e = bytes_per_el or (8 if train.dtype == "float64" else 4)
+    d, z = parallel.dp, parallel.zero
+    n = params_on_rank(model, parallel, pp_rank)
+    if d == 1 or z == 0:
+        return {"params_bytes": n * e, "grads_bytes": n * e, "optimizer_bytes": 2 * n * e}
+    if z == 1:
+        return {"params_bytes": n * e, "grads_bytes": n * e, "optimizer_bytes": 2 * _shard(n, d) * e}
+    s = sum(_shard(u["numel"], d) for u in zero_units(model, parallel, pp_rank))
+    return {"params_bytes": (n if z == 2 else s) * e, "grads_bytes": s * e, "optimizer_bytes": 2 * s * e}
+
+
+def zero_peak_gathered_bytes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0,
+                             bytes_per_el: int = 4) -> int:
+    """Stage 3: the most parameter bytes gathered at once on a rank: every root unit (kept
+    for the step) and two blocks (the one computing and the next, prefetched)."""
+    d = parallel.dp
+    units = zero_units(model, parallel, pp_rank)
+    roots = sum(_shard(u["numel"], d) * d for u in units if u["kind"] == "root")
+    blocks = sorted((_shard(u["numel"], d) * d for u in units if u["kind"] == "block"), reverse=True)
+    return (roots + sum(blocks[:2])) * bytes_per_el
+
+
+def zero_wire_bytes(n_params: int, d: int, stage: int, bytes_per_el: int = 4) -> float:
+    """Bytes each rank sends per step with ring collectives, one microbatch, ``n·e`` of
+    parameters: stages 0–2 one all-reduce's worth, ``2(d−1)/d·n·e``; stage 3 one more
+    all-gather, ``3(d−1)/d·n·e`` (1.5×; ZeRO §7.2.2)."""
+    if d == 1:
+        return 0.0
+    nbytes = n_params * bytes_per_el
+    if stage < 3:
+        return ring_allreduce_wire_bytes(nbytes, d)
+    return 2 * ring_allgather_wire_bytes(nbytes, d) + ring_reduce_scatter_wire_bytes(nbytes, d)
+

@@ -1,0 +1,327 @@
+"""ZeRO stages 2 and 3: gradients, then parameters too, sharded over the data-parallel ranks.
+
+ZeRO (Rajbhandari et al. 2020, §5) removes the copies data parallelism keeps of every
+model state. Stage 1 (``parallel/data.py``) shards AdamW's state; here:
+
+Stage 2 (``--zero 2``): gradients are reduce-scattered into this rank's shard *during
+backward*, unit by unit and microbatch by microbatch, and the full gradient is never kept:
+a unit's gradients land in a small staging buffer that is freed once its reduce-scatter
+is done. AdamW steps the shard (``ShardedAdamW``) and the updated shards are all-gathered
+back into the full parameters, overlapping the next forward as ZeRO-1 does.
+
+Stage 3 (``--zero 3``, fully sharded, as PyTorch's FSDP): parameters are sharded at rest.
+A unit's parameters are all-gathered just before its forward and freed after it, gathered
+again just before its backward and freed when its gradients are done (§5.3); the next
+unit's all-gather is started early (prefetch) so that it overlaps the current unit's
+compute. Gradients are reduce-scattered as in stage 2.
+
+Units: a transformer block each, and per model chunk a root unit holding everything else
+(embeddings, final norm, output layer), gathered at the chunk's first forward of a step
+and kept until the step ends (FSDP keeps its root module's parameters the same way: they
+are used at the very start and the very end). Each unit is padded to a multiple of d in a
+flat layout (``analysis.zero.plan_units``) and rank r owns the r-th 1/d of every unit; a
+parameter is a view into its unit's full buffer, whose storage is freed (resized to zero
+bytes, as FSDP does) while the unit is sharded. Autograd keeps referring to the parameter
+itself, so re-gathering the storage before the backward is all that backward needs.
+
+Traffic per step for Ψ parameter elements and one microbatch: stage 2 a reduce-scatter and
+an all-gather (one all-reduce's worth, like stages 0 and 1); stage 3 two all-gathers and a
+reduce-scatter, 1.5× (``analysis.zero.zero_calls`` counts every call).
+
+The interface is the data-parallel one (``parallel/data.py``) plus what ``ShardedAdamW``
+and checkpoints need: ``shard_grad``, ``own_ranges``, ``segments``, ``read_param_shard``,
+``start_param_gather``, ``gather_flat``, ``materialize``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from contextlib import contextmanager
+
+import torch
+
+from ..analysis.zero import plan_units
+from ..comm import Comm
+from ..optim import unique_params
+from .data import grad_axis
+
+
+class ShardedDataParallel:
+    """ZeRO stage 2 or 3 over `units`: ``[(module, params, kind)]`` with kind 'root' or
+    'block', each chunk's root first and then its blocks in forward order.
+
+    `axis`: the axis the gradients are averaged over (default: data parallel, with the
+    context ranks under context parallelism). `max_in_flight`: reduce-scatters allowed to
+    run before the oldest is waited for (bounds the staging buffers alive at once).
+    """
+
+    def __init__(self, units, comm: Comm, stage: int, axis: str | None = None, max_in_flight: int = 2):
+        if stage not in (2, 3):
+            raise ValueError(f"ShardedDataParallel is ZeRO stage 2 or 3, not {stage}")
+        self.comm, self.stage, self.shard = comm, stage, True
+        self.axis = axis or grad_axis(comm)
+        self.d, self.rank = comm.size(self.axis), comm.index(self.axis)
+        self.units = [(mod, unique_params(ps), kind) for mod, ps, kind in units if ps]
+        self.params = [p for _, ps, _ in self.units for p in ps]
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1:
+            raise ValueError(f"sharded data parallelism needs one parameter dtype, got {sorted(map(str, dtypes))}")
+        dtype, device = self.params[0].dtype, self.params[0].device
+        self.offsets, self.buckets, self.numel = plan_units([[p.numel() for p in ps] for _, ps, _ in self.units],
+                                                            self.d)
+        self.offset = dict(zip(self.params, self.offsets))
+        self.unit_of = {p: u for u, (_, ps, _) in enumerate(self.units) for p in ps}
+        self.max_in_flight = max_in_flight
+        self.element_size = self.params[0].element_size()
+
+        # every parameter becomes a view into its unit's full buffer
+        self.full = [torch.zeros(b.numel, dtype=dtype, device=device) for b in self.buckets]
+        with torch.no_grad():
+            for p in self.params:
+                view = self._unit_view(p)
+                view.copy_(p.detach())
+                p.data = view
+        self.param_shard = torch.zeros(self.numel // self.d, dtype=dtype, device=device) if stage == 3 else None
+        self.shard_grad = torch.zeros(self.numel // self.d, dtype=dtype, device=device)
+        self.gathered = [True] * len(self.units)
+        self._gathers: dict = {}  # unit -> all-gather in flight
+        self._pinned: set = set()  # units gathered by materialize(): kept, written back on release
+        self._staging: list = [None] * len(self.units)  # unit -> its gradients of this round
+        self._pending = [len(ps) for _, ps, _ in self.units]
+        self._in_flight: deque = deque()  # (unit, work, staging, output) of reduce-scatters
+        self.gathered_bytes = self.peak_gathered_bytes = sum(f.numel() for f in self.full) * self.element_size
+        self.staging_bytes = self.peak_staging_bytes = 0
+        if stage == 3:
+            self._pinned = set(range(len(self.units)))  # the initial values: written into the shard
+            self._release()
+            for u in range(len(self.units)):
+                self._free(u)
+            self.peak_gathered_bytes = 0
+
+        # units in forward order within a chunk: a unit's forward prefetches the next one,
+        # a block's backward the one before it
+        self._next = [None] * len(self.units)
+        self._prev = [None] * len(self.units)
+        for u in range(len(self.units) - 1):
+            if self.units[u + 1][2] == "block":  # the same chunk: a root starts a new one
+                self._next[u] = u + 1
+                if self.units[u][2] == "block":
+                    self._prev[u + 1] = u
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
+        for u, (mod, _, kind) in enumerate(self.units):
+            self._hooks.append(mod.register_forward_pre_hook(self._before_forward(u)))
+            if stage == 3 and kind == "block":
+                self._hooks.append(mod.register_forward_hook(self._after_forward(u)))
+
+    # --- the flat layout (as BucketedDataParallel's, one bucket per unit) ----------------------
+    def _unit_view(self, p) -> torch.Tensor:
+        """`p`'s place in its unit's full buffer."""
+        u = self.unit_of[p]
+        off = self.offset[p] - self.buckets[u].start
+        return self.full[u][off:off + p.numel()].view_as(p)
+
+    def _view(self, flat: torch.Tensor, p) -> torch.Tensor:
+        """`p`'s place in a tensor of the whole flat layout's size."""
+        off = self.offset[p]
+        return flat[off:off + p.numel()].view_as(p)
+
+    def _shard_range(self, u: int) -> tuple[int, int]:
+        """Where unit u's piece of this rank's shard sits in the flat shard."""
+        b = self.buckets[u]
+        return b.start // self.d, b.end // self.d
+
+    def own_ranges(self) -> list[tuple[int, int, int]]:
+        """(flat start, flat end, shard start) of this rank's slice of every unit."""
+        out = []
+        for b in self.buckets:
+            k = b.numel // self.d
+            out.append((b.start + self.rank * k, b.start + (self.rank + 1) * k, b.start // self.d))
+        return out
+
+    def segments(self) -> list[tuple]:
+        """(param, shard start, shard end, element offset in the param) of every piece of a
+        parameter that lies in this rank's shard."""
+        out = []
+        for lo, hi, s0 in self.own_ranges():
+            for p, off in zip(self.params, self.offsets):
+                a, b = max(lo, off), min(hi, off + p.numel())
+                if a < b:
+                    out.append((p, s0 + a - lo, s0 + b - lo, a - off))
+        return out
+
+    def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """All-gather a shard-sized tensor into one of the flat layout's size (unit by unit)."""
+        out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
+        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
+                                           self.axis, async_op=True) for b in self.buckets]
+        for w in works:
+            if w is not None:
+                w.wait()
+        return out
+
+    # --- parameters: gather, free, and the optimizer's view of them ------------------------------
+    def _gather(self, u: int, wait: bool) -> None:
+        """Make unit u's parameters whole: start its all-gather (stage 3: into re-allocated
+        storage) unless it is gathered or on its way; with `wait`, complete it."""
+        if not self.gathered[u]:
+            b, full = self.buckets[u], self.full[u]
+            full.untyped_storage().resize_(b.numel * self.element_size)
+            self.gathered[u] = True
+            self.gathered_bytes += b.numel * self.element_size
+            self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
+            lo, hi = self._shard_range(u)
+            self._gathers[u] = self.comm.all_gather_flat(self.param_shard[lo:hi], full, self.axis, async_op=True)
+        if wait and u in self._gathers:
+            work = self._gathers.pop(u)
+            if work is not None:
+                work.wait()
+
+    def _free(self, u: int) -> None:
+        """Stage 3: give unit u's full storage back (its parameters keep their shapes)."""
+        if self.gathered[u] and u not in self._pinned:
+            self._gather(u, wait=True)  # never free under a transfer
+            self.full[u].untyped_storage().resize_(0)
+            self.gathered[u] = False
+            self.gathered_bytes -= self.buckets[u].numel * self.element_size
+
+    def read_param_shard(self, out: torch.Tensor) -> None:
+        """This rank's slice of every unit's parameters into `out` (stage 3: the shard is
+        the truth; units gathered by ``materialize`` are written back into it first)."""
+        if self.stage == 3:
+            self._release()
+            if out is not self.param_shard:
+                out.copy_(self.param_shard)
+            return
+        self.wait_params()
+        for u, full in enumerate(self.full):
+            lo, hi = self._shard_range(u)
+            k = hi - lo
+            out[lo:hi] = full[self.rank * k:(self.rank + 1) * k]
+
+    def start_param_gather(self, shard: torch.Tensor) -> None:
+        """After the optimizer step. Stage 2: launch the all-gather of the updated `shard`
+        into the full parameters, one call per unit in forward order; each unit's forward
+        waits for its own. Stage 3: nothing (every forward gathers what it needs)."""
+        if self.stage == 3:
+            assert shard is self.param_shard, "ZeRO-3's optimizer steps the data-parallel shard itself"
+            return
+        self.wait_params()
+        for u, b in enumerate(self.buckets):
+            lo, hi = self._shard_range(u)
+            self._gathers[u] = self.comm.all_gather_flat(shard[lo:hi], self.full[u], self.axis, async_op=True)
+
+    def wait_params(self) -> None:
+        """Complete the parameter all-gathers in flight (stage 2: the parameters are then
+        final; stage 3 keeps them sharded: see `materialize`)."""
+        for u in list(self._gathers):
+            self._gather(u, wait=True)
+
+    def materialize(self) -> None:
+        """Every parameter whole and current, to be read or overwritten outside a forward
+        (checkpoints, full weights): stage 3 gathers every unit and keeps them until the
+        next step starts, writing this rank's slice back into the shard then."""
+        self.wait_params()
+        if self.stage == 3:
+            for u in range(len(self.units)):
+                self._gather(u, wait=True)
+                self._pinned.add(u)
+
+    def _release(self) -> None:
+        """Stage 3: write materialized units back into the shard; free every unit."""
+        for u in sorted(self._pinned):
+            lo, hi = self._shard_range(u)
+            k = hi - lo
+            self.param_shard[lo:hi] = self.full[u][self.rank * k:(self.rank + 1) * k]
+        self._pinned.clear()
+        for u in range(len(self.units)):
+            self._free(u)
+
+    # --- forward and backward hooks ----------------------------------------------------------------
+    def _before_forward(self, u: int):
+        @torch.compiler.disable
+        def hook(module, args):
+            self._gather(u, wait=True)  # stage 2: the all-gather after the last step
+            if self.stage == 3 and self._next[u] is not None:
+                self._gather(self._next[u], wait=False)  # prefetch: overlaps this unit's compute
+        return hook
+
+    def _after_forward(self, u: int):
+        def hook(module, args, output):
+            if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(self._before_backward(u))  # runs before the unit's backward
+            self._free(u)
+        return hook
+
+    def _before_backward(self, u: int):
+        def hook(grad):
+            self._gather(u, wait=True)
+            if self._prev[u] is not None:
+                self._gather(self._prev[u], wait=False)  # the next unit backward reaches
+        return hook
+
+    # --- gradients: reduce-scatter each unit as soon as its backward is done ------------------------
+    def _grad_ready(self, p) -> None:
+        """Post-accumulate-grad hook: move `p`'s gradient into its unit's staging buffer;
+        when the unit is complete, reduce-scatter it (and, stage 3, free the unit)."""
+        u = self.unit_of[p]
+        if self._staging[u] is None:
+            self._staging[u] = torch.zeros(self.buckets[u].numel, dtype=p.dtype, device=p.device)
+            self.staging_bytes += self.buckets[u].numel * self.element_size
+            self.peak_staging_bytes = max(self.peak_staging_bytes, self.staging_bytes)
+        off = self.offset[p] - self.buckets[u].start
+        self._staging[u][off:off + p.numel()].view_as(p).add_(p.grad)
+        p.grad = None  # no full gradient is kept
+        self._pending[u] -= 1
+        if self._pending[u] == 0:
+            self._reduce(u)
+            if self.stage == 3 and self.units[u][2] == "block":
+                self._free(u)
+
+    def _reduce(self, u: int) -> None:
+        staging, self._staging[u] = self._staging[u], None
+        self._pending[u] = len(self.units[u][1])
+        staging.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
+        out = torch.empty(self.buckets[u].numel // self.d, dtype=staging.dtype, device=staging.device)
+        work = self.comm.reduce_scatter_flat(staging, out, self.axis, async_op=True)
+        self._in_flight.append((u, work, staging, out))
+        while len(self._in_flight) > self.max_in_flight:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        u, work, staging, out = self._in_flight.popleft()
+        if work is not None:
+            work.wait()
+        lo, hi = self._shard_range(u)
+        self.shard_grad[lo:hi] += out
+        self.staging_bytes -= staging.numel() * self.element_size
+
+    def _drain(self) -> None:
+        while self._in_flight:
+            self._drain_one()
+
+    # --- the step's life cycle (the data-parallel interface) ---------------------------------------
+    def zero_grad(self) -> None:
+        """Start a step: no gradient anywhere; stage 3: every unit sharded."""
+        if self.stage == 3:
+            self._release()
+        self.shard_grad.zero_()
+        for p in self.params:
+            p.grad = None
+
+    @contextmanager
+    def microbatch(self, last: bool):
+        """Wrap a microbatch's backward: every microbatch reduce-scatters (there is no full
+        gradient to accumulate into); its last reduce-scatters are waited for at the end."""
+        yield
+        self._drain()
+
+    def finish(self) -> None:
+        """Reduce-scatter what is left (units whose backward did not complete), wait for
+        everything; afterwards ``shard_grad`` is this rank's shard of the mean gradient.
+        Stage 3 frees the root units, kept since the step's first forward."""
+        for u in range(len(self.units)):
+            if self._staging[u] is not None:
+                self._reduce(u)
+        self._drain()
+        if self.stage == 3:
+            for u in range(len(self.units)):
+                self._free(u)
