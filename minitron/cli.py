@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,7 @@ def run_ranks(job, m, p, t, corpus, extra=None):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from . import launch
+    from .preemption import SignalLog
 
     preflight(m, p, t)
     world = p.world
@@ -182,10 +184,13 @@ def run_ranks(job, m, p, t, corpus, extra=None):
         if launch.under_launcher() and launch.env_world() != world:
             raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
                               f"match --nproc-per-node/--ntasks to the layout")
+        if job is _train_job and threading.current_thread() is threading.main_thread():
+            SignalLog().install()  # a preemption during start-up is noted, not fatal
         results = {0: _rank_main(job, m, p, t, corpus, extra)}
     else:
         try:
-            results = launch.launch_local(_rank_main, (job, m, p, t, corpus, extra), world)
+            results = launch.launch_local(_rank_main, (job, m, p, t, corpus, extra), world,
+                                          stop_on_signal=job is _train_job)
         except SignalException as e:
             raise Interrupted(e.sigval) from None
         except ChildFailedError as e:
@@ -231,7 +236,12 @@ def _rank_main(job, m, p, t, corpus, extra):
 def _train_job(comm, m, p, t, corpus, extra):
     from .train import train
 
-    return train(m, p, t, comm, corpus=corpus)
+    observer = (extra or {}).get("report")
+    if observer is not None and comm.grid.rank == 0:  # MFU's denominator, measured on this machine
+        from .bench import matmul_peak, probe_dtype
+
+        observer.peak_flops = matmul_peak(probe_dtype(p, t))
+    return train(m, p, t, comm, corpus=corpus, observer=observer)
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -254,8 +264,17 @@ def cmd_train(args) -> int:
         if path and not (path == t.metrics and start):  # a resumed run appends its metrics
             Path(path).unlink(missing_ok=True)
     trim_metrics(t.metrics if start else "", start)  # steps after the checkpoint are trained again
+    observer = None
+    if not args.no_report or args.tensorboard:
+        from .report import RunReport
+
+        if args.tensorboard:
+            from .tensorboard_log import check_available
+
+            check_available()
+        observer = RunReport(m, p, t, tensorboard_dir=args.tensorboard)
     try:
-        summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout})
+        summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout, "report": observer})
     except Interrupted as e:  # the launcher was signalled; its ranks stopped at a step boundary
         now = latest(t.ckpt_dir) if t.ckpt_dir else None
         step = int(now.name.split("_")[1]) if now is not None else 0
@@ -283,6 +302,17 @@ def cmd_train(args) -> int:
         print("--- sample ---")
         print(summary["sample"])
         print("--------------")
+    if summary.get("report") and not args.no_report:
+        from .report import format_report, plot_losses
+
+        print(format_report(summary["report"], summary.get("tokens_per_s")))
+        if t.metrics:
+            fig = plot_losses(summary["losses"], summary["val_losses"], str(Path(t.metrics).with_suffix(".loss.png")),
+                              f"{m.name} on {p.describe()}", first_step=start + 1)
+            if fig:
+                print(f"loss curve written to {fig}")
+    if args.tensorboard:
+        print(f"TensorBoard scalars written to {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
     if t.metrics:
         print(f"metrics written to {t.metrics}")
     if t.trace:
@@ -415,7 +445,7 @@ def cmd_memory(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .analysis import plan, predict
+    from .analysis import format_explain, get_software, plan, predict
 
     m = model_from(args)
     validate_model(m)
@@ -426,33 +456,51 @@ def cmd_plan(args) -> int:
             raise ConfigError(f"{flag} must be at least {low}{' (0: search)' if low == 0 else ''} (got {v})")
     if args.vpp > 1 and args.pp == 1:
         raise ConfigError(f"--vpp {args.vpp} interleaves pipeline stages: it needs --pp 2 or more (or leave --pp to the search)")
+    if args.explain and not (args.tp and args.pp):
+        raise ConfigError("--explain breaks down one layout: give it with --tp and --pp "
+                          "(and optionally --vpp, --microbatch-size)")
+    if args.plot:
+        if not args.explain:
+            raise ConfigError("--plot draws the --explain breakdown: add --explain")
+        check_output_file("--plot", args.plot, [], extensions=PLOT_TYPES)
     fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
     try:
+        sw = get_software(args.software)
         if all(fixed[k] for k in ("tp", "pp")):
             if args.gpus % (args.tp * args.pp):
                 raise ValueError(f"tp*pp = {args.tp * args.pp} does not divide {args.gpus} GPUs: "
                                  f"pick degrees whose product divides the GPU count")
             lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp),
                    "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1}
-            pred = predict(m, lay, args.global_batch, args.cluster)
+            pred = predict(m, lay, args.global_batch, args.cluster, software=sw)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
                    "breakdown": pred.breakdown}
         else:
             out = {"candidates": plan(m, args.gpus, args.global_batch, args.cluster, top=args.top,
-                                      **{k: v for k, v in fixed.items() if v})}
+                                      software=sw, **{k: v for k, v in fixed.items() if v})}
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if args.plot:
+        from .viz_explain import save_explain_plot
+
+        save_explain_plot({f"{m.name}, {sw.name}": pred}, args.plot,
+                          f"{m.name} on {args.gpus} GPUs of {args.cluster}, t={lay['tp']} p={lay['pp']} "
+                          f"d={lay['dp']} v={lay['vpp']} b={lay['microbatch_size']}")
     if args.json:
-        print(json.dumps({"model": m.name, "gpus": args.gpus, "cluster": args.cluster, **out}))
+        print(json.dumps({"model": m.name, "gpus": args.gpus, "cluster": args.cluster, "software": sw.name, **out}))
         return 0
     rows = out.get("candidates", [out])
-    print(f"{m.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}:")
+    print(f"{m.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
     print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
     for r in rows:
         print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
               f"{r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} {r['memory_gb_per_gpu']:>8.1f} "
               f"{r['bubble_fraction']:>7.3f}")
+    if args.explain:
+        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+    if args.plot:
+        print(f"figure written to {args.plot}")
     return 0
 
 
@@ -568,6 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--eval-every", type=int, default=50)
     tr.add_argument("--sample", type=int, default=200, help="tokens of text to generate at the end")
     tr.add_argument("--no-progress", action="store_true")
+    tr.add_argument("--no-report", action="store_true",
+                    help="skip the run report (layout, bytes per axis, bubble, memory per rank, loss figure)")
+    tr.add_argument("--tensorboard", default="", metavar="DIR",
+                    help="also write the metrics' scalars (loss, lr, grad norm, tokens/s, MFU) for TensorBoard")
     tr.add_argument("--log-every", type=int, default=1,
                     help="read the loss back from the device every N steps (on a GPU, N > 1 avoids "
                          "a host synchronisation per step)")
@@ -604,6 +656,11 @@ def build_parser() -> argparse.ArgumentParser:
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
     pl.add_argument("--top", type=int, default=10)
+    pl.add_argument("--software", default="ptdp-2021",
+                    help="the software stack: megatron-2019, ptdp-2021, korthikanti-2022, current, minitron")
+    pl.add_argument("--explain", action="store_true",
+                    help="break one layout's iteration into its parts (needs --tp and --pp)")
+    pl.add_argument("--plot", default="", help="with --explain: write the breakdown as a figure (png/svg/pdf)")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=cmd_plan)
 

@@ -20,12 +20,14 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .comm import Comm, CommTrace
 from .grid import ProcessGrid
+from .preemption import SignalLog
 
 
 def under_launcher() -> bool:
@@ -136,15 +138,41 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _rank_of(launcher: int, scratch: str, fn, *args):
-    """A local rank: watch the launcher, then run `fn(*args)`."""
+def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
+    """A local rank: watch the launcher, leave its pid for the launcher's signal
+    forwarding, then run `fn(*args)`. With `stop_on_signal`, SIGTERM/SIGINT are noted
+    from the start (a training loop stops on them, preemption.StopOnSignal) — also one
+    the launcher got before this rank had left its pid."""
     die_with(launcher, scratch)
+    log = SignalLog().install() if stop_on_signal else None
+    (Path(scratch) / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    early = Path(scratch) / "signal"
+    if log is not None and early.exists():
+        log(int(early.read_text() or signal.SIGTERM))
     return fn(*args)
 
 
-def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") -> dict:
+def _forward_to_ranks(scratch: str):
+    """A signal handler for the launcher: pass SIGTERM/SIGINT on to every local rank and
+    keep waiting for them. They stop at a step boundary, checkpoint and return (see
+    preemption.py), and their results come back as usual. (The elastic agent's own
+    handling would stop waiting for results and hold the ranks until its shutdown timeout.)"""
+    def forward(signum, frame):
+        (Path(scratch) / "signal").write_text(str(signum))  # for ranks still starting
+        for f in Path(scratch).glob("*.pid"):
+            try:
+                os.kill(int(f.read_text()), signum)
+            except (ValueError, OSError):
+                pass  # a rank that already left
+    return forward
+
+
+def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
+                 stop_on_signal: bool = False) -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
-    Returns {rank: return value}.
+    Returns {rank: return value}. SIGTERM/SIGINT to the launcher are passed on to the
+    ranks; with `stop_on_signal` the ranks note them instead of dying (a training loop
+    then stops at a step boundary with a checkpoint).
 
     `forkserver`: a clean single-threaded server imports torch and minitron once, and
     every rank is forked from it — fast like `fork`, but without inheriting the locks of
@@ -160,18 +188,20 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver") 
 
     # the agent's per-run folder (it would leave /tmp/torchelastic_* behind): ours, removed after
     log_dir = tempfile.mkdtemp(prefix="minitron_ranks_")
-    # shutdown_timeout: on SIGTERM/SIGINT the agent forwards the signal to the ranks and
-    # waits this long for them to finish their step and checkpoint (see preemption.py)
+    # SIGTERM/SIGINT are ours (forwarded to the ranks); the agent keeps SIGHUP/SIGQUIT
     cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
                        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                       monitor_interval=0.05, start_method=start_method, shutdown_timeout=120,
+                       monitor_interval=0.05, start_method=start_method, signals_to_handle="SIGHUP,SIGQUIT",
                        logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The elastic agent installs its own SIGTERM/SIGINT... handlers; put ours back after,
     # so that a notebook kernel that launched ranks still shuts down quietly.
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, _forward_to_ranks(log_dir))
     try:
-        return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, fn, *args)
+        return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():

@@ -291,6 +291,8 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
                 recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
             if ckpt_now:
                 ckpt.save(tc.ckpt_dir, step + 1, tr, tc.keep_last)
+            if observer is not None:
+                observer.records(tr, recs)  # may add scalars (MFU) before they are written
             if metrics:
                 metrics.writelines(json.dumps(r) + "\n" for r in recs)
                 metrics.flush()
