@@ -38,6 +38,7 @@ import math
 from typing import Any
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
+from .context_parallel import cp_comm_items, local_model
 from .flops import _policy
 from .params import _get, chunk_layers, layers_on_rank, padded_vocab, params_on_rank
 
@@ -159,7 +160,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     v, sp = parallel.vpp, parallel.sp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    s, h = model.seq_len, model.hidden
+    cp = int(_get(parallel, "cp", 1) or 1)
+    tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
+    s, h = tokens.seq_len, model.hidden
     x = b * s * h * ea
     chunks = p * v
     first, last = pp_rank == 0, pp_rank == (chunks - 1) % p
@@ -172,7 +175,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
 
     # tensor parallel
     if t > 1:
-        for op, nbytes in tp_layer_bytes(model, b, t, sp, parallel.recompute, ea).items():
+        for op, nbytes in tp_layer_bytes(tokens, b, t, sp, parallel.recompute, ea).items():
             per_call = x / t if op == "all_gather" else x
             add("transformer layers", "tp", op, round(m * n_layers * nbytes / per_call), m * n_layers * nbytes)
         if first:
@@ -202,7 +205,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     # pipeline
     if p > 1:
         sends, recvs = _p2p_counts(model, parallel, pp_rank)
-        nb = pp_boundary_bytes(model, b, t, sp, parallel.scatter_gather, ea)
+        nb = pp_boundary_bytes(tokens, b, t, sp, parallel.scatter_gather, ea)
         add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
         add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
         add("gradient norm", "pp", "all_reduce", 1, 8)
@@ -212,12 +215,23 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     if model.tied_embeddings and p > 1 and (first or last):
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
 
-    # data parallel
+    # context parallel: the ring of K, V (and dK, dV)
+    items += cp_comm_items(model, parallel, train, pp_rank, ea)
+
+    # data parallel (with context parallelism: over the d·N ranks of the 'dp_cp' axis)
     n = params_on_rank(model, parallel, pp_rank)
-    for op, nbytes in dp_bytes_per_step(n, d, parallel.zero1, e).items():
-        add("gradients" if op != "all_gather" else "updated parameter shards", "dp", op, 1, nbytes)
-    if parallel.zero1 and d > 1:  # ZeRO-1's norm: squares summed over the dp shards too
-        add("gradient norm", "dp", "all_reduce", 1, 8)
+    dp_axis = "dp_cp" if cp > 1 else "dp"
+    if _get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
+        from .zero import zero_calls
+
+        for c in zero_calls(model, parallel, train, pp_rank, e, d * cp):
+            what = {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"], "parameters")
+            add(f"{what} ({c['phase']})", dp_axis, c["op"], c["calls"], c["bytes"])
+        return items
+    for op, nbytes in dp_bytes_per_step(n, d * cp, parallel.zero1, e).items():
+        add("gradients" if op != "all_gather" else "updated parameter shards", dp_axis, op, 1, nbytes)
+    if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over the dp shards too
+        add("gradient norm", dp_axis, "all_reduce", 1, 8)
     return items
 
 

@@ -105,6 +105,7 @@ from typing import Any
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from .bubble import stashed_on_rank
+from .context_parallel import local_model
 from .flops import _policy
 from .params import (_degrees, _get, _params_given_layers, layers_on_rank, padded_vocab,
                      params_on_rank, rank_layers)
@@ -354,15 +355,31 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     e = dtype_bytes or _engine_dtype_bytes(train)
     ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
     d = int(_get(parallel, "dp", 1) or 1)
+    cp = int(_get(parallel, "cp", 1) or 1)
     n = params_on_rank(model, parallel, pp_rank)
-    shard = math.ceil(n / d) if _get(parallel, "zero1", False) else n
+    shard = math.ceil(n / (d * cp)) if _get(parallel, "zero1", False) else n  # (ZeRO over dp_cp)
     m = train.microbatches
     if train.global_batch % (d * m):
         raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
     b = train.global_batch // (d * m)
-    acts = engine_activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea)
-    buffers = sum(buffer_bytes_on_rank(model, parallel, b, n, e).values())
-    return _assemble(n * e, n * e, 2 * shard * e, acts, buffers)
+    # context parallelism: activations of s/N tokens (analysis/context_parallel.py), plus the
+    # position indices of the rank's two chunks that the embedding saves (8 bytes a token)
+    tokens, lay = local_model(model, cp), parallel
+    acts = engine_activation_bytes_on_rank(tokens, parallel, b, m, pp_rank, ea)
+    if cp > 1:
+        lay = {**_as_dict(parallel), "dp": d * cp, "zero1": _get(parallel, "zero1", False)}
+        if pp_rank == 0:
+            kind, p, v = _schedule(parallel)
+            acts += stashed_on_rank(kind, p, m, v, 0) * 8 * b * tokens.seq_len
+    buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
+    states = (n * e, n * e, 2 * shard * e)
+    if _get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
+        from .zero import zero_buffer_bytes, zero_state_bytes
+
+        z = zero_state_bytes(model, parallel, train, pp_rank, e, d * cp)
+        states = (z["params_bytes"], z["grads_bytes"], z["optimizer_bytes"])
+        buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e, d * cp).values())
+    return _assemble(*states, acts, buffers)
 
 
 def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: int, e: int) -> dict:
@@ -387,7 +404,7 @@ def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: i
     if p > 1:
         shrink = t if (_get(layout, "sp", False) or _get(layout, "scatter_gather", False)) else 1
         out["pipeline"] = 2 * micro_batch * model.seq_len * model.hidden * e / shrink
-    if d > 1 and _get(layout, "zero1", False):
+    if d > 1 and _get(layout, "zero1", False) and _get(layout, "zero", 1) < 2:  # (ZeRO-2/3: analysis/zero.py)
         shard = math.ceil(n / d)
         out["data_parallel"] = float((2 * shard + 2 * (shard * d - n)) * e)
     return out

@@ -148,59 +148,65 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, comm: Comm):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
-        q, k, v = q.to(cd), k.to(cd), v.to(cd)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
-            kv = torch.stack([k, v])  # one message per hop
+            kv = torch.stack([k, v])  # one message per hop, in the activations' dtype
+            qc = q.to(cd)
             out = lse = None
             for i in range(n):
                 nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
                 src = (r - i) % n
+                kc, vc = kv[0].to(cd), kv[1].to(cd)
                 if i == 0:  # own blocks: the ordinary causal mask on the local sequence
-                    out, lse = block_attention(q, kv[0], kv[1], scale, causal=True)
+                    out, lse = block_attention(qc, kc, vc, scale, causal=True)
                 elif src < r:  # every query sees src's early chunk; its late one is in the future
-                    out, lse = combine(out, lse, *block_attention(q, kv[0, ..., :c, :], kv[1, ..., :c, :],
+                    out, lse = combine(out, lse, *block_attention(qc, kc[..., :c, :], vc[..., :c, :],
                                                                   scale, causal=False))
                 else:  # only the late query chunk sees src's chunks, both whole
-                    o, l = combine(out[..., c:, :], lse[..., c:], *block_attention(q[..., c:, :], kv[0], kv[1],
+                    o, l = combine(out[..., c:, :], lse[..., c:], *block_attention(qc[..., c:, :], kc, vc,
                                                                                   scale, causal=False))
                     out, lse = torch.cat([out[..., :c, :], o], dim=-2), torch.cat([lse[..., :c], l], dim=-1)
                 _wait(handles)
                 kv = nxt
+            # laid out [b, s, nh, d] in memory, as SDPA's output: the caller's "b nh s d -> b s (nh d)"
+            # is then a view, and what is saved here is the projection's input (no second copy)
+            out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
         ctx.comm = comm
         ctx.save_for_backward(q, k, v, out, lse)
-        return out.to(dtype)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         comm = ctx.comm
         n, r = comm.size(AXIS), comm.index(AXIS)
-        dtype = dout.dtype
+        dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
-            dout = dout.to(q.dtype)
-            delta = (dout * out).sum(-1)
+            dout, q = dout.to(cd), q.to(cd)
+            delta = (dout * out.to(cd)).sum(-1)
             dq = torch.zeros_like(q)
-            kv = torch.stack([k, v])
+            kv = torch.stack([k, v])  # travels again in the activations' dtype
             own = acc = None
             acc_handles: list = []
             for i in range(n):
                 nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
                 src = (r - i) % n
+                kc, vc = kv[0].to(cd), kv[1].to(cd)
                 if i == 0:
-                    dq_b, dk, dv = block_attention_backward(q, k, v, dout, lse, delta, scale, causal=True)
+                    dq_b, dk, dv = block_attention_backward(q, kc, vc, dout, lse, delta, scale, causal=True)
                     dq += dq_b
                     own = torch.stack([dk, dv])
                 else:
-                    blk = torch.zeros_like(kv)  # the gradient of src's blocks from this rank
+                    # the gradient of src's blocks from this rank (accumulated in the compute dtype)
+                    blk = torch.zeros((2, *kc.shape), dtype=cd, device=kc.device)
                     if src < r:
-                        dq_b, dk, dv = block_attention_backward(q, kv[0, ..., :c, :], kv[1, ..., :c, :], dout,
+                        dq_b, dk, dv = block_attention_backward(q, kc[..., :c, :], vc[..., :c, :], dout,
                                                                 lse, delta, scale, causal=False)
                         dq += dq_b
                         blk[0, ..., :c, :], blk[1, ..., :c, :] = dk, dv
                     else:
-                        dq_b, dk, dv = block_attention_backward(q[..., c:, :], kv[0], kv[1], dout[..., c:, :],
+                        dq_b, dk, dv = block_attention_backward(q[..., c:, :], kc, vc, dout[..., c:, :],
                                                                 lse[..., c:], delta[..., c:], scale, causal=False)
                         dq[..., c:, :] += dq_b
                         blk[0], blk[1] = dk, dv
