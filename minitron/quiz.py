@@ -92,8 +92,8 @@ QUESTIONS: dict[str, Question] = {
         lambda: _gpus_for_states("gpt3-175b", 16, 80e9),
         "divide 16 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
         "a fraction of a GPU is a whole GPU."),
-    "01.zero3_d64": Question(
-        lambda: _A().zero_bytes_per_param(3, 64),
+    "01.zero3_d128": Question(
+        lambda: _A().zero_bytes_per_param(3, 128),
         "stage 3 shards all 16 bytes of every parameter over the d data-parallel ranks."),
     "01.full_recompute": Question(
         lambda: _A().korthikanti_activation_bytes_per_layer(2048, 1, 12288, 96, 8,
@@ -101,17 +101,17 @@ QUESTIONS: dict[str, Question] = {
         "full recomputation keeps only the layer's input: s·b·h values of 2 bytes each."),
     # --- lesson 2: pipeline schedules --------------------------------------------------
     "02.bubble_1f1b": Question(
-        lambda: _A().bubble_fraction("1f1b", 4, 8),
+        lambda: _A().bubble_fraction("1f1b", 8, 16),
         "1F1B's bubble is (p − 1)/m of the ideal time, whatever the order of its work."),
     "02.bubble_interleaved": Question(
-        lambda: _A().bubble_fraction("interleaved", 4, 8, 2),
+        lambda: _A().bubble_fraction("interleaved", 8, 16, 2),
         "interleaving with v chunks per rank divides the bubble by v: (p − 1)/(v·m)."),
     "02.stash_gpipe": Question(
-        lambda: _A().peak_stashed_microbatches("gpipe", 4, 8),
+        lambda: _A().peak_stashed_microbatches("gpipe", 8, 16),
         "GPipe runs every forward before the first backward."),
     "02.warmup": Question(
-        lambda: (4 - 0 - 1) * 2 + (2 - 1) * 4,
-        "use (p − r − 1)·2 + (v − 1)·p with p = 4, v = 2, r = 0."),
+        lambda: (8 - 0 - 1) * 2 + (2 - 1) * 8,
+        "use (p − r − 1)·2 + (v − 1)·p with p = 8, v = 2, r = 0."),
     # --- lesson 3: data parallelism ----------------------------------------------------
     "03.ring_wire": Question(
         lambda: _A().ring_allreduce_wire_bytes(4e9, 8) / 1e9,
