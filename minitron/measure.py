@@ -49,6 +49,8 @@ class SavedBytes:
 
     def __init__(self, params):
         self.exclude = {p.untyped_storage().data_ptr() for p in params}
+        # ZeRO-3 frees and re-allocates parameter storage: its identity (not its address) stays
+        self.exclude_storages = {p.untyped_storage()._cdata for p in params}
         self.alive: dict[int, list] = {}  # storage pointer -> [bytes, owners]
         self.now = self.peak = 0
         self._held: dict = {}
@@ -56,7 +58,7 @@ class SavedBytes:
     def _add(self, t) -> int | None:
         st = t.untyped_storage()
         ptr = st.data_ptr()
-        if ptr == 0 or ptr in self.exclude:
+        if ptr == 0 or ptr in self.exclude or st._cdata in self.exclude_storages:
             return None
         entry = self.alive.setdefault(ptr, [st.nbytes(), 0])
         if entry[1] == 0:  # a storage counts once, however many tensors view it
@@ -167,14 +169,22 @@ def measure_step_memory(trainer, step: int = 0) -> dict:
     the module docstring for what each counts (``buffers_bytes``: data-parallel buffers
     only). Patches the trainer's pipeline runtime, if any, to count its stash.
     """
+    return measured_step(trainer, step)[1]
+
+
+def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
+    """:func:`measure_step_memory` that also returns the step's loss: (loss, bytes), so
+    that a training run can measure its own first step (the run report)."""
     tr = trainer
     meter = SavedBytes(tr.params)
     if tr.pipeline is not None:
         _watch_stash(tr.pipeline, meter)
     with _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-        tr.step(step)
+        loss = tr.step(step)
     if meter.now or meter.alive:  # a leak would make the peak meaningless
         raise RuntimeError("saved tensors outlived the step")
+    if tr.layout.zero >= 2:
+        return loss, _sharded_state_bytes(tr, meter.peak)
     grads = [p.grad for p in tr.params if p.grad is not None]
     opt = tr.optimizer
     if tr.layout.zero1:
@@ -187,6 +197,21 @@ def measure_step_memory(trainer, step: int = 0) -> dict:
     out = {"params_bytes": params, "grads_bytes": grad_bytes, "optimizer_bytes": _nbytes(state),
            "activations_bytes": meter.peak,
            "buffers_bytes": _storages([*tr.params, *grads, *flat]) - params - grad_bytes}
+    out["total_bytes"] = sum(out.values())
+    return loss, out
+
+
+def _sharded_state_bytes(tr, activations: int) -> dict:
+    """ZeRO-2/3 (``parallel/zero.py``): the parameters (stage 3: this rank's shard), the
+    gradient shard, AdamW's two moments of the shard; buffers: the peaks of the gathered
+    units and of the gradient staging buffers during the step, and stage 2's padding."""
+    dp, opt = tr.dp, tr.optimizer
+    params = _nbytes([dp.param_shard]) if dp.stage == 3 else _nbytes(tr.params)
+    padding = _nbytes(dp.full) - _nbytes(tr.params) if dp.stage == 2 else 0
+    gathered = dp.peak_gathered_bytes if dp.stage == 3 else 0
+    out = {"params_bytes": params, "grads_bytes": _nbytes([dp.shard_grad]),
+           "optimizer_bytes": _nbytes([opt.exp_avg, opt.exp_avg_sq]), "activations_bytes": activations,
+           "buffers_bytes": gathered + dp.peak_staging_bytes + padding}
     out["total_bytes"] = sum(out.values())
     return out
 

@@ -31,7 +31,7 @@ from .data_parallel import NORM_BYTES, Bucket
 from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
 from .params import _degrees, _local_layer_params, chunk_layers, padded_vocab
 
-__all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_peak_gathered_bytes",
+__all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_buffer_bytes",
            "zero_wire_bytes"]
 
 
@@ -78,7 +78,7 @@ def _shard(numel: int, d: int) -> int:
 
 
 def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
-               bytes_per_el: int | None = None) -> list[dict]:
+               bytes_per_el: int | None = None, degree: int | None = None) -> list[dict]:
     """The data-parallel calls of one optimizer step under ``--zero 2`` or ``--zero 3``:
     ``[{op, phase, calls, bytes}]`` in call bytes (the all-gather's input shard, the
     reduce-scatter's whole input), as a trace records them.
@@ -87,8 +87,10 @@ def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     gradient norm's 8-byte all-reduce. Stage 2: one all-gather per unit of the updated
     shard after the step ('optim'). Stage 3: one all-gather per block before its forward
     ('fwd') and one before its backward ('bwd') per microbatch, one per root per step.
+    `degree`: the ranks the states are sharded over (default ``parallel.dp``; d·cp under
+    context parallelism).
     """
-    d, z = parallel.dp, parallel.zero
+    d, z = degree or parallel.dp, parallel.zero
     if d == 1 or z < 2:
         return []
     e = bytes_per_el or (8 if train.dtype == "float64" else 4)
@@ -110,19 +112,19 @@ def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
 
 
 def zero_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
-                     bytes_per_el: int | None = None) -> dict:
+                     bytes_per_el: int | None = None, degree: int | None = None) -> dict:
     """Bytes a rank keeps between steps at its ZeRO stage (``parallel.zero``):
     ``{params_bytes, grads_bytes, optimizer_bytes}``, minitron's engine exactly (every
     state in the parameter dtype: AdamW's two moments are ``2·e`` per element).
 
     stage 0: n, n, 2n elements; 1: n, n, 2·ceil(n/d); 2: n, s, 2s; 3: s, s, 2s, where
     s = Σ ceil(n_u/d) over the units (n/d up to padding). Stage 3 also holds, for a
-    moment, the gathered units: see :func:`zero_peak_gathered_bytes`.
+    moment, the gathered units: see :func:`zero_buffer_bytes`. `degree` as in :func:`zero_calls`.
     """
     from .params import params_on_rank
 
     e = bytes_per_el or (8 if train.dtype == "float64" else 4)
-    d, z = parallel.dp, parallel.zero
+    d, z = degree or parallel.dp, parallel.zero
     n = params_on_rank(model, parallel, pp_rank)
     if d == 1 or z == 0:
         return {"params_bytes": n * e, "grads_bytes": n * e, "optimizer_bytes": 2 * n * e}
@@ -132,15 +134,26 @@ def zero_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     return {"params_bytes": (n if z == 2 else s) * e, "grads_bytes": s * e, "optimizer_bytes": 2 * s * e}
 
 
-def zero_peak_gathered_bytes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0,
-                             bytes_per_el: int = 4) -> int:
-    """Stage 3: the most parameter bytes gathered at once on a rank: every root unit (kept
-    for the step) and two blocks (the one computing and the next, prefetched)."""
-    d = parallel.dp
+def zero_buffer_bytes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0,
+                      bytes_per_el: int = 4, degree: int | None = None) -> dict:
+    """What stages 2 and 3 hold for a moment, beyond the states of :func:`zero_state_bytes`
+    (an estimate of the peak): ``{gathered, staging, padding}`` bytes.
+
+    gathered (stage 3): every root unit (kept for the step) and two blocks (the one
+    computing and the next, prefetched). staging: the gradient buffers of units being
+    reduce-scattered: the roots (their first gradients come early in backward, their last
+    at its end) and three blocks (two reduce-scatters in flight, one filling).
+    padding (stage 2): the full parameter buffers' padding to multiples of d.
+    """
+    d = degree or parallel.dp
     units = zero_units(model, parallel, pp_rank)
-    roots = sum(_shard(u["numel"], d) * d for u in units if u["kind"] == "root")
-    blocks = sorted((_shard(u["numel"], d) * d for u in units if u["kind"] == "block"), reverse=True)
-    return (roots + sum(blocks[:2])) * bytes_per_el
+    padded = [_shard(u["numel"], d) * d for u in units]
+    roots = sum(s for s, u in zip(padded, units) if u["kind"] == "root")
+    blocks = sorted((s for s, u in zip(padded, units) if u["kind"] == "block"), reverse=True)
+    e, z = bytes_per_el, parallel.zero
+    return {"gathered": (roots + sum(blocks[:2])) * e if z == 3 else 0,
+            "staging": (roots + sum(blocks[:3])) * e if z >= 2 else 0,
+            "padding": (sum(padded) - sum(u["numel"] for u in units)) * e if z == 2 else 0}
 
 
 def zero_wire_bytes(n_params: int, d: int, stage: int, bytes_per_el: int = 4) -> float:
