@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import traceback
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,11 @@ def check_data(m: ModelConfig, t: TrainConfig):
 
     from .preflight import check_token_ids
 
-    corpus = load_corpus(t.data)
+    try:
+        corpus = load_corpus(t.data)
+    except (OSError, EOFError, zlib.error) as e:  # a corrupt .gz, an unreadable file
+        raise ConfigError(f"--data {t.data} cannot be read ({type(e).__name__}: {e}): it is corrupt, truncated "
+                          f"or not readable; give another file") from None
     check_corpus(corpus.split()[1], m.seq_len, m.vocab)
     check_token_ids(corpus, m.vocab)
     if t.init_from and corpus.vocab != m.vocab:  # ids must mean the tokens the weights learnt

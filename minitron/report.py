@@ -1,0 +1,235 @@
+"""The run report: what the ranks of a `minitron train` run did, measured, next to what
+the analysis predicts.
+
+`RunReport` is handed to :func:`minitron.train.train` by the command line. It runs the
+first training step itself under the memory meter (:func:`minitron.measure.measured_step`)
+with a communication trace attached, records the pipeline's compute actions for a few
+steps after it, and at the end gathers every rank's facts to rank 0:
+
+* the layout: each rank's coordinates, the layers it holds and the region of one weight
+  matrix it holds (the tensor shard), its data-parallel replica;
+* bytes sent per axis in one step (the trace) against ``analysis.comm_bytes_per_step``;
+* the measured pipeline bubble (idle time over compute time of the pipeline's ranks)
+  against ``analysis.bubble_fraction`` — (p−1)/(v·m) for interleaved 1F1B;
+* peak memory per rank (the measured step) against ``minitron memory``'s formulas, and
+  the process' peak resident memory (which includes PyTorch itself);
+* tokens/s and MFU (model FLOP/s over the world's matmul peak, measured at the start).
+
+:func:`format_report` prints it; :func:`plot_losses` draws the loss curve next to the
+metrics file. With ``tensorboard_dir`` the step scalars also go to TensorBoard.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+from pathlib import Path
+
+import torch
+
+from .comm import CommTrace
+
+PIPELINE_STEPS = 10  # steps after the first whose compute actions time the bubble
+
+
+class RunReport:
+    """The observer of one training run on one rank (see the module's docstring)."""
+
+    def __init__(self, model, layout, train, tensorboard_dir: str = "", peak_flops: float | None = None):
+        self.model, self.layout, self.train = model, layout, train
+        self.first = None
+        self.memory, self.trace_records, self.peak_flops = None, [], peak_flops
+        self.tensorboard_dir, self.writer = tensorboard_dir, None
+
+    # --- called by the training loop -----------------------------------------------------
+    def step(self, tr, step: int):
+        """Run training step `step`; the first one measured (memory, trace)."""
+        from .measure import measured_step
+
+        pipe = tr.pipeline
+        if self.first is None:
+            self.first = step
+            own_trace = tr.comm.trace is None
+            if own_trace:  # one step's trace: a long run must not keep every record
+                tr.comm.trace = CommTrace()
+            mark = len(tr.comm.trace.records)
+            loss, self.memory = measured_step(tr, step)
+            self.trace_records = [r for r in tr.comm.trace.records[mark:] if r.get("phase") != "log"]
+            if own_trace:
+                tr.comm.trace = None
+            if pipe is not None:
+                self._timeline_was = pipe.record
+            return loss
+        if pipe is not None:  # time the pipeline for a few steps (all of them under --timeline)
+            pipe.record = self._timeline_was or step <= self.first + PIPELINE_STEPS
+        return tr.step_async(step)
+
+    def records(self, tr, recs: list[dict]) -> None:
+        """Add MFU to the step records (rank 0's, before they are written) and mirror them
+        to TensorBoard."""
+        if tr.comm.grid.rank != 0:
+            return
+        if self.peak_flops:
+            for r in recs:
+                r["mfu"] = r["model_flops_per_s"] / (self.peak_flops * tr.comm.grid.world)
+        if self.tensorboard_dir:
+            if self.writer is None:
+                from .tensorboard_log import ScalarWriter
+
+                self.writer = ScalarWriter(self.tensorboard_dir)
+            self.writer.write(recs)
+
+    def finish(self, tr) -> dict | None:
+        """Gather every rank's facts to rank 0 (collective); rank 0 returns the report."""
+        if self.writer is not None:
+            self.writer.close()
+        facts = rank_facts(tr, self.memory, self.trace_records)
+        everyone = tr.comm.gather_object(facts)
+        if everyone is None:
+            return None
+        return {"model": self.model.name, "layout": self.layout.describe(), "world": tr.comm.grid.world,
+                "ranks": everyone, "bubble": measured_bubble(everyone),
+                "peak_flops": self.peak_flops, **predictions(self.model, self.layout, self.train)}
+
+
+# --- facts of one rank ---------------------------------------------------------------------
+def _region(p) -> str:
+    info = p.shard
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in info.slices) + "] of " + str(list(info.full_shape))
+
+
+def rank_facts(tr, memory: dict | None, trace_records: list[dict]) -> dict:
+    """This rank's coordinates, model pieces, shard, bytes per axis, memory and timeline."""
+    grid, comm = tr.comm.grid, tr.comm
+    coord = grid.coord()
+    chunks = []
+    for c in tr.chunks:
+        parts = (["embed"] if c.first else []) + [f"{c.layer_ids[0]}-{c.layer_ids[-1]}" if len(c.layer_ids) > 1
+                                                  else str(c.layer_ids[0])] * bool(c.layer_ids)
+        chunks.append(",".join(parts + (["head"] if c.last else [])))
+    shard = next((p for p in tr.params if p.shard.name.endswith("mlp.fc.weight")), None)
+    per_axis: dict[str, int] = {}
+    for r in trace_records:
+        per_axis[r["axis"]] = per_axis.get(r["axis"], 0) + r["bytes"]
+    spans: dict[int, list] = {}
+    pipe = tr.pipeline
+    for r in (pipe.records if pipe is not None else []):
+        s = spans.setdefault(r["step"], [r["start"], r["end"], 0.0])
+        s[0], s[1], s[2] = min(s[0], r["start"]), max(s[1], r["end"]), s[2] + r["end"] - r["start"]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    if tr.ctx.device.type == "cuda":
+        rss = torch.cuda.max_memory_allocated(tr.ctx.device)
+    return {"rank": grid.rank, "tp": coord.tp, "cp": coord.cp, "dp": coord.dp, "pp": coord.pp,
+            "cube": list(grid.cube_coord()) if grid.cube else None, "chunks": chunks,
+            "shard": (shard.shard.name.split(".", 3)[-1] + _region(shard)) if shard is not None else "",
+            "bytes_per_axis": per_axis, "memory": memory, "process_peak_bytes": rss,
+            "pipeline_spans": spans, "first_pipeline": coord.dp == 0 and coord.tp == 0 and coord.cp == 0}
+
+
+def measured_bubble(ranks: list[dict]) -> dict | None:
+    """Idle over compute time of the first pipeline's ranks, per recorded step (the step's
+    span from the first action's start to the last one's end, on any of them): the
+    median over steps of the mean over ranks, which is how ``bubble_fraction`` counts."""
+    pipe = [r for r in ranks if r["first_pipeline"] and r["pipeline_spans"]]
+    if len(pipe) < 2:
+        return None
+    steps = set.intersection(*(set(r["pipeline_spans"]) for r in pipe))
+    per_step = []
+    for s in sorted(steps)[1:] or sorted(steps):  # the first recorded step also warms up
+        t0 = min(r["pipeline_spans"][s][0] for r in pipe)
+        t1 = max(r["pipeline_spans"][s][1] for r in pipe)
+        per_step.append(statistics.mean((t1 - t0 - r["pipeline_spans"][s][2]) / r["pipeline_spans"][s][2]
+                                        for r in pipe))
+    return {"measured": statistics.median(per_step), "steps": len(per_step)} if per_step else None
+
+
+def predictions(model, layout, train) -> dict:
+    """What the analysis says of this run: bytes per axis per step, memory per stage, bubble.
+    A layout the formulas do not cover gives None for that part."""
+    from . import analysis
+
+    out = {"predicted_bytes": None, "predicted_memory": None, "predicted_bubble": None}
+    try:
+        per_stage = [analysis.comm_bytes_per_step(model, layout, train, pp_rank=r) for r in range(layout.pp)]
+        out["predicted_bytes"] = {ax: max(sum(s.get(ax, {}).values()) for s in per_stage)
+                                  for ax in set().union(*per_stage)}  # the most any stage sends
+    except Exception:  # a layout without a formula here (e.g. one added after this report)
+        pass
+    try:
+        out["predicted_memory"] = {r: analysis.memory_on_rank(model, layout, train, r)["total_bytes"]
+                                   for r in range(layout.pp)}
+    except Exception:
+        pass
+    if layout.pp > 1:
+        out["predicted_bubble"] = analysis.bubble_fraction(layout.schedule, layout.pp, train.microbatches,
+                                                           layout.vpp)
+    return out
+
+
+# --- printing and drawing ----------------------------------------------------------------------
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
+    """The report as text (a few lines per rank)."""
+    lines = [f"--- run report: {rep['model']} on {rep['layout']} ({rep['world']} ranks) ---",
+             "layout (tensor fastest, then data, then pipeline; one row per rank):",
+             f"  {'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3}  {'layers per chunk':<22} {'its first MLP weight holds':<36}"
+             f" {'MiB measured':>12} {'predicted':>9} {'process':>8}"]
+    pm = rep.get("predicted_memory") or {}
+    for r in sorted(rep["ranks"], key=lambda r: r["rank"]):
+        mem = (r["memory"] or {}).get("total_bytes")
+        lines.append(f"  {r['rank']:>4} {r['tp']:>3} {r['dp']:>3} {r['pp']:>3}  {' | '.join(r['chunks']):<22} "
+                     f"{r['shard']:<36} {_mib(mem):>12} {_mib(pm.get(r['pp'])):>9} "
+                     f"{r['process_peak_bytes'] / 2**20:>8.0f}")
+    lines.append("  (MiB measured: parameters, gradients, optimizer state, buffers and the peak of saved "
+                 "activations in the first step; predicted: `minitron memory`'s formulas; process: peak "
+                 "resident memory, PyTorch included)")
+    axes = sorted({a for r in rep["ranks"] for a in r["bytes_per_axis"]})
+    if axes:
+        pred = rep.get("predicted_bytes") or {}
+        lines.append("bytes sent per step, by axis (traced first step, the most any rank sent; predicted: "
+                     "analysis.comm_bytes_per_step):")
+        for a in axes:
+            most = max(r["bytes_per_axis"].get(a, 0) for r in rep["ranks"])
+            p = pred.get(a)
+            lines.append(f"  {a:<8} {_mib(most):>10} MiB   predicted {_mib(p)} MiB")
+    b = rep.get("bubble")
+    if rep.get("predicted_bubble") is not None:
+        measured = f"{b['measured']:.3f} (median of {b['steps']} steps)" if b else "not measured"
+        lines.append(f"pipeline bubble (idle / compute time): measured {measured}, "
+                     f"predicted {rep['predicted_bubble']:.3f} = (p-1)/(v*m) for an ideal machine; "
+                     f"the measured one also counts waiting for messages and, with more ranks than cores, "
+                     f"for a core")
+    if tokens_per_s:
+        tps = statistics.median(tokens_per_s)
+        line = f"throughput: {tps:,.0f} tokens/s (median over steps)"
+        if rep.get("peak_flops"):
+            line += f", matmul peak {rep['peak_flops'] / 1e9:.1f} GFLOP/s per rank (measured at the start)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot_losses(losses: list[float], val_losses: dict, path: str, title: str = "",
+                first_step: int = 1) -> str | None:
+    """Draw the training loss per step (the first is step `first_step`) and the validation
+    loss at its evaluations; write the figure to `path`. None when matplotlib is missing."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot(range(first_step, first_step + len(losses)), losses, lw=1, label="train (per step)")
+    if val_losses:
+        steps = sorted(val_losses)
+        ax.plot(steps, [val_losses[s] for s in steps], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
