@@ -250,8 +250,7 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     if p.cp > 1:
         validate_context_parallel(m, p)
     if p.pp > 1 or p.vpp > 1:
-        if p.schedule == "interleaved":
-            _need(p.vpp >= 2, "the interleaved schedule needs --vpp 2 or more model chunks per rank")
+        if p.schedule == "interleaved":  # with --vpp 1 it is 1F1B
             _need(p.pp >= 2, "the interleaved schedule needs --pp 2 or more pipeline ranks")
         else:
             _need(p.vpp == 1, f"--vpp {p.vpp} needs --schedule interleaved")
@@ -322,9 +321,9 @@ def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
     _need(not t.timeline or p.pp > 1,
           "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
-    if p.pp > 1 and p.schedule == "interleaved":
-        _need(t.microbatches % p.pp == 0,
-              f"interleaved schedule needs --microbatches ({t.microbatches}) to be a multiple of --pp {p.pp}")
+    if p.pp > 1 and p.vpp > 1 and p.schedule == "interleaved":  # any m >= p: microbatches go in groups
+        _need(t.microbatches >= p.pp,
+              f"interleaved schedule needs --microbatches ({t.microbatches}) of at least --pp {p.pp}")
     if p.tp_mode == "3d":
         q = p.cube_q
         mb = t.global_batch // (p.dp * t.microbatches)

@@ -11,7 +11,7 @@ interleaving, the chunks per rank v. Every change builds the schedule with
 the simulated bubble, the closed form of `minitron.analysis.bubble` for the same
 per-action costs, and the most microbatches any rank stashes (for interleaving,
 microbatch-chunks: each holds 1/v of a stage). A shape the engine refuses (interleaving
-with m not a multiple of p, say) shows the engine's one-line error instead.
+with fewer microbatches than stages, say) shows the engine's one-line error instead.
 
 The figure is drawn off-screen (Agg) and shown as a PNG, so importing this module and
 building the widget need no display and no kernel: tests set the sliders from Python and

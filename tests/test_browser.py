@@ -245,19 +245,20 @@ def test_schedule_explorer_in_jupyterlab(page, lab, tmp_path):
         second = new_image(page, first)
         expect(v_readout).to_have_attribute("contenteditable", "true")    # v on for interleaved
 
-        # The microbatches, through the slider's handle and the keyboard: m = 9 is no
-        # multiple of p = 4, so the engine's error shows and the timeline goes.
+        # The microbatches, through the slider's handle and the keyboard: m = 3 is
+        # fewer than p = 4, so the engine's error shows and the timeline goes.
         handle = page.locator(".minitron-m .noUi-handle")
         handle.focus()
-        page.keyboard.press("ArrowRight")
-        assert expected_line("interleaved", 4, 9, 2).startswith("⚠ interleaved needs")
-        expect(summary).to_have_text(expected_line("interleaved", 4, 9, 2))
+        for _ in range(5):
+            page.keyboard.press("ArrowLeft")
+        assert expected_line("interleaved", 4, 3, 2).startswith("⚠ interleaved needs")
+        expect(summary).to_have_text(expected_line("interleaved", 4, 3, 2))
         expect(page.locator(".minitron-plot img")).to_have_count(0)
 
-        for _ in range(3):                          # m = 12: a valid shape again
+        for _ in range(6):                          # m = 9: valid again, though no multiple of p
             page.keyboard.press("ArrowRight")
-        expect(summary).to_have_text(expected_line("interleaved", 4, 12, 2))
-        expect(page.locator(".minitron-m .widget-readout")).to_have_text("12")
+        expect(summary).to_have_text(expected_line("interleaved", 4, 9, 2))
+        expect(page.locator(".minitron-m .widget-readout")).to_have_text("9")
         assert new_image(page) not in (first, second)
     except Exception:
         print(f"screenshot: {tmp_path / 'jupyterlab.png'}\nserver log:\n{lab['log']()}")

@@ -51,4 +51,4 @@ def test_schedule_json(capsys):
     out = run_json(capsys, ["schedule", "--schedule", "interleaved", "--pp", "4", "--vpp", "2",
                             "--microbatches", "8", "--json"])
     assert out["bubble_fraction"] == pytest.approx(3 / 16)
-    assert main(["schedule", "--schedule", "interleaved", "--pp", "4", "--vpp", "2", "--microbatches", "6"]) == 2
+    assert main(["schedule", "--schedule", "interleaved", "--pp", "4", "--vpp", "2", "--microbatches", "3"]) == 2

@@ -78,7 +78,7 @@ def test_split_backward_equals_backward(tied):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--schedule", "interleaved", "--vpp", "2", "--layers", "4", "--microbatches", "3"], "multiple of --pp 2"),
+    (["--schedule", "interleaved", "--vpp", "2", "--layers", "4", "--microbatches", "1"], "of at least --pp 2"),
     (["--schedule", "interleaved", "--vpp", "2", "--microbatches", "2"], "pp*vpp = 4 model chunks but only 2 layers"),
     (["--layers", "4", "--stage-layers", "1,2", "--microbatches", "2"], "must be positive and sum to 4"),
     (["--schedule", "zigzag"], "unknown schedule 'zigzag'"),

@@ -199,9 +199,9 @@ def test_validate_is_sound_under_random_swaps():
 
 @pytest.mark.parametrize("args, message", [
     (("pipedream", 4), "unknown schedule 'pipedream'; choose one of gpipe, 1f1b"),
-    (("interleaved", 4, 2, 6), "multiple of p=4"),
+    (("interleaved", 4, 2, 3), "at least p=4 microbatches"),
     (("1f1b", 4, 2, 8), "use interleaved for v > 1"),
-    (("interleaved", 1, 2, 4), "needs v >= 2 and p >= 2"),
+    (("interleaved", 1, 2, 4), "needs p >= 2 pipeline ranks"),
     (("gpipe", 0, 1, 4), "p, v, m >= 1"),
     (("gpipe", 4, 1, 0), "p, v, m >= 1"),
 ])

@@ -71,7 +71,7 @@ def test_controls_resimulate_and_redraw():
         "bubble fraction 0.333 (closed form 0.333) · peak stash 3"
 
 
-@pytest.mark.parametrize("kind, p, m, v", [("interleaved", 4, 6, 2), ("interleaved", 1, 4, 2)])
+@pytest.mark.parametrize("kind, p, m, v", [("interleaved", 4, 3, 2), ("interleaved", 1, 4, 2)])
 def test_invalid_shape_shows_the_engines_one_line_error(kind, p, m, v):
     with pytest.raises(ValueError) as err:
         S.make_schedule(kind, p, v, m)

@@ -25,11 +25,13 @@ first stage (the worst one) stashes at once, counted in units of one full stage
 ``(p−r−1)·2 + (v−1)·p`` chunk-forwards on rank r plus the one forward of the steady
 state, each holding 1/v of a stage: on rank 0 that is ``(v·p + p − 1)/v``
 = ``p·(1 + (p−1)/(p·v))``, the factor of Korthikanti et al. (2022, §4.2.3, where the
-interleaving degree is called m).
+interleaving degree is called m). When p does not divide m, microbatches go through the
+chunks in m // p groups of at least p (`first_group`): the bubble stays (p−1)/(v·m) and
+the warm-up holds the larger first group g in place of p.
 """
 from __future__ import annotations
 
-__all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "peak_stashed_microbatches",
+__all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "first_group", "peak_stashed_microbatches",
            "stashed_on_rank"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -46,7 +48,8 @@ def bubble_fraction(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b
                     t_w: float = 0.0) -> float:
     """Idle time of a stage over its ideal compute time, for one iteration.
 
-    gpipe, 1f1b: ``(p−1)/m``; interleaved: ``(p−1)/(v·m)`` (PTD-P §2.2.2);
+    gpipe, 1f1b: ``(p−1)/m``; interleaved: ``(p−1)/(v·m)`` (PTD-P §2.2.2; for any
+    m ≥ p with eager sends, see `minitron.parallel.schedules.interleaved_groups`);
     zb-h1: ``(p−1)·(T_F + T_B − T_W) / (m·(T_F + T_B + T_W))`` (Qi et al. 2024, with
     `t_b` the input-gradient and `t_w` the weight-gradient part of the backward; the
     defaults T_W = 0 give back 1F1B's bubble).
@@ -71,7 +74,8 @@ def stashed_on_rank(kind: str, p: int, m: int, v: int = 1, rank: int = 0) -> flo
     of one full stage (for interleaving: chunk-microbatches divided by v).
 
     gpipe m; 1f1b and zb-h1 ``min(p − r, m)``; interleaved
-    ``min((p−r−1)·2 + (v−1)·p + 1, v·m) / v``.
+    ``min((p−r−1)·2 + (v−1)·g + 1, v·m) / v`` with g the first microbatch group
+    (`first_group`: p when p divides m).
     """
     _check(kind, p, m, v)
     if not 0 <= rank < p:
@@ -79,14 +83,22 @@ def stashed_on_rank(kind: str, p: int, m: int, v: int = 1, rank: int = 0) -> flo
     if kind == "gpipe":
         return float(m)
     if kind == "interleaved" and v > 1:
-        return min((p - rank - 1) * 2 + (v - 1) * p + 1, v * m) / v
+        return min((p - rank - 1) * 2 + (v - 1) * first_group(p, m) + 1, v * m) / v
     return float(min(p - rank, m))
+
+
+def first_group(p: int, m: int) -> int:
+    """Microbatches in interleaving's first group: p when p divides m; otherwise the
+    m // p groups (rounds) share m as evenly as possible, larger first (Megatron-Core's
+    microbatch_group_size_per_vp_stage, PyTorch's rounds), so ``ceil(m / (m // p))``."""
+    rounds = max(m // p, 1)
+    return -(-m // rounds)
 
 
 def peak_stashed_microbatches(kind: str, p: int, m: int, v: int = 1) -> float:
     """Peak microbatches of stashed activations over all stages (the first stage's).
 
-    gpipe ``m``; 1f1b, zb-h1 ``min(p, m)``; interleaved ``min(v·p + p − 1, v·m)/v``
-    (= p·(1 + (p−1)/(p·v)) when m ≥ p), in units of one full stage.
+    gpipe ``m``; 1f1b, zb-h1 ``min(p, m)``; interleaved ``min(v·g + 2p − g − 1, v·m)/v``
+    (= p·(1 + (p−1)/(p·v)) when p divides m, g = p), in units of one full stage.
     """
     return max(stashed_on_rank(kind, p, m, v, r) for r in range(p))

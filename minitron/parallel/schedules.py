@@ -126,15 +126,36 @@ def _one_f_one_b(fwd: list, bwd: list, warmup: int, pair: bool = False) -> list:
     return [(f,) for f in fwd[:warmup]] + steady + [(b,) for b in bwd[n - warmup:]]
 
 
+def interleaved_groups(p: int, m: int) -> list[int]:
+    """Sizes of the microbatch groups that interleaving runs through chunk 0, chunk 1, ...
+    before moving to the next group (Megatron-Core's `microbatch_group_size_per_vp_stage`;
+    torch.distributed.pipelining's rounds).
+
+    There are m // p groups (rounds) of sizes as equal as possible, larger ones first:
+    [p, p, ...] when p divides m (PTD-P's original schedule), [6] for m=6, p=4, [5, 4]
+    for m=9. Every group holds at least p microbatches, so a chunk's output is back on
+    rank 0 (after its trip through the p ranks) by the time the group moves on to the
+    next chunk: no dependency bubble. No group is larger than the first, which sets the
+    warm-up (`num_warmup`): a larger later group would need its last chunk's backward
+    before the last rank's warm-up had produced the forward it needs."""
+    rounds = max(m // p, 1)
+    q, extra = divmod(m, rounds)
+    return [q + 1] * extra + [q] * (rounds - extra)
+
+
 def num_warmup(kind: str, p: int, v: int, m: int, rank: int) -> int:
     """Forwards rank r runs before its steady state (PTD-P §2.2): all m in GPipe;
     p-r-1 in 1F1B and ZB-H1, the forwards still in flight downstream when the first
-    gradient could come back; (p-r-1)*2 + (v-1)*p in interleaved,
-    where the (v-1)*p forwards fill the other chunks of the first group of p
+    gradient could come back; (p-r-1)*2 + (v-1)*g in interleaved, with g the first
+    microbatch group's size (`interleaved_groups`; g = p when p divides m),
+    where the (v-1)*g forwards fill the other chunks of the first group of
     microbatches and each downstream rank adds 2: the activation's trip to the last
-    stage and the gradient's trip back. Capped at the m*v forwards there are."""
+    stage and the gradient's trip back. Interleaved with v = 1 is 1F1B.
+    Capped at the m*v forwards there are."""
+    if kind == "interleaved" and v == 1:
+        kind = "1f1b"
     n = {"gpipe": m, "1f1b": p - rank - 1, "zb-h1": p - rank - 1,
-         "interleaved": (p - rank - 1) * 2 + (v - 1) * p}[kind]
+         "interleaved": (p - rank - 1) * 2 + (v - 1) * interleaved_groups(p, m)[0]}[kind]
     return min(n, m * v)
 
 
@@ -152,22 +173,32 @@ def _1f1b(p, v, m, rank):
     return _one_f_one_b(fwd, bwd, num_warmup("1f1b", p, v, m, rank))
 
 
+def interleaved_order(p: int, v: int, m: int) -> list[tuple[int, int]]:
+    """The (microbatch, chunk) order of interleaved forwards, the same on every rank:
+    each group of `interleaved_groups` goes through chunk 0, then chunk 1, ...
+    E.g. p=2, v=2, m=5 (groups [3, 2]): (0,0) (1,0) (2,0) (0,1) (1,1) (2,1) (3,0) (4,0)
+    (3,1) (4,1). Backwards take the same order with chunk c mirrored to v-1-c."""
+    order, start = [], 0
+    for g in interleaved_groups(p, m):
+        order += [(start + i, c) for c in range(v) for i in range(g)]
+        start += g
+    return order
+
+
 def _interleaved(p, v, m, rank):
     """Interleaved 1F1B (PTD-P §2.2.2): each rank holds v chunks and runs microbatches
-    in groups of p through chunk 0, then chunk 1, ...; backwards mirror that order.
+    in groups (of p when p divides m; see `interleaved_groups`) through chunk 0, then
+    chunk 1, ...; backwards mirror that order.
     The bubble shrinks to (p-1)/(v*m) for v times more p2p messages; the warm-up is
     longer (see `num_warmup`). Steady (F, B) pairs share their comm batches:
     receiving the next gradient before the next forward is what lets rank p-1 accept
-    a gradient from rank 0 (chunk c+1 -> c) without a blocking send deadlocking."""
-    def mb(k):
-        return (k // (p * v)) * p + k % p
-
-    def chunk(k):
-        return (k % (p * v)) // p
-
-    n = m * v
-    fwd = [Action("F", mb(k), chunk(k)) for k in range(n)]
-    bwd = [Action("B", mb(k), v - 1 - chunk(k)) for k in range(n)]
+    a gradient from rank 0 (chunk c+1 -> c) without a blocking send deadlocking.
+    With one chunk per rank (v = 1) it is 1F1B, action for action."""
+    if v == 1:
+        return _1f1b(p, v, m, rank)
+    order = interleaved_order(p, v, m)
+    fwd = [Action("F", i, c) for i, c in order]
+    bwd = [Action("B", i, v - 1 - c) for i, c in order]
     return _one_f_one_b(fwd, bwd, num_warmup("interleaved", p, v, m, rank), pair=True)
 
 
@@ -215,25 +246,107 @@ def _with_comms(p: int, v: int, rank: int, units: list) -> tuple[Action, ...]:
     return tuple(out)
 
 
+def _dataflow_ends(p: int, v: int, orders: list, costs: Mapping[str, float]) -> dict:
+    """End time of every compute action when each rank runs its order as soon as the
+    tensors it consumes exist (communication free): {(rank, op, mb, chunk): end}."""
+    seq = [[a for unit in units for a in unit] for units in orders]
+    last, end = p * v - 1, {}
+
+    def producer(r, a):  # the compute whose output `a` consumes from another stage
+        s = a.chunk * p + r
+        if a.op == "F" and s > 0:
+            return ((s - 1) % p, "F", a.mb, (s - 1) // p)
+        if a.op == "B" and s < last:
+            return ((s + 1) % p, "B", a.mb, (s + 1) // p)
+        return None
+
+    pc, clock, progress = [0] * p, [0.0] * p, True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pc[r] < len(seq[r]):
+                a, dep = seq[r][pc[r]], producer(r, seq[r][pc[r]])
+                if dep is not None and dep not in end:
+                    break
+                clock[r] = max(clock[r], end[dep] if dep else 0.0) + costs[a.op]
+                end[(r, a.op, a.mb, a.chunk)] = clock[r]
+                pc[r] += 1
+                progress = True
+    if any(pc[r] < len(seq[r]) for r in range(p)):
+        raise ScheduleError("the compute orders wait on each other: no timeline exists")
+    return end
+
+
+def _with_timed_comms(kind: str, p: int, v: int, m: int, orders: list) -> tuple:
+    """Comms placed by the dataflow timeline, for orders whose neighbours do not move in
+    lockstep (interleaving with microbatch groups larger than p, when p does not
+    divide m). Time the compute orders with free communication and the default costs;
+    each message then gets one instant, the first at which neither its sender nor its
+    receiver is inside a compute, from its producer's end to its consumer's start.
+    Both ranks place it there, and the comms of one instant form one batch. Batches
+    meet in the same order on every rank, whatever the real costs: blocking sends
+    cannot deadlock (`validate` proves it) and messages on a channel keep their order.
+    (The lockstep placement of `_with_comms` makes ranks wait here, or deadlock.)"""
+    costs = default_costs(kind)
+    end = _dataflow_ends(p, v, orders, costs)
+    spans = [sorted((t - costs[op], t) for (r, op, _, _), t in end.items() if r == q) for q in range(p)]
+
+    def free(q, t):  # rank q is between computes at time t
+        return not any(t0 < t < t1 for t0, t1 in spans[q])
+
+    def instant(src, dst, t_sent, t_used):
+        times = sorted({t_sent, t_used, *(t for sp in spans[src] + spans[dst] for t in sp
+                                          if t_sent < t < t_used)})
+        return next((t for t in times if free(src, t) and free(dst, t)), t_sent)
+
+    rows = []
+    for r, units in enumerate(orders):
+        events = []
+        for a in _with_comms(p, v, r, [(a,) for unit in units for a in unit]):
+            if a.is_compute:  # a compute starting at t runs after the batch at t
+                events.append(((end[(r, a.op, a.mb, a.chunk)] - costs[a.op], 1), a))
+                continue
+            send = a.op.startswith("send")
+            if a.op == "send_fwd" or a.op == "recv_fwd":
+                up, down = (r, a.peer) if send else (a.peer, r)
+                cu, cd = (a.chunk, a.chunk + (r == p - 1)) if send else (a.chunk - (r == 0), a.chunk)
+                t_sent, t_used = end[(up, "F", a.mb, cu)], end[(down, "F", a.mb, cd)] - costs["F"]
+                src, dst = up, down
+            else:
+                down, up = (r, a.peer) if send else (a.peer, r)
+                cd, cu = (a.chunk, a.chunk - (r == 0)) if send else (a.chunk + (r == p - 1), a.chunk)
+                t_sent, t_used = end[(down, "B", a.mb, cd)], end[(up, "B", a.mb, cu)] - costs["B"]
+                src, dst = down, up
+            key = (src, dst, a.op[-3:], a.mb)  # the same on both ends of the message
+            events.append(((instant(src, dst, t_sent, t_used), 0, *key), a))
+        rows.append(tuple(a for _, a in sorted(events, key=lambda e: e[0])))
+    return tuple(rows)
+
+
 def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedule:
     """The schedule of one training step: p pipeline ranks, v chunks per rank,
-    m microbatches (default p, the fewest that fill the pipeline)."""
+    m microbatches (default p, the fewest that fill the pipeline). Interleaving takes
+    any m >= p (`interleaved_groups`); with v = 1 it is 1F1B."""
     m = p if m is None else m
     if kind not in _ORDERS:
         raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"schedule needs p, v, m >= 1, got p={p}, v={v}, m={m}")
-    if kind == "interleaved":
-        if v < 2 or p < 2:
-            raise ValueError(f"interleaved needs v >= 2 and p >= 2, got p={p}, v={v}; "
-                             "use 1f1b otherwise")
-        if m % p:
-            raise ValueError(f"interleaved needs microbatches m={m} to be a multiple "
-                             f"of p={p}")
+    if kind == "interleaved" and v > 1:
+        if p < 2:
+            raise ValueError(f"interleaved with v={v} chunks needs p >= 2 pipeline ranks, "
+                             f"got p={p}; use v=1 or more ranks")
+        if m < p:
+            raise ValueError(f"interleaved needs at least p={p} microbatches, got m={m}; "
+                             f"use m >= {p}, or 1f1b")
     elif v != 1:
         raise ValueError(f"{kind} has one chunk per rank (v=1), got v={v}; "
                          "use interleaved for v > 1")
-    actions = tuple(_with_comms(p, v, r, _ORDERS[kind](p, v, m, r)) for r in range(p))
+    orders = [_ORDERS[kind](p, v, m, r) for r in range(p)]
+    if kind == "interleaved" and v > 1 and m % p:
+        actions = _with_timed_comms(kind, p, v, m, orders)
+    else:
+        actions = tuple(_with_comms(p, v, r, units) for r, units in enumerate(orders))
     return Schedule(kind, p, v, m, actions)
 
 
