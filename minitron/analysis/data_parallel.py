@@ -159,13 +159,13 @@ def model_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: Train
     Returns ``{params_bytes, grads_bytes, optimizer_bytes, optimizer_bytes_zero1,
     optimizer_bytes_replicated, zero1_fraction}`` where ``optimizer_bytes`` follows
     ``parallel.zero1`` and ``zero1_fraction`` is ZeRO-1's share of the replicated state
-    (``ceil(n/d)/n``, 1/d up to padding).
+    (``ceil(n/d)/n``, 1/d up to padding). Every rung: :func:`minitron.analysis.zero.zero_state_bytes`.
     """
     import dataclasses
 
-    rep = memory_on_rank(model, dataclasses.replace(parallel, zero1=False), train, pp_rank)
+    rep = memory_on_rank(model, dataclasses.replace(parallel, zero1=False, zero=0), train, pp_rank)
     d = parallel.dp
-    z = memory_on_rank(model, dataclasses.replace(parallel, zero1=d > 1), train, pp_rank)
+    z = memory_on_rank(model, dataclasses.replace(parallel, zero1=d > 1, zero=int(d > 1)), train, pp_rank)
     return {"params_bytes": rep["params_bytes"], "grads_bytes": rep["grads_bytes"],
             "optimizer_bytes": z["optimizer_bytes"] if parallel.zero1 else rep["optimizer_bytes"],
             "optimizer_bytes_zero1": z["optimizer_bytes"], "optimizer_bytes_replicated": rep["optimizer_bytes"],
