@@ -56,6 +56,11 @@ class DDPSync:
     def finish(self):
         sync_replicated_grads(self.params, self.comm)
 
+    def wait_params(self):
+        """Nothing in flight: DDP's parameters are always whole."""
+
+    materialize = wait_params
+
 
 class NoSync(DDPSync):
     """No gradient sync at all (timing only: what two replicas cost without communication)."""
@@ -76,8 +81,8 @@ def build(name, comm, m, t, corpus, bucket_mb):
         return Trainer(m, dp2(dp_impl="bucketed"), t, comm, corpus), (0, 1)
     if name == "minitron naive":
         return Trainer(m, dp2(dp_impl="naive"), t, comm, corpus), (0, 1)
-    if name == "minitron zero1":
-        return Trainer(m, dp2(dp_impl="bucketed", zero1=True), t, comm, corpus), (0, 1)
+    if name.startswith("minitron zero"):  # zero1, zero2, zero3
+        return Trainer(m, dp2(dp_impl="bucketed", zero=int(name[-1])), t, comm, corpus), (0, 1)
     if name == "torch DDP":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -99,8 +104,8 @@ def build(name, comm, m, t, corpus, bucket_mb):
     raise ValueError(name)
 
 
-VARIANTS = ["minitron bucketed", "torch DDP", "minitron naive", "minitron zero1", "dp=2 no sync", "dp=1 weak",
-            "dp=1 strong"]
+VARIANTS = ["minitron bucketed", "torch DDP", "minitron naive", "minitron zero1", "minitron zero2",
+            "minitron zero3", "dp=2 no sync", "dp=1 weak", "dp=1 strong"]
 
 
 def bench_job(comm, args, corpus):
@@ -141,6 +146,8 @@ RATIOS = {  # name: (numerator, denominator, factor)
     "bucketed_over_ddp": ("minitron bucketed", "torch DDP", 1),
     "naive_over_bucketed": ("minitron naive", "minitron bucketed", 1),
     "zero1_over_bucketed": ("minitron zero1", "minitron bucketed", 1),
+    "zero2_over_bucketed": ("minitron zero2", "minitron bucketed", 1),
+    "zero3_over_bucketed": ("minitron zero3", "minitron bucketed", 1),
     "weak_scaling_efficiency": ("dp=1 weak", "minitron bucketed", 1),
     "no_sync_over_dp1_weak": ("dp=2 no sync", "dp=1 weak", 1),
     "bucketed_over_no_sync": ("minitron bucketed", "dp=2 no sync", 1),
@@ -206,8 +213,17 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--write", default="", help="append the results as markdown to this file")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one round of one step: does it run?")
     args = ap.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",")]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        print(f"error: unknown variant(s) {', '.join(map(repr, unknown)) or '(none given)'}: "
+              f"choose from {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    if args.smoke:
+        args.model, args.global_batch, args.microbatches = "tiny", 4, 2
+        args.rounds, args.warmup, args.steps = 1, 0, 1
 
     from minitron.data import load_corpus
     from minitron.testing import run_on_ranks
