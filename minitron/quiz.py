@@ -89,8 +89,8 @@ QUESTIONS: dict[str, Question] = {
         "count fp16 parameters, fp16 gradients, and Adam's fp32 master weights, momentum "
         "and variance (ZeRO §3.1)."),
     "01.gpus_175b": Question(
-        lambda: _gpus_for_states("gpt3-175b", 16, 80e9),
-        "divide 16 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
+        lambda: _gpus_for_states("gpt3-175b", 18, 80e9),
+        "divide 18 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
         "a fraction of a GPU is a whole GPU."),
     "01.zero3_d128": Question(
         lambda: _A().zero_bytes_per_param(3, 128),
