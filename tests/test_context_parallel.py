@@ -155,6 +155,10 @@ VERIFY_LAYOUTS = [
     ParallelConfig(cp=2, tp=2, sp=True),
     ParallelConfig(cp=2, pp=2),
 ]
+# one traced step: K and V on the wire in bf16, dK and dV in fp32, the ring run again by
+# selective recomputation
+TRACED_BF16 = ParallelConfig(cp=2, tp=2, recompute="selective", precision="bf16")
+TRACED_TRAIN = TrainConfig(global_batch=4, microbatches=2, progress=False)
 LONG = ModelConfig(layers=2, hidden=32, heads=4, seq_len=1024, vocab=256, name="long")
 MEMORY_LAYOUTS = [ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4)]
 
@@ -187,6 +191,10 @@ def _many_layouts(comm):
         c = _comm_for(layout, rank, trace=True)
         res = verify_job(c, PRESETS["tiny"], layout, _verify_train(layout), corpus, None)
         out["verify"][layout.describe()] = (res, c.index("pp"), _by_axis(c.trace.records, rank))
+    c = _comm_for(TRACED_BF16, rank, trace=True)
+    Trainer(PRESETS["tiny"], TRACED_BF16, TRACED_TRAIN, c, corpus).step(0)
+    out["bf16"] = (c.index("pp"), _by_axis(c.trace.records, rank),
+                   {r["dtype"] for r in c.trace.records if r["axis"] == "cp"})
     for layout in MEMORY_LAYOUTS:
         c = _comm_for(layout, rank, trace=False)
         tr = Trainer(LONG, layout, TrainConfig(global_batch=layout.dp, progress=False), c, corpus)
@@ -208,6 +216,10 @@ def test_cp_layouts_on_four_ranks_equal_one_device_and_the_analysis():
             _, pp_rank, got = r["verify"][name]
             want = comm_bytes_per_step(PRESETS["tiny"], layout, _verify_train(layout), pp_rank=pp_rank)
             assert got == want, (name, rank, got, want)
+    for rank, r in results.items():
+        pp_rank, got, dtypes = r["bf16"]
+        assert got == comm_bytes_per_step(PRESETS["tiny"], TRACED_BF16, TRACED_TRAIN, pp_rank=pp_rank), (rank, got)
+        assert dtypes == {"bfloat16", "float32"}  # K, V in bf16; the dK, dV accumulators in fp32
     # activation memory per rank: measured 1/N of one rank's at cp = 1 (within 10 %), and
     # equal to the analysis (same microbatch of one sequence on every rank)
     base = results[0]["memory"][1]
