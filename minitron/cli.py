@@ -661,8 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
     pl.add_argument("--top", type=int, default=10)
-    pl.add_argument("--software", default="ptdp-2021",
-                    help="the software stack: megatron-2019, ptdp-2021, korthikanti-2022, current, minitron")
+    pl.add_argument("--software", default=None,
+                    help="the software stack: megatron-2019 (default: the calibration's), ptdp-2021, "
+                         "korthikanti-2022, current, minitron")
     pl.add_argument("--explain", action="store_true",
                     help="break one layout's iteration into its parts (needs --tp and --pp)")
     pl.add_argument("--plot", default="", help="with --explain: write the breakdown as a figure (png/svg/pdf)")

@@ -373,10 +373,12 @@ GPT2_8_3B = PRESETS["megatron-8.3b"]
 def test_calibration_megatron_2019():
     """The three figures the constants were fitted to, within 1 TFLOP/s and 1 point:
     39 TFLOP/s on one V100 (1.2B, batch 8, recomputation), 77 % weak-scaling efficiency
-    at 8-way tensor parallel (8.3B), 74 % on 512 GPUs (8-way TP × 64-way DP)."""
-    one = predict(GPT2_1_2B, dict(tp=1, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2")
-    mp8 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2")
-    all512 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=64, microbatch_size=8), 512, "v100-dgx2")
+    at 8-way tensor parallel (8.3B), 74 % on 512 GPUs (8-way TP × 64-way DP), all run with
+    Megatron-LM 2019's own software."""
+    sw = "megatron-2019"
+    one = predict(GPT2_1_2B, dict(tp=1, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2", software=sw)
+    mp8 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=1, microbatch_size=8), 8, "v100-dgx2", software=sw)
+    all512 = predict(GPT2_8_3B, dict(tp=8, pp=1, dp=64, microbatch_size=8), 512, "v100-dgx2", software=sw)
     print(f"\n1 V100: {one.tflops_per_gpu:.1f} TFLOP/s (published 39); "
           f"8-way TP: {mp8.tflops_per_gpu / one.tflops_per_gpu:.1%} (77%); "
           f"512 GPUs: {all512.tflops_per_gpu / one.tflops_per_gpu:.1%} (74%), "

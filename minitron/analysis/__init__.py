@@ -6,6 +6,8 @@
 * :mod:`.comm`    communication volume per axis; ring wire volume; 1-D/2-D/3-D tensor parallel
 * :mod:`.bubble`  pipeline bubble and stashed microbatches, per schedule
 * :mod:`.cluster` a throughput model of GPU clusters, calibrated on Megatron-LM 2019
+* :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
+* :mod:`.explain` one predicted iteration part by part
 * :mod:`.planner` enumerate and rank (t, p, d, v, b) layouts
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
@@ -16,6 +18,7 @@ from .comm import (comm_bytes_per_step, comm_items, cube_linear_elements, dp_byt
                    one_d_layer_elements, pp_boundary_bytes, ring_allgather_wire_bytes,
                    ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes, summa_linear_elements,
                    tensor_parallel_comparison, tp_layer_bytes)
+from .explain import explain, format_explain
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, layer_forward_flops,
                     logit_forward_flops, model_flops_per_iteration, training_time_s)
 from .memory import (activation_bytes_on_rank, activation_bytes_per_layer,
@@ -24,6 +27,7 @@ from .memory import (activation_bytes_on_rank, activation_bytes_per_layer,
 from .params import (chunk_layers, layer_param_count, layers_on_rank, padded_vocab, param_count,
                      params_on_rank, params_per_rank, ptdp_param_count, rank_layers, split_layers)
 from .planner import plan, valid_layouts
+from .software import SOFTWARE, Software, get_software
 
 __all__ = [
     # params
@@ -45,4 +49,6 @@ __all__ = [
     # cluster, planner
     "Cluster", "CLUSTERS", "Layout", "Prediction", "get_cluster", "matmul_efficiency", "predict",
     "plan", "valid_layouts",
+    # software, explain
+    "Software", "SOFTWARE", "get_software", "explain", "format_explain",
 ]

@@ -10,60 +10,67 @@ does in one iteration, each priced by the part of the machine that limits it:
   small tensor-parallel slices, small microbatches) are limited by memory bandwidth;
 * **element-wise work** (LayerNorm, softmax, dropout, GeLU, residual adds, the loss,
   the optimizer) at a fraction of the memory bandwidth, from a per-layer inventory of
-  the bytes these kernels read and write (unfused kernels, as in Megatron-LM 2019);
-* **tensor-parallel all-reduces**, never overlapped: ring all-reduces of b·s·h inside
-  a node over NVLink/NVSwitch (between nodes once t exceeds a node); with sequence
-  parallelism also the backward's all-gathers of the column-parallel linears' saved
-  input shards (Korthikanti et al. 2022, §4.2.2);
+  the bytes these kernels read and write — which depends on the software: fused or
+  unfused kernels, flash attention (:mod:`.software`);
+* **tensor-parallel all-reduces** on the critical path unless the software overlaps
+  them: ring all-reduces of b·s·h inside a node over NVLink/NVSwitch (between nodes once
+  t exceeds a node); with sequence parallelism also the backward's all-gathers of the
+  column-parallel linears' saved input shards (Korthikanti et al. 2022, §4.2.2);
 * **pipeline sends** between stages (b·s·h/t with the scatter/gather optimisation),
   and the **bubble** ``bubble_fraction(schedule, p, m, v)`` × the ideal time;
 * **data-parallel all-reduce** of the gradients (2 bytes each), overlapped with the
-  backward pass of the last microbatch for a fraction ``DP_OVERLAP`` of its time;
+  backward pass of the last microbatch for a fraction ``DP_OVERLAP`` of its time when
+  the software buckets it, after the pipeline flush otherwise;
 * the **optimizer step**, memory-bound over the local parameters.
 
-Calibration (Megatron-LM 2019, V100 DGX-2H; the only figures the constants below were
-fitted to, see ``tests/test_analysis.py::test_calibration_megatron_2019``):
+The software (a :class:`~minitron.analysis.software.Software`; default
+``megatron-2019``, the calibration's) is an argument like the hardware; :func:`~minitron.analysis.explain.explain` lists the
+parts of one prediction.
+
+Calibration (Megatron-LM 2019, V100 DGX-2H, with the ``megatron-2019`` software; the
+only figures the constants below were fitted to, see
+``tests/test_analysis.py::test_calibration_megatron_2019``):
 
 =====================================================  =========  ============
 figure                                                 published  this model
 =====================================================  =========  ============
 1.2B model, 1 V100, batch 8, recomputation: TFLOP/s    39         39.0
-8.3B, 8-way tensor parallel: weak-scaling efficiency   77 %       77.1 %
+8.3B, 8-way tensor parallel: weak-scaling efficiency   77 %       76.9 %
 8.3B, 8-way TP × 64-way DP (512 GPUs): efficiency      74 %       74.0 %
   (aggregate, a consequence of the above)              15.1 PF/s  14.8 PF/s
 =====================================================  =========  ============
 
 Three constants were fitted, one per figure, in this order: ``ELEMENTWISE_BW_FRACTION``
-(0.52, to the 39 TFLOP/s), ``COMM_BW_FRACTION`` (0.58 of the datasheet NVSwitch
-bandwidth, to the 77 %) and ``DP_OVERLAP`` (0.83, to the 74 %). Three numbers fitted
+(0.45, to the 39 TFLOP/s), ``COMM_BW_FRACTION`` (0.71 of the datasheet NVSwitch
+bandwidth, to the 77 %) and ``DP_OVERLAP`` (0.80, to the 74 %). Three numbers fitted
 with three constants prove only that the model *can* express them; the test of the
-model is what it says about hardware it was not fitted to. ``GEMM_MAX_EFFICIENCY``
+model is what it says about runs it was not fitted to. ``GEMM_MAX_EFFICIENCY``
 (0.85) and all bandwidths and peaks are datasheet/cuBLAS values, not fitted.
 
-Prediction, not fitted: PTD-P (Narayanan et al. 2021) Table 1 on DGX A100 at the
-published (t, p), microbatch 1, 1F1B, full recomputation, scatter/gather (printed by
-``test_ptdp_table1_prediction``):
+Prediction, not fitted (``minitron.analysis.published``; the test
+``tests/test_throughput_model.py`` prints and bounds it): PTD-P (Narayanan et al. 2021)
+Table 1 on DGX A100 at the published (t, p, batch), microbatch 1, 1F1B, full
+recomputation, scatter/gather, with the ``ptdp-2021`` software:
 
-=========  =====  ===========  ==========  =====
-model      GPUs   published    predicted   ratio
-=========  =====  ===========  ==========  =====
-1.7B       32     137 TFLOP/s  88.8        0.65
-7.5B       128    142          100.7       0.71
-18.4B      256    135          95.4        0.71
-145.6B     1536   148          127.0       0.86
-529.6B     2520   163          146.7       0.90
-1008B      3072   163 (52 %)   154.1       0.95
-175B       1536   153          121.7       0.80  (§5.2; layout t=8, p=12 assumed)
-=========  =====  ===========  ==========  =====
+=========  =====  ===========  ===============  ===============
+model      GPUs   published    ptdp-2021        megatron-2019
+=========  =====  ===========  ===============  ===============
+1.7B       32     137 TFLOP/s  124.2 (−9 %)     90.8 (−34 %)
+7.5B       128    142          122.4 (−14 %)    101.9 (−28 %)
+18.4B      256    135          115.0 (−15 %)    97.1 (−28 %)
+145.6B     1536   148          146.5 (−1 %)     128.6 (−13 %)
+529.6B     2520   163          161.4 (−1 %)     147.9 (−9 %)
+1008B      3072   163 (52 %)   167.1 (+3 %)     155.3 (−5 %)
+=========  =====  ===========  ===============  ===============
 
-The model is pessimistic on A100, by about a third for the small models and 5–15 % for
-the largest. The main reason is its kernel inventory: it prices Megatron-2019's unfused
-element-wise kernels (scale, mask, softmax and dropout each a pass over the b·a·s²
-attention matrix), which at s = 2048 and small h weigh much more than at the
-calibration's s = 1024, h ≥ 1536, while PTD-P fused bias+GeLU and
-scale+mask+softmax. It does reproduce the trends: throughput per GPU rising with the
-model size, and for the 1T model on 3072 GPUs the planner's best layout is PTD-P's
-(t = 8 inside a node, p = 64 across nodes; with v = 2 interleaving). Use it to compare
+Over all ten rows the worst error is 14.8 % and the mean 5.9 % (megatron-2019: 34 % and
+19 %): PTD-P's fused kernels (one scale+mask+softmax pass instead of four, bias +
+dropout + residual in one) and its transpose-free layout weigh most where the b·a·s²
+attention matrix does, at s = 2048 and small h. The small models remain 10–15 % low;
+Korthikanti et al.'s 530B MFU pair comes out 38.8 % / 55.0 % (published 42.1 % / 54.2 %),
+GPT-3 175B on 384/768/1536 GPUs 155/150/140 TFLOP/s (published 153/149/141), and for
+the 1T model on 3072 GPUs the planner's best layout is PTD-P's (t = 8 inside a node,
+p = 64 across nodes) under every software preset. Use it to compare
 layouts and to reason about where time goes, not as a substitute for measuring.
 """
 from __future__ import annotations
@@ -77,6 +84,7 @@ from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
 from .flops import _policy, flops_per_iteration, hardware_flops_per_iteration
 from .memory import memory_estimate
 from .params import _get, _params_given_layers, padded_vocab, rank_layers
+from .software import Software, get_software
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "Layout", "Prediction", "matmul_efficiency",
            "predict", "GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
@@ -84,9 +92,9 @@ __all__ = ["Cluster", "CLUSTERS", "get_cluster", "Layout", "Prediction", "matmul
 
 # ---- calibrated constants (fitted only to the Megatron-LM 2019 figures) -----------------
 GEMM_MAX_EFFICIENCY = 0.85      # fraction of peak a large fp16 GEMM reaches (cuBLAS)
-ELEMENTWISE_BW_FRACTION = 0.52  # fraction of HBM bandwidth element-wise kernels reach
-COMM_BW_FRACTION = 0.58         # NCCL bus bandwidth over the link's datasheet figure
-DP_OVERLAP = 0.83               # share of the data-parallel all-reduce hidden by backward
+ELEMENTWISE_BW_FRACTION = 0.45  # fraction of HBM bandwidth element-wise kernels reach
+COMM_BW_FRACTION = 0.71         # NCCL bus bandwidth over the link's datasheet figure
+DP_OVERLAP = 0.80               # share of the data-parallel all-reduce hidden by backward
 OPTIMIZER_BYTES_PER_PARAM = 36  # bytes an fp32-master Adam step reads and writes
 GRAD_BYTES = 2                  # gradients all-reduced in fp16/bf16
 
@@ -213,44 +221,67 @@ def _gemm_s(m: float, n: float, k: float, c: Cluster, count: float = 1) -> tuple
             f / matmul_efficiency(k, n, m, c))
 
 
+# Matrix multiplies of one layer, by kind: (rows, columns, inner) of the forward product
+# for b·s tokens on one tensor rank; "attention" is the per-head QKᵀ and attention·V.
+LINEAR_KINDS = ("qkv", "proj", "fc1", "fc2")
+
+
 @dataclass(frozen=True)
 class _LayerTime:
-    """Seconds of one transformer layer for one microbatch on one tensor rank."""
+    """Seconds of one transformer layer for one microbatch on one tensor rank, by kind
+    of work: ``parts[kind] = (forward, backward input-gradient, backward weight-gradient)``
+    for the four linears, the attention products and the element-wise kernels."""
 
-    fwd: float        # forward
-    bwd_input: float  # backward, input gradients (and element-wise backward)
-    bwd_weight: float  # backward, weight gradients
+    parts: dict
     core_fwd: float   # forward of the attention core (what selective recompute replays)
 
+    @property
+    def fwd(self) -> float:
+        return sum(f for f, _, _ in self.parts.values())
 
-def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, e: int = 2) -> _LayerTime:
+    @property
+    def bwd_input(self) -> float:
+        return sum(b for _, b, _ in self.parts.values())
+
+    @property
+    def bwd_weight(self) -> float:
+        return sum(w for _, _, w in self.parts.values())
+
+
+def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: Software,
+                e: int = 2) -> _LayerTime:
     s, h, a, f = model.seq_len, model.hidden, model.heads, model.ffn_hidden
     T, dh, heads = b * s, h // a, b * a / t
-    fwd = bin_ = bw = core = 0.0
-    for mm in [(T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)]:  # qkv, proj, fc, fc2
-        x, y, z = _gemm_s(*mm, c)
-        fwd, bin_, bw = fwd + x, bin_ + y, bw + z
+    parts = {}
+    for kind, mm in zip(LINEAR_KINDS, [(T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)]):
+        parts[kind] = _gemm_s(*mm, c)
+    att_f = att_b = 0.0
     for mm in [(s, s, dh), (s, dh, s)]:  # scores QKᵀ and attention·V, for each head
         x, y, z = _gemm_s(*mm, c, count=heads)
-        fwd, bin_, core = fwd + x, bin_ + y + z, core + x  # no weights: both are input grads
-    # Element-wise bytes of the forward (the backward moves about twice as many):
-    # replicated unless sequence parallel: 2 LayerNorms (4·Th) and, after attention and
-    # after the MLP, bias + dropout + residual (15·Th); split over t: head reshapes
-    # (8·Th), GeLU (2·Tf), and scale, mask, softmax and dropout over the b·a·s²
-    # attention matrix (8.5 passes, the mask counted as half a 2-byte element).
+        att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
+    att_b *= sw.attention_backward_ratio / 2    # flash attention recomputes QKᵀ backward
+    parts["attention"] = (att_f, att_b, 0.0)
+    # Element-wise bytes of the forward (the backward moves about twice as many), from
+    # the software's kernel inventory (see software.py): replicated unless sequence
+    # parallel, the LayerNorms and the two bias + dropout + residual sites; split over
+    # t, the head reshapes (8·Th, none in PTD-P's layout), GeLU (2·Tf) and the passes
+    # over the b·a·s² attention matrix.
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
-    attn_matrix = 8.5 * b * a * s * s / t * e / bw_ew
-    ew = (19 * T * h / (t if sp else 1) + (8 * T * h + 2 * T * f) / t) * e / bw_ew + attn_matrix
-    return _LayerTime(fwd + ew, bin_ + 2 * ew, bw, core + attn_matrix)
+    matrix_f, matrix_b = (n * b * a * s * s / t * e / bw_ew for n in sw.attention_matrix_passes)
+    split = (sw.reshape_passes * T * h + 2 * T * f) / t
+    ew = (sw.token_passes * T * h / (t if sp else 1) + split) * e / bw_ew
+    parts["elementwise"] = (ew + matrix_f, 2 * ew + matrix_b, 0.0)
+    return _LayerTime(parts, att_f + matrix_f)
 
 
-def _logit_times(model: ModelConfig, b: int, t: int, c: Cluster) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) seconds of the output layer and the
-    fp32 cross-entropy (about 6 passes over the b·s·V/t logits in all)."""
+def _logit_times(model: ModelConfig, b: int, t: int, c: Cluster) -> tuple[tuple, tuple, float]:
+    """Seconds of the output layer and the fp32 cross-entropy (about 6 passes over the
+    b·s·V/t logits in all): ``(forward matmul, forward element-wise), (input-gradient
+    matmul, backward element-wise), weight-gradient matmul``."""
     T, V = b * model.seq_len, padded_vocab(model, t) / t
     fwd, bin_, bw = _gemm_s(T, V, model.hidden, c)
     ew = 6 * T * V * 4 / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
-    return fwd + ew / 3, bin_ + 2 * ew / 3, bw
+    return (fwd, ew / 3), (bin_, 2 * ew / 3), bw
 
 
 def _allreduce_s(nbytes: float, n: int, bw: float, latency: float) -> float:
@@ -272,20 +303,26 @@ def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
 # The iteration
 # --------------------------------------------------------------------------------------
 def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | Cluster,
-            recompute: str | bool = "full", bytes_per_param: float = 16) -> Prediction:
+            recompute: str | bool | None = None, bytes_per_param: float = 16,
+            software: str | Software | None = None) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
     `layout`: a :class:`Layout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
-    microbatch_size, schedule, sp, scatter_gather``. Returns a :class:`Prediction`:
+    microbatch_size, schedule, sp, scatter_gather``. `software`: a
+    :class:`~minitron.analysis.software.Software` or a preset name (default
+    ``megatron-2019``, the software the constants were fitted with); `recompute`
+    overrides its recomputation policy. Returns a :class:`Prediction`:
     ``iteration_s, tflops_per_gpu`` (Eq. 3 FLOPs over n·time with full recomputation,
     model or hardware FLOPs otherwise), ``memory_gb_per_gpu`` (mixed-precision,
     :func:`~minitron.analysis.memory.memory_estimate`), ``bubble_fraction``, and the
-    ``breakdown`` in seconds. Raises ValueError for a layout the model cannot take.
+    ``breakdown`` in seconds, its ``parts`` per kind of work (:func:`explain` reads
+    them). Raises ValueError for a layout the model cannot take.
     """
     c = get_cluster(cluster)
+    sw = get_software(software)
     L = as_layout(layout)
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
-    rc = _policy(recompute)
+    rc = _policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule or ("interleaved" if v > 1 else "1f1b")
     _check_layout(model, L, global_batch, kind)
     m = global_batch // (d * b)
@@ -297,28 +334,36 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # more for the embedding on the first stage and the output layer on the last),
     # which sit on the critical path. With sequence parallelism an all-reduce is an
     # all-gather and a reduce-scatter (the same time), and the backward all-gathers
-    # again the input shards that QKV and fc (and the output layer) kept (§4.2.2).
-    lt = _layer_time(model, b, t, L.sp, c)
-    replay = {"none": 0.0, "selective": lt.core_fwd, "full": lt.fwd}[rc]
+    # again the input shards that QKV and fc (and the output layer) kept (§4.2.2);
+    # the software may hide the backward's share or all of them behind the matmuls.
+    lt = _layer_time(model, b, t, L.sp, c, sw)
     x = b * model.seq_len * model.hidden * 2  # bytes of a b·s·h activation in 16 bits
     tp_bw, tp_lat = (c.intra_bw, c.intra_latency) if t <= G else (c.inter_bw / G, c.inter_latency)
     ar = _allreduce_s(x, t, tp_bw, tp_lat)
     regather = _allgather_s(x, t, tp_bw, tp_lat) if L.sp else 0.0
-    k = 6 if rc == "full" else 4
-    of, ob_in, ob_w = _logit_times(model, b, t, c)
+    k_fwd = 4 if rc == "full" else 2
+    lf, lb_in, lb_w = _logit_times(model, b, t, c)
     layers = rank_layers(model, {"pp": p, "vpp": v})
     stages = []
     for r, n in enumerate(layers):
         first, last = r == 0, r == (p * v - 1) % p
-        fwd = n * lt.fwd + (of if last else 0.0)
-        b_in = n * (lt.bwd_input + replay) + (ob_in if last else 0.0)
-        b_w = n * lt.bwd_weight + (ob_w if last else 0.0)
-        tp_s = (n * k + first + last) * ar + (2 * n + last) * regather
-        stages.append((fwd, b_in, b_w, tp_s))
-    F, B_in, B_w, tp_mb = max(stages, key=lambda x: sum(x))
+        parts = {k: n * sum(lt.parts[k]) for k in (*LINEAR_KINDS, "attention", "elementwise")}
+        parts["logits"] = (lf[0] + lb_in[0] + lb_w) if last else 0.0
+        parts["elementwise"] += (lf[1] + lb_in[1]) if last else 0.0
+        parts["recompute"] = n * {"none": 0.0, "selective": lt.core_fwd, "full": lt.fwd}[rc]
+        fwd = n * lt.fwd + (sum(lf) if last else 0.0)
+        b_in = n * lt.bwd_input + parts["recompute"] + (sum(lb_in) if last else 0.0)
+        b_w = n * lt.bwd_weight + (lb_w if last else 0.0)
+        tp_fwd = (n * k_fwd + first + last) * ar
+        tp_bwd = 2 * n * ar + (2 * n + last) * regather
+        hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[sw.tp_overlap] if L.sp else 0.0
+        linears = sum(parts[k] for k in LINEAR_KINDS)
+        tp_hidden = min(DP_OVERLAP * hideable, linears)
+        stages.append((fwd, b_in, b_w, tp_fwd + tp_bwd - tp_hidden, tp_hidden, parts))
+    F, B_in, B_w, tp_mb, tp_hidden_mb, parts = max(stages, key=lambda st: sum(st[:4]))
 
     # pipeline: one send forward and one backward per chunk per microbatch
-    pp_mb = 0.0
+    pp_total = 0.0
     if p > 1:
         cross = t * d >= G
         bw, lat = (c.inter_bw / G, c.inter_latency) if cross else (c.intra_bw, c.intra_latency)
@@ -326,7 +371,9 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         hop = lat + msg / (bw * COMM_BW_FRACTION)
         if L.scatter_gather and not L.sp and t > 1:
             hop += (t - 1) / t * x / (c.intra_bw * COMM_BW_FRACTION)  # all-gather after recv
-        pp_mb = 2 * v * hop
+        pp_total = 2 * v * hop
+    pp_hidden = DP_OVERLAP * pp_total if sw.pp_overlap else 0.0
+    pp_mb = pp_total - pp_hidden
     per_mb = F + B_in + B_w + tp_mb + pp_mb
     # zero bubble splits the backward into B (input gradients) and W (weight gradients)
     bub = bubble_fraction(kind, p, m, v, F, B_in, B_w) if kind == "zb-h1" else bubble_fraction(kind, p, m, v)
@@ -334,7 +381,8 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     bubble_s = bub * ideal
     B = B_in + B_w
 
-    # data parallel: gradients all-reduced, partly hidden behind the last backward
+    # data parallel: gradients all-reduced, partly hidden behind the last backward when
+    # the software overlaps them (bucketed), else all after the pipeline flush
     n_local = max(_params_given_layers(model, t, p, v, "1d", r, n) for r, n in enumerate(layers))
     dp_s = 0.0
     if d > 1:
@@ -343,7 +391,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
             dp_s = _allreduce_s(n_local * GRAD_BYTES, d, c.intra_bw, c.intra_latency)
         else:  # one ring per tensor rank of a node shares the node's network cards
             dp_s = _allreduce_s(n_local * GRAD_BYTES, d, c.inter_bw / min(t, G), c.inter_latency)
-    hidden = min(DP_OVERLAP * dp_s, B)
+    hidden = min(DP_OVERLAP * dp_s, B) if sw.dp_overlap else 0.0
     dp_exposed = dp_s - hidden
     opt_s = n_local * OPTIMIZER_BYTES_PER_PARAM / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
 
@@ -355,9 +403,15 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     mem = memory_estimate(model, {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
                                   "sp": L.sp, "schedule": kind}, global_batch,
                           bytes_per_param=bytes_per_param, recompute=rc)
+    per_iteration = {k: m * s for k, s in parts.items()}
+    per_iteration.update(tp_comm=m * tp_mb, tp_comm_hidden=m * tp_hidden_mb, pp_comm=m * pp_mb,
+                         pp_comm_hidden=m * pp_hidden, bubble=bubble_s, dp_comm=dp_exposed,
+                         dp_comm_hidden=hidden, optimizer=opt_s)
     breakdown = {"compute": m * (F + B), "tp_comm": m * tp_mb, "pp_comm": m * pp_mb,
                  "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
-                 "optimizer": opt_s, "microbatches": m}
+                 "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * tp_hidden_mb,
+                 "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
+                 "software": sw.name, "recompute": rc, "parts": per_iteration}
     return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
                       memory_gb_per_gpu=mem["total_bytes"] / 1e9, bubble_fraction=bub,
                       breakdown=breakdown)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .cluster import Cluster, get_cluster, predict
+from .software import Software, get_software
 
 __all__ = ["plan", "valid_layouts"]
 
@@ -72,19 +73,23 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
 
 
 def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster, seq_len: int | None = None,
-         recompute: str = "full", bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
-         microbatch_size=None, top: int | None = None) -> list[dict]:
+         recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
+         microbatch_size=None, top: int | None = None, software: str | Software | None = None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
-    Each entry: ``tp, pp, dp, vpp, microbatch_size, schedule`` and the prediction's
+    Each entry: ``tp, pp, dp, vpp, microbatch_size, sp, schedule`` and the prediction's
     ``tflops_per_gpu, iteration_s, memory_gb_per_gpu, bubble_fraction``. `seq_len`
     overrides the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with
-    fp32 gradient accumulation); `tp, pp, vpp, microbatch_size` fix a degree.
+    fp32 gradient accumulation); `tp, pp, vpp, microbatch_size` fix a degree;
+    `software` is the stack the layouts run (a :class:`~minitron.analysis.software.Software`
+    or a preset name, see :func:`~minitron.analysis.cluster.predict`); layouts with t > 1
+    are sequence parallel when the software is.
 
     Raises ValueError (one line) for an unknown cluster, fixed degrees that do not
     divide the GPU count, or a model that fits no layout.
     """
     c = get_cluster(cluster)
+    sw = get_software(software)
     if seq_len:
         model = model.replace(seq_len=seq_len)
     if gpus < 1:
@@ -98,7 +103,9 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     entries, smallest = [], None
     for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size):
         kind = "interleaved" if lay["vpp"] > 1 else "1f1b"
-        pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param)
+        lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1}
+        pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
+                       software=sw)
         smallest = pred.memory_gb_per_gpu if smallest is None else min(smallest, pred.memory_gb_per_gpu)
         if pred.memory_gb_per_gpu * 1e9 > c.memory_bytes:
             continue

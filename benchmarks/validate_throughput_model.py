@@ -1,0 +1,47 @@
+"""Print the cluster model's predictions of published runs as Markdown tables.
+
+    .venv/bin/python benchmarks/validate_throughput_model.py
+
+Nothing is timed: these are the model's predictions (minitron.analysis.published), side
+by side with the papers' figures, for the software presets of minitron.analysis.software.
+"""
+from __future__ import annotations
+
+from minitron.analysis import published as P
+
+
+def main() -> None:
+    old, new = P.ptdp_table1_comparison("megatron-2019"), P.ptdp_table1_comparison("ptdp-2021")
+    print("| model | GPUs | t | p | batch | published | ptdp-2021 | error | megatron-2019 | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for o, n in zip(old, new):
+        print(f"| {n['model']} | {n['gpus']} | {n['tp']} | {n['pp']} | {n['batch']} | {n['published']} | "
+              f"{n['predicted']:.1f} | {n['ratio'] - 1:+.1%} | {o['predicted']:.1f} | {o['ratio'] - 1:+.1%} |")
+    for name, rows in (("ptdp-2021", new), ("megatron-2019", old)):
+        err = [abs(r["ratio"] - 1) for r in rows]
+        print(f"\n{name}: worst |error| {max(err):.1%}, mean {sum(err) / len(err):.1%}")
+
+    print("\n| GPT-3 175B, t=8 p=12, batch 1536 | published | ptdp-2021 |\n|---|---|---|")
+    for r in P.gpt3_175b_comparison():
+        print(f"| {r['gpus']} GPUs | {r['published']} | {r['predicted']:.1f} |")
+
+    print("\n| 530B on 2240 A100, MFU | published | korthikanti-2022 |\n|---|---|---|")
+    for k, r in P.korthikanti_530b_comparison().items():
+        label = "full recomputation" if k == "full" else "sequence parallel + selective"
+        print(f"| {label} | {r['published']:.1%} | {r['predicted']:.1%} |")
+
+    inter, sg = P.interleaving_gains(), P.scatter_gather_gains()
+    print("\n| 175B on 96 GPUs, batch | " + " | ".join(str(b) for b in inter) + " |")
+    print("|---|" + "---|" * len(inter))
+    print("| interleaved v=2 over 1F1B (paper: 10+ % at small batches) | "
+          + " | ".join(f"{g:+.1%}" for g in inter.values()) + " |")
+    print("| scatter/gather, interleaved (paper: up to 11 %) | " + " | ".join(f"{g:+.1%}" for g in sg.values()) + " |")
+
+    print("\n| operator fusion | published | ptdp-2021 without / with fusion |\n|---|---|---|")
+    for k, (a, b) in P.fusion_gains().items():
+        pa, pb = P.PTDP_FUSION_GAINS[k]
+        print(f"| {k} | {pa} → {pb} ({pb / pa - 1:+.0%}) | {a:.0f} → {b:.0f} ({b / a - 1:+.0%}) |")
+
+
+if __name__ == "__main__":
+    main()

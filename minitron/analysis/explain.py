@@ -1,0 +1,65 @@
+"""Explaining a prediction: where one iteration's time goes, part by part.
+
+:func:`~minitron.analysis.cluster.predict` prices the slowest pipeline stage piece by
+piece; :func:`explain` lays those pieces out as rows — the matrix multiplies by kind
+(the four linears of a layer, the attention products, the logit layer), the element-wise
+kernels, the recomputed forward, each parallel axis's communication (what stays on the
+critical path, and what the software hides behind computation), the pipeline bubble and
+the optimizer step — with their seconds and their share of the iteration. The exposed
+rows add up to the iteration time; hidden communication is shown for information and
+takes no share.
+"""
+from __future__ import annotations
+
+from .cluster import Prediction
+
+__all__ = ["explain", "format_explain", "EXPLAIN_PARTS"]
+
+# (key in Prediction.breakdown["parts"], label, group); hidden rows take no share.
+EXPLAIN_PARTS = [
+    ("qkv", "matmul: QKV projection", "matmul"),
+    ("proj", "matmul: attention output projection", "matmul"),
+    ("fc1", "matmul: MLP up (h -> 4h)", "matmul"),
+    ("fc2", "matmul: MLP down (4h -> h)", "matmul"),
+    ("attention", "matmul: attention scores and values", "matmul"),
+    ("logits", "matmul: logit layer", "matmul"),
+    ("elementwise", "element-wise kernels (norms, softmax, dropout, GeLU, loss)", "elementwise"),
+    ("recompute", "recomputed forward", "recompute"),
+    ("tp_comm", "tensor-parallel communication, exposed", "communication"),
+    ("tp_comm_hidden", "tensor-parallel communication, hidden", "hidden"),
+    ("pp_comm", "pipeline sends, exposed", "communication"),
+    ("pp_comm_hidden", "pipeline sends, hidden", "hidden"),
+    ("dp_comm", "data-parallel gradient reduction, exposed", "communication"),
+    ("dp_comm_hidden", "data-parallel gradient reduction, hidden", "hidden"),
+    ("bubble", "pipeline bubble", "bubble"),
+    ("optimizer", "optimizer step", "optimizer"),
+]
+
+
+def explain(pred: Prediction) -> list[dict]:
+    """One row per part of the predicted iteration: ``part, label, group, seconds,
+    share`` (of ``pred.iteration_s``; 0 for hidden communication). The exposed rows'
+    seconds add up to the iteration time."""
+    parts = pred.breakdown["parts"]
+    rows = []
+    for key, label, group in EXPLAIN_PARTS:
+        sec = parts[key]
+        rows.append({"part": key, "label": label, "group": group, "seconds": sec,
+                     "share": 0.0 if group == "hidden" else sec / pred.iteration_s})
+    return rows
+
+
+def format_explain(pred: Prediction) -> str:
+    """:func:`explain` as a text table, with the iteration's total and its software."""
+    rows = explain(pred)
+    width = max(len(r["label"]) for r in rows)
+    lines = [f"{'part':<{width}} {'seconds':>9} {'share':>7}"]
+    for r in rows:
+        share = "(hidden)" if r["group"] == "hidden" else f"{r['share']:>7.1%}"
+        lines.append(f"{r['label']:<{width}} {r['seconds']:>9.3f} {share:>7}")
+    bd = pred.breakdown
+    lines.append(f"{'iteration':<{width}} {pred.iteration_s:>9.3f} {1:>7.1%}")
+    lines.append(f"software {bd['software']}, recompute {bd['recompute']}, {bd['microbatches']} microbatches "
+                 f"per pipeline, bubble fraction {pred.bubble_fraction:.3f}, "
+                 f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""Published training runs and the cluster model's predictions of them, side by side.
+
+None of these figures was used to fit the model: its constants come from Megatron-LM
+2019 on V100s alone (:mod:`.cluster`). What moves the predictions from one system to the
+next is the software stack (:mod:`.software`), described from the papers, not tuned.
+
+* PTD-P (Narayanan et al. 2021) Table 1: GPT models of 1.7B–1T parameters on DGX A100s,
+  sequence 2048, vocabulary 51200, full recomputation, at the published (t, p, global
+  batch); the microbatch size is not in the table, we take 1.
+* PTD-P §5.2 (Table 2): GPT-3 175B (t = 8, p = 12, global batch 1536) on 384, 768 and
+  1536 GPUs.
+* Korthikanti et al. 2022: the 530B model (105 layers, h = 20480, 128 heads) on 2240
+  A100s (t = 8, p = 35, d = 8; global batch 2240 and microbatch 1 assumed), MFU 42.1 %
+  with full recomputation, 54.2 % with sequence parallelism and selective recomputation.
+* PTD-P's gains, as the paper states them: the interleaved schedule (§5.4, GPT-3 175B on
+  96 GPUs: over 10 % at small batches, closing as the batch grows), the scatter/gather
+  optimisation (§5.8, same model: up to 11 % for the interleaved schedule at large
+  batches), and operator fusion (§5.9: 175B from 113 to 135 TFLOP/s per GPU, +19 %;
+  530B from 133 to 148, +11 %).
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .cluster import Layout, get_cluster, predict
+from .flops import model_flops_per_iteration
+from .software import Software, get_software
+
+__all__ = ["PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
+           "gpt3_175b", "gpt_530b", "ptdp_table1_comparison", "gpt3_175b_comparison",
+           "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains"]
+
+# billions of parameters, heads, hidden, layers, t, p, GPUs, global batch, TFLOP/s per GPU
+PTDP_TABLE1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+PTDP_GPT3_175B = [(384, 153), (768, 149), (1536, 141)]  # GPUs, TFLOP/s per GPU; batch 1536
+KORTHIKANTI_530B_MFU = {"full": 0.421, "selective": 0.542}
+PTDP_FUSION_GAINS = {"175B": (113, 135), "530B": (133, 148)}  # TFLOP/s without, with fusion
+
+
+def ptdp_model(heads: int, hidden: int, layers: int) -> ModelConfig:
+    """A GPT of PTD-P's evaluation: sequence 2048, vocabulary 51200."""
+    return ModelConfig(layers=layers, hidden=hidden, heads=heads, seq_len=2048, vocab=51200)
+
+
+def gpt3_175b() -> ModelConfig:
+    return ptdp_model(96, 12288, 96)
+
+
+def gpt_530b() -> ModelConfig:
+    return ptdp_model(128, 20480, 105)
+
+
+def ptdp_table1_comparison(software: str | Software | None = "ptdp-2021", cluster="a100-dgx") -> list[dict]:
+    """Every row of PTD-P Table 1: published and predicted TFLOP/s per GPU, their ratio,
+    the predicted memory per GPU."""
+    rows = []
+    for billions, a, h, l, t, p, n, batch, published in PTDP_TABLE1:
+        pred = predict(ptdp_model(a, h, l), Layout(tp=t, pp=p, dp=n // (t * p)), batch, cluster,
+                       software=software)
+        rows.append({"model": f"{billions}B", "gpus": n, "tp": t, "pp": p, "batch": batch,
+                     "published": published, "predicted": pred.tflops_per_gpu,
+                     "ratio": pred.tflops_per_gpu / published, "memory_gb": pred.memory_gb_per_gpu})
+    return rows
+
+
+def gpt3_175b_comparison(software: str | Software | None = "ptdp-2021", cluster="a100-dgx") -> list[dict]:
+    """PTD-P §5.2: GPT-3 175B at t = 8, p = 12, batch 1536 on 384, 768 and 1536 GPUs."""
+    rows = []
+    for n, published in PTDP_GPT3_175B:
+        pred = predict(gpt3_175b(), Layout(tp=8, pp=12, dp=n // 96), 1536, cluster, software=software)
+        rows.append({"gpus": n, "published": published, "predicted": pred.tflops_per_gpu,
+                     "ratio": pred.tflops_per_gpu / published})
+    return rows
+
+
+def korthikanti_530b_comparison(software: str | Software | None = "korthikanti-2022",
+                                cluster="a100-dgx") -> dict:
+    """MFU (model FLOPs, no recomputation counted, over the peak) of the 530B run on 2240
+    GPUs: full recomputation without sequence parallelism vs sequence parallelism with
+    selective recomputation, predicted and published."""
+    c, model, n = get_cluster(cluster), gpt_530b(), 2240
+    out = {}
+    for policy, sp in (("full", False), ("selective", True)):
+        pred = predict(model, Layout(tp=8, pp=35, dp=8, sp=sp), n, c, recompute=policy, software=software)
+        mfu = model_flops_per_iteration(model, n) / (n * pred.iteration_s) / c.peak_flops
+        out[policy] = {"predicted": mfu, "published": KORTHIKANTI_530B_MFU[policy],
+                       "memory_gb": pred.memory_gb_per_gpu}
+    return out
+
+
+def _gain(model, layout_a, layout_b, batch, cluster, sw_a, sw_b) -> float:
+    a = predict(model, layout_a, batch, cluster, software=sw_a).tflops_per_gpu
+    b = predict(model, layout_b, batch, cluster, software=sw_b).tflops_per_gpu
+    return b / a - 1
+
+
+def interleaving_gains(batches=(12, 24, 36, 48, 60), software="ptdp-2021", cluster="a100-dgx") -> dict:
+    """PTD-P §5.4: GPT-3 175B on 96 GPUs (t = 8, p = 12): the interleaved schedule (v = 2,
+    with scatter/gather) over 1F1B, by global batch."""
+    m = gpt3_175b()
+    return {B: _gain(m, Layout(tp=8, pp=12), Layout(tp=8, pp=12, vpp=2), B, cluster, software, software)
+            for B in batches}
+
+
+def scatter_gather_gains(batches=(12, 24, 36, 48, 60), software="ptdp-2021", cluster="a100-dgx") -> dict:
+    """PTD-P §5.8: the same model and GPUs, interleaved (v = 2): scatter/gather over plain
+    sends of the full activation, by global batch."""
+    m = gpt3_175b()
+    return {B: _gain(m, Layout(tp=8, pp=12, vpp=2, scatter_gather=False), Layout(tp=8, pp=12, vpp=2), B,
+                     cluster, software, software) for B in batches}
+
+
+def fusion_gains(software="ptdp-2021", cluster="a100-dgx") -> dict:
+    """PTD-P §5.9: the software with and without its fused kernels (unfused softmax,
+    bias + dropout + add and bias + GeLU), everything else equal. The paper does not give
+    the layouts; we take the 175B run on 384 GPUs and the 530B run on 560 (t = 8, p = 35,
+    batch 2240, as in its Table 2). Returns {model: (without, with) TFLOP/s per GPU}."""
+    sw = get_software(software)
+    unfused = sw.replace(name=f"{sw.name} unfused", attention="unfused", fused_bias_gelu=False,
+                         fused_bias_dropout_add=False)
+    out = {}
+    for name, model, layout, batch in (("175B", gpt3_175b(), Layout(tp=8, pp=12, dp=4), 1536),
+                                       ("530B", gpt_530b(), Layout(tp=8, pp=35, dp=2), 2240)):
+        out[name] = tuple(predict(model, layout, batch, cluster, software=s).tflops_per_gpu
+                          for s in (unfused, sw))
+    return out

@@ -1,0 +1,175 @@
+"""The software stack as a value: what a training system fuses, recomputes and overlaps.
+
+Two systems on the same GPUs can differ by a third in throughput because of their
+software alone. The cluster model (:mod:`.cluster`) therefore takes a :class:`Software`
+next to the hardware: which element-wise kernels are fused, how attention is computed,
+which activations are recomputed, and which communication hides behind computation.
+Everything here is data; :mod:`.cluster` prices it.
+
+What the choices change in the model (per transformer layer, forward; the backward moves
+twice the element-wise bytes of its forward):
+
+* **attention** — ``"unfused"`` (Megatron-LM 2019): scale, mask, softmax and dropout are
+  four kernels, 8.5 passes over the b·a·s²/t attention matrix in 2-byte elements (the
+  mask counted as half an element); ``"fused-softmax"`` (PTD-P 2021, §4.2): one fused
+  scale+mask+softmax kernel (read, write: 2 passes) and the dropout (read, write and a
+  1-byte mask: 2.5), 4.5 passes; ``"flash"`` (Dao et al. 2022): the s×s matrix never
+  leaves on-chip memory, no pass at all, but the backward recomputes QKᵀ, so the
+  attention products cost 2.5× their forward in the backward instead of 2×;
+* **fused bias + dropout + residual add** (PTD-P §4.2) — after attention and after the
+  MLP: unfused, bias add (2 passes of the b·s·h activation), dropout (2.5) and the
+  residual add (3) are 7.5 passes each; fused, one kernel reads the input and the
+  residual and writes the sum and the mask: 3.5;
+* **no_transposes** — PTD-P's [s, b, a, h] layout (§4.2) feeds strided batched GEMMs
+  directly; without it, the Q, K, V and context tensors are copied into head-major order
+  (8 passes of b·s·h/t);
+* **fused bias + GeLU** — a launch saved, no byte: the unfused bias is added by the GEMM
+  (``addmm``) and the GeLU is one read and one write of b·s·4h either way;
+* **recompute** — the default policy (``"none" | "selective" | "full"``; Korthikanti et
+  al. 2022): full replays each layer's forward in the backward, selective only the
+  attention core;
+* **sequence_parallel** — whether the system runs sequence parallelism with tensor
+  parallelism (Korthikanti et al. 2022); the planner gives it to every layout with t > 1
+  (a layout passed to ``predict`` says for itself);
+* **dp_overlap** — the data-parallel gradient reduction runs under the backward (bucketed,
+  as PyTorch DDP does) rather than after the pipeline flush (Megatron-LM's own
+  data-parallel wrapper of 2021–2022);
+* **tp_overlap** — with sequence parallelism only: ``"backward"`` (Korthikanti et al.,
+  §4.2.2) hides the backward's re-gather of the saved input shards and its
+  reduce-scatters behind the weight-gradient and input-gradient matrix multiplies;
+  ``"all"`` pipelines every tensor-parallel collective with its GEMM (Megatron-Core's
+  userbuffer overlap, 2023); ``"none"``: all on the critical path;
+* **pp_overlap** — pipeline sends and receives overlapped with compute (Megatron-Core's
+  ``overlap_p2p_comm``) rather than blocking;
+* **precision** — ``"fp16"`` or ``"bf16"``: both 2-byte activations and gradients on the
+  wire; the choice is recorded, not priced differently.
+
+How much of a collective an overlap hides is the one overlap constant of the cluster
+model, ``DP_OVERLAP``, fitted on Megatron-LM 2019's data-parallel figure; no constant is
+fitted to the runs the presets are validated on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["Software", "SOFTWARE", "DEFAULT_SOFTWARE", "get_software", "ATTENTION_MATRIX_PASSES",
+           "TOKEN_PASSES"]
+
+ATTENTIONS = ("unfused", "fused-softmax", "flash")
+TP_OVERLAPS = ("none", "backward", "all")
+PRECISIONS = ("fp16", "bf16")
+RECOMPUTES = ("none", "selective", "full")
+
+# (forward, backward) passes over the b·a·s²/t attention matrix (2-byte elements; a
+# 1-byte mask is half a pass), by attention kind. Unfused forward: scale (read, write),
+# mask (read, write, read the mask), softmax (read, write), dropout (read, write);
+# backward: scale 2, mask 2.5, softmax (read the output and its gradient, write) 3,
+# dropout (read the gradient and the mask, write) 2.5. Fused: one softmax kernel (2
+# forward, 3 backward) and the dropout (read, write, write the mask: 2.5; backward 2.5).
+ATTENTION_MATRIX_PASSES = {"unfused": (8.5, 10.0), "fused-softmax": (4.0, 4.5), "flash": (0.0, 0.0)}
+# Forward passes over b·s·h of the kernels around the two residual branches: two
+# LayerNorms (read, write: 2 each) plus, twice, bias + dropout + residual add.
+TOKEN_PASSES = {False: 4 + 2 * 7.5, True: 4 + 2 * 3.5}  # key: fused bias+dropout+add
+
+
+@dataclass(frozen=True)
+class Software:
+    """One training system's software: kernels, recomputation, overlap, precision.
+
+    See the module docstring for what each field changes in the cluster model.
+    """
+
+    name: str
+    summary: str
+    attention: str = "unfused"
+    fused_bias_gelu: bool = False
+    fused_bias_dropout_add: bool = False
+    no_transposes: bool = False
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    dp_overlap: bool = True
+    tp_overlap: str = "none"
+    pp_overlap: bool = False
+    precision: str = "fp16"
+
+    def __post_init__(self):
+        for field, value, allowed in (("attention", self.attention, ATTENTIONS),
+                                      ("tp_overlap", self.tp_overlap, TP_OVERLAPS),
+                                      ("precision", self.precision, PRECISIONS),
+                                      ("recompute", self.recompute, RECOMPUTES)):
+            if value not in allowed:
+                raise ValueError(f"software '{self.name}': {field} must be one of "
+                                 f"{', '.join(allowed)} (got '{value}')")
+
+    @property
+    def attention_matrix_passes(self) -> tuple[float, float]:
+        """(Forward, backward) passes over the attention matrix (ATTENTION_MATRIX_PASSES)."""
+        return ATTENTION_MATRIX_PASSES[self.attention]
+
+    @property
+    def token_passes(self) -> float:
+        """Forward passes over b·s·h by the LayerNorms and residual-branch kernels."""
+        return TOKEN_PASSES[self.fused_bias_dropout_add]
+
+    @property
+    def reshape_passes(self) -> float:
+        """Forward passes over b·s·h/t copying Q, K, V and the context into head-major order."""
+        return 0.0 if self.no_transposes else 8.0
+
+    @property
+    def attention_backward_ratio(self) -> float:
+        """Backward cost of the attention products over their forward: 2 (two input
+        gradients each), 2.5 with flash attention (QKᵀ recomputed on chip)."""
+        return 2.5 if self.attention == "flash" else 2.0
+
+    def replace(self, **kw) -> "Software":
+        """A copy with some fields changed (for what-if questions)."""
+        return replace(self, **kw)
+
+
+SOFTWARE: dict[str, Software] = {
+    "megatron-2019": Software(
+        "megatron-2019", "Megatron-LM 2019 (Shoeybi et al.): unfused kernels, full recomputation, "
+        "data-parallel all-reduce overlapped with backward; the calibration's software",
+        attention="unfused", recompute="full", dp_overlap=True),
+    "ptdp-2021": Software(
+        "ptdp-2021", "PTD-P (Narayanan et al. 2021, §4.2): the [s, b, a, h] layout without "
+        "transposes, fused scale+mask+softmax, bias+GeLU and bias+dropout+add; full recomputation; gradients all-reduced after the pipeline flush",
+        attention="fused-softmax", fused_bias_gelu=True, fused_bias_dropout_add=True,
+        no_transposes=True, recompute="full", dp_overlap=False),
+    "korthikanti-2022": Software(
+        "korthikanti-2022", "Korthikanti et al. 2022: PTD-P's kernels, selective recomputation, "
+        "the backward's sequence-parallel all-gathers and reduce-scatters overlapped (§4.2.2)",
+        attention="fused-softmax", fused_bias_gelu=True, fused_bias_dropout_add=True,
+        no_transposes=True, recompute="selective", sequence_parallel=True, dp_overlap=False,
+        tp_overlap="backward", precision="bf16"),
+    "current": Software(
+        "current", "a current stack (Megatron-Core with Transformer Engine): flash attention, fused "
+        "kernels, selective recomputation, data-parallel, tensor-parallel and pipeline "
+        "communication overlapped", attention="flash", fused_bias_gelu=True,
+        fused_bias_dropout_add=True, no_transposes=True, recompute="selective", sequence_parallel=True,
+        dp_overlap=True, tp_overlap="all",
+        pp_overlap=True, precision="bf16"),
+    "minitron": Software(
+        "minitron", "minitron on GPUs: flash attention (scaled_dot_product_attention), unfused "
+        "element-wise kernels (eager PyTorch), bucketed data-parallel all-reduce overlapped "
+        "with backward, blocking tensor- and pipeline-parallel communication",
+        attention="flash", recompute="none", dp_overlap=True, precision="bf16"),
+}
+
+
+# The stack predictions assume unless told otherwise: the calibration's. Name the
+# system you mean (`ptdp-2021` for PTD-P's runs, `current` for a stack of today).
+DEFAULT_SOFTWARE = "megatron-2019"
+
+
+def get_software(software: "str | Software | None") -> Software:
+    """A Software, or the named preset of :data:`SOFTWARE` (None: :data:`DEFAULT_SOFTWARE`);
+    ValueError listing the presets for an unknown name."""
+    if software is None:
+        return SOFTWARE[DEFAULT_SOFTWARE]
+    if isinstance(software, Software):
+        return software
+    if software not in SOFTWARE:
+        raise ValueError(f"unknown software '{software}': choose one of {', '.join(SOFTWARE)}")
+    return SOFTWARE[software]

@@ -1,0 +1,143 @@
+"""The throughput model knows the software: presets, validation on published runs, explain.
+
+The constants of the cluster model are fitted on Megatron-LM 2019 alone
+(tests/test_analysis.py::test_calibration_megatron_2019, run with that software); here
+the software stack changes and nothing else, and the predictions are judged on runs
+they were not fitted to.
+"""
+from __future__ import annotations
+
+import pytest
+
+from minitron.analysis import (SOFTWARE, Layout, Software, explain, format_explain, get_software, plan,
+                               predict)
+from minitron.analysis import published as P
+from minitron.analysis.software import DEFAULT_SOFTWARE
+from minitron.cli import main
+from minitron.config import PRESETS
+
+
+def test_presets_are_values_and_bad_names_are_refused():
+    assert set(SOFTWARE) == {"megatron-2019", "ptdp-2021", "korthikanti-2022", "current", "minitron"}
+    assert get_software(None).name == DEFAULT_SOFTWARE == "megatron-2019"  # the calibration's
+    assert get_software(SOFTWARE["current"]) is SOFTWARE["current"]
+    assert SOFTWARE["megatron-2019"].attention_matrix_passes == (8.5, 10.0)
+    assert SOFTWARE["current"].attention_matrix_passes == (0.0, 0.0)  # flash: no s×s matrix in memory
+    with pytest.raises(ValueError, match="unknown software 'jax'.*ptdp-2021"):
+        get_software("jax")
+    with pytest.raises(ValueError, match="attention must be one of unfused, fused-softmax, flash"):
+        Software("x", "bad", attention="sparse")
+    what_if = SOFTWARE["ptdp-2021"].replace(dp_overlap=True)
+    assert what_if.dp_overlap and not SOFTWARE["ptdp-2021"].dp_overlap
+
+
+def test_software_alone_moves_the_predictions():
+    """Same cluster, same constants, same layouts: PTD-P's kernels are faster on every
+    Table 1 row; the 2019 software is the calibration's and a third off on small models."""
+    old = P.ptdp_table1_comparison("megatron-2019")
+    new = P.ptdp_table1_comparison("ptdp-2021")
+    assert all(n["predicted"] > o["predicted"] for o, n in zip(old, new))
+    assert old[0]["ratio"] < 0.75 and new[0]["ratio"] > 0.85
+    # flash attention and overlap: a current stack is faster still on the same layout
+    m, lay = PRESETS["gpt3-175b"], Layout(tp=8, pp=12, dp=4, sp=True)
+    cur = predict(m, lay, 1536, "a100-dgx", software="current", recompute="full")
+    ptdp = predict(m, lay, 1536, "a100-dgx", software="ptdp-2021", recompute="full")
+    assert cur.iteration_s < ptdp.iteration_s
+
+
+def test_ptdp_table1_within_15_percent_mean_8(capsys):
+    rows = P.ptdp_table1_comparison()
+    errors = [abs(r["ratio"] - 1) for r in rows]
+    lines = [f"{'model':>8} {'GPUs':>5} {'t':>2} {'p':>3} {'batch':>5} {'published':>9} {'predicted':>9} "
+             f"{'error':>7} {'GB':>5}"]
+    lines += [f"{r['model']:>8} {r['gpus']:>5} {r['tp']:>2} {r['pp']:>3} {r['batch']:>5} {r['published']:>9} "
+              f"{r['predicted']:>9.1f} {r['ratio'] - 1:>+7.1%} {r['memory_gb']:>5.1f}" for r in rows]
+    lines.append(f"worst |error| {max(errors):.1%}, mean {sum(errors) / len(errors):.1%}")
+    with capsys.disabled():
+        print("\nPTD-P Table 1 vs the cluster model, software ptdp-2021 (TFLOP/s per GPU):\n" + "\n".join(lines))
+    assert len(rows) == 10
+    assert max(errors) <= 0.15
+    assert sum(errors) / len(errors) <= 0.08
+    assert all(r["memory_gb"] < 80 for r in rows)
+
+
+def test_korthikanti_530b_mfu_pair_within_5_points(capsys):
+    res = P.korthikanti_530b_comparison()
+    with capsys.disabled():
+        print("\n530B on 2240 A100 (t=8 p=35 d=8), MFU predicted vs published (Korthikanti et al. 2022):")
+        for k, r in res.items():
+            print(f"  {k:<10} {r['predicted']:6.1%} {r['published']:6.1%}  ({r['memory_gb']:.0f} GB per GPU)")
+    for r in res.values():
+        assert abs(r["predicted"] - r["published"]) <= 0.05
+        assert r["memory_gb"] < 80
+    assert res["selective"]["predicted"] > res["full"]["predicted"]
+
+
+def test_gpt3_and_ptdp_gains_side_by_side(capsys):
+    """Reported, with loose sanity bounds: the 175B run of §5.2, and the direction of the
+    interleaving, scatter/gather and fusion gains PTD-P reports."""
+    g175 = P.gpt3_175b_comparison()
+    inter, sg, fus = P.interleaving_gains(), P.scatter_gather_gains(), P.fusion_gains()
+    with capsys.disabled():
+        print("\nGPT-3 175B (t=8 p=12, batch 1536), TFLOP/s per GPU, published vs predicted:")
+        for r in g175:
+            print(f"  {r['gpus']:>5} GPUs {r['published']:>5} {r['predicted']:7.1f}")
+        print("interleaved (v=2) over 1F1B, 175B on 96 GPUs, by batch (paper: 10+% at small batches, closing):")
+        print("  " + ", ".join(f"{b}: {g:+.1%}" for b, g in inter.items()))
+        print("scatter/gather, interleaved, same runs (paper: up to +11% at large batches):")
+        print("  " + ", ".join(f"{b}: {g:+.1%}" for b, g in sg.items()))
+        print("operator fusion (paper: 175B 113 -> 135, +19%; 530B 133 -> 148, +11%):")
+        for k, (a, b) in fus.items():
+            print(f"  {k}: {a:.0f} -> {b:.0f} TFLOP/s per GPU, {b / a - 1:+.1%}")
+    assert all(abs(r["ratio"] - 1) < 0.15 for r in g175)
+    assert [r["predicted"] for r in g175] == sorted((r["predicted"] for r in g175), reverse=True)
+    gains = list(inter.values())
+    assert all(g > 0 for g in gains) and gains == sorted(gains, reverse=True)
+    assert all(g > 0 for g in sg.values())
+    assert all(0.05 < b / a - 1 < 0.3 for a, b in fus.values())
+
+
+def test_planner_keeps_ptdp_layout_for_1t_under_every_software():
+    for sw in SOFTWARE:
+        # minitron recomputes nothing unless told: the 1T model then fits no layout
+        rc = "full" if sw == "minitron" else None
+        top = plan(PRESETS["ptdp-1t"], 3072, 3072, "a100-dgx", software=sw, recompute=rc, top=1)[0]
+        assert (top["tp"], top["pp"]) == (8, 64), sw
+    with pytest.raises(ValueError, match="fits no layout"):
+        plan(PRESETS["ptdp-1t"], 3072, 3072, "a100-dgx", software="minitron")
+
+
+def test_explain_parts_add_up_to_the_iteration():
+    m = PRESETS["gpt3-175b"]
+    for sw, sp in (("ptdp-2021", False), ("korthikanti-2022", True), ("current", True)):
+        pred = predict(m, Layout(tp=8, pp=12, dp=4, vpp=2, sp=sp), 1536, "a100-dgx", software=sw)
+        rows = explain(pred)
+        exposed = [r for r in rows if r["group"] != "hidden"]
+        assert sum(r["seconds"] for r in exposed) == pytest.approx(pred.iteration_s, rel=1e-12)
+        assert sum(r["share"] for r in rows) == pytest.approx(1.0, rel=1e-12)
+        assert all(r["seconds"] >= 0 for r in rows)
+        hidden = {r["part"]: r["seconds"] for r in rows if r["group"] == "hidden"}
+        assert (hidden["tp_comm_hidden"] > 0) == (sw != "ptdp-2021")
+        assert (hidden["pp_comm_hidden"] > 0) == (sw == "current")
+        by = {r["part"]: r["seconds"] for r in rows}
+        assert by["recompute"] > 0 and by["fc1"] == pytest.approx(by["fc2"], rel=0.05)
+    # flash attention: no pass over the s×s matrix, so less element-wise time than fused softmax
+    ew = {sw: predict(m, Layout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software=sw, recompute="none")
+          .breakdown["parts"]["elementwise"] for sw in ("megatron-2019", "ptdp-2021", "current")}
+    assert ew["current"] < ew["ptdp-2021"] < ew["megatron-2019"]
+    assert "iteration" in format_explain(pred)
+
+
+def test_plan_explain_cli(capsys, tmp_path):
+    fig = tmp_path / "explain.png"
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "384", "--global-batch", "1536", "--tp", "8",
+                 "--pp", "12", "--software", "korthikanti-2022", "--explain", "--plot", str(fig)]) == 0
+    out = capsys.readouterr().out
+    assert "software korthikanti-2022" in out and "pipeline bubble" in out and "hidden" in out
+    assert fig.stat().st_size > 0
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "384", "--global-batch", "1536",
+                 "--software", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown software 'nope'" in err[0]
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "384", "--global-batch", "1536", "--explain"]) == 2
+    assert "--explain breaks down one layout" in capsys.readouterr().err
