@@ -1,0 +1,126 @@
+"""Faults of the processes around a run, on real gloo ranks:
+
+* the launcher dies (SIGKILL, as the OOM killer does): every rank exits within seconds,
+  no process is left and no checkpoint is written after the kill;
+* the job is preempted (SIGTERM to the launcher): the ranks finish the step in progress,
+  agree on the step to stop after, checkpoint it and the command exits with
+  EXIT_PREEMPTED; resuming ends bitwise equal (float32, same layout) to a run that was
+  never interrupted, and the metrics hold each step once.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitron.preemption import EXIT_PREEMPTED
+from minitron.testing import run_cli
+
+pytestmark = pytest.mark.multirank
+
+TRAIN = ["train", "--nproc", "2", "--tp", "2", "--global-batch", "4", "--no-progress", "--sample", "0",
+         "--eval-every", "0"]
+
+
+def _start(argv):
+    return subprocess.Popen([sys.executable, "-m", "minitron", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 240) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} steps in {timeout} s")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc: children of children...)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parent.items() if p in frontier} - out
+        out |= frontier
+    return out
+
+
+def _alive(pids) -> set[int]:
+    alive = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                alive.add(p)
+        except OSError:
+            pass
+    return alive
+
+
+def _checkpoints(d: Path) -> list[str]:
+    return sorted(p.name for p in d.glob("step_*") if not p.name.endswith(".tmp"))
+
+
+def test_ranks_die_with_their_launcher(tmp_path):
+    ckpt, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    proc = _start(TRAIN + ["--steps", "100000", "--ckpt-dir", str(ckpt), "--ckpt-every", "2",
+                           "--metrics", str(metrics)])
+    _wait_for_steps(metrics, 3, proc)
+    family = _descendants(proc.pid)
+    assert len(family) >= 2, family  # the ranks (and the fork server) are there
+    proc.kill()
+    proc.communicate()
+    killed = time.time()
+    while _alive(family) and time.time() < killed + 10:
+        time.sleep(0.1)
+    assert not _alive(family), f"still running 10 s after the launcher's death: {_alive(family)}"
+    time.sleep(0.5)  # a save renamed in the very instant of the kill has landed by now
+    saved, steps = _checkpoints(ckpt), len(metrics.read_text().splitlines())
+    time.sleep(3)
+    assert _checkpoints(ckpt) == saved and len(metrics.read_text().splitlines()) == steps
+
+
+def _shards(d: Path, step: int) -> dict:
+    return {r: torch.load(d / f"step_{step:07d}" / f"rank_{r:05d}.pt", weights_only=True) for r in range(2)}
+
+
+def test_sigterm_checkpoints_and_resume_is_bitwise_equal(tmp_path):
+    steps = 60
+    a, b, mb = tmp_path / "a", tmp_path / "b", tmp_path / "b.jsonl"
+    proc = _start(TRAIN + ["--steps", str(steps), "--ckpt-dir", str(b), "--ckpt-every", "1000",
+                           "--metrics", str(mb)])
+    _wait_for_steps(mb, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    stopped = int((b / "latest").read_text().split("_")[1])
+    assert 3 < stopped < steps, stopped  # the step in progress, then the agreed one
+    line = [ln for ln in err.splitlines() if ln.startswith("minitron:")]
+    assert line == [f"minitron: stopped by SIGTERM after step {stopped}; checkpoint {b}/step_{stopped:07d}: "
+                    f"continue with --resume (exit code {EXIT_PREEMPTED})"], err[-3000:]
+    assert len(mb.read_text().splitlines()) == stopped
+
+    code, out, err = run_cli(TRAIN + ["--steps", str(steps), "--ckpt-dir", str(b), "--resume", "--metrics", str(mb)])
+    assert code == 0, err[-3000:]
+    assert [json.loads(x)["step"] for x in mb.read_text().splitlines()] == list(range(1, steps + 1))
+    code, out, err = run_cli(TRAIN + ["--steps", str(steps), "--ckpt-dir", str(a)])
+    assert code == 0, err[-3000:]
+    sa, sb = _shards(a, steps), _shards(b, steps)
+    for r in range(2):
+        assert sa[r].keys() == sb[r].keys()
+        for name in sa[r]:
+            for field in ("param", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(sa[r][name][field], sb[r][name][field]), (r, name, field)
