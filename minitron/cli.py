@@ -476,7 +476,8 @@ def cmd_plan(args) -> int:
                 raise ValueError(f"tp*pp = {args.tp * args.pp} does not divide {args.gpus} GPUs: "
                                  f"pick degrees whose product divides the GPU count")
             lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp),
-                   "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1}
+                   "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
+                   "sp": sw.sequence_parallel and args.tp > 1}  # as the planner does
             pred = predict(m, lay, args.global_batch, args.cluster, software=sw)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
