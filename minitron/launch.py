@@ -156,12 +156,16 @@ def _forward_to_ranks(scratch: str):
     """A signal handler for the launcher: pass SIGTERM/SIGINT on to every local rank and
     keep waiting for them. They stop at a step boundary, checkpoint and return (see
     preemption.py), and their results come back as usual. (The elastic agent's own
-    handling would stop waiting for results and hold the ranks until its shutdown timeout.)"""
+    handling would stop waiting for results and hold the ranks until its shutdown timeout.)
+    A second signal ends the ranks at once (SIGKILL): Ctrl-C twice for ranks that hang."""
+    received = []
+
     def forward(signum, frame):
+        received.append(signum)
         (Path(scratch) / "signal").write_text(str(signum))  # for ranks still starting
         for f in Path(scratch).glob("*.pid"):
             try:
-                os.kill(int(f.read_text()), signum)
+                os.kill(int(f.read_text()), signum if len(received) == 1 else signal.SIGKILL)
             except (ValueError, OSError):
                 pass  # a rank that already left
     return forward

@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitron.preemption import EXIT_PREEMPTED
+from minitron.preemption import EXIT_PREEMPTED, StopOnSignal
 from minitron.testing import run_cli
-
-pytestmark = pytest.mark.multirank
 
 TRAIN = ["train", "--nproc", "2", "--tp", "2", "--global-batch", "4", "--no-progress", "--sample", "0",
          "--eval-every", "0"]
@@ -74,6 +72,7 @@ def _checkpoints(d: Path) -> list[str]:
     return sorted(p.name for p in d.glob("step_*") if not p.name.endswith(".tmp"))
 
 
+@pytest.mark.multirank
 def test_ranks_die_with_their_launcher(tmp_path):
     ckpt, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
     proc = _start(TRAIN + ["--steps", "100000", "--ckpt-dir", str(ckpt), "--ckpt-every", "2",
@@ -97,6 +96,7 @@ def _shards(d: Path, step: int) -> dict:
     return {r: torch.load(d / f"step_{step:07d}" / f"rank_{r:05d}.pt", weights_only=True) for r in range(2)}
 
 
+@pytest.mark.multirank
 def test_sigterm_checkpoints_and_resume_is_bitwise_equal(tmp_path):
     steps = 60
     a, b, mb = tmp_path / "a", tmp_path / "b", tmp_path / "b.jsonl"
@@ -124,3 +124,25 @@ def test_sigterm_checkpoints_and_resume_is_bitwise_equal(tmp_path):
         for name in sa[r]:
             for field in ("param", "exp_avg", "exp_avg_sq"):
                 assert torch.equal(sa[r][name][field], sb[r][name][field]), (r, name, field)
+
+
+def test_ranks_agree_on_the_step_to_stop_after():
+    """The agreement, played out on one store: rank 0 runs ahead and passes read-back 6
+    before rank 1, which alone got the signal, reaches it and proposes read-back 7. Both
+    stop at 7, neither earlier; a later proposal (rank 0's own signal) does not move it."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    r0, r1 = StopOnSignal(store), StopOnSignal(store)
+    for _ in range(5):
+        assert not r0.should_stop() and not r1.should_stop()
+    assert not r0.should_stop()  # read-back 6, no proposal yet
+    r1._log(signal.SIGTERM)  # what its handler does
+    assert not r1.should_stop() and r1.signal == "SIGTERM"  # read-back 6: proposes 7
+    r0._log(signal.SIGINT)
+    assert r0.should_stop() and r1.should_stop()  # both at read-back 7
+    assert r0.readbacks == r1.readbacks == 7
+    single = StopOnSignal(None)
+    assert not single.should_stop()
+    single._log(signal.SIGUSR1)
+    assert single.should_stop()  # one process stops at its next read-back
