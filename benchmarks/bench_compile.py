@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_compile.py --model small --steps 10
     .venv/bin/python benchmarks/bench_compile.py --model medium --steps 5 --global-batch 8
+    .venv/bin/python benchmarks/bench_compile.py --smoke      # tiny model, one step (the tests)
 
 Prints one JSON line: median step time of each and their ratio (compiled / eager), with
 the matmul probe's FLOP/s sampled between the steps, and the MFU of each.
@@ -22,7 +23,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tiny model, one step of each, after one warm-up (what the tests run)")
     args = ap.parse_args()
+    if args.smoke:
+        args.model, args.steps, args.warmup, args.global_batch = "tiny", 1, 1, 4
     torch.set_num_threads(args.threads)
     m, t = preset(args.model), TrainConfig(global_batch=args.global_batch, progress=False)
     probe = MatmulProbe()

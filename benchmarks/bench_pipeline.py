@@ -107,17 +107,47 @@ def bench_job(comm, model, cases, global_batch, steps, warmup):
     return out
 
 
+SCHEDULES = {"1f1b": 1, "interleaved": 2}  # schedule -> chunks per rank
+
+
+def commit() -> str:
+    """The checkout's commit (with '+' when files differ from it), for the results."""
+    import subprocess
+    root = os.path.join(os.path.dirname(__file__), "..")
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "minitron", "benchmarks"],
+                               cwd=root, capture_output=True, text=True).stdout.strip()
+        return head + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES),
+                    help=f"which of {', '.join(SCHEDULES)} to run")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "pipeline.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "pipeline.md"),
+                    help="results file to write ('' for none)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny model, one step of each case, no results file (what the tests run)")
     args = ap.parse_args(argv)
+    unknown = [k for k in args.schedules if k not in SCHEDULES]
+    if unknown:
+        sys.exit(f"unknown schedule {', '.join(unknown)}: choose from {', '.join(SCHEDULES)}")
+    if args.smoke:
+        args.model, args.global_batch, args.microbatches = "tiny", 4, [2]
+        args.steps, args.warmup, args.out = 1, 0, ""
     model = preset(args.model)
-    cases = [(kind, v, m) for m in args.microbatches for kind, v in (("1f1b", 1), ("interleaved", 2))]
+    if args.smoke:
+        model = model.replace(layers=4)  # 2 ranks x 2 chunks
+    cases = [(kind, SCHEDULES[kind], m) for m in args.microbatches for kind in args.schedules]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     load0 = os.getloadavg()[0]
     res = run_on_ranks(bench_job, ParallelConfig(pp=2), model, cases, args.global_batch, args.steps,
@@ -138,7 +168,7 @@ def main(argv=None):
         f"Command: `{cmd.strip()}`  ",
         f"Machine: {cpu}, {os.cpu_count()} cores (shared), torch {torch.__version__}, gloo, 2 ranks, "
         f"1 thread each; load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after  ",
-        f"Date: {datetime.date.today().isoformat()}  ",
+        f"Date: {datetime.date.today().isoformat()}, commit {commit()}  ",
         f"Model: `{args.model}` ({model.layers} layers, h={model.hidden}, s={model.seq_len}), "
         f"global batch {args.global_batch}, float32",
         "",
@@ -149,8 +179,9 @@ def main(argv=None):
         *rows,
         "",
     ])
-    with open(args.out, "w") as f:
-        f.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
     print(text)
 
 

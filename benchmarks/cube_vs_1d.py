@@ -15,6 +15,7 @@ small hidden size (3-D moves less: activations dominate), "weights" few tokens a
 wide hidden size (1-D moves less: 3-D all-gathers weights of h² per layer).
 
     python benchmarks/cube_vs_1d.py                # writes benchmarks/cube.md
+    python benchmarks/cube_vs_1d.py --smoke        # one model, one step, no file (the tests)
 """
 from __future__ import annotations
 
@@ -145,6 +146,20 @@ def run(models, steps, dtype):
     return rows
 
 
+def commit() -> str:
+    """The checkout's commit (with '+' when files differ from it), for the results."""
+    import subprocess
+    root = os.path.join(os.path.dirname(__file__), "..")
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "minitron", "benchmarks"],
+                               cwd=root, capture_output=True, text=True).stdout.strip()
+        return head + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def fmt(n) -> str:
     return f"{n / 1024:,.1f} KiB"
 
@@ -154,7 +169,7 @@ def report(rows, argv, dtype) -> str:
              f"Command: `{' '.join(['python', 'benchmarks/' + os.path.basename(__file__), *argv])}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} "
              f"{platform.release()}, torch {torch.__version__}, gloo (8 local ranks)  ",
-             f"Date: {datetime.date.today().isoformat()}  ",
+             f"Date: {datetime.date.today().isoformat()}, commit {commit()}  ",
              f"Activations and parameters in {dtype}; one step = one microbatch per rank; bytes per device "
              "(rank 0; every rank of a layout moves the same).", "",
              "Models: " + "; ".join(f"**{k}** = {m.layers} layers, h={m.hidden}, {m.heads} heads, s={m.seq_len}, "
@@ -204,11 +219,19 @@ def report(rows, argv, dtype) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(MODELS), help=f"which of {', '.join(MODELS)}")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "cube.md"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "cube.md"),
+                    help="results file to write ('' for none)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one model, one step of each layout, no results file (what the tests run)")
     args = ap.parse_args(argv)
+    unknown = [k for k in args.models if k not in MODELS]
+    if unknown:
+        sys.exit(f"unknown model {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+    if args.smoke:
+        args.models, args.steps, args.out = ["tokens"], 1, ""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = run(args.models, args.steps, args.dtype)
     text = report(rows, argv, args.dtype)
