@@ -10,6 +10,7 @@ lab                         checker                                     module
 03 ZeRO-1 over a bucket     ``check_zero1(SOURCE)``                     :mod:`.zero`
 04 vocab-parallel CE        ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
 05 the all-gather linear    ``check_all_gather_linear(SOURCE)``         :mod:`.seq_parallel`
+06 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -19,10 +20,11 @@ model) is :mod:`.runner`.
 """
 from .cross_entropy import check_vocab_parallel_ce
 from .f_and_g import check_f_and_g
+from .online_softmax import check_online_softmax
 from .pipeline import check_one_f_one_b
 from .runner import LabError
 from .seq_parallel import check_all_gather_linear
 from .zero import check_zero1
 
 __all__ = ["check_f_and_g", "check_one_f_one_b", "check_zero1", "check_vocab_parallel_ce",
-           "check_all_gather_linear", "LabError"]
+           "check_all_gather_linear", "check_online_softmax", "LabError"]

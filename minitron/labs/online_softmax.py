@@ -1,0 +1,162 @@
+"""Lab 6: the online softmax that ring attention combines its blocks with (the engine's
+``minitron.parallel.context_parallel.combine``).
+
+Under context parallelism a rank's queries meet the keys and values block by block, as
+they travel around the ring. Each block gives its attention output O_b, normalised
+within the block, and the log-sum-exp L_b of each query's scores over the block. The
+learner writes ``combine(out, lse, out_b, lse_b) -> (out, lse)``: the running pair (O, L)
+merged with a block's, exactly, without ever forming the scores of the blocks seen
+before: ``L' = log(e^L + e^{L_b})`` and ``O' = e^{L−L'}·O + e^{L_b−L'}·O_b``
+(out [.., sq, d], lse [.., sq]).
+
+Every rank ``exec``s the source (``torch`` is defined in it) and checks the function on
+float64 blocks of one attention problem against full softmax attention:
+
+1. two blocks combined give the attention over both (output and log-sum-exp; the value
+   returned is a pair of the inputs' shapes);
+2. three blocks folded in either order give full attention (the combination is exact
+   and order-free);
+3. scores around +1000 (log-sum-exps that overflow ``exp``) still give it: the
+   rescaling must be by differences of log-sum-exps, never by e^L itself.
+
+A wrong number is diagnosed against the usual mistakes (outputs added or averaged, the
+log-sum-exps added or maxed). The ranks agree on the first problem found; otherwise the
+function is swapped into the engine, a tiny GPT trains with ``--cp 2`` (every rank
+combining its ring's blocks with it) for 2 float64 steps, and rank 0 compares it with the
+single-device model.
+
+    result = check_online_softmax(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..parallel import context_parallel
+from ..parallel.context_parallel import block_attention
+from .runner import LabError, agree, call, load, run_sources, train_swapped, training_verdict
+
+MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
+                    eval_every=0, sample_tokens=0)
+TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+NAME = "combine"
+SCALE = 0.5
+BLOCKS = ((0, 5), (5, 9), (9, 12))  # three blocks of 12 keys
+_CASE = itertools.count()  # the case number in this launch: the same on every rank
+RULE = "L' = log(e^L + e^L_b) (torch.logaddexp) and O' = e^(L - L')·O + e^(L_b - L')·O_b"
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-10, atol=1e-10))
+
+
+class _Problem:
+    """Queries [2, 3, 6, 4] and 12 keys and values; `big` scales the scores to ~1000."""
+
+    def __init__(self, big: bool = False):
+        g = torch.Generator().manual_seed(7)
+        self.q = torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) * (60.0 if big else 1.0)
+        self.k = torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64) * (6.0 if big else 1.0)
+        self.v = torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64)
+
+    def block(self, a: int, b: int):
+        """(O_b, L_b) of keys [a, b): the engine's block attention, not the learner's."""
+        return block_attention(self.q, self.k[..., a:b, :], self.v[..., a:b, :], SCALE, causal=False)
+
+    def full(self, a: int = 0, b: int = 12):
+        """Attention over keys [a, b) in one piece: (O, L)."""
+        s = self.q @ self.k[..., a:b, :].transpose(-2, -1) * SCALE
+        return torch.softmax(s, dim=-1) @ self.v[..., a:b, :], torch.logsumexp(s, dim=-1)
+
+
+def _combine(fn, first, second):
+    out = call(f"your {NAME}", fn, *first, *second)
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise LabError(f"your {NAME} returned {type(out).__name__}"
+                       f"{'' if not isinstance(out, tuple) else f' of {len(out)}'}: return the pair (out, lse)")
+    if out[0].shape != first[0].shape or out[1].shape != first[1].shape:
+        raise LabError(f"your {NAME} returned out {list(out[0].shape)} and lse {list(out[1].shape)} for out "
+                       f"{list(first[0].shape)} and lse {list(first[1].shape)}: return them in the same shapes")
+    return out
+
+
+def _diagnose(got, want, first, second) -> str:
+    """What is wrong with a combination of two blocks, against the usual mistakes."""
+    (o, l), (wo, wl) = got, want
+    (o1, l1), (o2, l2) = first, second
+    if not _close(l, wl):
+        if _close(l, l1 + l2):
+            return (f"your lse is the sum L + L_b: the log of a sum of exponentials is not the sum of the logs; "
+                    f"{RULE}")
+        if _close(l, torch.maximum(l1, l2)):
+            return f"your lse is max(L, L_b), the larger block's alone: {RULE}"
+        if not bool(torch.isfinite(l).all()):
+            return f"your lse is not finite: {RULE}"
+        return (f"your lse differs from the log-sum-exp over both blocks by {float((l - wl).abs().max()):.3g}: "
+                f"{RULE}")
+    if _close(o, o1 + o2):
+        return (f"your out is O + O_b: each block's output is normalised within its block, so weight it by its "
+                f"share of the total, {RULE}")
+    if _close(o, (o1 + o2) / 2):
+        return f"your out averages the two blocks equally: weight each by its share of the total, {RULE}"
+    return (f"your out differs from attention over both blocks by {float((o - wo).abs().max()):.3g} (the lse is "
+            f"right): {RULE}")
+
+
+def _unit_check(fn) -> str:
+    """'' when `fn` passes every unit check, else the first problem."""
+    p = _Problem()
+    b1, b2, b3 = (p.block(a, b) for a, b in BLOCKS)
+    got, want = _combine(fn, b1, b2), p.full(0, 9)
+    if not (_close(got[0], want[0]) and _close(got[1], want[1])):
+        return _diagnose(got, want, b1, b2)
+    full = p.full()
+    for order, blocks in (("in order", (b1, b2, b3)), ("in reverse order", (b3, b2, b1))):
+        acc = blocks[0]
+        for blk in blocks[1:]:
+            acc = _combine(fn, acc, blk)
+        if not (_close(acc[0], full[0]) and _close(acc[1], full[1])):
+            return (f"three blocks folded {order} differ from full attention by "
+                    f"{float((acc[0] - full[0]).abs().max()):.3g}: the combination must be exact in any order, {RULE}")
+    big = _Problem(big=True)
+    first, second = big.block(*BLOCKS[0]), big.block(BLOCKS[1][0], BLOCKS[2][1])
+    got, want = _combine(fn, first, second), big.full()
+    if not (_close(got[0], want[0]) and _close(got[1], want[1])):
+        if not all(bool(torch.isfinite(t).all()) for t in got):
+            return (f"with scores around {float(first[1].max()):.0f} your {NAME} gives inf or nan: e^L overflows; "
+                    f"rescale by differences, e^(L - L'), with L' from torch.logaddexp")
+        return _diagnose(got, want, first, second)
+    return ""
+
+
+def _job(comm, source: str, timeout: float) -> dict | None:
+    case = next(_CASE)
+    fn = load(source, (NAME,), {"torch": torch})[NAME]
+    try:
+        problem = _unit_check(fn)
+    except LabError as e:  # the learner's code raised or returned a malformed value
+        problem = str(e)
+    agree(comm, f"online-softmax/{case}", problem, timeout)
+    layout = ParallelConfig(cp=comm.size("cp"), device="cpu")
+    res = train_swapped(comm, MODEL, layout, TRAIN, context_parallel, combine=fn)
+    return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
+                            f"(--cp {layout.cp}: ring attention)", TOL)
+
+
+def check_online_softmax_all(sources: list[str], cp: int = 2, timeout: float = 60) -> list[dict]:
+    """`check_online_softmax` for several sources, in as few launches as their outcomes allow."""
+    return run_sources(_job, ParallelConfig(cp=cp, device="cpu"), sources, timeout, timeout)
+
+
+def check_online_softmax(source: str, cp: int = 2, timeout: float = 60) -> dict:
+    """Lab 6: check the function `combine` defined in `source` on `cp` gloo ranks against
+    full softmax attention (two blocks, three in either order, scores around +1000), then
+    train a tiny GPT with it in place of the engine's (``--cp``, float64, 2 steps) and
+    compare with the single-device model. Returns {"ok", "message", "max_loss_abs_diff",
+    "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem, also when
+    the code does not compile, raises, returns something malformed or runs past `timeout`
+    seconds."""
+    return check_online_softmax_all([source], cp, timeout)[0]

@@ -1,0 +1,63 @@
+"""Lab 6's checker (``minitron.labs.online_softmax``): the reference and the engine's own
+``combine`` pass, the usual mistakes each get their one line.
+
+A syntax error is found before any rank starts; everything else runs on 2 gloo ranks
+(``--cp 2``), all the sources in one launch.
+"""
+import inspect
+
+import pytest
+
+from minitron.labs import check_online_softmax
+from minitron.labs.online_softmax import RULE, check_online_softmax_all
+from minitron.parallel import context_parallel
+
+REFERENCE = '''
+def combine(out, lse, out_b, lse_b):
+    new = torch.logaddexp(lse, lse_b)
+    return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new).unsqueeze(-1) * out_b), new
+'''
+
+
+def broken(old: str, new: str, source: str = REFERENCE) -> str:
+    assert old in source, old
+    return source.replace(old, new, 1)
+
+
+def test_syntax_error_needs_no_ranks():
+    res = check_online_softmax(broken("def combine(out, lse, out_b, lse_b):", "def combine(out, lse, out_b, lse_b)"))
+    assert res["ok"] is False and res["message"].startswith("your code does not compile: expected ':' at line 2")
+
+
+@pytest.mark.multirank
+def test_reference_passes_and_mistakes_get_one_line():
+    engine = inspect.getsource(context_parallel.combine)
+    cases = {
+        "reference": REFERENCE,
+        "engine": engine,  # the engine's own combination passes its lab
+        "outputs added": broken("return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new)"
+                                ".unsqueeze(-1) * out_b), new", "return out + out_b, new"),
+        "lse summed": broken("), new", "), lse + lse_b"),
+        "overflows": '''
+def combine(out, lse, out_b, lse_b):
+    e, e_b = lse.exp(), lse_b.exp()
+    return (e / (e + e_b)).unsqueeze(-1) * out + (e_b / (e + e_b)).unsqueeze(-1) * out_b, (e + e_b).log()
+''',
+        "a tuple of one": broken("), new", "),"),
+        "raises": broken("new = torch.logaddexp(lse, lse_b)", "new = torch.logaddexp(lse)"),
+    }
+    got = dict(zip(cases, check_online_softmax_all(list(cases.values()))))
+    for name in ("reference", "engine"):
+        assert got[name]["ok"], (name, got[name])
+        assert got[name]["max_param_rel_diff"] <= 1e-9 and "--cp 2" in got[name]["message"]
+    want = {
+        "outputs added": "your out is O + O_b",
+        "lse summed": "your lse is the sum L + L_b",
+        "overflows": "gives inf or nan: e^L overflows",
+        "a tuple of one": "returned tuple of 1: return the pair (out, lse)",
+        "raises": "TypeError: logaddexp() missing 1 required positional arguments: \"other\" in combine, line 3 of your code",
+    }
+    for name, words in want.items():
+        res = got[name]
+        assert not res["ok"] and words in res["message"] and "\n" not in res["message"], (name, res)
+    assert RULE in got["outputs added"]["message"]
