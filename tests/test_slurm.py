@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -157,3 +158,69 @@ def test_sweep_one_metrics_file_per_layout(cluster):
     assert len((out / "dp1.tp1.pp1.metrics.jsonl").read_text().splitlines()) == 3, log
     table = (out / "summary.txt").read_text()
     assert "tokens/s" in table and "dp1.tp1.pp1" in table and "no metrics" not in table, log
+
+
+def _job_state(job: str) -> str:
+    r = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=60)
+    fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    return f"{fields.get('JobState', 'GONE')} restarts={fields.get('Restarts', '?')}"
+
+
+def _wait_for(what, check, timeout: float = 300, every: float = 0.5):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_preempted_job_requeues_and_ends_equal_to_an_uninterrupted_one(cluster):
+    """Two identical 2-node training jobs; one is signalled as Slurm's --signal=B:TERM@120
+    would before its time limit: it checkpoints, exits 75, requeues itself and resumes. Both
+    must end with the same losses and bitwise the same parameters and optimizer state."""
+    from minitron import checkpoint
+
+    steps = 24
+    jobs = {}
+    for name in ("whole", "preempted"):
+        d = cluster / name
+        cmd = ["sbatch", "--parsable", "--job-name", f"test-{name}", "--chdir", str(ROOT), "--output",
+               str(d / "job.out"), "--nodes", "2", "--ntasks-per-node", "1", "--time", "00:10:00",
+               str(SLURM / "train.sbatch"), "--eval-every", "0", "--sample", "0"]
+        d.mkdir()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env=_env(MODEL="tiny", STEPS=steps, GLOBAL_BATCH=4, BACKEND="gloo", CKPT_DIR=d / "ckpt",
+                                    CKPT_EVERY=steps, METRICS=d / "metrics.jsonl"))
+        assert r.returncode == 0, r.stderr
+        jobs[name] = (r.stdout.strip().split(";")[0], d)
+    job, d = jobs["preempted"]
+    lines = lambda path: path.read_text().splitlines() if path.exists() else []  # noqa: E731
+    _wait_for("five steps of the job", lambda: len(lines(d / "metrics.jsonl")) >= 5, timeout=240)
+    # What --signal=B:TERM@120 does at the time limit: SIGTERM to the batch script only.
+    subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=60)
+    _wait_for("the requeue", lambda: _job_state(job) == "PENDING restarts=1", timeout=240)
+    # Slurm holds a requeued job back for a while before it may start again; skip the wait.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=60)
+    for name, (j, dd) in jobs.items():
+        _wait_for(f"the end of job {name}", lambda dd=dd: (dd / "ckpt" / "latest").exists()
+                  and (dd / "ckpt" / "latest").read_text().strip().endswith(f"{steps:07d}")
+                  and not _job_state(j).startswith(("RUNNING", "PENDING", "COMPLETING")), timeout=420)
+    out = (d / "job.out").read_text()
+    stopped = [ln for ln in out.splitlines() if "stopped by SIGUSR1 after step" in ln]
+    assert len(stopped) == 1, out
+    k = int(stopped[0].split("after step ")[1].split(";")[0])
+    assert 5 <= k < steps, out
+    assert "requeueing job" in out and "(run 2 of this job)" in out and f"at step {k}" in out, out
+    whole = [json.loads(x) for x in lines(jobs["whole"][1] / "metrics.jsonl")]
+    again = [json.loads(x) for x in lines(d / "metrics.jsonl")]
+    assert [r["step"] for r in again] == list(range(1, steps + 1)), "every step once in the metrics"
+    assert [r["loss"] for r in again] == [r["loss"] for r in whole]
+    a = checkpoint.load_full(checkpoint.latest(str(jobs["whole"][1] / "ckpt")))
+    b = checkpoint.load_full(checkpoint.latest(str(d / "ckpt")))
+    assert a.keys() == b.keys()
+    for name in a:
+        for key, value in a[name].items():
+            if hasattr(value, "shape"):
+                assert value.equal(b[name][key]), f"{name}.{key} differs after the requeue"
