@@ -77,7 +77,7 @@ def test_checkpoint_moves_across_five_layouts(tmp_path):
     relay equal an uninterrupted single-device run (float64, 1e-9)."""
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     for flags, stop in CHAIN:
-        code, out, err = run_cli(["train", *COMMON, *flags, "--ckpt-dir", str(ckpt), "--resume",
+        code, out, err = run_cli(["train", *COMMON, *flags, "--ckpt-dir", str(ckpt), "--resume", "auto",
                                   "--stop-at", str(stop), "--metrics", str(metrics)])
         assert code == 0, err[-3000:]
     relay = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
