@@ -52,7 +52,10 @@ class RunReport:
             if own_trace:  # one step's trace: a long run must not keep every record
                 tr.comm.trace = CommTrace()
             mark = len(tr.comm.trace.records)
-            loss, self.memory = measured_step(tr, step)
+            if tr.layout.compile:  # compiled blocks do not run the saved-tensor hooks the meter needs
+                loss = tr.step(step)
+            else:
+                loss, self.memory = measured_step(tr, step)
             self.trace_records = [r for r in tr.comm.trace.records[mark:] if r.get("phase") != "log"]
             if own_trace:
                 tr.comm.trace = None

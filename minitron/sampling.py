@@ -85,6 +85,9 @@ def codec_for(cfg: ModelConfig, tokenizer: str = "", data: str = "", init_from: 
         codec = TokenizerCodec(str(Path(init_from) / "tokenizer.json"))
     else:
         codec = ByteCorpus
+        if cfg.vocab != ByteCorpus.vocab:  # a model of subword tokens: bytes would be noise
+            raise ConfigError(f"the model's vocabulary is {cfg.vocab}, not bytes (256): give the tokenizer it "
+                              f"was trained with (--data TOKENS.bin or --tokenizer tokenizer.json)")
     if codec.vocab > cfg.vocab:
         raise ConfigError(f"the tokenizer has {codec.vocab} tokens but the model's vocabulary is {cfg.vocab}: "
                           f"give the tokenizer the model was trained with (--tokenizer or --data)")
