@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from minitron.analysis import (SOFTWARE, Layout, Software, explain, format_explain, get_software, plan,
-                               predict)
+from minitron.analysis import (SOFTWARE, Layout, Software, explain, flops_per_iteration, format_explain,
+                               get_software, model_flops_per_iteration, plan, predict)
 from minitron.analysis import published as P
 from minitron.analysis.software import DEFAULT_SOFTWARE
 from minitron.cli import main
@@ -126,6 +126,11 @@ def test_explain_parts_add_up_to_the_iteration():
           .breakdown["parts"]["elementwise"] for sw in ("megatron-2019", "ptdp-2021", "current")}
     assert ew["current"] < ew["ptdp-2021"] < ew["megatron-2019"]
     assert "iteration" in format_explain(pred)
+    # MFU counts the model's FLOPs only: under full recomputation it is PTD-P's Eq. 3
+    # throughput scaled by model FLOPs over Eq. 3's (which counts the replayed forward)
+    full = predict(m, Layout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software="ptdp-2021")
+    eq3_over_model = flops_per_iteration(m, 1536, recompute=True) / model_flops_per_iteration(m, 1536)
+    assert full.breakdown["mfu"] * 312 * eq3_over_model == pytest.approx(full.tflops_per_gpu, rel=1e-12)
 
 
 def test_plan_explain_cli(capsys, tmp_path):

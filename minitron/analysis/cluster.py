@@ -81,7 +81,7 @@ from typing import Any
 from ..config import ModelConfig
 from .bubble import bubble_fraction
 from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
-from .flops import _policy, flops_per_iteration, hardware_flops_per_iteration
+from .flops import _policy, flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration
 from .memory import memory_estimate
 from .params import _get, _params_given_layers, padded_vocab, rank_layers
 from .software import Software, get_software
@@ -316,7 +316,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     model or hardware FLOPs otherwise), ``memory_gb_per_gpu`` (mixed-precision,
     :func:`~minitron.analysis.memory.memory_estimate`), ``bubble_fraction``, and the
     ``breakdown`` in seconds, its ``parts`` per kind of work (:func:`explain` reads
-    them). Raises ValueError for a layout the model cannot take.
+    them) and ``mfu``, the model FLOPs (no recomputation counted) over n·peak·time. Raises ValueError for a layout the model cannot take.
     """
     c = get_cluster(cluster)
     sw = get_software(software)
@@ -411,7 +411,8 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
                  "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
                  "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * tp_hidden_mb,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
-                 "software": sw.name, "recompute": rc, "parts": per_iteration}
+                 "software": sw.name, "recompute": rc, "parts": per_iteration,
+                 "mfu": model_flops_per_iteration(model, global_batch) / (n_gpus * it * c.peak_flops)}
     return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
                       memory_gb_per_gpu=mem["total_bytes"] / 1e9, bubble_fraction=bub,
                       breakdown=breakdown)

@@ -61,5 +61,5 @@ def format_explain(pred: Prediction) -> str:
     lines.append(f"{'iteration':<{width}} {pred.iteration_s:>9.3f} {1:>7.1%}")
     lines.append(f"software {bd['software']}, recompute {bd['recompute']}, {bd['microbatches']} microbatches "
                  f"per pipeline, bubble fraction {pred.bubble_fraction:.3f}, "
-                 f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU")
+                 f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {bd['mfu']:.1%}")
     return "\n".join(lines)
