@@ -224,3 +224,16 @@ def test_preempted_job_requeues_and_ends_equal_to_an_uninterrupted_one(cluster):
         for key, value in a[name].items():
             if hasattr(value, "shape"):
                 assert value.equal(b[name][key]), f"{name}.{key} differs after the requeue"
+
+
+def test_sweep_sbatch_point_across_two_nodes(cluster):
+    """`minitron sweep` under srun: one point of a series on two nodes, its row appended."""
+    if len(_nodes()) < 2:
+        pytest.skip("this Slurm has one node: slurm/setup_local_slurm.sh starts two")
+    out = cluster / "sweep-2n.jsonl"
+    rc, log, text = _sbatch(cluster, "sweep-2n", "sweep.sbatch", "--nodes", "2", "--ntasks-per-node", "2",
+                            LAYOUT="dp2.tp2", OUT=out, STEPS=2, BACKEND="gloo")
+    assert rc == 0, log
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["layout"] == "dp2.tp2.pp1" and row["world"] == 4 and row["global_batch"] == 16, log
+    assert row["step_s"] > 0 and row["bytes_per_axis"]["dp"] > 0 and row["bytes_per_axis"]["tp"] > 0, log
