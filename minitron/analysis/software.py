@@ -34,9 +34,11 @@ twice the element-wise bytes of its forward):
 * **dp_overlap** — the data-parallel gradient reduction runs under the backward (bucketed,
   as PyTorch DDP does) rather than after the pipeline flush (Megatron-LM's own
   data-parallel wrapper of 2021–2022);
-* **tp_overlap** — with sequence parallelism only: ``"backward"`` (Korthikanti et al.,
-  §4.2.2) hides the backward's re-gather of the saved input shards and its
-  reduce-scatters behind the weight-gradient and input-gradient matrix multiplies;
+* **tp_overlap** — with sequence parallelism only: ``"backward"`` (Megatron-LM's
+  sequence-parallel linear of 2022, the implementation of Korthikanti et al.: the
+  column-parallel backward launches the re-gather of its saved input shard before the
+  input-gradient GEMM, and the reduce-scatter of that gradient before the weight-gradient
+  GEMM) hides the backward's collectives behind the matrix multiplies;
   ``"all"`` pipelines every tensor-parallel collective with its GEMM (Megatron-Core's
   userbuffer overlap, 2023); ``"none"``: all on the critical path;
 * **pp_overlap** — pipeline sends and receives overlapped with compute (Megatron-Core's
@@ -139,7 +141,7 @@ SOFTWARE: dict[str, Software] = {
         no_transposes=True, recompute="full", dp_overlap=False),
     "korthikanti-2022": Software(
         "korthikanti-2022", "Korthikanti et al. 2022: PTD-P's kernels, selective recomputation, "
-        "the backward's sequence-parallel all-gathers and reduce-scatters overlapped (§4.2.2)",
+        "the backward's sequence-parallel all-gathers and reduce-scatters overlapped with the backward GEMMs",
         attention="fused-softmax", fused_bias_gelu=True, fused_bias_dropout_add=True,
         no_transposes=True, recompute="selective", sequence_parallel=True, dp_overlap=False,
         tp_overlap="backward", precision="bf16"),
