@@ -261,13 +261,13 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
         att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
     att_b *= sw.attention_backward_ratio / 2    # flash attention recomputes QKᵀ backward
     parts["attention"] = (att_f, att_b, 0.0)
-    # Element-wise bytes of the forward (the backward moves about twice as many), from
-    # the software's kernel inventory (see software.py): replicated unless sequence
-    # parallel, the LayerNorms and the two bias + dropout + residual sites; split over
-    # t, the head reshapes (8·Th, none in PTD-P's layout), GeLU (2·Tf) and the passes
-    # over the b·a·s² attention matrix.
+    # Element-wise bytes, from the software's kernel inventory (see software.py): per
+    # token, replicated unless sequence parallel, the LayerNorms and the two bias +
+    # dropout + residual sites; split over t, the head reshapes (8·Th, none in PTD-P's
+    # layout) and GeLU (2·Tf) — their backward moves about twice their forward; and the
+    # passes over the b·a·s²/t attention matrix, counted forward and backward.
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
-    matrix_f, matrix_b = (n * b * a * s * s / t * e / bw_ew for n in sw.attention_matrix_passes)
+    matrix_f, matrix_b = (k * b * a * s * s / t * e / bw_ew for k in sw.attention_matrix_passes)
     split = (sw.reshape_passes * T * h + 2 * T * f) / t
     ew = (sw.token_passes * T * h / (t if sp else 1) + split) * e / bw_ew
     parts["elementwise"] = (ew + matrix_f, 2 * ew + matrix_b, 0.0)

@@ -6,14 +6,16 @@ next to the hardware: which element-wise kernels are fused, how attention is com
 which activations are recomputed, and which communication hides behind computation.
 Everything here is data; :mod:`.cluster` prices it.
 
-What the choices change in the model (per transformer layer, forward; the backward moves
-twice the element-wise bytes of its forward):
+What the choices change in the model (per transformer layer; the backward of the
+token-wise kernels moves twice the bytes of their forward, the attention matrix's
+kernels are itemised both ways):
 
 * **attention** — ``"unfused"`` (Megatron-LM 2019): scale, mask, softmax and dropout are
-  four kernels, 8.5 passes over the b·a·s²/t attention matrix in 2-byte elements (the
-  mask counted as half an element); ``"fused-softmax"`` (PTD-P 2021, §4.2): one fused
-  scale+mask+softmax kernel (read, write: 2 passes) and the dropout (read, write and a
-  1-byte mask: 2.5), 4.5 passes; ``"flash"`` (Dao et al. 2022): the s×s matrix never
+  four kernels, 8.5 passes over the b·a·s²/t attention matrix in 2-byte elements
+  forward (the mask counted as half an element), 10 backward; ``"fused-softmax"``
+  (PTD-P 2021, §4.2): one scale+mask+softmax kernel with implicit causal masking, which
+  reads only the lower triangle, and the dropout: 4 passes forward, 4.5 backward;
+  ``"flash"`` (Dao et al. 2022): the s×s matrix never
   leaves on-chip memory, no pass at all, but the backward recomputes QKᵀ, so the
   attention products cost 2.5× their forward in the backward instead of 2×;
 * **fused bias + dropout + residual add** (PTD-P §4.2) — after attention and after the
@@ -66,8 +68,10 @@ RECOMPUTES = ("none", "selective", "full")
 # 1-byte mask is half a pass), by attention kind. Unfused forward: scale (read, write),
 # mask (read, write, read the mask), softmax (read, write), dropout (read, write);
 # backward: scale 2, mask 2.5, softmax (read the output and its gradient, write) 3,
-# dropout (read the gradient and the mask, write) 2.5. Fused: one softmax kernel (2
-# forward, 3 backward) and the dropout (read, write, write the mask: 2.5; backward 2.5).
+# dropout (read the gradient and the mask, write) 2.5. Fused: one causal softmax kernel
+# that loads only the lower triangle (read half, write: 1.5 forward; read half of the
+# output and of its gradient, write: 2 backward) and the dropout (read, write, write the
+# mask: 2.5; backward 2.5).
 ATTENTION_MATRIX_PASSES = {"unfused": (8.5, 10.0), "fused-softmax": (4.0, 4.5), "flash": (0.0, 0.0)}
 # Forward passes over b·s·h of the kernels around the two residual branches: two
 # LayerNorms (read, write: 2 each) plus, twice, bias + dropout + residual add.
