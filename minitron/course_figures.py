@@ -132,13 +132,37 @@ def draw_f_and_g(model, t: int = 2) -> Figure:
     return fig
 
 
-def draw_cube(q: int = 2, rank: int = 0) -> Figure:
+def _cube_blocks(model, q: int, weight: str) -> dict[int, str]:
+    """{rank: 'rows r0:r1, cols c0:c1'}: the block of `weight` each rank of the cube holds,
+    read from the `ShardInfo` of a one-layer GPT built for that rank."""
+    import torch
+
+    from .comm import Comm
+    from .config import ParallelConfig
+    from .context import Context
+    from .grid import ProcessGrid
+    from .model import GPT
+
+    out = {}
+    for r in range(q ** 3):
+        ctx = Context(Comm(ProcessGrid(tp=q ** 3, cube=True, rank=r)), ParallelConfig(tp=q ** 3, tp_mode="3d"),
+                      torch.float32)
+        prm = dict(GPT(model.replace(layers=1), ctx).named_parameters())[weight]
+        rows, cols = prm.shard.slices
+        out[r] = f"[{rows.start}:{rows.stop}, {cols.start}:{cols.stop}]"
+    return out
+
+
+def draw_cube(q: int = 2, rank: int = 0, model=None, weight: str = "blocks.0.mlp.fc.weight") -> Figure:
     """The q×q×q cube of tensor ranks (from `ProcessGrid`'s cube coordinates), with the
-    lines through `rank` along i, j and k highlighted: the groups its collectives use."""
+    lines through `rank` along i, j and k highlighted: the groups its collectives use.
+    With a `model`, each rank is labelled with the block of `weight` it holds (rows and
+    columns of the single-device weight, from the engine's own shards)."""
     from .grid import ProcessGrid
 
     grid = ProcessGrid(tp=q ** 3, cube=True)
-    fig = _fig(5.0, 5.0)
+    blocks = _cube_blocks(model, q, weight) if model is not None else {}
+    fig = _fig(6.0 if blocks else 5.0, 5.5 if blocks else 5.0)
     ax = fig.add_subplot(1, 1, 1, projection="3d")
     lines = {axis: set(grid.axis_ranks(axis, rank)) for axis in ("cube_i", "cube_j", "cube_k")}
     colors = {"cube_i": "#4c72b0", "cube_j": "#55a868", "cube_k": "#c44e52"}
@@ -151,7 +175,7 @@ def draw_cube(q: int = 2, rank: int = 0) -> Figure:
         if r == rank:
             color, size = "black", 140
         ax.scatter([i], [j], [k], s=size, color=color, depthshade=False)
-        ax.text(i, j, k + 0.12, str(r), fontsize=8)
+        ax.text(i, j, k + 0.12, f"{r} {blocks[r]}" if blocks else str(r), fontsize=7)
     for axis, members in lines.items():
         pts = sorted(grid.cube_coord(r) for r in members)
         ax.plot(*zip(*pts), color=colors[axis], lw=2, label=f"{axis} line of rank {rank}")
@@ -159,5 +183,8 @@ def draw_cube(q: int = 2, rank: int = 0) -> Figure:
     ax.set_ylabel("j")
     ax.set_zlabel("k")
     ax.legend(fontsize=7, loc="upper left")
-    ax.set_title(f"the {q}×{q}×{q} cube: the three lines through rank {rank}", fontsize=9)
+    title = f"the {q}×{q}×{q} cube: the three lines through rank {rank}"
+    if blocks:
+        title += f"\nlabels: rank and its block of {weight} [rows, columns]"
+    ax.set_title(title, fontsize=9)
     return fig
