@@ -160,10 +160,11 @@ class ProcessGrid:
 
     def describe(self) -> str:
         """A table of every rank's coordinates (handy in lessons)."""
-        lines = ["rank  tp  dp  pp" + ("   (i,j,k)" if self.cube else "")]
+        lines = ["rank  tp  dp  pp" + ("   (i,j,k)" if self.cube else "") + ("  cp" if self.cp > 1 else "")]
         for r in range(self.world):
             c = self.coord(r)
             extra = f"   {self.cube_coord(r)}" if self.cube else ""
+            extra += f" {c.cp:>3}" if self.cp > 1 else ""
             lines.append(f"{r:>4} {c.tp:>3} {c.dp:>3} {c.pp:>3}{extra}")
         return "\n".join(lines)
 
