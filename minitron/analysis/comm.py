@@ -151,6 +151,10 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     gradients over the tensor group; the gradient norm for clipping is one 8-byte
     all-reduce on the tensor and pipeline axes.
     """
+    if _get(parallel, "tp_mode", "1d") in ("2d", "2.5d"):  # SUMMA and Tesseract: analysis/summa.py
+        from .summa import summa_comm_items
+
+        return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
     if _get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
         raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
                          "use cube_linear_elements or tensor_parallel_comparison")

@@ -221,8 +221,9 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     ParallelConfig or a dict; `recompute` overrides the layout's).
     """
     t = int(_get(layout, "tp", 1) or 1)
-    # the 3-D cube splits every activation over its q³ ranks, like sequence parallelism
-    sp = bool(_get(layout, "sp", False)) or _get(layout, "tp_mode", "1d") == "3d"
+    # the 3-D cube (and the 2-D/2.5-D grid) splits every activation over its ranks, like
+    # sequence parallelism
+    sp = bool(_get(layout, "sp", False)) or _get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d")
     rc = _policy(recompute if recompute is not None else _get(layout, "recompute", "none"))
     kind, p, v = _schedule(layout)
     m = microbatches
@@ -305,9 +306,10 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     (negative, counted as 0).
 
     `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers, tp_mode`` (a
-    ParallelConfig or a dict). The 3-D cube falls back to :func:`activation_bytes_on_rank`.
+    ParallelConfig or a dict). The 3-D cube and the 2-D/2.5-D grid fall back to
+    :func:`activation_bytes_on_rank`.
     """
-    if _get(layout, "tp_mode", "1d") == "3d":
+    if _get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d"):
         return activation_bytes_on_rank(model, layout, micro_batch, microbatches, pp_rank, bytes_per_el, 1)
     from .tensor_parallel import saved_bytes_per_layer  # (it imports this module)
 
