@@ -1,0 +1,280 @@
+"""1-D, 2-D, 2.5-D and 3-D tensor parallelism on the same 8 ranks: bytes per device,
+measured and predicted, and the cost model's projection to the 64 V100s of Bian et al.
+
+For each model, every layout trains the same GPT (same seed, same batches) for a few
+steps in ONE start of 8 ranks (each layout builds its own process groups on the same
+world); rank 0's communication trace of the last step gives the *measured* call bytes
+per axis and operation and their wire bytes, printed next to the *predicted* ones
+(:func:`minitron.analysis.comm.comm_bytes_per_step` for 1-D,
+:func:`minitron.analysis.summa.summa_comm_bytes_per_step` for 2-D and 2.5-D,
+:func:`minitron.analysis.cube.cube_comm_bytes_per_step` for 3-D). Parameter bytes (the
+local shards) and activation bytes (what autograd saves for one microbatch's forward,
+parameters excluded, each storage once) are measured and predicted the same way. Step
+times are for information only (a shared 2-core CPU says little about a GPU cluster).
+
+The layouts of 8 ranks: 1-D ``--tp 8``; 2-D ``--tp 4 --tp-mode 2d --dp 2`` (8 is not a
+square: the q = 2 grid twice, data parallel); 2.5-D ``--tp 8 --tp-mode 2.5d
+--tp-depth 2`` (q = 2, d = 2); 3-D ``--tp 8 --tp-mode 3d`` (q = 2).
+Then :func:`minitron.analysis.tp_schemes.project_tp_schemes` projects one layer's
+time onto 64 GPUs: TACC Longhorn (where the paper measured; 4 V100s per node) and a
+DGX-2H cluster (16 per node).
+
+    python benchmarks/tp_schemes.py            # writes benchmarks/tp_schemes.md
+    python benchmarks/tp_schemes.py --smoke    # tiny model, one step, nothing written
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from minitron.config import ModelConfig, ParallelConfig, TrainConfig, validate  # noqa: E402
+from minitron.testing import run_on_ranks  # noqa: E402
+
+# many tokens and a narrow hidden size (activations dominate), and few tokens with a wide one
+MODELS = {
+    "tokens": (ModelConfig(layers=2, hidden=64, heads=16, seq_len=64, vocab=256, name="tokens"), 16),
+    "weights": (ModelConfig(layers=2, hidden=256, heads=16, seq_len=16, vocab=256, name="weights"), 16),
+}
+SMOKE = {"tiny": (ModelConfig(layers=1, hidden=16, heads=8, seq_len=8, vocab=256, name="tiny"), 8)}
+LAYOUTS = {"1d": ParallelConfig(tp=8), "2d": ParallelConfig(tp=4, tp_mode="2d", dp=2),
+           "2.5d": ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2), "3d": ParallelConfig(tp=8, tp_mode="3d")}
+# the projection: one GPT layer on 64 GPUs, 16-bit (our choice of shape; see the report)
+PAPER = (ModelConfig(layers=24, hidden=4096, heads=64, seq_len=512, vocab=51200, name="h4096"), 64)
+
+
+def saved_activation_bytes(model, x, y) -> int:
+    """Bytes autograd saves for the backward of `model(x, y)`: each storage once,
+    parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set = set()
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, y)
+    return total
+
+
+def comm_for(layout, world_comm):
+    """A Comm over this layout's own process groups on the running world (every rank
+    builds the same groups in the same order, as ``launch.setup_rank`` does)."""
+    from minitron.comm import Comm, CommTrace
+    from minitron.grid import ProcessGrid
+
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, rank=world_comm.grid.rank,
+                       cube=layout.tp_mode == "3d",
+                       summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
+    return Comm(grid.build_groups(), CommTrace())
+
+
+def measure_job(world_comm, runs, steps):
+    """On every rank, for each (model, layout, train): activations of one microbatch,
+    parameter bytes, the trace of the last of `steps` steps and the step times."""
+    from minitron.train import Trainer
+
+    out = []
+    for model, layout, train in runs:
+        comm = comm_for(layout, world_comm)
+        tr = Trainer(model, layout, train, comm)
+        x, y = tr.microbatches(0)[0]
+        acts = saved_activation_bytes(tr.model, x, y)
+        times = []
+        for i in range(steps):
+            comm.trace.records.clear()
+            world_comm.barrier()
+            t0 = time.perf_counter()
+            tr.step(i)
+            times.append(time.perf_counter() - t0)
+        recs = [r for r in comm.trace.records if r["phase"] not in ("log", "other")]
+        sizes = {r["axis"]: comm.size(r["axis"]) for r in recs}
+        params = sum(p.numel() * p.element_size() for p in tr.params)
+        out.append({"acts": acts, "params": params, "records": recs, "sizes": sizes, "times": times})
+    return out
+
+
+def by_axis_op(records) -> dict:
+    out: dict = {}
+    for r in records:
+        out[(r["axis"], r["op"])] = out.get((r["axis"], r["op"]), 0) + r["bytes"]
+    return out
+
+
+def predicted(model, layout, train):
+    """The analysis of one step on rank 0: call bytes per (axis, op), wire bytes,
+    activation bytes of a microbatch and parameter bytes."""
+    from minitron.analysis import cube as C
+    from minitron.analysis import summa as S
+    from minitron.analysis.comm import comm_items
+    from minitron.analysis.params import params_on_rank
+
+    e = 8 if train.dtype == "float64" else 4
+    b = train.global_batch // (layout.dp * train.microbatches)
+    if layout.tp_mode == "3d":
+        q = C.cube_q(layout.tp)
+        items, sizes = C.cube_comm_items(model, layout, train), {C.I: q, C.J: q, C.K: q}
+        acts = sum(C.saved_bytes_per_microbatch(model, b, layout.tp, "3d", e).values())
+    elif layout.tp_mode in ("2d", "2.5d"):
+        q = S.grid_shape(layout.tp, layout.tp_depth)
+        items, sizes = S.summa_comm_items(model, layout, train), {S.ROW: q, S.COL: q, S.DEP: layout.tp_depth}
+        acts = sum(S.saved_bytes_per_microbatch(model, b, layout.tp, layout.tp_depth, e).values())
+    else:
+        items, sizes = comm_items(model, layout, train), {}
+        acts = sum(C.saved_bytes_per_microbatch(model, b, layout.tp, "1d", e).values())
+    sizes.update(tp=layout.tp, dp=layout.dp)
+    flat: dict = {}
+    wire = 0.0
+    for it in items:  # bytes summed over `calls` calls of equal size
+        flat[(it["axis"], it["op"])] = flat.get((it["axis"], it["op"]), 0) + it["bytes"]
+        wire += it["calls"] * S.wire_bytes({**it, "bytes": it["bytes"] / it["calls"]}, sizes.get(it["axis"], 1))
+    return {"comm": flat, "wire": wire, "acts": acts, "params": e * params_on_rank(model, layout)}
+
+
+def run(models, schemes, steps, dtype):
+    from minitron.analysis.summa import wire_bytes
+
+    runs = []
+    for name, (model, gb) in models.items():
+        train = TrainConfig(steps=steps, global_batch=gb, dtype=dtype, warmup=1)
+        for mode in schemes:
+            layout = LAYOUTS[mode]
+            validate(model, layout, train)
+            runs.append((name, mode, model, layout, train))
+    res = run_on_ranks(measure_job, ParallelConfig(dp=8), [r[2:] for r in runs], steps)[0]
+    rows = []
+    for (name, mode, model, layout, train), got in zip(runs, res):
+        pred = predicted(model, layout, train)
+        meas = by_axis_op(got["records"])
+        wire = sum(wire_bytes(r, got["sizes"][r["axis"]]) for r in got["records"])
+        rows.append({"model": name, "mode": mode, "layout": layout.describe(), "measured": meas,
+                     "predicted": pred["comm"], "call_bytes": sum(meas.values()),
+                     "call_bytes_pred": sum(pred["comm"].values()), "wire_bytes": wire, "wire_bytes_pred": pred["wire"],
+                     "param_bytes": got["params"], "param_bytes_pred": pred["params"],
+                     "act_bytes": got["acts"], "act_bytes_pred": pred["acts"],
+                     "step_ms": 1000 * statistics.median(got["times"][1:] or got["times"])})
+        r = rows[-1]
+        print(f"{name:8s} {mode:4s}: wire {wire:.0f} B (pred {pred['wire']:.0f}), params {r['param_bytes']} B "
+              f"(pred {pred['params']}), acts {r['act_bytes']} B (pred {pred['acts']}), {r['step_ms']:.0f} ms",
+              flush=True)
+    return rows
+
+
+def projection(model, micro_batch):
+    from minitron.analysis.tp_schemes import LONGHORN, compare_tp_schemes, project_tp_schemes
+
+    return {"longhorn": project_tp_schemes(model, micro_batch, 64, LONGHORN),
+            "v100-dgx2": project_tp_schemes(model, micro_batch, 64, "v100-dgx2"),
+            "bytes": compare_tp_schemes(model, micro_batch, 64, bytes_per_el=2)}
+
+
+def fmt(n) -> str:
+    return f"{n / 1024:,.1f} KiB"
+
+
+def report(rows, proj, argv, dtype, models, schemes) -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = ["# Tensor parallelism 1-D, 2-D, 2.5-D, 3-D on 8 ranks", "",
+             f"Command: `{' '.join(['python', 'benchmarks/' + os.path.basename(__file__), *argv])}`  ",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} "
+             f"{platform.release()}, torch {torch.__version__}, gloo (8 local ranks), load average {load:.1f}  ",
+             f"Date: {datetime.date.today().isoformat()}  ",
+             f"{dtype}; one microbatch per data-parallel rank per step; bytes per device (rank 0).", "",
+             "Layouts: " + "; ".join(f"**{k}** `{LAYOUTS[k].describe()}`" for k in schemes), "",
+             "Models: " + "; ".join(f"**{k}** = {m.layers} layers, h={m.hidden}, {m.heads} heads, s={m.seq_len}, "
+                                    f"V={m.vocab}, batch {gb} ({gb * m.seq_len} tokens)"
+                                    for k, (m, gb) in models.items()), "",
+             "## Per device per step: measured (trace, saved tensors, shards) | predicted (analysis)", "",
+             "| model | scheme | layout | call bytes | wire bytes | parameter bytes | activation bytes "
+             "(1 microbatch) | step time |", "|---|---|---|---|---|---|---|---|"]
+
+    def pair(a, b):
+        return f"{fmt(a)} \\| {fmt(b)}" + ("" if abs(a - b) < 0.5 else " ✗")
+
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['mode']} | `{r['layout']}` | {pair(r['call_bytes'], r['call_bytes_pred'])} | "
+                     f"{pair(r['wire_bytes'], r['wire_bytes_pred'])} | {pair(r['param_bytes'], r['param_bytes_pred'])} | "
+                     f"{pair(r['act_bytes'], r['act_bytes_pred'])} | {r['step_ms']:.0f} ms |")
+    lines += ["", "## Call bytes by axis and operation (measured | predicted)", "",
+              "| model | scheme | axis | op | measured | predicted |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for key in sorted(set(r["measured"]) | set(r["predicted"])):
+            m, p = r["measured"].get(key, 0), r["predicted"].get(key, 0)
+            lines.append(f"| {r['model']} | {r['mode']} | {key[0]} | {key[1]} | {m:,} | {p:,.0f}"
+                         f"{'' if m == p else ' ✗'} |")
+    if proj:
+        pm, pb = PAPER
+        lines += ["", "## Projection: one layer on 64 V100s (cost model)", "",
+                  f"`minitron.analysis.tp_schemes.project_tp_schemes`: one GPT layer of h={pm.hidden}, "
+                  f"{pm.heads} heads, s={pm.seq_len}, {pb} sequences per step, 16-bit, forward and backward, "
+                  "no overlap of communication and compute. Longhorn: 4 V100s per node on NVLink, one EDR "
+                  "InfiniBand port per node (where Bian et al. measured); DGX-2H: 16 per node.", "",
+                  "| cluster | scheme | grid | compute | communication | layer | 3-D's speed-up over it |",
+                  "|---|---|---|---|---|---|---|"]
+        for cl in ("longhorn", "v100-dgx2"):
+            rs = {r["scheme"]: r for r in proj[cl]}
+            for r in proj[cl]:
+                if r["feasible"]:
+                    up = r["layer_s"] / rs["3d"]["layer_s"] if rs["3d"]["feasible"] else float("nan")
+                    lines.append(f"| {cl} | {r['scheme']} | {r['grid']} | {1e3 * r['compute_s']:.2f} ms | "
+                                 f"{1e3 * r['comm_s']:.2f} ms | {1e3 * r['layer_s']:.2f} ms | {up:.2f}× |")
+        lines += ["", "The same layer on 64 devices, bytes per device (`compare_tp_schemes`, 16-bit):", "",
+                  "| scheme | grid | sent per microbatch | gradient sums per step | layer parameters | "
+                  "layer activations |", "|---|---|---|---|---|---|"]
+        for r in proj["bytes"]:
+            if r["feasible"]:
+                lines.append(f"| {r['scheme']} | {r['grid']} | {r['layer_wire_bytes'] / 2**20:,.1f} MiB | "
+                             f"{r['layer_sync_wire_bytes'] / 2**20:,.2f} MiB | {r['layer_param_bytes'] / 2**20:,.2f} MiB | "
+                             f"{r['layer_activation_bytes'] / 2**20:,.1f} MiB |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one step, nothing written")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), help=f"which of {', '.join(MODELS)}")
+    ap.add_argument("--schemes", nargs="+", default=list(LAYOUTS), help=f"which of {', '.join(LAYOUTS)}")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "tp_schemes.md"))
+    args = ap.parse_args(argv)
+    for kind, names, valid in (("model", args.models, MODELS), ("scheme", args.schemes, LAYOUTS)):
+        unknown = [k for k in names if k not in valid]
+        if unknown:
+            sys.exit(f"unknown {kind} {', '.join(unknown)}: choose from {', '.join(valid)}")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    models = SMOKE if args.smoke else {k: MODELS[k] for k in args.models}
+    rows = run(models, args.schemes, 1 if args.smoke else args.steps, args.dtype)
+    proj = projection(*PAPER)
+    for cl in ("longhorn", "v100-dgx2"):
+        print(cl + ": " + ", ".join(f"{r['scheme']} {1e3 * r['layer_s']:.1f} ms" for r in proj[cl] if r["feasible"]))
+    bad = [r for r in rows if r["measured"] != r["predicted"] or r["act_bytes"] != r["act_bytes_pred"]
+           or r["param_bytes"] != r["param_bytes_pred"]]
+    if args.smoke:
+        print("smoke:", "every layout sent and kept what the analysis predicts" if not bad
+              else f"{len(bad)} layouts differ from the analysis")
+        return 1 if bad else 0
+    with open(args.out, "w") as f:
+        f.write(report(rows, proj, argv, args.dtype, models, args.schemes))
+    print(f"written to {args.out}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
