@@ -254,7 +254,7 @@ def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
     from .checkpoint import latest
     from .preemption import EXIT_PREEMPTED
-    from .preflight import check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
+    from .preflight import check_output_dir, check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
 
     t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
@@ -263,12 +263,15 @@ def cmd_train(args) -> int:
     corpus = check_data(m, t)
     start = check_resume(t.ckpt_dir, args.resume, m, t) if t.resume else 0
     check_outputs({"--metrics": t.metrics, "--trace": t.trace, "--timeline": t.timeline}, inputs_of(t))
+    if getattr(args, "tensorboard", ""):
+        check_output_dir("--tensorboard", args.tensorboard)
     if t.ckpt_dir:
-        prepare_ckpt_dir(t.ckpt_dir, args.resume, args.overwrite, inputs_of(t))
-    for path in (t.trace, t.metrics, t.timeline):
+        prepare_ckpt_dir(t.ckpt_dir, args.resume, args.overwrite, inputs_of(t), delete=reporting())
+    for path in (t.trace, t.metrics, t.timeline) if reporting() else ():  # one writer under srun
         if path and not (path == t.metrics and start):  # a resumed run appends its metrics
             Path(path).unlink(missing_ok=True)
-    trim_metrics(t.metrics if start else "", start)  # steps after the checkpoint are trained again
+    if reporting():
+        trim_metrics(t.metrics if start else "", start)  # steps after the checkpoint are trained again
     observer = None
     if not args.no_report or args.tensorboard:
         from .report import RunReport

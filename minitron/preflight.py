@@ -146,6 +146,13 @@ def _writable_folder(flag: str, folder: Path, path: str) -> None:
                           f"pick a writable place") from None
 
 
+def check_output_dir(flag: str, path: str) -> None:
+    """`path` is (or can be made) a writable folder, not a file."""
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ConfigError(f"{flag} {path} is a file: name a folder")
+    _writable_folder(flag, Path(path), path)
+
+
 def check_outputs(outputs: dict[str, str], inputs: list[str]) -> None:
     """Every named output file (flag -> path) is writable, none is an input, no two coincide."""
     given = {flag: path for flag, path in outputs.items() if path}
@@ -163,9 +170,10 @@ def _holds_checkpoints(folder: Path) -> bool:
     return (folder / "latest").exists() or any(folder.glob("step_*"))
 
 
-def prepare_ckpt_dir(ckpt_dir: str, resume: str, overwrite: bool, inputs: list[str]) -> None:
+def prepare_ckpt_dir(ckpt_dir: str, resume: str, overwrite: bool, inputs: list[str], delete: bool = True) -> None:
     """--ckpt-dir is a writable folder; a new run refuses one holding checkpoints unless
-    --resume continues them or --overwrite deletes them (a typo must not mix two runs)."""
+    --resume continues them or --overwrite deletes them (a typo must not mix two runs).
+    Under srun every rank checks; only the one with `delete` (rank 0) deletes."""
     folder = Path(ckpt_dir)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--ckpt-dir {ckpt_dir} is a file: name a folder")
@@ -177,7 +185,7 @@ def prepare_ckpt_dir(ckpt_dir: str, resume: str, overwrite: bool, inputs: list[s
         if not overwrite:
             raise ConfigError(f"--ckpt-dir {ckpt_dir} already holds checkpoints: add --resume to continue them, "
                               f"--overwrite to delete them and start again, or pick another folder")
-        for old in [*folder.glob("step_*"), folder / "latest"]:
+        for old in [*folder.glob("step_*"), folder / "latest"] if delete else []:
             if old.is_dir():
                 shutil.rmtree(old)
             elif old.exists():

@@ -108,6 +108,7 @@ CASES = [
     (TRAIN + ["--metrics", "{folder}"], "is a folder"),
     (TRAIN + ["--metrics", "{file}/m.jsonl"], "cannot write into"),
     (TRAIN + ["--ckpt-dir", "{file}"], "is a file: name a folder"),
+    (TRAIN + ["--tensorboard", "{file}"], "is a file: name a folder"),
     (TRAIN + ["--ckpt-dir", "{file}/ck"], "cannot write into"),
     (TRAIN + ["--ckpt-dir", "{ckpt}"], "already holds checkpoints"),
     (TRAIN + ["--data", "{dir}/text.txt", "--ckpt-dir", "{dir}"], "holds the training data"),
