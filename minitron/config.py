@@ -219,8 +219,9 @@ def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = Non
     _need(p.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{p.dp_impl}': use naive or bucketed")
     _need(p.bucket_mb > 0 and math.isfinite(p.bucket_mb), f"--bucket-mb must be a positive finite number (got {p.bucket_mb})")
     _need(p.zero in (0, 1, 2, 3), f"unknown --zero {p.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
-    _need(not p.zero1 or p.dp > 1, f"{'--zero1' if p.zero == 1 else f'--zero {p.zero}'} shards model states over "
-          f"data parallel ranks: it needs --dp 2 or more")
+    sharded = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and parameters"}
+    _need(not p.zero1 or p.dp > 1, f"{'--zero1' if p.zero == 1 else f'--zero {p.zero}'} shards "
+          f"{sharded.get(p.zero, 'model states')} over data parallel ranks: it needs --dp 2 or more")
     if p.zero >= 2:
         validate_zero(m, p)
     if p.tp_mode == "3d":

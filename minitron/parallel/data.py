@@ -56,7 +56,6 @@ The interface every implementation offers the training loop and the pipeline run
 """
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 
 import torch
@@ -346,6 +345,16 @@ def _merge(ranges) -> list[tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
+def _complement(ranges, n: int) -> list[tuple[int, int]]:
+    """The pieces of range(n) outside the sorted, disjoint `ranges`."""
+    out, start = [], 0
+    for a, b in ranges:
+        if a > start:
+            out.append((start, a))
+        start = b
+    return out + ([(start, n)] if start < n else [])
+
+
 class ShardedAdamW:
     """ZeRO's sharded optimizer: AdamW whose state covers only this rank's 1/d of the flat
     parameters. Stage 1 with a ``BucketedDataParallel(shard=True)``; stages 2 and 3 with a
@@ -373,6 +382,8 @@ class ShardedAdamW:
         segs = dp.segments()
         self._decay = _merge((a, b) for p, a, b, _ in segs if p.dim() >= 2)
         self._counted = _merge((a, b) for p, a, b, _ in segs if owns_copy(p, self.comm))
+        self._no_decay = _complement(self._decay, n)
+        self._step = torch.zeros((), dtype=torch.float32, device=like.device)  # read by the fused kernel
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state held by this rank (exp_avg and exp_avg_sq)."""
@@ -396,15 +407,18 @@ class ShardedAdamW:
         if max_norm > 0:
             g.mul_(clip_coef(norm, max_norm).to(g.dtype))
         self.dp.read_param_shard(p)  # current values (they may have been loaded)
-        beta1, beta2 = self.betas
         self.steps += 1
-        for a, b in self._decay:  # decoupled weight decay, matrices only
-            p[a:b].mul_(1 - lr * self.weight_decay)
-        self.exp_avg.lerp_(g, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step_size = lr / (1 - beta1 ** self.steps)
-        denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
-        p.addcdiv_(self.exp_avg, denom, value=-step_size)
+        self._step.fill_(self.steps)
+        # AdamW on the shard's pieces in one fused pass, the kernel torch.optim.AdamW(fused=True)
+        # runs (decoupled weight decay on matrices only): p *= 1 - lr·wd; m = β1·m + (1-β1)·g;
+        # v = β2·v + (1-β2)·g²; p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps). Elementwise
+        # torch ops would pass over the shard eight times (3x slower than the replicated step).
+        beta1, beta2 = self.betas
+        for ranges, wd in ((self._decay, self.weight_decay), (self._no_decay, 0.0)):
+            if ranges:
+                pieces = [[t[a:b] for a, b in ranges] for t in (p, g, self.exp_avg, self.exp_avg_sq)]
+                torch._fused_adamw_(*pieces, [], [self._step] * len(ranges), lr=lr, beta1=beta1, beta2=beta2,
+                                    weight_decay=wd, eps=self.eps, amsgrad=False, maximize=False)
         self.dp.start_param_gather(p)
         return norm
 
