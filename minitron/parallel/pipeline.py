@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
@@ -233,9 +233,12 @@ class PipelineRuntime:
         for i, step in enumerate(self.steps):
             if isinstance(step, tuple):
                 self._exchange(step)
+            elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
+                with self._timed(step):
+                    self._F(step)
             else:
                 with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
-                    getattr(self, "_" + step.op)(step)
+                    (self._B if step.op == "B" else self._W)(step)
         return self._end()
 
     @torch.no_grad()
@@ -276,19 +279,22 @@ class PipelineRuntime:
         loss, self.loss, self.mbs = self.loss, None, None
         return loss
 
-    @contextmanager
     def _timed(self, a: Action):
-        sync = self.record and self.ctx.device.type == "cuda"  # time the kernels, not their launch
+        """Record the action's start and end (`--timeline`); nothing when not recording."""
+        return self._recorded(a) if self.record else nullcontext()
+
+    @contextmanager
+    def _recorded(self, a: Action):
+        sync = self.ctx.device.type == "cuda"  # time the kernels, not their launch
         if sync:
             torch.cuda.synchronize(self.ctx.device)
         t0 = time.time()
         yield
         if sync:
             torch.cuda.synchronize(self.ctx.device)
-        if self.record:
-            self.records.append({"rank": self.rank, "op": a.op, "mb": a.mb, "chunk": a.chunk,
-                                 "start": t0, "end": time.time(), "step": self.comm.step,
-                                 "global_rank": self.comm.grid.rank})
+        self.records.append({"rank": self.rank, "op": a.op, "mb": a.mb, "chunk": a.chunk,
+                             "start": t0, "end": time.time(), "step": self.comm.step,
+                             "global_rank": self.comm.grid.rank})
 
     def _phase(self, direction: str) -> str:
         return self.phase or direction
