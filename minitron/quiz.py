@@ -177,7 +177,44 @@ QUESTIONS: dict[str, Question] = {
         lambda: _model_flops_per_token("gpt-1.3b") / 1e9,
         "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
         rel_tol=0.1),
+    # --- lesson 8: scaling runs ----------------------------------------------------------
+    "08.weak_efficiency": Question(
+        lambda: 10 / 12.5,
+        "weak scaling keeps the work per rank fixed, so the ideal step time is the one-rank "
+        "time: efficiency = t(1 rank) / t(n ranks)."),
+    "08.strong_efficiency": Question(
+        lambda: 10 / (4 * 4),
+        "strong scaling keeps the global batch fixed, so the ideal is t(1)/n: efficiency = "
+        "t(1) / (n · t(n))."),
+    "08.oversubscription": Question(
+        lambda: 8 / 2,
+        "ranks beyond the cores take turns: each of 8 single-threaded ranks gets 2/8 of a core, "
+        "so its compute takes 8/2 times as long."),
+    "08.bubble_pp2": Question(
+        lambda: _A().bubble_fraction("1f1b", 2, 2),
+        "the 1F1B bubble is (p − 1)/m of the ideal time."),
+    # --- lesson 9: context parallelism ---------------------------------------------------
+    "09.chunks": Question(
+        lambda: list(_chunks(4, 1)),
+        "the sequence is cut into 2N chunks and rank r holds chunk r and its mirror, 2N − 1 − r."),
+    "09.lse": Question(
+        lambda: math.log(math.exp(2.0) + math.exp(2.0)),
+        "L' = log(e^L + e^L_b): two blocks of equal mass double it, so L' = L + log 2."),
+    "09.ring_messages": Question(
+        lambda: 3 * (4 - 1),
+        "forward: N − 1 hops of K, V; backward: N − 1 hops of K, V again and N − 1 of the "
+        "accumulated dK, dV."),
+    "09.message_mib": Question(
+        lambda: _A().context_parallel.cp_message_elements(_preset("gpt-1.3b").replace(seq_len=32768), 1, 1, 8)
+        * 2 / 2**20,
+        "one message is K and V of the rank's s/N tokens over its h/t columns: 2·b·(s/N)·(h/t) "
+        "elements of 2 bytes."),
 }
+
+
+def _chunks(n: int, r: int) -> tuple[int, int]:
+    from .parallel.context_parallel import chunk_ids
+    return chunk_ids(n, r)
 
 
 def _norm_word(s: str) -> str:

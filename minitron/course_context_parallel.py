@@ -1,0 +1,47 @@
+"""The rank job of the context-parallelism lesson: one launch of 4 ranks that traces a
+training step of ``--cp 4`` (the ring's messages) and measures the activation memory
+per rank of long sequences at cp = 1, 2 and 4.
+
+It lives in a module because every rank is a fresh process that imports it by name.
+"""
+from __future__ import annotations
+
+from .comm import Comm, CommTrace
+from .config import ModelConfig, ParallelConfig, TrainConfig
+from .grid import ProcessGrid
+
+RING = ModelConfig(layers=2, hidden=32, heads=4, seq_len=64, vocab=256, name="ring")
+MEMORY_LAYOUTS = (ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4))
+
+
+def long_model(seq_len: int) -> ModelConfig:
+    """The 2-layer GPT whose activations the lesson measures, with sequence length `seq_len`."""
+    return ModelConfig(layers=2, hidden=32, heads=4, seq_len=seq_len, vocab=256, name=f"s{seq_len}")
+
+
+def _comm(layout: ParallelConfig, rank: int, trace: bool = False) -> Comm:
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=rank).build_groups()
+    return Comm(grid, CommTrace() if trace else None)
+
+
+def context_job(comm, seq_lens) -> dict:
+    """On each of 4 ranks: one traced step of `RING` under cp = 4 (this rank's 'cp'
+    records), then for each sequence length the peak activation bytes of one training
+    step under cp = 1 (dp = 4), 2 (× dp = 2) and 4, one sequence per rank."""
+    from .data import load_corpus
+    from .measure import measure_step_memory
+    from .train import Trainer
+
+    corpus, rank = load_corpus(""), comm.grid.rank
+    layout, train = ParallelConfig(cp=4), TrainConfig(global_batch=1, progress=False)
+    c = _comm(layout, rank, trace=True)
+    Trainer(RING, layout, train, c, corpus).step(0)
+    out = {"ring": [r for r in c.trace.records if r["axis"] == "cp"],
+           "all_axes": sorted({r["axis"] for r in c.trace.records}), "memory": {}}
+    for s in seq_lens:
+        for lay in MEMORY_LAYOUTS:
+            tr = Trainer(long_model(s), lay, TrainConfig(global_batch=lay.dp, progress=False),
+                         _comm(lay, rank), corpus)
+            out["memory"][(s, lay.cp)] = measure_step_memory(tr)["activations_bytes"]
+            del tr
+    return out
