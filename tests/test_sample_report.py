@@ -109,12 +109,13 @@ def test_sample_bad_input_one_line(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and words in err, err
 
 
-def test_gpt2_tokenizer_token_file_trains_and_samples(tmp_path):
+def test_gpt2_tokenizer_token_file_trains_and_samples(tmp_path, capsys):
     """A token file encoded with an existing GPT-2 style tokenizer.json (byte-level BPE,
     built here: nothing downloads) trains from --init-from and samples through it."""
     tokenizers = pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")
     from minitron.data import load_corpus
+    from minitron.tokenizer import tokenize
 
     text = bytes(load_corpus("").tokens[:30_000].numpy()).decode("utf-8", errors="ignore")
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
@@ -131,14 +132,13 @@ def test_gpt2_tokenizer_token_file_trains_and_samples(tmp_path):
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(str(gpt2))
 
-    code, out, err = run_cli(["tokenize", "--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "t.bin"),
-                              "--tokenizer", str(gpt2 / "tokenizer.json"), "--json"])
-    assert code == 0, err
-    assert json.loads(out.splitlines()[-1])["vocab"] == cfg.vocab_size
+    assert tokenize(str(tmp_path / "text.txt"), str(tmp_path / "t.bin"),
+                    tokenizer=str(gpt2 / "tokenizer.json"))["vocab"] == cfg.vocab_size
     code, out, err = run_cli(["train", "--init-from", str(gpt2), "--data", str(tmp_path / "t.bin"), "--steps", "2",
                               "--eval-every", "0", "--no-progress", "--no-report", "--sample", "30",
                               "--ckpt-dir", str(tmp_path / "ckpt")])
     assert code == 0, err
     assert "ROMEO:" in out  # the end-of-run sample, decoded by the token file's tokenizer
-    code, out, err = run_cli(["sample", "--init-from", str(gpt2), "--prompt", "ROMEO:", "--tokens", "10"])
-    assert code == 0 and out.startswith("ROMEO:"), err
+    capsys.readouterr()
+    assert cli.main(["sample", "--init-from", str(gpt2), "--prompt", "ROMEO:", "--tokens", "10"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")  # through the directory's tokenizer.json
