@@ -147,8 +147,9 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     log = SignalLog().install() if stop_on_signal else None
     (Path(scratch) / f"{os.getpid()}.pid").write_text(str(os.getpid()))
     early = Path(scratch) / "signal"
-    if log is not None and early.exists():
-        log(int(early.read_text() or signal.SIGTERM))
+    if early.exists():  # the launcher was signalled before this rank had left its pid
+        sig = int(early.read_text() or signal.SIGTERM)
+        log(sig) if log is not None else os.kill(os.getpid(), sig)
     return fn(*args)
 
 
@@ -158,16 +159,15 @@ def _forward_to_ranks(scratch: str):
     preemption.py), and their results come back as usual. (The elastic agent's own
     handling would stop waiting for results and hold the ranks until its shutdown timeout.)
     A second signal ends the ranks at once (SIGKILL): Ctrl-C twice for ranks that hang."""
-    received = []
-
     def forward(signum, frame):
-        received.append(signum)
+        forward.received.append(signum)
         (Path(scratch) / "signal").write_text(str(signum))  # for ranks still starting
         for f in Path(scratch).glob("*.pid"):
             try:
-                os.kill(int(f.read_text()), signum if len(received) == 1 else signal.SIGKILL)
+                os.kill(int(f.read_text()), signum if len(forward.received) == 1 else signal.SIGKILL)
             except (ValueError, OSError):
                 pass  # a rank that already left
+    forward.received = []  # the signals the launcher got
     return forward
 
 
@@ -184,6 +184,8 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     lock can hang in rendezvous)."""
     import multiprocessing as mp
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
@@ -201,11 +203,17 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     # The elastic agent installs its own SIGTERM/SIGINT... handlers; put ours back after,
     # so that a notebook kernel that launched ranks still shuts down quietly.
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    forward = _forward_to_ranks(log_dir)
     if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, _forward_to_ranks(log_dir))
+            signal.signal(s, forward)
     try:
         return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
+    except ChildFailedError:
+        if forward.received:  # the ranks ended because we passed a signal on: say that
+            sig = signal.Signals(forward.received[0])
+            raise SignalException(f"the launcher got {sig.name}", sigval=sig) from None
+        raise
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
