@@ -7,7 +7,8 @@ analysis/tp_schemes.py).
 * one 8-rank launch on the 2×2×2 grid (q = 2, d = 2): every layer type alone against
   the single-device torch op (outputs, input gradients, parameter gradients after the
   depth/column sums), its trace call by call against the analysis, then a whole training
-  step's trace and the saved activation bytes against the analysis;
+  step's trace and the saved activation bytes against the analysis, and a bf16 step's
+  trace (activation blocks in bf16, weight blocks in fp32);
 * the oracle, each traced and compared per rank and step with the analysis:
   ``minitron verify --dtype float64`` of 2-D × data parallel with tied embeddings and a
   padded vocabulary, 2.5-D × pipeline with tied embeddings, and 2-D on 16 ranks.
@@ -26,6 +27,7 @@ from minitron.grid import ProcessGrid
 from minitron.testing import last_json, run_cli, run_on_ranks
 
 GRID = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2)
+BF16 = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2, precision="bf16")
 B, S, H, F_, V = 8, 4, 16, 32, 29  # per-layer checks: V = 29 pads to 30 (a multiple of q = 2)
 
 
@@ -223,12 +225,26 @@ def _grid_job(comm):
     _, acts = _saved_bytes(lambda: tr.model(x0, y0))
     comm.trace.records.clear()
     tr.step(0)
-    step = Counter()
-    for r in comm.trace.records:
-        if r["phase"] != "log":
-            step[(r["axis"], r["op"], "bytes")] += r["bytes"]
-            step[(r["axis"], r["op"], "calls")] += 1
-    return {"errors": errors, "calls": calls, "acts": acts, "step": dict(step)}
+    step = _per_axis_op(comm.trace.records)
+
+    # the same grid under bf16: activations travel in bf16, weights and their gradients in fp32
+    tr = Trainer(PRESETS["tiny"], BF16, TrainConfig(global_batch=4, microbatches=1, warmup=1), comm)
+    comm.trace.records.clear()
+    tr.step(0)
+    dtypes = sorted({(r["op"], r["dtype"]) for r in comm.trace.records if r["op"] == "broadcast"})
+    return {"errors": errors, "calls": calls, "acts": acts, "step": step,
+            "bf16": _per_axis_op(comm.trace.records), "bf16 broadcasts": dtypes}
+
+
+def _per_axis_op(records) -> dict:
+    """Bytes and calls per (axis, op) of trace records or analysis items (the 'log'
+    all-reduce of the loss aside)."""
+    out = Counter()
+    for r in records:
+        if r.get("phase") != "log":
+            out[(r["axis"], r["op"], "bytes")] += r["bytes"]
+            out[(r["axis"], r["op"], "calls")] += r.get("calls", 1)
+    return dict(out)
 
 
 def _expand(items):
@@ -246,17 +262,16 @@ def test_layers_traces_and_memory_on_the_grid():
         "output layer": A.output_calls(B, S, H, 30, q, d, e), "loss": A.loss_calls(B, S, q, d, e)}
     model = PRESETS["tiny"].replace(vocab=257, tied_embeddings=True)
     train = TrainConfig(global_batch=8, microbatches=2, dtype="float64")
-    step = Counter()
-    for it in A.summa_comm_items(model, GRID, train):
-        step[(it["axis"], it["op"], "bytes")] += it["bytes"]
-        step[(it["axis"], it["op"], "calls")] += it["calls"]
+    step = _per_axis_op(A.summa_comm_items(model, GRID, train))
+    bf16 = _per_axis_op(A.summa_comm_items(PRESETS["tiny"], BF16, TrainConfig(global_batch=4, microbatches=1)))
     acts = sum(A.saved_bytes_per_microbatch(model, 4, 8, 2, e).values())
     for rank, r in res.items():
         for name, worst in r["errors"].items():
             assert worst < 1e-12, (rank, name, worst)
         for name, want in expected.items():
             assert r["calls"][name] == _expand(want), (rank, name)
-        assert r["step"] == dict(step), rank
+        assert r["step"] == step, rank
+        assert r["bf16"] == bf16 and r["bf16 broadcasts"] == [("broadcast", "bfloat16"), ("broadcast", "float32")]
         assert r["acts"] == acts, rank
 
 
