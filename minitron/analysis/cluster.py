@@ -184,7 +184,9 @@ class Prediction:
     """The predicted iteration: seconds, achieved TFLOP/s per GPU (PTD-P's way of
     counting: Eq. 3 with recomputation), peak memory, bubble fraction, and a breakdown
     in seconds (``compute, tp_comm, pp_comm, bubble, dp_comm, dp_comm_exposed,
-    optimizer``)."""
+    optimizer`` and what overlap hid, ``tp_comm_hidden, pp_comm_hidden,
+    dp_comm_hidden``), with ``software``, ``recompute``, ``mfu`` and ``parts``: the
+    iteration per kind of work, as :func:`~minitron.analysis.explain.explain` lists it)."""
 
     iteration_s: float
     tflops_per_gpu: float
