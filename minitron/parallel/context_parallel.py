@@ -76,7 +76,7 @@ def local_tokens(t: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
 def local_positions(n_local: int, comm: Comm, device=None):
     """The positions of this rank's `n_local` tokens in the full sequence: ``slice(0,
     n_local)`` without context parallelism (the sequence is whole), else the indices
-    of chunks r and 2N−1−r (2N−1 chunks of n_local/2 tokens each)."""
+    of chunks r and 2N−1−r (the sequence cut into 2N chunks of n_local/2 tokens)."""
     n = comm.size(AXIS)
     if n == 1:
         return slice(0, n_local)
