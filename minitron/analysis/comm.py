@@ -285,7 +285,9 @@ def summa_linear_elements(tokens: int, h_in: int, h_out: int, q: int) -> tuple[f
     """2-D (SUMMA) tensor parallelism on q×q devices, one linear, per device:
     (forward, backward) elements received. A product A·B broadcasts q−1 blocks of each
     operand into every device, ``(q−1)/q²·(|A| + |B|)``; forward is X·W, backward is
-    dY·Wᵀ and Xᵀ·dY. (Formula only: minitron implements 1-D and 3-D.)"""
+    dY·Wᵀ and Xᵀ·dY. (The textbook count; minitron's SUMMA, ``parallel/summa.py``,
+    broadcasts W and X again in the backward instead of dY: ``analysis/summa.py`` counts
+    what it sends, ``analysis/tp_schemes.py`` puts the four schemes side by side.)"""
     c = (q - 1) / q**2
     fwd = c * (tokens * h_in + h_in * h_out)
     bwd = c * (tokens * h_out + h_in * h_out) + c * (tokens * h_in + tokens * h_out)

@@ -1,5 +1,6 @@
 """3-D tensor parallelism by the numbers: what the cube sends, holds and keeps, next to
-1-D (Megatron) and 2-D (SUMMA, formulas only).
+1-D (Megatron) and 2-D (SUMMA; the engine's 2-D and 2.5-D are in ``analysis/summa.py``, all
+four schemes side by side in ``analysis/tp_schemes.py``).
 
 Communication of one Linear3D, one microbatch, one rank
 -------------------------------------------------------
