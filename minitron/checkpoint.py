@@ -151,6 +151,10 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
     root = Path(ckpt_dir)
     tmp, final = root / f"step_{step:07d}.tmp", root / f"step_{step:07d}"
     if rank == 0:
+        if latest(ckpt_dir) == tmp:  # a crash while re-saving left `latest` on this complete .tmp
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _point_latest(root, final.name)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
     comm.barrier()

@@ -40,8 +40,8 @@ def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 240) -> None:
     raise AssertionError(f"no {n} steps in {timeout} s")
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below `pid` (from /proc: children of children...)."""
+def _descendants(pid: int) -> dict[int, int]:
+    """Every process below `pid` (from /proc: children of children...), with its parent."""
     parent = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -49,10 +49,10 @@ def _descendants(pid: int) -> set[int]:
                 parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 pass
-    out, frontier = set(), {pid}
+    out, frontier = {}, {pid}
     while frontier:
-        frontier = {c for c, p in parent.items() if p in frontier} - out
-        out |= frontier
+        frontier = {c for c, p in parent.items() if p in frontier} - set(out)
+        out.update({c: parent[c] for c in frontier})
     return out
 
 
@@ -79,13 +79,17 @@ def test_ranks_die_with_their_launcher(tmp_path):
                            "--metrics", str(metrics)])
     _wait_for_steps(metrics, 3, proc)
     family = _descendants(proc.pid)
-    assert len(family) >= 2, family  # the ranks (and the fork server) are there
+    ranks = {p for p, parent in family.items() if parent != proc.pid}  # the fork server's children
+    assert len(ranks) == 2, family
     proc.kill()
     proc.communicate()
     killed = time.time()
-    while _alive(family) and time.time() < killed + 10:
+    while _alive(ranks) and time.time() < killed + 10:
         time.sleep(0.1)
-    assert not _alive(family), f"still running 10 s after the launcher's death: {_alive(family)}"
+    assert not _alive(ranks), f"ranks still running 10 s after the launcher's death: {_alive(ranks)}"
+    while _alive(family) and time.time() < killed + 30:  # the fork server and resource tracker follow
+        time.sleep(0.1)
+    assert not _alive(family), f"left behind: {_alive(family)}"
     time.sleep(0.5)  # a save renamed in the very instant of the kill has landed by now
     saved, steps = _checkpoints(ckpt), len(metrics.read_text().splitlines())
     time.sleep(3)
@@ -146,3 +150,32 @@ def test_ranks_agree_on_the_step_to_stop_after():
     assert not single.should_stop()
     single._log(signal.SIGUSR1)
     assert single.should_stop()  # one process stops at its next read-back
+
+
+def test_resaving_the_step_latest_names_never_leaves_it_dangling(tmp_path, monkeypatch):
+    """Saving again the very step `latest` names (a resumed run that stops where it began)
+    removes that folder before renaming the new one into place: a crash in between must
+    leave `latest` on a complete checkpoint, and the next save must put things right."""
+    import shutil as sh
+
+    from minitron import checkpoint as ckpt
+    from minitron.config import PRESETS, ParallelConfig, TrainConfig
+    from minitron.train import Trainer
+
+    tr = Trainer(PRESETS["tiny"], ParallelConfig(), TrainConfig(steps=2, global_batch=4))
+    tr.step(0)
+    ckpt.save(str(tmp_path), 1, tr)
+    real = sh.rmtree
+
+    def dies_after_removing(path, *a, **k):
+        real(path, *a, **k)
+        if Path(path).name == "step_0000001":
+            raise KeyboardInterrupt  # the process dies right after the old folder is gone
+    monkeypatch.setattr(sh, "rmtree", dies_after_removing)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(str(tmp_path), 1, tr)
+    monkeypatch.undo()
+    assert ckpt.check(ckpt.latest(str(tmp_path)))["step"] == 1  # still a complete checkpoint
+    ckpt.save(str(tmp_path), 1, tr)
+    assert ckpt.latest(str(tmp_path)).name == "step_0000001" and ckpt.check(ckpt.latest(str(tmp_path)))["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_0000001"]
