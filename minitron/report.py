@@ -89,7 +89,12 @@ class RunReport:
         everyone = tr.comm.gather_object(facts)
         if everyone is None:
             return None
+        from .train import model_flops_per_step
+
+        flops_per_token = model_flops_per_step(self.model, self.train.global_batch) / (
+            self.train.global_batch * self.model.seq_len)
         return {"model": self.model.name, "layout": self.layout.describe(), "world": tr.comm.grid.world,
+                "flops_per_token": flops_per_token,
                 "ranks": everyone, "bubble": measured_bubble(everyone),
                 "peak_flops": self.peak_flops, **predictions(self.model, self.layout, self.train)}
 
@@ -208,7 +213,9 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
         tps = statistics.median(tokens_per_s)
         line = f"throughput: {tps:,.0f} tokens/s (median over steps)"
         if rep.get("peak_flops"):
-            line += f", matmul peak {rep['peak_flops'] / 1e9:.1f} GFLOP/s per rank (measured at the start)"
+            mfu = tps * rep["flops_per_token"] / (rep["peak_flops"] * rep["world"])
+            line += (f", MFU {mfu:.3f} (model FLOP/s over {rep['world']} x the matmul peak of one rank, "
+                     f"{rep['peak_flops'] / 1e9:.1f} GFLOP/s, measured at the start)")
         lines.append(line)
     return "\n".join(lines)
 
