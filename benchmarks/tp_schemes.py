@@ -20,6 +20,7 @@ time onto 64 GPUs: TACC Longhorn (where the paper measured; 4 V100s per node) an
 DGX-2H cluster (16 per node).
 
     python benchmarks/tp_schemes.py            # writes benchmarks/tp_schemes.md
+    python benchmarks/tp_schemes.py --ranks 16 # 1-D t=16, 2-D q=4, 2.5-D q=2 d=4, 3-D q=2 x dp2
     python benchmarks/tp_schemes.py --smoke    # tiny model, one step, nothing written
 """
 from __future__ import annotations
@@ -47,6 +48,10 @@ MODELS = {
 SMOKE = {"tiny": (ModelConfig(layers=1, hidden=16, heads=8, seq_len=8, vocab=256, name="tiny"), 8)}
 LAYOUTS = {"1d": ParallelConfig(tp=8), "2d": ParallelConfig(tp=4, tp_mode="2d", dp=2),
            "2.5d": ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2), "3d": ParallelConfig(tp=8, tp_mode="3d")}
+# --ranks 16: 16 is a square, not a cube
+LAYOUTS_16 = {"1d": ParallelConfig(tp=16), "2d": ParallelConfig(tp=16, tp_mode="2d"),
+              "2.5d": ParallelConfig(tp=16, tp_mode="2.5d", tp_depth=4),
+              "3d": ParallelConfig(tp=8, tp_mode="3d", dp=2)}
 # the projection: one GPT layer on 64 GPUs, 16-bit (our choice of shape; see the report)
 PAPER = (ModelConfig(layers=24, hidden=4096, heads=64, seq_len=512, vocab=51200, name="h4096"), 64)
 
@@ -145,17 +150,18 @@ def predicted(model, layout, train):
     return {"comm": flat, "wire": wire, "acts": acts, "params": e * params_on_rank(model, layout)}
 
 
-def run(models, schemes, steps, dtype):
+def run(models, schemes, steps, dtype, layouts=LAYOUTS):
     from minitron.analysis.summa import wire_bytes
 
     runs = []
     for name, (model, gb) in models.items():
         train = TrainConfig(steps=steps, global_batch=gb, dtype=dtype, warmup=1)
         for mode in schemes:
-            layout = LAYOUTS[mode]
+            layout = layouts[mode]
             validate(model, layout, train)
             runs.append((name, mode, model, layout, train))
-    res = run_on_ranks(measure_job, ParallelConfig(dp=8), [r[2:] for r in runs], steps)[0]
+    world = layouts["1d"].world
+    res = run_on_ranks(measure_job, ParallelConfig(dp=world), [r[2:] for r in runs], steps)[0]
     rows = []
     for (name, mode, model, layout, train), got in zip(runs, res):
         pred = predicted(model, layout, train)
@@ -186,15 +192,16 @@ def fmt(n) -> str:
     return f"{n / 1024:,.1f} KiB"
 
 
-def report(rows, proj, argv, dtype, models, schemes) -> str:
+def report(rows, proj, argv, dtype, models, schemes, layouts=LAYOUTS) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines = ["# Tensor parallelism 1-D, 2-D, 2.5-D, 3-D on 8 ranks", "",
+    world = layouts["1d"].world
+    lines = [f"# Tensor parallelism 1-D, 2-D, 2.5-D, 3-D on {world} ranks", "",
              f"Command: `{' '.join(['python', 'benchmarks/' + os.path.basename(__file__), *argv])}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} "
-             f"{platform.release()}, torch {torch.__version__}, gloo (8 local ranks), load average {load:.1f}  ",
+             f"{platform.release()}, torch {torch.__version__}, gloo ({world} local ranks), load average {load:.1f}  ",
              f"Date: {datetime.date.today().isoformat()}  ",
              f"{dtype}; one microbatch per data-parallel rank per step; bytes per device (rank 0).", "",
-             "Layouts: " + "; ".join(f"**{k}** `{LAYOUTS[k].describe()}`" for k in schemes), "",
+             "Layouts: " + "; ".join(f"**{k}** `{layouts[k].describe()}`" for k in schemes), "",
              "Models: " + "; ".join(f"**{k}** = {m.layers} layers, h={m.hidden}, {m.heads} heads, s={m.seq_len}, "
                                     f"V={m.vocab}, batch {gb} ({gb * m.seq_len} tokens)"
                                     for k, (m, gb) in models.items()), "",
@@ -252,15 +259,20 @@ def main(argv=None):
     ap.add_argument("--schemes", nargs="+", default=list(LAYOUTS), help=f"which of {', '.join(LAYOUTS)}")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "tp_schemes.md"))
+    ap.add_argument("--ranks", type=int, default=8, help="8 (default) or 16 local ranks")
+    ap.add_argument("--out", default="", help="results file (default tp_schemes.md, tp_schemes_16.md for 16 ranks)")
     args = ap.parse_args(argv)
+    if args.ranks not in (8, 16):
+        sys.exit(f"unknown rank count {args.ranks}: choose from 8, 16")
+    layouts = LAYOUTS if args.ranks == 8 else LAYOUTS_16
+    out = args.out or os.path.join(os.path.dirname(__file__), "tp_schemes.md" if args.ranks == 8 else "tp_schemes_16.md")
     for kind, names, valid in (("model", args.models, MODELS), ("scheme", args.schemes, LAYOUTS)):
         unknown = [k for k in names if k not in valid]
         if unknown:
             sys.exit(f"unknown {kind} {', '.join(unknown)}: choose from {', '.join(valid)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     models = SMOKE if args.smoke else {k: MODELS[k] for k in args.models}
-    rows = run(models, args.schemes, 1 if args.smoke else args.steps, args.dtype)
+    rows = run(models, args.schemes, 1 if args.smoke else args.steps, args.dtype, layouts)
     proj = projection(*PAPER)
     for cl in ("longhorn", "v100-dgx2"):
         print(cl + ": " + ", ".join(f"{r['scheme']} {1e3 * r['layer_s']:.1f} ms" for r in proj[cl] if r["feasible"]))
@@ -270,9 +282,9 @@ def main(argv=None):
         print("smoke:", "every layout sent and kept what the analysis predicts" if not bad
               else f"{len(bad)} layouts differ from the analysis")
         return 1 if bad else 0
-    with open(args.out, "w") as f:
-        f.write(report(rows, proj, argv, args.dtype, models, args.schemes))
-    print(f"written to {args.out}")
+    with open(out, "w") as f:
+        f.write(report(rows, proj, argv, args.dtype, models, args.schemes, layouts))
+    print(f"written to {out}")
     return 1 if bad else 0
 
 
