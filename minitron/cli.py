@@ -442,14 +442,31 @@ def cmd_memory(args) -> int:
     t = train_from(args)
     validate(m, p, t)
     mem = memory_per_rank(m, p, t)
+    traffic = dp_traffic(m, p, t)
     if args.json:
-        print(json.dumps({"model": m.name, "layout": p.describe(), **mem}))
+        print(json.dumps({"model": m.name, "layout": p.describe(), **mem, **traffic}))
     else:
         print(f"memory per rank, {m.name} on {p.describe()} ({t.dtype}, global batch {t.global_batch}, "
               f"{t.microbatches} microbatches):")
         for k, v in mem.items():
             print(f"  {k:<18} {v / 2**20:12.3f} MiB")
+        if traffic["dp_call_bytes"]:
+            calls = ", ".join(f"{op} {b / 2**20:.3f}" for op, b in traffic["dp_call_bytes"].items())
+            print(f"data-parallel traffic per step (ZeRO stage {p.zero}): calls {calls} MiB; on the wire "
+                  f"{traffic['dp_wire_over_all_reduce']:.2f}x one ring all-reduce of the gradients")
     return 0
+
+
+def dp_traffic(m, p, t) -> dict:
+    """Data-parallel call bytes per step (the largest stage) and the wire bytes of the ZeRO
+    stage over one all-reduce's (1 for stages 0-2, 1.5 for stage 3, one microbatch)."""
+    from .analysis.comm import comm_bytes_per_step
+    from .analysis.zero import zero_wire_bytes
+
+    d = p.dp * p.cp
+    calls = comm_bytes_per_step(m, p, t).get("dp_cp" if p.cp > 1 else "dp", {})
+    ratio = zero_wire_bytes(1, d, p.zero) / zero_wire_bytes(1, d, 0) if d > 1 else 0.0
+    return {"dp_call_bytes": calls, "dp_wire_over_all_reduce": ratio}
 
 
 def cmd_plan(args) -> int:
