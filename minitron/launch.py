@@ -171,6 +171,22 @@ def _forward_to_ranks(scratch: str):
     return forward
 
 
+def _quiet_agent_logs() -> dict:
+    """Silence the elastic agent's own log lines (a rank that fails or is signalled gets a
+    40-line traceback from it) while minitron reports one line; MINITRON_DEBUG=1 keeps them.
+    Returns {logger: previous level} for restoring."""
+    import logging
+
+    if os.environ.get("MINITRON_DEBUG"):
+        return {}
+    out = {}
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
+            out[logger] = logger.level
+            logger.setLevel(logging.CRITICAL)
+    return out
+
+
 def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
                  stop_on_signal: bool = False) -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
@@ -204,6 +220,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     # so that a notebook kernel that launched ranks still shuts down quietly.
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
     forward = _forward_to_ranks(log_dir)
+    quiet = _quiet_agent_logs()
     if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, forward)
@@ -215,6 +232,8 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
             raise SignalException(f"the launcher got {sig.name}", sigval=sig) from None
         raise
     finally:
+        for logger, level in quiet.items():
+            logger.setLevel(level)
         shutil.rmtree(log_dir, ignore_errors=True)
         if threading.current_thread() is threading.main_thread():
             for s, handler in saved.items():
