@@ -182,13 +182,13 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
     """The report as text (a few lines per rank)."""
     lines = [f"--- run report: {rep['model']} on {rep['layout']} ({rep['world']} ranks) ---",
              "layout (tensor fastest, then data, then pipeline; one row per rank):",
-             f"  {'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3}  {'layers per chunk':<22} {'its first MLP weight holds':<36}"
+             f"  {'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3}  {'layers per chunk':<22} {'its first MLP weight holds':<40}"
              f" {'MiB measured':>12} {'predicted':>9} {'process':>8}"]
     pm = rep.get("predicted_memory") or {}
     for r in sorted(rep["ranks"], key=lambda r: r["rank"]):
         mem = (r["memory"] or {}).get("total_bytes")
         lines.append(f"  {r['rank']:>4} {r['tp']:>3} {r['dp']:>3} {r['pp']:>3}  {' | '.join(r['chunks']):<22} "
-                     f"{r['shard']:<36} {_mib(mem):>12} {_mib(pm.get(r['pp'])):>9} "
+                     f"{r['shard']:<40} {_mib(mem):>12} {_mib(pm.get(r['pp'])):>9} "
                      f"{r['process_peak_bytes'] / 2**20:>8.0f}")
     lines.append("  (MiB measured: parameters, gradients, optimizer state, buffers and the peak of saved "
                  "activations in the first step; predicted: `minitron memory`'s formulas; process: peak "
