@@ -71,6 +71,10 @@ def test_lesson_has_objectives_questions_and_hidden_solutions(nb):
     solutions = [c for c in cells if c["cell_type"] == "code"
                  and c["metadata"].get("jupyter", {}).get("source_hidden")]
     assert solutions, f"{nb.name}: the solutions of its 'Try it' prompts are hidden cells"
+    for c in cells:
+        for o in c.get("outputs", []):
+            assert o["output_type"] != "error" and o.get("name") != "stderr", \
+                f"{nb.name}: tool noise or an error stored in an output: {''.join(o.get('text', ''))[:80]!r}"
     text = "".join("".join(c["source"]) for c in cells)
     assert not re.search(r"\b[Ii]ssue\s*#?\d", text), f"{nb.name}: no issue numbers"
     for src in code:
