@@ -11,7 +11,8 @@ analysis/tp_schemes.py).
   trace (activation blocks in bf16, weight blocks in fp32);
 * the oracle, each traced and compared per rank and step with the analysis:
   ``minitron verify --dtype float64`` of 2-D × data parallel with tied embeddings and a
-  padded vocabulary, 2.5-D × pipeline with tied embeddings, and 2-D on 16 ranks.
+  padded vocabulary, 2.5-D × pipeline (zb-h1's split backward) with tied embeddings, and
+  2-D on 16 ranks.
 """
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -309,10 +310,12 @@ def test_verify_2d_times_data_parallel_tied(tmp_path):
 
 @pytest.mark.multirank
 def test_verify_2p5d_times_pipeline_tied(tmp_path):
+    """zb-h1: B asks for input gradients only, W for weight gradients only; the layers
+    communicate for what is asked (the output layer broadcasts its logit gradients in both)."""
     model = PRESETS["tiny"].replace(tied_embeddings=True)
-    layout = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2, pp=2)
+    layout = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2, pp=2, schedule="zb-h1")
     res = _verify_traced(tmp_path, ["--nproc", "16", "--tp", "8", "--tp-mode", "2.5d", "--tp-depth", "2",
-                                    "--pp", "2", "--tied", "--microbatches", "2"],
+                                    "--pp", "2", "--schedule", "zb-h1", "--tied", "--microbatches", "2"],
                          model, layout, TrainConfig(global_batch=8, microbatches=2, dtype="float64"))
     assert res["layout"].startswith("dp1.tp8.pp2.tesseract-d2")
 

@@ -139,8 +139,11 @@ def embedding_calls(micro_batch: int, seq_len: int, h: int, q: int, depth: int =
 
 
 def output_calls(micro_batch: int, seq_len: int, h: int, vocab_padded: int, q: int, depth: int = 1,
-                 bytes_per_el: int = 4, act_bytes_per_el: int | None = None) -> list[dict]:
-    """The output layer ``x·wteᵀ`` (SUMMA's A·Bᵀ), ``calls`` = q of each."""
+                 bytes_per_el: int = 4, act_bytes_per_el: int | None = None,
+                 split_backward: bool = False) -> list[dict]:
+    """The output layer ``x·wteᵀ`` (SUMMA's A·Bᵀ), ``calls`` = q of each. With
+    `split_backward` (zb-h1: the input gradient in B, the weight gradient later in W)
+    the logit-gradient blocks are broadcast again in W."""
     if q == 1:
         return []
     ea = act_bytes_per_el or bytes_per_el
@@ -148,7 +151,8 @@ def output_calls(micro_batch: int, seq_len: int, h: int, vocab_padded: int, q: i
     w = bytes_per_el * (vocab_padded // q) * (h // q)
     return [_call("output layer: wte blocks broadcast", "fwd", "broadcast", COL, w, q),
             _call("output layer: logit partials reduce", "fwd", "reduce", ROW, z, q),
-            _call("output layer: logit-grad blocks broadcast", "bwd", "broadcast", ROW, z, q),
+            _call("output layer: logit-grad blocks broadcast", "bwd", "broadcast", ROW, z,
+                  2 * q if split_backward else q),
             _call("output layer: wte blocks broadcast (for dX)", "bwd", "broadcast", COL, w, q),
             _call("output layer: wte-grad partials reduce", "bwd", "reduce", COL, w, q)]
 
@@ -197,10 +201,10 @@ def layer_calls(model: ModelConfig, micro_batch: int, q: int, depth: int = 1, by
 def summa_collectives(model: ModelConfig, micro_batch: int, q: int, depth: int = 1, layers: int | None = None,
                       first: bool = True, last: bool = True, bytes_per_el: int = 4,
                       loss_bytes_per_el: int | None = None, recompute: str = "none",
-                      act_bytes_per_el: int | None = None) -> list[dict]:
+                      act_bytes_per_el: int | None = None, split_backward: bool = False) -> list[dict]:
     """Every grid collective of one microbatch on one rank (``calls`` per item, `bytes`
     per call), in forward order; `first`/`last`: the rank holds the embedding / the
-    output layer and loss."""
+    output layer and loss; `split_backward`: zb-h1's B/W split (:func:`output_calls`)."""
     b, s, h, e = micro_batch, model.seq_len, model.hidden, bytes_per_el
     ea = act_bytes_per_el or e
     out: list[dict] = []
@@ -210,7 +214,7 @@ def summa_collectives(model: ModelConfig, micro_batch: int, q: int, depth: int =
         out += layer_calls(model, b, q, depth, e, recompute, ea)
     if last:
         out += layer_norm_calls(b, s, q, depth, e, "ln_f")
-        out += output_calls(b, s, h, summa_vocab(model, q), q, depth, e, ea)
+        out += output_calls(b, s, h, summa_vocab(model, q), q, depth, e, ea, split_backward)
         out += loss_calls(b, s, q, depth, loss_bytes_per_el or max(e, 4))
     return out
 
@@ -272,8 +276,9 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
             it["calls"] += calls
             it["bytes"] += nbytes
 
+    split = p > 1 and _get(parallel, "schedule", "1f1b") == "zb-h1"
     for c in summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
-                               act_bytes_per_el=ea):
+                               act_bytes_per_el=ea, split_backward=split):
         add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
     for c in grad_sync_calls(model, q, depth, n_layers, first, last, e, chunks):
         add(c["what"], c["axis"], c["op"], 1, c["bytes"])

@@ -71,7 +71,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, split
-from .tensor import gather, reduce_scatter, vocab_parallel_cross_entropy
+from .tensor import _wanted, gather, reduce_scatter, vocab_parallel_cross_entropy
 
 I, J, K = "cube_i", "cube_j", "cube_k"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -142,7 +142,9 @@ class _LayerNormFn(torch.autograd.Function):
     """LayerNorm over a hidden dimension split along `axis` (n features in all).
 
     Forward: one all-reduce of (Σx, Σx²) per token; backward: one all-reduce of
-    (Σg, Σg·x̂) with g = dy·w. Saves x̂ and 1/σ only."""
+    (Σg, Σg·x̂) with g = dy·w, for the input gradient only (the weight and bias gradients
+    are local sums: zb-h1's W pass, which asks for them alone, sends nothing). Saves x̂
+    and 1/σ only."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, comm, axis, n, eps):
@@ -159,11 +161,14 @@ class _LayerNormFn(torch.autograd.Function):
     def backward(ctx, dy):
         xhat, rstd, weight = ctx.saved_tensors
         rows = tuple(range(dy.dim() - 1))
-        dw, db = (dy * xhat).sum(rows), dy.sum(rows)
-        g = dy * weight
-        sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
-        ctx.comm.all_reduce(sums, ctx.axis)
-        dx = rstd * (g - sums[..., :1] / ctx.n - xhat * (sums[..., 1:] / ctx.n))
+        dw = (dy * xhat).sum(rows) if _wanted(ctx, 1) else None
+        db = dy.sum(rows) if _wanted(ctx, 2) else None
+        dx = None
+        if _wanted(ctx, 0):
+            g = dy * weight
+            sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
+            ctx.comm.all_reduce(sums, ctx.axis)
+            dx = rstd * (g - sums[..., :1] / ctx.n - xhat * (sums[..., 1:] / ctx.n))
         return dx, dw, db, None, None, None, None
 
 
