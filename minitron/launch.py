@@ -181,7 +181,8 @@ def _quiet_agent_logs() -> dict:
         return {}
     out = {}
     for name, logger in list(logging.root.manager.loggerDict.items()):
-        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")) and isinstance(logger, logging.Logger):
+        quiet = name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
+        if quiet and isinstance(logger, logging.Logger):
             out[logger] = logger.level
             logger.setLevel(logging.CRITICAL)
     return out
