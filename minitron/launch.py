@@ -110,7 +110,9 @@ def die_with(pid: int, leftovers: str = "") -> None:
     `leftovers` (the launcher's scratch space, which it can no longer remove) goes too."""
     try:
         fd = os.pidfd_open(pid)
-    except ProcessLookupError:
+    except ProcessLookupError:  # gone already
+        if leftovers:
+            shutil.rmtree(leftovers, ignore_errors=True)
         os._exit(EXIT_ORPHANED)
     except (AttributeError, OSError):
         fd = None

@@ -135,7 +135,8 @@ CASES = [
     # --- plan ---
     (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--pp", "1", "--vpp", "2"],
      "--vpp 2 interleaves pipeline stages"),
-    (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--top", "-1"], "--top must be at least 1"),
+    (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--top", "-1"],
+     "--top must be at least 1"),
     (["plan", "--model", "gpt3-175b", "--gpus", "0", "--global-batch", "64"], "--gpus must be at least 1"),
     (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "-2"], "--global-batch must be at least 1"),
     (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--tp", "-2"], "--tp must be at least 0"),
