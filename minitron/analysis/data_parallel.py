@@ -26,6 +26,10 @@ ZeRO-1 (bucketed)         one reduce-scatter per bucket during  ``ceil(n/d)·d·
                           after the step; the norm (8 bytes)    ``8``
 ========================  ====================================  ==============================
 
+ZeRO-2 and ZeRO-3 (``--zero 2|3``) reduce-scatter unit by unit, every microbatch, and
+ZeRO-3 gathers each block twice per microbatch: their calls, states and traffic are in
+:mod:`minitron.analysis.zero`.
+
 Pure Python: no tensors, no processes.
 """
 from __future__ import annotations
