@@ -149,7 +149,7 @@ def main(argv=None):
         model = model.replace(layers=4)  # 2 ranks x 2 chunks
     cases = [(kind, SCHEDULES[kind], m) for m in args.microbatches for kind in args.schedules]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    load0 = os.getloadavg()[0]
+    load0, rev = os.getloadavg()[0], commit()  # the code measured: the commit at the start
     res = run_on_ranks(bench_job, ParallelConfig(pp=2), model, cases, args.global_batch, args.steps,
                        args.warmup)[0]
     rows = ["| schedule | v | m | minitron step, median (min) ms | torch.distributed.pipelining, median (min) ms "
@@ -168,7 +168,7 @@ def main(argv=None):
         f"Command: `{cmd.strip()}`  ",
         f"Machine: {cpu}, {os.cpu_count()} cores (shared), torch {torch.__version__}, gloo, 2 ranks, "
         f"1 thread each; load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after  ",
-        f"Date: {datetime.date.today().isoformat()}, commit {commit()}  ",
+        f"Date: {datetime.date.today().isoformat()}, commit {rev}  ",
         f"Model: `{args.model}` ({model.layers} layers, h={model.hidden}, s={model.seq_len}), "
         f"global batch {args.global_batch}, float32",
         "",

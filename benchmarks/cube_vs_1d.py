@@ -164,12 +164,12 @@ def fmt(n) -> str:
     return f"{n / 1024:,.1f} KiB"
 
 
-def report(rows, argv, dtype) -> str:
+def report(rows, argv, dtype, rev) -> str:
     lines = ["# 3-D cube (q = 2) vs 1-D (t = 8) on 8 ranks", "",
              f"Command: `{' '.join(['python', 'benchmarks/' + os.path.basename(__file__), *argv])}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()} "
              f"{platform.release()}, torch {torch.__version__}, gloo (8 local ranks)  ",
-             f"Date: {datetime.date.today().isoformat()}, commit {commit()}  ",
+             f"Date: {datetime.date.today().isoformat()}, commit {rev}  ",
              f"Activations and parameters in {dtype}; one step = one microbatch per rank; bytes per device "
              "(rank 0; every rank of a layout moves the same).", "",
              "Models: " + "; ".join(f"**{k}** = {m.layers} layers, h={m.hidden}, {m.heads} heads, s={m.seq_len}, "
@@ -233,8 +233,9 @@ def main(argv=None):
     if args.smoke:
         args.models, args.steps, args.out = ["tokens"], 1, ""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rev = commit()  # the code measured: the commit at the start
     rows = run(args.models, args.steps, args.dtype)
-    text = report(rows, argv, args.dtype)
+    text = report(rows, argv, args.dtype, rev)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
