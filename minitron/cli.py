@@ -1,7 +1,9 @@
 """`minitron train | verify | schedule | memory | plan | bench` (DESIGN.md contracts).
 
 Every option is checked before any process group starts; bad input prints one line,
-`minitron: error: <problem and fix>`, and exits with status 2.
+`minitron: error: <problem and fix>`, and exits with status 2 (an error inside a rank too,
+as one line). A training run stopped by SIGTERM/SIGINT/SIGUSR1 after checkpointing exits
+with status 75 (`preemption.EXIT_PREEMPTED`).
 """
 from __future__ import annotations
 
