@@ -60,7 +60,13 @@ class ShardedDataParallel:
         self.comm, self.stage, self.shard = comm, stage, True
         self.axis = axis or grad_axis(comm)
         self.d, self.rank = comm.size(self.axis), comm.index(self.axis)
-        self.units = [(mod, unique_params(ps), kind) for mod, ps, kind in units if ps]
+        chunk, chunks = -1, []
+        for _, _, kind in units:  # each chunk starts with its root (even one with no parameters)
+            chunk += kind == "root"
+            chunks.append(chunk)
+        keep = [i for i, (_, ps, _) in enumerate(units) if ps]
+        self.units = [(units[i][0], unique_params(units[i][1]), units[i][2]) for i in keep]
+        self.chunk_of = [chunks[i] for i in keep]
         self.params = [p for _, ps, _ in self.units for p in ps]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -102,7 +108,7 @@ class ShardedDataParallel:
         self._next = [None] * len(self.units)
         self._prev = [None] * len(self.units)
         for u in range(len(self.units) - 1):
-            if self.units[u + 1][2] == "block":  # the same chunk: a root starts a new one
+            if self.units[u + 1][2] == "block" and self.chunk_of[u + 1] == self.chunk_of[u]:  # the same chunk
                 self._next[u] = u + 1
                 if self.units[u][2] == "block":
                     self._prev[u + 1] = u
