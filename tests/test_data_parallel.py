@@ -82,8 +82,8 @@ def test_zero1_state_is_a_dth_of_replicated():
 
 # --- bad input: one clear line, before any process group ----------------------------------------
 @pytest.mark.parametrize("argv,words", [
-    (["--nproc", "2", "--dp", "2", "--bucket-mb", "0"], "--bucket-mb must be positive"),
-    (["--nproc", "2", "--dp", "2", "--bucket-mb", "-1"], "--bucket-mb must be positive"),
+    (["--nproc", "2", "--dp", "2", "--bucket-mb", "0"], "--bucket-mb must be a positive finite number"),
+    (["--nproc", "2", "--dp", "2", "--bucket-mb", "-1"], "--bucket-mb must be a positive finite number"),
     (["--zero1"], "--zero1 shards optimizer state"),
     (["--nproc", "4", "--dp", "4", "--global-batch", "6"], "not divisible by dp*microbatches"),
     (["--nproc", "2", "--dp", "2", "--global-batch", "4", "--microbatches", "3"], "not divisible by dp*microbatches"),
