@@ -105,8 +105,47 @@ class NaiveDataParallel:
     materialize = wait_params
 
 
+# --- a flat buffer cut into buckets, each split evenly over the data-parallel ranks --------------
+class FlatShards:
+    """Where this rank's 1/d shard of a flat, bucketed buffer lies (ZeRO-1 and ZeRO-2/3 alike).
+
+    The buffer holds ``params`` back to back at ``offsets`` (``numel`` elements in all); each
+    bucket (a ZeRO unit) is padded to a multiple of d and rank r owns its r-th d-th part, so
+    the shard is every bucket's part in order. Needs ``buckets, offsets, params, numel, d,
+    rank, comm, axis`` on the instance."""
+
+    def own_ranges(self) -> list[tuple[int, int, int]]:
+        """(flat start, flat end, shard start) of this rank's slice of every bucket (unit)."""
+        out = []
+        for b in self.buckets:
+            k = b.numel // self.d
+            out.append((b.start + self.rank * k, b.start + (self.rank + 1) * k, b.start // self.d))
+        return out
+
+    def segments(self) -> list[tuple]:
+        """(param, shard start, shard end, element offset in the param) of every piece of a
+        parameter that lies in this rank's shard."""
+        out = []
+        for lo, hi, s0 in self.own_ranges():
+            for p, off in zip(self.params, self.offsets):
+                a, b = max(lo, off), min(hi, off + p.numel())
+                if a < b:
+                    out.append((p, s0 + a - lo, s0 + b - lo, a - off))
+        return out
+
+    def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """All-gather a shard-sized tensor into a buffer-sized one (bucket by bucket)."""
+        out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
+        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
+                                           self.axis, async_op=True) for b in self.buckets]
+        for w in works:
+            if w is not None:
+                w.wait()
+        return out
+
+
 # --- bucketed, overlapped all-reduce (and reduce-scatter for ZeRO-1) ------------------------------
-class BucketedDataParallel:
+class BucketedDataParallel(FlatShards):
     """Flat gradient buckets whose collectives overlap the last microbatch's backward.
 
     `shard=False`: all-reduce (every rank ends with the whole averaged gradient in
@@ -255,34 +294,6 @@ class BucketedDataParallel:
         """Every parameter whole and current (for checkpoints): wait for the all-gather."""
         self.wait_params()
 
-    def own_ranges(self) -> list[tuple[int, int, int]]:
-        """(flat start, flat end, shard start) of this rank's slice of every bucket."""
-        out = []
-        for b in self.buckets:
-            k = b.numel // self.d
-            out.append((b.start + self.rank * k, b.start + (self.rank + 1) * k, b.start // self.d))
-        return out
-
-    def segments(self) -> list[tuple]:
-        """(param, shard start, shard end, element offset in the param) of every piece of a
-        parameter that lies in this rank's shard."""
-        out = []
-        for lo, hi, s0 in self.own_ranges():
-            for p, off in zip(self.params, self.offsets):
-                a, b = max(lo, off), min(hi, off + p.numel())
-                if a < b:
-                    out.append((p, s0 + a - lo, s0 + b - lo, a - off))
-        return out
-
-    def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """All-gather a shard-sized tensor into a buffer-sized one (bucket by bucket)."""
-        out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
-        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
-                                           self.axis, async_op=True) for b in self.buckets]
-        for w in works:
-            if w is not None:
-                w.wait()
-        return out
 
     # --- ZeRO-1: the parameter all-gather, overlapped with the next forward ---------------------
     def start_param_gather(self, shard: torch.Tensor) -> None:

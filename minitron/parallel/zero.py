@@ -42,10 +42,10 @@ import torch
 from ..analysis.zero import plan_units
 from ..comm import Comm
 from ..optim import unique_params
-from .data import grad_axis
+from .data import FlatShards, grad_axis
 
 
-class ShardedDataParallel:
+class ShardedDataParallel(FlatShards):
     """ZeRO stage 2 or 3 over `units`: ``[(module, params, kind)]`` with kind 'root' or
     'block', each chunk's root first and then its blocks in forward order.
 
@@ -134,35 +134,6 @@ class ShardedDataParallel:
         """Where unit u's piece of this rank's shard sits in the flat shard."""
         b = self.buckets[u]
         return b.start // self.d, b.end // self.d
-
-    def own_ranges(self) -> list[tuple[int, int, int]]:
-        """(flat start, flat end, shard start) of this rank's slice of every unit."""
-        out = []
-        for b in self.buckets:
-            k = b.numel // self.d
-            out.append((b.start + self.rank * k, b.start + (self.rank + 1) * k, b.start // self.d))
-        return out
-
-    def segments(self) -> list[tuple]:
-        """(param, shard start, shard end, element offset in the param) of every piece of a
-        parameter that lies in this rank's shard."""
-        out = []
-        for lo, hi, s0 in self.own_ranges():
-            for p, off in zip(self.params, self.offsets):
-                a, b = max(lo, off), min(hi, off + p.numel())
-                if a < b:
-                    out.append((p, s0 + a - lo, s0 + b - lo, a - off))
-        return out
-
-    def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """All-gather a shard-sized tensor into one of the flat layout's size (unit by unit)."""
-        out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
-        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
-                                           self.axis, async_op=True) for b in self.buckets]
-        for w in works:
-            if w is not None:
-                w.wait()
-        return out
 
     # --- parameters: gather, free, and the optimizer's view of them ------------------------------
     def _gather(self, u: int, wait: bool) -> None:
