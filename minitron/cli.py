@@ -471,11 +471,35 @@ def dp_traffic(m, p, t) -> dict:
     return {"dp_call_bytes": calls, "dp_wire_over_all_reduce": ratio}
 
 
+def _plan_on_machine(args, m) -> int:
+    """`plan --machine FILE`: the layouts of --gpus ranks on a measured machine (minitron/sweep.py)."""
+    from . import sweep
+
+    if args.gpus < 1 or args.top < 1 or args.global_batch < 1:
+        raise ConfigError("--gpus, --global-batch and --top must be at least 1")
+    machine = sweep.MachineProfile.load(args.machine)
+    if args.global_batch % args.gpus:
+        raise ConfigError(f"--global-batch {args.global_batch} must be a multiple of --gpus {args.gpus} "
+                          f"(the weak-scaling series gives every rank the same sequences)")
+    rows = sweep.plan_on_machine(m, args.gpus, args.global_batch // args.gpus, machine)[:args.top]
+    if args.json:
+        print(json.dumps({"model": m.name, "ranks": args.gpus, "machine": machine.name, "candidates": rows}))
+        return 0
+    print(f"{m.name} on {args.gpus} ranks of {machine.name} ({machine.cores} cores), global batch {args.global_batch}:")
+    print(f"{'layout':>16} {'step ms':>9} {'compute':>8} {'comm':>8} {'bubble':>7} {'tokens/s':>9}")
+    for r in rows:
+        print(f"{r['layout']:>16} {r['step_s'] * 1e3:9.1f} {r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} "
+              f"{r['bubble_s'] * 1e3:7.1f} {r['tokens_per_s']:9.0f}")
+    return 0
+
+
 def cmd_plan(args) -> int:
     from .analysis import format_explain, get_software, plan, predict
 
     m = model_from(args)
     validate_model(m)
+    if args.machine:
+        return _plan_on_machine(args, m)
     for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
                          ("--tp", args.tp, 0), ("--pp", args.pp, 0), ("--vpp", args.vpp, 0),
                          ("--microbatch-size", args.microbatch_size, 0)):
@@ -690,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--explain", action="store_true",
                     help="break one layout's iteration into its parts (needs --tp and --pp)")
     pl.add_argument("--plot", default="", help="with --explain: write the breakdown as a figure (png/svg/pdf)")
+    pl.add_argument("--machine", default="", metavar="FILE",
+                    help="plan on a measured machine (a profile from `minitron sweep --measure-machine`) "
+                         "instead of a datasheet cluster: --gpus is the number of ranks")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(fn=cmd_plan)
 

@@ -232,6 +232,49 @@ def predict_step(model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
     return {"compute_s": compute, "bubble_s": bubble, "comm_s": comm, "step_s": compute + bubble + comm}
 
 
+def analysed_calls(model: ModelConfig, layout: ParallelConfig, train: TrainConfig) -> list[list[dict]]:
+    """Each pipeline stage's calls of one step from the analysis (``comm_items``, which a traced
+    step equals exactly), in the form :func:`predict_step` takes: op, bytes per call, group size."""
+    from .analysis.comm import comm_items
+    from .grid import ProcessGrid
+
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp)
+    stages = []
+    for stage in range(layout.pp):
+        calls = []
+        for item in comm_items(model, layout, train, pp_rank=stage):
+            if not item["calls"]:
+                continue
+            n = 2 if item["op"] in ("send", "recv") else grid.axis_size(item["axis"])
+            calls += [{"op": item["op"], "axis": item["axis"], "bytes": item["bytes"] // item["calls"], "n": n}] * item["calls"]
+        stages.append(calls)
+    return stages
+
+
+def plan_on_machine(model: ModelConfig, ranks: int, base_batch: int, machine: MachineProfile,
+                    series: str = "weak", microbatches: int = 2) -> list[dict]:
+    """Every data × tensor (1-D, with sequence parallelism) × pipeline layout of `ranks` ranks,
+    predicted on a measured machine without running it (calls from the analysis), fastest
+    first; layouts the engine would refuse are left out."""
+    from .config import validate
+
+    rows = []
+    for tp in (t for t in range(1, ranks + 1) if ranks % t == 0):
+        for pp in (q for q in range(1, ranks // tp + 1) if (ranks // tp) % q == 0):
+            layout = ParallelConfig(dp=ranks // (tp * pp), tp=tp, pp=pp, sp=tp > 1)
+            train = point_config(model, layout, series, base_batch, 1, microbatches)
+            try:
+                validate(model, layout, train)
+            except ConfigError:
+                continue
+            pred = max((predict_step(model, layout, train, machine, calls) for calls in
+                        analysed_calls(model, layout, train)), key=lambda r: r["step_s"])
+            rows.append({"layout": layout.describe(), "dp": layout.dp, "tp": tp, "pp": pp,
+                         "global_batch": train.global_batch, "microbatches": train.microbatches, **pred,
+                         "tokens_per_s": train.global_batch * model.seq_len / pred["step_s"]})
+    return sorted(rows, key=lambda r: -r["tokens_per_s"])
+
+
 # ---- one point ---------------------------------------------------------------------------
 
 def sweep_job(comm, model, layout, train, corpus, extra) -> dict | None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from minitron.config import ConfigError, PRESETS
-from minitron.sweep import MachineProfile, parse_layout, point_config
+from minitron.sweep import MachineProfile, analysed_calls, parse_layout, plan_on_machine, point_config
 from minitron.testing import run_cli
 
 
@@ -32,6 +32,32 @@ def test_alpha_beta_pricing():
     # a group of 4 measured at 2: three ring steps instead of one, each moving half the bytes
     assert prof.call_seconds("all_reduce", 4, 1000) == pytest.approx(3e-4 + 3 * 0.5 * 1e-6)
     assert prof.call_seconds("recv", 2, 1000) == pytest.approx(5e-5 + 2e-6)
+
+
+PROFILE = MachineProfile("m", 2, 1e9, "tiny", {op: {2: [1e-4, 1e-9], 4: [3e-4, 1e-9]} for op in
+                                              ("all_reduce", "all_gather", "reduce_scatter", "send")})
+
+
+def test_plan_on_a_measured_machine(tmp_path):
+    m = PRESETS["tiny"]
+    rows = plan_on_machine(m, 4, 4, PROFILE)
+    assert {r["layout"] for r in rows} >= {"dp4.tp1.pp1", "dp2.tp2.pp1.sp", "dp1.tp4.pp1.sp", "dp2.tp1.pp2.1f1b"}
+    assert [r["tokens_per_s"] for r in rows] == sorted((r["tokens_per_s"] for r in rows), reverse=True)
+    for r in rows:  # weak scaling: the same FLOPs per rank, the same compute on 4 ranks
+        assert r["compute_s"] == pytest.approx(rows[0]["compute_s"])
+        assert r["step_s"] == pytest.approx(r["compute_s"] + r["comm_s"] + r["bubble_s"])
+    # the calls priced are the analysis's: dp4 sends one all-reduce of every gradient
+    from minitron.analysis import param_count
+    calls = analysed_calls(m, parse_layout("dp4"), point_config(m, parse_layout("dp4"), "weak", 4, 1, 1))[0]
+    assert sum(c["bytes"] for c in calls if c["axis"] == "dp") == 4 * param_count(m)
+    prof = tmp_path / "m.json"
+    PROFILE.save(str(prof))
+    code, out, err = run_cli(["plan", "--machine", str(prof), "--model", "tiny", "--gpus", "4", "--global-batch", "16",
+                              "--json"])
+    assert code == 0, err
+    assert [r["layout"] for r in json.loads(out)["candidates"]] == [r["layout"] for r in rows]
+    code, out, err = run_cli(["plan", "--machine", str(prof), "--model", "tiny", "--gpus", "4", "--global-batch", "10"])
+    assert code == 2 and "multiple of --gpus 4" in err and err.count("\n") == 1, err
 
 
 def test_bad_profile_and_output_are_one_line(tmp_path):
@@ -62,3 +88,9 @@ def test_local_series_rows(tmp_path):
     from minitron.analysis import param_count
     assert rows[1]["bytes_per_axis"]["dp"] == 4 * param_count(PRESETS["tiny"])
     assert rows[2]["bytes_per_axis"]["tp"] > 0 and "dp" not in rows[2]["bytes_per_axis"]
+    # what `plan --machine` prices without running equals what the traced step sent
+    for row, spec in zip(rows, ("dp1", "dp2", "tp2.sp")):
+        lay = parse_layout(spec)
+        calls = analysed_calls(PRESETS["tiny"], lay, point_config(PRESETS["tiny"], lay, "weak", 4, 1, 2))[0]
+        for axis in ("dp", "tp"):
+            assert sum(c["bytes"] for c in calls if c["axis"] == axis) == row["bytes_per_axis"].get(axis, 0), (spec, axis)
