@@ -6,6 +6,7 @@ bytes saved for the backward in one training step (``minitron.measure``), next t
 analysis (``memory_on_rank``). Prints a markdown table.
 
     .venv/bin/python benchmarks/bench_context_parallel.py [--seq-lens 1024,2048,4096]
+    .venv/bin/python benchmarks/bench_context_parallel.py --smoke   # one short sequence (the test suite's)
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def job(comm, seq_lens):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-lens", default="1024,2048,4096")
-    seq_lens = [int(x) for x in ap.parse_args().seq_lens.split(",")]
+    ap.add_argument("--smoke", action="store_true", help="one short sequence: checks the script runs")
+    args = ap.parse_args()
+    seq_lens = [64] if args.smoke else [int(x) for x in args.seq_lens.split(",")]
     res = run_on_ranks(job, ParallelConfig(cp=4), seq_lens)
     print("| s | cp | activations per rank (measured, max over ranks) | analysis | cp=1 / this |")
     print("|---|---|---|---|---|")

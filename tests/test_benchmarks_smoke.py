@@ -11,10 +11,6 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
-# Scripts without a smoke mode yet (their owners are adding one). Empty this list once they
-# land; a name here may fail without failing the suite.
-PENDING = {"bench_context_parallel.py"}
-
 
 def run_smoke(name: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -27,9 +23,7 @@ def test_there_are_benchmarks():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason="smoke mode pending",
-                                                                         strict=False))
-                                  if n in PENDING else n for n in SCRIPTS])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_smoke_mode_runs(name):
     r = run_smoke(name)
     assert r.returncode == 0, f"{name} --smoke exited {r.returncode}:\n{r.stderr[-3000:]}"
