@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from minitron.analysis.published import PTDP_TABLE1  # PTD-P Table 1, one copy (s = 2048, V = 51200)
 from minitron.analysis import (CLUSTERS, Layout, activation_bytes_per_layer, bubble_fraction,
                                chunk_layers, comm_bytes_per_step, comm_items, cube_linear_elements,
                                distributed_optimizer_bytes_per_param, dp_bytes_per_step,
@@ -28,20 +29,6 @@ from minitron.config import PRESETS, ModelConfig, ParallelConfig, TrainConfig, p
 
 DAY = 86_400
 
-# PTD-P (Narayanan et al. 2021) Table 1: published billions, heads, hidden, layers,
-# t, p, GPUs, global batch, achieved TFLOP/s per GPU. s = 2048, V = 51200.
-PTDP_TABLE1 = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
-]
 
 
 def ptdp_model(heads, hidden, layers):
