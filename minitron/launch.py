@@ -208,7 +208,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
-        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.cli", "minitron.train"])
+        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.tools.cli", "minitron.train"])
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     # the agent's per-run folder (it would leave /tmp/torchelastic_* behind): ours, removed after

@@ -464,7 +464,7 @@ def test_traced_bytes_of_a_composed_zero1_run_equal_the_analysis(tmp_path):
     """dp2 · tp2 + sp with ZeRO-1, one step traced: every (axis, op) byte count on rank 0
     equals comm_bytes_per_step, ZeRO-1's 8-byte gradient-norm all-reduce over dp included."""
     from minitron.comm import read_trace
-    from minitron.testing import run_cli
+    from minitron.tools.testing import run_cli
 
     trace = tmp_path / "t.jsonl"
     code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "4", "--dp", "2", "--tp", "2", "--sp",
@@ -487,7 +487,7 @@ def test_traced_bytes_of_a_bf16_run_equal_the_analysis(tmp_path):
     travel in bf16 (Comm.wire_dtype; 2 bytes in comm_items), the cross-entropy's three
     all-reduces in fp32, the replicated-gradient sums and norms in the master dtype."""
     from minitron.comm import read_trace
-    from minitron.testing import run_cli
+    from minitron.tools.testing import run_cli
 
     trace = tmp_path / "t.jsonl"
     code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "4", "--tp", "2", "--sp", "--pp", "2",

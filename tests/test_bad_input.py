@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from minitron.cli import main
-from minitron.testing import run_cli
+from minitron.tools.cli import main
+from minitron.tools.testing import run_cli
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0"]
 TEXT = "To be, or not to be, that is the question.\n" * 300

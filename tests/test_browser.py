@@ -106,7 +106,7 @@ def _write_lab_folder(tmp: Path) -> dict:
                                       "language": "python"}},
           "cells": [{"cell_type": "code", "id": "explorer", "metadata": {}, "outputs": [],
                      "execution_count": None,
-                     "source": "from minitron.widgets import schedule_explorer\n"
+                     "source": "from minitron.viz.widgets import schedule_explorer\n"
                                "schedule_explorer('1f1b', p=4, m=8, v=2)"}]}
     (tmp / "work").mkdir()
     (tmp / "work" / "explorer.ipynb").write_text(json.dumps(nb))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from minitron.cli import main
+from minitron.tools.cli import main
 
 
 def run_json(capsys, argv):

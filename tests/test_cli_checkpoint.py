@@ -4,9 +4,9 @@ import shutil
 import pytest
 import torch
 
-from minitron.cli import main
+from minitron.tools.cli import main
 from minitron.comm import read_trace
-from minitron.testing import last_json, run_cli
+from minitron.tools.testing import last_json, run_cli
 
 TRAIN = ["train", "--model", "tiny", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0"]
 

@@ -13,7 +13,7 @@ from minitron.config import ConfigError, ModelConfig, ParallelConfig, PRESETS, T
 from minitron.grid import ProcessGrid
 from minitron.parallel.context_parallel import (block_attention, chunk_ids, combine, local_positions,
                                                 local_tokens)
-from minitron.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks
 
 
 def _comm(cp: int, r: int) -> Comm:
@@ -181,9 +181,9 @@ def _many_layouts(comm):
     """Every 4-rank check in one launch: the oracle with traced bytes per layout, then the
     activation memory of a long sequence at cp = 1, 2, 4 (same microbatch on every rank)."""
     from minitron.data import load_corpus
-    from minitron.measure import measure_step_memory
+    from minitron.tools.measure import measure_step_memory
     from minitron.train import Trainer
-    from minitron.verify import verify_job
+    from minitron.tools.verify import verify_job
 
     corpus, rank = load_corpus(""), comm.grid.rank
     out = {"verify": {}, "memory": {}}

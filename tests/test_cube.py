@@ -21,7 +21,7 @@ import torch
 from minitron.analysis import cube as A
 from minitron.comm import read_trace
 from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig
-from minitron.testing import last_json, run_cli, run_on_ranks
+from minitron.tools.testing import last_json, run_cli, run_on_ranks
 
 CUBE = ParallelConfig(tp=8, tp_mode="3d")
 B, S, H, F_, V = 8, 4, 16, 32, 30  # per-layer checks: V = 30 pads to 32 (a multiple of q² = 4)

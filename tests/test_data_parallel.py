@@ -20,7 +20,7 @@ from minitron.analysis.comm import dp_bytes_per_step
 from minitron.analysis.data_parallel import NORM_BYTES, dp_calls, model_state_bytes, plan_buckets
 from minitron.analysis.memory import memory_on_rank
 from minitron.analysis.params import params_on_rank
-from minitron.cli import main
+from minitron.tools.cli import main
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, preset, validate
 
 TOL = 1e-9
@@ -257,7 +257,7 @@ def _dp_job(comm, M, corpus, extra_layout):
     """Every variant on this world; rank 0 also runs the single-device reference."""
     from minitron.checkpoint import gather_full
     from minitron.train import Trainer
-    from minitron.verify import compare, reference_run
+    from minitron.tools.verify import compare, reference_run
 
     D, extra_layout = comm.size("dp"), dict(extra_layout)
     m = preset("tiny").replace(**extra_layout.pop("model", {}))
@@ -303,7 +303,7 @@ def corpus():
 @pytest.mark.multirank
 @pytest.mark.parametrize("D,M", [(2, 3), (4, 2), (8, 2)])
 def test_data_parallel_equals_single_device(D, M, corpus):
-    from minitron.testing import run_on_ranks
+    from minitron.tools.testing import run_on_ranks
 
     out = run_on_ranks(_dp_job, ParallelConfig(dp=D), M, corpus, {}, trace=True)
     problems = [p for r in sorted(out) for p in out[r]]
@@ -314,7 +314,7 @@ def test_data_parallel_equals_single_device(D, M, corpus):
 def test_data_parallel_with_tensor_parallel_and_grad_sync(corpus):
     """dp2 × tp2 with sequence parallelism (LayerNorm gradients summed over tp: ZeRO-1 must
     do that before its reduce-scatter) and tied embeddings (the norm counts one copy)."""
-    from minitron.testing import run_on_ranks
+    from minitron.tools.testing import run_on_ranks
 
     extra = {"tp": 2, "sp": True, "model": {"tied_embeddings": True},
              "variants": [("bucketed", False), ("bucketed", True), ("naive", True)]}

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from minitron.bench import MatmulProbe, StepTimer, bench_single
-from minitron.cli import main
+from minitron.tools.bench import MatmulProbe, StepTimer, bench_single
+from minitron.tools.cli import main
 from minitron.config import ParallelConfig, TrainConfig, preset
 from minitron.optim import clip_
-from minitron.testing import last_json, run_cli
+from minitron.tools.testing import last_json, run_cli
 from minitron.train import Trainer, model_flops_per_step, train
 
 TINY = preset("tiny")
@@ -110,7 +110,7 @@ def test_bench_figures_are_consistent():
 
 
 def test_datasheet_peak_prefers_the_specific_name():
-    from minitron.bench import peak_for_name
+    from minitron.tools.bench import peak_for_name
 
     assert peak_for_name("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_for_name("NVIDIA H100 PCIe") == 756e12
@@ -122,7 +122,7 @@ def test_datasheet_peak_prefers_the_specific_name():
 def test_bench_profile_sorts_the_step_by_kind():
     """--profile: operator shares and kinds add up, matmuls are found, and the ceiling
     is the MFU divided by the matmul and attention share."""
-    from minitron.bench import mfu_ceiling, op_kind
+    from minitron.tools.bench import mfu_ceiling, op_kind
     from minitron.data import load_corpus
 
     assert [op_kind(n) for n in ("aten::mm", "aten::addmm", "aten::mm_backward_fake",

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from minitron import cli, hf  # noqa: E402
+from minitron import hf  # noqa: E402
+from minitron.tools import cli  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
 from minitron.data import batch, load_corpus  # noqa: E402
-from minitron.testing import last_json, run_cli  # noqa: E402
+from minitron.tools.testing import last_json, run_cli  # noqa: E402
 from minitron.train import Trainer  # noqa: E402
 
 TOL = 1e-9  # float64

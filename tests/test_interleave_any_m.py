@@ -8,7 +8,7 @@ from minitron.analysis import bubble as A
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, PRESETS, validate as validate_config
 from minitron.parallel import schedules as S
 from minitron.parallel.pipeline import forward_only_actions
-from minitron.testing import last_json, run_cli
+from minitron.tools.testing import last_json, run_cli
 
 
 def shapes():

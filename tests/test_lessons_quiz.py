@@ -1,4 +1,4 @@
-"""The lessons' graded questions (`minitron.quiz`) and what every lesson must contain.
+"""The lessons' graded questions (`minitron.course.quiz`) and what every lesson must contain.
 
 Each check is fed its right answer (computed by the quiz from the engine), a wrong one and
 no answer; every lesson states objectives and a time estimate, grades at least three
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minitron import quiz
+from minitron.course import quiz
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))

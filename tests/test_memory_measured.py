@@ -3,7 +3,7 @@
 For the `tiny` and `small` presets, on one device and on one 8-rank launch of
 dp2 x tp2 x pp2 (1F1B; replicated AdamW, ZeRO-1 and sequence parallelism in the same
 launch), each rank runs one training step and measures
-(:func:`minitron.measure.measure_step_memory`)
+(:func:`minitron.tools.measure.measure_step_memory`)
 
 * parameters: the bytes of its unique local parameters;
 * gradients: the bytes of ``p.grad`` after the step;
@@ -38,8 +38,8 @@ from minitron.analysis.memory import buffer_bytes_on_rank, memory_on_rank, memor
 from minitron.analysis.params import params_on_rank
 from minitron.analysis.tensor_parallel import format_table
 from minitron.config import PRESETS, ModelConfig, ParallelConfig, TrainConfig, validate
-from minitron.measure import measure_step_memory
-from minitron.testing import run_on_ranks
+from minitron.tools.measure import measure_step_memory
+from minitron.tools.testing import run_on_ranks
 
 MODELS = ("tiny", "small")
 # a parameter count no d = 2 divides on either stage: ZeRO-1 pads its flat buffers
@@ -58,7 +58,7 @@ PTDP_TRAIN = TrainConfig(global_batch=16, microbatches=4, **KW)  # microbatches 
 
 
 # --------------------------------------------------------------------------------------
-# measuring: minitron.measure, under this file's short keys
+# measuring: minitron.tools.measure, under this file's short keys
 # --------------------------------------------------------------------------------------
 def measure_step(tr) -> dict:
     """Run one step of Trainer `tr` and measure this rank's bytes (module docstring)."""

@@ -16,7 +16,7 @@ from minitron.context import Context
 from minitron.model import GPT
 from minitron.parallel import schedules
 from minitron.parallel.pipeline import backward_input, forward_only_actions
-from minitron.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks
 
 TOL = 1e-9  # float64: losses absolute, parameters relative (never loosen: find the bug)
 
@@ -141,7 +141,7 @@ def _p2p_summary(comm, step):
 def _parity_job(comm, cases, steps, timeline_path):
     from minitron.checkpoint import gather_full
     from minitron.train import Trainer
-    from minitron.verify import compare, reference_run
+    from minitron.tools.verify import compare, reference_run
 
     corpus = data_mod.load_corpus("")
     refs, results = {}, []

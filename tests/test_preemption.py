@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from minitron.preemption import EXIT_PREEMPTED, StopOnSignal
-from minitron.testing import run_cli
+from minitron.tools.testing import run_cli
 
 TRAIN = ["train", "--nproc", "2", "--tp", "2", "--global-batch", "4", "--no-progress", "--sample", "0",
          "--eval-every", "0"]

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from minitron import cli
+from minitron.tools import cli
 from minitron.config import ParallelConfig, TrainConfig, preset
-from minitron.report import RunReport, format_report, plot_losses
-from minitron.testing import run_cli, run_on_ranks
+from minitron.tools.report import RunReport, format_report, plot_losses
+from minitron.tools.testing import run_cli, run_on_ranks
 
 LAYOUT = ParallelConfig(tp=2, pp=2)
 

@@ -225,7 +225,7 @@ def test_describe_and_json():
 
 def test_timeline_plots_from_simulation_and_measurement(tmp_path):
     from matplotlib.figure import Figure
-    from minitron import viz
+    from minitron.viz import pipeline as viz
     sim = simulate(make_schedule("interleaved", 2, 2, 4))
     assert viz.save_timeline_plot(sim, tmp_path / "sim.png").stat().st_size > 0
     measured = [{**r, "start": 1e9 + r["start"] / 100, "end": 1e9 + r["end"] / 100}

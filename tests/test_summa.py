@@ -24,7 +24,7 @@ from minitron.analysis.tp_schemes import compare_tp_schemes, project_tp_schemes,
 from minitron.comm import read_trace
 from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig
 from minitron.grid import ProcessGrid
-from minitron.testing import last_json, run_cli, run_on_ranks
+from minitron.tools.testing import last_json, run_cli, run_on_ranks
 
 GRID = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2)
 BF16 = ParallelConfig(tp=8, tp_mode="2.5d", tp_depth=2, precision="bf16")
@@ -90,7 +90,7 @@ BAD = [
 def test_bad_input_is_one_line(capsys):
     """The CLI in this process (main() returns before any rank starts), then one case in its
     own `python -m minitron` process for the exit status."""
-    from minitron.cli import main
+    from minitron.tools.cli import main
 
     for argv, words in BAD:
         code = main(["verify", *argv])

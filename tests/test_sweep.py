@@ -7,8 +7,8 @@ import json
 import pytest
 
 from minitron.config import ConfigError, PRESETS
-from minitron.sweep import MachineProfile, analysed_calls, parse_layout, plan_on_machine, point_config
-from minitron.testing import run_cli
+from minitron.tools.sweep import MachineProfile, analysed_calls, parse_layout, plan_on_machine, point_config
+from minitron.tools.testing import run_cli
 
 
 def test_parse_layout_and_series():

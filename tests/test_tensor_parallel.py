@@ -24,7 +24,7 @@ from minitron.analysis.tensor_parallel import (activation_table, format_table, l
 from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig, validate
 from minitron.context import Context
 from minitron.model import GPT
-from minitron.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks
 
 DT = {torch.float64: 8, torch.float32: 4}
 # heads 8 so that t = 8 divides them; a vocabulary no t divides; tied; dropout (global masks)
@@ -170,7 +170,7 @@ def _tp_job(comm, t: int, measure: bool):
     from minitron.checkpoint import gather_full
     from minitron.data import load_corpus
     from minitron.train import Trainer
-    from minitron.verify import compare, reference_run
+    from minitron.tools.verify import compare, reference_run
 
     corpus = load_corpus("")
     rank0 = comm.grid.rank == 0

@@ -13,7 +13,7 @@ from minitron.analysis import (SOFTWARE, Layout, Software, explain, flops_per_it
                                get_software, model_flops_per_iteration, plan, predict)
 from minitron.analysis import published as P
 from minitron.analysis.software import DEFAULT_SOFTWARE
-from minitron.cli import main
+from minitron.tools.cli import main
 from minitron.config import PRESETS
 
 

@@ -4,7 +4,7 @@ import torch
 from minitron.config import ParallelConfig, TrainConfig, PRESETS
 from minitron.train import Trainer
 from minitron.checkpoint import gather_full
-from minitron.verify import compare, reference_run
+from minitron.tools.verify import compare, reference_run
 
 
 def test_compare_catches_a_perturbed_parameter():

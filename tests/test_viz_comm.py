@@ -1,12 +1,12 @@
-"""minitron.viz_comm: trace summaries, communication diagrams and the data-parallel
+"""minitron.viz.comm: trace summaries, communication diagrams and the data-parallel
 overlap job (in one process; the lessons run it on real ranks)."""
 from __future__ import annotations
 
 import pytest
 
 from minitron import PRESETS, ParallelConfig, TrainConfig
-from minitron import viz_comm as VC
-from minitron.testing import run_on_ranks
+from minitron.viz import comm as VC
+from minitron.tools.testing import run_on_ranks
 
 REC = dict(rank=0, step=0, microbatch=0, axis="tp", dtype="float32")
 RECORDS = [

@@ -1,4 +1,4 @@
-"""The schedule explorer (`minitron.widgets`) driven from Python: no kernel, no browser.
+"""The schedule explorer (`minitron.viz.widgets`) driven from Python: no kernel, no browser.
 
 Setting a control's value is what the browser does through the widget's comm, so these
 checks cover the explorer's logic; tests/test_browser.py drives the same widget in a real
@@ -15,7 +15,7 @@ pytest.importorskip("ipywidgets", reason="the course extras are not installed: p
 
 from minitron.analysis.bubble import bubble_fraction  # noqa: E402
 from minitron.parallel import schedules as S  # noqa: E402
-from minitron.widgets import ScheduleExplorer, schedule_explorer  # noqa: E402
+from minitron.viz.widgets import ScheduleExplorer, schedule_explorer  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -90,7 +90,7 @@ def test_invalid_shape_shows_the_engines_one_line_error(kind, p, m, v):
 
 def test_needs_no_display():
     """Importing the module and building the widget never touches pyplot (a GUI backend)."""
-    code = ("import sys; from minitron.widgets import schedule_explorer; schedule_explorer(); "
+    code = ("import sys; from minitron.viz.widgets import schedule_explorer; schedule_explorer(); "
             "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'")
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "MPLBACKEND")}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -13,8 +13,8 @@ from minitron.analysis.comm import comm_bytes_per_step, ring_allreduce_wire_byte
 from minitron.analysis.memory import memory_on_rank
 from minitron.analysis.zero import plan_units, zero_calls, zero_state_bytes, zero_units, zero_wire_bytes
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
-from minitron.testing import run_on_ranks
-from minitron.verify import compare, reference_run
+from minitron.tools.testing import run_on_ranks
+from minitron.tools.verify import compare, reference_run
 
 TINY = PRESETS["tiny"]
 TRAIN = TrainConfig(steps=3, global_batch=8, microbatches=2, dtype="float64", progress=False,
@@ -48,7 +48,7 @@ def _ladder_job(comm, model, layouts, train, ckpt_dir):
     trace, measured memory); then a checkpoint written at stage 3 resumes at stage 2."""
     from minitron import checkpoint as ckpt
     from minitron.checkpoint import gather_full
-    from minitron.measure import measure_step_memory
+    from minitron.tools.measure import measure_step_memory
     from minitron.train import Trainer
 
     out = []

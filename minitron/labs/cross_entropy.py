@@ -41,7 +41,7 @@ from .runner import LabError, agree, call, load, run_sources, train_swapped, tra
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 258 on 2 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "VocabParallelCrossEntropy"
 PER_RANK, TOKENS = 4, 8  # the unit checks' slice: 4 ids per rank, the last one padding
 BIG = 1000.0  # exp(1000) overflows float64 (whose largest exponent is ~709.8)

@@ -3,7 +3,7 @@
 Every rank `exec`s the learner's source, checks `F` and `G` on one rank-dependent tensor
 (shape, forward, backward), swaps them into the engine, trains a tiny GPT with tensor
 parallelism for 2 float64 steps and puts the engine's own operators back; rank 0 compares
-the run with the single-device reference (:mod:`minitron.verify`).
+the run with the single-device reference (:mod:`minitron.tools.verify`).
 
     result = check_f_and_g(SOURCE)   # {"ok", "max_loss_abs_diff", "max_param_rel_diff", "message"}
 """
@@ -17,7 +17,7 @@ from .runner import LabError, call, load, run_sources, train_swapped
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 
 
 def _unit_check(comm, F, G) -> str:

@@ -41,7 +41,7 @@ from .runner import LabError, agree, call, load, run_sources, train_swapped, tra
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "combine"
 SCALE = 0.5
 BLOCKS = ((0, 5), (5, 9), (9, 12))  # three blocks of 12 keys

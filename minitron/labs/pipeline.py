@@ -29,7 +29,7 @@ from .runner import LabError, deadline, describe, fail, load, run_cases, versus_
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 SHAPES = [(4, 8), (2, 4)] + [(p, m) for p in range(1, 7) for m in range(1, 11) if (p, m) not in ((4, 8), (2, 4))]
 
 

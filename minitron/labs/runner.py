@@ -369,7 +369,7 @@ def run_sources(job, layout, sources: list, timeout: float = 60, *args) -> list[
 def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
     """Train `model` on `layout` (`train.steps` steps) with the learner's versions in
     place of `module`'s attributes (``swaps``: name=value), put the engine's back, and
-    compare with the single-device model: rank 0 gets :func:`minitron.verify.compare`'s
+    compare with the single-device model: rank 0 gets :func:`minitron.tools.verify.compare`'s
     dict, the other ranks None."""
     from ..train import Trainer
 
@@ -387,7 +387,7 @@ def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
 
 def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-9) -> dict | None:
     """The lab's result from :func:`train_swapped`'s comparison (None off rank 0): ok when
-    losses and parameters agree within `tol` (float64: minitron.verify.TOLERANCE), with
+    losses and parameters agree within `tol` (float64: minitron.tools.verify.TOLERANCE), with
     `success` as the message, else one line saying by how much training differs."""
     if res is None:
         return None
@@ -402,13 +402,13 @@ def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-
 
 def versus_one_device(comm, tr, losses, model, train) -> dict | None:
     """The trainer's run (`losses`, its parameters gathered from every rank) against the
-    single-device model trained on the same data: :func:`minitron.verify.compare`'s dict
+    single-device model trained on the same data: :func:`minitron.tools.verify.compare`'s dict
     on rank 0, None on the other ranks. `train` describes the reference's steps (its
     microbatches: the whole global batch accumulated on one device)."""
     import torch
 
     from ..checkpoint import gather_full
-    from ..verify import compare, reference_run
+    from ..tools.verify import compare, reference_run
 
     full = gather_full(tr)
     if comm.grid.rank != 0:

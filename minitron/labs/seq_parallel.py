@@ -45,7 +45,7 @@ from .runner import LabError, agree, call, load, run_sources, train_swapped, tra
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "AllGatherLinear"
 B, S_LOCAL, H, D_LOCAL = 2, 3, 5, 4  # the unit checks' shapes: x [B, S_LOCAL, H], weight [D_LOCAL, H]
 _CASE = itertools.count()  # the case number in this launch: the same on every rank

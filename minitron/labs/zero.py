@@ -38,7 +38,7 @@ MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="l
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
                     clip=0.0, progress=False, eval_every=0, sample_tokens=0)
 BUCKET_MB = 0.02  # ~2.6k float64 elements: this 12k-parameter model gets 5 buckets
-TOL = 1e-9  # float64 (minitron.verify.TOLERANCE)
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 BETAS, EPS = (0.9, 0.95), 1e-8  # the engine's AdamW (minitron.optim.make_adamw)
 
 

@@ -84,7 +84,7 @@ across the processes of a node; on a GPU after a synchronize) is recorded on eac
 first pipeline (tensor and data-parallel rank 0; ``rank`` is the pipeline rank) as
 JSON lines
 ``{"rank", "op", "mb", "chunk", "start", "end", "step", "global_rank"}``:
-what :func:`minitron.viz.plot_timeline` draws, like a ``Simulation``'s records.
+what :func:`minitron.viz.pipeline.plot_timeline` draws, like a ``Simulation``'s records.
 """
 from __future__ import annotations
 

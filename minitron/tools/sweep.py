@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 
 SERIES = ("weak", "strong")
 # The local series of the scaling lesson: 1 -> 2 -> 4 -> 8 ranks; data, tensor, pipeline
@@ -179,8 +179,8 @@ def _fit_line(xs: list, ts: list) -> list:
 
 def step_rate(model: ModelConfig, batch: int, steps: int = 4, corpus=None) -> float:
     """Model FLOP/s of a one-rank training step on one thread (median of `steps`)."""
-    from .analysis.flops import model_flops_per_iteration
-    from .train import Trainer
+    from ..analysis.flops import model_flops_per_iteration
+    from ..train import Trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -219,8 +219,8 @@ def predict_step(model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  calls: list[dict]) -> dict:
     """Predicted step seconds of one point (see the module doc): compute, communication,
     bubble and their sum. `calls`: the slowest rank's traced calls of one step."""
-    from .analysis.bubble import bubble_fraction
-    from .analysis.flops import model_flops_per_iteration
+    from ..analysis.bubble import bubble_fraction
+    from ..analysis.flops import model_flops_per_iteration
 
     share = model_flops_per_iteration(model, train.global_batch) / layout.world
     oversubscribed = max(1.0, layout.world / machine.cores)
@@ -235,8 +235,8 @@ def predict_step(model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
 def analysed_calls(model: ModelConfig, layout: ParallelConfig, train: TrainConfig) -> list[list[dict]]:
     """Each pipeline stage's calls of one step from the analysis (``comm_items``, which a traced
     step equals exactly), in the form :func:`predict_step` takes: op, bytes per call, group size."""
-    from .analysis.comm import comm_items
-    from .grid import ProcessGrid
+    from ..analysis.comm import comm_items
+    from ..grid import ProcessGrid
 
     grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp)
     stages = []
@@ -256,7 +256,7 @@ def plan_on_machine(model: ModelConfig, ranks: int, base_batch: int, machine: Ma
     """Every data × tensor (1-D, with sequence parallelism) × pipeline layout of `ranks` ranks,
     predicted on a measured machine without running it (calls from the analysis), fastest
     first; layouts the engine would refuse are left out."""
-    from .config import validate
+    from ..config import validate
 
     rows = []
     for tp in (t for t in range(1, ranks + 1) if ranks % t == 0):
@@ -282,12 +282,12 @@ def sweep_job(comm, model, layout, train, corpus, extra) -> dict | None:
     step; rank 0 returns the row (step time, tokens/s, MFU, bytes per axis, peak memory)."""
     import torch.distributed as dist
 
-    from .analysis.flops import model_flops_per_iteration
-    from .train import Trainer
+    from ..analysis.flops import model_flops_per_iteration
+    from ..train import Trainer
 
     torch.set_num_threads(1)
     tr = Trainer(model, layout, train, comm, corpus)
-    from .comm import CommTrace
+    from ..comm import CommTrace
 
     trace, comm.trace = comm.trace or CommTrace(), None  # time the steps without recording them
     warmup, steps = extra.get("warmup", 2), extra.get("steps", 5)

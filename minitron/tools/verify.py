@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import gather_full
-from .config import ParallelConfig
-from .train import Trainer
+from ..checkpoint import gather_full
+from ..config import ParallelConfig
+from ..train import Trainer
 
 # float64 sums in another order agree to ~1e-14; Adam's update amplifies that a little.
 TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "bfloat16": 5e-2}

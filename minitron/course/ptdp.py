@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from .config import ModelConfig
-from .context import Context
-from .model import GPT
+from ..config import ModelConfig
+from ..context import Context
+from ..model import GPT
 
 
 def time_microbatch(model: ModelConfig, sizes=(1, 2, 4, 8), repeats: int = 3, seed: int = 0) -> list[dict]:

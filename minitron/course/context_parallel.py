@@ -6,9 +6,9 @@ It lives in a module because every rank is a fresh process that imports it by na
 """
 from __future__ import annotations
 
-from .comm import Comm, CommTrace
-from .config import ModelConfig, ParallelConfig, TrainConfig
-from .grid import ProcessGrid
+from ..comm import Comm, CommTrace
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..grid import ProcessGrid
 
 RING = ModelConfig(layers=2, hidden=32, heads=4, seq_len=64, vocab=256, name="ring")
 MEMORY_LAYOUTS = (ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4))
@@ -28,9 +28,9 @@ def context_job(comm, seq_lens) -> dict:
     """On each of 4 ranks: one traced step of `RING` under cp = 4 (this rank's 'cp'
     records), then for each sequence length the peak activation bytes of one training
     step under cp = 1 (dp = 4), 2 (× dp = 2) and 4, one sequence per rank."""
-    from .data import load_corpus
-    from .measure import measure_step_memory
-    from .train import Trainer
+    from ..data import load_corpus
+    from ..tools.measure import measure_step_memory
+    from ..train import Trainer
 
     corpus, rank = load_corpus(""), comm.grid.rank
     layout, train = ParallelConfig(cp=4), TrainConfig(global_batch=1, progress=False)

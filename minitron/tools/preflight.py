@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 
 
 # --- the machine and the launcher ----------------------------------------------------------
@@ -53,7 +53,7 @@ def check_memory(m: ModelConfig, p: ParallelConfig, t: TrainConfig, ranks_here: 
     (``analysis.memory_per_rank``: parameters, gradients, AdamW state, activations,
     buffers), before minutes of allocation end in the OOM killer. CPU runs only: on
     GPUs each rank has its own device memory, which the CUDA allocator reports itself."""
-    from .analysis import memory_per_rank
+    from ..analysis import memory_per_rank
 
     if p.backend == "nccl" or p.device == "cuda":
         return
@@ -72,7 +72,7 @@ def check_memory(m: ModelConfig, p: ParallelConfig, t: TrainConfig, ranks_here: 
 
 
 def _started_by_launcher() -> bool:
-    from .launch import under_launcher
+    from ..launch import under_launcher
 
     return under_launcher()
 
@@ -196,7 +196,7 @@ def check_resume(ckpt_dir: str, resume: str, m: ModelConfig, t: TrainConfig) -> 
     """The step a --resume continues from (0: start afresh, only with --resume auto).
     Refuses a missing checkpoint, a broken one, one of another model, or one already at
     the last step."""
-    from .checkpoint import check, check_model, latest
+    from ..checkpoint import check, check_model, latest
 
     if not ckpt_dir:
         raise ConfigError("--resume needs --ckpt-dir: name the folder of the checkpoints to continue")

@@ -7,7 +7,7 @@ key at that step, through PyTorch's own `torch.utils.tensorboard` writer (it nee
 """
 from __future__ import annotations
 
-from .config import ConfigError
+from ..config import ConfigError
 
 # metrics-file key -> TensorBoard tag
 TAGS = {"loss": "train/loss", "val_loss": "val/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",

@@ -2,7 +2,7 @@
 the analysis predicts.
 
 `RunReport` is handed to :func:`minitron.train.train` by the command line. It runs the
-first training step itself under the memory meter (:func:`minitron.measure.measured_step`)
+first training step itself under the memory meter (:func:`minitron.tools.measure.measured_step`)
 with a communication trace attached, records the pipeline's compute actions for a few
 steps after it, and at the end gathers every rank's facts to rank 0:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .comm import CommTrace
+from ..comm import CommTrace
 
 PIPELINE_STEPS = 10  # steps after the first whose compute actions time the bubble
 
@@ -89,7 +89,7 @@ class RunReport:
         everyone = tr.comm.gather_object(facts)
         if everyone is None:
             return None
-        from .train import model_flops_per_step
+        from ..train import model_flops_per_step
 
         flops_per_token = model_flops_per_step(self.model, self.train.global_batch) / (
             self.train.global_batch * self.model.seq_len)
@@ -153,7 +153,7 @@ def measured_bubble(ranks: list[dict]) -> dict | None:
 def predictions(model, layout, train) -> dict:
     """What the analysis says of this run: bytes per axis per step, memory per stage, bubble.
     A layout the formulas do not cover gives None for that part."""
-    from . import analysis
+    from .. import analysis
 
     out = {"predicted_bytes": None, "predicted_memory": None, "predicted_bubble": None}
     try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ConfigError, ModelConfig, TrainConfig
-from .data import ByteCorpus, TokenFile, load_corpus
+from ..config import ConfigError, ModelConfig, TrainConfig
+from ..data import ByteCorpus, TokenFile, load_corpus
 
 
 class TokenizerCodec:
@@ -41,7 +41,7 @@ class TokenizerCodec:
 def model_from_checkpoint(ckpt: str) -> tuple[ModelConfig, dict, int]:
     """(model config, full weights {name: {"param": T}}, seed) of a checkpoint folder, or of
     the newest checkpoint of a --ckpt-dir."""
-    from .checkpoint import check, latest, load_full
+    from ..checkpoint import check, latest, load_full
 
     path = Path(ckpt)
     if not (path / "meta.json").exists():
@@ -58,12 +58,12 @@ def model_from_checkpoint(ckpt: str) -> tuple[ModelConfig, dict, int]:
 
 def load_model(ckpt_dir: str = "", init_from: str = "", dtype: str = "float32"):
     """The single-device GPT of a minitron checkpoint or of a GPT-2 directory, and its config."""
-    from .train import single_device_model
+    from ..train import single_device_model
 
     if bool(ckpt_dir) == bool(init_from):
         raise ConfigError("give the weights to sample from: --ckpt-dir DIR (minitron) or --init-from DIR (GPT-2)")
     if init_from:
-        from .hf import load_full, model_config
+        from ..hf import load_full, model_config
 
         cfg = model_config(init_from)
         full, seed = load_full(init_from, cfg), 1234
@@ -96,7 +96,7 @@ def codec_for(cfg: ModelConfig, tokenizer: str = "", data: str = "", init_from: 
 
 def sample_text(args) -> str:
     """`minitron sample`'s text: load, check, generate (all before printing anything)."""
-    from .train import sample
+    from ..train import sample
 
     if args.temperature <= 0:
         raise ConfigError(f"--temperature must be positive (got {args.temperature})")

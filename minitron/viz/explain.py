@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .analysis.explain import explain
+from ..analysis.explain import explain
 
 __all__ = ["plot_explain", "save_explain_plot", "PART_COLORS"]
 

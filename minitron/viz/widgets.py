@@ -4,7 +4,7 @@
 (gpipe, 1f1b, interleaved, zb-h1), the pipeline stages p, the microbatches m and, for
 interleaving, the chunks per rank v. Every change builds the schedule with
 `minitron.parallel.schedules`, simulates it, redraws its timeline with
-`minitron.viz.plot_timeline` and prints one line:
+`minitron.viz.pipeline.plot_timeline` and prints one line:
 
     bubble fraction 0.375 (closed form 0.375) · peak stash 4
 
@@ -24,9 +24,9 @@ import io
 
 import ipywidgets as W
 
-from .analysis.bubble import bubble_fraction
-from .parallel import schedules as S
-from .viz import save_timeline_plot
+from ..analysis.bubble import bubble_fraction
+from ..parallel import schedules as S
+from .pipeline import save_timeline_plot
 
 __all__ = ["ScheduleExplorer", "schedule_explorer", "summary_line"]
 
@@ -111,7 +111,7 @@ def schedule_explorer(kind: str = "1f1b", p: int = 4, m: int = 8, v: int = 2
                       ) -> ScheduleExplorer:
     """An interactive pipeline-schedule explorer; show it as a cell's last value.
 
-        from minitron.widgets import schedule_explorer
+        from minitron.viz.widgets import schedule_explorer
         schedule_explorer()                    # or schedule_explorer("interleaved", 4, 8, 2)
     """
     return ScheduleExplorer(kind, p, m, v)

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .analysis.flops import hardware_flops_per_iteration
-from .config import ModelConfig, ParallelConfig, TrainConfig
-from .data import batch
-from .train import DTYPES, Trainer, model_flops_per_step
+from ..analysis.flops import hardware_flops_per_iteration
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..data import batch
+from ..train import DTYPES, Trainer, model_flops_per_step
 
 DATASHEET_PEAK = {  # dense bf16/fp16 tensor-core FLOP/s; the first name found in the device's wins
     "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12,

@@ -2,7 +2,7 @@
 with send/recv through the engine's communication door (so that every step is traced),
 timings of plain ``torch.distributed`` calls, and the α–β cost model fitted to them.
 
-Launch the job with :func:`minitron.testing.run_on_ranks`::
+Launch the job with :func:`minitron.tools.testing.run_on_ranks`::
 
     out = run_on_ranks(collectives_job, ParallelConfig(dp=2, tp=2), SIZES, 5, trace=True)
 

@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
+from ..config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
                      preset, validate, validate_model)
 from .preflight import PLOT_TYPES, check_output_file, check_outputs, finite_positive, inputs_of
 
@@ -96,7 +96,7 @@ def model_from(args) -> ModelConfig:
 def model_from_hf(args) -> ModelConfig:
     """The model of --init-from's GPT-2 directory; --seq-len may shorten its context, other
     model flags must agree with it."""
-    from .hf import check_model, check_weights, model_config
+    from ..hf import check_model, check_weights, model_config
 
     m = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "ffn")
@@ -132,7 +132,7 @@ def train_from(args, **over) -> TrainConfig:
 
 def check_data(m: ModelConfig, t: TrainConfig):
     """Load the corpus once up front, so a bad --data fails before any rank starts."""
-    from .data import check_corpus, load_corpus
+    from ..data import check_corpus, load_corpus
 
     from .preflight import check_token_ids
 
@@ -182,8 +182,8 @@ def run_ranks(job, m, p, t, corpus, extra=None):
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from . import launch
-    from .preemption import SignalLog
+    from .. import launch
+    from ..preemption import SignalLog
 
     preflight(m, p, t)
     world = p.world
@@ -215,13 +215,13 @@ def run_ranks(job, m, p, t, corpus, extra=None):
 
 def reporting() -> bool:
     """Only global rank 0 reports (every rank runs this CLI under torchrun/srun)."""
-    from . import launch
+    from .. import launch
 
     return not launch.under_launcher() or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0
 
 
 def _rank_main(job, m, p, t, corpus, extra):
-    from . import launch
+    from .. import launch
 
     rank = int(os.environ.get("RANK", 0))
     try:
@@ -241,7 +241,7 @@ def _rank_main(job, m, p, t, corpus, extra):
 
 
 def _train_job(comm, m, p, t, corpus, extra):
-    from .train import train
+    from ..train import train
 
     observer = (extra or {}).get("report")
     if observer is not None and comm.grid.rank == 0:  # MFU's denominator, measured on this machine
@@ -254,8 +254,8 @@ def _train_job(comm, m, p, t, corpus, extra):
 # --- commands ------------------------------------------------------------------------------
 def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
-    from .checkpoint import latest
-    from .preemption import EXIT_PREEMPTED
+    from ..checkpoint import latest
+    from ..preemption import EXIT_PREEMPTED
     from .preflight import check_output_dir, check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
 
     t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
@@ -363,7 +363,7 @@ SCHEDULE_LIMIT = 10_000
 
 
 def cmd_schedule(args) -> int:
-    from .parallel import schedules
+    from ..parallel import schedules
 
     for flag, v in (("--pp", args.pp), ("--vpp", args.vpp), ("--microbatches", args.microbatches)):
         if v < 1:
@@ -386,7 +386,7 @@ def cmd_schedule(args) -> int:
     else:
         print(schedules.describe(s, sim))
     if args.plot:
-        from .viz import save_timeline_plot
+        from ..viz.pipeline import save_timeline_plot
 
         save_timeline_plot(sim, args.plot)
         print(f"timeline written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
@@ -438,7 +438,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    from .analysis import memory_per_rank
+    from ..analysis import memory_per_rank
 
     m, p = model_from(args), layout_from(args)
     t = train_from(args)
@@ -462,8 +462,8 @@ def cmd_memory(args) -> int:
 def dp_traffic(m, p, t) -> dict:
     """Data-parallel call bytes per step (the largest stage) and the wire bytes of the ZeRO
     stage over one all-reduce's (1 for stages 0-2, 1.5 for stage 3, one microbatch)."""
-    from .analysis.comm import comm_bytes_per_step
-    from .analysis.zero import zero_wire_bytes
+    from ..analysis.comm import comm_bytes_per_step
+    from ..analysis.zero import zero_wire_bytes
 
     d = p.dp * p.cp
     calls = comm_bytes_per_step(m, p, t).get("dp_cp" if p.cp > 1 else "dp", {})
@@ -472,7 +472,7 @@ def dp_traffic(m, p, t) -> dict:
 
 
 def _plan_on_machine(args, m) -> int:
-    """`plan --machine FILE`: the layouts of --gpus ranks on a measured machine (minitron/sweep.py)."""
+    """`plan --machine FILE`: the layouts of --gpus ranks on a measured machine (minitron/tools/sweep.py)."""
     from . import sweep
 
     if args.gpus < 1 or args.top < 1 or args.global_batch < 1:
@@ -494,7 +494,7 @@ def _plan_on_machine(args, m) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .analysis import format_explain, get_software, plan, predict
+    from ..analysis import format_explain, get_software, plan, predict
 
     m = model_from(args)
     validate_model(m)
@@ -534,7 +534,7 @@ def cmd_plan(args) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.plot:
-        from .viz_explain import save_explain_plot
+        from ..viz.explain import save_explain_plot
 
         save_explain_plot({f"{m.name}, {sw.name}": pred}, args.plot,
                           f"{m.name} on {args.gpus} GPUs of {args.cluster}, t={lay['tp']} p={lay['pp']} "
@@ -557,7 +557,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tokenize(args) -> int:
-    from .tokenizer import tokenize
+    from ..tokenizer import tokenize
 
     check_output_file("--out", args.out, [args.data, args.tokenizer], extensions=(".bin",))
     res = tokenize(args.data, args.out, args.vocab, args.tokenizer)
@@ -579,7 +579,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .hf import save
+    from ..hf import save
     from .sampling import model_from_checkpoint
 
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
@@ -591,7 +591,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    """A scaling series (minitron/sweep.py): each layout measured on real ranks, one JSON line
+    """A scaling series (minitron/tools/sweep.py): each layout measured on real ranks, one JSON line
     per point with the local throughput model's prediction beside it."""
     from . import sweep
 

@@ -25,7 +25,7 @@ def _fig(w: float, h: float) -> Figure:
 
 
 def draw_ring(results: dict) -> Figure:
-    """The ring all-reduce of :func:`minitron.course_collectives.collectives_job`, one
+    """The ring all-reduce of :func:`minitron.course.collectives.collectives_job`, one
     panel per step: the ranks on a circle, the chunks each holds (shaded by how many ranks'
     values are already summed into it) and, as arrows, the messages the trace recorded in
     that step with the chunk each carried.
@@ -92,11 +92,11 @@ def draw_f_and_g(model, t: int = 2) -> Figure:
     that rank (`ShardInfo` of the real parameters of a one-layer GPT)."""
     import torch
 
-    from .comm import Comm
-    from .config import ParallelConfig
-    from .context import Context
-    from .grid import ProcessGrid
-    from .model import GPT
+    from ..comm import Comm
+    from ..config import ParallelConfig
+    from ..context import Context
+    from ..grid import ProcessGrid
+    from ..model import GPT
 
     shapes = {}
     for r in range(t):   # tensor rank r's part of a one-layer model, built in this process
@@ -137,11 +137,11 @@ def _cube_blocks(model, q: int, weight: str) -> dict[int, str]:
     read from the `ShardInfo` of a one-layer GPT built for that rank."""
     import torch
 
-    from .comm import Comm
-    from .config import ParallelConfig
-    from .context import Context
-    from .grid import ProcessGrid
-    from .model import GPT
+    from ..comm import Comm
+    from ..config import ParallelConfig
+    from ..context import Context
+    from ..grid import ProcessGrid
+    from ..model import GPT
 
     out = {}
     for r in range(q ** 3):
@@ -158,7 +158,7 @@ def draw_cube(q: int = 2, rank: int = 0, model=None, weight: str = "blocks.0.mlp
     lines through `rank` along i, j and k highlighted: the groups its collectives use.
     With a `model`, each rank is labelled with the block of `weight` it holds (rows and
     columns of the single-device weight, from the engine's own shards)."""
-    from .grid import ProcessGrid
+    from ..grid import ProcessGrid
 
     grid = ProcessGrid(tp=q ** 3, cube=True)
     blocks = _cube_blocks(model, q, weight) if model is not None else {}

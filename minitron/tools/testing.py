@@ -14,11 +14,11 @@ import os
 import subprocess
 import sys
 
-from .config import ParallelConfig
+from ..config import ParallelConfig
 
 
 def _rank_entry(fn, layout, trace, args):
-    from .launch import setup_rank, teardown
+    from ..launch import setup_rank, teardown
 
     comm = setup_rank(layout, layout.backend, 300, trace=trace)
     try:
@@ -29,7 +29,7 @@ def _rank_entry(fn, layout, trace, args):
 
 def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict:
     """Run `fn(comm, *args)` on dp*tp*pp local gloo ranks; return {rank: result}."""
-    from .launch import launch_local
+    from ..launch import launch_local
 
     if layout.world == 1:
         return {0: _rank_entry(fn, layout, trace, args)}

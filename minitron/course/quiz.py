@@ -3,7 +3,7 @@
 A lesson asks a question in a markdown cell and grades the learner's answer in the next
 code cell::
 
-    from minitron.quiz import check
+    from minitron.course.quiz import check
     check("02.bubble_1f1b", ...)        # replace ... with your answer, then run the cell
 
 `check` prints ``right`` or ``wrong — <hint>``; `grade` returns (right?, message). The answers
@@ -36,17 +36,17 @@ class Question:
 
 
 def _A():
-    from . import analysis
+    from .. import analysis
     return analysis
 
 
 def _preset(name):
-    from .config import PRESETS
+    from ..config import PRESETS
     return PRESETS[name]
 
 
 def _grid(**kw):
-    from .grid import ProcessGrid
+    from ..grid import ProcessGrid
     return ProcessGrid(**kw)
 
 
@@ -213,7 +213,7 @@ QUESTIONS: dict[str, Question] = {
 
 
 def _chunks(n: int, r: int) -> tuple[int, int]:
-    from .parallel.context_parallel import chunk_ids
+    from ..parallel.context_parallel import chunk_ids
     return chunk_ids(n, r)
 
 

@@ -217,9 +217,9 @@ def _sharded_state_bytes(tr, activations: int) -> dict:
 
 
 def memory_job(comm, model, layout, train, step: int = 0) -> dict:
-    """Rank job for :func:`minitron.testing.run_on_ranks`: build a Trainer, measure one
+    """Rank job for :func:`minitron.tools.testing.run_on_ranks`: build a Trainer, measure one
     step; returns :func:`measure_step_memory`'s dict plus ``stage`` (this rank's pipeline
     stage, for ``memory_on_rank(model, layout, train, stage)``)."""
-    from .train import Trainer
+    from ..train import Trainer
 
     return {"stage": comm.index("pp"), **measure_step_memory(Trainer(model, layout, train, comm), step)}

@@ -14,7 +14,7 @@ rank issued them. This module sums them up and draws them:
 
 A trace says *what* was sent, not *when*. To see when data-parallel buckets fire
 during the backward pass, :func:`dp_overlap_job` (run on every rank by
-:func:`minitron.testing.run_on_ranks`) trains a few steps with a :class:`TimedTrace`
+:func:`minitron.tools.testing.run_on_ranks`) trains a few steps with a :class:`TimedTrace`
 and stamps the moment each parameter's gradient is produced;
 :func:`overlap_events` lists the calls against the gradients computed before them and
 :func:`plot_overlap` draws both on one time axis.
@@ -27,7 +27,7 @@ import itertools
 import time
 from collections import defaultdict
 
-from .comm import CommTrace
+from ..comm import CommTrace
 
 OP_COLORS = {"all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
              "broadcast": "#8172b2", "send": "#937860", "recv": "#da8bc3"}
@@ -138,7 +138,7 @@ class TimedTrace(CommTrace):
 
 
 def dp_overlap_job(comm, model, train, layouts, steps: int = 2) -> list[dict] | None:
-    """Rank job for :func:`minitron.testing.run_on_ranks`: for each layout in `layouts`
+    """Rank job for :func:`minitron.tools.testing.run_on_ranks`: for each layout in `layouts`
     (all of the launch's world size), build a ``Trainer``, train `steps` steps with a
     :class:`TimedTrace` and a tensor hook on every parameter that stamps when its
     gradient is produced (before it is accumulated, so before the data-parallel hook of
@@ -151,8 +151,8 @@ def dp_overlap_job(comm, model, train, layouts, steps: int = 2) -> list[dict] | 
 
     and None on the other ranks.
     """
-    from .data import load_corpus
-    from .train import Trainer
+    from ..data import load_corpus
+    from ..train import Trainer
 
     corpus = load_corpus(train.data)
     out = []

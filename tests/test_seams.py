@@ -1,0 +1,200 @@
+"""The package's seams, read from its source: imports flow one way, no import cycles,
+no module patches another.
+
+Every `import` and `from ... import` is parsed, function-level ones included (a lazy
+import is still a dependency). The engine's layers, lowest first:
+
+    config, grid → comm, data, tokenizer, optim, checkpoint, launch, preemption, hf, corpus
+    → context → parallel/ → model → train
+
+and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "minitron"
+
+ENGINE_LAYERS = [
+    {"config", "grid"},
+    {"comm", "data", "tokenizer", "optim", "checkpoint", "launch", "preemption", "hf", "corpus"},
+    {"context"},
+    {"parallel"},
+    {"model"},
+    {"train"},
+]
+TOOLING = {"analysis", "viz", "tools", "course", "labs"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        parts = f.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = f
+    return out
+
+
+MODULES = _modules()
+
+
+def _targets(name: str, node: ast.AST) -> set[str]:
+    """The package modules an import statement in module `name` loads."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in MODULES}
+    pkg = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+    if node.level:
+        base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    found = {target} if target in MODULES else set()
+    found |= {f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES}
+    return found
+
+
+def _imports() -> dict[str, set[str]]:
+    edges = {}
+    for name, f in MODULES.items():
+        tree = ast.parse(f.read_text())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps |= _targets(name, node)
+        edges[name] = deps - {name, "minitron"}  # the package's __init__ is its public face
+    return edges
+
+
+EDGES = _imports()
+
+
+def _top(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer(name: str) -> int | None:
+    for i, layer in enumerate(ENGINE_LAYERS):
+        if _top(name) in layer:
+            return i
+    return None
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(EDGES[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(EDGES):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_sees_the_package():
+    # a checker that parsed nothing would pass everything
+    assert {"minitron.train", "minitron.parallel.tensor", "minitron.tools.cli", "minitron.analysis.memory"} <= set(MODULES)
+    assert "minitron.model" in EDGES["minitron.train"]
+
+
+def test_no_import_cycles():
+    cycles = _cycles()
+    assert not cycles, "import cycles (lazy imports count): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_engine_never_imports_the_tooling():
+    bad = [f"{m} -> {d}" for m in sorted(EDGES) if _layer(m) is not None
+           for d in sorted(EDGES[m]) if _top(d) in TOOLING]
+    assert not bad, "the engine imports tooling/teaching layers: " + ", ".join(bad)
+
+
+def test_engine_layers_import_downwards():
+    bad = [f"{m} -> {d}" for m in sorted(EDGES) if _layer(m) is not None
+           for d in sorted(EDGES[m]) if _layer(d) is not None and _layer(d) > _layer(m)]
+    assert not bad, "an engine layer imports a higher one: " + ", ".join(bad)
+
+
+def _module_aliases(tree: ast.AST) -> set[str]:
+    """Names bound to modules in a file (`import x`, `from . import y`, `import a.b as c`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name.split(".")[0]) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                base = "." * node.level + (node.module or "")
+                # `from pkg import mod`: a module when pkg.mod is one of ours or a known stdlib/torch module
+                if node.level and not node.module or f"{base}.{a.name}".lstrip(".") in MODULES:
+                    names.add(a.asname or a.name)
+    return names
+
+
+def _assigned_attributes(tree: ast.AST):
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute):
+                    yield node.lineno, sub
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            yield node.lineno, node
+
+
+def test_no_module_patches_another():
+    """No assignment to an imported module's attribute, and no `setattr` on one."""
+    bad = []
+    for name, f in MODULES.items():
+        tree = ast.parse(f.read_text())
+        aliases = _module_aliases(tree)
+        for line, node in _assigned_attributes(tree):
+            if isinstance(node, ast.Call):
+                target = node.args[0] if node.args else None
+                if isinstance(target, ast.Name) and target.id in aliases:
+                    bad.append(f"{f.relative_to(PKG.parent)}:{line} setattr on module {target.id}")
+            elif isinstance(node.value, ast.Name) and node.value.id in aliases:
+                bad.append(f"{f.relative_to(PKG.parent)}:{line} assigns {node.value.id}.{node.attr}")
+    assert not bad, "modules patched: " + "; ".join(bad)
+
+
+def test_no_assignment_to_another_objects_private_attribute():
+    """`x._name = ...` only on `self` (or `cls`): a lab or a measurement injects through
+    public arguments instead of reaching into another object's privates."""
+    bad = []
+    for f in MODULES.values():
+        for line, node in _assigned_attributes(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.args[1] if len(node.args) > 1 else None
+                if (isinstance(name, ast.Constant) and isinstance(name.value, str) and name.value.startswith("_")
+                        and not name.value.startswith("__")):
+                    bad.append(f"{f.relative_to(PKG.parent)}:{line} setattr(..., {name.value!r})")
+                continue
+            private = node.attr.startswith("_") and not node.attr.startswith("__")
+            own = isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"}
+            if private and not own:
+                bad.append(f"{f.relative_to(PKG.parent)}:{line} .{node.attr}")
+    assert not bad, "assignments to another object's private attribute: " + "; ".join(bad)
