@@ -35,9 +35,9 @@ Pure Python: no tensors, no processes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..parallel.buckets import Bucket, bucket_elements, plan_buckets
 from .comm import dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
 from .memory import memory_on_rank
 
@@ -45,63 +45,6 @@ __all__ = ["Bucket", "plan_buckets", "bucket_elements", "dp_calls", "dp_wire_byt
            "NORM_BYTES"]
 
 NORM_BYTES = 8  # ZeRO-1's gradient norm: one float64 all-reduced over dp
-
-
-@dataclass
-class Bucket:
-    """A contiguous piece ``[start, end)`` of the flat gradient buffer."""
-
-    index: int
-    start: int
-    end: int
-    tensors: list = field(default_factory=list)  # positions of the tensors it touches (buffer order)
-    late: bool = False  # started after backward (ZeRO-1: tensors summed over another axis first)
-
-    @property
-    def numel(self) -> int:
-        return self.end - self.start
-
-
-def bucket_elements(bucket_mb: float, bytes_per_el: int) -> int:
-    """`--bucket-mb` as a number of elements (at least one)."""
-    return max(1, int(bucket_mb * 2**20) // bytes_per_el)
-
-
-def plan_buckets(numels, cap: int, multiple: int = 1) -> tuple[list[int], list[Bucket], int]:
-    """Lay tensors of `numels` elements one after another and cut the buffer into buckets.
-
-    A bucket closes at the first tensor end that brings it to `cap` elements (so a tensor
-    larger than `cap` gets a bucket of its own). With `multiple` > 1 (ZeRO-1: d) every
-    bucket end is rounded up to a multiple of it — a tensor may then straddle two buckets —
-    and the buffer is padded to ``ceil(n/multiple)·multiple``: each rank's slice of every
-    bucket is whole, and the padding is only at the very end.
-
-    Returns (offset of each tensor, buckets, buffer size in elements).
-    """
-    offsets, n = [], 0
-    for k in numels:
-        offsets.append(n)
-        n += k
-    total = -(-n // multiple) * multiple
-    buckets: list[Bucket] = []
-    start = 0
-    for i, k in enumerate(numels):
-        end = offsets[i] + k
-        if end <= start:  # already inside the previous bucket (its rounding swallowed it)
-            continue
-        if i == len(numels) - 1:
-            end = total
-        elif end - start >= cap:
-            end = min(total, -(-end // multiple) * multiple)
-        else:
-            continue
-        buckets.append(Bucket(len(buckets), start, end))
-        start = end
-    if start < total:
-        buckets.append(Bucket(len(buckets), start, total))
-    for b in buckets:
-        b.tensors = [i for i, (o, k) in enumerate(zip(offsets, numels)) if o < b.end and o + k > b.start]
-    return offsets, buckets, total
 
 
 def dp_calls(numels, d: int, impl: str = "bucketed", zero1: bool = False, bucket_mb: float = 4.0,

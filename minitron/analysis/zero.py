@@ -27,29 +27,13 @@ Pure Python: no tensors, no processes.
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .data_parallel import NORM_BYTES, Bucket
+from ..parallel.buckets import plan_units
+from .data_parallel import NORM_BYTES
 from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
 from .params import _degrees, _local_layer_params, chunk_layers, padded_vocab
 
 __all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_buffer_bytes",
            "zero_wire_bytes"]
-
-
-def plan_units(unit_numels, d: int) -> tuple[list[int], list[Bucket], int]:
-    """Lay units of tensors (``[[numel, ...], ...]``) one after another, each unit padded
-    up to a multiple of `d`. Returns (offset of each tensor, one Bucket per unit, size of
-    the flat layout); rank r's shard of unit u is ``[start + r·k, start + (r+1)·k)`` with
-    ``k = numel/d``, and the shards of all units, concatenated, are the rank's flat shard."""
-    offsets, buckets, n, i = [], [], 0, 0
-    for numels in unit_numels:
-        start, first = n, i
-        for k in numels:
-            offsets.append(n)
-            n += k
-            i += 1
-        n = start + -(-(n - start) // d) * d
-        buckets.append(Bucket(len(buckets), start, n, list(range(first, i))))
-    return offsets, buckets, n
 
 
 def zero_units(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0) -> list[dict]:

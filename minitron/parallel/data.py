@@ -60,7 +60,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..analysis.data_parallel import Bucket, bucket_elements, plan_buckets
+from .buckets import Bucket, bucket_elements, plan_buckets
 from ..comm import Comm
 from ..config import ParallelConfig, TrainConfig
 from ..optim import clip_coef, owns_copy, sum_of_squares, sync_replicated_grads, unique_params

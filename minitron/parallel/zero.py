@@ -19,7 +19,7 @@ Units: a transformer block each, and per model chunk a root unit holding everyth
 (embeddings, final norm, output layer), gathered at the chunk's first forward of a step
 and kept until the step ends (FSDP keeps its root module's parameters the same way: they
 are used at the very start and the very end). Each unit is padded to a multiple of d in a
-flat layout (``analysis.zero.plan_units``) and rank r owns the r-th 1/d of every unit; a
+flat layout (``parallel.buckets.plan_units``) and rank r owns the r-th 1/d of every unit; a
 parameter is a view into its unit's full buffer, whose storage is freed (resized to zero
 bytes, as FSDP does) while the unit is sharded. Autograd keeps referring to the parameter
 itself, so re-gathering the storage before the backward is all that backward needs.
@@ -39,7 +39,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..analysis.zero import plan_units
+from .buckets import plan_units
 from ..comm import Comm
 from ..optim import unique_params
 from .data import FlatShards, grad_axis
