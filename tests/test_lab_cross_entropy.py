@@ -1,4 +1,4 @@
-"""Lab 4's checker (``minitron.labs.cross_entropy``): the reference passes, the usual
+"""Lab 04b's checker (``minitron.labs.cross_entropy``): the reference passes, the usual
 mistakes each get their one line.
 
 A syntax error is found before any rank starts; everything else runs on 2 gloo ranks,

@@ -1,4 +1,4 @@
-"""Lab 6's checker (``minitron.labs.online_softmax``): the reference and the engine's own
+"""Lab 09's checker (``minitron.labs.online_softmax``): the reference and the engine's own
 ``combine`` pass, the usual mistakes each get their one line.
 
 A syntax error is found before any rank starts; everything else runs on 2 gloo ranks

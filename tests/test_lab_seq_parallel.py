@@ -1,4 +1,4 @@
-"""Lab 5's checker (``minitron.labs.seq_parallel``): the reference and the engine's own
+"""Lab 04c's checker (``minitron.labs.seq_parallel``): the reference and the engine's own
 ``_AllGatherLinear`` pass, the usual mistakes each get their one line.
 
 A syntax error is found before any rank starts; everything else runs on 2 gloo ranks,

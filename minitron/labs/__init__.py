@@ -5,12 +5,12 @@ single-device model and with the engine's closed forms.
 ==========================  ==========================================  =================
 lab                         checker                                     module
 ==========================  ==========================================  =================
-01 f and g                  ``check_f_and_g(SOURCE)``                   :mod:`.f_and_g`
-02 the 1F1B schedule        ``check_one_f_one_b(SOURCE)``               :mod:`.pipeline`
-03 ZeRO-1 over a bucket     ``check_zero1(SOURCE)``                     :mod:`.zero`
-04 vocab-parallel CE        ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
-05 the all-gather linear    ``check_all_gather_linear(SOURCE)``         :mod:`.seq_parallel`
-06 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
+02a the 1F1B schedule       ``check_one_f_one_b(SOURCE)``               :mod:`.pipeline`
+03b ZeRO-1 over a bucket    ``check_zero1(SOURCE)``                     :mod:`.zero`
+04a f and g                 ``check_f_and_g(SOURCE)``                   :mod:`.f_and_g`
+04b vocab-parallel CE       ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
+04c the all-gather linear   ``check_all_gather_linear(SOURCE)``         :mod:`.seq_parallel`
+09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the

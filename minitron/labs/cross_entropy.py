@@ -1,4 +1,4 @@
-"""Lab 4: the vocabulary-parallel cross-entropy (Megatron-LM, Shoeybi et al. 2019, §3;
+"""Lab 04b: the vocabulary-parallel cross-entropy (Megatron-LM, Shoeybi et al. 2019, §3;
 the engine's ``minitron.parallel.tensor._VocabParallelCrossEntropy``).
 
 The learner writes ``VocabParallelCrossEntropy``, a ``torch.autograd.Function`` with the
@@ -259,7 +259,7 @@ def check_vocab_parallel_ce_all(sources: list[str], tp: int = 2, timeout: float 
 
 
 def check_vocab_parallel_ce(source: str, tp: int = 2, timeout: float = 60) -> dict:
-    """Lab 4: check the class `VocabParallelCrossEntropy` defined in `source` on `tp` gloo
+    """Lab 04b: check the class `VocabParallelCrossEntropy` defined in `source` on `tp` gloo
     ranks (2 or 4) against ``F.cross_entropy`` on the gathered logits (forward, gradient,
     padded ids, logits around +1000, what it communicates), then train a tiny GPT with it
     in place of the engine's (``--tp``, float64, 2 steps) and compare with the

@@ -1,4 +1,4 @@
-"""Lab 1: Megatron's conjugate operators f and g (``minitron.parallel.tensor._F``, ``_G``).
+"""Lab 04a: Megatron's conjugate operators f and g (``minitron.parallel.tensor._F``, ``_G``).
 
 Every rank `exec`s the learner's source, checks `F` and `G` on one rank-dependent tensor
 (shape, forward, backward), swaps them into the engine, trains a tiny GPT with tensor
@@ -82,7 +82,7 @@ def check_f_and_g_all(sources: list[str], tp: int = 2, timeout: float = 60) -> l
 
 
 def check_f_and_g(source: str, tp: int = 2, timeout: float = 60) -> dict:
-    """Lab 1: train a tiny GPT with tensor parallelism (`tp` gloo ranks, float64, 2 steps)
+    """Lab 04a: train a tiny GPT with tensor parallelism (`tp` gloo ranks, float64, 2 steps)
     using the classes `F` and `G` defined in `source` in place of the engine's f and g,
     and compare it with the single-device model. Returns {"ok", "max_loss_abs_diff",
     "max_param_rel_diff", "message"}, or {"ok": False, "message"} when the code does not

@@ -1,4 +1,4 @@
-"""Lab 6: the online softmax that ring attention combines its blocks with (the engine's
+"""Lab 09: the online softmax that ring attention combines its blocks with (the engine's
 ``minitron.parallel.context_parallel.combine``).
 
 Under context parallelism a rank's queries meet the keys and values block by block, as
@@ -152,7 +152,7 @@ def check_online_softmax_all(sources: list[str], cp: int = 2, timeout: float = 6
 
 
 def check_online_softmax(source: str, cp: int = 2, timeout: float = 60) -> dict:
-    """Lab 6: check the function `combine` defined in `source` on `cp` gloo ranks against
+    """Lab 09: check the function `combine` defined in `source` on `cp` gloo ranks against
     full softmax attention (two blocks, three in either order, scores around +1000), then
     train a tiny GPT with it in place of the engine's (``--cp``, float64, 2 steps) and
     compare with the single-device model. Returns {"ok", "message", "max_loss_abs_diff",

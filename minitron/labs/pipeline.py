@@ -1,4 +1,4 @@
-"""Lab 2: the 1F1B schedule (PipeDream-Flush, PTD-P §2.2.1) as data.
+"""Lab 02a: the 1F1B schedule (PipeDream-Flush, PTD-P §2.2.1) as data.
 
 The learner writes ``one_f_one_b(p, m, rank)``: the ordered actions of pipeline rank
 `rank` in one training step, ``Action("F", k)`` and ``Action("B", k)`` (the engine's
@@ -110,7 +110,7 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
 
 
 def check_one_f_one_b(source: str, pp: int = 2, timeout: float = 60) -> dict:
-    """Lab 2: the 1F1B schedule `one_f_one_b(p, m, rank)` defined in `source`: validated
+    """Lab 02a: the 1F1B schedule `one_f_one_b(p, m, rank)` defined in `source`: validated
     for p = 1..6 and m = 1..10 (dependencies, matched messages, no deadlock), its bubble
     and peak stash compared with the closed forms, then run by the pipeline runtime on
     `pp` gloo ranks (float64, 2 steps, 4 microbatches) against the single-device model.

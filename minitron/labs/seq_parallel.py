@@ -1,4 +1,4 @@
-"""Lab 5: sequence parallelism's all-gather linear (Korthikanti et al. 2022, §4.2.2; the
+"""Lab 04c: sequence parallelism's all-gather linear (Korthikanti et al. 2022, §4.2.2; the
 engine's ``minitron.parallel.tensor._AllGatherLinear``).
 
 The learner writes ``AllGatherLinear``, a ``torch.autograd.Function`` with the engine's
@@ -296,7 +296,7 @@ def check_all_gather_linear_all(sources: list[str], tp: int = 2, timeout: float 
 
 
 def check_all_gather_linear(source: str, tp: int = 2, timeout: float = 60) -> dict:
-    """Lab 5: check the class `AllGatherLinear` defined in `source` on `tp` gloo ranks
+    """Lab 04c: check the class `AllGatherLinear` defined in `source` on `tp` gloo ranks
     against autograd of ``F.linear`` on the gathered input (output, what the forward
     saves, dX, dW, db, what each pass communicates, bias=None), then train a tiny GPT
     with it in place of the engine's (``--tp --sp``, float64, 2 steps) and compare with

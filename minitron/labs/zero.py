@@ -1,4 +1,4 @@
-"""Lab 3: ZeRO-1 over one gradient bucket (Rajbhandari et al. 2020, stage 1; the engine's
+"""Lab 03b: ZeRO-1 over one gradient bucket (Rajbhandari et al. 2020, stage 1; the engine's
 ``--zero1``: ``BucketedDataParallel(shard=True)`` and ``ZeroOneAdamW`` in
 :mod:`minitron.parallel.data`).
 
@@ -215,7 +215,7 @@ def check_zero1_all(sources: list[str], dp: int = 2, timeout: float = 60) -> lis
 
 
 def check_zero1(source: str, dp: int = 2, timeout: float = 60) -> dict:
-    """Lab 3: train a tiny GPT on `dp` gloo ranks (float64, 2 steps) with the learner's
+    """Lab 03b: train a tiny GPT on `dp` gloo ranks (float64, 2 steps) with the learner's
     `reduce_scatter_grads` and `update_params` in place of the engine's ZeRO-1 bucket
     reduce-scatter and sharded AdamW step; check each gradient shard, the parameters after
     the all-gather, the traced calls (dp_calls), the optimizer bytes (model_state_bytes)
