@@ -11,7 +11,7 @@ import argparse
 import json
 import torch
 
-from minitron.bench import MatmulProbe, alternate
+from minitron.tools.bench import MatmulProbe, alternate
 from minitron.config import ParallelConfig, TrainConfig, preset
 from minitron.train import Trainer, model_flops_per_step
 

@@ -2,7 +2,7 @@
 
 One launch of 4 gloo ranks; for each sequence length, the same microbatch (one sequence
 per rank) under cp = 1 (dp = 4), cp = 2 (dp = 2) and cp = 4. Each rank measures the peak
-bytes saved for the backward in one training step (``minitron.measure``), next to the
+bytes saved for the backward in one training step (``minitron.tools.measure``), next to the
 analysis (``memory_on_rank``). Prints a markdown table.
 
     .venv/bin/python benchmarks/bench_context_parallel.py [--seq-lens 1024,2048,4096]
@@ -16,7 +16,7 @@ from minitron.analysis import memory_on_rank
 from minitron.comm import Comm
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig
 from minitron.grid import ProcessGrid
-from minitron.testing import run_on_ranks
+from minitron.tools.testing import run_on_ranks
 
 LAYOUTS = [ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4)]
 
@@ -27,7 +27,7 @@ def model(s: int) -> ModelConfig:
 
 def job(comm, seq_lens):
     from minitron.data import load_corpus
-    from minitron.measure import measure_step_memory
+    from minitron.tools.measure import measure_step_memory
     from minitron.train import Trainer
 
     corpus, out = load_corpus(""), {}

@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         args.rounds, args.warmup, args.steps = 1, 0, 1
 
     from minitron.data import load_corpus
-    from minitron.testing import run_on_ranks
+    from minitron.tools.testing import run_on_ranks
 
     corpus = load_corpus("")
     load0 = os.getloadavg()[0]

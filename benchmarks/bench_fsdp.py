@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         args.rounds, args.warmup, args.steps = 1, 0, 1
 
     from minitron.data import load_corpus
-    from minitron.testing import run_on_ranks
+    from minitron.tools.testing import run_on_ranks
 
     results = run_on_ranks(bench_job, ParallelConfig(dp=args.ranks, device="cpu"), args, load_corpus(""))
     s = summarize(results)

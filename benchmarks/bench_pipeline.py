@@ -31,13 +31,13 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from minitron.config import ParallelConfig, preset  # noqa: E402
-from minitron.testing import run_on_ranks  # noqa: E402
+from minitron.tools.testing import run_on_ranks  # noqa: E402
 
 
 def _chunks(model, layout, comm, dtype=torch.float32):
     from minitron.context import Context
     from minitron.model import GPT
-    from minitron.train import stage_layers
+    from minitron.config import stage_layers
 
     ctx = Context(comm, layout, dtype)
     stages, r, p = stage_layers(model, layout), comm.index("pp"), layout.pp

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig, validate  # noqa: E402
-from minitron.testing import run_on_ranks  # noqa: E402
+from minitron.tools.testing import run_on_ranks  # noqa: E402
 
 MODELS = {
     "tokens": (ModelConfig(layers=2, hidden=64, heads=8, seq_len=64, vocab=256, name="tokens"), 16),

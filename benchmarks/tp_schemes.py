@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from minitron.config import ModelConfig, ParallelConfig, TrainConfig, validate  # noqa: E402
-from minitron.testing import run_on_ranks  # noqa: E402
+from minitron.config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, validate  # noqa: E402
+from minitron.tools.testing import run_on_ranks  # noqa: E402
 
 # many tokens and a narrow hidden size (activations dominate), and few tokens with a wide one
 MODELS = {
@@ -128,7 +128,7 @@ def predicted(model, layout, train):
     from minitron.analysis.comm import comm_items
     from minitron.analysis.params import params_on_rank
 
-    e = 8 if train.dtype == "float64" else 4
+    e = element_bytes(train.dtype)
     b = train.global_batch // (layout.dp * train.microbatches)
     if layout.tp_mode == "3d":
         q = C.cube_q(layout.tp)

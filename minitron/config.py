@@ -106,12 +106,12 @@ class ParallelConfig:
     @property
     def cube_q(self) -> int:
         """Edge of the 3-D cube (q with q^3 = tp); 1 in 1-D mode."""
-        return round(self.tp ** (1 / 3)) if self.tp_mode == "3d" else 1
+        return cube_edge(self.tp) if self.tp_mode == "3d" else 1
 
     @property
     def summa_q(self) -> int:
         """Edge of the 2-D / 2.5-D grid (q with q^2 * tp_depth = tp); 1 otherwise."""
-        return math.isqrt(self.tp // max(1, self.tp_depth)) if self.tp_mode in ("2d", "2.5d") else 1
+        return square_edge(self.tp // max(1, self.tp_depth)) if self.tp_mode in ("2d", "2.5d") else 1
 
     def describe(self) -> str:
         s = f"dp{self.dp}.tp{self.tp}.pp{self.pp}"
@@ -167,9 +167,78 @@ class TrainConfig:
         return dataclasses.replace(self, **kw)
 
 
+# The pipeline schedules (parallel/schedules.py builds each; analysis/bubble.py prices it):
+# GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (PTD-P §2.2.2), zero-bubble H1 (Qi et al. 2024).
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
-DTYPES = ("float32", "float64", "bfloat16")
+# The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
+# gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
+DTYPES = tuple(DTYPE_BYTES)
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes of one element of the training dtype `dtype` (a name of :data:`DTYPES`)."""
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"unknown --dtype '{dtype}': choose one of {', '.join(DTYPES)}")
+    return DTYPE_BYTES[dtype]
+
+
+# --------------------------------------------------------------------------------------
+# Tensor-parallel grid edges
+# --------------------------------------------------------------------------------------
+def cube_edge(tp: int) -> int:
+    """q of the 3-D cube, q³ = tp (Bian et al. 2021): the nearest integer cube root (a tp
+    that is not a cube is refused by :func:`validate_parallel`)."""
+    return round(tp ** (1 / 3))
+
+
+def square_edge(ranks: int) -> int:
+    """q of the 2-D (SUMMA) grid, q² = ranks: the integer square root."""
+    return math.isqrt(ranks)
+
+
+# --------------------------------------------------------------------------------------
+# Pipeline stages: which layers each virtual stage holds, and where it lives
+# --------------------------------------------------------------------------------------
+def split_layers(layers: int, chunks: int) -> list[int]:
+    """Layer counts of `chunks` contiguous chunks, as even as possible (the first
+    ``layers % chunks`` chunks get one more layer)."""
+    if chunks < 1 or chunks > layers:
+        raise ValueError(f"cannot split {layers} layers into {chunks} pipeline chunks")
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def stage_layer_counts(layers: int, pp: int = 1, vpp: int = 1, explicit: tuple[int, ...] = ()) -> list[int]:
+    """Layers of each of the pp·vpp virtual stages, in model order: `explicit`
+    (``--stage-layers``) when given, else :func:`split_layers`."""
+    if explicit:
+        if len(explicit) != pp * vpp or sum(explicit) != layers:
+            raise ValueError(f"stage_layers {tuple(explicit)} must have pp*vpp = {pp * vpp} entries summing to {layers}")
+        return list(explicit)
+    return split_layers(layers, pp * vpp)
+
+
+def stage_layers(model: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
+    """Global layer ids of each of the pp·vpp virtual stages (model chunks), in order."""
+    out, start = [], 0
+    for n in stage_layer_counts(model.layers, layout.pp, layout.vpp, tuple(layout.stage_layers)):
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def virtual_stage(chunk: int, pp_rank: int, pp: int) -> int:
+    """The virtual stage of local chunk `chunk` on pipeline rank `pp_rank`: Megatron's
+    interleaved assignment (PTD-P §2.2.2) gives rank r the stages r, r+p, r+2p, ..."""
+    return chunk * pp + pp_rank
+
+
+def stage_placement(stage: int, pp: int) -> tuple[int, int]:
+    """(pipeline rank, local chunk) of virtual stage `stage`: the inverse of
+    :func:`virtual_stage`."""
+    return stage % pp, stage // pp
 
 
 def preset(name: str) -> ModelConfig:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import cube_edge, square_edge
+
 AXES = ("tp", "cp", "dp", "pp")
 CUBE_AXES = ("cube_i", "cube_j", "cube_k")
 # 2-D / 2.5-D (SUMMA, Tesseract): tp_rank = c + q*r + q*q*k on a q×q×d grid; 'summa_row'
@@ -61,12 +63,12 @@ class ProcessGrid:
     @property
     def q(self) -> int:
         """Edge of the tensor cube (1 in 1-D mode)."""
-        return round(self.tp ** (1 / 3)) if self.cube else 1
+        return cube_edge(self.tp) if self.cube else 1
 
     @property
     def summa_q(self) -> int:
         """Edge q of the 2-D / 2.5-D grid (q²·d = tp; 1 without one)."""
-        return round((self.tp // self.summa_depth) ** 0.5) if self.summa_depth else 1
+        return square_edge(self.tp // self.summa_depth) if self.summa_depth else 1
 
     # --- pure rank arithmetic -------------------------------------------------
     def coord(self, rank: int | None = None) -> Coord:

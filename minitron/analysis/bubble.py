@@ -31,10 +31,10 @@ the warm-up holds the larger first group g in place of p.
 """
 from __future__ import annotations
 
+from ..config import SCHEDULES
+
 __all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "first_group", "peak_stashed_microbatches",
            "stashed_on_rank"]
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def _check(kind: str, p: int, m: int, v: int) -> None:

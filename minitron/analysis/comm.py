@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, stage_placement
 from .context_parallel import cp_comm_items, local_model
 from .flops import _policy
 from .params import _get, chunk_layers, layers_on_rank, padded_vocab, params_on_rank
@@ -158,7 +158,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     if _get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
         raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
                          "use cube_linear_elements or tensor_parallel_comparison")
-    e = dtype_bytes or (8 if getattr(train, "dtype", "float32") == "float64" else 4)
+    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
     ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
     t, p, d = parallel.tp, parallel.pp, parallel.dp
     v, sp = parallel.vpp, parallel.sp
@@ -245,7 +245,7 @@ def _p2p_counts(model: ModelConfig, layout: Any, pp_rank: int) -> tuple[int, int
     backward mirrors that."""
     p = int(_get(layout, "pp", 1) or 1)
     chunks = len(chunk_layers(model, layout))
-    mine = [c for c in range(chunks) if c % p == pp_rank]
+    mine = [c for c in range(chunks) if stage_placement(c, p)[0] == pp_rank]
     not_last = sum(c < chunks - 1 for c in mine)
     not_first = sum(c > 0 for c in mine)
     return not_last + not_first, not_first + not_last
@@ -329,7 +329,7 @@ def tensor_parallel_comparison(model: ModelConfig, tokens: int, devices: int) ->
     else:
         rows.append({"scheme": "2d", "devices": P, "q": None, "forward": None, "backward": None,
                      "total": None, "weights_per_device": None, "feasible": False})
-    q3 = round(P ** (1 / 3))
+    q3 = cube_edge(P)
     if q3**3 == P:
         f = sum(cube_linear_elements(tokens, a, b, q3) for a, b in _linears(model))
         rows.append({"scheme": "3d", "devices": P, "q": q3, "forward": f, "backward": f,

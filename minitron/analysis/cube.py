@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, pad_vocab, square_edge
 from .comm import (_p2p_counts, cube_linear_elements, dp_bytes_per_step, ring_allgather_wire_bytes,
                    ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes, summa_linear_elements)
 from .flops import _policy
@@ -83,7 +83,7 @@ FIRST, SECOND = (J, K), (K, J)  # layouts (a, c): the residual stream, and insid
 
 
 def cube_q(tp: int) -> int:
-    q = round(tp ** (1 / 3))
+    q = cube_edge(tp)
     if q ** 3 != tp:
         raise ValueError(f"{tp} tensor ranks are not a cube (8, 27, 64, ...)")
     return q
@@ -247,7 +247,7 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     ``{what, axis, op, calls, bytes}`` with `bytes` summed over the step (as
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Tensor (cube), pipeline, tied-embedding and data-parallel axes."""
-    e = dtype_bytes or (8 if train.dtype == "float64" else 4)
+    e = dtype_bytes or element_bytes(train.dtype)
     ea = 2 if _get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
     q, p, d, v = cube_q(parallel.tp), parallel.pp, parallel.dp, parallel.vpp
     m = train.microbatches
@@ -375,7 +375,7 @@ def params_per_device(model: ModelConfig, scheme: str, devices: int) -> dict[str
     h, f, s = model.hidden, model.ffn_hidden, model.seq_len
     mats, vecs = 4 * h * h + 2 * h * f, 9 * h + f
     if scheme == "2d":
-        q = round(devices ** 0.5)
+        q = square_edge(devices)
         vp = pad_vocab(model.vocab, q)
         layer = mats // (q * q) + vecs // q
         emb = vp * h // (q * q)
@@ -403,7 +403,7 @@ def compare_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_pe
                  "layer_param_bytes": e * par["layer"], "model_param_bytes": e * par["model"],
                  "layer_activation_bytes": sum(saved_bytes_per_layer(model, b, P, dropout=False,
                                                                      bytes_per_el=e).values())})
-    q2 = round(P ** 0.5)
+    q2 = square_edge(P)
     if q2 * q2 == P:
         wire = e * sum(sum(summa_linear_elements(B, a, c, q2)) for a, c in lin)
         par = params_per_device(model, "2d", P)
@@ -413,7 +413,7 @@ def compare_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_pe
                      "layer_activation_bytes": act})
     else:
         rows.append({"scheme": "2d", "q": None, "feasible": False})
-    q3 = round(P ** (1 / 3))
+    q3 = cube_edge(P)
     if q3 ** 3 == P and b % (q3 * q3) == 0:
         wire = sum(wire_bytes(c, q3) * c["calls"] for c in layer_calls(model, b, q3, e))
         par = params_per_device(model, "3d", P)

@@ -103,7 +103,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
 from .bubble import stashed_on_rank
 from .context_parallel import local_model
 from .flops import _policy
@@ -251,8 +251,7 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
 # minitron's engine, per rank
 # --------------------------------------------------------------------------------------
 def _engine_dtype_bytes(train: TrainConfig | None) -> int:
-    dtype = getattr(train, "dtype", "float32") if train is not None else "float32"
-    return 8 if dtype == "float64" else 4
+    return element_bytes(getattr(train, "dtype", "float32") if train is not None else "float32")
 
 
 def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ModelConfig, pad_vocab
+from ..config import (ModelConfig, cube_edge, pad_vocab, split_layers, square_edge, stage_layer_counts,
+                      stage_placement)
 
 __all__ = [
     "ptdp_param_count",
@@ -98,9 +99,9 @@ def padded_vocab(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
     q), so it is padded to a multiple of q².
     """
     if tp_mode == "3d":
-        return pad_vocab(model.vocab, round(tp ** (1 / 3)) ** 2)
+        return pad_vocab(model.vocab, cube_edge(tp) ** 2)
     if tp_mode == "2d":  # SUMMA (parallel/summa.py): rows over q of the q×q grid
-        return pad_vocab(model.vocab, round(tp ** 0.5))
+        return pad_vocab(model.vocab, square_edge(tp))
     return pad_vocab(model.vocab, tp)
 
 
@@ -131,28 +132,15 @@ def param_count(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
 # --------------------------------------------------------------------------------------
 # Where the layers go
 # --------------------------------------------------------------------------------------
-def split_layers(layers: int, chunks: int) -> list[int]:
-    """Layer counts of `chunks` contiguous chunks, as even as possible (the first
-    ``layers % chunks`` chunks get one more layer)."""
-    if chunks < 1 or chunks > layers:
-        raise ValueError(f"cannot split {layers} layers into {chunks} pipeline chunks")
-    base, extra = divmod(layers, chunks)
-    return [base + (1 if c < extra else 0) for c in range(chunks)]
-
-
 def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     """Layers of each of the pp·vpp model chunks, in model order (virtual stage order).
 
-    Uses ``layout.stage_layers`` when given, else :func:`split_layers`. Chunk c lives on
+    Uses ``layout.stage_layers`` when given, else an even split
+    (:func:`minitron.config.stage_layer_counts`). Chunk c lives on
     pipeline rank ``c % pp`` (Megatron's interleaving: rank r holds chunks r, r+p, ...).
     """
     _, p, v, _ = _degrees(layout)
-    explicit = tuple(_get(layout, "stage_layers", ()) or ())
-    if explicit:
-        if len(explicit) != p * v or sum(explicit) != model.layers:
-            raise ValueError(f"stage_layers {explicit} must have pp*vpp = {p * v} entries summing to {model.layers}")
-        return list(explicit)
-    return split_layers(model.layers, p * v)
+    return stage_layer_counts(model.layers, p, v, tuple(_get(layout, "stage_layers", ()) or ()))
 
 
 def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
@@ -169,10 +157,10 @@ def _local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
         # The cube (Bian et al. 2021; parallel/cube.py): every matrix is split over all
         # q³ ranks; bias and LayerNorm vectors are split over one edge (q ranks) and
         # replicated on the plane of the two other axes.
-        q = round(tp ** (1 / 3))
+        q = cube_edge(tp)
         return (4 * h * h + 2 * h * f) // (q**3) + (9 * h + f) // q
     if tp_mode == "2d":  # SUMMA (parallel/summa.py): matrices in q×q blocks, vectors over q
-        q = round(tp ** 0.5)
+        q = square_edge(tp)
         return (4 * h * h + 2 * h * f) // (q * q) + (9 * h + f) // q
     t = tp
     return (2 * h                          # ln1
@@ -205,10 +193,10 @@ def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, 
     """params_on_rank once the rank's layer count is known (the planner calls this often)."""
     h = model.hidden
     if mode == "3d":  # vocabulary rows over q² ranks, hidden over q; vectors over q
-        q = round(t ** (1 / 3))
+        q = cube_edge(t)
         emb, vec, pos = padded_vocab(model, t, mode) * h // q**3, 2 * h // q, model.seq_len * h // q
     elif mode == "2d":  # vocabulary rows and hidden over q each; vectors over q
-        q = round(t ** 0.5)
+        q = square_edge(t)
         emb, vec, pos = padded_vocab(model, t, mode) * h // (q * q), 2 * h // q, model.seq_len * h // q
     else:
         emb, vec, pos = padded_vocab(model, t) // t * h, 2 * h, model.seq_len * h
@@ -228,7 +216,7 @@ def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     _, p, _, _ = _degrees(layout)
     out = [0] * p
     for c, n in enumerate(chunk_layers(model, layout)):
-        out[c % p] += n
+        out[stage_placement(c, p)[0]] += n
     return out
 
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
+from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, pad_vocab
 from .comm import _p2p_counts, dp_bytes_per_step, ring_allreduce_wire_bytes
 from .flops import _policy
 from .params import layers_on_rank, params_on_rank
@@ -259,7 +259,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     ``{what, axis, op, calls, bytes}`` with `bytes` summed over the step (as
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Grid, pipeline, tied-embedding and data-parallel axes."""
-    e = dtype_bytes or (8 if train.dtype == "float64" else 4)
+    e = dtype_bytes or element_bytes(train.dtype)
     ea = 2 if _get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
     depth = int(_get(parallel, "tp_depth", 1) or 1)
     q, p, d, v = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp, parallel.vpp

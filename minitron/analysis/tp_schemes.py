@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import ModelConfig
+from ..config import ModelConfig, cube_edge
 from . import cube as C
 from . import summa as S
 from .cluster import COMM_BW_FRACTION, Cluster, get_cluster, matmul_efficiency
@@ -52,7 +52,7 @@ def scheme_shapes(devices: int, depth: int | None = None) -> dict:
         if P % d == 0 and math.isqrt(P // d) ** 2 == P // d and P // d >= 4:
             out["2.5d"] = {"q": math.isqrt(P // d), "depth": d}
             break
-    q3 = round(P ** (1 / 3))
+    q3 = cube_edge(P)
     out["3d"] = {"q": q3} if q3**3 == P else None
     return out
 
