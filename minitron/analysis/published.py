@@ -17,6 +17,12 @@ next is the software stack (:mod:`.software`), described from the papers, not tu
   optimisation (§5.8, same model: up to 11 % for the interleaved schedule at large
   batches), and operator fusion (§5.9: 175B from 113 to 135 TFLOP/s per GPU, +19 %;
   530B from 133 to 148, +11 %).
+* PTD-P §5.2 (Table 2): ZeRO-3 without model parallelism against PTD-P, GPT-3 175B and the
+  530B model, the global batch fixed as the GPU count doubles (TFLOP/s per GPU; the
+  paper's text: PTD-P ahead by 6 % and 24 % at the smallest counts, by 70 % for both
+  models once the GPUs are doubled).
+* Bian et al. 2021 (3-D tensor parallelism): on 64 V100s of TACC Longhorn, 3-D is 2.32×
+  faster than 1-D and 1.57× faster than 2-D (strong scaling).
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ from .software import Software, get_software
 
 __all__ = ["PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
            "gpt3_175b", "gpt_530b", "ptdp_table1_comparison", "gpt3_175b_comparison",
-           "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains"]
+           "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains",
+           "PTDP_VS_ZERO3", "BIAN_2021_SPEEDUPS"]
 
 # billions of parameters, heads, hidden, layers, t, p, GPUs, global batch, TFLOP/s per GPU
 PTDP_TABLE1 = [
@@ -44,6 +51,15 @@ PTDP_TABLE1 = [
 PTDP_GPT3_175B = [(384, 153), (768, 149), (1536, 141)]  # GPUs, TFLOP/s per GPU; batch 1536
 KORTHIKANTI_530B_MFU = {"full": 0.421, "selective": 0.542}
 PTDP_FUSION_GAINS = {"175B": (113, 135), "530B": (133, 148)}  # TFLOP/s without, with fusion
+# PTD-P Table 2: {model: {scheme: [(GPUs, global batch, microbatch, TFLOP/s per GPU)]}};
+# PTD-P at t = 8 and p = 12 (175B) or p = 35 (530B), ZeRO-3 with d = GPUs
+PTDP_VS_ZERO3 = {
+    "175B": {"ptdp": [(384, 1536, 1, 153), (768, 1536, 1, 149), (1536, 1536, 1, 141)],
+             "zero3": [(384, 1536, 4, 144), (768, 1536, 2, 88), (1536, 1536, 1, 44)]},
+    "530B": {"ptdp": [(560, 2240, 1, 171), (1120, 2240, 1, 167), (2240, 2240, 1, 159)],
+             "zero3": [(640, 2560, 4, 138), (1120, 2240, 2, 98), (2240, 2240, 1, 48)]},
+}
+BIAN_2021_SPEEDUPS = {"1d": 2.32, "2d": 1.57}  # 3-D's speed-up over each, 64 V100s
 
 
 def ptdp_model(heads: int, hidden: int, layers: int) -> ModelConfig:

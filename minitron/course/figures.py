@@ -1,7 +1,8 @@
 """Pictures for the lessons, drawn from the engine's own objects: the ring all-reduce
 from a real trace, the α–β cost model against measured times, f and g around
-Megatron's two linears (from the engine's real shards), and the q×q×q cube with the
-blocks a rank holds (from the process grid).
+Megatron's two linears (from the engine's real shards), the q×q×q cube with the
+blocks a rank holds (from the process grid), and the naive and balanced placements of a
+cube linear (from real ``Linear3D`` shards).
 
 Every function returns a matplotlib ``Figure`` (no global pyplot state), which a
 notebook displays as the cell's value.
@@ -187,4 +188,42 @@ def draw_cube(q: int = 2, rank: int = 0, model=None, weight: str = "blocks.0.mlp
     if blocks:
         title += f"\nlabels: rank and its block of {weight} [rows, columns]"
     ax.set_title(title, fontsize=9)
+    return fig
+
+
+def draw_cube_placements(placements: dict, q: int) -> Figure:
+    """The naive and the balanced 3-D matrix multiply side by side (rows), one panel per
+    k-plane of the cube: each rank (i, j) of the plane is a cell with four bars, the bytes
+    of input, weight, output and bias it holds, scaled to the largest of each kind.
+    `placements` is :func:`minitron.course.tp_schemes.cube_placements`' result."""
+    from ..grid import ProcessGrid
+    from .tp_schemes import HELD
+
+    grid = ProcessGrid(tp=q ** 3, cube=True)
+    colors = dict(zip(HELD, ("#4c72b0", "#55a868", "#dd8452", "#c44e52")))
+    top = {k: max(row[k] for rows in placements.values() for row in rows.values()) or 1 for k in HELD}
+    fig = _fig(3.2 * q, 6.0)
+    for n, (name, rows) in enumerate(placements.items()):
+        for k in range(q):
+            ax = fig.add_subplot(2, q, n * q + k + 1)
+            ax.set_xlim(0, q)
+            ax.set_ylim(0, q)
+            ax.set_aspect("equal")
+            ax.set_xticks([x + 0.5 for x in range(q)], [f"i={x}" for x in range(q)], fontsize=7)
+            ax.set_yticks([y + 0.5 for y in range(q)], [f"j={y}" for y in range(q)], fontsize=7)
+            ax.set_title(f"{name}: plane k={k}", fontsize=9)
+            for r, row in rows.items():
+                i, j, kk = grid.cube_coord(r)
+                if kk != k:
+                    continue
+                ax.add_patch(Rectangle((i, j), 1, 1, facecolor="white", edgecolor="black", lw=0.8))
+                ax.text(i + 0.05, j + 0.88, f"rank {r}", fontsize=6)
+                for m, what in enumerate(HELD):
+                    height = 0.7 * row[what] / top[what]
+                    ax.add_patch(Rectangle((i + 0.12 + 0.2 * m, j + 0.08), 0.16, height, color=colors[what]))
+    handles = [Rectangle((0, 0), 1, 1, color=colors[w]) for w in HELD]
+    fig.legend(handles, [f"{w} held" for w in HELD], loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("one cube linear: bytes each rank holds (bar height, scaled to the largest of each kind)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     return fig

@@ -1,4 +1,5 @@
-"""PTD-P's analytical takeaways, measured on the engine (lesson 6).
+"""PTD-P's analytical takeaways, measured on the engine, and two of its comparisons
+computed with the engine's analysis (lesson 6).
 
 Takeaway 3 of Narayanan et al. 2021 (§3.4): with a global batch of B sequences, microbatches
 of b sequences and p pipeline stages, the time of one batch through a pipeline is
@@ -9,9 +10,22 @@ where t_f(b) and t_b(b) are the forward and backward time of one microbatch on o
 Larger b uses the hardware better (t(b)/b falls) but makes fewer microbatches and so a
 larger bubble (p − 1 of them). :func:`time_microbatch` measures t_f and t_b on the engine's
 own GPT; :func:`pipeline_batch_time` evaluates the formula.
+
+Activation checkpoint spacing (§3.5): a stage of l layers that keeps c checkpoints (the
+input of every (l/c)-th layer) and, during the backward, rebuilds one segment of l/c
+layers at a time holds ``c·A_input + (l/c)·A_intermediate``, smallest at
+``c* = sqrt(l·A_intermediate / A_input)``. :func:`checkpoint_spacing` takes A_input and
+A_intermediate from :func:`minitron.analysis.memory.activation_bytes_per_layer` (full
+recomputation keeps the layer input; no recomputation keeps everything).
+
+PTD-P against ZeRO-3 (§5.2): :func:`zero3_prediction` prices ZeRO-3 without model
+parallelism with the cluster model (:mod:`minitron.analysis.cluster`) plus its
+parameter all-gathers, which the cluster model does not express (module notes there);
+:func:`ptdp_vs_zero3` puts both beside the paper's Table 2.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -49,3 +63,103 @@ def pipeline_batch_time(global_batch: int, b: int, p: int, t_f: float, t_b: floa
     """PTD-P §3.4: ``(B/b + p − 1) · (t_f(b) + t_b(b))``, the time of a batch of B
     sequences in microbatches of b through p stages."""
     return (global_batch / b + p - 1) * (t_f + t_b)
+
+
+# --------------------------------------------------------------------------------------
+# §3.5: how many activation checkpoints
+# --------------------------------------------------------------------------------------
+def checkpoint_memory(layers: int, checkpoints: float, a_input: float, a_intermediate: float,
+                      in_flight: int = 1) -> float:
+    """PTD-P §3.5: activation bytes of a stage of `layers` layers with `checkpoints`
+    checkpoints: ``c·A_input`` kept for each of `in_flight` microbatches, plus one segment
+    of ``l/c`` layers rebuilt at a time, ``(l/c)·A_intermediate``. (The paper counts one
+    microbatch, ``in_flight = 1``.)"""
+    return in_flight * checkpoints * a_input + layers / checkpoints * a_intermediate
+
+
+def checkpoint_spacing(model: ModelConfig, micro_batch: int, layers: int, tp: int = 1, sp: bool = False,
+                       bytes_per_el: int = 2, in_flight: int = 1) -> dict:
+    """The memory curve of §3.5 over c = 1..l checkpoints for a stage of `layers` layers
+    of `model` on `tp` tensor ranks, and its minimum: ``{a_input, a_intermediate,
+    c_star`` (the closed form, a real number), ``best_c`` (the integer c of least memory:
+    the closed form rounded down or up, clamped to 1..l), ``layers_per_checkpoint``
+    (l / best_c), ``curve`` ({c: bytes})``}``."""
+    from ..analysis.memory import activation_bytes_per_layer
+
+    a_in = activation_bytes_per_layer(model, micro_batch, tp, sp, "full", bytes_per_el)
+    a_mid = activation_bytes_per_layer(model, micro_batch, tp, sp, "none", bytes_per_el)
+    c_star = math.sqrt(layers * a_mid / (in_flight * a_in))
+    curve = {c: checkpoint_memory(layers, c, a_in, a_mid, in_flight) for c in range(1, layers + 1)}
+    candidates = {min(max(math.floor(c_star), 1), layers), min(max(math.ceil(c_star), 1), layers)}
+    best = min(candidates, key=lambda c: curve[c])
+    return {"a_input": a_in, "a_intermediate": a_mid, "c_star": c_star, "best_c": best,
+            "layers_per_checkpoint": layers / best, "curve": curve}
+
+
+# --------------------------------------------------------------------------------------
+# §5.2: PTD-P against ZeRO-3 without model parallelism
+# --------------------------------------------------------------------------------------
+NETWORKS = ("node", "gpu")
+
+
+def zero3_prediction(model: ModelConfig, gpus: int, global_batch: int, micro_batch: int,
+                     cluster="a100-dgx", software="ptdp-2021", network: str = "gpu") -> dict:
+    """Predicted TFLOP/s per GPU of ZeRO-3 with d = `gpus` and no model parallelism.
+
+    The cluster model prices the compute (``predict`` with ``dp = gpus``: full
+    recomputation, the software's kernels). ZeRO-3 adds what it cannot express: every
+    step each GPU all-gathers all Ψ parameters twice (forward, backward) and
+    reduce-scatters the gradients, ``3(d−1)/d·2Ψ`` bytes in 16 bits
+    (:func:`minitron.analysis.zero.zero_wire_bytes`), and steps the optimizer on Ψ/d
+    parameters only. The transfers are priced at the cluster's inter-node bandwidth
+    times ``COMM_BW_FRACTION`` — `network` ``"node"``: a ring that crosses each node once
+    gets the node's whole network (the price the cluster model gives a data-parallel
+    ring); ``"gpu"``: every GPU moves its own copy through its share of the node's
+    network cards (the price it gives tensor-parallel groups that span nodes). Prefetching
+    hides up to ``DP_OVERLAP`` of them behind the compute. Returns ``{tflops_per_gpu,
+    iteration_s, compute_s, comm_s, exposed_s, optimizer_s, state_gb}``."""
+    from ..analysis.cluster import COMM_BW_FRACTION, DP_OVERLAP, Layout, get_cluster, predict
+    from ..analysis.flops import flops_per_iteration
+    from ..analysis.params import param_count
+    from ..analysis.zero import zero_wire_bytes
+
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {', '.join(NETWORKS)} (got {network!r})")
+    c = get_cluster(cluster)
+    base = predict(model, Layout(dp=gpus, microbatch_size=micro_batch), global_batch, c, software=software)
+    psi = param_count(model)
+    bw = c.inter_bw / (c.gpus_per_node if network == "gpu" else 1) * COMM_BW_FRACTION
+    steps = 3 * (gpus - 1)  # two all-gathers and a reduce-scatter, n − 1 ring steps each
+    comm = steps * c.inter_latency + zero_wire_bytes(psi, gpus, 3, bytes_per_el=2) / bw
+    compute = base.breakdown["compute"]
+    exposed = comm - min(DP_OVERLAP * comm, compute)
+    optimizer = base.breakdown["optimizer"] / gpus
+    it = compute + exposed + optimizer
+    return {"tflops_per_gpu": flops_per_iteration(model, global_batch) / (gpus * it) / 1e12,
+            "iteration_s": it, "compute_s": compute, "comm_s": comm, "exposed_s": exposed,
+            "optimizer_s": optimizer, "state_gb": 16 * psi / gpus / 1e9}
+
+
+def ptdp_vs_zero3(software="ptdp-2021", cluster="a100-dgx", network: str = "gpu") -> list[dict]:
+    """PTD-P §5.2 (Table 2), every run: published and predicted TFLOP/s per GPU for PTD-P
+    (the cluster model at t = 8 and the paper's p) and ZeRO-3 (:func:`zero3_prediction`),
+    with the relative error. ``[{model, scheme, gpus, batch, microbatch, published,
+    predicted, error}]``."""
+    from ..analysis.cluster import Layout, predict
+    from ..analysis.published import PTDP_VS_ZERO3, gpt3_175b, gpt_530b
+
+    models = {"175B": (gpt3_175b(), 12), "530B": (gpt_530b(), 35)}
+    rows = []
+    for name, runs in PTDP_VS_ZERO3.items():
+        model, p = models[name]
+        for scheme, points in runs.items():
+            for n, batch, b, published in points:
+                if scheme == "ptdp":
+                    layout = Layout(tp=8, pp=p, dp=n // (8 * p), microbatch_size=b)
+                    predicted = predict(model, layout, batch, cluster, software=software).tflops_per_gpu
+                else:
+                    predicted = zero3_prediction(model, n, batch, b, cluster, software, network)["tflops_per_gpu"]
+                rows.append({"model": name, "scheme": scheme, "gpus": n, "batch": batch, "microbatch": b,
+                             "published": published, "predicted": predicted,
+                             "error": predicted / published - 1})
+    return rows
