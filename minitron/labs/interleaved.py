@@ -1,0 +1,283 @@
+"""Lab 02b: the interleaved 1F1B schedule (PTD-P §2.2.2) as data.
+
+The learner writes ``interleaved_1f1b(p, v, m, rank)``: the ordered compute actions of
+pipeline rank `rank` in one training step, ``Action("F", k, c)`` and ``Action("B", k, c)``
+for microbatch k on the rank's local model chunk c (virtual stage ``c·p + rank``; the
+engine's representation, :mod:`minitron.parallel.schedules`). The checker adds the sends
+and receives the engine's way and then
+
+1. checks the actions (each F and B once per microbatch and chunk), the warm-up (the
+   forwards before the first backward) and the chunk order on each rank (a microbatch
+   enters chunk c+1 after chunk c; its gradient leaves chunk c+1 before chunk c);
+2. ``validate``\\s the schedule for a grid of (p, v, m), m not divisible by p included:
+   dependencies, matched messages, no deadlock;
+3. ``simulate``\\s it (F = 1, B = 2, eager sends): the bubble must be (p−1)/(v·m) and the
+   peak stash rank r's ``stashed_on_rank`` (:mod:`minitron.analysis.bubble`);
+4. runs it in the pipeline runtime on 2 gloo ranks with v = 2 chunks each, float64,
+   2 steps, and compares losses and parameters with the single-device model; the traced
+   pipeline messages must be the analysis' count (about v times plain 1F1B's).
+
+Optional (a stretch part, graded when defined): ``zb_h1(p, m, rank)``, ZB-H1 (Qi et al.
+2024): the backward split into B (input gradient) and W (weight gradient); its bubble
+must be the analysis' (p−1)(T_F+T_B−T_W)/(m(T_F+T_B+T_W)) with F = B = W = 1.
+
+    result = check_interleaved(SOURCE)   # {"ok", "message", "bubble_fraction", ...}
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank
+from ..analysis.comm import comm_items
+from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..parallel.schedules import (Action, Schedule, ScheduleError, _with_comms, _with_timed_comms, num_warmup,
+                                  simulate, validate)
+from .runner import LabError, deadline, describe, fail, load, run_cases, versus_one_device
+
+MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
+                    eval_every=0, sample_tokens=0)
+RUN = ParallelConfig(pp=2, vpp=2, schedule="interleaved", device="cpu")
+TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+# a typical shape first, then the rest of the grid: v = 1 (plain 1F1B), m not divisible by p
+SHAPES = [(4, 2, 8)] + [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (p, p + 1, 2 * p, 2 * p + 1)
+                        if (p, v, m) != (4, 2, 8)]
+ZB_SHAPES = [(4, 8)] + [(p, m) for p in (1, 2, 3, 4) for m in (p, p + 1, 2 * p) if (p, m) != (4, 8)]
+ZB_COSTS = dict(t_f=1.0, t_b=1.0, t_w=1.0)  # simulate's default costs for zb-h1
+
+
+# --- from the learner's compute order to the engine's Schedule ----------------------------------
+def compute_order(fn, name: str, p: int, v: int, m: int, rank: int, ops: str) -> list[Action]:
+    """`fn`'s compute actions for one rank, checked to be a list of F/B(/W) Actions of
+    existing microbatches and chunks; LabError otherwise."""
+    call = f"{name}(p={p}, v={v}, m={m}, rank={rank})" if name != "zb_h1" else f"zb_h1(p={p}, m={m}, rank={rank})"
+    try:
+        acts = fn(p, v, m, rank) if name != "zb_h1" else fn(p, m, rank)
+    except Exception as e:
+        raise LabError(describe(e)) from None
+    if not isinstance(acts, (list, tuple)):
+        raise LabError(f"{call} returned {type(acts).__name__} {acts!r:.60}: return a list of Actions")
+    for a in acts:
+        if not isinstance(a, Action):
+            raise LabError(f"{call} returned a list holding {a!r:.40} ({type(a).__name__}): "
+                           f"return Actions, e.g. Action('F', 0, 1)")
+        if a.op not in ops or not 0 <= a.mb < m or not 0 <= a.chunk < v or a.peer is not None:
+            raise LabError(f"{call} returned {a}: compute actions are {', '.join(ops)} of microbatches "
+                           f"0..{m - 1} on chunks 0..{v - 1} (the messages are added for you)")
+    return list(acts)
+
+
+def _units(acts: list[Action], pair: bool) -> list[tuple]:
+    """The rank's order as the engine's units: with `pair` (interleaving) every steady
+    (F, B) shares its comm batches, as Megatron's send_forward_backward_recv_forward_backward."""
+    warm = next((i for i, a in enumerate(acts) if a.op != "F"), len(acts))
+    units, i = [(a,) for a in acts[:warm]], warm
+    while i < len(acts):
+        if pair and i + 1 < len(acts) and acts[i].op == "F" and acts[i + 1].op == "B":
+            units.append((acts[i], acts[i + 1]))
+            i += 2
+        else:
+            units.append((acts[i],))
+            i += 1
+    return units
+
+
+def _complete(rows: list[list[Action]], v: int, m: int, ops: str) -> str:
+    """'' when each rank runs every op once per (microbatch, chunk), else the first problem."""
+    want = Counter((op, k, c) for op in ops for k in range(m) for c in range(v))
+    for r, acts in enumerate(rows):
+        have = Counter((a.op, a.mb, a.chunk) for a in acts)
+        for problem, diff in (("runs twice", have - want), ("never runs", want - have)):
+            if diff:
+                op, k, c = min(diff)
+                what = {"F": "forward", "B": "backward", "W": "weight-gradient pass"}[op]
+                return f"rank {r} {problem} {op}{k}.c{c} (the {what} of microbatch {k} on chunk {c})"
+    return ""
+
+
+def _chunk_order(rows: list[list[Action]]) -> str:
+    """'' when, on every rank, each microbatch goes up the chunks forward and down them
+    backward, and its B follows its F; else the first violation."""
+    for r, acts in enumerate(rows):
+        pos = {(a.op, a.mb, a.chunk): i for i, a in enumerate(acts)}
+        for (op, k, c), i in sorted(pos.items(), key=lambda t: t[1]):
+            if op == "F" and c > 0 and pos.get(("F", k, c - 1), -1) > i:
+                return (f"rank {r} runs F{k}.c{c} before F{k}.c{c - 1}: a microbatch reaches chunk {c} "
+                        f"(stage {c}*p+{r}) only after it has left chunk {c - 1}: forwards go up the chunks")
+            if op == "B" and pos.get(("B", k, c + 1), -1) > i:
+                return (f"rank {r} runs B{k}.c{c} before B{k}.c{c + 1}: a microbatch's gradient comes back "
+                        f"through the chunks in reverse (chunk v-1 first): backwards visit the chunks "
+                        f"in the mirrored order, c -> v-1-c (PTD-P §2.2.2)")
+            if op == "B" and pos.get(("F", k, c), -1) > i:
+                return f"rank {r} runs B{k}.c{c} before its forward F{k}.c{c}"
+    return ""
+
+
+def _warmup(rows: list[list[Action]], kind: str, p: int, v: int, m: int) -> str:
+    """'' when every rank runs the schedule's warm-up before its first backward: w warm-up
+    forwards, then the first steady forward (so min(w + 1, v*m) forwards in all)."""
+    for r, acts in enumerate(rows):
+        got = next((i for i, a in enumerate(acts) if a.op != "F"), len(acts))
+        w = num_warmup(kind, p, v, m, r)
+        want = min(w + 1, v * m)
+        if got == want:
+            continue
+        if kind == "zb-h1":
+            return (f"rank {r} runs {got} forwards before its first B, ZB-H1 keeps 1F1B's: the warm-up "
+                    f"min(p-r-1, m) = {w} and the first steady forward")
+        g = first_group(p, m)
+        need = (f"(p-r-1)*2 + (v-1)*g = {w} warm-up forwards (g = {g}, the first microbatch group)" if v > 1
+                else f"plain 1F1B's min(p-r-1, m) = {w} warm-up forwards")
+        if v > 1 and got == min(p - r, m * v):
+            return (f"rank {r} runs {got} forwards before its first backward, plain 1F1B's warm-up p-r-1 and "
+                    f"one: with v = {v} chunks the rank must first put the first group of {g} microbatches "
+                    f"through its other chunks and wait for the round trip, {need}, then one forward and one "
+                    f"backward at a time: else its backwards wait and the bubble grows (PTD-P §2.2.2)")
+        how = "one forward too many" if got == want + 1 else "one forward too few" if got == want - 1 else \
+            f"{got - want:+d} forwards"
+        return (f"rank {r} runs {got} forwards before its first backward, {how}: it needs {need}, "
+                f"then the first steady forward")
+    return ""
+
+
+def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved") -> Schedule:
+    """The engine's Schedule of the learner's compute order (`fn` may be the source text),
+    for every rank, with sends and receives placed the engine's way: next to the computes
+    (steady (F, B) pairs sharing their batches), or by the dataflow timeline when p does
+    not divide m. LabError when the actions, the warm-up or the chunk order is wrong."""
+    name = "zb_h1" if kind == "zb-h1" else "interleaved_1f1b"
+    if isinstance(fn, str):
+        fn = load(fn, (name,), {"Action": Action})[name]
+    ops = "FBW" if kind == "zb-h1" else "FB"
+    rows = [compute_order(fn, name, p, v, m, r, ops) for r in range(p)]
+    problem = _complete(rows, v, m, ops) or _warmup(rows, kind, p, v, m) or _chunk_order(rows)
+    if problem:
+        raise LabError(f"p={p}, v={v}, m={m}: {problem}" if kind != "zb-h1" else f"p={p}, m={m}: {problem}")
+    timed = (kind == "interleaved" and v > 1 and m % p) or kind == "zb-h1"
+    try:
+        if timed:
+            actions = _with_timed_comms(kind, p, v, m, [[(a,) for a in acts] for acts in rows])
+        else:
+            actions = tuple(_with_comms(p, v, r, _units(acts, pair=v > 1)) for r, acts in enumerate(rows))
+    except ScheduleError as e:
+        raise LabError(f"p={p}, v={v}, m={m}: your schedule cannot run: {e}") from None
+    return Schedule(kind, p, v, m, actions)
+
+
+# --- the static checks --------------------------------------------------------------------------
+def _static_check(fn) -> tuple[str, dict]:
+    """('', the numbers of the first shape) when every shape validates with interleaving's
+    bubble and stash; else (the first problem, {})."""
+    numbers = {}
+    for p, v, m in SHAPES:
+        try:
+            s = validate(build_schedule(fn, p, v, m))
+        except ScheduleError as e:
+            return f"p={p}, v={v}, m={m}: your schedule cannot run: {e}", {}
+        sim = simulate(s, eager=True)  # PTD-P's bubble: eager sends (any m >= p)
+        want = bubble_fraction("interleaved", p, m, v)
+        if abs(sim.bubble_fraction - want) > 1e-9:
+            hint = ("the forwards of a group of microbatches go through chunk 0, then chunk 1, ...: "
+                    "a rank that runs one microbatch through all its chunks first waits for it to "
+                    "come round the pipeline" if sim.bubble_fraction > want else "does it flush the pipeline?")
+            return (f"p={p}, v={v}, m={m}: your bubble fraction is {sim.bubble_fraction:.4f}, interleaved "
+                    f"1F1B's is (p-1)/(v*m) = {want:.4f}: {hint}"), {}
+        for r in range(p):
+            want_r = stashed_on_rank("interleaved", p, m, v, r) * v  # the analysis counts whole stages
+            if sim.peak_stashed[r] != want_r:
+                return (f"p={p}, v={v}, m={m}: rank {r} stashes up to {sim.peak_stashed[r]} microbatch-chunks "
+                        f"of activations, interleaved 1F1B {want_r:g}: start each backward as soon as "
+                        f"the warm-up is done"), {}
+        if not numbers:
+            numbers = {"p": p, "v": v, "m": m, "bubble_fraction": sim.bubble_fraction,
+                       "peak_stashed": list(sim.peak_stashed)}
+    return "", numbers
+
+
+def _zb_check(fn) -> str:
+    """'' when `zb_h1` validates with ZB-H1's bubble and 1F1B's stash for every shape."""
+    for p, m in ZB_SHAPES:
+        try:
+            s = validate(build_schedule(fn, p, 1, m, kind="zb-h1"))
+        except LabError as e:
+            return f"your zb_h1: {e}"
+        except ScheduleError as e:
+            return f"your zb_h1: p={p}, m={m}: the schedule cannot run: {e}"
+        sim = simulate(s, eager=True)
+        want = bubble_fraction("zb-h1", p, m, **ZB_COSTS)
+        if abs(sim.bubble_fraction - want) > 1e-9:
+            hint = ("defer W: rank r keeps r weight-gradient passes back and runs them in the cool-down, "
+                    "where it would wait" if sim.bubble_fraction > want else "does it flush the pipeline?")
+            return (f"your zb_h1: p={p}, m={m}: bubble fraction {sim.bubble_fraction:.4f}, ZB-H1's "
+                    f"(p-1)(T_F+T_B-T_W)/(m(T_F+T_B+T_W)) = {want:.4f} with F = B = W = 1: {hint}")
+        for r in range(p):
+            want_r = stashed_on_rank("zb-h1", p, m, 1, r)
+            if sim.peak_stashed[r] != want_r:
+                return (f"your zb_h1: p={p}, m={m}: rank {r} stashes up to {sim.peak_stashed[r]} microbatches "
+                        f"before their B, ZB-H1 keeps 1F1B's min(p-r, m) = {want_r:g}")
+    return ""
+
+
+# --- the run on real ranks ----------------------------------------------------------------------
+def _messages(layout: ParallelConfig, rank: int) -> int:
+    """Pipeline sends per step of pipeline rank `rank` (minitron.analysis.comm)."""
+    items = comm_items(MODEL, layout, TRAIN, pp_rank=rank)
+    return sum(i["calls"] for i in items if i["axis"] == "pp" and i["op"] == "send")
+
+
+def _pipeline_job(comm, schedule: Schedule) -> dict | None:
+    from ..train import Trainer
+
+    tr = Trainer(MODEL, RUN, TRAIN, comm, schedule=schedule)
+    losses = [tr.step(i) for i in range(TRAIN.steps)]
+    rank = comm.index("pp")
+    ran = [(r["op"], r["mb"], r["chunk"]) for r in tr.pipeline.records if r["step"] == 0]
+    planned = [(a.op, a.mb, a.chunk) for a in schedule.compute_actions(rank)]
+    if ran != planned:  # the runtime executes the schedule as data: this would be an engine bug
+        raise LabError(f"pipeline rank {rank} ran {ran} instead of the schedule's {planned}")
+    sends = len(comm.trace.select(axis="pp", op="send", step=0))
+    if sends != _messages(RUN, rank):
+        raise LabError(f"pipeline rank {rank} sent {sends} messages in a step, the analysis says "
+                       f"{_messages(RUN, rank)}")
+    res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
+    if res is not None:
+        res["messages"] = sends
+    return res
+
+
+def check_interleaved(source: str, timeout: float = 60) -> dict:
+    """Lab 02b: the interleaved 1F1B schedule `interleaved_1f1b(p, v, m, rank)` defined in
+    `source` (and, optionally, ZB-H1's `zb_h1(p, m, rank)`): validated for a grid of
+    (p, v, m), its bubble and peak stash compared with the analysis, then run by the
+    pipeline runtime on 2 gloo ranks with 2 chunks each (float64, 2 steps, 4 microbatches)
+    against the single-device model. Returns {"ok", "message", "bubble_fraction",
+    "peak_stashed", "messages", "messages_1f1b", "zb_h1", "max_loss_abs_diff",
+    "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem."""
+    try:
+        with deadline(timeout):
+            ns = load(source, ("interleaved_1f1b",), {"Action": Action})
+            problem, numbers = _static_check(ns["interleaved_1f1b"])
+            if problem:
+                return fail(problem)
+            zb = "not attempted (optional)"
+            if callable(ns.get("zb_h1")):
+                problem = _zb_check(ns["zb_h1"])
+                if problem:
+                    return fail(problem)
+                zb = "passed"
+            schedule = validate(build_schedule(ns["interleaved_1f1b"], RUN.pp, RUN.vpp, TRAIN.microbatches))
+    except Exception as e:  # LabError, LabTimeout, ScheduleError, or a surprise in the checker itself
+        return fail(describe(e))
+    res = run_cases(_pipeline_job, ParallelConfig(pp=RUN.pp, device="cpu"), [(schedule,)], timeout)[0]
+    if "message" in res:  # a failure of the run
+        return res
+    ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
+    plain = _messages(ParallelConfig(pp=RUN.pp, device="cpu"), 0)
+    msg = (f"your interleaved 1F1B is valid for {len(SHAPES)} shapes (p, v, m), has (p-1)/(v*m) bubble and the "
+           f"analysis' stash, and trains on {RUN.pp} ranks x {RUN.vpp} chunks exactly like the single-device "
+           f"model" + ("; ZB-H1 passed too" if zb == "passed" else "") if ok else
+           f"your schedule validates but training on {RUN.pp} ranks differs from the single-device model "
+           f"(loss by {res['max_loss_abs_diff']:.3g}, {res['worst_param']} by {res['max_param_rel_diff']:.3g})")
+    return {"ok": ok, "message": msg, **numbers, "messages": res["messages"], "messages_1f1b": plain,
+            "zb_h1": zb, "max_loss_abs_diff": res["max_loss_abs_diff"],
+            "max_param_rel_diff": res["max_param_rel_diff"]}
