@@ -1,7 +1,9 @@
 """Lab 04b's checker (``minitron.labs.cross_entropy``): the reference passes, the usual
 mistakes each get their one line.
 
-A syntax error is found before any rank starts; everything else runs on 2 gloo ranks,
+A syntax error, the stub and the engine's own class are refused before any rank starts;
+everything else runs on 4 gloo ranks (a vocabulary of 15 ids in slices of 4: the last
+rank holds a padded id),
 all the sources in one launch (``check_vocab_parallel_ce_all``: the ranks agree on each
 case's verdict through the rendezvous store, so they stay in step and go on to the next).
 """
@@ -50,10 +52,22 @@ def broken(old: str, new: str) -> str:
     return REFERENCE.replace(old, new, 1)
 
 
-def test_syntax_error_needs_no_ranks():
+def test_syntax_error_stub_and_engine_copy_need_no_ranks():
     res = check_vocab_parallel_ce(broken("def backward(ctx, dloss):", "def backward(ctx, dloss)"))
     assert res == {"ok": False, "message": "your code does not compile: expected ':' at line 24: "
                                            "`def backward(ctx, dloss)`"}
+    stub = ("class VocabParallelCrossEntropy(torch.autograd.Function):\n    @staticmethod\n"
+            "    def forward(ctx, logits, target, start, vocab, comm, axis='tp'):\n"
+            "        raise NotImplementedError  # your code here\n\n    @staticmethod\n"
+            "    def backward(ctx, dloss):\n        raise NotImplementedError  # your code here\n")
+    assert check_vocab_parallel_ce(stub)["message"] == (
+        "VocabParallelCrossEntropy.forward and VocabParallelCrossEntropy.backward are not written yet (still "
+        "`raise NotImplementedError`): fill in the `# your code here` lines in SOURCE")
+    engine = ("from minitron.parallel.tensor import _VocabParallelCrossEntropy\n\n"
+              "class VocabParallelCrossEntropy(_VocabParallelCrossEntropy):\n    pass\n")
+    assert check_vocab_parallel_ce(engine)["message"] == (
+        "your code uses the engine's own minitron.parallel.tensor._VocabParallelCrossEntropy (line 1): the lab "
+        "asks you to write it yourself, with what SOURCE is given")
 
 
 @pytest.mark.multirank
@@ -89,11 +103,11 @@ def test_reference_passes_and_mistakes_get_one_line():
         assert res[name]["ok"], (name, res[name]["message"])
         assert res[name]["max_loss_abs_diff"] <= 1e-9 and res[name]["max_param_rel_diff"] <= 1e-9
         assert res[name]["message"].startswith("your VocabParallelCrossEntropy trains exactly like the "
-                                               "single-device model (vocabulary 257, padded to 258")
+                                               "single-device model (vocabulary 257, padded to 260")
     msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
     assert len(msg) == len(cases) - 2
-    assert msg["no mask"].startswith("your loss counts the padded vocabulary ids (those >= vocab: id 7 on the "
-                                     "last rank for vocab 7): set their logits to -inf")
+    assert msg["no mask"].startswith("your loss counts the padded vocabulary ids (those >= vocab: id 15 on the "
+                                     "last rank for vocab 15): set their logits to -inf")
     assert msg["no max"] == ("with logits around 1000 your loss is inf (exp overflows float64 past ~709): "
                              "subtract the all-reduced max from the logits before exponentiating")
     assert msg["no one-hot"].startswith("your gradient is softmax * dloss: subtract the one-hot of the target")

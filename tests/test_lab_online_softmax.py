@@ -1,7 +1,7 @@
 """Lab 09's checker (``minitron.labs.online_softmax``): the reference and the engine's own
 ``combine`` pass, the usual mistakes each get their one line.
 
-A syntax error is found before any rank starts; everything else runs on 2 gloo ranks
+A syntax error, the stub and the engine's own function are refused before any rank starts; everything else runs on 2 gloo ranks
 (``--cp 2``), all the sources in one launch.
 """
 import inspect
@@ -24,9 +24,17 @@ def broken(old: str, new: str, source: str = REFERENCE) -> str:
     return source.replace(old, new, 1)
 
 
-def test_syntax_error_needs_no_ranks():
+def test_syntax_error_stub_and_engine_copy_need_no_ranks():
     res = check_online_softmax(broken("def combine(out, lse, out_b, lse_b):", "def combine(out, lse, out_b, lse_b)"))
     assert res["ok"] is False and res["message"].startswith("your code does not compile: expected ':' at line 2")
+    stub = "def combine(out, lse, out_b, lse_b):\n    raise NotImplementedError  # your code here\n"
+    assert check_online_softmax(stub)["message"] == ("combine is not written yet (still `raise NotImplementedError`): "
+                                                     "fill in the `# your code here` lines in SOURCE")
+    for engine in ("from minitron.parallel.context_parallel import combine\n",
+                   "import minitron.parallel.context_parallel as cp\n\n"
+                   "def combine(out, lse, out_b, lse_b):\n    return cp.combine(out, lse, out_b, lse_b)\n"):
+        assert check_online_softmax(engine)["message"].startswith(
+            "your code uses the engine's own minitron.parallel.context_parallel.combine (line ")
 
 
 @pytest.mark.multirank

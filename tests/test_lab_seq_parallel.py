@@ -1,7 +1,7 @@
 """Lab 04c's checker (``minitron.labs.seq_parallel``): the reference and the engine's own
 ``_AllGatherLinear`` pass, the usual mistakes each get their one line.
 
-A syntax error is found before any rank starts; everything else runs on 2 gloo ranks,
+A syntax error, the stub and the engine's own class are refused before any rank starts; everything else runs on 2 gloo ranks,
 all the sources in one launch (``check_all_gather_linear_all``: the ranks agree on each
 case's verdict through the rendezvous store, so they stay in step and go on to the next).
 """
@@ -38,10 +38,20 @@ def broken(old: str, new: str, source: str = REFERENCE) -> str:
     return source.replace(old, new, 1)
 
 
-def test_syntax_error_needs_no_ranks():
+def test_syntax_error_stub_and_engine_copy_need_no_ranks():
     res = check_all_gather_linear(broken("def backward(ctx, dy):", "def backward(ctx, dy)"))
     assert res == {"ok": False, "message": "your code does not compile: expected ':' at line 10: "
                                            "`def backward(ctx, dy)`"}
+    stub = broken("        x, weight = ctx.saved_tensors\n        comm = ctx.comm\n"
+                  "        dx = comm.reduce_scatter(dy @ weight, \"tp\", dim=1)\n"
+                  "        x_full = comm.all_gather(x, \"tp\", dim=1)\n"
+                  "        dw = dy.flatten(0, 1).t() @ x_full.flatten(0, 1)\n"
+                  "        db = dy.sum((0, 1)) if ctx.has_bias else None\n        return dx, dw, db, None\n",
+                  "        raise NotImplementedError  # your code here\n")
+    assert check_all_gather_linear(stub)["message"].startswith("AllGatherLinear.backward is not written yet")
+    engine = "from minitron.parallel.tensor import _AllGatherLinear as AllGatherLinear\n"
+    assert check_all_gather_linear(engine)["message"].startswith(
+        "your code uses the engine's own minitron.parallel.tensor._AllGatherLinear (line 1)")
 
 
 @pytest.mark.multirank

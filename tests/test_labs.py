@@ -1,16 +1,19 @@
 """The lab checkers fail the way a learner needs: one clear line, never a traceback or a hang.
 
-Each test runs the real checker on deliberately broken code. Syntax errors and wrong
-schedules are found before any rank starts; the rest runs on 2 gloo ranks, several
-broken versions per launch (``check_*_all``: the ranks go on to the next case when every
-rank failed cleanly, and start afresh when a case left them out of step). The passing
-side is the solution notebooks (``tests/test_notebooks.py``).
+Each test runs the real checker on deliberately broken code. Syntax errors, stubs left
+unwritten, the engine's own piece handed back and wrong schedules are found before any
+rank starts; the rest runs on real gloo ranks (4 for f and g and for ZeRO-1, so that code
+hard-wired to 2 ranks fails), several broken versions per launch (``check_*_all``: the
+ranks go on to the next case when every rank failed cleanly, and start afresh when a case
+left them out of step). The passing side: the reference in each launch here, and the
+solution notebooks (``tests/test_notebooks.py``).
 """
 import pytest
 
 from minitron.labs import check_f_and_g, check_one_f_one_b, check_zero1
 from minitron.labs.f_and_g import check_f_and_g_all
 from minitron.labs.pipeline import build_schedule
+from minitron.labs.runner import LabError, refuse_engine_copy, screen
 from minitron.labs.zero import check_zero1_all
 from minitron.parallel.schedules import make_schedule
 
@@ -77,6 +80,41 @@ def test_syntax_errors_name_the_line():
     assert "does not compile" in check_zero1(ZERO1.replace("return shard / d", "return shard /"))["message"]
 
 
+def test_stubs_and_the_engines_own_piece_need_no_ranks():
+    """A notebook's untouched stub, and a source that hands the engine its own piece back,
+    each get one line at once (these return before any rank could start)."""
+    stub = F_AND_G.replace(F_BODY, "raise NotImplementedError  # your code here")
+    assert check_f_and_g(stub)["message"] == ("F.forward is not written yet (still `raise NotImplementedError`): "
+                                              "fill in the `# your code here` lines in SOURCE")
+    engine_fg = "from minitron.parallel.tensor import _F as F, _G as G\n"
+    assert check_f_and_g(engine_fg)["message"] == (
+        "your code uses the engine's own minitron.parallel.tensor._F (line 1): the lab asks you to write it "
+        "yourself, with what SOURCE is given")
+    stub = 'def one_f_one_b(p, m, rank):\n    """doc"""\n    raise NotImplementedError  # your code here\n'
+    assert check_one_f_one_b(stub)["message"].startswith("one_f_one_b is not written yet")
+    engine_1f1b = ("from minitron.parallel import schedules as s\n"
+                   "def one_f_one_b(p, m, rank):\n"
+                   "    return [a for a in s.make_schedule('1f1b', p, 1, m).actions[rank] if a.op in 'FB']\n")
+    assert "engine's own minitron.parallel.schedules.make_schedule (line 3)" in check_one_f_one_b(engine_1f1b)["message"]
+    engine_zero = "from minitron.parallel.zero import ShardedDataParallel\n" + ZERO1
+    assert "engine's own minitron.parallel.zero (line 1)" in check_zero1(engine_zero)["message"]
+    rs_stub = ZERO1.replace('    d = comm.size("dp")\n' + RS_BODY, "    raise NotImplementedError  # your code here")
+    assert check_zero1(rs_stub)["message"].startswith("reduce_scatter_grads is not written yet")
+
+
+def test_refuse_engine_copy_follows_aliases():
+    forbidden = ("minitron.parallel.tensor._F", "minitron.parallel.zero", "minitron.parallel.context_parallel.combine")
+    for source in ("import minitron.parallel.tensor as T\nF = T._F\n", "import minitron\nF = minitron.parallel.tensor._F\n",
+                   "from minitron.parallel.tensor import *\n", "import importlib\nz = importlib.import_module('minitron.parallel.zero')\n",
+                   "from minitron.parallel import context_parallel\ncombine = context_parallel.combine\n"):
+        with pytest.raises(LabError, match="^your code uses the engine's own minitron.parallel"):
+            refuse_engine_copy(source, forbidden)
+    refuse_engine_copy("from minitron.parallel.context_parallel import block_attention\n", forbidden)  # allowed
+    with pytest.raises(LabError, match="^F.forward and G.backward are not written yet"):
+        screen("class F:\n    def forward(ctx, x):\n        raise NotImplementedError\n"
+               "class G:\n    def backward(ctx, x):\n        raise NotImplementedError()\n", ("F", "G"))
+
+
 def test_missing_function_and_not_a_string():
     assert check_one_f_one_b("def other(p, m, rank):\n    return []\n")["message"] == \
         "your code defines no one_f_one_b: it must define one_f_one_b"
@@ -105,9 +143,10 @@ def one_f_one_b(p, m, rank):
     reversed_cooldown = ONE_F_ONE_B.replace("for k in range(m - warmup, m)]", "for k in reversed(range(m - warmup, m))]")
     msg = check_one_f_one_b(reversed_cooldown)["message"]
     assert "cannot run" in msg and "meets recv_bwd" in msg
-    raising = 'def one_f_one_b(p, m, rank):\n    raise NotImplementedError  # your code here\n'
+    raising = 'def one_f_one_b(p, m, rank):\n    return [Action("F", k) for k in range(m)][m]\n'
     assert check_one_f_one_b(raising)["message"] == (
-        "NotImplementedError in one_f_one_b, line 2 of your code: `raise NotImplementedError  # your code here`")
+        "IndexError: list index out of range in one_f_one_b, line 2 of your code: "
+        "`return [Action(\"F\", k) for k in range(m)][m]`")
     strings = 'def one_f_one_b(p, m, rank):\n    return ["F0"]\n'
     assert "returned a list holding 'F0' (str)" in check_one_f_one_b(strings)["message"]
     looping = 'def one_f_one_b(p, m, rank):\n    while True:\n        pass\n'
@@ -120,45 +159,93 @@ def test_build_schedule_is_the_engines_1f1b():
         assert build_schedule(ONE_F_ONE_B, p, m).actions == make_schedule("1f1b", p, 1, m).actions
 
 
-# --- on 2 ranks ---------------------------------------------------------------------------------
-@pytest.mark.multirank
-def test_f_and_g_failures_in_one_launch():
-    swapped = F_AND_G.replace("class F(", "class T(").replace("class G(", "class F(").replace("class T(", "class G(")
-    raising = F_AND_G.replace(F_BODY, "raise NotImplementedError  # your code here")
-    shape = F_AND_G.replace(F_BODY, "return x.sum()")
-    looping = F_AND_G.replace(F_BODY, "while True:\n            pass")
-    wrong, raised, shaped, looped = check_f_and_g_all([swapped, raising, shape, looping], timeout=10)
-    assert not wrong["ok"] and wrong["message"].startswith(
-        "your F's forward returned 3.0 on tp rank 0 for an input of 1.0 (expected 1.0)")
-    assert wrong["max_loss_abs_diff"] > 1e-3  # and it did train: the losses differ
-    assert raised == {"ok": False, "message": "NotImplementedError in F.forward, line 5 of your code: "
-                                              "`raise NotImplementedError  # your code here`"}
-    assert shaped == {"ok": False, "message": "your F.forward returned a tensor of shape [] for an input of "
-                                              "shape [3]: F must return a tensor of its input's shape"}
-    assert not looped["ok"] and looped["message"].startswith(
-        "your code did not finish within 10 s (an endless loop?): it was at F.forward, line ")
+# --- on real ranks ------------------------------------------------------------------------------
+G_FWD = 'return comm.all_reduce(x.contiguous(), "tp")'
+F_BWD = 'return ctx.comm.all_reduce(dy.contiguous(), "tp"), None'
 
 
 @pytest.mark.multirank
-def test_zero1_failures_in_one_launch():
-    """Sum instead of mean, an all-reduce instead of a reduce-scatter (right numbers, wrong
-    traffic), an all-gather on rank 0 only (a collective its peer never posts: a timeout,
-    and the next case starts on fresh ranks), an exception."""
-    summed = ZERO1.replace("return shard / d", "return shard")
-    all_reduce = ZERO1.replace(RS_BODY, '''    comm.all_reduce(grad, "dp")
+def test_f_and_g_on_4_ranks_in_one_launch():
+    """The reference trains like one device on 4 ranks; F and G swapped, an all-reduce in an
+    identity direction (divided by t: the value is right, the trace is not), a gradient
+    hard-wired to 2 ranks, an exception, a wrong shape and an endless loop each get their line."""
+    cases = {
+        "reference": F_AND_G,
+        "swapped": F_AND_G.replace("class F(", "class T(").replace("class G(", "class F(").replace("class T(", "class G("),
+        "f forward reduces": F_AND_G.replace(F_BODY, 'return comm.all_reduce(x.clone(), "tp") / comm.size("tp")'),
+        "g backward reduces": F_AND_G.replace(G_FWD, "ctx.comm = comm\n        " + G_FWD).replace(
+            "return dy, None", 'return ctx.comm.all_reduce(dy.contiguous(), "tp") / ctx.comm.size("tp"), None'),
+        "two ranks hard-wired": F_AND_G.replace(F_BWD, "return dy * 2, None"),
+        "no comm": F_AND_G.replace(F_BWD, "return dy * 4, None"),
+        "raises": F_AND_G.replace(F_BODY, "return x.view(5)"),
+        "shape": F_AND_G.replace(F_BODY, "return x.sum()"),
+        "looping": F_AND_G.replace(F_BODY, "while True:\n            pass"),
+    }
+    res = dict(zip(cases, check_f_and_g_all(list(cases.values()), timeout=20)))
+    assert res["reference"]["ok"], res["reference"]
+    assert res["reference"]["message"] == "your F and G train exactly like the single-device model (--tp 4)"
+    assert res["reference"]["max_loss_abs_diff"] <= 1e-9 and res["reference"]["max_param_rel_diff"] <= 1e-9
+    msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
+    assert len(msg) == len(cases) - 1
+    identity_f = ("your F's forward communicates all_reduce of [3] on 'tp': it is the identity, every rank already "
+                  "holds X (F is identity forward, all-reduce backward)")
+    assert msg["swapped"] == identity_f
+    assert msg["f forward reduces"] == identity_f
+    assert msg["g backward reduces"] == ("your G's backward communicates all_reduce of [3] on 'tp': it is the "
+                                         "identity, every rank already holds the whole gradient (G is all-reduce "
+                                         "forward, identity backward)")
+    assert msg["two ranks hard-wired"] == ("your F's backward returned 2.0 on tp rank 0 of 4 for a gradient of ones "
+                                           "(expected 4.0): F is identity forward, all-reduce backward")
+    assert msg["no comm"].startswith("your F's backward sums over the ranks without comm: use comm.all_reduce")
+    assert msg["raises"] == ("RuntimeError: shape '[5]' is invalid for input of size 3 in F.forward, line 5 of "
+                             "your code: `return x.view(5)`")
+    assert msg["shape"] == ("your F.forward returned a tensor of shape [] for an input of shape [3]: F must return "
+                            "a tensor of its input's shape")
+    assert msg["looping"].startswith("your code did not finish within 20 s (an endless loop?): it was at F.forward, "
+                                     "line ")
+    assert all("\n" not in m and "Traceback" not in m for m in msg.values())
+
+
+@pytest.mark.multirank
+def test_zero1_on_4_ranks_in_one_launch():
+    """The reference passes on 4 ranks; sum instead of mean, no reduction at all, another
+    rank's slice (an off-by-one in the owner), an all-reduce instead of a reduce-scatter
+    (right numbers, wrong traffic), an all-gather on rank 0 only (a collective its peers
+    never post: a timeout, and the next case starts on fresh ranks), an exception."""
+    cases = {
+        "reference": ZERO1,
+        "summed": ZERO1.replace("return shard / d", "return shard"),
+        "not reduced": ZERO1.replace(RS_BODY, '''    k, r = grad.numel() // d, comm.index("dp")
+    return grad[r * k:(r + 1) * k] / d'''),
+        "next rank's slice": ZERO1.replace(RS_BODY, '''    comm.all_reduce(grad, "dp")
+    k, r = grad.numel() // d, (comm.index("dp") + 1) % d
+    return grad[r * k:(r + 1) * k] / d'''),
+        "all-reduce": ZERO1.replace(RS_BODY, '''    comm.all_reduce(grad, "dp")
     k, r = grad.numel() // d, comm.index("dp")
-    return grad[r * k:(r + 1) * k] / d''')
-    one_sided = ZERO1.replace(GATHER, "if r == 0: " + GATHER)
-    raising = ZERO1.replace('    d = comm.size("dp")\n    shard', '    raise NotImplementedError\n    shard')
-    res = check_zero1_all([summed, all_reduce, one_sided, raising], timeout=12)
-    assert res[0] == {"ok": False, "message": "reduce_scatter_grads on dp rank 0, bucket 0 (n=4096): it is the "
-                                              "sum over the ranks, not the mean: divide by d (before or after "
-                                              "the reduce-scatter)"}
-    assert res[1]["message"].startswith("your data-parallel calls in one step: all_reduce x4 in bwd (94080 B), "
-                                        "all_gather x4 in optim (47040 B); ZeRO-1's (analysis.data_parallel."
-                                        "dp_calls): reduce_scatter x4 in bwd (94080 B), all_gather x4")
-    assert res[2]["message"].startswith("a rank waited past the timeout for a collective or a message its "
-                                        "peers never posted")
-    assert "update_params, line 14 of your code: `if r == 0: comm.all_gather_flat" in res[2]["message"]
-    assert res[3] == {"ok": False, "message": "NotImplementedError in reduce_scatter_grads, line 3 of your code: "
-                                              "`raise NotImplementedError`"}
+    return grad[r * k:(r + 1) * k] / d'''),
+        "one-sided": ZERO1.replace(GATHER, "if r == 0: " + GATHER),
+        "raises": ZERO1.replace('    d = comm.size("dp")\n    shard', '    d = comm.size("dp")\n    d.shard\n    shard'),
+    }
+    res = dict(zip(cases, check_zero1_all(list(cases.values()), timeout=15)))
+    assert res["reference"]["ok"], res["reference"]
+    assert res["reference"]["message"].startswith("your ZeRO-1 trains exactly like the single-device model on 4 "
+                                                  "data-parallel ranks")
+    msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
+    assert len(msg) == len(cases) - 1, msg
+    where = "reduce_scatter_grads on dp rank 0, bucket 0 (n="
+    assert msg["summed"].startswith(where) and msg["summed"].endswith(
+        "it is the sum over the ranks, not the mean: divide by d (before or after the reduce-scatter)")
+    assert msg["not reduced"].startswith(where) and msg["not reduced"].endswith(
+        "it holds only this rank's own gradient: reduce (sum) over the data-parallel ranks")
+    assert msg["next rank's slice"].startswith(where) and msg["next rank's slice"].endswith(
+        "it is rank 1's slice of the mean: rank r owns elements [r*n/d, (r+1)*n/d) of the bucket")
+    assert msg["all-reduce"].startswith("your data-parallel calls in one step: all_reduce x")
+    assert "ZeRO-1's (analysis.data_parallel.dp_calls): reduce_scatter x" in msg["all-reduce"]
+    assert msg["all-reduce"].endswith("an all-reduce of the gradients moves twice a reduce-scatter's bytes on the "
+                                      "wire, and each rank needs only its shard")
+    assert msg["one-sided"].startswith("a rank waited past the timeout for a collective or a message its "
+                                       "peers never posted")
+    assert "update_params, line 14 of your code: `if r == 0: comm.all_gather_flat" in msg["one-sided"]
+    assert msg["raises"] == ("AttributeError: 'int' object has no attribute 'shard' in reduce_scatter_grads, line 4 "
+                             "of your code: `d.shard`")
+    assert all("\n" not in m and "Traceback" not in m for m in msg.values())

@@ -23,7 +23,7 @@ A wrong number is diagnosed against the usual mistakes (padded ids not masked, a
 a sum not all-reduced, the one-hot missing or on every rank, dloss ignored). The ranks
 agree on the first problem found (through the rendezvous store, so a rank that failed
 alone still reports) and all stop there; otherwise the class is swapped into the engine,
-a tiny GPT with vocabulary 257 (padded to 258 on 2 ranks) trains with ``--tp 2`` for 2
+a tiny GPT with vocabulary 257 (padded to 260 on 4 ranks) trains with ``--tp 4`` for 2
 float64 steps, and rank 0 compares it with the single-device model.
 
     result = check_vocab_parallel_ce(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
@@ -36,16 +36,20 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import LabError, agree, call, load, run_sources, train_swapped, training_verdict
+from .runner import LabError, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
 
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 258 on 2 ranks
+MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 260 on 4 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 NAME = "VocabParallelCrossEntropy"
 PER_RANK, TOKENS = 4, 8  # the unit checks' slice: 4 ids per rank, the last one padding
 BIG = 1000.0  # exp(1000) overflows float64 (whose largest exponent is ~709.8)
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
+# the engine's own version of the piece: not an answer to this lab
+FORBIDDEN = ("minitron.parallel.tensor._VocabParallelCrossEntropy",
+             "minitron.parallel.tensor.vocab_parallel_cross_entropy", "minitron.parallel.tensor.output_loss")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -56,10 +60,6 @@ def _where(d: torch.Tensor) -> tuple[int, int]:
     """(row, column) of the largest entry of |d| (d 1-D: column 0)."""
     i = int(d.abs().reshape(-1).argmax())
     return divmod(i, d.shape[-1]) if d.dim() == 2 else (i, 0)
-
-
-def _calls(records) -> str:
-    return ", ".join(f"{r['op']} of {r['shape']} on '{r['axis']}'" for r in records) or "nothing"
 
 
 class _Data:
@@ -208,18 +208,18 @@ def _unit_check(comm, cls) -> str:
         return _diagnose_loss(data, loss.detach())
     values = sum(int(torch.Size(c["shape"]).numel()) for c in calls)
     if any(c["op"] != "all_reduce" for c in calls) or values > 3 * TOKENS:
-        return (f"your forward communicates {_calls(calls)} for N={TOKENS} tokens: the logits are never "
+        return (f"your forward communicates {describe_calls(calls)} for N={TOKENS} tokens: the logits are never "
                 f"gathered, only per-token scalars are all-reduced (the max, the target logit and the sum "
                 f"of exponentials: 3*N = {3 * TOKENS} values)")
     dx, calls = _backward(comm, loss, x, data)
     if calls:
-        return (f"your backward communicates {_calls(calls)}: it needs nothing from the other ranks "
+        return (f"your backward communicates {describe_calls(calls)}: it needs nothing from the other ranks "
                 f"(its slice of softmax - one-hot, from what the forward all-reduced)")
     if not _close(dx, data.grad):
         return _diagnose_grad(data, dx)
     _, _, calls = _forward(comm, cls, data, axis="world")
     if any(c["axis"] != "world" for c in calls):
-        return (f"called with axis='world' your forward communicates {_calls(calls)}: use the `axis` "
+        return (f"called with axis='world' your forward communicates {describe_calls(calls)}: use the `axis` "
                 f"argument for every collective (the 3-D cube passes 'cube_j')")
     big = _Data(t, r, shift=BIG)
     loss, x, _ = _forward(comm, cls, big)
@@ -248,19 +248,20 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
         problem = str(e)
     agree(comm, f"ce/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _VocabParallelCrossEntropy=cls)
+    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(vocab_cross_entropy=cls))
     return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model (vocabulary "
                             f"{MODEL.vocab}, padded to {pad_vocab(MODEL.vocab, layout.tp)} on {layout.tp} ranks)", TOL)
 
 
-def check_vocab_parallel_ce_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:
+def check_vocab_parallel_ce_all(sources: list[str], tp: int = TP, timeout: float = 60) -> list[dict]:
     """`check_vocab_parallel_ce` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_ce_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout, timeout)
+    return run_sources(_ce_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout, timeout,
+                       forbidden=FORBIDDEN, names=(NAME,))
 
 
-def check_vocab_parallel_ce(source: str, tp: int = 2, timeout: float = 60) -> dict:
+def check_vocab_parallel_ce(source: str, tp: int = TP, timeout: float = 60) -> dict:
     """Lab 04b: check the class `VocabParallelCrossEntropy` defined in `source` on `tp` gloo
-    ranks (2 or 4) against ``F.cross_entropy`` on the gathered logits (forward, gradient,
+    ranks (4 by default) against ``F.cross_entropy`` on the gathered logits (forward, gradient,
     padded ids, logits around +1000, what it communicates), then train a tiny GPT with it
     in place of the engine's (``--tp``, float64, 2 steps) and compare with the
     single-device model. Returns {"ok", "message", "max_loss_abs_diff",

@@ -1,36 +1,77 @@
 """Lab 04a: Megatron's conjugate operators f and g (``minitron.parallel.tensor._F``, ``_G``).
 
-Every rank `exec`s the learner's source, checks `F` and `G` on one rank-dependent tensor
-(shape, forward, backward), swaps them into the engine, trains a tiny GPT with tensor
-parallelism for 2 float64 steps and puts the engine's own operators back; rank 0 compares
-the run with the single-device reference (:mod:`minitron.tools.verify`).
+Every rank `exec`s the learner's source and checks `F` and `G` on one rank-dependent
+tensor: the shape, the value of each forward and backward, and the calls each issues
+(counted in the trace: f's forward and g's backward communicate nothing, f's backward and
+g's forward exactly one all-reduce on 'tp'). The ranks agree on the first problem found;
+otherwise the classes are swapped into the engine, a tiny GPT trains with tensor
+parallelism on 4 ranks (so that an operator hard-wired to 2 ranks fails) for 2 float64
+steps, and rank 0 compares the run with the single-device reference
+(:mod:`minitron.tools.verify`).
 
     result = check_f_and_g(SOURCE)   # {"ok", "max_loss_abs_diff", "max_param_rel_diff", "message"}
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, call, load, run_sources, train_swapped
+from .runner import LabError, agree, call, describe_calls, load, run_sources, traced, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
+# the engine's own operators (and the functions that apply them): not an answer to this lab
+FORBIDDEN = ("minitron.parallel.tensor._F", "minitron.parallel.tensor._G",
+             "minitron.parallel.tensor.enter_region", "minitron.parallel.tensor.leave_region")
+_CASE = itertools.count()  # the case number in this launch: the same on every rank
+# what each direction of each operator does (Megatron-LM §3, Fig. 3): (forward, backward)
+RULES = {"F": ("identity", "all-reduce"), "G": ("all-reduce", "identity")}
+HOLDS = {"F": "X", "G": "the whole gradient"}  # what an identity direction finds on every rank
+
+
+def _rule(name: str) -> str:
+    fwd, bwd = RULES[name]
+    return f"{name} is {fwd} forward, {bwd} backward"
+
+
+def _check_calls(name: str, direction: str, calls: list) -> str:
+    """'' when one direction of an operator, whose value is right, issued the calls it
+    should, else what is wrong."""
+    want = RULES[name][0 if direction == "forward" else 1]
+    if want == "identity" and calls:
+        return (f"your {name}'s {direction} communicates {describe_calls(calls)}: it is the identity, every rank "
+                f"already holds {HOLDS[name]} ({_rule(name)})")
+    if want == "all-reduce":
+        if not calls:
+            return (f"your {name}'s {direction} sums over the ranks without comm: use comm.all_reduce(t, 'tp') "
+                    f"(the engine sees, and traces, all communication through comm)")
+        if [(c["op"], c["axis"]) for c in calls] != [("all_reduce", "tp")]:
+            return (f"your {name}'s {direction} communicates {describe_calls(calls)}: it is exactly one "
+                    f"all-reduce on 'tp' ({_rule(name)})")
+    return ""
+
+
+def _first(rule: str, calls_problem: str, value_problem: str) -> str:
+    """The problem that explains a direction best: for an identity, a call it should not
+    make (an all-reduce then divided by t has the right value); for an all-reduce, a wrong
+    value first (a missing all-reduce shows there)."""
+    first, second = (calls_problem, value_problem) if rule == "identity" else (value_problem, calls_problem)
+    return first or second
 
 
 def _unit_check(comm, F, G) -> str:
-    """'' if F and G behave on a rank-dependent input, else what went wrong. Raises
+    """'' if F and G behave on a rank-dependent input, else the first problem. Raises
     LabError when one returns something that is not a tensor of the input's shape."""
     t, r = comm.size("tp"), comm.index("tp")
-    x = torch.full((3,), float(r + 1), dtype=torch.float64, requires_grad=True)
-    total = float(sum(range(1, t + 1)))  # what an all-reduce of (rank + 1) gives
-    want = {"F": ("identity forward", 1.0, "all-reduce backward", total),
-            "G": ("all-reduce forward", total, "identity backward", 1.0)}
     for name, fn in (("F", F), ("G", G)):
-        fwd_what, fwd_scale, bwd_what, bwd_want = want[name]
-        y = call(f"your {name}.forward", fn.apply, x, comm)
+        fwd, bwd = RULES[name]
+        x = torch.full((3,), float(r + 1), dtype=torch.float64, requires_grad=True)
+        y, calls = traced(comm, call, f"your {name}.forward", fn.apply, x, comm)
         if not isinstance(y, torch.Tensor) or y.shape != x.shape:
             got = f"a tensor of shape {list(y.shape)}" if isinstance(y, torch.Tensor) else repr(y)[:60]
             raise LabError(f"your {name}.forward returned {got} for an input of shape {list(x.shape)}: "
@@ -38,53 +79,59 @@ def _unit_check(comm, F, G) -> str:
         if not y.requires_grad:
             raise LabError(f"your {name}.forward returned a tensor without a gradient: use "
                            f"{name}.apply's autograd (return a new tensor from forward, not x.detach())")
-        got_fwd = float(y.detach()[0])
-        if got_fwd != fwd_scale * (r + 1):
-            return (f"your {name}'s forward returned {got_fwd} on tp rank {r} for an input of {r + 1.0} "
-                    f"(expected {fwd_scale * (r + 1)}): {name} is {fwd_what}, {bwd_what}")
-        (dx,) = call(f"your {name}.backward", torch.autograd.grad, y, x, torch.ones_like(y))
+        # the input is rank + 1 on tp rank `rank`: an all-reduce gives 1 + 2 + ... + t
+        want = float(sum(range(1, t + 1))) if fwd == "all-reduce" else r + 1.0
+        got = float(y.detach()[0])
+        problem = _first(fwd, _check_calls(name, "forward", calls), "" if got == want else (
+            f"your {name}'s forward returned {got} on tp rank {r} of {t} for an input of {r + 1.0} "
+            f"(expected {want}): {_rule(name)}"))
+        if problem:
+            return problem
+        (dx,), calls = traced(comm, call, f"your {name}.backward", torch.autograd.grad, y, x, torch.ones_like(y))
         if dx is None or dx.shape != x.shape:
             got = "None" if dx is None else f"shape {list(dx.shape)}"
             raise LabError(f"your {name}.backward returned a gradient of {got} for an input of shape "
                            f"{list(x.shape)}: return one gradient of the input's shape, then None for comm")
-        # the upstream gradient is ones on every rank: all-reduce gives t, identity gives 1
-        got_bwd, exp_bwd = float(dx[0]), (t if bwd_want == total else 1.0)
-        if got_bwd != exp_bwd:
-            return (f"your {name}'s backward returned {got_bwd} on tp rank {r} for a gradient of ones "
-                    f"(expected {float(exp_bwd)}): {name} is {fwd_what}, {bwd_what}")
+        # the upstream gradient is ones on every rank: an all-reduce gives t, the identity 1
+        want = float(t) if bwd == "all-reduce" else 1.0
+        got = float(dx[0])
+        problem = _first(bwd, _check_calls(name, "backward", calls), "" if got == want else (
+            f"your {name}'s backward returned {got} on tp rank {r} of {t} for a gradient of ones "
+            f"(expected {want}): {_rule(name)}"))
+        if problem:
+            return problem
     return ""
 
 
-def _f_and_g_job(comm, source: str) -> dict | None:
+def _f_and_g_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
+    case = next(_CASE)
     ns = load(source, ("F", "G"), {"torch": torch})
     F, G = ns["F"], ns["G"]
-    problem = _unit_check(comm, F, G)
+    try:
+        problem = _unit_check(comm, F, G)
+    except LabError as e:  # the learner's code raised or returned a malformed value
+        problem = str(e)
+    agree(comm, f"f-and-g/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _F=F, _G=G)
-    if res is None:  # not rank 0
-        return None
-    ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL and not problem
-    if ok:
-        msg = "your F and G train exactly like the single-device model"
-    else:
-        msg = (problem or "F and G pass the one-tensor check but training differs") + (
-            f" (loss differs by {res['max_loss_abs_diff']:.3g}, worst parameter "
-            f"{res['worst_param']} by {res['max_param_rel_diff']:.3g})")
-    return {"ok": ok, "max_loss_abs_diff": res["max_loss_abs_diff"],
-            "max_param_rel_diff": res["max_param_rel_diff"], "message": msg}
+    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(f=F, g=G))
+    return training_verdict(res, "F and G", f"your F and G train exactly like the single-device model "
+                            f"(--tp {layout.tp})", TOL)
 
 
-def check_f_and_g_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:
+def check_f_and_g_all(sources: list[str], tp: int = TP, timeout: float = 60) -> list[dict]:
     """`check_f_and_g` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_f_and_g_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout)
+    return run_sources(_f_and_g_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout, timeout,
+                       forbidden=FORBIDDEN, names=("F", "G"))
 
 
-def check_f_and_g(source: str, tp: int = 2, timeout: float = 60) -> dict:
-    """Lab 04a: train a tiny GPT with tensor parallelism (`tp` gloo ranks, float64, 2 steps)
-    using the classes `F` and `G` defined in `source` in place of the engine's f and g,
-    and compare it with the single-device model. Returns {"ok", "max_loss_abs_diff",
+def check_f_and_g(source: str, tp: int = TP, timeout: float = 60) -> dict:
+    """Lab 04a: check the classes `F` and `G` defined in `source` on `tp` gloo ranks (the
+    value and the traced calls of each forward and backward), then train a tiny GPT with
+    tensor parallelism (float64, 2 steps) with them in place of the engine's f and g and
+    compare it with the single-device model. Returns {"ok", "max_loss_abs_diff",
     "max_param_rel_diff", "message"}, or {"ok": False, "message"} when the code does not
-    compile, raises, returns a wrong shape, or runs past `timeout` seconds."""
+    compile, uses the engine's own operators, is still the stub, raises, returns a wrong
+    shape or value, communicates the wrong calls, or runs past `timeout` seconds."""
     return check_f_and_g_all([source], tp, timeout)[0]

@@ -6,6 +6,9 @@ dict, never a traceback or a hang: ``{"ok": True, ...}`` or ``{"ok": False, "mes
 one line naming what is wrong}``:
 
 * it does not compile              -> the line and the parser's complaint (no rank starts)
+* it uses the engine's own piece   -> :func:`refuse_engine_copy`: which one, and the line
+  (no rank starts; every checker lists its engine names in ``FORBIDDEN``)
+* a function is still the stub     -> which ones are not written yet (no rank starts)
 * it raises                        -> which of your functions, the exception, the line
 * it returns something malformed   -> the lab's own check (a :class:`LabError`)
 * it loops forever                 -> a per-rank alarm after `timeout` seconds, with the line it was on
@@ -26,13 +29,22 @@ remaining cases get a fresh launch.
 
     verdicts = run_cases(job, layout, [(source_a,), (source_b,)], timeout=60)
 
-``run_sources`` is that for one learner's source per case (a source that does not compile
-fails before any rank starts); ``train_swapped`` is the end of a lab that swaps the
-learner's code into the engine: train a tiny GPT with it, compare with the single-device
-model.
+``run_sources`` is that for one learner's source per case: :func:`screen` first (compiles,
+no engine copy, no stub left, the names defined), so such a source fails before any rank
+starts. A new lab's checker is a job ``job(comm, source, *args)`` plus
+
+    def check_mine_all(sources, timeout=60):
+        return run_sources(_job, layout, sources, timeout, forbidden=FORBIDDEN, names=NAMES)
+
+and, inside the job: ``load`` the source, check the piece on one tensor (``call`` runs the
+learner's code, ``traced`` counts what it communicated, ``describe_calls`` says it),
+``agree`` on the first problem, then train (``train_swapped`` / ``versus_one_device``) and
+answer with :func:`training_verdict`, the one rule for a run against the single-device
+model (ok within the tolerance, else by how much).
 """
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import linecache
@@ -106,6 +118,111 @@ def call(what: str, fn, *args):
         if isinstance(e, (LabError, LabTimeout)) or _is_comm_error(e):
             raise  # a timeout or a lost peer is ranked with the other ranks' failures (merge)
         raise LabError(describe(e, what)) from None
+
+
+# --- what the learner's source may not do before any rank starts -------------------------------
+def _dotted(node) -> str | None:
+    """'a.b.c' for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _engine_names(tree: ast.AST):
+    """(line, the full dotted name) of every engine name the source imports or refers to:
+    imports resolved through their aliases (``from minitron.parallel import tensor as t``
+    makes ``t._F`` read ``minitron.parallel.tensor._F``), and string constants (for
+    ``importlib.import_module("...")``)."""
+    alias: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                alias[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                alias[a.asname or a.name] = f"{node.module}.{a.name}"
+                yield node.lineno, f"{node.module}.{a.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Name)):
+            name = _dotted(node)
+            if name and name.split(".")[0] in alias:
+                head, _, rest = name.partition(".")
+                yield node.lineno, alias[head] + ("." + rest if rest else "")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("minitron"):
+            yield node.lineno, node.value
+
+
+def refuse_engine_copy(source: str, forbidden) -> None:
+    """Raise LabError when `source` imports or refers to one of the engine's own versions
+    of the piece the lab asks for (`forbidden`: dotted names such as
+    ``"minitron.parallel.tensor._F"``, or whole modules such as ``"minitron.parallel.zero"``):
+    passing a lab by handing the engine its own function back proves nothing. It reads the
+    source (imports, attribute chains through their aliases, strings naming a module); it
+    is a guard against the obvious shortcut, not a sandbox."""
+    tree = ast.parse(source)
+    for line, name in _engine_names(tree):
+        star = name.endswith(".*")  # `from module import *` brings every name of the module
+        base = name[:-2] if star else name
+        for f in forbidden:
+            if base == f or base.startswith(f + ".") or (star and f.startswith(base + ".")):
+                raise LabError(f"your code uses the engine's own {f} (line {line}): the lab asks you to write "
+                               f"it yourself, with what SOURCE is given")
+
+
+def _stubs(tree: ast.AST) -> list[str]:
+    """The functions (``Class.method`` for methods) whose body, past a docstring, only raises
+    NotImplementedError: the lab's stubs, still unwritten."""
+    found = []
+
+    def visit(node, prefix=""):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = [b for b in child.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+                if (len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
+                        and "NotImplementedError" in ast.unparse(body[0].exc)):
+                    found.append(prefix + child.name)
+    visit(tree)
+    return found
+
+
+def screen(source, names: tuple = (), forbidden=()) -> None:
+    """Everything about the learner's source that needs no rank, in one place for every lab:
+    it compiles, it does not use the engine's own piece (:func:`refuse_engine_copy`), and
+    no function is still the notebook's stub (one line naming them); LabError otherwise."""
+    compile_source(source)
+    tree = ast.parse(source)
+    refuse_engine_copy(source, forbidden)
+    stubs = _stubs(tree)
+    if stubs:
+        listed = ", ".join(stubs[:-1]) + (" and " if len(stubs) > 1 else "") + stubs[-1]
+        raise LabError(f"{listed} {'is' if len(stubs) == 1 else 'are'} not written yet (still "
+                       f"`raise NotImplementedError`): fill in the `# your code here` lines in SOURCE")
+    defined = {d.name for d in tree.body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {t.id for d in tree.body if isinstance(d, ast.Assign) for t in d.targets if isinstance(t, ast.Name)}
+    missing = [n for n in names if n not in defined]
+    if missing:
+        raise LabError(f"your code defines no {', '.join(missing)}: it must define {' and '.join(names)}")
+
+
+# --- what the learner's code communicated --------------------------------------------------------
+def traced(comm, fn, *args):
+    """``(fn(*args), the calls it issued)``: the records :class:`minitron.comm.CommTrace`
+    added while `fn` ran (every collective and message goes through `comm`)."""
+    n = len(comm.trace.records) if comm.trace is not None else 0
+    out = fn(*args)
+    return out, (comm.trace.records[n:] if comm.trace is not None else [])
+
+
+def describe_calls(records) -> str:
+    """'all_reduce of [8] on 'tp', all_gather of [2, 3, 5] on 'tp'' (or 'nothing')."""
+    return ", ".join(f"{r['op']} of {list(r['shape'])} on '{r['axis']}'" for r in records) or "nothing"
 
 
 # --- describing a failure in one line ----------------------------------------------------------
@@ -350,72 +467,60 @@ def run_cases(job, layout, cases: list[tuple], timeout: float = 60, trace: bool 
     return verdicts
 
 
-def run_sources(job, layout, sources: list, timeout: float = 60, *args) -> list[dict]:
-    """`run_cases` of ``job(comm, source, *args)`` for each of the learner's `sources`: one
-    that does not compile fails at once (no rank starts for it); one verdict per source."""
+def run_sources(job, layout, sources: list, timeout: float = 60, *args, forbidden=(), names: tuple = ()) -> list[dict]:
+    """`run_cases` of ``job(comm, source, *args)`` for each of the learner's `sources`. A
+    source that :func:`screen` rejects (it does not compile, uses the engine's own piece
+    among `forbidden`, leaves a stub unwritten or one of `names` undefined) fails at once:
+    no rank starts for it. One verdict per source."""
     verdicts: list = [None] * len(sources)
     cases = []
     for i, src in enumerate(sources):
         try:
-            compile_source(src)  # a syntax error needs no ranks
+            screen(src, names, forbidden)
             cases.append(i)
         except LabError as e:
             verdicts[i] = fail(str(e))
-    for i, v in zip(cases, run_cases(job, layout, [(sources[i], *args) for i in cases], timeout)):
-        verdicts[i] = v
+    if cases:
+        for i, v in zip(cases, run_cases(job, layout, [(sources[i], *args) for i in cases], timeout)):
+            verdicts[i] = v
     return verdicts
 
 
-def train_swapped(comm, model, layout, train, module, **swaps) -> dict | None:
-    """Train `model` on `layout` (`train.steps` steps) with the learner's versions in
-    place of `module`'s attributes (``swaps``: name=value), put the engine's back, and
+def train_swapped(comm, model, layout, train, **injected) -> dict | None:
+    """Train `model` on `layout` (`train.steps` steps) with the learner's pieces handed to
+    the Trainer (`injected`: its keywords ``layers=``, ``schedule=``, ``data_parallel=``,
+    ``optimizer=``; e.g. ``layers=tensor.layers(f=F, g=G)``; nothing is patched) and
     compare with the single-device model: rank 0 gets :func:`minitron.tools.verify.compare`'s
     dict, the other ranks None."""
     from ..train import Trainer
 
-    saved = {name: getattr(module, name) for name in swaps}
-    for name, value in swaps.items():
-        setattr(module, name, value)
-    try:
-        tr = Trainer(model, layout, train, comm)
-        losses = [tr.step(i) for i in range(train.steps)]
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
+    tr = Trainer(model, layout, train, comm, **injected)
+    losses = [tr.step(i) for i in range(train.steps)]
     return versus_one_device(comm, tr, losses, model, train)
 
 
 def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-9) -> dict | None:
-    """The lab's result from :func:`train_swapped`'s comparison (None off rank 0): ok when
-    losses and parameters agree within `tol` (float64: minitron.tools.verify.TOLERANCE), with
-    `success` as the message, else one line saying by how much training differs."""
+    """The one verdict rule of every lab that trains (None off rank 0): `res` is
+    :func:`versus_one_device`'s comparison; ok when losses and parameters agree with the
+    single-device model within `tol` (float64: minitron.tools.verify.TOLERANCE), with
+    `success` as the message, else one line saying by how much training differs. The
+    other keys of `res` (a lab's own numbers) are kept."""
     if res is None:
         return None
     ok = res["max_loss_abs_diff"] <= tol and res["max_param_rel_diff"] <= tol
     msg = success if ok else (
-        f"your {name} passes the unit checks but training differs from the single-device model (loss "
+        f"your {name} passes the checks above but training differs from the single-device model (loss "
         f"by {res['max_loss_abs_diff']:.3g}, worst parameter {res['worst_param']} by "
         f"{res['max_param_rel_diff']:.3g})")
-    return {"ok": ok, "max_loss_abs_diff": res["max_loss_abs_diff"],
-            "max_param_rel_diff": res["max_param_rel_diff"], "message": msg}
+    return {**res, "ok": ok, "message": msg}
 
 
 def versus_one_device(comm, tr, losses, model, train) -> dict | None:
-    """The trainer's run (`losses`, its parameters gathered from every rank) against the
-    single-device model trained on the same data: :func:`minitron.tools.verify.compare`'s dict
-    on rank 0, None on the other ranks. `train` describes the reference's steps (its
-    microbatches: the whole global batch accumulated on one device)."""
-    import torch
+    """:func:`minitron.tools.verify.versus_one_device`: the trainer's run against the
+    single-device model (rank 0 gets the comparison, the other ranks None)."""
+    from ..tools.verify import versus_one_device as against_one_device
 
-    from ..checkpoint import gather_full
-    from ..tools.verify import compare, reference_run
-
-    full = gather_full(tr)
-    if comm.grid.rank != 0:
-        return None
-    torch.manual_seed(train.seed)
-    ref_losses, ref = reference_run(model, train, tr.corpus, train.steps)
-    return compare(losses, full, ref_losses, ref)
+    return against_one_device(comm, tr, losses, model, train)
 
 
 def agree(comm, key: str, problem: str, timeout: float) -> None:

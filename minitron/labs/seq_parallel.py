@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, agree, call, load, run_sources, train_swapped, training_verdict
+from .runner import LabError, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -49,6 +49,8 @@ TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "AllGatherLinear"
 B, S_LOCAL, H, D_LOCAL = 2, 3, 5, 4  # the unit checks' shapes: x [B, S_LOCAL, H], weight [D_LOCAL, H]
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
+# the engine's own version of the piece: not an answer to this lab
+FORBIDDEN = ("minitron.parallel.tensor._AllGatherLinear", "minitron.parallel.tensor.all_gather_linear")
 REDUCE_SCATTER = ("the backward of an all-gather is a reduce-scatter: comm.reduce_scatter(dY·W, 'tp', dim=1) "
                   "sums the ranks' partial dX and leaves each rank its sequence shard")
 
@@ -60,10 +62,6 @@ def _close(a, b) -> bool:
 
 def _shape(t) -> str:
     return str(list(t.shape)) if isinstance(t, torch.Tensor) else repr(t)[:40]
-
-
-def _calls(records) -> str:
-    return ", ".join(f"{r['op']} of {r['shape']} on '{r['axis']}'" for r in records) or "nothing"
 
 
 class _Data:
@@ -177,7 +175,7 @@ def _check_forward(data: _Data, y, calls, saved) -> str:
                 f"is every rank's shard in rank order (comm.all_gather(x, 'tp', dim=1))")
     gathers = [c for c in calls if c["op"] == "all_gather" and c["axis"] == "tp"]
     if len(calls) != 1 or len(gathers) != 1:
-        return (f"your forward communicates {_calls(calls)}: it needs exactly one all-gather of the shard "
+        return (f"your forward communicates {describe_calls(calls)}: it needs exactly one all-gather of the shard "
                 f"[{B}, {S_LOCAL}, {H}] on 'tp'")
     gathered = B * S_LOCAL * t * H
     if any(s.numel() >= gathered for s in saved):
@@ -235,9 +233,9 @@ def _check_backward(data: _Data, got, calls, bias: bool = True) -> str:
     want = sorted([("all_gather", "tp", str([B, S_LOCAL, H])), ("reduce_scatter", "tp", str([B, S_LOCAL * t, H]))])
     if ops != want:
         if any(c["op"] == "all_reduce" for c in calls):
-            return (f"your backward communicates {_calls(calls)}: {REDUCE_SCATTER} (an all-reduce moves twice "
+            return (f"your backward communicates {describe_calls(calls)}: {REDUCE_SCATTER} (an all-reduce moves twice "
                     f"the bytes and leaves every rank the whole sequence)")
-        return (f"your backward communicates {_calls(calls)}: it needs one all-gather of the saved shard "
+        return (f"your backward communicates {describe_calls(calls)}: it needs one all-gather of the saved shard "
                 f"[{B}, {S_LOCAL}, {H}] (for dW) and one reduce-scatter of dY·W [{B}, {S_LOCAL * t}, {H}] on 'tp'")
     return ""
 
@@ -285,14 +283,15 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         problem = str(e)
     agree(comm, f"sp/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), sp=True, device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, tensor, _AllGatherLinear=cls)
+    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(all_gather_linear=cls))
     return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
                             f"(--tp {layout.tp} --sp)", TOL)
 
 
 def check_all_gather_linear_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:
     """`check_all_gather_linear` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_job, ParallelConfig(tp=tp, sp=True, device="cpu"), sources, timeout, timeout)
+    return run_sources(_job, ParallelConfig(tp=tp, sp=True, device="cpu"), sources, timeout, timeout,
+                       forbidden=FORBIDDEN, names=(NAME,))
 
 
 def check_all_gather_linear(source: str, tp: int = 2, timeout: float = 60) -> dict:

@@ -1,5 +1,5 @@
 """Lab 03b: ZeRO-1 over one gradient bucket (Rajbhandari et al. 2020, stage 1; the engine's
-``--zero1``: ``BucketedDataParallel(shard=True)`` and ``ZeroOneAdamW`` in
+``--zero1``: ``BucketedDataParallel(shard=True)`` and ``ShardedAdamW`` in
 :mod:`minitron.parallel.data`).
 
 The learner writes two functions of one flat bucket of n elements (n a multiple of the d
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel.data import ZeroOneAdamW
-from .runner import LabError, call, compile_source, fail, load, run_cases, versus_one_device
+from ..parallel.data import BucketedDataParallel, ShardedAdamW
+from .runner import LabError, call, load, run_sources, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
@@ -40,6 +40,11 @@ TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", wa
 BUCKET_MB = 0.02  # ~2.6k float64 elements: this 12k-parameter model gets 5 buckets
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 BETAS, EPS = (0.9, 0.95), 1e-8  # the engine's AdamW (minitron.optim.make_adamw)
+DP = 4  # data-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
+NAMES = ("reduce_scatter_grads", "update_params")
+# the engine's own ZeRO (its sharded optimizers and buckets): not an answer to this lab
+FORBIDDEN = ("minitron.parallel.zero", "minitron.parallel.data.ShardedAdamW", "minitron.parallel.data.ZeroOneAdamW",
+             "minitron.parallel.data.BucketedDataParallel", "minitron.parallel.data.FlatShards")
 
 
 @torch.no_grad()
@@ -78,15 +83,17 @@ def _diagnose(got, grad, full_mean, d: int, r: int) -> str:
     return f"it differs from this rank's slice of the mean by up to {err:.3g}"
 
 
-class _LabBuckets:
-    """The engine's bucket start (``BucketedDataParallel._start``), calling the learner's
-    reduce-scatter and checking what it returns against the mean computed aside."""
+class _LabBuckets(BucketedDataParallel):
+    """ZeRO-1's gradient buckets (``BucketedDataParallel(shard=True)``) whose bucket start
+    calls the learner's reduce-scatter and checks what it returns against the mean
+    computed aside."""
 
-    def __init__(self, dp, fn):
-        self.dp, self.fn = dp, fn
+    def __init__(self, params, comm, bucket_mb: float, fn):
+        super().__init__(params, comm, bucket_mb, shard=True)
+        self.fn = fn
 
-    def __call__(self, b) -> None:
-        dp, d, r = self.dp, self.dp.d, self.dp.rank
+    def start_bucket(self, b) -> None:
+        dp, d, r = self, self.d, self.rank
         grad = dp.grad_buffer[b.start:b.end]
         truth = grad.clone()  # the mean, by a plain all-reduce that bypasses Comm (not traced)
         dist.all_reduce(truth, group=dp.comm.group("dp"))
@@ -105,13 +112,24 @@ class _LabBuckets:
         dp.shard_grad[b.start // d:b.end // d] = got
 
 
-class _LabZeroOne(ZeroOneAdamW):
-    """``ZeroOneAdamW`` whose step calls the learner's `update_params` once per bucket
-    (no clipping: the lab trains with clip=0)."""
+class _LabZeroOne(ShardedAdamW):
+    """``ShardedAdamW`` (ZeRO-1's optimizer) whose step calls the learner's `update_params`
+    once per bucket (no clipping: the lab trains with clip=0). Its all-gather is done when
+    the step returns: nothing is left in flight to wait for."""
 
     def __init__(self, dp, fn):  # no super().__init__: the learner keeps the state
         self.dp, self.comm, self.fn, self.steps = dp, dp.comm, fn, 0
         self.states = [{} for _ in dp.buckets]
+
+    def wait_params(self) -> None:
+        """Nothing in flight: the learner's update_params all-gathers before it returns."""
+
+    materialize = wait_params
+
+    def export_param_state(self) -> dict:
+        """No per-parameter state to export: the learner's `state` dicts are the lab's own
+        (the run is compared with the single-device model by its parameters)."""
+        return {p: {} for p in self.dp.params}
 
     def state_bytes(self) -> int:
         def size(x):
@@ -147,12 +165,13 @@ def _zero1_job(comm, source: str) -> dict | None:
     from ..analysis.data_parallel import dp_calls, model_state_bytes
     from ..train import Trainer
 
-    ns = load(source, ("reduce_scatter_grads", "update_params"), {"torch": torch, "adam": adam})
+    ns = load(source, NAMES, {"torch": torch, "adam": adam})
     d = comm.size("dp")
     layout = ParallelConfig(dp=d, zero1=True, bucket_mb=BUCKET_MB, device="cpu")
-    tr = Trainer(MODEL, layout, TRAIN, comm)
-    tr.dp._start = _LabBuckets(tr.dp, ns["reduce_scatter_grads"])
-    tr.optimizer = opt = _LabZeroOne(tr.dp, ns["update_params"])
+    tr = Trainer(MODEL, layout, TRAIN, comm,
+                 data_parallel=lambda params, c, lay: _LabBuckets(params, c, lay.bucket_mb, ns["reduce_scatter_grads"]),
+                 optimizer=lambda params, dp, lay, train: _LabZeroOne(dp, ns["update_params"]))
+    opt = tr.optimizer
     losses = [tr.step(i) for i in range(TRAIN.steps)]
 
     predicted = model_state_bytes(MODEL, layout, TRAIN)
@@ -187,34 +206,18 @@ def _zero1_job(comm, source: str) -> dict | None:
     if res is None:
         return None
     res.update(calls=got, optimizer_bytes=held, optimizer_bytes_replicated=predicted["optimizer_bytes_replicated"])
-    return res
+    return training_verdict(res, "ZeRO-1", f"your ZeRO-1 trains exactly like the single-device model on {d} "
+                            f"data-parallel ranks, moving what dp_calls predicts and keeping 1/{d} of Adam's "
+                            f"state", TOL)
 
 
-def check_zero1_all(sources: list[str], dp: int = 2, timeout: float = 60) -> list[dict]:
+def check_zero1_all(sources: list[str], dp: int = DP, timeout: float = 60) -> list[dict]:
     """`check_zero1` for several sources, in as few launches as their outcomes allow."""
-    verdicts: list = [None] * len(sources)
-    cases = []
-    for i, src in enumerate(sources):
-        try:
-            compile_source(src)
-            cases.append(i)
-        except LabError as e:
-            verdicts[i] = fail(str(e))
-    runs = run_cases(_zero1_job, ParallelConfig(dp=dp, device="cpu"), [(sources[i],) for i in cases], timeout)
-    for i, res in zip(cases, runs):
-        if "message" in res:  # a failure
-            verdicts[i] = res
-            continue
-        ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
-        msg = (f"your ZeRO-1 trains exactly like the single-device model on {dp} data-parallel ranks, "
-               f"moving what dp_calls predicts and keeping 1/{dp} of Adam's state" if ok else
-               f"each step checks out but training differs from the single-device model (loss by "
-               f"{res['max_loss_abs_diff']:.3g}, {res['worst_param']} by {res['max_param_rel_diff']:.3g})")
-        verdicts[i] = {"ok": ok, "message": msg, **res}
-    return verdicts
+    return run_sources(_zero1_job, ParallelConfig(dp=dp, device="cpu"), sources, timeout,
+                       forbidden=FORBIDDEN, names=NAMES)
 
 
-def check_zero1(source: str, dp: int = 2, timeout: float = 60) -> dict:
+def check_zero1(source: str, dp: int = DP, timeout: float = 60) -> dict:
     """Lab 03b: train a tiny GPT on `dp` gloo ranks (float64, 2 steps) with the learner's
     `reduce_scatter_grads` and `update_params` in place of the engine's ZeRO-1 bucket
     reduce-scatter and sharded AdamW step; check each gradient shard, the parameters after
