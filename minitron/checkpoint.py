@@ -30,25 +30,22 @@ def _region(p):
     return tuple((s.start, s.stop) for s in p.shard.slices)
 
 
-def _settle(opt) -> None:
-    """ZeRO-1/2 leave their parameter all-gather in flight after a step (it overlaps the next
-    forward) and ZeRO-3 keeps parameters sharded: make them whole and current before they
-    are read or overwritten here (ZeRO-3 writes them back into its shard at the next step)."""
-    dp = getattr(opt, "dp", None)
-    if dp is not None:
-        dp.materialize()
-
-
 def export_state(params, opt=None) -> dict:
-    """This rank's shards: {name: {"full_shape", "region", "param", "exp_avg", "exp_avg_sq", "step"}}."""
-    _settle(opt)
-    per_param = opt.export_param_state() if hasattr(opt, "export_param_state") else None
+    """This rank's shards: {name: {"full_shape", "region", "param", "exp_avg", "exp_avg_sq", "step"}}.
+    `opt`: the optimizer (``optim.Optimizer``) whose state goes with them, or None.
+    ZeRO-1/2 leave their parameter all-gather in flight after a step (it overlaps the next
+    forward) and ZeRO-3 keeps parameters sharded: ``opt.materialize()`` makes them whole
+    and current first (ZeRO-3 writes them back into its shard at the next step)."""
+    per_param = {}
+    if opt is not None:
+        opt.materialize()
+        per_param = opt.export_param_state()
     out = {}
     for p in params:
         info = p.shard
         rec = {"full_shape": list(info.full_shape), "region": [list(r) for r in _region(p)],
                "param": p.detach()[info.local_region].clone()}
-        st = per_param[p] if per_param is not None else (opt.state.get(p, {}) if opt is not None else {})
+        st = per_param.get(p, {})
         for k in STATE_KEYS:
             if k in st:
                 rec[k] = st[k].detach()[info.local_region].clone()
@@ -93,7 +90,8 @@ def import_state(params, opt, full: dict) -> None:
     if missing:
         raise ConfigError(f"checkpoint does not match the model: no '{missing[0]}' "
                           f"(was it saved with other --layers/--hidden/--tied?)")
-    _settle(opt)  # a pending gather would overwrite what is loaded
+    if opt is not None:
+        opt.materialize()  # a pending gather would overwrite what is loaded
     opt_state = {}
     for p in params:
         info, rec = p.shard, full[p.shard.name]
@@ -111,11 +109,7 @@ def import_state(params, opt, full: dict) -> None:
                 st[k] = t
             opt_state[p] = st
     if opt_state:
-        if hasattr(opt, "import_param_state"):
-            opt.import_param_state(opt_state)
-        else:
-            for p, st in opt_state.items():
-                opt.state[p] = st
+        opt.import_param_state(opt_state)
 
 
 def _load(path: Path) -> dict:

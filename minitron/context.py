@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .comm import Comm
-from .config import ParallelConfig
+from .config import DTYPES, ParallelConfig
+
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}  # --dtype's tensors
 
 
 @dataclass
@@ -20,11 +22,6 @@ class Context:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 1234
     init: str = "global"  # "global": draw the full tensor and slice; "shard": draw the local shard
-
-    def __post_init__(self):
-        from .parallel.random import DropoutRNG
-
-        self.rng = DropoutRNG(self)  # dropout masks: keys and streams (parallel/random.py)
 
     def autocast(self):
         """bf16 compute with fp32 master weights (--precision bf16): autocast on the run's

@@ -18,29 +18,28 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelConfig
-from .context import Context, make_param
+from .config import ModelConfig, ParallelConfig
+from .context import Context
+from .parallel import cube, summa
 from .parallel import tensor as tp
-from .parallel.context_parallel import local_positions, ring_attention
-from .parallel.random import Dropout
+from .parallel.context_parallel import local_positions
+from .parallel.random import NO_KEY, Dropout
 
 
-def layers_for(ctx: Context):
-    """The layer factory of the layout, a namespace the model is written against:
+def layers_for(layout: ParallelConfig):
+    """The layer namespace of the layout, what the model is written against:
     ``linear_in`` / ``linear_out`` (the two linears of a pair; the caller adds
     ``linear_out``'s bias after ``leave``), ``enter`` / ``leave`` (into and out of the
     tensor-parallel region), ``layer_norm``, ``embedding`` (also the output layer),
-    ``position``, ``scatter``, ``logits``, ``loss`` and ``boundary_shape`` (the
-    hidden states between pipeline stages). 1-D (Megatron) comes from
+    ``position``, ``scatter``, ``logits``, ``loss``, ``boundary_shape`` (the hidden
+    states between pipeline stages), ``keep_mask`` (which part of a dropout mask this
+    rank draws) and ``ring_attention`` (attention under --cp). 1-D (Megatron) comes from
     ``parallel/tensor.py``; the 3-D cube (``--tp-mode 3d``) from ``parallel/cube.py``;
-    2-D SUMMA and 2.5-D Tesseract (``--tp-mode 2d``, ``2.5d``) from ``parallel/summa.py``."""
-    if ctx.layout.tp_mode == "3d":
-        from .parallel import cube
-
+    2-D SUMMA and 2.5-D Tesseract (``--tp-mode 2d``, ``2.5d``) from ``parallel/summa.py``.
+    A lab builds one with a learner's operator (``tensor.layers(f=...)``) and passes it in."""
+    if layout.tp_mode == "3d":
         return cube.LAYERS
-    if ctx.layout.tp_mode in ("2d", "2.5d"):
-        from .parallel import summa
-
+    if layout.tp_mode in ("2d", "2.5d"):
         return summa.LAYERS
     return tp.LAYERS
 
@@ -50,15 +49,15 @@ class Attention(nn.Module):
     output projection row-parallel: Megatron-LM Fig. 3b). The QKV rows are head-major,
     [head][q|k|v][head_dim], so a contiguous slice holds whole heads."""
 
-    def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
+    def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
         h, std = cfg.hidden, 0.02
-        self.head_dim, self.ctx, self.L = cfg.head_dim, ctx, layers_for(ctx)
-        self.qkv = self.L.linear_in(f"{name}.qkv", h, 3 * h, ctx, std)
-        self.proj = self.L.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
-        self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, inside=True)  # per-rank stream
+        self.head_dim, self.ctx, self.layers = cfg.head_dim, ctx, layers
+        self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * h, ctx, std)
+        self.proj = layers.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
+        self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, layers.keep_mask, inside=True)  # per-rank stream
 
-    def core(self, qkv, key=None):
+    def core(self, qkv, key=NO_KEY):
         """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes.
         With dropout the core is written out, so that the mask comes from our streams
         (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
@@ -66,7 +65,7 @@ class Attention(nn.Module):
         travel; parallel/context_parallel.py)."""
         q, k, v = rearrange(qkv, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
         if self.ctx.layout.cp > 1:
-            y = ring_attention(q, k, v, self.ctx.comm)
+            y = self.layers.ring_attention(q, k, v, self.ctx.comm)
         elif self.training and self.drop.p > 0:
             s = q.shape[-2]
             causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
@@ -76,103 +75,103 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return rearrange(y, "b nh s d -> b s (nh d)")
 
-    def forward(self, x, key=None):
-        qkv = self.qkv(self.L.enter(x, self.ctx))
+    def forward(self, x, key=NO_KEY):
+        qkv = self.qkv(self.layers.enter(x, self.ctx))
         if self.ctx.layout.recompute == "selective" and self.training:
             y = checkpoint(self.core, qkv, key, use_reentrant=False)
         else:
             y = self.core(qkv, key)
-        return self.L.leave(self.proj(y), self.ctx) + self.proj.bias
+        return self.layers.leave(self.proj(y), self.ctx) + self.proj.bias
 
 
 class MLP(nn.Module):
     """h -> 4h -> h with GELU; column- then row-parallel (Megatron-LM Fig. 3a)."""
 
-    def __init__(self, name: str, cfg: ModelConfig, ctx: Context):
+    def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
-        self.ctx = ctx
+        self.ctx, self.layers = ctx, layers
         self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's gelu_new
-        self.L = layers_for(ctx)
-        self.fc = self.L.linear_in(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
-        self.fc2 = self.L.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
-                                        0.02 / math.sqrt(2 * cfg.layers))
+        self.fc = layers.linear_in(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
+        self.fc2 = layers.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
+                                     0.02 / math.sqrt(2 * cfg.layers))
 
     def forward(self, x):
-        y = self.fc2(F.gelu(self.fc(self.L.enter(x, self.ctx)), approximate=self.approximate))
-        return self.L.leave(y, self.ctx) + self.fc2.bias
+        y = self.fc2(F.gelu(self.fc(self.layers.enter(x, self.ctx)), approximate=self.approximate))
+        return self.layers.leave(y, self.ctx) + self.fc2.bias
 
 
 class Block(nn.Module):
-    def __init__(self, i: int, cfg: ModelConfig, ctx: Context):
+    def __init__(self, i: int, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
-        self.ln1 = layers_for(ctx).layer_norm(f"blocks.{i}.ln1", cfg.hidden, ctx)
-        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx)
-        self.ln2 = layers_for(ctx).layer_norm(f"blocks.{i}.ln2", cfg.hidden, ctx)
-        self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx)
-        self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx)  # shared stream
-        self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx)
+        self.ln1 = layers.layer_norm(f"blocks.{i}.ln1", cfg.hidden, ctx)
+        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers)
+        self.ln2 = layers.layer_norm(f"blocks.{i}.ln2", cfg.hidden, ctx)
+        self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx, layers)
+        self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx, layers.keep_mask)  # shared stream
+        self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx, layers.keep_mask)
 
-    def forward(self, x, key=None):
+    def forward(self, x, key=NO_KEY):
         """`key` (step, microbatch) picks the dropout masks: recomputation passes the same."""
         x = x + self.drop1(self.attn(self.ln1(x), key), key)
         return x + self.drop2(self.mlp(self.ln2(x)), key)
 
 
 class GPT(nn.Module):
-    """The GPT, or one pipeline stage of it (`layers`: the global indices it holds).
+    """The GPT, or one pipeline stage of it (`layer_ids`: the global indices it holds),
+    built from the layer namespace `layers` (default: the layout's, :func:`layers_for`).
 
-    forward(x, targets): on the first stage `x` is token ids [b, s], else the hidden
+    forward(x, targets, key): on the first stage `x` is token ids [b, s], else the hidden
     states from the previous stage; on the last stage returns the mean loss over the
     microbatch's tokens (or logits when `targets` is None), else the hidden states.
+    `key` = (step, microbatch of the global batch) picks every dropout mask.
     """
 
-    def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layers=None,
-                 first: bool = True, last: bool = True):
+    def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layer_ids=None,
+                 first: bool = True, last: bool = True, *, layers=None):
         super().__init__()
         ctx = ctx or Context()
         self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
-        self.L = L = layers_for(ctx)
-        self.layer_ids = list(range(cfg.layers) if layers is None else layers)
+        self.layers = layers = layers or layers_for(ctx.layout)
+        self.layer_ids = list(range(cfg.layers) if layer_ids is None else layer_ids)
         tied_sync = ("embed",) if cfg.tied_embeddings and not (first and last) else ()
         if first:
-            self.wte = L.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
-            self.wpe = L.position("wpe.weight", cfg.seq_len, cfg.hidden, ctx, 0.01)
-            self.drop = Dropout("embed", cfg.dropout, ctx)
-        self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx) for i in self.layer_ids})
+            self.wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+            self.wpe = layers.position("wpe.weight", cfg.seq_len, cfg.hidden, ctx, 0.01)
+            self.drop = Dropout("embed", cfg.dropout, ctx, layers.keep_mask)
+        self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx, layers) for i in self.layer_ids})
         if last:
-            self.ln_f = L.layer_norm("ln_f", cfg.hidden, ctx)
+            self.ln_f = layers.layer_norm("ln_f", cfg.hidden, ctx)
             if not cfg.tied_embeddings:
-                self.lm_head = L.embedding("lm_head", cfg.vocab, cfg.hidden, ctx)
+                self.lm_head = layers.embedding("lm_head", cfg.vocab, cfg.hidden, ctx)
             elif not first:  # the last stage keeps its own copy of the tied embedding
-                self.lm_head = L.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+                self.lm_head = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
             else:
                 self.lm_head = self.wte
 
-    def embed(self, idx, key=None):
+    def embed(self, idx, key=NO_KEY):
         # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism)
         x = self.wte(idx) + self.wpe[local_positions(idx.shape[1], self.ctx.comm, self.wpe.device)]
-        return self.drop(self.L.scatter(x, self.ctx), key)  # on the sequence shard with --sp
+        return self.drop(self.layers.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
-    def run_block(self, block, x, key=None):
+    def run_block(self, block, x, key=NO_KEY):
         if self.ctx.layout.recompute == "full" and self.training and torch.is_grad_enabled():
             return checkpoint(block, x, key, use_reentrant=False)
         return block(x, key)
 
     def head(self, x):
         """Final LayerNorm and the vocabulary-parallel output layer: local logits."""
-        return self.L.logits(self.ln_f(x), self.lm_head, self.ctx)
+        return self.layers.logits(self.ln_f(x), self.lm_head, self.ctx)
 
     def loss(self, logits, targets):
         """Mean cross-entropy over the microbatch's tokens (vocab-parallel when split)."""
-        return self.L.loss(logits, targets, self.lm_head, self.ctx)
+        return self.layers.loss(logits, targets, self.lm_head, self.ctx)
 
     def boundary_shape(self, micro_batch: int) -> tuple:
         """Shape of this rank's hidden states between pipeline stages."""
         tokens = self.cfg.seq_len // self.ctx.layout.cp  # this context rank's share of the sequence
-        return self.L.boundary_shape(micro_batch, tokens, self.cfg.hidden, self.ctx)
+        return self.layers.boundary_shape(micro_batch, tokens, self.cfg.hidden, self.ctx)
 
-    def forward(self, x, targets=None):
-        key = self.ctx.rng.key()  # this microbatch's dropout key, set by the training loop
+    def forward(self, x, targets=None, key=NO_KEY):
         if self.first:
             x = self.embed(x, key)
         for block in self.blocks.values():

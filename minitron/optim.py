@@ -5,10 +5,15 @@ rank sums the squares of the shards it owns (a replicated parameter is counted o
 copy only, see ShardInfo.replicas) and one all-reduce over the model-parallel ranks
 gives the global norm. Data-parallel replicas hold identical gradients after the sync,
 so they are not summed again.
+
+The Trainer drives every optimizer through one small protocol (:class:`Optimizer`):
+replicated AdamW here, ZeRO's sharded AdamW in ``parallel/data.py`` (every ZeRO stage),
+or a lab's.
 """
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
@@ -37,6 +42,67 @@ def make_adamw(params, t: TrainConfig) -> torch.optim.AdamW:
     # fused: one kernel over all tensors, on GPUs and CPUs alike (4x faster than the
     # per-op foreach path for a small model on one CPU thread)
     return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, fused=bool(params) or None)
+
+
+class Optimizer(Protocol):
+    """What the Trainer and the checkpoints ask of an optimizer."""
+
+    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
+        """Clip to `max_norm` (0: no clipping) with the exact global norm, update the
+        parameters; returns the gradient norm before clipping (a device tensor)."""
+
+    def wait_params(self) -> None:
+        """Complete what the step left in flight (ZeRO's parameter all-gather): afterwards
+        the parameters can be read outside a forward."""
+
+    def materialize(self) -> None:
+        """Every parameter whole and current, to be read or overwritten (checkpoints)."""
+
+    def export_param_state(self) -> dict:
+        """{param: {"exp_avg", "exp_avg_sq", "step"}} in the parameters' local shapes."""
+
+    def import_param_state(self, states: dict) -> None:
+        """The inverse of ``export_param_state``."""
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state tensors this rank holds (their bytes are the optimizer's memory)."""
+
+
+class AdamW:
+    """Replicated AdamW behind the :class:`Optimizer` protocol: every data-parallel rank
+    steps the whole (tensor/pipeline-local) parameters after the gradient sync, clipping
+    with the exact global norm (:func:`clip_`)."""
+
+    def __init__(self, params, train: TrainConfig, comm: Comm):
+        self.params, self.comm = unique_params(params), comm
+        self.adamw = make_adamw(self.params, train)
+
+    @property
+    def state(self) -> dict:
+        """torch's per-parameter state ({param: {"step", "exp_avg", "exp_avg_sq"}})."""
+        return self.adamw.state
+
+    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
+        norm = clip_(self.params, max_norm, self.comm)
+        for g in self.adamw.param_groups:
+            g["lr"] = lr
+        self.adamw.step()
+        return norm
+
+    def wait_params(self) -> None:
+        """Nothing in flight: the parameters are current after every step."""
+
+    materialize = wait_params
+
+    def export_param_state(self) -> dict:
+        return {p: self.adamw.state.get(p, {}) for p in self.params}
+
+    def import_param_state(self, states: dict) -> None:
+        for p, st in states.items():
+            self.adamw.state[p] = st
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [st[k] for st in self.adamw.state.values() for k in ("exp_avg", "exp_avg_sq") if k in st]
 
 
 def owns_copy(p, comm: Comm) -> bool:

@@ -17,38 +17,28 @@ import torch
 
 from . import data as data_mod
 from .comm import Comm
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from .context import Context
+from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, stage_layers, virtual_stage
+from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
-from .model import GPT
-from .optim import clip_, lr_at, make_adamw, unique_params
+from .model import GPT, layers_for
+from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
-from .parallel.data import ShardedAdamW, make_data_parallel
+from .parallel.data import ParamGather, ShardedAdamW, make_data_parallel
+from .parallel.pipeline import PipelineRuntime, forward_microbatch
 from .parallel.zero import ShardedDataParallel
 from .preemption import StopOnSignal, process_group_store
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = TORCH_DTYPES  # the torch dtype of each --dtype name (context.TORCH_DTYPES)
 
 
 class NonFiniteLoss(ConfigError):
     """The loss became NaN or infinite: the run stops there, naming the step."""
 
 
-def model_flops_per_step(m: ModelConfig, global_batch: int) -> float:
+def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
     """Model FLOPs of one step without recomputation (Korthikanti et al.: 72 and V/12lh)."""
-    l, h, s, v = m.layers, m.hidden, m.seq_len, m.vocab
+    l, h, s, v = model.layers, model.hidden, model.seq_len, model.vocab
     return 72 * global_batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
-
-
-def stage_layers(m: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
-    """Global layer ids of each of the pp*vpp model chunks (virtual stages), in order."""
-    n = layout.pp * layout.vpp
-    counts = list(layout.stage_layers) or [m.layers // n + (1 if i < m.layers % n else 0) for i in range(n)]
-    out, start = [], 0
-    for c in counts:
-        out.append(list(range(start, start + c)))
-        start += c
-    return out
 
 
 def gather_points(chunk: GPT) -> list[tuple]:
@@ -72,41 +62,86 @@ def zero_units(chunk: GPT) -> list[tuple]:
     return [(chunk, root, "root")] + [(b, list(b.parameters()), "block") for b in chunk.blocks.values()]
 
 
+def params_of(chunks) -> list:
+    """The unique parameters of model chunks (a tied weight once)."""
+    return unique_params(p for c in chunks for p in c.parameters())
+
+
+def default_data_parallel(chunks):
+    """The layout's gradient synchroniser for model `chunks`, as a ``Trainer(data_parallel=...)``
+    factory ``(params, comm, layout) -> dp``: ZeRO-2/3's unit-by-unit reduce-scatter
+    (``--zero 2|3``: units from the chunks' blocks), else naive, bucketed or ZeRO-1's
+    bucketed reduce-scatter (``--dp-impl``, ``--zero1``)."""
+    def build(params, comm: Comm, layout: ParallelConfig):
+        if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
+            return ShardedDataParallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
+        return make_data_parallel(params, comm, layout)
+    return build
+
+
+def default_optimizer(chunks):
+    """The layout's optimizer for model `chunks`, as a ``Trainer(optimizer=...)`` factory
+    ``(params, dp, layout, train) -> optim.Optimizer``: replicated AdamW, or ZeRO's sharded
+    AdamW; with ZeRO-1 its parameter all-gather overlaps the next forward (``ParamGather``:
+    a forward pre-hook per block waits for its buckets)."""
+    def build(params, dp, layout: ParallelConfig, train: TrainConfig) -> Optimizer:
+        if not layout.zero1:
+            return AdamW(params, train, dp.comm)
+        if layout.zero >= 2:  # ZeRO-2/3's data-parallel object gathers its own units
+            return ShardedAdamW(dp, train)
+        return ShardedAdamW(dp, train, gather=ParamGather(dp, [pt for c in chunks for pt in gather_points(c)]))
+    return build
+
+
 class Trainer:
+    """This rank's part of the model, its gradient sync and optimizer, and one step.
+
+    The pieces a lab or a measurement replaces are passed in, never patched:
+
+    * `layers`: the layer namespace the model is built from (default ``layers_for(layout)``;
+      e.g. ``parallel.tensor.layers(f=MyF)``, ``parallel.cube.layers(linear=MyLinear3D)``);
+    * `schedule`: a pipeline ``Schedule`` (per-rank action lists) for the runtime to run
+      instead of ``layout.schedule``'s;
+    * `data_parallel`: ``factory(params, comm, layout)`` -> the gradient synchroniser
+      (default :func:`default_data_parallel`);
+    * `optimizer`: ``factory(params, dp, layout, train)`` -> an ``optim.Optimizer``
+      (default :func:`default_optimizer`).
+
+    Two Trainers in one process share nothing.
+    """
+
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
-                 comm: Comm | None = None, corpus=None):
+                 comm: Comm | None = None, corpus=None, *, layers=None, schedule=None,
+                 data_parallel=None, optimizer=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
         self.comm = comm or Comm()
         # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p)
         self.comm.wire_dtype = torch.bfloat16 if layout.precision == "bf16" else None
         device = resolve_device(layout, self.comm.grid.world)
-        self.ctx = Context(self.comm, layout, DTYPES[train.dtype], device, seed=train.seed)
+        self.ctx = Context(self.comm, layout, TORCH_DTYPES[train.dtype], device, seed=train.seed)
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
+        self.layers = layers or layers_for(layout)
         self.chunks = self._build_chunks()
         if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager
             for c in self.chunks:
                 for block in c.blocks.values():
                     block.compile()  # in place: parameter names and checkpoints unchanged
-        self.params = unique_params(p for c in self.chunks for p in c.parameters())
+        self.params = params_of(self.chunks)
         if train.init_from:  # GPT-2 weights, sliced for this layout like a checkpoint's
             from .checkpoint import import_state
             from .hf import load_full
 
             import_state(self.params, None, load_full(train.init_from, model))
-        if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
-            self.dp = ShardedDataParallel([u for c in self.chunks for u in zero_units(c)], self.comm, layout.zero)
-        else:
-            self.dp = make_data_parallel(self.params, self.comm, layout)  # naive | bucketed | ZeRO-1 buckets
-        self.optimizer = ShardedAdamW(self.dp, train) if layout.zero1 else make_adamw(self.params, train)
-        if layout.zero == 1:  # the all-gather overlaps the next forward
-            self.dp.wait_before([pt for c in self.chunks for pt in gather_points(c)])
+        self.dp = (data_parallel or default_data_parallel(self.chunks))(self.params, self.comm, layout)
+        self.optimizer: Optimizer = (optimizer or default_optimizer(self.chunks))(self.params, self.dp, layout, train)
         self.pipeline = None
         if layout.pp > 1:
-            from .parallel.pipeline import PipelineRuntime
             self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches,
-                                            record=bool(train.timeline))
+                                            record=bool(train.timeline), schedule=schedule)
+        elif schedule is not None:
+            raise ValueError("a pipeline schedule needs pipeline parallelism (pp > 1)")
         self.step_idx = 0
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
@@ -116,8 +151,9 @@ class Trainer:
         stages = stage_layers(self.mcfg, self.layout)
         chunks = []
         for c in range(self.layout.vpp):
-            s = c * pp + pp_rank  # virtual stage of chunk c (PTD-P §2.2.2)
-            chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1))
+            s = virtual_stage(c, pp_rank, pp)  # PTD-P §2.2.2
+            chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1,
+                              layers=self.layers))
         return chunks
 
     @property
@@ -129,10 +165,10 @@ class Trainer:
     def local_batch(self, step: int, split: str = "train"):
         """This data-parallel rank's rows of the global batch of `step` (with context
         parallelism, only this context rank's chunks of each sequence)."""
-        t = self.tcfg
-        rows = data_mod.dp_rows(t.global_batch, self.layout.dp, self.comm.index("dp"))
+        train = self.tcfg
+        rows = data_mod.dp_rows(train.global_batch, self.layout.dp, self.comm.index("dp"))
         src = self.train_data if split == "train" else self.val_data
-        x, y = data_mod.batch(src, self.mcfg.seq_len, t.global_batch, t.seed, step, rows)
+        x, y = data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows)
         x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
@@ -145,7 +181,7 @@ class Trainer:
         """One optimizer step on the global batch of `step`; returns the global mean loss.
         Synchronous: the parameters are final on return (ZeRO-1's all-gather waited for)."""
         loss = self.step_async(step)
-        self.dp.wait_params()
+        self.optimizer.wait_params()
         return float(loss)
 
     @property
@@ -159,7 +195,7 @@ class Trainer:
         loss as a 0-dim tensor, so that a GPU keeps working while the host queues the
         next step. The training loop reads losses back every `--log-every` steps.
         With ZeRO-1 the parameters' all-gather is still in flight on return: the next
-        forward waits for it layer by layer; anything else calls ``dp.wait_params()``."""
+        forward waits for it layer by layer; anything else calls ``optimizer.wait_params()``."""
         step = self.step_idx if step is None else step
         self.comm.step = step
         for c in self.chunks:
@@ -172,28 +208,17 @@ class Trainer:
             loss_sum = self._forward_backward(mbs)
         with self.comm.in_phase("optim"):
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
-            self.last_grad_norm = self._optimizer_step(lr_at(step, self.tcfg))
+            # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
+            self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)
         self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
 
-    def _optimizer_step(self, lr: float) -> torch.Tensor:
-        """Exact global clipping and AdamW; returns the gradient norm. With ZeRO-1 both work on
-        this rank's shard of the flat gradient, and the updated parameters are all-gathered."""
-        if isinstance(self.optimizer, ShardedAdamW):
-            return self.optimizer.step(lr, max_norm=self.tcfg.clip)
-        norm = clip_(self.params, self.tcfg.clip, self.comm)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        self.optimizer.step()
-        return norm
-
     def _forward_backward(self, mbs) -> torch.Tensor:
+        """pp = 1: each microbatch's forward (the pipeline's, ``forward_microbatch``) and its
+        backward; the data-parallel hooks communicate in the last one only."""
         m, total = len(mbs), torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for k, (x, y) in enumerate(mbs):
-            self.comm.microbatch = k  # labels trace records
-            self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + k)  # dropout masks' key
-            with self.comm.in_phase("fwd"), self.ctx.autocast():
-                loss = self.model(x, y) / m
+            loss = forward_microbatch(self.model, self.ctx, x, y, k, m)
             with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
                 loss.backward()
             total += loss.detach().double()
@@ -216,7 +241,7 @@ class Trainer:
         """Mean validation loss over `batches` fixed validation batches (single-stage models;
         with a pipeline, the pipeline runtime's forward-only pass)."""
         n = batches or self.tcfg.eval_batches
-        self.dp.wait_params()  # the forward hooks would too; evaluation reads them all anyway
+        self.optimizer.wait_params()  # the forward hooks would too; evaluation reads them all anyway
         for c in self.chunks:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
@@ -331,7 +356,7 @@ def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:
     """A one-device GPT holding the full weights assembled from any layout's shards."""
     from .checkpoint import import_state
 
-    gpt = GPT(model, Context(dtype=DTYPES[tc.dtype], seed=tc.seed))
+    gpt = GPT(model, Context(dtype=TORCH_DTYPES[tc.dtype], seed=tc.seed))
     import_state(list(gpt.parameters()), None, full)
     return gpt
 

@@ -128,7 +128,7 @@ def test_param_count_matches_minitron_gpt_shards():
             for tr in range(t):
                 grid = ProcessGrid(tp=t, pp=p, rank=tr + t * r, cube=mode == "3d")
                 ctx = Context(comm=Comm(grid), layout=ParallelConfig(tp=t, pp=p, tp_mode=mode))
-                stage = GPT(cfg, ctx, layers=ids, first=r == 0, last=r == p - 1)
+                stage = GPT(cfg, ctx, layer_ids=ids, first=r == 0, last=r == p - 1)
                 assert num_params(stage) == params_on_rank(cfg, lay, r, tr), (cfg, lay, r, tr)
         if p == 1 and t == 1:
             assert num_params(GPT(cfg)) == param_count(cfg)

@@ -215,12 +215,12 @@ def _check_overlapped_gather(comm, corpus, m, t, problems, tag):
 
     layout = ParallelConfig(dp=comm.size("dp"), zero1=True, bucket_mb=BUCKET_MB)
     lazy, eager = Trainer(m, layout, t, comm, corpus), Trainer(m, layout, t, comm, corpus)
-    dp, seen = lazy.dp, []
+    dp, gather, seen = lazy.dp, lazy.optimizer.gather, []
 
     def probe(block):
         def hook(module, args):  # registered after dp's own hook: runs once it has waited
             mine = {k for p in block.parameters() for k in dp.bucket_of[p]}
-            seen.append((mine & set(dp.pending_gathers), set(dp.pending_gathers) - mine))
+            seen.append((mine & set(gather.pending_gathers), set(gather.pending_gathers) - mine))
         return hook
 
     for block in lazy.model.blocks.values():
@@ -228,9 +228,9 @@ def _check_overlapped_gather(comm, corpus, m, t, problems, tag):
     for i in range(t.steps):
         lazy.step_async(i)
         eager.step_async(i)
-        eager.dp.wait_params()  # the blocking gather
-        if dp.pending_gathers != list(range(len(dp.buckets))):
-            problems.append(f"{tag}: after step {i} pending gathers {dp.pending_gathers}, want every bucket")
+        eager.optimizer.wait_params()  # the blocking gather
+        if gather.pending_gathers != list(range(len(dp.buckets))):
+            problems.append(f"{tag}: after step {i} pending gathers {gather.pending_gathers}, want every bucket")
     a, b = export_state(lazy.params, lazy.optimizer), export_state(eager.params, eager.optimizer)
     for name, ra in a.items():  # checkpoint export right after a step
         for k in ("param", "exp_avg", "exp_avg_sq"):
@@ -238,7 +238,7 @@ def _check_overlapped_gather(comm, corpus, m, t, problems, tag):
                 problems.append(f"{tag}: exported {k} of {name} differs from the blocking gather")
     lazy.step_async(t.steps)
     eager.step_async(t.steps)
-    eager.dp.wait_params()
+    eager.optimizer.wait_params()
     if lazy.evaluate(1) != eager.evaluate(1):  # evaluation right after a step
         problems.append(f"{tag}: evaluate after an overlapped step differs from the blocking one")
     for p, q in zip(lazy.params, eager.params):

@@ -17,7 +17,7 @@ def named(model):
 
 def test_weights_do_not_depend_on_the_layout_of_stages():
     full = named(GPT(TINY, Context(seed=7)))
-    stage = named(GPT(TINY, Context(seed=7), layers=[1], first=False, last=True))
+    stage = named(GPT(TINY, Context(seed=7), layer_ids=[1], first=False, last=True))
     assert set(stage) < set(full)
     for k, v in stage.items():
         assert torch.equal(v, full[k]), k

@@ -24,6 +24,7 @@ from minitron.analysis.tensor_parallel import (activation_table, format_table, l
 from minitron.config import ModelConfig, ParallelConfig, PRESETS, TrainConfig, validate
 from minitron.context import Context
 from minitron.model import GPT
+from minitron.parallel.tensor import keep_mask
 from minitron.tools.testing import run_cli, run_on_ranks
 
 DT = {torch.float64: 8, torch.float32: 4}
@@ -76,7 +77,7 @@ def _measure_all(comm, t: int, b: int = 2, dtype=torch.float64) -> list[dict]:
             for rc in ("none", "selective", "full"):
                 m = MODEL.replace(dropout=drop)
                 ctx = Context(comm, ParallelConfig(tp=t, sp=sp, recompute=rc), dtype)
-                gpt = GPT(m, ctx, layers=[0], first=False, last=False).train()
+                gpt = GPT(m, ctx, layer_ids=[0], first=False, last=False).train()
                 g = torch.Generator().manual_seed(0)
                 x = torch.randn(b, m.seq_len, m.hidden, generator=g, dtype=dtype)
                 if sp:
@@ -201,9 +202,9 @@ def _tp_job(comm, t: int, measure: bool):
     ctx_g = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="global"))
     heads = (2, MODEL.heads // t, 8, 8)
     out["rng"] = {
-        "tensor_probs": ctx_t.rng.keep_mask("blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", 1, True),
-        "global_probs": ctx_g.rng.keep_mask("blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", 1, True),
-        "tensor_resid": ctx_t.rng.keep_mask("blocks.0.mlp.out", (3, 1), (2, 32 // t, 8), 0.5, "cpu", 1),
+        "tensor_probs": keep_mask(ctx_t, "blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", inside=True),
+        "global_probs": keep_mask(ctx_g, "blocks.0.attn.probs", (3, 1), heads, 0.5, "cpu", inside=True),
+        "tensor_resid": keep_mask(ctx_t, "blocks.0.mlp.out", (3, 1), (2, 32 // t, 8), 0.5, "cpu"),
     }
     return out
 
@@ -221,9 +222,9 @@ def _check_launch(t: int, measure: bool):
             assert want and got == want, (layout, rank, got, want)
     # streams: 'tensor' mode draws a different attention mask on every rank; 'global'
     # slices the single-device mask; residual masks are shards of one shared mask
-    single = Context(layout=ParallelConfig()).rng
-    full_probs = single.keep_mask("blocks.0.attn.probs", (3, 1), (2, MODEL.heads, 8, 8), 0.5, "cpu")
-    full_resid = single.keep_mask("blocks.0.mlp.out", (3, 1), (2, 32, 8), 0.5, "cpu")
+    single = Context(layout=ParallelConfig())
+    full_probs = keep_mask(single, "blocks.0.attn.probs", (3, 1), (2, MODEL.heads, 8, 8), 0.5, "cpu")
+    full_resid = keep_mask(single, "blocks.0.mlp.out", (3, 1), (2, 32, 8), 0.5, "cpu")
     tensor = [results[r]["rng"]["tensor_probs"] for r in range(t)]
     assert all(not torch.equal(tensor[0], x) for x in tensor[1:])
     assert torch.equal(torch.cat([results[r]["rng"]["global_probs"] for r in range(t)], 1), full_probs)
@@ -272,16 +273,16 @@ def test_verify_cli_dropout_sp_recompute():
 # in-process (t = 1)
 # --------------------------------------------------------------------------------------
 def test_masks_are_pure_functions_of_their_key():
-    rng = Context().rng
-    a = rng.keep_mask("blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu")
-    assert torch.equal(a, rng.keep_mask("blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu"))
+    ctx = Context()
+    a = keep_mask(ctx, "blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu")
+    assert torch.equal(a, keep_mask(ctx, "blocks.0.mlp.out", (5, 1), (4, 32, 16), 0.25, "cpu"))
     for site, key in [("blocks.1.mlp.out", (5, 1)), ("blocks.0.mlp.out", (6, 1)), ("blocks.0.mlp.out", (5, 0))]:
-        assert not torch.equal(a, rng.keep_mask(site, key, (4, 32, 16), 0.25, "cpu"))
+        assert not torch.equal(a, keep_mask(ctx, site, key, (4, 32, 16), 0.25, "cpu"))
     assert abs(a.double().mean().item() - 0.75) < 0.03
     # with t = 1 both modes are the single-device model
-    g = Context(layout=ParallelConfig(dropout_rng="global")).rng
-    assert torch.equal(g.keep_mask("x", (0, 0), (2, 3, 4), 0.5, "cpu", 1, True),
-                       rng.keep_mask("x", (0, 0), (2, 3, 4), 0.5, "cpu", 1, True))
+    g = Context(layout=ParallelConfig(dropout_rng="global"))
+    assert torch.equal(keep_mask(g, "x", (0, 0), (2, 3, 4), 0.5, "cpu", inside=True),
+                       keep_mask(ctx, "x", (0, 0), (2, 3, 4), 0.5, "cpu", inside=True))
 
 
 def test_explicit_attention_core_equals_sdpa():
@@ -303,8 +304,7 @@ def test_recomputation_replays_the_masks():
     for rc in ("none", "selective", "full"):
         ctx = Context(layout=ParallelConfig(recompute=rc), dtype=torch.float64)
         gpt = GPT(MODEL, ctx).train()
-        ctx.rng.begin(7, 3)
-        loss = gpt(x, y)
+        loss = gpt(x, y, (7, 3))
         loss.backward()
         grads[rc] = (loss.detach(), [p.grad for p in gpt.parameters()])
         assert not torch.equal(loss.detach(), GPT(MODEL, ctx).eval()(x, y).detach())  # dropout acts

@@ -145,7 +145,7 @@ class _RingAttention(torch.autograd.Function):
     group, with load-balanced chunks (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, comm: Comm):
+    def forward(fctx, q, k, v, comm: Comm, combine=combine):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
@@ -171,14 +171,14 @@ class _RingAttention(torch.autograd.Function):
             # laid out [b, s, nh, d] in memory, as SDPA's output: the caller's "b nh s d -> b s (nh d)"
             # is then a view, and what is saved here is the projection's input (no second copy)
             out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
-        ctx.comm = comm
-        ctx.save_for_backward(q, k, v, out, lse)
+        fctx.comm = comm
+        fctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        comm = ctx.comm
+    def backward(fctx, dout):
+        q, k, v, out, lse = fctx.saved_tensors
+        comm = fctx.comm
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
@@ -221,13 +221,14 @@ class _RingAttention(torch.autograd.Function):
             _wait(acc_handles)
             if acc is not None:
                 own += acc
-        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None
+        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm) -> torch.Tensor:
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
     keys and values of every rank of the 'cp' axis (each holding chunks r and 2N−1−r of
-    the sequence). Equal to full causal attention on the whole sequence, sliced."""
+    the sequence). Equal to full causal attention on the whole sequence, sliced.
+    `combine`: the online-softmax combination of the forward (a lab passes a learner's)."""
     if comm.size(AXIS) == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return _RingAttention.apply(q, k, v, comm)
+    return _RingAttention.apply(q, k, v, comm, combine)

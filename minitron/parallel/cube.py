@@ -71,6 +71,8 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, split
+from .context_parallel import ring_attention
+from .random import draw
 from .tensor import _wanted, gather, reduce_scatter, vocab_parallel_cross_entropy
 
 I, J, K = "cube_i", "cube_j", "cube_k"
@@ -257,24 +259,25 @@ class Embedding3D(nn.Module):
 
 
 # --- dropout masks on the cube --------------------------------------------------------
-def keep_mask(rng, site: str, key, shape, p: float, device, inside: bool) -> torch.Tensor:
-    """Dropout keep-mask for a local tensor of the cube (called by parallel/random.py).
+def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: bool = False) -> torch.Tensor:
+    """Dropout keep-mask for a local tensor of the cube (the namespace's ``keep_mask``; see parallel/random.py).
 
     Every element of an activation lives on exactly one cube rank, so there is no copy
     whose mask must agree. Outside attention the tensor is ``[b/q², s, h/q]`` in layout
     (j, k); inside, the attention probabilities ``[b/q², heads/q, s, s]`` are in layout
     (k, j) (heads split over j). Mode 'tensor' draws the local mask from the rank's own
     stream; mode 'global' draws the single-device mask and keeps this rank's block."""
-    ctx = rng.ctx
+    if ctx.tp == 1:  # the single-device mask
+        return draw(ctx.seed, site, key, shape, p, device)
     if ctx.layout.dropout_rng == "tensor":
-        return rng.draw(site, key, shape, p, device, rank=ctx.tp_rank)
+        return draw(ctx.seed, site, key, shape, p, device, rank=ctx.tp_rank)
     q, comm = cube_q(ctx), ctx.comm
     layout, split_dim = (SECOND, 1) if inside else (FIRST, len(shape) - 1)
     full = list(shape)
     full[0] *= q * q
     full[split_dim] *= q
     b, n = shape[0], shape[split_dim]
-    mask = rng.draw(site, key, full, p, device)
+    mask = draw(ctx.seed, site, key, full, p, device)
     mask = mask.narrow(0, layout.batch_piece(comm) * b, b)
     return mask.narrow(split_dim, comm.index(layout.c) * n, n).contiguous()
 
@@ -297,18 +300,28 @@ def _identity(x, ctx):
     return x
 
 
-LAYERS = SimpleNamespace(
-    name="3d",
-    linear_in=lambda name, d_in, d_out, ctx, std=0.02: Linear3D(name, d_in, d_out, ctx, FIRST, std),
-    linear_out=lambda name, d_in, d_out, ctx, std=0.02: Linear3D(name, d_in, d_out, ctx, SECOND, std,
-                                                                 skip_bias_add=True),
-    enter=_identity,
-    leave=_identity,
-    layer_norm=lambda name, h, ctx: LayerNorm3D(name, h, ctx, FIRST),
-    embedding=Embedding3D,
-    position=position_embedding,
-    scatter=_identity,
-    logits=lambda x, head, ctx: head.logits(x),
-    loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
-    boundary_shape=boundary_shape,
-)
+def layers(*, linear=Linear3D) -> SimpleNamespace:
+    """The cube's layer namespace. `linear`: the 3-D linear module, called as
+    ``linear(name, d_in, d_out, ctx, layout, std, skip_bias_add=...)`` (``Linear3D``'s
+    signature): the engine's by default, a learner's in a lab (its forward all-gathers X
+    along a and W along i and reduce-scatters along c; its backward the mirror)."""
+    return SimpleNamespace(
+        name="3d",
+        linear_in=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, FIRST, std),
+        linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, SECOND, std,
+                                                                   skip_bias_add=True),
+        enter=_identity,
+        leave=_identity,
+        layer_norm=lambda name, h, ctx: LayerNorm3D(name, h, ctx, FIRST),
+        embedding=Embedding3D,
+        position=position_embedding,
+        scatter=_identity,
+        logits=lambda x, head, ctx: head.logits(x),
+        loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
+        boundary_shape=boundary_shape,
+        keep_mask=keep_mask,
+        ring_attention=ring_attention,  # (--cp composes with 1-D only: never called here)
+    )
+
+
+LAYERS = layers()

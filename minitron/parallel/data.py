@@ -35,8 +35,10 @@ computes. Three ways to get that mean, from the textbook to the engine:
     asynchronous call per bucket in forward order (the first layers' bucket first), and a
     forward pre-hook on each module waits for the buckets of its parameters just before it
     runs — the first layers compute while the last layers' parameters are still on the
-    wire. Whatever reads parameters outside a forward (evaluation, checkpoints, the next
-    optimizer step) calls ``dp.wait_params()`` first.
+    wire. That is the optimizer's side (``ParamGather``, owned by ``ShardedAdamW``): the
+    gradient buckets know nothing of it, and plain bucketed data parallelism runs no
+    forward hooks. Whatever reads parameters outside a forward (evaluation, checkpoints,
+    the next optimizer step) calls ``optimizer.wait_params()`` first.
 
 Gradients that must also be summed over another axis (``ShardInfo.grad_sync``: the tied
 embedding between the first and last stage, LayerNorm under sequence parallelism) are
@@ -99,10 +101,6 @@ class NaiveDataParallel:
                     p.grad.div_(self.d)
         sync_replicated_grads(self.params, self.comm)
 
-    def wait_params(self) -> None:
-        """Nothing to wait for: the parameters are always up to date."""
-
-    materialize = wait_params
 
 
 # --- a flat buffer cut into buckets, each split evenly over the data-parallel ranks --------------
@@ -180,8 +178,6 @@ class BucketedDataParallel(FlatShards):
         fwd = {p: i for i, p in enumerate(unique_params(params))}
         self.gather_order = sorted(range(len(self.buckets)),
                                    key=lambda k: min(fwd[order[i]] for i in self.buckets[k].tensors))
-        self._gathers: dict = {}  # bucket index -> all-gather handle not yet waited for
-        self._fwd_hooks: list = []
 
         self.grad_buffer = torch.zeros(self.numel, dtype=dtype, device=device)
         self.views = {p: self._view(self.grad_buffer, p) for p in order}
@@ -252,10 +248,12 @@ class BucketedDataParallel(FlatShards):
             b = self.buckets[self._next]
             if (b.late and not late) or (self._pending[b.index] > 0 and not force):
                 return
-            self._start(b)
+            self.start_bucket(b)
             self._next += 1
 
-    def _start(self, b: Bucket) -> None:
+    def start_bucket(self, b: Bucket) -> None:
+        """Start bucket `b`'s collective (asynchronous): all-reduce, or with ZeRO-1 the
+        reduce-scatter into ``shard_grad``; pre-scaled by 1/d."""
         flat = self.grad_buffer[b.start:b.end]
         flat.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
         if self.shard:
@@ -269,7 +267,6 @@ class BucketedDataParallel(FlatShards):
     def finish(self) -> None:
         """Start what the hooks did not, wait for everything: afterwards ``p.grad`` is the
         averaged gradient (ZeRO-1: ``shard_grad`` is this rank's shard of it)."""
-        self.wait_params()  # a bucket no forward used (nothing, normally)
         for b in self.buckets[self._next:]:
             for i in b.tensors:
                 self._adopt(self.params[i])
@@ -290,21 +287,32 @@ class BucketedDataParallel(FlatShards):
         for lo, hi, s0 in self.own_ranges():
             out[s0:s0 + hi - lo] = self.param_buffer[lo:hi]
 
-    def materialize(self) -> None:
-        """Every parameter whole and current (for checkpoints): wait for the all-gather."""
-        self.wait_params()
 
 
-    # --- ZeRO-1: the parameter all-gather, overlapped with the next forward ---------------------
+# --- ZeRO-1: the parameter all-gather, overlapped with the next forward (the optimizer's side) ----
+class ParamGather:
+    """ZeRO-1's all-gather of the updated parameter shard into ``dp.param_buffer`` (the
+    parameters are views of it), one asynchronous call per bucket in forward order, each
+    waited for by a forward pre-hook just before the first module that reads its
+    parameters runs. Owned by ``ShardedAdamW``; `points` as in :meth:`wait_before`."""
+
+    def __init__(self, dp: BucketedDataParallel, points=()):
+        self.dp = dp
+        self._gathers: dict = {}  # bucket index -> all-gather handle not yet waited for
+        self._hooks: list = []
+        if points:
+            self.wait_before(points)
+
     def start_param_gather(self, shard: torch.Tensor) -> None:
         """Launch the all-gather of the updated shard into ``param_buffer``, one asynchronous
         call per bucket in forward order, and return at once: the forward pre-hooks (see
         `wait_before`) or `wait_params` complete them. `shard` must not change until then."""
         self.wait_params()
-        for k in self.gather_order:
-            b = self.buckets[k]
-            work = self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d],
-                                             self.param_buffer[b.start:b.end], self.axis, async_op=True)
+        dp = self.dp
+        for k in dp.gather_order:
+            b = dp.buckets[k]
+            work = dp.comm.all_gather_flat(shard[b.start // dp.d:b.end // dp.d], dp.param_buffer[b.start:b.end],
+                                           dp.axis, async_op=True)
             if work is not None:
                 self._gathers[k] = work
 
@@ -324,17 +332,19 @@ class BucketedDataParallel(FlatShards):
         outside a forward (evaluation, checkpoints, the optimizer step)."""
         self._wait_buckets(list(self._gathers))
 
+    materialize = wait_params  # every parameter whole and current (for checkpoints)
+
     def wait_before(self, points) -> None:
         """`points`: [(module, params)]; a forward pre-hook on each module waits for the
         buckets of its `params`. Every parameter must be covered (else a forward could read
         it stale): list a module that runs before the parameter is used."""
         covered = set()
         for module, params in points:
-            buckets = sorted({k for p in params for k in self.bucket_of.get(p, ())})
+            buckets = sorted({k for p in params for k in self.dp.bucket_of.get(p, ())})
             covered.update(params)
             if buckets:
-                self._fwd_hooks.append(module.register_forward_pre_hook(self._waiter(buckets)))
-        missing = [p.shard.name for p in self.params if p not in covered]
+                self._hooks.append(module.register_forward_pre_hook(self._waiter(buckets)))
+        missing = [p.shard.name for p in self.dp.params if p not in covered]
         if missing:
             raise ValueError(f"no forward waits for the all-gather of {missing[:3]}")
 
@@ -368,9 +378,12 @@ def _complement(ranges, n: int) -> list[tuple[int, int]]:
 
 class ShardedAdamW:
     """ZeRO's sharded optimizer: AdamW whose state covers only this rank's 1/d of the flat
-    parameters. Stage 1 with a ``BucketedDataParallel(shard=True)``; stages 2 and 3 with a
-    ``minitron.parallel.zero.ShardedDataParallel`` (the same interface: ``shard_grad``,
-    ``own_ranges``, ``segments``, ``read_param_shard``, ``start_param_gather``).
+    parameters. Stage 1 with a ``BucketedDataParallel(shard=True)`` and a ``ParamGather``
+    (`gather`: the updated shard's all-gather, overlapped with the next forward); stages 2
+    and 3 with a ``minitron.parallel.zero.ShardedDataParallel``, which gathers its units
+    itself (`gather` defaults to it). ``dp`` offers ``shard_grad``, ``own_ranges``,
+    ``segments``, ``read_param_shard``; ``gather`` offers ``start_param_gather``,
+    ``wait_params``, ``materialize``. The optimizer protocol of ``minitron.optim``.
 
     The same math as ``torch.optim.AdamW`` with the Trainer's groups (weight decay on
     tensors of dim >= 2 only, betas (0.9, 0.95), eps 1e-8), applied elementwise to the shard.
@@ -378,10 +391,12 @@ class ShardedAdamW:
     of a replicated parameter, as in ``optim.owns_copy``), all-reduced over dp, tp and pp.
     """
 
-    def __init__(self, dp: BucketedDataParallel, train: TrainConfig, betas=(0.9, 0.95), eps: float = 1e-8):
+    def __init__(self, dp: BucketedDataParallel, train: TrainConfig, gather=None, betas=(0.9, 0.95),
+                 eps: float = 1e-8):
         if not dp.shard:
             raise ValueError("ShardedAdamW needs a BucketedDataParallel built with shard=True")
         self.dp, self.comm = dp, dp.comm
+        self.gather = gather if gather is not None else dp
         self.betas, self.eps, self.weight_decay = betas, eps, train.weight_decay
         n = dp.numel // dp.d
         like = dp.shard_grad
@@ -396,9 +411,21 @@ class ShardedAdamW:
         self._no_decay = _complement(self._decay, n)
         self._step = torch.zeros((), dtype=torch.float32, device=like.device)  # read by the fused kernel
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The optimizer state this rank holds: Adam's two moments of its shard."""
+        return [self.exp_avg, self.exp_avg_sq]
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state held by this rank (exp_avg and exp_avg_sq)."""
-        return sum(t.numel() * t.element_size() for t in (self.exp_avg, self.exp_avg_sq))
+        return sum(t.numel() * t.element_size() for t in self.state_tensors())
+
+    def wait_params(self) -> None:
+        """Complete the parameters' all-gather left in flight by the last step."""
+        self.gather.wait_params()
+
+    def materialize(self) -> None:
+        """Every parameter whole and current, to be read or overwritten (checkpoints)."""
+        self.gather.materialize()
 
     def grad_norm(self) -> torch.Tensor:
         """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
@@ -411,8 +438,8 @@ class ShardedAdamW:
     @torch.no_grad()
     def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
         """Clip, step the shard, launch the parameters' all-gather (the next forward or
-        ``dp.wait_params()`` completes it); returns the gradient norm."""
-        self.dp.wait_params()  # reads param_buffer and overwrites the shard being sent
+        ``wait_params()`` completes it); returns the gradient norm."""
+        self.wait_params()  # reads param_buffer and overwrites the shard being sent
         g, p = self.dp.shard_grad, self.shard_param
         norm = self.grad_norm()
         if max_norm > 0:
@@ -430,13 +457,13 @@ class ShardedAdamW:
                 pieces = [[t[a:b] for a, b in ranges] for t in (p, g, self.exp_avg, self.exp_avg_sq)]
                 torch._fused_adamw_(*pieces, [], [self._step] * len(ranges), lr=lr, beta1=beta1, beta2=beta2,
                                     weight_decay=wd, eps=self.eps, amsgrad=False, maximize=False)
-        self.dp.start_param_gather(p)
+        self.gather.start_param_gather(p)
         return norm
 
     # --- layout-independent checkpoints (minitron/checkpoint.py) ------------------------------------
     def export_param_state(self) -> dict:
         """{param: {"exp_avg", "exp_avg_sq", "step"}} with full local shapes (collective over dp)."""
-        self.dp.wait_params()
+        self.wait_params()
         if self.steps == 0:
             return {p: {} for p in self.dp.params}
         with self.comm.in_phase("checkpoint"):
@@ -469,5 +496,3 @@ def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
         return BucketedDataParallel(params, comm, layout.bucket_mb)
     return NaiveDataParallel(params, comm)
 
-
-ZeroOneAdamW = ShardedAdamW  # its first name (ZeRO stage 1), kept for the lab

@@ -189,16 +189,37 @@ def backward_input(root, grad, stage_input: torch.Tensor):
     return dx, weight_grads
 
 
+# --- one microbatch's forward: the pipeline's F and the Trainer's pp = 1 loop alike ---------------
+def forward_microbatch(chunk, context, x, targets, k: int, m: int, phase: str = "fwd"):
+    """Forward of microbatch `k` of this rank's `m` through model chunk `chunk`: trace
+    records labelled with the microbatch and `phase`, the dropout key (step, index of the
+    microbatch in the global batch: data-parallel rank · m + k, layout-independent), and
+    autocast under --precision bf16. The last chunk returns its loss scaled by 1/m (the m
+    backward passes then sum to the gradient of this rank's share of the batch); any
+    other chunk returns its hidden states."""
+    comm = context.comm
+    comm.microbatch = k
+    key = (comm.step, comm.index("dp") * m + k)
+    with comm.in_phase(phase), context.autocast():
+        out = chunk(x, targets if chunk.last else None, key)
+    return out / m if chunk.last else out
+
+
 # --- the runtime ---------------------------------------------------------------------------
 class PipelineRuntime:
     """Executes this rank's part of the schedule `layout.schedule` for its chunks, or of
     `schedule` when one is given (a Schedule built elsewhere, e.g. a lab's; validated here,
-    and its p, v, m must be the layout's pp, vpp and `microbatches`)."""
+    and its p, v, m must be the layout's pp, vpp and `microbatches`).
+
+    `observer`, when given (or for a while, :meth:`observing`), is called after every
+    compute action as ``observer(action, stage_input)`` (`stage_input`: the tensor an F
+    consumed, None on the first stage and after B and W): what a measurement needs to see,
+    without reaching in (``tools/measure.py`` counts the stash with it)."""
 
     def __init__(self, chunks, ctx, model_cfg, layout, microbatches: int, record: bool = True,
-                 schedule: Schedule | None = None):
+                 schedule: Schedule | None = None, observer=None):
         self.chunks, self.ctx, self.comm = list(chunks), ctx, ctx.comm
-        self.cfg, self.layout = model_cfg, layout
+        self.cfg, self.layout, self.observer = model_cfg, layout, observer
         if schedule is None:
             schedule = make_schedule(layout.schedule, layout.pp, layout.vpp, microbatches)
         elif (schedule.p, schedule.v, schedule.m) != (layout.pp, layout.vpp, microbatches):
@@ -224,6 +245,15 @@ class PipelineRuntime:
                                       forward_only_actions(self.schedule)).steps(self.rank)
         self.record, self.records = record, []
 
+    @contextmanager
+    def observing(self, observer):
+        """Call `observer(action, stage_input)` after every compute action within the block."""
+        old, self.observer = self.observer, observer
+        try:
+            yield self
+        finally:
+            self.observer = old
+
     # --- one training step -------------------------------------------------------------------
     def run(self, mbs, dp):
         """Forward and backward of the microbatches `mbs` ([(x, y)] of this data-parallel rank)
@@ -235,10 +265,14 @@ class PipelineRuntime:
                 self._exchange(step)
             elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
                 with self._timed(step):
-                    self._F(step)
+                    inp = self._F(step)
+                if self.observer is not None:
+                    self.observer(step, inp)
             else:
                 with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
                     (self._B if step.op == "B" else self._W)(step)
+                if self.observer is not None:
+                    self.observer(step, None)
         return self._end()
 
     @torch.no_grad()
@@ -300,22 +334,21 @@ class PipelineRuntime:
         return self.phase or direction
 
     # --- compute ---------------------------------------------------------------------------------
-    def _F(self, a: Action) -> None:
+    def _F(self, a: Action):
+        """Forward of microbatch a.mb on chunk a.chunk; returns the stage input it consumed
+        (None on the first stage, whose input is token ids)."""
         chunk, key, m = self.chunks[a.chunk], (a.mb, a.chunk), self.schedule.m
         x, y = self.mbs[a.mb]
         inp = x if chunk.first else self._inputs.pop(key)
-        self.comm.microbatch = a.mb
-        self.ctx.rng.begin(self.comm.step, self.comm.index("dp") * m + a.mb)  # dropout masks' key
-        with self.comm.in_phase(self._phase("fwd")), self.ctx.autocast():
-            out = chunk(inp, y if chunk.last else None)
+        out = forward_microbatch(chunk, self.ctx, inp, y, a.mb, m, self._phase("fwd"))
         if chunk.last:
-            out = out / m
             self.loss += out.detach().double()
         else:
             out = out.to(self.ctx.dtype)  # the residual stream's dtype (a no-op unless autocast left bf16)
             self._sends[("fwd", *key)] = out.detach()
         if torch.is_grad_enabled():
             self._stash[key] = (None if chunk.first else inp, out)
+        return None if chunk.first else inp
 
     def _B(self, a: Action) -> None:
         chunk, key = self.chunks[a.chunk], (a.mb, a.chunk)

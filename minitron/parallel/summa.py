@@ -69,6 +69,8 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, split
 from .cube import _LayerNormFn
+from .context_parallel import ring_attention
+from .random import draw
 from .tensor import _wanted, reduce_scatter, vocab_parallel_cross_entropy
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
@@ -310,16 +312,17 @@ class EmbeddingSumma(nn.Module):
 
 
 # --- dropout masks on the grid ----------------------------------------------------------------
-def keep_mask(rng, site: str, key, shape, p: float, device, inside: bool) -> torch.Tensor:
-    """Dropout keep-mask for a local tensor of the grid (called by parallel/random.py).
+def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: bool = False) -> torch.Tensor:
+    """Dropout keep-mask for a local tensor of the grid (the namespace's ``keep_mask``; see parallel/random.py).
 
     Every element of an activation lives on one rank: ``[b/(q·d), s, h/q]`` outside
     attention (hidden slice c), ``[b/(q·d), heads/q, s, s]`` inside (heads slice c).
     Mode 'tensor' draws the local mask from the rank's own stream; mode 'global' draws
     the single-device mask and keeps this rank's block."""
-    ctx = rng.ctx
+    if ctx.tp == 1:  # the single-device mask
+        return draw(ctx.seed, site, key, shape, p, device)
     if ctx.layout.dropout_rng == "tensor":
-        return rng.draw(site, key, shape, p, device, rank=ctx.tp_rank)
+        return draw(ctx.seed, site, key, shape, p, device, rank=ctx.tp_rank)
     comm = ctx.comm
     q, _, c, _ = grid_of(comm)
     split_dim = 1 if inside else len(shape) - 1
@@ -327,7 +330,7 @@ def keep_mask(rng, site: str, key, shape, p: float, device, inside: bool) -> tor
     full[0] *= q * comm.size(DEP)
     full[split_dim] *= q
     b, n = shape[0], shape[split_dim]
-    mask = rng.draw(site, key, full, p, device).narrow(0, batch_piece(comm) * b, b)
+    mask = draw(ctx.seed, site, key, full, p, device).narrow(0, batch_piece(comm) * b, b)
     return mask.narrow(split_dim, c * n, n).contiguous()
 
 
@@ -349,18 +352,27 @@ def _identity(x, ctx):
     return x
 
 
-LAYERS = SimpleNamespace(
-    name="2d",
-    linear_in=LinearSumma,
-    linear_out=lambda name, d_in, d_out, ctx, std=0.02: LinearSumma(name, d_in, d_out, ctx, std,
-                                                                    skip_bias_add=True),
-    enter=_identity,
-    leave=_identity,
-    layer_norm=LayerNormSumma,
-    embedding=EmbeddingSumma,
-    position=position_embedding,
-    scatter=_identity,
-    logits=lambda x, head, ctx: head.logits(x),
-    loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
-    boundary_shape=boundary_shape,
-)
+def layers(*, linear=LinearSumma) -> SimpleNamespace:
+    """The SUMMA grid's layer namespace (2-D and 2.5-D). `linear`: the SUMMA linear
+    module, called as ``linear(name, d_in, d_out, ctx, std, skip_bias_add=...)``
+    (``LinearSumma``'s signature): the engine's by default, a learner's in a lab."""
+    return SimpleNamespace(
+        name="2d",
+        linear_in=linear,
+        linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, std,
+                                                                   skip_bias_add=True),
+        enter=_identity,
+        leave=_identity,
+        layer_norm=LayerNormSumma,
+        embedding=EmbeddingSumma,
+        position=position_embedding,
+        scatter=_identity,
+        logits=lambda x, head, ctx: head.logits(x),
+        loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
+        boundary_shape=boundary_shape,
+        keep_mask=keep_mask,
+        ring_attention=ring_attention,  # (--cp composes with 1-D only: never called here)
+    )
+
+
+LAYERS = layers()

@@ -22,6 +22,8 @@ With t = 1 every operator is the identity: the single-device model is this model
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -30,6 +32,9 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, split
+from .context_parallel import combine as online_softmax_combine
+from .context_parallel import ring_attention
+from .random import draw
 
 SEQ = 1  # the sequence dimension of [b, s, h] hidden states
 
@@ -114,20 +119,32 @@ class _SplitSeq(torch.autograd.Function):
         return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ, activation=True), None
 
 
-def enter_region(x, ctx: Context):
+@dataclass(frozen=True)
+class Ops:
+    """The autograd operators the 1-D layers are built from (each a
+    ``torch.autograd.Function``): the engine's by default, a learner's in a lab
+    (:func:`layers` puts them in a layer namespace; nothing is patched)."""
+
+    f: type  # f.apply(x, comm): identity forward, all-reduce backward
+    g: type  # g.apply(x, comm): all-reduce forward, identity backward
+    all_gather_linear: type  # .apply(x, weight, bias, comm): --sp's column-parallel entry
+    vocab_cross_entropy: type  # .apply(logits, target, start, vocab, comm): per-token loss
+
+
+def enter_region(x, ctx: Context, ops: Ops | None = None):
     """Into a tensor-parallel region: f. With --sp nothing happens here: the
     column-parallel linear that follows all-gathers the sequence itself, fused with its
     matmul (`_AllGatherLinear`), so x stays this rank's sequence shard."""
     if ctx.tp == 1 or ctx.layout.sp:
         return x
-    return _F.apply(x, ctx.comm)
+    return (ops or OPS).f.apply(x, ctx.comm)
 
 
-def leave_region(x, ctx: Context):
+def leave_region(x, ctx: Context, ops: Ops | None = None):
     """Out of a tensor-parallel region: g, or the sequence reduce-scatter with --sp."""
     if ctx.tp == 1:
         return x
-    return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else _G.apply(x, ctx.comm)
+    return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else (ops or OPS).g.apply(x, ctx.comm)
 
 
 def _wanted(ctx, i: int) -> bool:
@@ -183,9 +200,9 @@ class _AllGatherLinear(torch.autograd.Function):
         return dx.wait().to(x.dtype) if want_dx else None, dw, db, None
 
 
-def all_gather_linear(x, weight, bias, ctx: Context):
+def all_gather_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
     """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t]."""
-    return _AllGatherLinear.apply(x, weight, bias, ctx.comm)
+    return (ops or OPS).all_gather_linear.apply(x, weight, bias, ctx.comm)
 
 
 def scatter_sequence(x, ctx: Context):
@@ -198,19 +215,20 @@ class ColumnParallelLinear(nn.Module):
     holds rows [r·d_out/t, (r+1)·d_out/t) of the full [d_out, d_in] weight and its bias.
     Blocks that must stay whole (heads) are laid out block-major by the caller."""
 
-    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02,
+                 ops: Ops | None = None):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
         rows = split(d_out, t, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros")
-        self.ctx = ctx
+        self.ctx, self.ops = ctx, ops or OPS
 
     def forward(self, x):
         """x after enter_region: whole (f), or with --sp this rank's sequence shard,
         all-gathered here (`_AllGatherLinear`)."""
         if self.ctx.tp > 1 and self.ctx.layout.sp:
-            return all_gather_linear(x, self.weight, self.bias, self.ctx)
+            return all_gather_linear(x, self.weight, self.bias, self.ctx, self.ops)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -256,7 +274,8 @@ class VocabParallelEmbedding(nn.Module):
     looked up. Each rank embeds the tokens in its range (others give zero) and g sums.
     """
 
-    def __init__(self, name: str, vocab: int, h: int, ctx: Context, std: float = 0.02, grad_sync=()):
+    def __init__(self, name: str, vocab: int, h: int, ctx: Context, std: float = 0.02, grad_sync=(),
+                 ops: Ops | None = None):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
         self.vocab, self.per_rank = vocab, pad_vocab(vocab, t) // t
@@ -265,7 +284,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = make_param(f"{name}.weight", (vocab, h), (rows,), ctx, std,
                                  local_shape=(self.per_rank, h), grad_sync=grad_sync,
                                  replicas=("embed",) if grad_sync and ctx.comm.index("embed") else ())
-        self.ctx = ctx
+        self.ctx, self.ops = ctx, ops or OPS
 
     def forward(self, idx):
         if self.ctx.tp == 1:
@@ -274,7 +293,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (local < 0) | (local >= self.per_rank)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return _G.apply(out, self.ctx.comm)
+        return self.ops.g.apply(out, self.ctx.comm)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -326,20 +345,38 @@ def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float
     return make_param(name, (seq_len, h), (), ctx, std, replicas=("tp",) if ctx.tp > 1 else ())
 
 
-def output_logits(x, head: VocabParallelEmbedding, ctx: Context):
+def output_logits(x, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None = None):
     """The output layer on the vocabulary-split weight: local logits [b, s, V/t] (a
     column-parallel linear without bias: with --sp it too keeps only the shard)."""
     if ctx.tp > 1 and ctx.layout.sp:
-        return all_gather_linear(x, head.weight, None, ctx)
-    return F.linear(enter_region(x, ctx), head.weight)
+        return all_gather_linear(x, head.weight, None, ctx, ops)
+    return F.linear(enter_region(x, ctx, ops), head.weight)
 
 
-def output_loss(logits, targets, head: VocabParallelEmbedding, ctx: Context):
+def output_loss(logits, targets, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None = None):
     """Mean cross-entropy over the tokens (vocabulary-parallel when t > 1)."""
     flat, tgt = logits.flatten(0, 1), targets.flatten()
     if ctx.tp == 1:
         return F.cross_entropy(flat, tgt)
-    return vocab_parallel_cross_entropy(flat, tgt, head.start, head.vocab, ctx.comm).mean()
+    return (ops or OPS).vocab_cross_entropy.apply(flat, tgt, head.start, head.vocab, ctx.comm).mean()
+
+
+def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: bool = False) -> torch.Tensor:
+    """Dropout keep-mask for a local tensor of `shape` (see parallel/random.py).
+
+    `inside`: inside the tensor-parallel region, dim 1 (heads) split over the tensor
+    group, where mode 'tensor' draws from this rank's own stream. Outside, the tensor is
+    whole, or under --sp this rank's sequence shard (dim 1) of the shared mask."""
+    t, r = ctx.tp, ctx.tp_rank
+    split_dim = 1 if (inside or ctx.layout.sp) else None
+    if split_dim is None or t == 1:
+        return draw(ctx.seed, site, key, shape, p, device)
+    if inside and ctx.layout.dropout_rng == "tensor":
+        return draw(ctx.seed, site, key, shape, p, device, rank=r)
+    full = list(shape)
+    full[split_dim] *= t
+    n = shape[split_dim]
+    return draw(ctx.seed, site, key, full, p, device).narrow(split_dim, r * n, n).contiguous()
 
 
 def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
@@ -347,17 +384,32 @@ def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tupl
     return (micro_batch, seq_len // ctx.tp if ctx.layout.sp else seq_len, h)
 
 
-LAYERS = SimpleNamespace(
-    name="1d",
-    linear_in=ColumnParallelLinear,  # the first linear of a pair: output features split
-    linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
-    enter=enter_region,
-    leave=leave_region,
-    layer_norm=LayerNorm,
-    embedding=VocabParallelEmbedding,
-    position=position_embedding,
-    scatter=scatter_sequence,
-    logits=output_logits,
-    loss=output_loss,
-    boundary_shape=boundary_shape,
-)
+OPS = Ops(f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_VocabParallelCrossEntropy)
+
+
+def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_VocabParallelCrossEntropy,
+           combine=online_softmax_combine) -> SimpleNamespace:
+    """The 1-D layer namespace built from these operators: the engine's by default; a lab
+    passes a learner's f, g (Megatron-LM Fig. 3), fused all-gather linear (--sp), vocabulary-
+    parallel cross-entropy, or online-softmax `combine` (ring attention under --cp, which
+    composes with 1-D only) and hands the namespace to ``Trainer(..., layers=...)``."""
+    ops = Ops(f, g, all_gather_linear, vocab_cross_entropy)
+    return SimpleNamespace(
+        name="1d",
+        linear_in=partial(ColumnParallelLinear, ops=ops),  # the first linear of a pair: output features split
+        linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
+        enter=partial(enter_region, ops=ops),
+        leave=partial(leave_region, ops=ops),
+        layer_norm=LayerNorm,
+        embedding=partial(VocabParallelEmbedding, ops=ops),
+        position=position_embedding,
+        scatter=scatter_sequence,
+        logits=partial(output_logits, ops=ops),
+        loss=partial(output_loss, ops=ops),
+        boundary_shape=boundary_shape,
+        keep_mask=keep_mask,
+        ring_attention=partial(ring_attention, combine=combine),
+    )
+
+
+LAYERS = layers()

@@ -24,7 +24,7 @@ From a notebook: ``run_on_ranks(memory_job, layout, model, layout, train)``.
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -93,21 +93,16 @@ class SavedBytes:
             self._drop(ptr)
 
 
-def _watch_stash(runtime, meter: SavedBytes) -> None:
-    """Count the pipeline stash: a microbatch's stage input from its F to the end of its B."""
-    forward, backward = runtime._F, runtime._B
-
-    def F(a):
-        forward(a)
-        key = (a.mb, a.chunk)
-        if key in runtime._stash:
-            meter.hold(key, [runtime._stash[key][0]])
-
-    def B(a):
-        backward(a)
-        meter.release((a.mb, a.chunk))
-
-    runtime._F, runtime._B = F, B
+def stash_observer(meter: SavedBytes):
+    """A pipeline runtime observer (``PipelineRuntime.observing``) that counts the stash:
+    a microbatch's stage input from its F to the end of its B."""
+    def observe(action, stage_input) -> None:
+        key = (action.mb, action.chunk)
+        if action.op == "F" and stage_input is not None:
+            meter.hold(key, [stage_input])
+        elif action.op == "B":
+            meter.release(key)
+    return observe
 
 
 @contextmanager
@@ -118,7 +113,13 @@ def _watch_recomputation(meter: SavedBytes):
     the first unpack it reruns the region under ``_recomputation_hook``, whose pack keeps
     each recomputed tensor (keyed by a ``_Handle`` of its placeholder) until that
     placeholder is unpacked and drops the handle. This wraps the pack: a tensor counts
-    from its recomputation until its handle dies."""
+    from its recomputation until its handle dies.
+
+    The one place minitron swaps another module's attribute, for the duration of one
+    measured step: torch offers no public way to see what a recomputation saves (a
+    ``saved_tensors_hooks`` pushed inside checkpoint's ``context_fn`` recompute context
+    would shadow this very hook and break the recomputation; a dispatch mode sees every
+    op's outputs, not what is saved)."""
     real = getattr(torch_checkpoint, "_recomputation_hook", None)
     if real is None:
         yield
@@ -167,7 +168,7 @@ def measure_step_memory(trainer, step: int = 0) -> dict:
     Keys as :func:`minitron.analysis.memory.memory_on_rank` (``params_bytes,
     grads_bytes, optimizer_bytes, activations_bytes, buffers_bytes, total_bytes``); see
     the module docstring for what each counts (``buffers_bytes``: data-parallel buffers
-    only). Patches the trainer's pipeline runtime, if any, to count its stash.
+    only). The trainer's pipeline runtime, if any, is observed to count its stash.
     """
     return measured_step(trainer, step)[1]
 
@@ -177,24 +178,20 @@ def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
     that a training run can measure its own first step (the run report)."""
     tr = trainer
     meter = SavedBytes(tr.params)
-    if tr.pipeline is not None:
-        _watch_stash(tr.pipeline, meter)
-    with _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+    stash = tr.pipeline.observing(stash_observer(meter)) if tr.pipeline is not None else nullcontext()
+    with stash, _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         loss = tr.step(step)
     if meter.now or meter.alive:  # a leak would make the peak meaningless
         raise RuntimeError("saved tensors outlived the step")
     if tr.layout.zero >= 2:
         return loss, _sharded_state_bytes(tr, meter.peak)
     grads = [p.grad for p in tr.params if p.grad is not None]
-    opt = tr.optimizer
     if tr.layout.zero1:
-        state = [opt.exp_avg, opt.exp_avg_sq]
-        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, opt.shard_param]
+        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, tr.optimizer.shard_param]
     else:
-        state = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
         flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
     params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
-    out = {"params_bytes": params, "grads_bytes": grad_bytes, "optimizer_bytes": _nbytes(state),
+    out = {"params_bytes": params, "grads_bytes": grad_bytes, "optimizer_bytes": _nbytes(tr.optimizer.state_tensors()),
            "activations_bytes": meter.peak,
            "buffers_bytes": _storages([*tr.params, *grads, *flat]) - params - grad_bytes}
     out["total_bytes"] = sum(out.values())
@@ -205,12 +202,12 @@ def _sharded_state_bytes(tr, activations: int) -> dict:
     """ZeRO-2/3 (``parallel/zero.py``): the parameters (stage 3: this rank's shard), the
     gradient shard, AdamW's two moments of the shard; buffers: the peaks of the gathered
     units and of the gradient staging buffers during the step, and stage 2's padding."""
-    dp, opt = tr.dp, tr.optimizer
+    dp = tr.dp
     params = _nbytes([dp.param_shard]) if dp.stage == 3 else _nbytes(tr.params)
     padding = _nbytes(dp.full) - _nbytes(tr.params) if dp.stage == 2 else 0
     gathered = dp.peak_gathered_bytes if dp.stage == 3 else 0
     out = {"params_bytes": params, "grads_bytes": _nbytes([dp.shard_grad]),
-           "optimizer_bytes": _nbytes([opt.exp_avg, opt.exp_avg_sq]), "activations_bytes": activations,
+           "optimizer_bytes": _nbytes(tr.optimizer.state_tensors()), "activations_bytes": activations,
            "buffers_bytes": gathered + dp.peak_staging_bytes + padding}
     out["total_bytes"] = sum(out.values())
     return out
