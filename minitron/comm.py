@@ -41,7 +41,7 @@ class CommTrace:
                 f.write(json.dumps(r) + "\n")
 
     def select(self, **match) -> list[dict]:
-        return [r for r in self.records if all(r.get(k) == v for k, v in match.items())]
+        return select(self.records, **match)
 
     def total_bytes(self, **match) -> int:
         return sum(r["bytes"] for r in self.select(**match))
@@ -68,6 +68,12 @@ def read_trace(path: str) -> list[dict]:
     """Load a trace file written by ``--trace`` (all ranks, JSON lines)."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def select(records: list[dict], **match) -> list[dict]:
+    """The records whose fields equal every `match` (e.g. ``rank=0, step=1, axis='dp'``),
+    in issue order."""
+    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
 
 
 class Comm:

@@ -241,6 +241,12 @@ def stage_placement(stage: int, pp: int) -> tuple[int, int]:
     return stage % pp, stage // pp
 
 
+def holds_ends(pp_rank: int, pp: int, vpp: int = 1) -> tuple[bool, bool]:
+    """Whether pipeline rank `pp_rank` holds the first virtual stage (the embeddings)
+    and the last one (the final LayerNorm, the output layer and the loss)."""
+    return pp_rank == 0, pp_rank == stage_placement(pp * vpp - 1, pp)[0]
+
+
 def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset '{name}': choose one of {', '.join(PRESETS)}")

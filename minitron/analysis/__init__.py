@@ -3,7 +3,8 @@
 * :mod:`.params`  parameter counts (PTD-P Eq. 2; minitron's GPT exactly, per rank)
 * :mod:`.flops`   FLOPs per iteration (PTD-P Eq. 3) and training time
 * :mod:`.memory`  memory per rank: model states (ZeRO), activations (Korthikanti Table 2)
-* :mod:`.comm`    communication volume per axis; ring wire volume; 1-D/2-D/3-D tensor parallel
+* :mod:`.calls`   collective calls: ring wire volume, pipeline and data-parallel calls, a step's sum
+* :mod:`.comm`    communication volume per axis; 1-D/2-D/3-D tensor parallel compared
 * :mod:`.bubble`  pipeline bubble and stashed microbatches, per schedule
 * :mod:`.cluster` a throughput model of GPU clusters, calibrated on Megatron-LM 2019
 * :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
@@ -14,10 +15,10 @@ Everything here is pure Python: no processes, no tensors, no global mutable stat
 """
 from .bubble import bubble_fraction, bubble_time, peak_stashed_microbatches, stashed_on_rank
 from .cluster import CLUSTERS, Cluster, Layout, Prediction, get_cluster, matmul_efficiency, predict
-from .comm import (comm_bytes_per_step, comm_items, cube_linear_elements, dp_bytes_per_step,
-                   one_d_layer_elements, pp_boundary_bytes, ring_allgather_wire_bytes,
-                   ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes, summa_linear_elements,
-                   tensor_parallel_comparison, tp_layer_bytes)
+from .calls import (dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes,
+                    ring_reduce_scatter_wire_bytes)
+from .comm import (comm_bytes_per_step, comm_items, cube_linear_elements, one_d_layer_elements,
+                   pp_boundary_bytes, summa_linear_elements, tensor_parallel_comparison, tp_layer_bytes)
 from .explain import explain, format_explain
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, layer_forward_flops,
                     logit_forward_flops, model_flops_per_iteration, training_time_s)
@@ -40,7 +41,7 @@ __all__ = [
     "memory_per_rank", "memory_on_rank", "memory_estimate", "activation_bytes_per_layer",
     "activation_bytes_on_rank", "korthikanti_activation_bytes_per_layer", "zero_bytes_per_param",
     "distributed_optimizer_bytes_per_param",
-    # comm
+    # calls, comm
     "ring_allreduce_wire_bytes", "ring_allgather_wire_bytes", "ring_reduce_scatter_wire_bytes",
     "tp_layer_bytes", "pp_boundary_bytes", "dp_bytes_per_step", "comm_items", "comm_bytes_per_step",
     "cube_linear_elements", "summa_linear_elements", "one_d_layer_elements", "tensor_parallel_comparison",

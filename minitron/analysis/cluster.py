@@ -80,10 +80,10 @@ from typing import Any
 
 from ..config import ModelConfig
 from .bubble import bubble_fraction
-from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
-from .flops import _policy, flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration
+from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
+from .flops import recompute_policy, flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration
 from .memory import memory_estimate
-from .params import _get, _params_given_layers, padded_vocab, rank_layers
+from .params import layout_get, params_given_layers, padded_vocab, rank_layers
 from .software import Software, get_software
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "Layout", "Prediction", "matmul_efficiency",
@@ -173,9 +173,9 @@ def as_layout(layout: Any) -> Layout:
     """Read a Layout from a Layout, a dict or an object with the same attributes."""
     if isinstance(layout, Layout):
         return layout
-    kw = {k: _get(layout, k) for k in Layout.__dataclass_fields__ if _get(layout, k) is not None}
-    if _get(layout, "microbatch_size") is None and _get(layout, "b") is not None:
-        kw["microbatch_size"] = _get(layout, "b")
+    kw = {k: layout_get(layout, k) for k in Layout.__dataclass_fields__ if layout_get(layout, k) is not None}
+    if layout_get(layout, "microbatch_size") is None and layout_get(layout, "b") is not None:
+        kw["microbatch_size"] = layout_get(layout, "b")
     return Layout(**kw)
 
 
@@ -324,7 +324,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     sw = get_software(software)
     L = as_layout(layout)
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
-    rc = _policy(sw.recompute if recompute is None else recompute)
+    rc = recompute_policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule or ("interleaved" if v > 1 else "1f1b")
     _check_layout(model, L, global_batch, kind)
     m = global_batch // (d * b)
@@ -385,7 +385,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
 
     # data parallel: gradients all-reduced, partly hidden behind the last backward when
     # the software overlaps them (bucketed), else all after the pipeline flush
-    n_local = max(_params_given_layers(model, t, p, v, "1d", r, n) for r, n in enumerate(layers))
+    n_local = max(params_given_layers(model, t, p, v, "1d", r, n) for r, n in enumerate(layers))
     dp_s = 0.0
     if d > 1:
         within = t * d <= G

@@ -37,10 +37,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, stage_placement
-from .context_parallel import cp_comm_items, local_model
-from .flops import _policy
-from .params import _get, chunk_layers, layers_on_rank, padded_vocab, params_on_rank
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends
+from .calls import (NORM_BYTES, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
+                    ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
+from .context_parallel import cp_comm_items
+from .flops import recompute_policy
+from .params import layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank
+from .summa import summa_comm_items
+from .zero import zero_calls
 
 __all__ = [
     "ring_allreduce_wire_bytes",
@@ -59,25 +63,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------
-# Wire volume of ring collectives (bytes sent by each of n devices)
-# --------------------------------------------------------------------------------------
-def ring_allreduce_wire_bytes(nbytes: float, n: int) -> float:
-    """Ring all-reduce of an `nbytes` buffer: each device sends ``2(n−1)/n · nbytes``
-    (a reduce-scatter then an all-gather, n−1 steps each)."""
-    return 2 * (n - 1) / n * nbytes
-
-
-def ring_allgather_wire_bytes(total_bytes: float, n: int) -> float:
-    """Ring all-gather into a `total_bytes` output: each device sends ``(n−1)/n · total``."""
-    return (n - 1) / n * total_bytes
-
-
-def ring_reduce_scatter_wire_bytes(total_bytes: float, n: int) -> float:
-    """Ring reduce-scatter of a `total_bytes` input: each device sends ``(n−1)/n · total``."""
-    return (n - 1) / n * total_bytes
-
-
-# --------------------------------------------------------------------------------------
 # Call bytes per axis
 # --------------------------------------------------------------------------------------
 def tp_layer_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = False,
@@ -92,11 +77,11 @@ def tp_layer_bytes(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     """
     if tp == 1:
         return {}
-    k = 6 if _policy(recompute) == "full" else 4
+    k = 6 if recompute_policy(recompute) == "full" else 4
     x = micro_batch * model.seq_len * model.hidden * bytes_per_el
     if sp:
         regather = 2  # the backward's all-gathers of QKV's and fc's saved input shards
-        return {"all_gather": _exact((k + regather) * x / tp), "reduce_scatter": k * x}
+        return {"all_gather": exact_bytes((k + regather) * x / tp), "reduce_scatter": k * x}
     return {"all_reduce": k * x}
 
 
@@ -106,26 +91,7 @@ def pp_boundary_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp: boo
     ``b·s·h·e``, divided by t with sequence parallelism (the hidden states are
     already split along the sequence) or the scatter/gather optimisation."""
     x = micro_batch * model.seq_len * model.hidden * bytes_per_el
-    return _exact(x / tp) if (sp or scatter_gather) else x
-
-
-def _exact(x: float) -> float | int:
-    """An int when the byte count is whole (traces record ints), else the float."""
-    return int(x) if float(x).is_integer() else x
-
-
-def dp_bytes_per_step(n_params: int, d: int, zero1: bool = False, bytes_per_el: int = 4) -> dict:
-    """Data-parallel call bytes per step for a rank holding `n_params` elements.
-
-    Plain: ``{'all_reduce': n·e}`` (buckets or one call per parameter, the same sum).
-    ZeRO-1: ``{'reduce_scatter': ceil(n/d)·d·e, 'all_gather': ceil(n/d)·e}``.
-    """
-    if d == 1:
-        return {}
-    if zero1:
-        shard = math.ceil(n_params / d)
-        return {"reduce_scatter": shard * d * bytes_per_el, "all_gather": shard * bytes_per_el}
-    return {"all_reduce": n_params * bytes_per_el}
+    return exact_bytes(x / tp) if (sp or scatter_gather) else x
 
 
 def _replicated_elements(model: ModelConfig, layers: int, first: bool, last: bool) -> int:
@@ -151,31 +117,29 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     gradients over the tensor group; the gradient norm for clipping is one 8-byte
     all-reduce on the tensor and pipeline axes.
     """
-    if _get(parallel, "tp_mode", "1d") in ("2d", "2.5d"):  # SUMMA and Tesseract: analysis/summa.py
-        from .summa import summa_comm_items
-
+    if layout_get(parallel, "tp_mode", "1d") in ("2d", "2.5d"):  # SUMMA and Tesseract: analysis/summa.py
         return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
-    if _get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
+    if layout_get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
         raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
                          "use cube_linear_elements or tensor_parallel_comparison")
     e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
-    ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
+    ea = act_bytes or (2 if layout_get(parallel, "precision", "fp32") == "bf16" else e)
     t, p, d = parallel.tp, parallel.pp, parallel.dp
     v, sp = parallel.vpp, parallel.sp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    cp = int(_get(parallel, "cp", 1) or 1)
+    cp = int(layout_get(parallel, "cp", 1) or 1)
     tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
     s, h = tokens.seq_len, model.hidden
     x = b * s * h * ea
     chunks = p * v
-    first, last = pp_rank == 0, pp_rank == (chunks - 1) % p
+    first, last = holds_ends(pp_rank, p, v)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     items: list[dict] = []
 
     def add(what, axis, op, calls, nbytes):
         if calls and nbytes:
-            items.append({"what": what, "axis": axis, "op": op, "calls": calls, "bytes": _exact(nbytes)})
+            items.append({"what": what, "axis": axis, "op": op, "calls": calls, "bytes": exact_bytes(nbytes)})
 
     # tensor parallel
     if t > 1:
@@ -201,18 +165,18 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
             calls = 6 * n_layers + (2 if last else 0)
             add("replicated parameter gradients (sequence parallel)", "tp", "all_reduce",
                 calls, n_rep * e)
-        add("gradient norm", "tp", "all_reduce", 1, 8)
+        add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)
     if parallel.scatter_gather and t > 1 and not sp and p > 1:
-        recvs = _p2p_counts(model, parallel, pp_rank)[1]
+        recvs = p2p_counts(model, parallel, pp_rank)[1]
         add("scatter/gather: rebuild received activations", "tp", "all_gather", m * recvs, m * recvs * x / t)
 
     # pipeline
     if p > 1:
-        sends, recvs = _p2p_counts(model, parallel, pp_rank)
+        sends, recvs = p2p_counts(model, parallel, pp_rank)
         nb = pp_boundary_bytes(tokens, b, t, sp, parallel.scatter_gather, ea)
         add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
         add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
-        add("gradient norm", "pp", "all_reduce", 1, 8)
+        add("gradient norm", "pp", "all_reduce", 1, NORM_BYTES)
 
     # tied embedding between the first and the last stage (an axis of one rank when
     # p = 1: nothing crosses a wire)
@@ -225,9 +189,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     # data parallel (with context parallelism: over the d·N ranks of the 'dp_cp' axis)
     n = params_on_rank(model, parallel, pp_rank)
     dp_axis = "dp_cp" if cp > 1 else "dp"
-    if _get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
-        from .zero import zero_calls
-
+    if layout_get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
         for c in zero_calls(model, parallel, train, pp_rank, e, d * cp):
             what = {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"], "parameters")
             add(f"{what} ({c['phase']})", dp_axis, c["op"], c["calls"], c["bytes"])
@@ -235,20 +197,8 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     for op, nbytes in dp_bytes_per_step(n, d * cp, parallel.zero1, e).items():
         add("gradients" if op != "all_gather" else "updated parameter shards", dp_axis, op, 1, nbytes)
     if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over the dp shards too
-        add("gradient norm", dp_axis, "all_reduce", 1, 8)
+        add("gradient norm", dp_axis, "all_reduce", 1, NORM_BYTES)
     return items
-
-
-def _p2p_counts(model: ModelConfig, layout: Any, pp_rank: int) -> tuple[int, int]:
-    """(sends, receives) per microbatch on `pp_rank`, both directions: a chunk c sends
-    forward unless it is the last, receives forward unless it is the first, and the
-    backward mirrors that."""
-    p = int(_get(layout, "pp", 1) or 1)
-    chunks = len(chunk_layers(model, layout))
-    mine = [c for c in range(chunks) if stage_placement(c, p)[0] == pp_rank]
-    not_last = sum(c < chunks - 1 for c in mine)
-    not_first = sum(c > 0 for c in mine)
-    return not_last + not_first, not_first + not_last
 
 
 def comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
@@ -261,10 +211,7 @@ def comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: Tra
     ranks = range(parallel.pp) if pp_rank is None else [pp_rank]
     out: dict = {}
     for r in ranks:
-        per: dict = {}
-        for it in comm_items(model, parallel, train, r, dtype_bytes, act_bytes):
-            ax = per.setdefault(it["axis"], {})
-            ax[it["op"]] = ax.get(it["op"], 0) + it["bytes"]
+        per = bytes_by_axis(comm_items(model, parallel, train, r, dtype_bytes, act_bytes))
         for axis, ops in per.items():
             for op, nbytes in ops.items():
                 out.setdefault(axis, {})[op] = max(out.get(axis, {}).get(op, 0), nbytes)

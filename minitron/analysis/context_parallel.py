@@ -6,7 +6,7 @@ token — and therefore every activation it saves — is 1/N of the whole; the a
 core keeps only its queries, keys, values, output and log-sum-exp of the rank's own
 tokens (the visiting blocks are not kept: the backward passes them around again). So
 activation memory per rank is the single-device count for a sequence of s/N tokens:
-:func:`local_model` is the model the rest of the analysis sees, and
+:func:`~minitron.analysis.params.local_model` is the model the rest of the analysis sees, and
 ``memory.memory_on_rank`` adds the position indices the embedding saves (8 bytes per
 token). Data-parallel traffic becomes the gradient average over the d·N ranks of the
 'dp_cp' axis.
@@ -28,19 +28,15 @@ posted before the block that uses the current one).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..config import ModelConfig
-from .flops import _policy
-from .params import _get, layers_on_rank
+from .flops import recompute_policy
+from .memory import memory_on_rank
+from .params import layers_on_rank, layout_get, local_model
 
 __all__ = ["local_model", "cp_message_elements", "cp_comm_items", "cp_activation_table"]
-
-
-def local_model(model: ModelConfig, cp: int) -> ModelConfig:
-    """The model as one context rank sees its activations: a sequence of s/N tokens
-    (parameters are those of `model`: the position table stays whole)."""
-    return model if cp == 1 else model.replace(seq_len=model.seq_len // cp)
 
 
 def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> int:
@@ -55,16 +51,16 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     step, as ``analysis.comm.comm_items`` lists them: ``{what, axis, op, calls, bytes}``.
     `act_bytes` is the element size of activations on the wire (K and V); the dK, dV
     accumulators travel in the compute dtype, ``max(act_bytes, 4)``."""
-    n = int(_get(parallel, "cp", 1) or 1)
+    n = int(layout_get(parallel, "cp", 1) or 1)
     if n == 1:
         return []
-    t, d = int(_get(parallel, "tp", 1) or 1), int(_get(parallel, "dp", 1) or 1)
+    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
     m = train.microbatches
     b = train.global_batch // (d * m)
     layers = layers_on_rank(model, parallel, pp_rank)
     el = cp_message_elements(model, b, t, n)
     hops = m * layers * (n - 1)  # per pass of the ring over this rank's layers
-    forwards = 2 if _policy(_get(parallel, "recompute", "none")) != "none" else 1
+    forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
     items = []
     for op in ("send", "recv"):
         items.append({"what": "ring attention: K, V (forward" + (", recomputed" if forwards > 1 else "")
@@ -81,8 +77,6 @@ def cp_activation_table(model: ModelConfig, parallel: Any, train: Any, cps=(1, 2
     sequence length in `seq_lens` (default: the model's) and each context degree in
     `cps` that divides it into 2N chunks: ``{seq_len, cp, activations_bytes, ratio}``,
     ratio = bytes at cp = 1 / bytes at cp = N (N for a perfect split)."""
-    from .memory import memory_on_rank
-
     rows = []
     for s in seq_lens or (model.seq_len,):
         m = model.replace(seq_len=s)
@@ -101,6 +95,4 @@ def cp_activation_table(model: ModelConfig, parallel: Any, train: Any, cps=(1, 2
 def _replace(layout: Any, **kw) -> Any:
     if isinstance(layout, dict):
         return {**layout, **kw}
-    import dataclasses
-
     return dataclasses.replace(layout, **kw)

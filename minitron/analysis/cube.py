@@ -65,13 +65,13 @@ linear (Colossal-AI's layers, like minitron's, keep the gathered copy).
 """
 from __future__ import annotations
 
-from typing import Any
-
-from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, pad_vocab, square_edge
-from .comm import (_p2p_counts, cube_linear_elements, dp_bytes_per_step, ring_allgather_wire_bytes,
-                   ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes, summa_linear_elements)
-from .flops import _policy
-from .params import _local_layer_params, layers_on_rank, params_on_rank
+from ..config import (ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, pad_vocab,
+                      square_edge)
+from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
+from .comm import cube_linear_elements, summa_linear_elements
+from .flops import recompute_policy
+from .memory import saved_bytes_per_layer
+from .params import layers_on_rank, layout_get, local_layer_params, params_on_rank
 
 __all__ = ["cube_q", "cube_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "cube_collectives", "grad_sync_calls",
@@ -94,10 +94,6 @@ def cube_vocab(model: ModelConfig, q: int) -> int:
     return pad_vocab(model.vocab, q * q)
 
 
-def _call(what, phase, op, axis, nbytes, calls=1):
-    return {"what": what, "phase": phase, "op": op, "axis": axis, "calls": calls, "bytes": int(nbytes)}
-
-
 # --------------------------------------------------------------------------------------
 # Calls of one layer type, one microbatch (bytes per call)
 # --------------------------------------------------------------------------------------
@@ -114,25 +110,13 @@ def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, 
     e, b, s = bytes_per_el, micro_batch, seq_len
     ea = act_bytes_per_el or e
     return [
-        _call(f"{what}: input all-gather", "fwd", "all_gather", a, ea * b // (q * q) * s * d_in // q),
-        _call(f"{what}: weight all-gather", "fwd", "all_gather", I, e * d_out // q * d_in // (q * q)),
-        _call(f"{what}: output reduce-scatter", "fwd", "reduce_scatter", c, ea * b // q * s * d_out // q),
-        _call(f"{what}: output-grad all-gather", "bwd", "all_gather", c, ea * b // (q * q) * s * d_out // q),
-        _call(f"{what}: input-grad reduce-scatter", "bwd", "reduce_scatter", a, ea * b // q * s * d_in // q),
-        _call(f"{what}: weight-grad reduce-scatter", "bwd", "reduce_scatter", I, e * d_out // q * d_in // q),
+        call(f"{what}: input all-gather", "fwd", "all_gather", a, ea * b // (q * q) * s * d_in // q),
+        call(f"{what}: weight all-gather", "fwd", "all_gather", I, e * d_out // q * d_in // (q * q)),
+        call(f"{what}: output reduce-scatter", "fwd", "reduce_scatter", c, ea * b // q * s * d_out // q),
+        call(f"{what}: output-grad all-gather", "bwd", "all_gather", c, ea * b // (q * q) * s * d_out // q),
+        call(f"{what}: input-grad reduce-scatter", "bwd", "reduce_scatter", a, ea * b // q * s * d_in // q),
+        call(f"{what}: weight-grad reduce-scatter", "bwd", "reduce_scatter", I, e * d_out // q * d_in // q),
     ]
-
-
-def wire_bytes(call: dict, n: int) -> float:
-    """Bytes a rank sends on a ring of n for one traced call of `call['bytes']`."""
-    x = call["bytes"]
-    if call["op"] == "all_gather":
-        return ring_allgather_wire_bytes(n * x, n)
-    if call["op"] == "reduce_scatter":
-        return ring_reduce_scatter_wire_bytes(x, n)
-    if call["op"] == "all_reduce":
-        return ring_allreduce_wire_bytes(x, n)
-    return x  # send / recv
 
 
 def linear_wire_bytes(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int,
@@ -163,8 +147,8 @@ def layer_norm_calls(micro_batch: int, seq_len: int, q: int, bytes_per_el: int =
     if q == 1:
         return []
     n = bytes_per_el * micro_batch // (q * q) * seq_len * 2
-    return [_call(f"{what}: statistics", "fwd", "all_reduce", K, n),
-            _call(f"{what}: gradient statistics", "bwd", "all_reduce", K, n)]
+    return [call(f"{what}: statistics", "fwd", "all_reduce", K, n),
+            call(f"{what}: gradient statistics", "bwd", "all_reduce", K, n)]
 
 
 def loss_calls(micro_batch: int, seq_len: int, q: int, loss_bytes_per_el: int = 4) -> list[dict]:
@@ -173,9 +157,9 @@ def loss_calls(micro_batch: int, seq_len: int, q: int, loss_bytes_per_el: int = 
     if q == 1:
         return []
     n = loss_bytes_per_el * micro_batch // (q * q) * seq_len
-    return [_call("cross-entropy: max, target logit, sum exp", "fwd", "all_reduce", J, n, calls=3),
-            _call("loss: mean over the batch pieces", "fwd", "all_reduce", I, loss_bytes_per_el),
-            _call("loss: mean over the batch pieces", "fwd", "all_reduce", K, loss_bytes_per_el)]
+    return [call("cross-entropy: max, target logit, sum exp", "fwd", "all_reduce", J, n, calls=3),
+            call("loss: mean over the batch pieces", "fwd", "all_reduce", I, loss_bytes_per_el),
+            call("loss: mean over the batch pieces", "fwd", "all_reduce", K, loss_bytes_per_el)]
 
 
 def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int = 4,
@@ -191,7 +175,7 @@ def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int 
            + layer_norm_calls(b, s, q, e, "ln2")
            + linear_calls(b, s, h, f, q, e, FIRST, "fc", ea)
            + linear_calls(b, s, f, h, q, e, SECOND, "fc2", ea))
-    if _policy(recompute) == "full":
+    if recompute_policy(recompute) == "full":
         out += [{**c, "phase": "bwd", "what": c["what"] + " (replayed)"} for c in out if c["phase"] == "fwd"]
     return out
 
@@ -230,17 +214,13 @@ def grad_sync_calls(model: ModelConfig, q: int, layers: int, first: bool, last: 
     out = []
     for n, axes in vectors:
         for axis in axes:
-            out.append(_call("replicated vector gradients (plane sum)", "optim", "all_reduce", axis, e * n))
+            out.append(call("replicated vector gradients (plane sum)", "optim", "all_reduce", axis, e * n))
     return out
 
 
 # --------------------------------------------------------------------------------------
 # A whole step, in the format of analysis.comm.comm_items
 # --------------------------------------------------------------------------------------
-def _get(layout: Any, key: str, default=None):
-    return layout.get(key, default) if isinstance(layout, dict) else getattr(layout, key, default)
-
-
 def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                     dtype_bytes: int | None = None) -> list[dict]:
     """Every kind of call a cube rank of pipeline stage `pp_rank` makes in one step:
@@ -248,55 +228,28 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Tensor (cube), pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or element_bytes(train.dtype)
-    ea = 2 if _get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
-    q, p, d, v = cube_q(parallel.tp), parallel.pp, parallel.dp, parallel.vpp
+    ea = 2 if layout_get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
+    q, d = cube_q(parallel.tp), parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    chunks = p * v
-    first, last = pp_rank == 0, pp_rank == (chunks - 1) % p
+    first, last = holds_ends(pp_rank, parallel.pp, parallel.vpp)
     n_layers = layers_on_rank(model, parallel, pp_rank)
-    merged: dict = {}
-
-    def add(what, axis, op, calls, nbytes):
-        if calls and nbytes:
-            it = merged.setdefault((what, axis, op), {"what": what, "axis": axis, "op": op, "calls": 0, "bytes": 0})
-            it["calls"] += calls
-            it["bytes"] += nbytes
-
-    per_mb = cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
-                              act_bytes_per_el=ea)
-    for c in per_mb:
-        add(c["what"].split(":")[0] if ":" in c["what"] else c["what"], c["axis"], c["op"],
-            m * c["calls"], m * c["calls"] * c["bytes"])
+    step = StepCalls()
+    for c in cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
+                              act_bytes_per_el=ea):
+        step.add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
     for c in grad_sync_calls(model, q, n_layers, first, last, e):
-        add(c["what"], c["axis"], c["op"], 1, c["bytes"])
-    if q > 1:
-        add("gradient norm", "tp", "all_reduce", 1, 8)
-    if p > 1:
-        sends, recvs = _p2p_counts(model, parallel, pp_rank)
-        nb = ea * b // (q * q) * model.seq_len * model.hidden // q
-        add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
-        add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
-        add("gradient norm", "pp", "all_reduce", 1, 8)
-    if model.tied_embeddings and chunks > 1 and (first or last):
-        add("tied embedding gradient", "embed", "all_reduce", 1,
-            e * cube_vocab(model, q) // (q * q) * model.hidden // q)
-    n = params_on_rank(model, parallel, pp_rank)
-    for op, nbytes in dp_bytes_per_step(n, d, parallel.zero1, e).items():
-        add("gradients" if op != "all_gather" else "updated parameter shards", "dp", op, 1, nbytes)
-    if parallel.zero1 and d > 1:  # ZeRO-1's norm: squares summed over the dp shards too
-        add("gradient norm", "dp", "all_reduce", 1, 8)
-    return list(merged.values())
+        step.add(c["what"], c["axis"], c["op"], 1, c["bytes"])
+    boundary = ea * b // (q * q) * model.seq_len * model.hidden // q
+    tied = e * cube_vocab(model, q) // (q * q) * model.hidden // q
+    step.add_outside_grid(model, parallel, pp_rank, m, boundary, tied, e)
+    return step.items()
 
 
 def cube_comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                              pp_rank: int = 0, dtype_bytes: int | None = None) -> dict:
     """Call bytes per step on one cube rank, ``{axis: {op: bytes}}``."""
-    out: dict = {}
-    for it in cube_comm_items(model, parallel, train, pp_rank, dtype_bytes):
-        ax = out.setdefault(it["axis"], {})
-        ax[it["op"]] = ax.get(it["op"], 0) + it["bytes"]
-    return out
+    return bytes_by_axis(cube_comm_items(model, parallel, train, pp_rank, dtype_bytes))
 
 
 # --------------------------------------------------------------------------------------
@@ -340,8 +293,6 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, tp
     by part: 'embedding', 'layers', 'head and loss'. 1-D layers from
     :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`; no dropout, no
     recomputation, float32/float64."""
-    from .tensor_parallel import saved_bytes_per_layer
-
     b, s, h, e = micro_batch, model.seq_len, model.hidden, bytes_per_el
     es = max(e, 4)
     L = model.layers if layers is None else layers
@@ -382,7 +333,7 @@ def params_per_device(model: ModelConfig, scheme: str, devices: int) -> dict[str
         whole = model.layers * layer + emb + s * h // q + 2 * h // q + (0 if model.tied_embeddings else emb)
         return {"layer": layer, "model": whole}
     mode = "3d" if scheme == "3d" else "1d"
-    return {"layer": _local_layer_params(model, devices, mode),
+    return {"layer": local_layer_params(model, devices, mode),
             "model": params_on_rank(model, {"tp": devices, "pp": 1, "tp_mode": mode})}
 
 
@@ -391,8 +342,6 @@ def compare_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_pe
     layer (forward + backward), parameter bytes of a layer and of the model, and
     activation bytes of a layer, for 1-D (t = P), 2-D (q = √P, formulas) and 3-D
     (q = ∛P). A scheme the device count does not fit gets ``feasible: False``."""
-    from .tensor_parallel import saved_bytes_per_layer
-
     P, e, b, s, h = devices, bytes_per_el, micro_batch, model.seq_len, model.hidden
     B = b * s
     lin = [(h, 3 * h), (h, h), (h, model.ffn_hidden), (model.ffn_hidden, h)]

@@ -34,18 +34,17 @@ Pure Python: no tensors, no processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.buckets import Bucket, bucket_elements, plan_buckets
-from .comm import dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
+from .calls import (NORM_BYTES, dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes,
+                    ring_reduce_scatter_wire_bytes)
 from .memory import memory_on_rank
 
 __all__ = ["Bucket", "plan_buckets", "bucket_elements", "dp_calls", "dp_wire_bytes", "model_state_bytes",
            "NORM_BYTES"]
-
-NORM_BYTES = 8  # ZeRO-1's gradient norm: one float64 all-reduced over dp
-
 
 def dp_calls(numels, d: int, impl: str = "bucketed", zero1: bool = False, bucket_mb: float = 4.0,
              bytes_per_el: int = 4, late_tensors: int = 0) -> list[dict]:
@@ -108,8 +107,6 @@ def model_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: Train
     ``parallel.zero1`` and ``zero1_fraction`` is ZeRO-1's share of the replicated state
     (``ceil(n/d)/n``, 1/d up to padding). Every rung: :func:`minitron.analysis.zero.zero_state_bytes`.
     """
-    import dataclasses
-
     rep = memory_on_rank(model, dataclasses.replace(parallel, zero1=False, zero=0), train, pp_rank)
     d = parallel.dp
     z = memory_on_rank(model, dataclasses.replace(parallel, zero1=d > 1, zero=int(d > 1)), train, pp_rank)

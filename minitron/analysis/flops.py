@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 
 __all__ = [
+    "recompute_policy",
     "layer_forward_flops",
     "logit_forward_flops",
     "flops_per_iteration",
@@ -77,8 +78,8 @@ def hardware_flops_per_iteration(model: ModelConfig, global_batch: int, recomput
     B, s, l, h = global_batch, model.seq_len, model.layers, model.hidden
     layer = layer_forward_flops(B, s, h, model.ffn_hidden)
     logits = logit_forward_flops(B, s, h, model.vocab)
-    passes = {"none": 3, "selective": 3, "full": 4}[_policy(recompute)]
-    extra = l * 4 * B * s * s * h if _policy(recompute) == "selective" else 0
+    passes = {"none": 3, "selective": 3, "full": 4}[recompute_policy(recompute)]
+    extra = l * 4 * B * s * s * h if recompute_policy(recompute) == "selective" else 0
     return passes * l * layer + 3 * logits + extra
 
 
@@ -92,7 +93,7 @@ def training_time_s(tokens: float, params: float, n_gpus: int, flops_per_gpu: fl
     return 8 * tokens * params / (n_gpus * flops_per_gpu)
 
 
-def _policy(recompute) -> str:
+def recompute_policy(recompute) -> str:
     """Normalise a recomputation argument: True -> 'full', False/None -> 'none'."""
     if recompute is True:
         return "full"

@@ -52,6 +52,33 @@ layer's activations are rebuilt during its backward: that working set is added o
 This is :func:`activation_bytes_on_rank`, the estimate of the planner
 (:func:`memory_estimate`) for Megatron-style training at scale.
 
+What minitron's ``Block`` saves (:func:`saved_bytes_per_layer`)
+---------------------------------------------------------------
+Table 2 as :func:`korthikanti_activation_bytes_per_layer` gives it literally and
+:func:`activation_bytes_per_layer` per element. :func:`saved_bytes_per_layer` counts what minitron's ``Block`` itself saves,
+one item per tensor, for one microbatch of b sequences on one tensor rank (e bytes per
+activation, boolean masks of 1 byte; T = b·s tokens, t_s = t with ``--sp`` else 1)::
+
+    ln1, ln2 input                 e·T·h/t_s each, + mean and rstd: 2·e'·T/t_s each
+    QKV input, fc input            e·T·h/t_s each   (under --sp the sequence shard: the
+                                                     linear all-gathers it again in the
+                                                     backward, Korthikanti §4.2.2)
+    Q, K, V                        3·e·T·h/t
+    attention, dropout > 0         softmax output e·b·a·s²/t, mask b·a·s²/t, dropped
+                                   probabilities e·b·a·s²/t      (explicit core)
+    attention, dropout = 0         SDPA's logsumexp e'·b·a·s/t
+    proj input                     e·T·h/t          (SDPA's output, which it saves too)
+    GELU input, fc2 input          e·T·f/t each
+    residual dropout masks         T·h/t_s each     (dropout > 0)
+
+(e' = max(e, 4): statistics stay in float32 for 16-bit activations.) Selective
+recomputation keeps the input of the attention core (Q, K, V) and drops what it
+saved; full recomputation keeps only the layer input, e·T·h/t_s. With dropout and e = 2
+this is Table 2, with and without ``--sp``, plus what Table 2 leaves out: LayerNorm's
+statistics (b·s-sized; and SDPA's logsumexp when the SDPA core runs). Under full
+recomputation Table 2 counts the whole layer input, 2·s·b·h, where each rank holds its
+1/t shard under ``--sp``.
+
 minitron's engine (:func:`memory_on_rank`)
 -------------------------------------------
 ``memory_on_rank`` models what this engine holds, measured equal in
@@ -62,7 +89,7 @@ minitron's engine (:func:`memory_on_rank`)
   ``p.grad`` a view into one flat buffer, so the buffer *is* the gradients.
 * activations (:func:`engine_activation_bytes_on_rank`): the peak of what autograd
   saves for the backward, parameters excluded, storages counted once. Per layer that is
-  :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`, minitron's ``Block``
+  :func:`saved_bytes_per_layer`, minitron's ``Block``
   item by item (exact in float32/float64): with dropout, Table 2 per element (also
   under ``--sp``: the column-parallel linears keep their input's sequence shard and
   all-gather it again in the backward, as Megatron does) plus LayerNorm's statistics,
@@ -105,14 +132,15 @@ from typing import Any
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
 from .bubble import stashed_on_rank
-from .context_parallel import local_model
-from .flops import _policy
-from .params import (_degrees, _get, _params_given_layers, layers_on_rank, padded_vocab,
+from .flops import recompute_policy
+from .params import (layout_degrees, layout_get, local_model, params_given_layers, layers_on_rank, padded_vocab,
                      params_on_rank, rank_layers)
+from .zero import zero_buffer_bytes, zero_state_bytes
 
 __all__ = [
     "korthikanti_activation_bytes_per_layer",
     "activation_bytes_per_layer",
+    "saved_bytes_per_layer",
     "activation_bytes_on_rank",
     "engine_activation_bytes_on_rank",
     "stage_activation_bytes",
@@ -160,7 +188,7 @@ def korthikanti_activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: in
     + sequence parallel: ``sbh(34/t + 5as/(ht))``; selective recomputation drops the
     ``5as/h`` term; full recomputation: ``2sbh``.
     """
-    rc = _policy(recompute)
+    rc = recompute_policy(recompute)
     if rc == "full":
         return 2 * s * b * h
     quad = 0 if rc == "selective" else 5 * a * s / (h * t)
@@ -187,7 +215,7 @@ def activation_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1
     s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
     e = bytes_per_el
     m = mask_bytes if (model.dropout > 0 if dropout is None else dropout) else 0
-    rc = _policy(recompute)
+    rc = recompute_policy(recompute)
     sbh = s * b * h
     if rc == "full":
         return e * sbh / (t if sp else 1)
@@ -200,10 +228,54 @@ def activation_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1
     return total
 
 
+def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
+                          recompute: str = "none", bytes_per_el: int = 4,
+                          dropout: bool | None = None) -> dict[str, float]:
+    """Bytes one minitron ``Block`` keeps for its backward, per item (module docstring).
+
+    `dropout` (default ``model.dropout > 0``) selects the explicit attention core with
+    its masks; otherwise the SDPA core. Exact for float32/float64 training; under bf16
+    autocast the casts keep extra copies.
+    """
+    s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
+    e, es = bytes_per_el, max(bytes_per_el, 4)
+    drop = model.dropout > 0 if dropout is None else dropout
+    T = b * s
+    ts = t if sp else 1
+    rc = recompute_policy(recompute)
+    if rc == "full":
+        return {"layer input": e * T * h / ts}
+    out: dict[str, float] = {}
+    if rc == "none":
+        out["ln1 input"] = e * T * h / ts
+        out["ln1 mean, rstd"] = 2 * es * T / ts
+        out["qkv input"] = e * T * h / ts
+    out["Q, K, V"] = 3 * e * T * h / t
+    if rc == "none":
+        if drop:
+            out["softmax output"] = e * b * a * s * s / t
+            out["attention dropout mask"] = b * a * s * s / t
+            out["dropped probabilities"] = e * b * a * s * s / t
+        else:
+            out["SDPA logsumexp"] = es * b * a * s / t  # its output is the proj input (a view)
+    out["proj input"] = e * T * h / t
+    out["ln2 input"] = e * T * h / ts
+    out["ln2 mean, rstd"] = 2 * es * T / ts
+    out["fc input"] = e * T * h / ts
+    out["GELU input"] = e * T * f / t
+    out["fc2 input"] = e * T * f / t
+    if drop:
+        out["residual dropout masks"] = 2 * T * h / ts
+    if rc == "selective":  # the layer input is ln1's input: kept, not recomputed
+        out = {"ln1 input": e * T * h / ts, "ln1 mean, rstd": 2 * es * T / ts, "qkv input": e * T * h / ts,
+               **out}
+    return out
+
+
 def _schedule(layout: Any) -> tuple[str, int, int]:
-    p = int(_get(layout, "pp", 1) or 1)
-    v = int(_get(layout, "vpp", 1) or 1)
-    kind = _get(layout, "schedule", None) or ("interleaved" if v > 1 else "1f1b")
+    p = int(layout_get(layout, "pp", 1) or 1)
+    v = int(layout_get(layout, "vpp", 1) or 1)
+    kind = layout_get(layout, "schedule", None) or ("interleaved" if v > 1 else "1f1b")
     if p * v == 1:
         kind = "1f1b"  # no pipeline: one microbatch at a time (gradient accumulation)
     return kind, p, v
@@ -220,11 +292,11 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers`` (a
     ParallelConfig or a dict; `recompute` overrides the layout's).
     """
-    t = int(_get(layout, "tp", 1) or 1)
+    t = int(layout_get(layout, "tp", 1) or 1)
     # the 3-D cube (and the 2-D/2.5-D grid) splits every activation over its ranks, like
     # sequence parallelism
-    sp = bool(_get(layout, "sp", False)) or _get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d")
-    rc = _policy(recompute if recompute is not None else _get(layout, "recompute", "none"))
+    sp = bool(layout_get(layout, "sp", False)) or layout_get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d")
+    rc = recompute_policy(recompute if recompute is not None else layout_get(layout, "recompute", "none"))
     kind, p, v = _schedule(layout)
     m = microbatches
     s, b, h = model.seq_len, micro_batch, model.hidden
@@ -308,13 +380,12 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     ParallelConfig or a dict). The 3-D cube and the 2-D/2.5-D grid fall back to
     :func:`activation_bytes_on_rank`.
     """
-    if _get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d"):
+    if layout_get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d"):
         return activation_bytes_on_rank(model, layout, micro_batch, microbatches, pp_rank, bytes_per_el, 1)
-    from .tensor_parallel import saved_bytes_per_layer  # (it imports this module)
 
-    t = int(_get(layout, "tp", 1) or 1)
-    sp = bool(_get(layout, "sp", False))
-    rc = _policy(_get(layout, "recompute", "none"))
+    t = int(layout_get(layout, "tp", 1) or 1)
+    sp = bool(layout_get(layout, "sp", False))
+    rc = recompute_policy(layout_get(layout, "recompute", "none"))
     kind, p, v = _schedule(layout)
     m, b, e = microbatches, micro_batch, bytes_per_el
 
@@ -354,11 +425,11 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     :func:`engine_activation_bytes_on_rank`, buffers :func:`buffer_bytes_on_rank`.
     """
     e = dtype_bytes or _engine_dtype_bytes(train)
-    ea = act_bytes or (2 if _get(parallel, "precision", "fp32") == "bf16" else e)
-    d = int(_get(parallel, "dp", 1) or 1)
-    cp = int(_get(parallel, "cp", 1) or 1)
+    ea = act_bytes or (2 if layout_get(parallel, "precision", "fp32") == "bf16" else e)
+    d = int(layout_get(parallel, "dp", 1) or 1)
+    cp = int(layout_get(parallel, "cp", 1) or 1)
     n = params_on_rank(model, parallel, pp_rank)
-    shard = math.ceil(n / (d * cp)) if _get(parallel, "zero1", False) else n  # (ZeRO over dp_cp)
+    shard = math.ceil(n / (d * cp)) if layout_get(parallel, "zero1", False) else n  # (ZeRO over dp_cp)
     m = train.microbatches
     if train.global_batch % (d * m):
         raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
@@ -368,15 +439,13 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     tokens, lay = local_model(model, cp), parallel
     acts = engine_activation_bytes_on_rank(tokens, parallel, b, m, pp_rank, ea)
     if cp > 1:
-        lay = {**_as_dict(parallel), "dp": d * cp, "zero1": _get(parallel, "zero1", False)}
+        lay = {**_as_dict(parallel), "dp": d * cp, "zero1": layout_get(parallel, "zero1", False)}
         if pp_rank == 0:
             kind, p, v = _schedule(parallel)
             acts += stashed_on_rank(kind, p, m, v, 0) * 8 * b * tokens.seq_len
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
-    if _get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
-        from .zero import zero_buffer_bytes, zero_state_bytes
-
+    if layout_get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
         z = zero_state_bytes(model, parallel, train, pp_rank, e, d * cp)
         states = (z["params_bytes"], z["grads_bytes"], z["optimizer_bytes"])
         buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e, d * cp).values())
@@ -399,13 +468,13 @@ def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: i
     under ``--sp`` or ``--scatter-gather``. The received forward input is the stage
     input, counted with the activations.
     """
-    t, p = int(_get(layout, "tp", 1) or 1), int(_get(layout, "pp", 1) or 1)
-    d = int(_get(layout, "dp", 1) or 1)
+    t, p = int(layout_get(layout, "tp", 1) or 1), int(layout_get(layout, "pp", 1) or 1)
+    d = int(layout_get(layout, "dp", 1) or 1)
     out = {"data_parallel": 0.0, "pipeline": 0.0}
     if p > 1:
-        shrink = t if (_get(layout, "sp", False) or _get(layout, "scatter_gather", False)) else 1
+        shrink = t if (layout_get(layout, "sp", False) or layout_get(layout, "scatter_gather", False)) else 1
         out["pipeline"] = 2 * micro_batch * model.seq_len * model.hidden * e / shrink
-    if d > 1 and _get(layout, "zero1", False) and _get(layout, "zero", 1) < 2:  # (ZeRO-2/3: analysis/zero.py)
+    if d > 1 and layout_get(layout, "zero1", False) and layout_get(layout, "zero", 1) < 2:  # (ZeRO-2/3: analysis/zero.py)
         shard = math.ceil(n / d)
         out["data_parallel"] = float((2 * shard + 2 * (shard * d - n)) * e)
     return out
@@ -443,7 +512,7 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     data-parallel buffers are exact, the pipeline's an estimate (:func:`buffer_bytes_on_rank`).
     `dtype_bytes` defaults to 4 (8 for float64 training).
     """
-    p = int(_get(parallel, "pp", 1) or 1)
+    p = int(layout_get(parallel, "pp", 1) or 1)
     return _max_over_ranks([memory_on_rank(model, parallel, train, r, dtype_bytes, act_bytes)
                             for r in range(p)])
 
@@ -461,21 +530,21 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
     ZeRO paper's 16, 6 for 20 with fp32 accumulation). Activations: Korthikanti Table 2
     with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy.
     """
-    d = int(_get(layout, "dp", 1) or 1)
-    b = int(_get(layout, "microbatch_size", 1) or 1)
-    p = int(_get(layout, "pp", 1) or 1)
+    d = int(layout_get(layout, "dp", 1) or 1)
+    b = int(layout_get(layout, "microbatch_size", 1) or 1)
+    p = int(layout_get(layout, "pp", 1) or 1)
     if global_batch % (d * b):
         raise ValueError(f"global batch {global_batch} is not divisible by dp*microbatch_size = {d}*{b}")
     m = global_batch // (d * b)
-    t, _, v, mode = _degrees(layout)
+    t, _, v, mode = layout_degrees(layout)
     layers = rank_layers(model, layout)
     # Layers and microbatches in flight never grow with the rank under an even split,
     # so the first and the last stage bound the others; check them all otherwise.
-    check = range(p) if _get(layout, "stage_layers", ()) else sorted({0, p - 1})
+    check = range(p) if layout_get(layout, "stage_layers", ()) else sorted({0, p - 1})
     no_dp = {**_as_dict(layout), "dp": 1}
     ranks = []
     for r in check:
-        n = _params_given_layers(model, t, p, v, mode, r, layers[r])
+        n = params_given_layers(model, t, p, v, mode, r, layers[r])
         acts = activation_bytes_on_rank(model, layout, b, m, r, act_bytes, 1, dropout, recompute,
                                         _n_layers=layers[r])
         ranks.append(_assemble(2 * n, (bytes_per_param - 14) * n, 12 * n, acts,
@@ -487,4 +556,4 @@ def _as_dict(layout: Any) -> dict:
     if isinstance(layout, dict):
         return dict(layout)
     keys = ("tp", "pp", "dp", "vpp", "sp", "schedule", "stage_layers", "scatter_gather", "microbatch_size")
-    return {k: _get(layout, k) for k in keys if _get(layout, k) is not None}
+    return {k: layout_get(layout, k) for k in keys if layout_get(layout, k) is not None}

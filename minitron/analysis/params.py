@@ -36,9 +36,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import (ModelConfig, cube_edge, pad_vocab, split_layers, square_edge, stage_layer_counts,
-                      stage_placement)
+                      holds_ends, stage_placement)
 
 __all__ = [
+    "layout_get",
+    "layout_degrees",
+    "local_model",
     "ptdp_param_count",
     "param_count",
     "layer_param_count",
@@ -48,6 +51,8 @@ __all__ = [
     "layers_on_rank",
     "rank_layers",
     "params_on_rank",
+    "params_given_layers",
+    "local_layer_params",
     "params_per_rank",
 ]
 
@@ -55,7 +60,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Reading a layout: ParallelConfig, a dict, or any object with the attributes.
 # --------------------------------------------------------------------------------------
-def _get(layout: Any, key: str, default: Any = None) -> Any:
+def layout_get(layout: Any, key: str, default: Any = None) -> Any:
     """`layout[key]` or `layout.key`, or `default` (layout may be None)."""
     if layout is None:
         return default
@@ -64,13 +69,20 @@ def _get(layout: Any, key: str, default: Any = None) -> Any:
     return getattr(layout, key, default)
 
 
-def _degrees(layout: Any) -> tuple[int, int, int, str]:
+def layout_degrees(layout: Any) -> tuple[int, int, int, str]:
     """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'. A 2.5-D layout
     (q²·d ranks) reads as 2-D on q² ranks: each of its d copies holds what 2-D holds."""
-    t, mode = int(_get(layout, "tp", 1) or 1), str(_get(layout, "tp_mode", "1d") or "1d")
+    t, mode = int(layout_get(layout, "tp", 1) or 1), str(layout_get(layout, "tp_mode", "1d") or "1d")
     if mode == "2.5d":
-        t, mode = t // int(_get(layout, "tp_depth", 1) or 1), "2d"
-    return t, int(_get(layout, "pp", 1) or 1), int(_get(layout, "vpp", 1) or 1), mode
+        t, mode = t // int(layout_get(layout, "tp_depth", 1) or 1), "2d"
+    return t, int(layout_get(layout, "pp", 1) or 1), int(layout_get(layout, "vpp", 1) or 1), mode
+
+
+def local_model(model: ModelConfig, cp: int) -> ModelConfig:
+    """The model as one context-parallel rank sees its activations: a sequence of s/N
+    tokens for N = `cp` ranks (the parameters are those of `model`: the position table
+    stays whole)."""
+    return model if cp == 1 else model.replace(seq_len=model.seq_len // cp)
 
 
 # --------------------------------------------------------------------------------------
@@ -139,8 +151,8 @@ def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     (:func:`minitron.config.stage_layer_counts`). Chunk c lives on
     pipeline rank ``c % pp`` (Megatron's interleaving: rank r holds chunks r, r+p, ...).
     """
-    _, p, v, _ = _degrees(layout)
-    return stage_layer_counts(model.layers, p, v, tuple(_get(layout, "stage_layers", ()) or ()))
+    _, p, v, _ = layout_degrees(layout)
+    return stage_layer_counts(model.layers, p, v, tuple(layout_get(layout, "stage_layers", ()) or ()))
 
 
 def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
@@ -151,7 +163,8 @@ def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
 # --------------------------------------------------------------------------------------
 # Per rank
 # --------------------------------------------------------------------------------------
-def _local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
+def local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
+    """Parameter elements of one transformer layer on one tensor rank (1-D, 2-D or 3-D)."""
     h, f = model.hidden, model.ffn_hidden
     if tp_mode == "3d":
         # The cube (Bian et al. 2021; parallel/cube.py): every matrix is split over all
@@ -182,15 +195,16 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     of the cube holds the same count too: matrices and the embeddings split q³ ways,
     vectors and the position embedding q ways.
     """
-    t, p, v, mode = _degrees(layout)
+    t, p, v, mode = layout_degrees(layout)
     if not 0 <= pp_rank < p or not 0 <= tp_rank < t:
         raise ValueError(f"rank (pp={pp_rank}, tp={tp_rank}) outside a layout of pp={p}, tp={t}")
-    return _params_given_layers(model, t, p, v, mode, pp_rank, layers_on_rank(model, layout, pp_rank))
+    return params_given_layers(model, t, p, v, mode, pp_rank, layers_on_rank(model, layout, pp_rank))
 
 
-def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,
+def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,
                          n_layers: int) -> int:
-    """params_on_rank once the rank's layer count is known (the planner calls this often)."""
+    """:func:`params_on_rank` once the rank's layer count `n_layers` is known, for the
+    degrees (t, p, v, mode) of :func:`layout_degrees` (the planner calls this often)."""
     h = model.hidden
     if mode == "3d":  # vocabulary rows over q² ranks, hidden over q; vectors over q
         q = cube_edge(t)
@@ -201,10 +215,10 @@ def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, 
     else:
         emb, vec, pos = padded_vocab(model, t) // t * h, 2 * h, model.seq_len * h
     chunks = p * v
-    n = n_layers * _local_layer_params(model, t, mode)
+    n = n_layers * local_layer_params(model, t, mode)
     if pp_rank == 0:  # holds chunk 0
         n += emb + pos  # wte, wpe
-    if pp_rank == (chunks - 1) % p:  # holds the last chunk
+    if holds_ends(pp_rank, p, v)[1]:  # holds the last chunk
         n += vec  # ln_f
         if not model.tied_embeddings or chunks > 1:
             n += emb  # lm_head, or the last chunk's copy of the tied wte
@@ -213,7 +227,7 @@ def _params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, 
 
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     """Transformer layers held by each pipeline rank (all its chunks), rank 0 first."""
-    _, p, _, _ = _degrees(layout)
+    _, p, _, _ = layout_degrees(layout)
     out = [0] * p
     for c, n in enumerate(chunk_layers(model, layout)):
         out[stage_placement(c, p)[0]] += n
@@ -223,6 +237,6 @@ def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
 def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
     """The largest exact local parameter count over the ranks of a layout
     (see :func:`params_on_rank`)."""
-    t, p, v, mode = _degrees(layout)
-    return max(_params_given_layers(model, t, p, v, mode, r, n)
+    t, p, v, mode = layout_degrees(layout)
+    return max(params_given_layers(model, t, p, v, mode, r, n)
                for r, n in enumerate(rank_layers(model, layout)))

@@ -48,13 +48,10 @@ gathered inputs and weights the cube keeps.
 """
 from __future__ import annotations
 
-import math
-from typing import Any
-
-from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, pad_vocab
-from .comm import _p2p_counts, dp_bytes_per_step, ring_allreduce_wire_bytes
-from .flops import _policy
-from .params import layers_on_rank, params_on_rank
+from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, holds_ends, pad_vocab, square_edge
+from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
+from .flops import recompute_policy
+from .params import layers_on_rank, layout_get, params_on_rank
 
 __all__ = ["grid_shape", "summa_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls", "output_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "summa_collectives", "grad_sync_calls",
@@ -67,7 +64,7 @@ ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
 
 def grid_shape(tp: int, depth: int = 1) -> int:
     """q of a q×q×d grid of `tp` ranks (ValueError when tp is not q²·d)."""
-    q = math.isqrt(tp // depth) if depth >= 1 and tp % depth == 0 else 0
+    q = square_edge(tp // depth) if depth >= 1 and tp % depth == 0 else 0
     if q < 1 or q * q * depth != tp:
         raise ValueError(f"{tp} tensor ranks are not q²·d for d = {depth}")
     return q
@@ -76,21 +73,6 @@ def grid_shape(tp: int, depth: int = 1) -> int:
 def summa_vocab(model: ModelConfig, q: int) -> int:
     """V': the vocabulary padded to a multiple of q (rows split over the column)."""
     return pad_vocab(model.vocab, q)
-
-
-def _call(what, phase, op, axis, nbytes, calls=1):
-    return {"what": what, "phase": phase, "op": op, "axis": axis, "calls": calls, "bytes": int(nbytes)}
-
-
-def wire_bytes(call: dict, n: int) -> float:
-    """Bytes a rank sends, on average over a line of n, for one traced call of
-    `call['bytes']`: a pipelined broadcast or reduce (n−1)/n of the block, the ring
-    collectives as in :func:`minitron.analysis.cube.wire_bytes`."""
-    from .cube import wire_bytes as ring_wire_bytes
-
-    if call["op"] in ("broadcast", "reduce"):
-        return (n - 1) / n * call["bytes"]
-    return ring_wire_bytes(call, n)
 
 
 # --------------------------------------------------------------------------------------
@@ -106,12 +88,12 @@ def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, 
     ea = act_bytes_per_el or bytes_per_el
     x = ea * micro_batch // (q * depth) * seq_len * d_in // q
     w = bytes_per_el * (d_out // q) * (d_in // q)
-    return [_call(f"{what}: input blocks broadcast", "fwd", "broadcast", ROW, x, q),
-            _call(f"{what}: weight blocks broadcast", "fwd", "broadcast", COL, w, q),
-            _call(f"{what}: weight blocks broadcast (for dX)", "bwd", "broadcast", COL, w, q),
-            _call(f"{what}: input-grad partials reduce", "bwd", "reduce", ROW, x, q),
-            _call(f"{what}: input blocks broadcast (for dW)", "bwd", "broadcast", ROW, x, q),
-            _call(f"{what}: weight-grad partials reduce", "bwd", "reduce", COL, w, q)]
+    return [call(f"{what}: input blocks broadcast", "fwd", "broadcast", ROW, x, q),
+            call(f"{what}: weight blocks broadcast", "fwd", "broadcast", COL, w, q),
+            call(f"{what}: weight blocks broadcast (for dX)", "bwd", "broadcast", COL, w, q),
+            call(f"{what}: input-grad partials reduce", "bwd", "reduce", ROW, x, q),
+            call(f"{what}: input blocks broadcast (for dW)", "bwd", "broadcast", ROW, x, q),
+            call(f"{what}: weight-grad partials reduce", "bwd", "reduce", COL, w, q)]
 
 
 def linear_wire_bytes(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int,
@@ -134,8 +116,8 @@ def embedding_calls(micro_batch: int, seq_len: int, h: int, q: int, depth: int =
     if q == 1:
         return []
     full = act_bytes_per_el * micro_batch // depth * seq_len * h // q
-    return [_call("embedding: lookup reduce-scatter", "fwd", "reduce_scatter", COL, full),
-            _call("embedding: output-grad all-gather", "bwd", "all_gather", COL, full // q)]
+    return [call("embedding: lookup reduce-scatter", "fwd", "reduce_scatter", COL, full),
+            call("embedding: output-grad all-gather", "bwd", "all_gather", COL, full // q)]
 
 
 def output_calls(micro_batch: int, seq_len: int, h: int, vocab_padded: int, q: int, depth: int = 1,
@@ -149,12 +131,12 @@ def output_calls(micro_batch: int, seq_len: int, h: int, vocab_padded: int, q: i
     ea = act_bytes_per_el or bytes_per_el
     z = ea * micro_batch // (q * depth) * seq_len * vocab_padded // q
     w = bytes_per_el * (vocab_padded // q) * (h // q)
-    return [_call("output layer: wte blocks broadcast", "fwd", "broadcast", COL, w, q),
-            _call("output layer: logit partials reduce", "fwd", "reduce", ROW, z, q),
-            _call("output layer: logit-grad blocks broadcast", "bwd", "broadcast", ROW, z,
+    return [call("output layer: wte blocks broadcast", "fwd", "broadcast", COL, w, q),
+            call("output layer: logit partials reduce", "fwd", "reduce", ROW, z, q),
+            call("output layer: logit-grad blocks broadcast", "bwd", "broadcast", ROW, z,
                   2 * q if split_backward else q),
-            _call("output layer: wte blocks broadcast (for dX)", "bwd", "broadcast", COL, w, q),
-            _call("output layer: wte-grad partials reduce", "bwd", "reduce", COL, w, q)]
+            call("output layer: wte blocks broadcast (for dX)", "bwd", "broadcast", COL, w, q),
+            call("output layer: wte-grad partials reduce", "bwd", "reduce", COL, w, q)]
 
 
 def layer_norm_calls(micro_batch: int, seq_len: int, q: int, depth: int = 1, bytes_per_el: int = 4,
@@ -163,8 +145,8 @@ def layer_norm_calls(micro_batch: int, seq_len: int, q: int, depth: int = 1, byt
     if q == 1:
         return []
     n = bytes_per_el * micro_batch // (q * depth) * seq_len * 2
-    return [_call(f"{what}: statistics", "fwd", "all_reduce", ROW, n),
-            _call(f"{what}: gradient statistics", "bwd", "all_reduce", ROW, n)]
+    return [call(f"{what}: statistics", "fwd", "all_reduce", ROW, n),
+            call(f"{what}: gradient statistics", "bwd", "all_reduce", ROW, n)]
 
 
 def loss_calls(micro_batch: int, seq_len: int, q: int, depth: int = 1, loss_bytes_per_el: int = 4) -> list[dict]:
@@ -174,10 +156,10 @@ def loss_calls(micro_batch: int, seq_len: int, q: int, depth: int = 1, loss_byte
     out = []
     if q > 1:
         n = loss_bytes_per_el * micro_batch // (q * depth) * seq_len
-        out += [_call("cross-entropy: max, target logit, sum exp", "fwd", "all_reduce", ROW, n, calls=3),
-                _call("loss: mean over the batch pieces", "fwd", "all_reduce", COL, loss_bytes_per_el)]
+        out += [call("cross-entropy: max, target logit, sum exp", "fwd", "all_reduce", ROW, n, calls=3),
+                call("loss: mean over the batch pieces", "fwd", "all_reduce", COL, loss_bytes_per_el)]
     if depth > 1:
-        out.append(_call("loss: mean over the batch pieces", "fwd", "all_reduce", DEP, loss_bytes_per_el))
+        out.append(call("loss: mean over the batch pieces", "fwd", "all_reduce", DEP, loss_bytes_per_el))
     return out
 
 
@@ -193,7 +175,7 @@ def layer_calls(model: ModelConfig, micro_batch: int, q: int, depth: int = 1, by
            + layer_norm_calls(b, s, q, d, e, "ln2")
            + linear_calls(b, s, h, f, q, d, e, "fc", ea)
            + linear_calls(b, s, f, h, q, d, e, "fc2", ea))
-    if _policy(recompute) == "full":
+    if recompute_policy(recompute) == "full":
         out += [{**c, "phase": "bwd", "what": c["what"] + " (replayed)"} for c in out if c["phase"] == "fwd"]
     return out
 
@@ -242,17 +224,13 @@ def grad_sync_calls(model: ModelConfig, q: int, depth: int, layers: int, first: 
     for n, axes in params:
         for axis in axes:
             if (axis == COL and q > 1) or (axis == DEP and depth > 1):
-                out.append(_call("replicated parameter gradients", "optim", "all_reduce", axis, e * n))
+                out.append(call("replicated parameter gradients", "optim", "all_reduce", axis, e * n))
     return out
 
 
 # --------------------------------------------------------------------------------------
 # A whole step, in the format of analysis.comm.comm_items
 # --------------------------------------------------------------------------------------
-def _get(layout: Any, key: str, default=None):
-    return layout.get(key, default) if isinstance(layout, dict) else getattr(layout, key, default)
-
-
 def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                      dtype_bytes: int | None = None) -> list[dict]:
     """Every kind of call a grid rank of pipeline stage `pp_rank` makes in one step:
@@ -260,55 +238,30 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Grid, pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or element_bytes(train.dtype)
-    ea = 2 if _get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
-    depth = int(_get(parallel, "tp_depth", 1) or 1)
-    q, p, d, v = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp, parallel.vpp
+    ea = 2 if layout_get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
+    depth = int(layout_get(parallel, "tp_depth", 1) or 1)
+    q, p, d = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    chunks = p * v
-    first, last = pp_rank == 0, pp_rank == (chunks - 1) % p
+    first, last = holds_ends(pp_rank, p, parallel.vpp)
     n_layers = layers_on_rank(model, parallel, pp_rank)
-    merged: dict = {}
-
-    def add(what, axis, op, calls, nbytes):
-        if calls and nbytes:
-            it = merged.setdefault((what, axis, op), {"what": what, "axis": axis, "op": op, "calls": 0, "bytes": 0})
-            it["calls"] += calls
-            it["bytes"] += nbytes
-
-    split = p > 1 and _get(parallel, "schedule", "1f1b") == "zb-h1"
+    step = StepCalls()
+    split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") == "zb-h1"
     for c in summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
-                               act_bytes_per_el=ea, split_backward=split):
-        add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
-    for c in grad_sync_calls(model, q, depth, n_layers, first, last, e, chunks):
-        add(c["what"], c["axis"], c["op"], 1, c["bytes"])
-    if parallel.tp > 1:
-        add("gradient norm", "tp", "all_reduce", 1, 8)
-    if p > 1:
-        sends, recvs = _p2p_counts(model, parallel, pp_rank)
-        nb = ea * b // (q * depth) * model.seq_len * model.hidden // q
-        add("activations and their gradients", "pp", "send", m * sends, m * sends * nb)
-        add("activations and their gradients", "pp", "recv", m * recvs, m * recvs * nb)
-        add("gradient norm", "pp", "all_reduce", 1, 8)
-    if model.tied_embeddings and chunks > 1 and (first or last):
-        add("tied embedding gradient", "embed", "all_reduce", 1,
-            e * summa_vocab(model, q) // q * model.hidden // q)
-    n = params_on_rank(model, parallel, pp_rank)
-    for op, nbytes in dp_bytes_per_step(n, d, parallel.zero1, e).items():
-        add("gradients" if op != "all_gather" else "updated parameter shards", "dp", op, 1, nbytes)
-    if parallel.zero1 and d > 1:  # ZeRO-1's norm: squares summed over the dp shards too
-        add("gradient norm", "dp", "all_reduce", 1, 8)
-    return list(merged.values())
+                               act_bytes_per_el=ea, split_backward=split_backward):
+        step.add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
+    for c in grad_sync_calls(model, q, depth, n_layers, first, last, e, p * parallel.vpp):
+        step.add(c["what"], c["axis"], c["op"], 1, c["bytes"])
+    boundary = ea * b // (q * depth) * model.seq_len * model.hidden // q
+    tied = e * summa_vocab(model, q) // q * model.hidden // q
+    step.add_outside_grid(model, parallel, pp_rank, m, boundary, tied, e)
+    return step.items()
 
 
 def summa_comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                               pp_rank: int = 0, dtype_bytes: int | None = None) -> dict:
     """Call bytes per step on one grid rank, ``{axis: {op: bytes}}``."""
-    out: dict = {}
-    for it in summa_comm_items(model, parallel, train, pp_rank, dtype_bytes):
-        ax = out.setdefault(it["axis"], {})
-        ax[it["op"]] = ax.get(it["op"], 0) + it["bytes"]
-    return out
+    return bytes_by_axis(summa_comm_items(model, parallel, train, pp_rank, dtype_bytes))
 
 
 # --------------------------------------------------------------------------------------

@@ -3,32 +3,10 @@ t stays inside a node.
 
 Activations a layer keeps for its backward
 ------------------------------------------
-Korthikanti et al. (2022, Table 2) count 2-byte activations and 1-byte masks of a
-Megatron layer (:func:`minitron.analysis.memory.korthikanti_activation_bytes_per_layer`
-gives it literally, :func:`~minitron.analysis.memory.activation_bytes_per_layer` per
-element). :func:`saved_bytes_per_layer` counts what minitron's ``Block`` itself saves,
-one item per tensor, for one microbatch of b sequences on one tensor rank (e bytes per
-activation, boolean masks of 1 byte; T = b·s tokens, t_s = t with ``--sp`` else 1)::
-
-    ln1, ln2 input                 e·T·h/t_s each, + mean and rstd: 2·e'·T/t_s each
-    QKV input, fc input            e·T·h/t_s each   (under --sp the sequence shard: the
-                                                     linear all-gathers it again in the
-                                                     backward, Korthikanti §4.2.2)
-    Q, K, V                        3·e·T·h/t
-    attention, dropout > 0         softmax output e·b·a·s²/t, mask b·a·s²/t, dropped
-                                   probabilities e·b·a·s²/t      (explicit core)
-    attention, dropout = 0         SDPA's logsumexp e'·b·a·s/t
-    proj input                     e·T·h/t          (SDPA's output, which it saves too)
-    GELU input, fc2 input          e·T·f/t each
-    residual dropout masks         T·h/t_s each     (dropout > 0)
-
-(e' = max(e, 4): statistics stay in float32 for 16-bit activations.) Selective
-recomputation keeps the input of the attention core (Q, K, V) and drops what it
-saved; full recomputation keeps only the layer input, e·T·h/t_s. With dropout and e = 2
-this is Table 2, with and without ``--sp``, plus what Table 2 leaves out: LayerNorm's
-statistics (b·s-sized; and SDPA's logsumexp when the SDPA core runs). Under full
-recomputation Table 2 counts the whole layer input, 2·s·b·h, where each rank holds its
-1/t shard under ``--sp``.
+:func:`minitron.analysis.memory.saved_bytes_per_layer` counts what minitron's ``Block``
+saves, item by item; :func:`activation_table` puts it beside Korthikanti et al.'s
+Table 2 (:func:`minitron.analysis.memory.korthikanti_activation_bytes_per_layer`) for
+each combination of ``--sp`` and recomputation.
 
 Communication of one layer, one microbatch, one tensor rank
 -----------------------------------------------------------
@@ -61,9 +39,10 @@ from __future__ import annotations
 
 from ..config import ModelConfig, PRESETS
 from .cluster import get_cluster
-from .comm import ring_allreduce_wire_bytes, tp_layer_bytes
-from .flops import _policy, layer_forward_flops
-from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer
+from .calls import ring_allreduce_wire_bytes
+from .comm import tp_layer_bytes
+from .flops import recompute_policy, layer_forward_flops
+from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer, saved_bytes_per_layer
 
 __all__ = ["saved_bytes_per_layer", "activation_table", "tp_collectives", "tp_scaling",
            "format_table"]
@@ -72,50 +51,6 @@ __all__ = ["saved_bytes_per_layer", "activation_table", "tp_collectives", "tp_sc
 # --------------------------------------------------------------------------------------
 # Activations
 # --------------------------------------------------------------------------------------
-def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
-                          recompute: str = "none", bytes_per_el: int = 4,
-                          dropout: bool | None = None) -> dict[str, float]:
-    """Bytes one minitron ``Block`` keeps for its backward, per item (module docstring).
-
-    `dropout` (default ``model.dropout > 0``) selects the explicit attention core with
-    its masks; otherwise the SDPA core. Exact for float32/float64 training; under bf16
-    autocast the casts keep extra copies.
-    """
-    s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
-    e, es = bytes_per_el, max(bytes_per_el, 4)
-    drop = model.dropout > 0 if dropout is None else dropout
-    T = b * s
-    ts = t if sp else 1
-    rc = _policy(recompute)
-    if rc == "full":
-        return {"layer input": e * T * h / ts}
-    out: dict[str, float] = {}
-    if rc == "none":
-        out["ln1 input"] = e * T * h / ts
-        out["ln1 mean, rstd"] = 2 * es * T / ts
-        out["qkv input"] = e * T * h / ts
-    out["Q, K, V"] = 3 * e * T * h / t
-    if rc == "none":
-        if drop:
-            out["softmax output"] = e * b * a * s * s / t
-            out["attention dropout mask"] = b * a * s * s / t
-            out["dropped probabilities"] = e * b * a * s * s / t
-        else:
-            out["SDPA logsumexp"] = es * b * a * s / t  # its output is the proj input (a view)
-    out["proj input"] = e * T * h / t
-    out["ln2 input"] = e * T * h / ts
-    out["ln2 mean, rstd"] = 2 * es * T / ts
-    out["fc input"] = e * T * h / ts
-    out["GELU input"] = e * T * f / t
-    out["fc2 input"] = e * T * f / t
-    if drop:
-        out["residual dropout masks"] = 2 * T * h / ts
-    if rc == "selective":  # the layer input is ln1's input: kept, not recomputed
-        out = {"ln1 input": e * T * h / ts, "ln1 mean, rstd": 2 * es * T / ts, "qkv input": e * T * h / ts,
-               **out}
-    return out
-
-
 def activation_table(model: ModelConfig, micro_batch: int, tp: int, bytes_per_el: int = 4,
                      dropout: bool | None = None) -> list[dict]:
     """One row per (sp, recompute): minitron's count next to Table 2 per element
@@ -154,7 +89,7 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     t, L = tp, model.layers if layers is None else layers
     x = micro_batch * model.seq_len * model.hidden * bytes_per_el
     shard = x / t
-    replay = _policy(recompute) == "full"
+    replay = recompute_policy(recompute) == "full"
     out: list[dict] = []
 
     def add(what, phase, op, calls, nbytes):

@@ -26,8 +26,10 @@ import math
 from ..config import ModelConfig, cube_edge
 from . import cube as C
 from . import summa as S
+from .calls import ring_allreduce_wire_bytes
 from .cluster import COMM_BW_FRACTION, Cluster, get_cluster, matmul_efficiency
-from .comm import ring_allreduce_wire_bytes
+from .memory import saved_bytes_per_layer
+from .params import local_layer_params, params_on_rank
 
 __all__ = ["LONGHORN", "SCHEMES", "scheme_shapes", "compare_tp_schemes", "project_tp_schemes"]
 
@@ -102,9 +104,6 @@ def compare_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes
     gradients summed; 2.5-D's depth reduction of the weight gradients), ``layer_param_bytes,
     model_param_bytes, layer_activation_bytes``. A scheme the devices or the model's
     divisibility do not allow has ``feasible: False``."""
-    from .params import _local_layer_params, params_on_rank
-    from .tensor_parallel import saved_bytes_per_layer
-
     e, b = bytes_per_el, micro_batch
     rows = []
     for scheme, shape in scheme_shapes(devices, depth).items():
@@ -118,11 +117,11 @@ def compare_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes
                                             for c in sync)}
         if scheme == "1d":
             t = shape["t"]
-            layer, whole = _local_layer_params(model, t, "1d"), params_on_rank(model, {"tp": t, "pp": 1})
+            layer, whole = local_layer_params(model, t, "1d"), params_on_rank(model, {"tp": t, "pp": 1})
             acts = sum(saved_bytes_per_layer(model, b, t, dropout=False, bytes_per_el=e).values())
         elif scheme == "3d":
             q = shape["q"]
-            layer = _local_layer_params(model, devices, "3d")
+            layer = local_layer_params(model, devices, "3d")
             whole = params_on_rank(model, {"tp": devices, "pp": 1, "tp_mode": "3d"})
             acts = sum(C.cube_saved_bytes_per_layer(model, b, q, e, dropout=False).values())
         else:

@@ -26,11 +26,10 @@ Pure Python: no tensors, no processes.
 """
 from __future__ import annotations
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
 from ..parallel.buckets import plan_units
-from .data_parallel import NORM_BYTES
-from .comm import ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
-from .params import _degrees, _local_layer_params, chunk_layers, padded_vocab
+from .calls import NORM_BYTES, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
+from .params import chunk_layers, layout_degrees, local_layer_params, padded_vocab, params_on_rank
 
 __all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_buffer_bytes",
            "zero_wire_bytes"]
@@ -40,10 +39,10 @@ def zero_units(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0) -
     """The units of a rank of pipeline stage `pp_rank`, in the engine's order:
     ``[{"kind": "root" | "block", "numel": n}, ...]`` (1-D tensor parallelism; a chunk with
     no embedding, norm or head has no root unit)."""
-    t, p, v, mode = _degrees(parallel)
+    t, p, v, mode = layout_degrees(parallel)
     h = model.hidden
     emb = padded_vocab(model, t) // t * h
-    layer = _local_layer_params(model, t, mode)
+    layer = local_layer_params(model, t, mode)
     counts = chunk_layers(model, parallel)
     units = []
     for c in range(pp_rank, p * v, p):  # this rank's chunks, in order
@@ -77,7 +76,7 @@ def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     d, z = degree or parallel.dp, parallel.zero
     if d == 1 or z < 2:
         return []
-    e = bytes_per_el or (8 if train.dtype == "float64" else 4)
+    e = bytes_per_el or element_bytes(train.dtype)
     m = train.microbatches
     units = zero_units(model, parallel, pp_rank)
     padded = [_shard(u["numel"], d) * d for u in units]
@@ -105,9 +104,7 @@ def zero_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     s = Σ ceil(n_u/d) over the units (n/d up to padding). Stage 3 also holds, for a
     moment, the gathered units: see :func:`zero_buffer_bytes`. `degree` as in :func:`zero_calls`.
     """
-    from .params import params_on_rank
-
-    e = bytes_per_el or (8 if train.dtype == "float64" else 4)
+    e = bytes_per_el or element_bytes(train.dtype)
     d, z = degree or parallel.dp, parallel.zero
     n = params_on_rank(model, parallel, pp_rank)
     if d == 1 or z == 0:

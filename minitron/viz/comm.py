@@ -5,8 +5,9 @@ A trace is the list of records that :class:`minitron.comm.CommTrace` keeps (and 
 phase, shape, dtype}``, one per collective or point-to-point call, in the order the
 rank issued them. This module sums them up and draws them:
 
-* :func:`select`, :func:`totals` — the records of one rank/step/axis, and their calls
-  and bytes per (phase, op): what lessons compare with ``minitron.analysis``.
+* :func:`totals` — the calls and bytes per (phase, op) of the records of one
+  rank/step/axis (chosen with :func:`minitron.comm.select`, imported here): what lessons
+  compare with ``minitron.analysis``.
 * :func:`plot_calls` — the calls of one microbatch in issue order, one lane per phase
   (forward, backward, optimizer), a box per call coloured by op: a communication
   diagram of a layer or a model, e.g. Megatron's f/g all-reduces next to sequence
@@ -27,7 +28,7 @@ import itertools
 import time
 from collections import defaultdict
 
-from ..comm import CommTrace
+from ..comm import CommTrace, select
 
 OP_COLORS = {"all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
              "broadcast": "#8172b2", "send": "#937860", "recv": "#da8bc3"}
@@ -39,12 +40,6 @@ PHASES = ("fwd", "bwd", "optim")
 # --------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------
-def select(records, **match) -> list[dict]:
-    """The records whose fields equal every `match` (e.g. ``rank=0, step=1, axis='dp'``),
-    in issue order."""
-    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
-
-
 def totals(records, by=("phase", "op"), **match) -> dict:
     """``{key: {"calls": n, "bytes": b}}`` over the records that `match`, keyed by the
     tuple of the `by` fields (a single field gives plain keys)."""

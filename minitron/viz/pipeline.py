@@ -8,20 +8,19 @@ a function has to make its own axes, so this module imports without a display.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+
+from ..comm import read_trace
 
 OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
 
 
 def load_timeline(path) -> list[dict]:
-    """Read a runtime `--timeline` file (JSON lines)."""
-    lines = Path(path).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    """Read a runtime `--timeline` file: JSON lines, like a ``--trace`` file, so
+    :func:`minitron.comm.read_trace` reads it."""
+    return read_trace(path)
 
 
 def _records(sim_or_timeline) -> tuple[list[dict], str | None]:
