@@ -12,7 +12,7 @@ then
    each rank overwriting its copy with the one it receives.
 
 2(n − 1) rounds of one chunk each: every rank sends 2(n − 1)/n · N elements, whatever n
-(:func:`minitron.analysis.comm.ring_allreduce_wire_bytes`). N need not be divisible by
+(:func:`minitron.analysis.ring_allreduce_wire_bytes`). N need not be divisible by
 n: the chunks then differ in size by one element (``torch.tensor_split``).
 
 The learner writes ``ring_allreduce(x, rank, n, send, recv) -> tensor``, with the two
@@ -43,7 +43,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..analysis.comm import ring_allreduce_wire_bytes
+from ..analysis import ring_allreduce_wire_bytes
 from ..config import ParallelConfig
 from .runner import LabError, agree, call, load, run_sources
 
