@@ -54,7 +54,7 @@ PTDP_FUSION_GAINS = {"175B": (113, 135), "530B": (133, 148)}  # TFLOP/s without,
 # PTD-P Table 2: {model: {scheme: [(GPUs, global batch, microbatch, TFLOP/s per GPU)]}};
 # PTD-P at t = 8 and p = 12 (175B) or p = 35 (530B), ZeRO-3 with d = GPUs
 PTDP_VS_ZERO3 = {
-    "175B": {"ptdp": [(384, 1536, 1, 153), (768, 1536, 1, 149), (1536, 1536, 1, 141)],
+    "175B": {"ptdp": [(n, 1536, 1, tflops) for n, tflops in PTDP_GPT3_175B],
              "zero3": [(384, 1536, 4, 144), (768, 1536, 2, 88), (1536, 1536, 1, 44)]},
     "530B": {"ptdp": [(560, 2240, 1, 171), (1120, 2240, 1, 167), (2240, 2240, 1, 159)],
              "zero3": [(640, 2560, 4, 138), (1120, 2240, 2, 98), (2240, 2240, 1, 48)]},

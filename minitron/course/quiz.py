@@ -58,6 +58,23 @@ def _gpus_for_states(name: str, bytes_per_param: float, gpu_bytes: float) -> int
     return math.ceil(_A().param_count(_preset(name)) * bytes_per_param / gpu_bytes)
 
 
+def _naive_output_ranks(q: int) -> int:
+    from .tp_schemes import cube_placements
+    rows = cube_placements(q, q * q, 4, 4 * q * q, 4 * q * q)["naive"]
+    return sum(1 for row in rows.values() if row["output"] > 0)
+
+
+def _fewest_bytes_scheme(devices: int) -> str:
+    from .tp_schemes import BIAN_SHAPE, scheme_rows
+    rows = [r for r in scheme_rows(*BIAN_SHAPE, devices) if r["feasible"]]
+    return min(rows, key=lambda r: r["layer_wire_bytes"])["scheme"]
+
+
+def _checkpoints(name: str, micro_batch: int, layers: int, tp: int) -> int:
+    from .ptdp import checkpoint_spacing
+    return checkpoint_spacing(_preset(name), micro_batch, layers, tp=tp)["best_c"]
+
+
 def _model_flops_per_token(name: str) -> float:
     m = _preset(name)
     return _A().model_flops_per_iteration(m, 1) / m.seq_len
@@ -154,6 +171,13 @@ QUESTIONS: dict[str, Question] = {
         lambda: 6,
         "forward: gather X, gather W, reduce-scatter Y; backward: gather dY, reduce-scatter "
         "dX, reduce-scatter dW."),
+    "05.naive_output_ranks": Question(
+        lambda: _naive_output_ranks(2),
+        "the partial products are reduced along k onto one plane of the cube: q² of the q³ ranks."),
+    "05.fewest_bytes_64": Question(
+        lambda: (_fewest_bytes_scheme(64),),
+        "compare the 'sent per microbatch' column of section 6: activations shrink with the "
+        "grid, and the cube splits them over all three axes."),
     # --- lesson 6: PTD-P -----------------------------------------------------------------
     "06.rank_of": Question(
         lambda: _grid(tp=2, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
@@ -165,6 +189,13 @@ QUESTIONS: dict[str, Question] = {
         lambda: (64 / 8 - 1) / (512 / 8),
         "with n GPUs, d-way data parallelism leaves p = n/d stages and b′/d microbatches "
         "per pipeline: the bubble is (n/d − 1)/(b′/d)."),
+    "06.checkpoints": Question(
+        lambda: _checkpoints("gpt3-175b", 1, 96, 8),
+        "minimise c·A_input + (l/c)·A_intermediate: c* = sqrt(l·A_intermediate/A_input), then "
+        "try the whole numbers on either side."),
+    "06.zero3_state_gb": Question(
+        lambda: 16 * _A().param_count(_preset("gpt3-175b")) / 1536 / 1e9,
+        "ZeRO-3 shards all 16 bytes per parameter over the d GPUs: 16·Ψ/d.", rel_tol=1e-2),
     # --- lesson 7: performance -----------------------------------------------------------
     "07.hfu_over_mfu": Question(
         lambda: 96 / 72,

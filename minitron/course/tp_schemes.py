@@ -24,7 +24,7 @@ from pathlib import Path
 from ..config import ModelConfig
 
 __all__ = ["cube_placements", "placement_imbalance", "scheme_rows", "BIAN_SHAPE", "bian_64gpu_comparison",
-           "scaling_series", "read_tp_schemes_benchmark"]
+           "scaling_series", "TP_SCHEMES_RESULTS", "read_tp_schemes_benchmark"]
 
 HELD = ("input", "weight", "output", "bias")
 
@@ -151,7 +151,11 @@ def scaling_series(model: ModelConfig, devices, batch_for=None, cluster=None) ->
     return out
 
 
-def read_tp_schemes_benchmark(path: str | Path) -> dict:
+# where benchmarks/tp_schemes.py writes its results, in a checkout of the repository
+TP_SCHEMES_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "tp_schemes.md"
+
+
+def read_tp_schemes_benchmark(path: str | Path = TP_SCHEMES_RESULTS) -> dict:
     """The per-device table of ``benchmarks/tp_schemes.py``'s results file (markdown):
     ``{(model, scheme): {"wire_measured", "wire_predicted" (bytes), "step_s"}}``.
     Raises ValueError naming the file when it holds no such table."""
