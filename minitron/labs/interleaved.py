@@ -231,10 +231,6 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
     tr = Trainer(MODEL, RUN, TRAIN, comm, schedule=schedule)
     losses = [tr.step(i) for i in range(TRAIN.steps)]
     rank = comm.index("pp")
-    ran = [(r["op"], r["mb"], r["chunk"]) for r in tr.pipeline.records if r["step"] == 0]
-    planned = [(a.op, a.mb, a.chunk) for a in schedule.compute_actions(rank)]
-    if ran != planned:  # the runtime executes the schedule as data: this would be an engine bug
-        raise LabError(f"pipeline rank {rank} ran {ran} instead of the schedule's {planned}")
     sends = len(comm.trace.select(axis="pp", op="send", step=0))
     if sends != _messages(RUN, rank):
         raise LabError(f"pipeline rank {rank} sent {sends} messages in a step, the analysis says "

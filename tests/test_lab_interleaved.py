@@ -1,0 +1,87 @@
+"""Lab 02b's checker (minitron.labs.interleaved) fails each plausible mistake in the
+interleaved 1F1B schedule with its own line, before any rank starts; the reference
+passes every static check and, on 2 gloo ranks with 2 chunks each, trains like one device."""
+import pytest
+
+from minitron.labs import check_interleaved
+
+INTERLEAVED = '''
+def interleaved_1f1b(p, v, m, rank):
+    rounds = max(m // p, 1)
+    q, extra = divmod(m, rounds)
+    groups = [q + 1] * extra + [q] * (rounds - extra)
+    order, start = [], 0
+    for g in groups:
+        order += [(start + i, c) for c in range(v) for i in range(g)]
+        start += g
+    fwd = [Action("F", k, c) for k, c in order]
+    bwd = [Action("B", k, v - 1 - c) for k, c in order]
+    if v == 1:
+        warmup = min(p - rank - 1, m)
+    else:
+        warmup = min((p - rank - 1) * 2 + (v - 1) * groups[0], m * v)
+    n = len(fwd)
+    acts = fwd[:warmup]
+    for i in range(n - warmup):
+        acts += [fwd[warmup + i], bwd[i]]
+    return acts + bwd[n - warmup:]
+'''
+
+ZB_H1 = '''
+def zb_h1(p, m, rank):
+    warmup = min(p - rank - 1, m)
+    acts, w = [Action("F", k) for k in range(warmup)], 0
+    for k in range(m - warmup):
+        acts += [Action("F", warmup + k), Action("B", k)]
+        if k >= rank:
+            acts.append(Action("W", k - rank))
+            w += 1
+    for k in range(m - warmup, m):
+        acts.append(Action("B", k))
+        if k >= rank:
+            acts.append(Action("W", k - rank))
+            w += 1
+    return acts + [Action("W", k) for k in range(w, m)]
+'''
+
+WARMUP = "* groups[0], m * v)"
+MISTAKES = {  # name: (source, words the one-line message must contain)
+    "warm-up one too many": (INTERLEAVED.replace(WARMUP, "* groups[0] + 1, m * v)"), "one forward too many"),
+    "warm-up one too few": (INTERLEAVED.replace(WARMUP, "* groups[0] - 1, m * v)"), "one forward too few"),
+    "backward chunks not mirrored": (INTERLEAVED.replace('Action("B", k, v - 1 - c)', 'Action("B", k, c)'),
+                                     "mirrored order"),
+    "forward chunks in the wrong order": (INTERLEAVED.replace("v - 1 - c)", "c)").replace(
+        'Action("F", k, c)', 'Action("F", k, v - 1 - c)'), "forwards go up the chunks"),
+    "a backward missing": (INTERLEAVED.replace("bwd[n - warmup:]", "bwd[n - warmup:-1]"), "never runs B"),
+    "v = 1 logic for v = 2": (INTERLEAVED.replace("if v == 1:", "if True:"), "plain 1F1B's warm-up"),
+    "microbatch by microbatch": (INTERLEAVED.replace("for c in range(v) for i in range(g)",
+                                                     "for i in range(g) for c in range(v)"), "cannot run"),
+    "zb-h1 without deferred W": (INTERLEAVED + ZB_H1.replace("if k >= rank:", "if True:").replace(
+        "k - rank", "k").replace("range(w, m)", "range(m, m)"), "your zb_h1"),
+}
+
+
+@pytest.mark.parametrize("name", MISTAKES)
+def test_each_mistake_gets_its_own_line_before_any_rank_starts(name):
+    source, words = MISTAKES[name]
+    res = check_interleaved(source)
+    assert not res["ok"]
+    assert "\n" not in res["message"] and words in res["message"], res["message"]
+    others = [w for n, (_, w) in MISTAKES.items() if n != name and w != words]
+    assert not any(w in res["message"] for w in others), res["message"]
+
+
+def test_stub_and_syntax_error_name_the_problem():
+    stub = 'def interleaved_1f1b(p, v, m, rank):\n    raise NotImplementedError  # your code here\n'
+    res = check_interleaved(stub)
+    assert not res["ok"] and "NotImplementedError in interleaved_1f1b" in res["message"], res
+    res = check_interleaved("def interleaved_1f1b(p, v, m, rank)\n    return []\n")
+    assert not res["ok"] and "does not compile" in res["message"], res
+
+
+@pytest.mark.multirank
+def test_reference_passes_with_the_stretch_part():
+    res = check_interleaved(INTERLEAVED + ZB_H1)
+    assert res["ok"], res["message"]
+    assert res["bubble_fraction"] == pytest.approx(3 / 16) and res["zb_h1"] == "passed"
+    assert res["messages"] > res["messages_1f1b"]
