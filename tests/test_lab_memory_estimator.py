@@ -1,0 +1,88 @@
+"""Lab 1's checker (``minitron.labs.memory_estimator``): the reference estimate meets the
+bytes measured on real ranks, the usual mistakes each get their own line (the component,
+the layout, the stage, by how much).
+
+What needs no measurement (a stub, the engine's own estimate, a malformed answer) is
+refused before any rank starts; the rest shares one launch of 2 ranks (three layouts).
+"""
+import pytest
+
+from minitron.labs.memory_estimator import ACT_TOL, check_memory_estimator, measure
+
+REFERENCE = '''
+def estimate(model, layout, train, stage):
+    h, s, a, V, L, f = model.hidden, model.seq_len, model.heads, model.vocab, model.layers, model.ffn_hidden
+    t, p, d = layout.tp, layout.pp, layout.dp
+    e = 8 if train.dtype == "float64" else 4
+    m = train.microbatches
+    b = train.global_batch // (d * m)
+    Vp = -(-V // t) * t
+    layer = 2 * h + 3 * h * h // t + 3 * h // t + h * h // t + h + 2 * h + f * h // t + f // t + h * f // t + h
+    layers = L // p
+    n = layers * layer
+    if stage == 0:
+        n += Vp // t * h + s * h
+    if stage == p - 1:
+        n += 2 * h + Vp // t * h
+    sbh = s * b * h
+    ts = t if layout.sp else 1
+    inside = (4 * e + 2 * e * f / h) * sbh / t + (2 * e + 1) * a * s * s * b / t
+    outside = (4 * e + 2) * sbh / ts
+    stash = min(p - stage, m)
+    acts = stash * layers * (inside + outside)
+    if stage == 0:
+        acts += stash * s * b * h / ts
+    if stage == p - 1:
+        acts += 2 * e * sbh / ts + 4 * b * s * Vp / t
+    return {"params_bytes": e * n, "grads_bytes": e * n, "optimizer_bytes": 2 * e * n, "activations_bytes": acts}
+'''
+
+
+def broken(old: str, new: str, source: str = REFERENCE) -> str:
+    assert old in source, old
+    return source.replace(old, new, 1)
+
+
+def test_refused_before_any_rank_starts():
+    stub = "def estimate(model, layout, train, stage):\n    raise NotImplementedError  # your code here\n"
+    assert check_memory_estimator(stub)["message"].startswith("estimate is not written yet")
+    engine = "from minitron.analysis import memory_on_rank\ndef estimate(model, layout, train, stage):\n    return 0\n"
+    assert "your code uses the engine's own minitron.analysis" in check_memory_estimator(engine)["message"]
+    syntax = broken("def estimate(model, layout, train, stage):", "def estimate(model, layout, train, stage)")
+    assert check_memory_estimator(syntax)["message"].startswith("your code does not compile")
+    malformed = broken('"activations_bytes": acts}', '"activation_bytes": acts}')
+    assert "return a dict with the keys params_bytes" in check_memory_estimator(malformed)["message"]
+
+
+@pytest.mark.multirank
+def test_reference_meets_the_measurement_and_mistakes_get_one_line():
+    measured = measure()
+    ok = check_memory_estimator(REFERENCE, measured=measured)
+    assert ok["ok"], ok
+    for row in ok["rows"]:
+        for k in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert row[f"{k} est"] == row[f"{k} measured"]
+        assert abs(row["activations_bytes est"] / row["activations_bytes measured"] - 1) <= ACT_TOL
+    cases = {
+        "parameters not divided by t": (
+            broken("layer = 2 * h + 3 * h * h // t + 3 * h // t + h * h // t + h + 2 * h + f * h // t + f // t "
+                   "+ h * f // t + h", "layer = 12 * h * h + 13 * h"),
+            "params_bytes on --tp 2 --sp, stage 0: your estimate 240384, measured 140288 (1.71x; must agree "
+            "exactly): tensor parallelism splits"),
+        "one Adam moment": (
+            broken('"optimizer_bytes": 2 * e * n', '"optimizer_bytes": e * n'),
+            "optimizer_bytes on --dp 2, stage 0: your estimate 273152, measured 546304 (0.50x; must agree exactly)"),
+        "no pipeline stash": (
+            broken("stash = min(p - stage, m)", "stash = 1"),
+            "activations_bytes on --pp 2, stage 0: your estimate"),
+        "sequence parallelism ignored outside": (
+            broken("outside = (4 * e + 2) * sbh / ts", "outside = (4 * e + 2) * sbh"),
+            "activations_bytes on --tp 2 --sp, stage 0: your estimate"),
+    }
+    for name, (source, words) in cases.items():
+        res = check_memory_estimator(source, measured=measured)
+        assert not res["ok"] and words in res["message"] and "\n" not in res["message"], (name, res)
+    assert "1F1B keeps the activations of min(p − stage, m)" in check_memory_estimator(
+        cases["no pipeline stash"][0], measured=measured)["message"]
+    assert "dropout masks included, over t too" in check_memory_estimator(
+        cases["sequence parallelism ignored outside"][0], measured=measured)["message"]
