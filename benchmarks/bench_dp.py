@@ -22,11 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from harness import cpu_name, paired_ratio, publish, slowest_rank_rounds  # noqa: E402
 from minitron.comm import Comm  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
 from minitron.optim import sync_replicated_grads  # noqa: E402
@@ -133,15 +131,6 @@ def bench_job(comm, args, corpus):
     return {"times": times, "threads": torch.get_num_threads()}
 
 
-def machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    return f"{name}, {os.cpu_count()} cores"
-
-
 RATIOS = {  # name: (numerator, denominator, factor)
     "bucketed_over_ddp": ("minitron bucketed", "torch DDP", 1),
     "naive_over_bucketed": ("minitron naive", "minitron bucketed", 1),
@@ -160,15 +149,11 @@ def summarize(results: dict, args) -> dict:
     """Per variant, the median over rounds of the slower rank's step time; per ratio, the
     median over rounds of the ratio within a round (paired: slow drifts of a shared
     machine cancel) and the ratio of the medians."""
-    rounds = {}
-    for v in results[0]["times"]:
-        ranks = [r for r in results if results[r]["times"].get(v)]
-        rounds[v] = [max(x) for x in zip(*(results[r]["times"][v] for r in ranks))]
+    rounds = slowest_rank_rounds(results)
     s = {"step_s": {v: statistics.median(x) for v, x in rounds.items()}, "rounds": len(next(iter(rounds.values())))}
     for name, (a, b, f) in RATIOS.items():
         if a in rounds and b in rounds:
-            s[name] = {"paired_median": statistics.median(f * x / y for x, y in zip(rounds[a], rounds[b])),
-                       "ratio_of_medians": f * s["step_s"][a] / s["step_s"][b]}
+            s[name] = paired_ratio(rounds[a], rounds[b], f)
     return s
 
 
@@ -179,7 +164,7 @@ def markdown(s: dict, args, command: str) -> str:
     n = params_on_rank(m, ParallelConfig())
     lines = [
         f"Command: `{command}`  ",
-        f"Machine: {machine()}; torch {torch.__version__}, gloo, 2 ranks × 1 thread; "
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, gloo, 2 ranks × 1 thread; "
         f"{datetime.date.today().isoformat()}; load average {args.load[0]:.1f} before, {args.load[1]:.1f} after "
         f"(other processes share the 2 cores)  ",
         f"Model: `{args.model}` ({n / 1e6:.2f} M parameters, {4 * n / 2**20:.1f} MiB of fp32 gradients), "
@@ -234,10 +219,7 @@ def main(argv=None) -> int:
     s = summarize(results, args)
     command = "python benchmarks/bench_dp.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = markdown(s, args, command.strip())
-    print(json.dumps(s, indent=1) if args.json else md)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(md + "\n")
+    publish(md, s, args.json, args.write)
     return 0
 
 

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from harness import paired_ratio, publish, slowest_rank_rounds  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
 
 VARIANTS = ("minitron zero3", "torch fsdp2")
@@ -153,12 +154,11 @@ def bench_job(comm, args, corpus):
 
 def summarize(results: dict) -> dict:
     ranks = sorted(results)
-    rounds = {v: [max(x) for x in zip(*(results[r]["times"][v] for r in ranks))] for v in VARIANTS}
+    rounds = slowest_rank_rounds(results, VARIANTS)
     a, b = VARIANTS
     return {"step_s": {v: statistics.median(x) for v, x in rounds.items()},
             "rounds": len(rounds[a]),
-            "minitron_over_fsdp2": {"paired_median": statistics.median(x / y for x, y in zip(rounds[a], rounds[b])),
-                                    "ratio_of_medians": statistics.median(rounds[a]) / statistics.median(rounds[b])},
+            "minitron_over_fsdp2": paired_ratio(rounds[a], rounds[b]),
             "first_loss": results[0]["first_loss"],
             "peak_bytes": {v: max((results[r]["peak_bytes"][v] or 0 for r in ranks), default=0) or None
                            for v in VARIANTS},
@@ -222,10 +222,7 @@ def main(argv=None) -> int:
     s = summarize(results)
     command = "python benchmarks/bench_fsdp.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = markdown(s, args, command.strip())
-    print(json.dumps(s, indent=1) if args.json else md)
-    if args.write:
-        with open(args.write, "a") as f:
-            f.write(md + "\n")
+    publish(md, s, args.json, args.write)
     return 0
 
 

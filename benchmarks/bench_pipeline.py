@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from harness import checkout_commit, cpu_name, paired_ratio  # noqa: E402
 from minitron.config import ParallelConfig, preset  # noqa: E402
 from minitron.tools.testing import run_on_ranks  # noqa: E402
 
@@ -60,7 +60,7 @@ def bench_job(comm, model, cases, global_batch, steps, warmup):
         layout = ParallelConfig(pp=2, vpp=v, schedule=kind)
         mine, ctx = _chunks(model, layout, comm)
         theirs, _ = _chunks(model, layout, comm)
-        runtime = PipelineRuntime(mine, ctx, model, layout, m, record=False)
+        runtime = PipelineRuntime(mine, ctx, layout, m, record=False)
         dp = NaiveDataParallel([p for c in mine for p in c.parameters()], comm)
         mbs = list(zip(x.chunk(m), y.chunk(m)))
 
@@ -103,25 +103,11 @@ def bench_job(comm, model, cases, global_batch, steps, warmup):
                     "torch_s": statistics.median(times["torch"]),
                     "minitron_min_s": min(times["minitron"]), "torch_min_s": min(times["torch"]),
                     # each torch step over the minitron step right before it: robust to load drift
-                    "paired_ratio": statistics.median(b / a for a, b in zip(times["minitron"], times["torch"]))})
+                    "paired_ratio": paired_ratio(times["torch"], times["minitron"])["paired_median"]})
     return out
 
 
 SCHEDULES = {"1f1b": 1, "interleaved": 2}  # schedule -> chunks per rank
-
-
-def commit() -> str:
-    """The checkout's commit (with '+' when files differ from it), for the results."""
-    import subprocess
-    root = os.path.join(os.path.dirname(__file__), "..")
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "minitron", "benchmarks"],
-                               cwd=root, capture_output=True, text=True).stdout.strip()
-        return head + ("+" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None):
@@ -149,7 +135,7 @@ def main(argv=None):
         model = model.replace(layers=4)  # 2 ranks x 2 chunks
     cases = [(kind, SCHEDULES[kind], m) for m in args.microbatches for kind in args.schedules]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    load0, rev = os.getloadavg()[0], commit()  # the code measured: the commit at the start
+    load0, rev = os.getloadavg()[0], checkout_commit()  # the code measured: the commit at the start
     res = run_on_ranks(bench_job, ParallelConfig(pp=2), model, cases, args.global_batch, args.steps,
                        args.warmup)[0]
     rows = ["| schedule | v | m | minitron step, median (min) ms | torch.distributed.pipelining, median (min) ms "
@@ -159,8 +145,7 @@ def main(argv=None):
         rows.append(f"| {r['schedule']} | {r['v']} | {r['m']} | {1e3 * r['minitron_s']:.1f} "
                     f"({1e3 * r['minitron_min_s']:.1f}) | {1e3 * r['torch_s']:.1f} ({1e3 * r['torch_min_s']:.1f}) "
                     f"| {r['paired_ratio']:.2f} |")
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cpu = cpu_name()
     cmd = "python benchmarks/bench_pipeline.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = "\n".join([
         "# Pipeline runtime: minitron vs torch.distributed.pipelining",

@@ -3,8 +3,8 @@
 For each model, both layouts train the same GPT (same seed, same batches) for a few
 steps; rank 0's communication trace of the last step gives the *measured* call bytes per
 axis and operation (and their ring wire bytes), which are printed next to the
-*predicted* ones (:func:`minitron.analysis.comm.comm_bytes_per_step` for 1-D,
-:func:`minitron.analysis.cube.cube_comm_bytes_per_step` for the cube). Parameter bytes
+*predicted* ones (``harness.predicted``: :func:`minitron.analysis.comm.comm_items` for
+1-D, :func:`minitron.analysis.cube.cube_comm_items` for the cube). Parameter bytes
 (the local shards) and activation bytes (what autograd saves during one microbatch's
 forward, counted through ``saved_tensors_hooks``, parameters excluded, each storage
 once) are measured and predicted the same way. Step times are printed for
@@ -25,12 +25,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from harness import (bytes_by_axis_op, checkout_commit, measure_trainer, measured_wire_bytes,  # noqa: E402
+                     predicted)
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig, validate  # noqa: E402
 from minitron.tools.testing import run_on_ranks  # noqa: E402
 
@@ -41,86 +42,12 @@ MODELS = {
 LAYOUTS = {"1d": ParallelConfig(tp=8), "3d": ParallelConfig(tp=8, tp_mode="3d")}
 
 
-def saved_activation_bytes(model, x, y) -> int:
-    """Bytes autograd saves for the backward of `model(x, y)` (one forward): every
-    distinct storage once, parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set = set()
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        st = t.untyped_storage()
-        if st.data_ptr() not in params and st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, y)
-    return total
-
-
 def measure_job(comm, model, layout, train, steps):
     """On every rank: activations of one microbatch, parameter bytes, the trace of the
     last of `steps` steps and the step times."""
     from minitron.train import Trainer
 
-    tr = Trainer(model, layout, train, comm)
-    x, y = tr.microbatches(0)[0]
-    acts = saved_activation_bytes(tr.model, x, y)
-    times = []
-    for i in range(steps):
-        comm.trace.records.clear()
-        t0 = time.perf_counter()
-        tr.step(i)
-        times.append(time.perf_counter() - t0)
-    recs = [r for r in comm.trace.records if r["phase"] not in ("log", "other")]
-    sizes = {r["axis"]: comm.size(r["axis"]) for r in recs}
-    params = sum(p.numel() * p.element_size() for p in tr.params)
-    return {"acts": acts, "params": params, "records": recs, "sizes": sizes, "times": times}
-
-
-def by_axis_op(records) -> dict:
-    out: dict = {}
-    for r in records:
-        key = (r["axis"], r["op"])
-        out[key] = out.get(key, 0) + r["bytes"]
-    return out
-
-
-def wire(records, sizes) -> float:
-    from minitron.analysis.cube import wire_bytes
-
-    return sum(wire_bytes(r, sizes[r["axis"]]) for r in records)
-
-
-def predicted(model, layout, train):
-    from minitron.analysis import cube as A
-    from minitron.analysis.comm import comm_bytes_per_step
-    from minitron.analysis.params import params_on_rank
-
-    e = 8 if train.dtype == "float64" else 4
-    b = train.global_batch // (layout.dp * train.microbatches)
-    if layout.tp_mode == "3d":
-        comm = A.cube_comm_bytes_per_step(model, layout, train)
-        items = A.cube_comm_items(model, layout, train)
-        sizes = {"cube_i": A.cube_q(layout.tp), "cube_j": A.cube_q(layout.tp), "cube_k": A.cube_q(layout.tp),
-                 "tp": layout.tp}
-    else:
-        from minitron.analysis.comm import comm_items
-
-        comm = comm_bytes_per_step(model, layout, train)
-        items = comm_items(model, layout, train)
-        sizes = {"tp": layout.tp}
-    flat = {(ax, op): n for ax, ops in comm.items() for op, n in ops.items()}
-    wire_b = 0.0
-    for it in items:  # items: bytes summed over `calls` calls of equal size
-        per = {**it, "bytes": it["bytes"] / it["calls"]}
-        wire_b += it["calls"] * A.wire_bytes(per, sizes.get(it["axis"], 1))
-    acts = sum(A.saved_bytes_per_microbatch(model, b, layout.tp, layout.tp_mode, e).values())
-    params = e * params_on_rank(model, layout)
-    return {"comm": flat, "wire": wire_b, "acts": acts, "params": params}
+    return measure_trainer(Trainer(model, layout, train, comm), comm, steps)
 
 
 def run(models, steps, dtype):
@@ -132,11 +59,11 @@ def run(models, steps, dtype):
             validate(model, layout, train)
             res = run_on_ranks(measure_job, layout, model, layout, train, steps, trace=True)[0]
             pred = predicted(model, layout, train)
-            meas = by_axis_op(res["records"])
+            meas = bytes_by_axis_op(res["records"])
             rows.append({"model": name, "mode": mode, "tokens": gb * model.seq_len, "hidden": model.hidden,
                          "measured": meas, "predicted": pred["comm"],
                          "call_bytes": sum(meas.values()), "call_bytes_pred": sum(pred["comm"].values()),
-                         "wire_bytes": wire(res["records"], res["sizes"]), "wire_bytes_pred": pred["wire"],
+                         "wire_bytes": measured_wire_bytes(res["records"], res["sizes"]), "wire_bytes_pred": pred["wire"],
                          "param_bytes": res["params"], "param_bytes_pred": pred["params"],
                          "act_bytes": res["acts"], "act_bytes_pred": pred["acts"],
                          "step_ms": 1000 * statistics.median(res["times"][1:] or res["times"])})
@@ -144,20 +71,6 @@ def run(models, steps, dtype):
                   f"params {res['params']} B (pred {pred['params']}), acts {res['acts']} B (pred {pred['acts']})",
                   flush=True)
     return rows
-
-
-def commit() -> str:
-    """The checkout's commit (with '+' when files differ from it), for the results."""
-    import subprocess
-    root = os.path.join(os.path.dirname(__file__), "..")
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "minitron", "benchmarks"],
-                               cwd=root, capture_output=True, text=True).stdout.strip()
-        return head + ("+" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def fmt(n) -> str:
@@ -233,7 +146,7 @@ def main(argv=None):
     if args.smoke:
         args.models, args.steps, args.out = ["tokens"], 1, ""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rev = commit()  # the code measured: the commit at the start
+    rev = checkout_commit()  # the code measured: the commit at the start
     rows = run(args.models, args.steps, args.dtype)
     text = report(rows, argv, args.dtype, rev)
     if args.out:

@@ -31,13 +31,13 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from minitron.config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, validate  # noqa: E402
+from harness import bytes_by_axis_op, measure_trainer, measured_wire_bytes, predicted  # noqa: E402
+from minitron.config import ModelConfig, ParallelConfig, TrainConfig, validate  # noqa: E402
 from minitron.tools.testing import run_on_ranks  # noqa: E402
 
 # many tokens and a narrow hidden size (activations dominate), and few tokens with a wide one
@@ -54,26 +54,6 @@ LAYOUTS_16 = {"1d": ParallelConfig(tp=16), "2d": ParallelConfig(tp=16, tp_mode="
               "3d": ParallelConfig(tp=8, tp_mode="3d", dp=2)}
 # the projection: one GPT layer on 64 GPUs, 16-bit (our choice of shape; see the report)
 PAPER = (ModelConfig(layers=24, hidden=4096, heads=64, seq_len=512, vocab=51200, name="h4096"), 64)
-
-
-def saved_activation_bytes(model, x, y) -> int:
-    """Bytes autograd saves for the backward of `model(x, y)`: each storage once,
-    parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set = set()
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        st = t.untyped_storage()
-        if st.data_ptr() not in params and st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, y)
-    return total
 
 
 def comm_for(layout, world_comm):
@@ -96,63 +76,11 @@ def measure_job(world_comm, runs, steps):
     out = []
     for model, layout, train in runs:
         comm = comm_for(layout, world_comm)
-        tr = Trainer(model, layout, train, comm)
-        x, y = tr.microbatches(0)[0]
-        acts = saved_activation_bytes(tr.model, x, y)
-        times = []
-        for i in range(steps):
-            comm.trace.records.clear()
-            world_comm.barrier()
-            t0 = time.perf_counter()
-            tr.step(i)
-            times.append(time.perf_counter() - t0)
-        recs = [r for r in comm.trace.records if r["phase"] not in ("log", "other")]
-        sizes = {r["axis"]: comm.size(r["axis"]) for r in recs}
-        params = sum(p.numel() * p.element_size() for p in tr.params)
-        out.append({"acts": acts, "params": params, "records": recs, "sizes": sizes, "times": times})
+        out.append(measure_trainer(Trainer(model, layout, train, comm), comm, steps, world_comm.barrier))
     return out
-
-
-def by_axis_op(records) -> dict:
-    out: dict = {}
-    for r in records:
-        out[(r["axis"], r["op"])] = out.get((r["axis"], r["op"]), 0) + r["bytes"]
-    return out
-
-
-def predicted(model, layout, train):
-    """The analysis of one step on rank 0: call bytes per (axis, op), wire bytes,
-    activation bytes of a microbatch and parameter bytes."""
-    from minitron.analysis import cube as C
-    from minitron.analysis import summa as S
-    from minitron.analysis.comm import comm_items
-    from minitron.analysis.params import params_on_rank
-
-    e = element_bytes(train.dtype)
-    b = train.global_batch // (layout.dp * train.microbatches)
-    if layout.tp_mode == "3d":
-        q = C.cube_q(layout.tp)
-        items, sizes = C.cube_comm_items(model, layout, train), {C.I: q, C.J: q, C.K: q}
-        acts = sum(C.saved_bytes_per_microbatch(model, b, layout.tp, "3d", e).values())
-    elif layout.tp_mode in ("2d", "2.5d"):
-        q = S.grid_shape(layout.tp, layout.tp_depth)
-        items, sizes = S.summa_comm_items(model, layout, train), {S.ROW: q, S.COL: q, S.DEP: layout.tp_depth}
-        acts = sum(S.saved_bytes_per_microbatch(model, b, layout.tp, layout.tp_depth, e).values())
-    else:
-        items, sizes = comm_items(model, layout, train), {}
-        acts = sum(C.saved_bytes_per_microbatch(model, b, layout.tp, "1d", e).values())
-    sizes.update(tp=layout.tp, dp=layout.dp)
-    flat: dict = {}
-    wire = 0.0
-    for it in items:  # bytes summed over `calls` calls of equal size
-        flat[(it["axis"], it["op"])] = flat.get((it["axis"], it["op"]), 0) + it["bytes"]
-        wire += it["calls"] * S.wire_bytes({**it, "bytes": it["bytes"] / it["calls"]}, sizes.get(it["axis"], 1))
-    return {"comm": flat, "wire": wire, "acts": acts, "params": e * params_on_rank(model, layout)}
 
 
 def run(models, schemes, steps, dtype, layouts=LAYOUTS):
-    from minitron.analysis.summa import wire_bytes
-
     runs = []
     for name, (model, gb) in models.items():
         train = TrainConfig(steps=steps, global_batch=gb, dtype=dtype, warmup=1)
@@ -165,8 +93,8 @@ def run(models, schemes, steps, dtype, layouts=LAYOUTS):
     rows = []
     for (name, mode, model, layout, train), got in zip(runs, res):
         pred = predicted(model, layout, train)
-        meas = by_axis_op(got["records"])
-        wire = sum(wire_bytes(r, got["sizes"][r["axis"]]) for r in got["records"])
+        meas = bytes_by_axis_op(got["records"])
+        wire = measured_wire_bytes(got["records"], got["sizes"])
         rows.append({"model": name, "mode": mode, "layout": layout.describe(), "measured": meas,
                      "predicted": pred["comm"], "call_bytes": sum(meas.values()),
                      "call_bytes_pred": sum(pred["comm"].values()), "wire_bytes": wire, "wire_bytes_pred": pred["wire"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class ConfigError(ValueError):
@@ -177,11 +177,30 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 
 
+# Token ids, targets and position indices are int64 (torch.long).
+INDEX_BYTES = 8
+
+
+def statistics_bytes(dtype_bytes: int) -> int:
+    """Bytes of one statistic (LayerNorm's mean and rstd, softmax's max and sum, the loss)
+    computed from elements of `dtype_bytes`: float32 at least (16-bit inputs are upcast)."""
+    return max(dtype_bytes, DTYPE_BYTES["float32"])
+
+
 def element_bytes(dtype: str) -> int:
     """Bytes of one element of the training dtype `dtype` (a name of :data:`DTYPES`)."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"unknown --dtype '{dtype}': choose one of {', '.join(DTYPES)}")
     return DTYPE_BYTES[dtype]
+
+
+def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
+    """Model FLOPs of one training step of `global_batch` sequences, recomputation not
+    counted (Korthikanti et al. 2022; PTD-P Eq. 3 with 72 and V/(12·l·h)):
+    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``. A 4h MLP and the unpadded vocabulary, as
+    the papers count. The engine logs model FLOPs/s with it; ``analysis.flops`` builds on it."""
+    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
+    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
 # --------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from minitron.analysis.published import PTDP_TABLE1  # PTD-P Table 1, one copy (s = 2048, V = 51200)
-from minitron.analysis import (CLUSTERS, Layout, activation_bytes_per_layer, bubble_fraction,
+from minitron.analysis import (CLUSTERS, PlannedLayout, activation_bytes_per_layer, bubble_fraction,
                                chunk_layers, comm_bytes_per_step, comm_items, cube_linear_elements,
                                distributed_optimizer_bytes_per_param, dp_bytes_per_step,
                                flops_per_iteration, get_cluster, hardware_flops_per_iteration,
@@ -381,14 +381,14 @@ def test_ptdp_table1_prediction(capsys):
     1F1B with full recomputation. Printed for the record; asserted only within 2×."""
     lines = [f"{'model':>8} {'GPUs':>5} {'t':>2} {'p':>3} {'published':>9} {'predicted':>9} {'ratio':>6} {'GB':>5}"]
     for pub, a, h, l, t, p, n, B, tf in PTDP_TABLE1:
-        pred = predict(ptdp_model(a, h, l), Layout(tp=t, pp=p, dp=n // (t * p), microbatch_size=1), B, "a100-dgx")
+        pred = predict(ptdp_model(a, h, l), PlannedLayout(tp=t, pp=p, dp=n // (t * p), microbatch_size=1), B, "a100-dgx")
         ratio = pred.tflops_per_gpu / tf
         lines.append(f"{pub:>7}B {n:>5} {t:>2} {p:>3} {tf:>9} {pred.tflops_per_gpu:>9.1f} {ratio:>6.2f} "
                      f"{pred.memory_gb_per_gpu:>5.1f}")
         assert 0.5 < ratio < 2
         assert pred.memory_gb_per_gpu < 80
     # GPT-3 175B on 1536 A100 (PTD-P §5.2, batch 1536): 153 TFLOP/s; layout t=8, p=12 assumed.
-    pred = predict(PRESETS["gpt3-175b"], Layout(tp=8, pp=12, dp=16), 1536, "a100-dgx")
+    pred = predict(PRESETS["gpt3-175b"], PlannedLayout(tp=8, pp=12, dp=16), 1536, "a100-dgx")
     lines.append(f"{'175B':>8} {1536:>5} {8:>2} {12:>3} {153:>9} {pred.tflops_per_gpu:>9.1f} "
                  f"{pred.tflops_per_gpu / 153:>6.2f} {pred.memory_gb_per_gpu:>5.1f}")
     assert 0.5 < pred.tflops_per_gpu / 153 < 2

@@ -9,7 +9,7 @@ from minitron import PRESETS
 from minitron import analysis as A
 from minitron.analysis import cube as C
 from minitron.analysis import tp_schemes as T
-from minitron.analysis.cluster import COMM_BW_FRACTION, Layout, get_cluster, predict
+from minitron.analysis.cluster import COMM_BW_FRACTION, PlannedLayout, get_cluster, predict
 from minitron.analysis.published import BIAN_2021_SPEEDUPS, PTDP_VS_ZERO3
 from minitron.analysis.zero import zero_wire_bytes
 from minitron.course import ptdp as CP
@@ -124,7 +124,7 @@ def test_zero3_prediction_prices_the_zero_traffic():
         z = CP.zero3_prediction(gpt3, 768, 1536, 2, c, network=network)
         wire = zero_wire_bytes(psi, 768, 3, bytes_per_el=2)
         assert math.isclose(z["comm_s"], 3 * 767 * c.inter_latency + wire / (c.inter_bw / share * COMM_BW_FRACTION))
-        base = predict(gpt3, Layout(dp=768, microbatch_size=2), 1536, c, software="ptdp-2021")
+        base = predict(gpt3, PlannedLayout(dp=768, microbatch_size=2), 1536, c, software="ptdp-2021")
         assert z["compute_s"] == base.breakdown["compute"]
         assert math.isclose(z["iteration_s"], z["compute_s"] + z["exposed_s"] + z["optimizer_s"])
         assert math.isclose(z["tflops_per_gpu"], A.flops_per_iteration(gpt3, 1536) / (768 * z["iteration_s"]) / 1e12)
@@ -138,6 +138,6 @@ def test_ptdp_vs_zero3_rows_are_the_predictions_beside_table_2():
     for r in rows:
         assert math.isclose(r["error"], r["predicted"] / r["published"] - 1)
     first = next(r for r in rows if r["scheme"] == "ptdp" and r["model"] == "175B")
-    expect = predict(PRESETS["gpt3-175b"], Layout(tp=8, pp=12, dp=first["gpus"] // 96), 1536, "a100-dgx",
+    expect = predict(PRESETS["gpt3-175b"], PlannedLayout(tp=8, pp=12, dp=first["gpus"] // 96), 1536, "a100-dgx",
                      software="ptdp-2021").tflops_per_gpu
     assert math.isclose(first["predicted"], expect)

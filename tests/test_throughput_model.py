@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from minitron.analysis import (SOFTWARE, Layout, Software, explain, flops_per_iteration, format_explain,
+from minitron.analysis import (SOFTWARE, PlannedLayout, Software, explain, flops_per_iteration, format_explain,
                                get_software, model_flops_per_iteration, plan, predict)
 from minitron.analysis import published as P
 from minitron.analysis.software import DEFAULT_SOFTWARE
@@ -39,7 +39,7 @@ def test_software_alone_moves_the_predictions():
     assert all(n["predicted"] > o["predicted"] for o, n in zip(old, new))
     assert old[0]["ratio"] < 0.75 and new[0]["ratio"] > 0.85
     # flash attention and overlap: a current stack is faster still on the same layout
-    m, lay = PRESETS["gpt3-175b"], Layout(tp=8, pp=12, dp=4, sp=True)
+    m, lay = PRESETS["gpt3-175b"], PlannedLayout(tp=8, pp=12, dp=4, sp=True)
     cur = predict(m, lay, 1536, "a100-dgx", software="current", recompute="full")
     ptdp = predict(m, lay, 1536, "a100-dgx", software="ptdp-2021", recompute="full")
     assert cur.iteration_s < ptdp.iteration_s
@@ -110,7 +110,7 @@ def test_planner_keeps_ptdp_layout_for_1t_under_every_software():
 def test_explain_parts_add_up_to_the_iteration():
     m = PRESETS["gpt3-175b"]
     for sw, sp in (("ptdp-2021", False), ("korthikanti-2022", True), ("current", True)):
-        pred = predict(m, Layout(tp=8, pp=12, dp=4, vpp=2, sp=sp), 1536, "a100-dgx", software=sw)
+        pred = predict(m, PlannedLayout(tp=8, pp=12, dp=4, vpp=2, sp=sp), 1536, "a100-dgx", software=sw)
         rows = explain(pred)
         exposed = [r for r in rows if r["group"] != "hidden"]
         assert sum(r["seconds"] for r in exposed) == pytest.approx(pred.iteration_s, rel=1e-12)
@@ -122,13 +122,13 @@ def test_explain_parts_add_up_to_the_iteration():
         by = {r["part"]: r["seconds"] for r in rows}
         assert by["recompute"] > 0 and by["fc1"] == pytest.approx(by["fc2"], rel=0.05)
     # flash attention: no pass over the s×s matrix, so less element-wise time than fused softmax
-    ew = {sw: predict(m, Layout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software=sw, recompute="none")
+    ew = {sw: predict(m, PlannedLayout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software=sw, recompute="none")
           .breakdown["parts"]["elementwise"] for sw in ("megatron-2019", "ptdp-2021", "current")}
     assert ew["current"] < ew["ptdp-2021"] < ew["megatron-2019"]
     assert "iteration" in format_explain(pred)
     # MFU counts the model's FLOPs only: under full recomputation it is PTD-P's Eq. 3
     # throughput scaled by model FLOPs over Eq. 3's (which counts the replayed forward)
-    full = predict(m, Layout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software="ptdp-2021")
+    full = predict(m, PlannedLayout(tp=8, pp=12, dp=4), 1536, "a100-dgx", software="ptdp-2021")
     eq3_over_model = flops_per_iteration(m, 1536, recompute=True) / model_flops_per_iteration(m, 1536)
     assert full.breakdown["mfu"] * 312 * eq3_over_model == pytest.approx(full.tflops_per_gpu, rel=1e-12)
 

@@ -14,7 +14,7 @@
 Everything here is pure Python: no processes, no tensors, no global mutable state.
 """
 from .bubble import bubble_fraction, bubble_time, peak_stashed_microbatches, stashed_on_rank
-from .cluster import CLUSTERS, Cluster, Layout, Prediction, get_cluster, matmul_efficiency, predict
+from .cluster import CLUSTERS, Cluster, PlannedLayout, Prediction, get_cluster, matmul_efficiency, predict
 from .calls import (dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes,
                     ring_reduce_scatter_wire_bytes)
 from .comm import (comm_bytes_per_step, comm_items, cube_linear_elements, one_d_layer_elements,
@@ -48,7 +48,7 @@ __all__ = [
     # bubble
     "bubble_fraction", "bubble_time", "peak_stashed_microbatches", "stashed_on_rank",
     # cluster, planner
-    "Cluster", "CLUSTERS", "Layout", "Prediction", "get_cluster", "matmul_efficiency", "predict",
+    "Cluster", "CLUSTERS", "PlannedLayout", "Prediction", "get_cluster", "matmul_efficiency", "predict",
     "plan", "valid_layouts",
     # software, explain
     "Software", "SOFTWARE", "get_software", "explain", "format_explain",

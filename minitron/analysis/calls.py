@@ -132,6 +132,18 @@ class StepCalls:
             it["calls"] += calls
             it["bytes"] += nbytes
 
+    def add_per_microbatch(self, records: list[dict], microbatches: int) -> None:
+        """Call records of one microbatch, made `microbatches` times in a step, merged
+        by the part of ``what`` before the colon (the layer: "qkv: input all-gather")."""
+        for c in records:
+            self.add(c["what"].split(":")[0], c["axis"], c["op"], microbatches * c["calls"],
+                     microbatches * c["calls"] * c["bytes"])
+
+    def add_per_step(self, records: list[dict]) -> None:
+        """Call records made once per step (the gradient sums after the backward)."""
+        for c in records:
+            self.add(c["what"], c["axis"], c["op"], 1, c["bytes"])
+
     def add_outside_grid(self, model: ModelConfig, parallel: Any, pp_rank: int, microbatches: int,
                          boundary_bytes: int, tied_bytes: int, bytes_per_el: int) -> None:
         """The calls of a 2-D/3-D tensor-grid rank beyond the grid's own: the gradient

@@ -86,7 +86,7 @@ from .memory import memory_estimate
 from .params import layout_get, params_given_layers, padded_vocab, rank_layers
 from .software import Software, get_software
 
-__all__ = ["Cluster", "CLUSTERS", "get_cluster", "Layout", "Prediction", "matmul_efficiency",
+__all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
            "predict", "GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP"]
 
@@ -150,10 +150,12 @@ def get_cluster(cluster: str | Cluster) -> Cluster:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A PTD-P layout: tensor × pipeline × data parallel degrees, model chunks per
-    pipeline rank, microbatch size, schedule (default: interleaved if vpp > 1 else
-    1f1b), sequence parallelism and the pipeline scatter/gather optimisation."""
+class PlannedLayout:
+    """A PTD-P layout as the throughput model prices it and the planner ranks it (not a
+    run's :class:`minitron.config.ParallelConfig`): tensor × pipeline × data parallel
+    degrees, model chunks per pipeline rank, microbatch size, schedule (default:
+    interleaved if vpp > 1 else 1f1b), sequence parallelism and the pipeline
+    scatter/gather optimisation."""
 
     tp: int = 1
     pp: int = 1
@@ -169,14 +171,14 @@ class Layout:
         return self.tp * self.pp * self.dp
 
 
-def as_layout(layout: Any) -> Layout:
-    """Read a Layout from a Layout, a dict or an object with the same attributes."""
-    if isinstance(layout, Layout):
+def as_planned_layout(layout: Any) -> PlannedLayout:
+    """Read a PlannedLayout from a PlannedLayout, a dict or an object with the same attributes."""
+    if isinstance(layout, PlannedLayout):
         return layout
-    kw = {k: layout_get(layout, k) for k in Layout.__dataclass_fields__ if layout_get(layout, k) is not None}
+    kw = {k: layout_get(layout, k) for k in PlannedLayout.__dataclass_fields__ if layout_get(layout, k) is not None}
     if layout_get(layout, "microbatch_size") is None and layout_get(layout, "b") is not None:
         kw["microbatch_size"] = layout_get(layout, "b")
-    return Layout(**kw)
+    return PlannedLayout(**kw)
 
 
 @dataclass
@@ -270,8 +272,8 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
     # passes over the b·a·s²/t attention matrix, counted forward and backward.
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
     matrix_f, matrix_b = (k * b * a * s * s / t * e / bw_ew for k in sw.attention_matrix_passes)
-    split = (sw.reshape_passes * T * h + 2 * T * f) / t
-    ew = (sw.token_passes * T * h / (t if sp else 1) + split) * e / bw_ew
+    sharded = (sw.reshape_passes * T * h + 2 * T * f) / t
+    ew = (sw.token_passes * T * h / (t if sp else 1) + sharded) * e / bw_ew
     parts["elementwise"] = (ew + matrix_f, 2 * ew + matrix_b, 0.0)
     return _LayerTime(parts, att_f + matrix_f)
 
@@ -309,7 +311,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
             software: str | Software | None = None) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
-    `layout`: a :class:`Layout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
+    `layout`: a :class:`PlannedLayout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
     microbatch_size, schedule, sp, scatter_gather``. `software`: a
     :class:`~minitron.analysis.software.Software` or a preset name (default
     ``megatron-2019``, the software the constants were fitted with); `recompute`
@@ -322,7 +324,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     """
     c = get_cluster(cluster)
     sw = get_software(software)
-    L = as_layout(layout)
+    L = as_planned_layout(layout)
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule or ("interleaved" if v > 1 else "1f1b")
@@ -420,7 +422,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
                       breakdown=breakdown)
 
 
-def _check_layout(model: ModelConfig, L: Layout, global_batch: int, kind: str) -> None:
+def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind: str) -> None:
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
     if min(t, p, d, v, b) < 1:
         raise ValueError(f"tp, pp, dp, vpp and microbatch_size must be at least 1 (got {L})")

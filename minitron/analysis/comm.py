@@ -35,14 +35,13 @@ B·h_out)`` per device per direction. See :func:`tensor_parallel_comparison`.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, statistics_bytes
 from .calls import (NORM_BYTES, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
 from .context_parallel import cp_comm_items
 from .flops import recompute_policy
-from .params import layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank
 from .summa import summa_comm_items
 from .zero import zero_calls
 
@@ -123,7 +122,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
                          "use cube_linear_elements or tensor_parallel_comparison")
     e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
-    ea = act_bytes or (2 if layout_get(parallel, "precision", "fp32") == "bf16" else e)
+    ea = act_bytes or activation_element_bytes(parallel, e)
     t, p, d = parallel.tp, parallel.pp, parallel.dp
     v, sp = parallel.vpp, parallel.sp
     m = train.microbatches
@@ -159,7 +158,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                 add("output layer input (backward f)", "tp", "all_reduce", m, m * x)
             # in fp32 at least: bf16 logits are cast up first (as Megatron does)
             add("vocab-parallel cross-entropy (max, target, sum exp)", "tp", "all_reduce",
-                3 * m, 3 * m * b * s * max(ea, 4))
+                3 * m, 3 * m * b * s * statistics_bytes(ea))
         if sp:
             n_rep = _replicated_elements(model, n_layers, first, last)
             calls = 6 * n_layers + (2 if last else 0)

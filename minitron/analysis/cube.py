@@ -65,13 +65,13 @@ linear (Colossal-AI's layers, like minitron's, keep the gathered copy).
 """
 from __future__ import annotations
 
-from ..config import (ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, pad_vocab,
-                      square_edge)
+from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends,
+                      pad_vocab, square_edge, statistics_bytes)
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .comm import cube_linear_elements, summa_linear_elements
 from .flops import recompute_policy
 from .memory import saved_bytes_per_layer
-from .params import layers_on_rank, layout_get, local_layer_params, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, local_layer_params, params_on_rank
 
 __all__ = ["cube_q", "cube_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "cube_collectives", "grad_sync_calls",
@@ -197,7 +197,7 @@ def cube_collectives(model: ModelConfig, micro_batch: int, q: int, layers: int |
     if last:
         out += layer_norm_calls(b, s, q, e, "ln_f")
         out += linear_calls(b, s, h, vp, q, e, FIRST, "output layer", ea)
-        out += loss_calls(b, s, q, loss_bytes_per_el or max(e, 4))
+        out += loss_calls(b, s, q, loss_bytes_per_el or statistics_bytes(e))
     return out
 
 
@@ -228,18 +228,16 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Tensor (cube), pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or element_bytes(train.dtype)
-    ea = 2 if layout_get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
+    ea = activation_element_bytes(parallel, e)
     q, d = cube_q(parallel.tp), parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
     first, last = holds_ends(pp_rank, parallel.pp, parallel.vpp)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
-    for c in cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
-                              act_bytes_per_el=ea):
-        step.add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
-    for c in grad_sync_calls(model, q, n_layers, first, last, e):
-        step.add(c["what"], c["axis"], c["op"], 1, c["bytes"])
+    step.add_per_microbatch(cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
+                                             act_bytes_per_el=ea), m)
+    step.add_per_step(grad_sync_calls(model, q, n_layers, first, last, e))
     boundary = ea * b // (q * q) * model.seq_len * model.hidden // q
     tied = e * cube_vocab(model, q) // (q * q) * model.hidden // q
     step.add_outside_grid(model, parallel, pp_rank, m, boundary, tied, e)
@@ -260,7 +258,7 @@ def cube_saved_bytes_per_layer(model: ModelConfig, micro_batch: int, q: int, byt
     """Bytes one ``Block`` on the cube keeps for its backward, per item (module
     docstring); exact for float32/float64 without recomputation."""
     s, h, f, a, e = model.seq_len, model.hidden, model.ffn_hidden, model.heads, bytes_per_el
-    es = max(e, 4)
+    es = statistics_bytes(e)
     drop = model.dropout > 0 if dropout is None else dropout
     bl, al = micro_batch // (q * q), a // q
     T, hq, fq = bl * s, h // q, f // q
@@ -294,7 +292,7 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, tp
     :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`; no dropout, no
     recomputation, float32/float64."""
     b, s, h, e = micro_batch, model.seq_len, model.hidden, bytes_per_el
-    es = max(e, 4)
+    es = statistics_bytes(e)
     L = model.layers if layers is None else layers
     out = {}
     if tp_mode == "3d":
@@ -305,16 +303,16 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, tp
             out["embedding"] = 8 * b // q * s + b // q * s
         if last:  # ln_f x̂, 1/σ; output layer gathered input and weight; softmax, target, mask
             out["head and loss"] = (e * T * hq + e * T + e * q * T * hq + e * vq * hq
-                                    + es * T * vq + 8 * T + T)
+                                    + es * T * vq + INDEX_BYTES * T + T)
     else:
         t = tp
         T, vt = b * s, pad_vocab(model.vocab, t) // t
         per_layer = sum(saved_bytes_per_layer(model, b, t, dropout=False).values())
         if first:
-            out["embedding"] = 8 * T + (T if t > 1 else 0)
+            out["embedding"] = INDEX_BYTES * T + (T if t > 1 else 0)
         if last:  # ln_f input, mean, rstd; output layer input; softmax (t>1) or log-softmax; targets
-            out["head and loss"] = e * T * h + 2 * es * T + e * T * h + (es * T * vt + 8 * T + T if t > 1
-                                                                           else e * T * vt + 8 * T)
+            out["head and loss"] = e * T * h + 2 * es * T + e * T * h + (es * T * vt + INDEX_BYTES * T + T if t > 1
+                                                                           else e * T * vt + INDEX_BYTES * T)
     out["layers"] = L * per_layer
     return out
 

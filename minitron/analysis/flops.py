@@ -21,7 +21,7 @@ that each sustain X FLOP/s (PTD-P §5.1)::
 """
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..config import ModelConfig, model_flops_per_step
 
 __all__ = [
     "recompute_policy",
@@ -60,7 +60,7 @@ def flops_per_iteration(model: ModelConfig, global_batch: int, recompute: bool =
     B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
     if recompute:
         return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
-    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    return model_flops_per_step(model, global_batch)
 
 
 def model_flops_per_iteration(model: ModelConfig, global_batch: int) -> float:

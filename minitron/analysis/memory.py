@@ -130,11 +130,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
+from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
-from .params import (layout_degrees, layout_get, local_model, params_given_layers, layers_on_rank, padded_vocab,
-                     params_on_rank, rank_layers)
+from .params import (activation_element_bytes, layers_on_rank, layout_degrees, layout_get, local_model,
+                     padded_vocab, params_given_layers, params_on_rank, rank_layers)
 from .zero import zero_buffer_bytes, zero_state_bytes
 
 __all__ = [
@@ -204,7 +204,7 @@ def activation_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1
     per-element form of Korthikanti et al. Table 2 (see the module docstring)::
 
         replicated  = sbh·(4e + 2m)              (LayerNorm, QKV and fc inputs, masks)
-        split       = sbh·(4e + 2e·f/h) / t      (Q, K, V, projection input, MLP hidden)
+        sharded     = sbh·(4e + 2e·f/h) / t      (Q, K, V, projection input, MLP hidden)
         attention   = (2e + m)·a·s²·b / t        (softmax, its mask, dropped copy)
 
     With sequence parallelism the replicated part divides by t too. Selective
@@ -220,9 +220,9 @@ def activation_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1
     if rc == "full":
         return e * sbh / (t if sp else 1)
     replicated = sbh * (4 * e + 2 * m)
-    split = sbh * (4 * e + 2 * e * f / h)
+    sharded = sbh * (4 * e + 2 * e * f / h)
     quad = (2 * e + m if m else e) * a * s * s * b
-    total = (replicated / t if sp else replicated) + split / t
+    total = (replicated / t if sp else replicated) + sharded / t
     if rc == "none":
         total += quad / t
     return total
@@ -238,7 +238,7 @@ def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp:
     autocast the casts keep extra copies.
     """
     s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn_hidden, tp
-    e, es = bytes_per_el, max(bytes_per_el, 4)
+    e, es = bytes_per_el, statistics_bytes(bytes_per_el)
     drop = model.dropout > 0 if dropout is None else dropout
     T = b * s
     ts = t if sp else 1
@@ -332,12 +332,12 @@ def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp
     """What minitron's embedding (`first`) and output layer and loss (`last`) save for
     the backward, per item, for one microbatch on one tensor rank (module docstring)."""
     s, b, h, t = model.seq_len, micro_batch, model.hidden, tp
-    e, es = bytes_per_el, max(bytes_per_el, 4)
+    e, es = bytes_per_el, statistics_bytes(bytes_per_el)
     T, ts = b * s, (tp if sp else 1)
     drop = model.dropout > 0 if dropout is None else dropout
     out: dict[str, float] = {}
     if first:
-        out["token ids"] = 8 * T + (T if t > 1 else 0)  # (t > 1: local ids and the out-of-range mask)
+        out["token ids"] = INDEX_BYTES * T + (T if t > 1 else 0)  # (t > 1: local ids and the out-of-range mask)
         if drop:
             out["embedding dropout mask"] = T * h / ts
     if last:
@@ -345,7 +345,7 @@ def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp
         out["ln_f mean, rstd"] = 2 * es * T / ts
         out["output layer input"] = e * T * h / ts  # (the shard under --sp: re-gathered in the backward)
         out["cross-entropy softmax"] = es * T * padded_vocab(model, t) / t
-        out["targets"] = 8 * T + (T if t > 1 else 0)  # (t > 1: clamped local ids and their mask)
+        out["targets"] = INDEX_BYTES * T + (T if t > 1 else 0)  # (t > 1: clamped local ids and their mask)
     return out
 
 
@@ -425,7 +425,7 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     :func:`engine_activation_bytes_on_rank`, buffers :func:`buffer_bytes_on_rank`.
     """
     e = dtype_bytes or _engine_dtype_bytes(train)
-    ea = act_bytes or (2 if layout_get(parallel, "precision", "fp32") == "bf16" else e)
+    ea = act_bytes or activation_element_bytes(parallel, e)
     d = int(layout_get(parallel, "dp", 1) or 1)
     cp = int(layout_get(parallel, "cp", 1) or 1)
     n = params_on_rank(model, parallel, pp_rank)
@@ -442,7 +442,7 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
         lay = {**_as_dict(parallel), "dp": d * cp, "zero1": layout_get(parallel, "zero1", False)}
         if pp_rank == 0:
             kind, p, v = _schedule(parallel)
-            acts += stashed_on_rank(kind, p, m, v, 0) * 8 * b * tokens.seq_len
+            acts += stashed_on_rank(kind, p, m, v, 0) * INDEX_BYTES * b * tokens.seq_len
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
     if layout_get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import (ModelConfig, cube_edge, pad_vocab, split_layers, square_edge, stage_layer_counts,
+from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
                       holds_ends, stage_placement)
 
 __all__ = [
     "layout_get",
     "layout_degrees",
+    "activation_element_bytes",
     "local_model",
     "ptdp_param_count",
     "param_count",
@@ -76,6 +77,13 @@ def layout_degrees(layout: Any) -> tuple[int, int, int, str]:
     if mode == "2.5d":
         t, mode = t // int(layout_get(layout, "tp_depth", 1) or 1), "2d"
     return t, int(layout_get(layout, "pp", 1) or 1), int(layout_get(layout, "vpp", 1) or 1), mode
+
+
+def activation_element_bytes(layout: Any, dtype_bytes: int) -> int:
+    """Bytes of one activation element: bfloat16's under ``--precision bf16`` (autocast
+    computes in it, and ``Comm.wire_dtype`` sends activations in it), else the
+    parameter dtype's `dtype_bytes`."""
+    return element_bytes("bfloat16") if layout_get(layout, "precision", "fp32") == "bf16" else dtype_bytes
 
 
 def local_model(model: ModelConfig, cp: int) -> ModelConfig:

@@ -27,7 +27,7 @@ next is the software stack (:mod:`.software`), described from the papers, not tu
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .cluster import Layout, predict
+from .cluster import PlannedLayout, predict
 from .software import Software, get_software
 
 __all__ = ["PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
@@ -80,7 +80,7 @@ def ptdp_table1_comparison(software: str | Software | None = "ptdp-2021", cluste
     the predicted memory per GPU."""
     rows = []
     for billions, a, h, l, t, p, n, batch, published in PTDP_TABLE1:
-        pred = predict(ptdp_model(a, h, l), Layout(tp=t, pp=p, dp=n // (t * p)), batch, cluster,
+        pred = predict(ptdp_model(a, h, l), PlannedLayout(tp=t, pp=p, dp=n // (t * p)), batch, cluster,
                        software=software)
         rows.append({"model": f"{billions}B", "gpus": n, "tp": t, "pp": p, "batch": batch,
                      "published": published, "predicted": pred.tflops_per_gpu,
@@ -92,7 +92,7 @@ def gpt3_175b_comparison(software: str | Software | None = "ptdp-2021", cluster=
     """PTD-P §5.2: GPT-3 175B at t = 8, p = 12, batch 1536 on 384, 768 and 1536 GPUs."""
     rows = []
     for n, published in PTDP_GPT3_175B:
-        pred = predict(gpt3_175b(), Layout(tp=8, pp=12, dp=n // 96), 1536, cluster, software=software)
+        pred = predict(gpt3_175b(), PlannedLayout(tp=8, pp=12, dp=n // 96), 1536, cluster, software=software)
         rows.append({"gpus": n, "published": published, "predicted": pred.tflops_per_gpu,
                      "ratio": pred.tflops_per_gpu / published})
     return rows
@@ -106,7 +106,7 @@ def korthikanti_530b_comparison(software: str | Software | None = "korthikanti-2
     model, n = gpt_530b(), 2240
     out = {}
     for policy, sp in (("full", False), ("selective", True)):
-        pred = predict(model, Layout(tp=8, pp=35, dp=8, sp=sp), n, cluster, recompute=policy, software=software)
+        pred = predict(model, PlannedLayout(tp=8, pp=35, dp=8, sp=sp), n, cluster, recompute=policy, software=software)
         out[policy] = {"predicted": pred.breakdown["mfu"], "published": KORTHIKANTI_530B_MFU[policy],
                        "memory_gb": pred.memory_gb_per_gpu}
     return out
@@ -122,7 +122,7 @@ def interleaving_gains(batches=(12, 24, 36, 48, 60), software="ptdp-2021", clust
     """PTD-P §5.4: GPT-3 175B on 96 GPUs (t = 8, p = 12): the interleaved schedule (v = 2,
     with scatter/gather) over 1F1B, by global batch."""
     m = gpt3_175b()
-    return {B: _gain(m, Layout(tp=8, pp=12), Layout(tp=8, pp=12, vpp=2), B, cluster, software, software)
+    return {B: _gain(m, PlannedLayout(tp=8, pp=12), PlannedLayout(tp=8, pp=12, vpp=2), B, cluster, software, software)
             for B in batches}
 
 
@@ -130,7 +130,7 @@ def scatter_gather_gains(batches=(12, 24, 36, 48, 60), software="ptdp-2021", clu
     """PTD-P §5.8: the same model and GPUs, interleaved (v = 2): scatter/gather over plain
     sends of the full activation, by global batch."""
     m = gpt3_175b()
-    return {B: _gain(m, Layout(tp=8, pp=12, vpp=2, scatter_gather=False), Layout(tp=8, pp=12, vpp=2), B,
+    return {B: _gain(m, PlannedLayout(tp=8, pp=12, vpp=2, scatter_gather=False), PlannedLayout(tp=8, pp=12, vpp=2), B,
                      cluster, software, software) for B in batches}
 
 
@@ -143,8 +143,8 @@ def fusion_gains(software="ptdp-2021", cluster="a100-dgx") -> dict:
     unfused = sw.replace(name=f"{sw.name} unfused", attention="unfused", fused_bias_gelu=False,
                          fused_bias_dropout_add=False)
     out = {}
-    for name, model, layout, batch in (("175B", gpt3_175b(), Layout(tp=8, pp=12, dp=4), 1536),
-                                       ("530B", gpt_530b(), Layout(tp=8, pp=35, dp=2), 2240)):
+    for name, model, layout, batch in (("175B", gpt3_175b(), PlannedLayout(tp=8, pp=12, dp=4), 1536),
+                                       ("530B", gpt_530b(), PlannedLayout(tp=8, pp=35, dp=2), 2240)):
         out[name] = tuple(predict(model, layout, batch, cluster, software=s).tflops_per_gpu
                           for s in (unfused, sw))
     return out

@@ -48,10 +48,11 @@ gathered inputs and weights the cube keeps.
 """
 from __future__ import annotations
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes, holds_ends, pad_vocab, square_edge
+from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, holds_ends, pad_vocab,
+                      square_edge, statistics_bytes)
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .flops import recompute_policy
-from .params import layers_on_rank, layout_get, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, layout_get, params_on_rank
 
 __all__ = ["grid_shape", "summa_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls", "output_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "summa_collectives", "grad_sync_calls",
@@ -197,7 +198,7 @@ def summa_collectives(model: ModelConfig, micro_batch: int, q: int, depth: int =
     if last:
         out += layer_norm_calls(b, s, q, depth, e, "ln_f")
         out += output_calls(b, s, h, summa_vocab(model, q), q, depth, e, ea, split_backward)
-        out += loss_calls(b, s, q, depth, loss_bytes_per_el or max(e, 4))
+        out += loss_calls(b, s, q, depth, loss_bytes_per_el or statistics_bytes(e))
     return out
 
 
@@ -238,7 +239,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     :func:`minitron.analysis.comm.comm_items`; the 'log' all-reduce of the loss is not
     counted). Grid, pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or element_bytes(train.dtype)
-    ea = 2 if layout_get(parallel, "precision", "fp32") == "bf16" else e  # Comm.wire_dtype
+    ea = activation_element_bytes(parallel, e)
     depth = int(layout_get(parallel, "tp_depth", 1) or 1)
     q, p, d = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp
     m = train.microbatches
@@ -247,11 +248,9 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
     split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") == "zb-h1"
-    for c in summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
-                               act_bytes_per_el=ea, split_backward=split_backward):
-        step.add(c["what"].split(":")[0], c["axis"], c["op"], m * c["calls"], m * c["calls"] * c["bytes"])
-    for c in grad_sync_calls(model, q, depth, n_layers, first, last, e, p * parallel.vpp):
-        step.add(c["what"], c["axis"], c["op"], 1, c["bytes"])
+    step.add_per_microbatch(summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
+                                              act_bytes_per_el=ea, split_backward=split_backward), m)
+    step.add_per_step(grad_sync_calls(model, q, depth, n_layers, first, last, e, p * parallel.vpp))
     boundary = ea * b // (q * depth) * model.seq_len * model.hidden // q
     tied = e * summa_vocab(model, q) // q * model.hidden // q
     step.add_outside_grid(model, parallel, pp_rank, m, boundary, tied, e)
@@ -275,7 +274,7 @@ def summa_saved_bytes_per_layer(model: ModelConfig, micro_batch: int, q: int, de
     bl = micro_batch // (q * depth)
     T, hq, fq = bl * s, h // q, f // q
     return {"ln1 x̂, 1/σ": e * T * hq + e * T, "qkv input": e * T * hq, "QKV output (Q, K, V)": 3 * e * T * hq,
-            "SDPA output (proj input)": e * T * hq, "SDPA logsumexp": max(e, 4) * bl * (a // q) * s,
+            "SDPA output (proj input)": e * T * hq, "SDPA logsumexp": statistics_bytes(e) * bl * (a // q) * s,
             "ln2 x̂, 1/σ": e * T * hq + e * T, "fc input": e * T * hq, "GELU input": e * T * fq,
             "fc2 input": e * T * fq}
 
@@ -293,7 +292,7 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, de
     if first:
         out["embedding"] = 9 * micro_batch // depth * s
     if last:
-        out["head and loss"] = 2 * e * T * (h // q) + e * T + max(e, 4) * T * vq + 8 * T + T
+        out["head and loss"] = 2 * e * T * (h // q) + e * T + statistics_bytes(e) * T * vq + INDEX_BYTES * T + T
     L = model.layers if layers is None else layers
     out["layers"] = L * sum(summa_saved_bytes_per_layer(model, micro_batch, q, depth, e).values())
     return out

@@ -40,7 +40,6 @@ from __future__ import annotations
 from ..config import ModelConfig, PRESETS
 from .cluster import get_cluster
 from .calls import ring_allreduce_wire_bytes
-from .comm import tp_layer_bytes
 from .flops import recompute_policy, layer_forward_flops
 from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer, saved_bytes_per_layer
 

@@ -118,7 +118,7 @@ def zero3_prediction(model: ModelConfig, gpus: int, global_batch: int, micro_bat
     network cards (the price it gives tensor-parallel groups that span nodes). Prefetching
     hides up to ``DP_OVERLAP`` of them behind the compute. Returns ``{tflops_per_gpu,
     iteration_s, compute_s, comm_s, exposed_s, optimizer_s, state_gb}``."""
-    from ..analysis.cluster import COMM_BW_FRACTION, DP_OVERLAP, Layout, get_cluster, predict
+    from ..analysis.cluster import COMM_BW_FRACTION, DP_OVERLAP, PlannedLayout, get_cluster, predict
     from ..analysis.flops import flops_per_iteration
     from ..analysis.params import param_count
     from ..analysis.zero import zero_wire_bytes
@@ -126,7 +126,7 @@ def zero3_prediction(model: ModelConfig, gpus: int, global_batch: int, micro_bat
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {', '.join(NETWORKS)} (got {network!r})")
     c = get_cluster(cluster)
-    base = predict(model, Layout(dp=gpus, microbatch_size=micro_batch), global_batch, c, software=software)
+    base = predict(model, PlannedLayout(dp=gpus, microbatch_size=micro_batch), global_batch, c, software=software)
     psi = param_count(model)
     bw = c.inter_bw / (c.gpus_per_node if network == "gpu" else 1) * COMM_BW_FRACTION
     steps = 3 * (gpus - 1)  # two all-gathers and a reduce-scatter, n − 1 ring steps each
@@ -145,7 +145,7 @@ def ptdp_vs_zero3(software="ptdp-2021", cluster="a100-dgx", network: str = "gpu"
     (the cluster model at t = 8 and the paper's p) and ZeRO-3 (:func:`zero3_prediction`),
     with the relative error. ``[{model, scheme, gpus, batch, microbatch, published,
     predicted, error}]``."""
-    from ..analysis.cluster import Layout, predict
+    from ..analysis.cluster import PlannedLayout, predict
     from ..analysis.published import PTDP_VS_ZERO3, gpt3_175b, gpt_530b
 
     models = {"175B": (gpt3_175b(), 12), "530B": (gpt_530b(), 35)}
@@ -155,7 +155,7 @@ def ptdp_vs_zero3(software="ptdp-2021", cluster="a100-dgx", network: str = "gpu"
         for scheme, points in runs.items():
             for n, batch, b, published in points:
                 if scheme == "ptdp":
-                    layout = Layout(tp=8, pp=p, dp=n // (8 * p), microbatch_size=b)
+                    layout = PlannedLayout(tp=8, pp=p, dp=n // (8 * p), microbatch_size=b)
                     predicted = predict(model, layout, batch, cluster, software=software).tflops_per_gpu
                 else:
                     predicted = zero3_prediction(model, n, batch, b, cluster, software, network)["tflops_per_gpu"]
