@@ -21,27 +21,27 @@ from .comm import Comm
 from .config import TrainConfig
 
 
-def lr_at(step: int, t: TrainConfig) -> float:
+def lr_at(step: int, train: TrainConfig) -> float:
     """Linear warm-up to `lr`, then cosine decay to `min_lr` at the last step."""
-    if step < t.warmup:
-        return t.lr * (step + 1) / t.warmup
-    progress = (step - t.warmup) / max(1, t.steps - t.warmup)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    if step < train.warmup:
+        return train.lr * (step + 1) / train.warmup
+    progress = (step - train.warmup) / max(1, train.steps - train.warmup)
+    return train.min_lr + 0.5 * (train.lr - train.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def unique_params(params) -> list[torch.nn.Parameter]:
     return list({id(p): p for p in params}.values())
 
 
-def make_adamw(params, t: TrainConfig) -> torch.optim.AdamW:
+def make_adamw(params, train: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases and LayerNorm)."""
     params = unique_params(params)
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": other, "weight_decay": 0.0}]
     # fused: one kernel over all tensors, on GPUs and CPUs alike (4x faster than the
     # per-op foreach path for a small model on one CPU thread)
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, fused=bool(params) or None)
+    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.95), eps=1e-8, fused=bool(params) or None)
 
 
 class Optimizer(Protocol):

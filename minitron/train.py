@@ -17,7 +17,8 @@ import torch
 
 from . import data as data_mod
 from .comm import Comm
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, stage_layers, virtual_stage
+from .config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step,
+                     stage_layers, virtual_stage)
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
 from .model import GPT, layers_for
@@ -28,17 +29,8 @@ from .parallel.pipeline import PipelineRuntime, forward_microbatch
 from .parallel.zero import ShardedDataParallel
 from .preemption import StopOnSignal, process_group_store
 
-DTYPES = TORCH_DTYPES  # the torch dtype of each --dtype name (context.TORCH_DTYPES)
-
-
 class NonFiniteLoss(ConfigError):
     """The loss became NaN or infinite: the run stops there, naming the step."""
-
-
-def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
-    """Model FLOPs of one step without recomputation (Korthikanti et al.: 72 and V/12lh)."""
-    l, h, s, v = model.layers, model.hidden, model.seq_len, model.vocab
-    return 72 * global_batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
 
 
 def gather_points(chunk: GPT) -> list[tuple]:
@@ -138,7 +130,7 @@ class Trainer:
         self.optimizer: Optimizer = (optimizer or default_optimizer(self.chunks))(self.params, self.dp, layout, train)
         self.pipeline = None
         if layout.pp > 1:
-            self.pipeline = PipelineRuntime(self.chunks, self.ctx, model, layout, train.microbatches,
+            self.pipeline = PipelineRuntime(self.chunks, self.ctx, layout, train.microbatches,
                                             record=bool(train.timeline), schedule=schedule)
         elif schedule is not None:
             raise ValueError("a pipeline schedule needs pipeline parallelism (pp > 1)")

@@ -149,28 +149,28 @@ class _LayerNormFn(torch.autograd.Function):
     and 1/σ only."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, comm, axis, n, eps):
+    def forward(fctx, x, weight, bias, comm, axis, n, eps):
         stats = torch.cat([x.sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)], dim=-1)
         comm.all_reduce(stats, axis)
         mean = stats[..., :1] / n
         rstd = torch.rsqrt(stats[..., 1:] / n - mean * mean + eps)
         xhat = (x - mean) * rstd
-        ctx.save_for_backward(xhat, rstd, weight)
-        ctx.comm, ctx.axis, ctx.n = comm, axis, n
+        fctx.save_for_backward(xhat, rstd, weight)
+        fctx.comm, fctx.axis, fctx.n = comm, axis, n
         return xhat * weight + bias
 
     @staticmethod
-    def backward(ctx, dy):
-        xhat, rstd, weight = ctx.saved_tensors
+    def backward(fctx, dy):
+        xhat, rstd, weight = fctx.saved_tensors
         rows = tuple(range(dy.dim() - 1))
-        dw = (dy * xhat).sum(rows) if _wanted(ctx, 1) else None
-        db = dy.sum(rows) if _wanted(ctx, 2) else None
+        dw = (dy * xhat).sum(rows) if _wanted(fctx, 1) else None
+        db = dy.sum(rows) if _wanted(fctx, 2) else None
         dx = None
-        if _wanted(ctx, 0):
+        if _wanted(fctx, 0):
             g = dy * weight
             sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
-            ctx.comm.all_reduce(sums, ctx.axis)
-            dx = rstd * (g - sums[..., :1] / ctx.n - xhat * (sums[..., 1:] / ctx.n))
+            fctx.comm.all_reduce(sums, fctx.axis)
+            dx = rstd * (g - sums[..., :1] / fctx.n - xhat * (sums[..., 1:] / fctx.n))
         return dx, dw, db, None, None, None, None
 
 
@@ -196,18 +196,18 @@ class _PlaneMean(torch.autograd.Function):
     all-reduces; backward 1/q² (every rank backpropagates the same global loss)."""
 
     @staticmethod
-    def forward(ctx, x, comm, axes):
+    def forward(fctx, x, comm, axes):
         out = x.detach().clone()
         n = 1
         for axis in axes:
             comm.all_reduce(out, axis)
             n *= comm.size(axis)
-        ctx.n = n
+        fctx.n = n
         return out / n
 
     @staticmethod
-    def backward(ctx, dy):
-        return dy / ctx.n, None, None
+    def backward(fctx, dy):
+        return dy / fctx.n, None, None
 
 
 class Embedding3D(nn.Module):

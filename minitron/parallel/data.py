@@ -134,11 +134,10 @@ class FlatShards:
     def gather_flat(self, shard: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """All-gather a shard-sized tensor into a buffer-sized one (bucket by bucket)."""
         out = torch.empty(self.numel, dtype=shard.dtype, device=shard.device) if out is None else out
-        works = [self.comm.all_gather_flat(shard[b.start // self.d:b.end // self.d], out[b.start:b.end],
-                                           self.axis, async_op=True) for b in self.buckets]
+        works = [self.comm.all_gather(shard[b.start // self.d:b.end // self.d], self.axis,
+                                      out=out[b.start:b.end], async_op=True) for b in self.buckets]
         for w in works:
-            if w is not None:
-                w.wait()
+            w.wait()
         return out
 
 
@@ -157,7 +156,7 @@ class BucketedDataParallel(FlatShards):
                  overlap: bool = True):
         self.axis = grad_axis(comm)
         self.comm, self.d, self.rank = comm, comm.size(self.axis), comm.index(self.axis)
-        self.shard, self.overlap = shard, overlap
+        self.shard = shard
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
             order = [p for p in order if not p.shard.grad_sync] + [p for p in order if p.shard.grad_sync]
@@ -258,7 +257,7 @@ class BucketedDataParallel(FlatShards):
         flat.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
         if self.shard:
             out = self.shard_grad[b.start // self.d:b.end // self.d]
-            work = self.comm.reduce_scatter_flat(flat, out, self.axis, async_op=True)
+            work = self.comm.reduce_scatter(flat, self.axis, out=out, async_op=True)
         else:
             work = self.comm.all_reduce(flat, self.axis, async_op=True)
         if work is not None:
@@ -311,10 +310,8 @@ class ParamGather:
         dp = self.dp
         for k in dp.gather_order:
             b = dp.buckets[k]
-            work = dp.comm.all_gather_flat(shard[b.start // dp.d:b.end // dp.d], dp.param_buffer[b.start:b.end],
-                                           dp.axis, async_op=True)
-            if work is not None:
-                self._gathers[k] = work
+            self._gathers[k] = dp.comm.all_gather(shard[b.start // dp.d:b.end // dp.d], dp.axis,
+                                                  out=dp.param_buffer[b.start:b.end], async_op=True)
 
     @property
     def pending_gathers(self) -> list[int]:

@@ -216,10 +216,9 @@ class PipelineRuntime:
     consumed, None on the first stage and after B and W): what a measurement needs to see,
     without reaching in (``tools/measure.py`` counts the stash with it)."""
 
-    def __init__(self, chunks, ctx, model_cfg, layout, microbatches: int, record: bool = True,
+    def __init__(self, chunks, ctx, layout, microbatches: int, record: bool = True,
                  schedule: Schedule | None = None, observer=None):
-        self.chunks, self.ctx, self.comm = list(chunks), ctx, ctx.comm
-        self.cfg, self.layout, self.observer = model_cfg, layout, observer
+        self.chunks, self.ctx, self.comm, self.observer = list(chunks), ctx, ctx.comm, observer
         if schedule is None:
             schedule = make_schedule(layout.schedule, layout.pp, layout.vpp, microbatches)
         elif (schedule.p, schedule.v, schedule.m) != (layout.pp, layout.vpp, microbatches):
@@ -396,10 +395,10 @@ class PipelineRuntime:
                 sent.append((a, key))
                 if self.scatter_gather:
                     t = t.reshape(-1)[self._my_slice()]
-                ops.append(("send", t.to(self.wire).contiguous(), a.peer, labels))
+                ops.append(("send", self.comm.on_wire(t).contiguous(), a.peer, labels))
             else:
                 n = self.numel // self.t if self.scatter_gather else self.numel
-                buf = torch.empty(n, dtype=self.wire, device=self.ctx.device)
+                buf = torch.empty(n, dtype=self.comm.wire_dtype_of(self.ctx.dtype), device=self.ctx.device)
                 ops.append(("recv", buf, a.peer, labels))
                 received.append((a, key, direction, buf))
         works = self.comm.p2p(ops)
@@ -428,11 +427,6 @@ class PipelineRuntime:
                 self._inputs[key] = buf.requires_grad_(torch.is_grad_enabled())
             else:
                 self._grads[key] = buf
-
-    @property
-    def wire(self) -> torch.dtype:
-        """The dtype of what crosses a stage boundary (bf16 under --precision bf16)."""
-        return self.comm.wire_dtype or self.ctx.dtype
 
     def _my_slice(self) -> slice:
         k = self.numel // self.t

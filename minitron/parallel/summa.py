@@ -119,7 +119,7 @@ class _SummaAB(torch.autograd.Function):
     (bf16 under autocast), the weight and its gradient in the master dtype."""
 
     @staticmethod
-    def forward(ctx, x, weight, comm):
+    def forward(fctx, x, weight, comm):
         q, r, c, _ = grid_of(comm)
         cdt = _compute_dtype(x)
         xs, w = x.detach().to(cdt).contiguous(), weight.detach()
@@ -129,24 +129,24 @@ class _SummaAB(torch.autograd.Function):
             w_l = _broadcast_block(w, comm, COL, l).to(cdt)  # W(l, c)ᵀ
             part = F.linear(x_l, w_l)
             y = part if y is None else y.add_(part)
-        ctx.save_for_backward(x, weight)  # the local blocks only: the backward broadcasts again
-        ctx.comm, ctx.cdt = comm, cdt
+        fctx.save_for_backward(x, weight)  # the local blocks only: the backward broadcasts again
+        fctx.comm, fctx.cdt = comm, cdt
         return y
 
     @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        comm, cdt = ctx.comm, ctx.cdt
+    def backward(fctx, dy):
+        x, weight = fctx.saved_tensors
+        comm, cdt = fctx.comm, fctx.cdt
         q, r, c, _ = grid_of(comm)
         dy = dy.to(cdt).contiguous()
         dx = dw = None
-        if _wanted(ctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
+        if _wanted(fctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
             for l in range(q):
                 w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)
                 part = comm.reduce((dy @ w_l).contiguous(), ROW, l)
                 if l == c:
                     dx = part.to(x.dtype)
-        if _wanted(ctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
+        if _wanted(fctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
             xs = x.detach().to(cdt).contiguous()
             for l in range(q):
                 x_l = _broadcast_block(xs, comm, ROW, l)
@@ -164,7 +164,7 @@ class _SummaABT(torch.autograd.Function):
     dB(l, c) = Σ_r dZ(r, l)ᵀ·X(r, c) (reduced along the column to row l)."""
 
     @staticmethod
-    def forward(ctx, x, weight, comm):
+    def forward(fctx, x, weight, comm):
         q, r, c, _ = grid_of(comm)
         cdt = _compute_dtype(x)
         xs, w = x.detach().to(cdt), weight.detach()
@@ -174,17 +174,17 @@ class _SummaABT(torch.autograd.Function):
             part = comm.reduce(F.linear(xs, w_l).contiguous(), ROW, l)  # Z(r, l), partial over c
             if l == c:
                 z = part
-        ctx.save_for_backward(x, weight)
-        ctx.comm, ctx.cdt = comm, cdt
+        fctx.save_for_backward(x, weight)
+        fctx.comm, fctx.cdt = comm, cdt
         return z
 
     @staticmethod
-    def backward(ctx, dz):
-        x, weight = ctx.saved_tensors
-        comm, cdt = ctx.comm, ctx.cdt
+    def backward(fctx, dz):
+        x, weight = fctx.saved_tensors
+        comm, cdt = fctx.comm, fctx.cdt
         q, r, c, _ = grid_of(comm)
         dz, xs = dz.to(cdt).contiguous(), x.detach().to(cdt)
-        want_x, want_w = _wanted(ctx, 0), _wanted(ctx, 1)
+        want_x, want_w = _wanted(fctx, 0), _wanted(fctx, 1)
         dx = dw = None
         for l in range(q):
             dz_l = _broadcast_block(dz, comm, ROW, l)  # dZ(r, l)
@@ -251,17 +251,17 @@ class _GridMean(torch.autograd.Function):
     global loss)."""
 
     @staticmethod
-    def forward(ctx, x, comm, axes):
+    def forward(fctx, x, comm, axes):
         out, n = x.detach().clone(), 1
         for axis in axes:
             comm.all_reduce(out, axis)
             n *= comm.size(axis)
-        ctx.n = n
+        fctx.n = n
         return out / n
 
     @staticmethod
-    def backward(ctx, dy):
-        return dy / ctx.n, None, None
+    def backward(fctx, dy):
+        return dy / fctx.n, None, None
 
 
 class EmbeddingSumma(nn.Module):

@@ -43,24 +43,24 @@ class _F(torch.autograd.Function):
     """f: identity forward, all-reduce of the gradient backward."""
 
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
+    def forward(fctx, x, comm):
+        fctx.comm = comm
         return x
 
     @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.all_reduce(dy.contiguous(), "tp", activation=True), None
+    def backward(fctx, dy):
+        return fctx.comm.all_reduce(dy.contiguous(), "tp", activation=True), None
 
 
 class _G(torch.autograd.Function):
     """g: all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx, x, comm):
+    def forward(fctx, x, comm):
         return comm.all_reduce(x.contiguous(), "tp", activation=True)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(fctx, dy):
         return dy, None
 
 
@@ -71,13 +71,13 @@ class _AllGather(torch.autograd.Function):
     the master dtype, an activation in the wire dtype."""
 
     @staticmethod
-    def forward(ctx, x, comm, axis, dim, param):
-        ctx.comm, ctx.axis, ctx.dim, ctx.param = comm, axis, dim, param
+    def forward(fctx, x, comm, axis, dim, param):
+        fctx.comm, fctx.axis, fctx.dim, fctx.param = comm, axis, dim, param
         return comm.all_gather(x, axis, dim, activation=not param)
 
     @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.reduce_scatter(dy, ctx.axis, ctx.dim, activation=not ctx.param), None, None, None, None
+    def backward(fctx, dy):
+        return fctx.comm.reduce_scatter(dy, fctx.axis, fctx.dim, activation=not fctx.param), None, None, None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
@@ -85,13 +85,13 @@ class _ReduceScatter(torch.autograd.Function):
     backward (sequence parallelism's g; the 3-D cube's output reduction)."""
 
     @staticmethod
-    def forward(ctx, x, comm, axis, dim):
-        ctx.comm, ctx.axis, ctx.dim = comm, axis, dim
+    def forward(fctx, x, comm, axis, dim):
+        fctx.comm, fctx.axis, fctx.dim = comm, axis, dim
         return comm.reduce_scatter(x, axis, dim, activation=True)
 
     @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), ctx.axis, ctx.dim, activation=True), None, None, None
+    def backward(fctx, dy):
+        return fctx.comm.all_gather(dy.contiguous(), fctx.axis, fctx.dim, activation=True), None, None, None
 
 
 def gather(x, comm, axis: str, dim: int, param: bool = False):
@@ -109,14 +109,14 @@ class _SplitSeq(torch.autograd.Function):
     """Keep this rank's slice of the sequence forward; all-gather the gradient backward."""
 
     @staticmethod
-    def forward(ctx, x, comm):
-        ctx.comm = comm
+    def forward(fctx, x, comm):
+        fctx.comm = comm
         n, i = comm.size("tp"), comm.index("tp")
         return x[:, split(x.shape[SEQ], n, i)].contiguous()
 
     @staticmethod
-    def backward(ctx, dy):
-        return ctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ, activation=True), None
+    def backward(fctx, dy):
+        return fctx.comm.all_gather(dy.contiguous(), "tp", dim=SEQ, activation=True), None
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def leave_region(x, ctx: Context, ops: Ops | None = None):
     return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else (ops or OPS).g.apply(x, ctx.comm)
 
 
-def _wanted(ctx, i: int) -> bool:
+def _wanted(fctx, i: int) -> bool:
     """Does the running backward pass want the gradient of input `i` of this node?
 
     Usually whenever the input requires one. But zb-h1 (``pipeline.py``) runs a node
@@ -156,7 +156,7 @@ def _wanted(ctx, i: int) -> bool:
     ``register_multi_grad_hook`` asks it). F.linear's backward skips the rest by itself;
     a Function written in Python must ask, or it would do (and communicate) both twice.
     """
-    node, _ = ctx.next_functions[i]
+    node, _ = fctx.next_functions[i]
     if node is None:  # needs no gradient at all
         return False
     try:
@@ -179,16 +179,16 @@ class _AllGatherLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, comm):
-        ctx.comm, ctx.has_bias = comm, bias is not None
-        ctx.save_for_backward(x, weight)  # the shard, not the gathered input
+    def forward(fctx, x, weight, bias, comm):
+        fctx.comm, fctx.has_bias = comm, bias is not None
+        fctx.save_for_backward(x, weight)  # the shard, not the gathered input
         return F.linear(comm.all_gather(x, "tp", SEQ, activation=True), weight, bias)
 
     @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        want_dx, want_dw = _wanted(ctx, 0), _wanted(ctx, 1)
-        comm, dx = ctx.comm, None
+    def backward(fctx, dy):
+        x, weight = fctx.saved_tensors
+        want_dx, want_dw = _wanted(fctx, 0), _wanted(fctx, 1)
+        comm, dx = fctx.comm, None
         dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
         # Megatron's overlap: the re-gather of X runs while dY·A is computed, the
         # reduce-scatter of dX while dW is; each waits only when its result is needed.
@@ -196,7 +196,7 @@ class _AllGatherLinear(torch.autograd.Function):
         if want_dx:  # returned in the input's dtype, as the forward gathered it
             dx = comm.reduce_scatter(dy @ weight.to(dy.dtype), "tp", SEQ, async_op=True, activation=True)
         dw = dy2.t() @ gathering.wait().flatten(0, -2).to(dy.dtype) if want_dw else None
-        db = dy2.sum(0) if ctx.has_bias and _wanted(ctx, 2) else None
+        db = dy2.sum(0) if fctx.has_bias and _wanted(fctx, 2) else None
         return dx.wait().to(x.dtype) if want_dx else None, dw, db, None
 
 
@@ -301,7 +301,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     (Megatron: all-reduce the max, the target logit and the sum of exponentials)."""
 
     @staticmethod
-    def forward(ctx, logits, target, start, vocab, comm, axis="tp"):
+    def forward(fctx, logits, target, start, vocab, comm, axis="tp"):
         # logits: [N, V/t] local slice covering vocabulary ids [start, start + V/t)
         logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         n_local = logits.shape[-1]
@@ -320,12 +320,12 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         sumexp = exp.sum(dim=-1)
         comm.all_reduce(sumexp, axis)
         softmax = exp / sumexp.unsqueeze(-1)
-        ctx.save_for_backward(softmax, local_t.clamp(0, n_local - 1), mine)
+        fctx.save_for_backward(softmax, local_t.clamp(0, n_local - 1), mine)
         return sumexp.log() - tlogit  # per-token loss
 
     @staticmethod
-    def backward(ctx, dloss):
-        softmax, local_t, mine = ctx.saved_tensors
+    def backward(fctx, dloss):
+        softmax, local_t, mine = fctx.saved_tensors
         grad = softmax.clone()
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local_t] -= mine.to(grad.dtype)

@@ -146,7 +146,7 @@ class ShardedDataParallel(FlatShards):
             self.gathered_bytes += b.numel * self.element_size
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
             lo, hi = self._shard_range(u)
-            self._gathers[u] = self.comm.all_gather_flat(self.param_shard[lo:hi], full, self.axis, async_op=True)
+            self._gathers[u] = self.comm.all_gather(self.param_shard[lo:hi], self.axis, out=full, async_op=True)
         if wait and u in self._gathers:
             work = self._gathers.pop(u)
             if work is not None:
@@ -184,7 +184,7 @@ class ShardedDataParallel(FlatShards):
         self.wait_params()
         for u, b in enumerate(self.buckets):
             lo, hi = self._shard_range(u)
-            self._gathers[u] = self.comm.all_gather_flat(shard[lo:hi], self.full[u], self.axis, async_op=True)
+            self._gathers[u] = self.comm.all_gather(shard[lo:hi], self.axis, out=self.full[u], async_op=True)
 
     def wait_params(self) -> None:
         """Complete the parameter all-gathers in flight (stage 2: the parameters are then
@@ -258,7 +258,7 @@ class ShardedDataParallel(FlatShards):
         self._pending[u] = len(self.units[u][1])
         staging.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
         out = torch.empty(self.buckets[u].numel // self.d, dtype=staging.dtype, device=staging.device)
-        work = self.comm.reduce_scatter_flat(staging, out, self.axis, async_op=True)
+        work = self.comm.reduce_scatter(staging, self.axis, out=out, async_op=True)
         self._in_flight.append((u, work, staging, out))
         while len(self._in_flight) > self.max_in_flight:
             self._drain_one()

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..analysis.flops import hardware_flops_per_iteration
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step
+from ..context import TORCH_DTYPES
 from ..data import batch
-from ..train import DTYPES, Trainer, model_flops_per_step
+from ..train import Trainer
 
 DATASHEET_PEAK = {  # dense bf16/fp16 tensor-core FLOP/s; the first name found in the device's wins
     "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "V100": 125e12,
@@ -68,7 +69,7 @@ class MatmulProbe:
 
 def probe_dtype(layout: ParallelConfig, t: TrainConfig) -> torch.dtype:
     """The dtype the run's matmuls use: bf16 under autocast, else the parameters'."""
-    return torch.bfloat16 if layout.precision == "bf16" else DTYPES[t.dtype]
+    return torch.bfloat16 if layout.precision == "bf16" else TORCH_DTYPES[t.dtype]
 
 
 def alternate(runs: dict, device, warmup: int, steps: int) -> dict[str, float]:
@@ -138,7 +139,7 @@ class PlainGPT(nn.Module):
 
 
 def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: str, compile: bool = False):
-    model = PlainGPT(m).to(device=device, dtype=DTYPES[t.dtype])
+    model = PlainGPT(m).to(device=device, dtype=TORCH_DTYPES[t.dtype])
     if compile:  # as minitron's --compile does: each block
         for block in model.blocks:
             block.compile()
