@@ -512,7 +512,7 @@ def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-
         f"your {name} passes the checks above but training differs from the single-device model (loss "
         f"by {res['max_loss_abs_diff']:.3g}, worst parameter {res['worst_param']} by "
         f"{res['max_param_rel_diff']:.3g})")
-    return {**res, "ok": ok, "message": msg}
+    return {"ok": ok, "message": msg, **res}
 
 
 def versus_one_device(comm, tr, losses, model, train) -> dict | None:
