@@ -58,6 +58,11 @@ def _gpus_for_states(name: str, bytes_per_param: float, gpu_bytes: float) -> int
     return math.ceil(_A().param_count(_preset(name)) * bytes_per_param / gpu_bytes)
 
 
+def _dp_wire_ratio(n_params: int, d: int) -> float:
+    from ..analysis.data_parallel import dp_wire_bytes
+    return dp_wire_bytes(n_params, d, zero1=True) / dp_wire_bytes(n_params, d)
+
+
 def _naive_output_ranks(q: int) -> int:
     from .tp_schemes import cube_placements
     rows = cube_placements(q, q * q, 4, 4 * q * q, 4 * q * q)["naive"]
@@ -134,8 +139,7 @@ QUESTIONS: dict[str, Question] = {
         lambda: _A().ring_allreduce_wire_bytes(4e9, 8) / 1e9,
         "a ring all-reduce sends 2·(d − 1)/d times the buffer from every rank."),
     "03.zero1_over_allreduce": Question(
-        lambda: (_A().data_parallel.dp_wire_bytes(10**6, 8, zero1=True)
-                 / _A().data_parallel.dp_wire_bytes(10**6, 8)),
+        lambda: _dp_wire_ratio(10**6, 8),
         "a reduce-scatter and an all-gather are exactly the two halves of a ring all-reduce."),
     "03.zero1_bytes": Question(
         lambda: _A().zero_bytes_per_param(1, 8),
