@@ -7,7 +7,7 @@ import pytest
 from minitron.analysis.params import layers_on_rank
 from minitron.analysis.tensor_parallel import tp_collectives
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig, PRESETS
-from minitron.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks
 from minitron.train import Trainer
 from test_pipeline import _check_parity_and_trace, _parity_job
 
