@@ -86,6 +86,11 @@ def test_benchmark_results_are_read_and_bad_files_refused(tmp_path):
     rows = CT.read_tp_schemes_benchmark()
     assert {s for _, s in rows} == set(T.SCHEMES) and len(rows) == 8
     assert all(r["wire_measured"] > 0 and r["step_s"] > 0 for r in rows.values())
+    flagged = tmp_path / "flagged.md"   # a row the benchmark marks as measured != predicted
+    flagged.write_text("| tokens | 3d | `dp1.tp8.pp1.cube` | 1.0 KiB \\| 1.0 KiB | 2.0 KiB \\| 3.0 KiB ✗ | "
+                       "1.0 KiB \\| 1.0 KiB | 1.0 KiB \\| 1.0 KiB | 517 ms |\n")
+    row = CT.read_tp_schemes_benchmark(flagged)["tokens", "3d"]
+    assert (row["wire_measured"], row["wire_predicted"], row["step_s"]) == (2048, 3072, 0.517)
     empty = tmp_path / "results.md"
     empty.write_text("# nothing here\n")
     with pytest.raises(ValueError, match="results.md: no per-device table"):
