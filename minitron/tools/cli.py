@@ -304,10 +304,8 @@ def cmd_train(args) -> int:
         return EXIT_PREEMPTED
     if not reporting():
         return 0
-    vl = summary["val_losses"]
-    if vl:
-        first, last = vl[min(vl)], vl[max(vl)]
-        print(f"validation loss {first:.3f} -> {last:.3f} ({100 * (1 - last / first):.0f}% lower)")
+    if summary["val_losses"]:
+        print(validation_summary(summary["val_losses"]))
     if summary.get("sample"):
         print("--- sample ---")
         print(summary["sample"])
@@ -330,6 +328,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def validation_summary(val_losses: dict) -> str:
+    """One line on {step: validation loss}: the change from the first evaluation to the last,
+    or, when there was only one (--eval-every 0 evaluates before the first step alone), that one."""
+    (s0, first), (s1, last) = min(val_losses.items()), max(val_losses.items())
+    if s0 == s1:
+        return f"validation loss {first:.3f} at step {s0} (the only evaluation; --eval-every N evaluates every N steps)"
+    change = 100 * (1 - last / first)
+    return (f"validation loss {first:.3f} (step {s0}) -> {last:.3f} (step {s1}): "
+            f"{abs(change):.0f}% {'lower' if change >= 0 else 'higher'}")
+
+
 def cmd_verify(args) -> int:
     from .verify import verify_job
 
@@ -348,9 +357,17 @@ def cmd_verify(args) -> int:
     if not reporting():
         return 0
     if not args.json:
-        print(f"verify {res['layout']} vs single device, {res['steps']} steps, {t.dtype}:")
+        print(f"verify {res['layout']} vs single device, {res['steps']} steps, {t.dtype}"
+              f"{' with bf16 compute' if p.precision == 'bf16' else ''}:")
         print(f"  max |loss diff|        {res['max_loss_abs_diff']:.3e}")
         print(f"  max param rel diff     {res['max_param_rel_diff']:.3e}   (worst: {res['worst_param']})")
+        if "fn_rel_diff" in res:  # bf16: the verdict is the function's (tools/verify.py, bf16_measures)
+            within = all(d <= b for d, b in zip(res["loss_abs_diffs"], res["loss_bounds"]))
+            print(f"  losses within bf16     {'yes' if within else 'NO'}   (step i: 4 x 2^-8 x i x |loss|)")
+            print(f"  function rel diff      {res['fn_rel_diff']:.3e}   (held-out logits vs training's change; "
+                  f"one device, another split: {res.get('rounding_fn_rel_diff', float('nan')):.1e})")
+            print(f"  worst tensor's effect  {res['max_tensor_fn_rel_diff']:.3e}   ({res['worst_tensor']}; "
+                  f"of its training's effect, bound 1)")
         print(f"  tolerance              {res['tolerance']:.1e}  ->  {'OK' if res['ok'] else 'FAILED'}")
     else:
         print(json.dumps(res))
