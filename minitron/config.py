@@ -277,169 +277,169 @@ def _need(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate_model(m: ModelConfig) -> None:
+def validate_model(model: ModelConfig) -> None:
     for k in ("layers", "hidden", "heads", "seq_len", "vocab"):
-        _need(getattr(m, k) > 0, f"--{k.replace('_', '-')} must be positive (got {getattr(m, k)})")
-    _need(m.hidden % m.heads == 0,
-          f"hidden size {m.hidden} is not divisible by {m.heads} heads: pick --hidden a multiple of --heads")
-    _need(0.0 <= m.dropout < 1.0, f"dropout must be in [0, 1) (got {m.dropout})")
-    _need(m.ffn >= 0, f"--ffn must be positive, or 0 for 4*hidden (got {m.ffn})")
+        _need(getattr(model, k) > 0, f"--{k.replace('_', '-')} must be positive (got {getattr(model, k)})")
+    _need(model.hidden % model.heads == 0,
+          f"hidden size {model.hidden} is not divisible by {model.heads} heads: pick --hidden a multiple of --heads")
+    _need(0.0 <= model.dropout < 1.0, f"dropout must be in [0, 1) (got {model.dropout})")
+    _need(model.ffn >= 0, f"--ffn must be positive, or 0 for 4*hidden (got {model.ffn})")
     for k in ("hidden", "seq_len", "vocab", "ffn"):  # beyond this an index or a tensor size overflows
-        _need(getattr(m, k) < 2**31, f"--{k.replace('_', '-')} {getattr(m, k)} is too large: it must be below 2**31")
-    _need(m.activation in ("gelu", "gelu_tanh"), f"unknown activation '{m.activation}': use gelu or gelu_tanh")
+        _need(getattr(model, k) < 2**31, f"--{k.replace('_', '-')} {getattr(model, k)} is too large: it must be below 2**31")
+    _need(model.activation in ("gelu", "gelu_tanh"), f"unknown activation '{model.activation}': use gelu or gelu_tanh")
 
 
-def validate_parallel(m: ModelConfig, p: ParallelConfig, world: int | None = None) -> None:
+def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | None = None) -> None:
     """Check the layout against the model (and the world size, when known)."""
     for k in ("dp", "tp", "pp", "vpp"):
-        _need(getattr(p, k) >= 1, f"--{k} must be at least 1 (got {getattr(p, k)})")
-    _need(p.cp >= 1, f"--cp must be at least 1 (got {p.cp})")
-    world = world if world is not None else (p.nproc or p.world)
-    cp = f"*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp}" if p.cp > 1 else f" = {p.dp}*{p.tp}*{p.pp}"
-    _need(world == p.world,
-          f"world size {world} != dp*tp*pp{cp} = {p.world}: "
-          f"set --nproc {p.world} or change --dp/--tp/--pp{'/--cp' if p.cp > 1 else ''}")
-    _need(p.tp_mode in ("1d", "2d", "2.5d", "3d"), f"unknown --tp-mode '{p.tp_mode}': use 1d, 2d, 2.5d or 3d")
-    _need(p.tp_depth >= 1, f"--tp-depth must be at least 1 (got {p.tp_depth})")
-    _need(p.tp_depth == 1 or p.tp_mode == "2.5d", "--tp-depth is the depth of --tp-mode 2.5d: add --tp-mode 2.5d or drop it")
-    _need(p.schedule in SCHEDULES, f"unknown schedule '{p.schedule}': choose one of {', '.join(SCHEDULES)}")
-    _need(p.recompute in RECOMPUTE, f"unknown --recompute '{p.recompute}': choose one of {', '.join(RECOMPUTE)}")
-    _need(p.backend in ("gloo", "nccl"), f"unknown --backend '{p.backend}': use gloo or nccl")
-    _need(p.device in ("auto", "cpu", "cuda"), f"unknown --device '{p.device}': use auto, cpu or cuda")
-    _need(p.backend != "nccl" or p.device != "cpu", "--backend nccl needs GPUs: drop --device cpu or use gloo")
-    _need(p.precision in ("fp32", "bf16"), f"unknown --precision '{p.precision}': use fp32 or bf16")
-    _need(p.dropout_rng in ("tensor", "global"),
-          f"unknown --dropout-rng '{p.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
-    _need(p.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{p.dp_impl}': use naive or bucketed")
-    _need(p.bucket_mb > 0 and math.isfinite(p.bucket_mb), f"--bucket-mb must be a positive finite number (got {p.bucket_mb})")
-    _need(p.zero in (0, 1, 2, 3), f"unknown --zero {p.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
+        _need(getattr(layout, k) >= 1, f"--{k} must be at least 1 (got {getattr(layout, k)})")
+    _need(layout.cp >= 1, f"--cp must be at least 1 (got {layout.cp})")
+    world = world if world is not None else (layout.nproc or layout.world)
+    cp = f"*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp}" if layout.cp > 1 else f" = {layout.dp}*{layout.tp}*{layout.pp}"
+    _need(world == layout.world,
+          f"world size {world} != dp*tp*pp{cp} = {layout.world}: "
+          f"set --nproc {layout.world} or change --dp/--tp/--pp{'/--cp' if layout.cp > 1 else ''}")
+    _need(layout.tp_mode in ("1d", "2d", "2.5d", "3d"), f"unknown --tp-mode '{layout.tp_mode}': use 1d, 2d, 2.5d or 3d")
+    _need(layout.tp_depth >= 1, f"--tp-depth must be at least 1 (got {layout.tp_depth})")
+    _need(layout.tp_depth == 1 or layout.tp_mode == "2.5d", "--tp-depth is the depth of --tp-mode 2.5d: add --tp-mode 2.5d or drop it")
+    _need(layout.schedule in SCHEDULES, f"unknown schedule '{layout.schedule}': choose one of {', '.join(SCHEDULES)}")
+    _need(layout.recompute in RECOMPUTE, f"unknown --recompute '{layout.recompute}': choose one of {', '.join(RECOMPUTE)}")
+    _need(layout.backend in ("gloo", "nccl"), f"unknown --backend '{layout.backend}': use gloo or nccl")
+    _need(layout.device in ("auto", "cpu", "cuda"), f"unknown --device '{layout.device}': use auto, cpu or cuda")
+    _need(layout.backend != "nccl" or layout.device != "cpu", "--backend nccl needs GPUs: drop --device cpu or use gloo")
+    _need(layout.precision in ("fp32", "bf16"), f"unknown --precision '{layout.precision}': use fp32 or bf16")
+    _need(layout.dropout_rng in ("tensor", "global"),
+          f"unknown --dropout-rng '{layout.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
+    _need(layout.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{layout.dp_impl}': use naive or bucketed")
+    _need(layout.bucket_mb > 0 and math.isfinite(layout.bucket_mb), f"--bucket-mb must be a positive finite number (got {layout.bucket_mb})")
+    _need(layout.zero in (0, 1, 2, 3), f"unknown --zero {layout.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
     sharded = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and parameters"}
-    _need(not p.zero1 or p.dp > 1, f"{'--zero1' if p.zero == 1 else f'--zero {p.zero}'} shards "
-          f"{sharded.get(p.zero, 'model states')} over data parallel ranks: it needs --dp 2 or more")
-    if p.zero >= 2:
-        validate_zero(m, p)
-    if p.tp_mode == "3d":
-        q = p.cube_q
-        _need(q ** 3 == p.tp, f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {p.tp}")
-        _need(m.hidden % (q * q) == 0, f"3-D tensor parallelism needs hidden {m.hidden} divisible by q^2 = {q * q}")
-        _need(m.heads % q == 0, f"3-D tensor parallelism needs {m.heads} heads divisible by q = {q}")
-        _need(m.ffn_hidden % (q * q) == 0, f"3-D tensor parallelism needs FFN size {m.ffn_hidden} divisible by q^2 = {q * q}")
-        _need(not p.sp, "--sp is a 1-D tensor parallel feature: drop it with --tp-mode 3d")
-    elif p.tp_mode in ("2d", "2.5d"):
-        q, d = p.summa_q, p.tp_depth
-        _need(p.tp_mode == "2.5d" or q * q == p.tp,
-              f"--tp-mode 2d needs a square number of tensor ranks (4, 9, 16...), got --tp {p.tp}")
-        _need(p.tp_mode == "2d" or (p.tp % d == 0 and q * q * d == p.tp),
-              f"--tp-mode 2.5d needs --tp = q^2 * d with d = --tp-depth: --tp {p.tp} is not a square times {d}")
-        _need(m.hidden % q == 0, f"2-D tensor parallelism needs hidden {m.hidden} divisible by q = {q}")
-        _need(m.heads % q == 0, f"2-D tensor parallelism needs {m.heads} heads divisible by q = {q}")
-        _need(m.ffn_hidden % q == 0, f"2-D tensor parallelism needs FFN size {m.ffn_hidden} divisible by q = {q}")
-        _need(not p.sp, f"--sp is a 1-D tensor parallel feature: drop it with --tp-mode {p.tp_mode}")
+    _need(not layout.zero1 or layout.dp > 1, f"{'--zero1' if layout.zero == 1 else f'--zero {layout.zero}'} shards "
+          f"{sharded.get(layout.zero, 'model states')} over data parallel ranks: it needs --dp 2 or more")
+    if layout.zero >= 2:
+        validate_zero(model, layout)
+    if layout.tp_mode == "3d":
+        q = layout.cube_q
+        _need(q ** 3 == layout.tp, f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {layout.tp}")
+        _need(model.hidden % (q * q) == 0, f"3-D tensor parallelism needs hidden {model.hidden} divisible by q^2 = {q * q}")
+        _need(model.heads % q == 0, f"3-D tensor parallelism needs {model.heads} heads divisible by q = {q}")
+        _need(model.ffn_hidden % (q * q) == 0, f"3-D tensor parallelism needs FFN size {model.ffn_hidden} divisible by q^2 = {q * q}")
+        _need(not layout.sp, "--sp is a 1-D tensor parallel feature: drop it with --tp-mode 3d")
+    elif layout.tp_mode in ("2d", "2.5d"):
+        q, d = layout.summa_q, layout.tp_depth
+        _need(layout.tp_mode == "2.5d" or q * q == layout.tp,
+              f"--tp-mode 2d needs a square number of tensor ranks (4, 9, 16...), got --tp {layout.tp}")
+        _need(layout.tp_mode == "2d" or (layout.tp % d == 0 and q * q * d == layout.tp),
+              f"--tp-mode 2.5d needs --tp = q^2 * d with d = --tp-depth: --tp {layout.tp} is not a square times {d}")
+        _need(model.hidden % q == 0, f"2-D tensor parallelism needs hidden {model.hidden} divisible by q = {q}")
+        _need(model.heads % q == 0, f"2-D tensor parallelism needs {model.heads} heads divisible by q = {q}")
+        _need(model.ffn_hidden % q == 0, f"2-D tensor parallelism needs FFN size {model.ffn_hidden} divisible by q = {q}")
+        _need(not layout.sp, f"--sp is a 1-D tensor parallel feature: drop it with --tp-mode {layout.tp_mode}")
     else:
-        _need(m.heads % p.tp == 0, f"{m.heads} heads are not divisible by --tp {p.tp}: pick --heads a multiple of --tp")
-        _need(m.hidden % p.tp == 0, f"hidden {m.hidden} is not divisible by --tp {p.tp}")
-        _need(m.ffn_hidden % p.tp == 0, f"FFN size {m.ffn_hidden} is not divisible by --tp {p.tp}")
-        _need(not p.sp or m.seq_len % p.tp == 0,
-              f"--sp splits the sequence: --seq-len {m.seq_len} must be divisible by --tp {p.tp}")
-    _need(not p.sp or p.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
-    if p.cp > 1:
-        validate_context_parallel(m, p)
-    if p.pp > 1 or p.vpp > 1:
-        if p.schedule == "interleaved":  # with --vpp 1 it is 1F1B
-            _need(p.pp >= 2, "the interleaved schedule needs --pp 2 or more pipeline ranks")
+        _need(model.heads % layout.tp == 0, f"{model.heads} heads are not divisible by --tp {layout.tp}: pick --heads a multiple of --tp")
+        _need(model.hidden % layout.tp == 0, f"hidden {model.hidden} is not divisible by --tp {layout.tp}")
+        _need(model.ffn_hidden % layout.tp == 0, f"FFN size {model.ffn_hidden} is not divisible by --tp {layout.tp}")
+        _need(not layout.sp or model.seq_len % layout.tp == 0,
+              f"--sp splits the sequence: --seq-len {model.seq_len} must be divisible by --tp {layout.tp}")
+    _need(not layout.sp or layout.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
+    if layout.cp > 1:
+        validate_context_parallel(model, layout)
+    if layout.pp > 1 or layout.vpp > 1:
+        if layout.schedule == "interleaved":  # with --vpp 1 it is 1F1B
+            _need(layout.pp >= 2, "the interleaved schedule needs --pp 2 or more pipeline ranks")
         else:
-            _need(p.vpp == 1, f"--vpp {p.vpp} needs --schedule interleaved")
-        chunks = p.pp * p.vpp
-        _need(chunks <= m.layers, f"pp*vpp = {chunks} model chunks but only {m.layers} layers: lower --pp/--vpp or add layers")
-        if p.stage_layers:
-            _need(len(p.stage_layers) == chunks,
-                  f"--stage-layers has {len(p.stage_layers)} entries but pp*vpp = {chunks}: give one count per stage")
-            _need(sum(p.stage_layers) == m.layers and min(p.stage_layers) >= 1,
-                  f"--stage-layers {','.join(map(str, p.stage_layers))} must be positive and sum to {m.layers} layers")
+            _need(layout.vpp == 1, f"--vpp {layout.vpp} needs --schedule interleaved")
+        chunks = layout.pp * layout.vpp
+        _need(chunks <= model.layers, f"pp*vpp = {chunks} model chunks but only {model.layers} layers: lower --pp/--vpp or add layers")
+        if layout.stage_layers:
+            _need(len(layout.stage_layers) == chunks,
+                  f"--stage-layers has {len(layout.stage_layers)} entries but pp*vpp = {chunks}: give one count per stage")
+            _need(sum(layout.stage_layers) == model.layers and min(layout.stage_layers) >= 1,
+                  f"--stage-layers {','.join(map(str, layout.stage_layers))} must be positive and sum to {model.layers} layers")
     else:
-        _need(not p.stage_layers, "--stage-layers needs pipeline parallelism (--pp 2 or more)")
+        _need(not layout.stage_layers, "--stage-layers needs pipeline parallelism (--pp 2 or more)")
 
 
-def validate_zero(m: ModelConfig, p: ParallelConfig) -> None:
+def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:
     """ZeRO-2/3 reduce-scatter every unit's gradient as soon as its backward is done; a
     gradient that must first be summed over another axis (ShardInfo.grad_sync) cannot be,
     so those layouts stay with --zero 1 (whose reduce-scatter waits for the whole step)."""
-    z = f"--zero {p.zero}"
-    _need(p.dp_impl == "bucketed", f"{z} reduce-scatters unit by unit during backward: drop --dp-impl {p.dp_impl}")
-    _need(not p.sp, f"{z} cannot shard --sp's LayerNorm gradients (summed over tensor ranks first): drop --sp or use --zero 1")
-    _need(p.tp_mode == "1d" or p.tp == 1,
-          f"{z} composes with 1-D tensor parallelism only (--tp-mode {p.tp_mode} sums replicated gradients first): use --zero 1")
-    _need(not (m.tied_embeddings and p.pp * p.vpp > 1),
+    z = f"--zero {layout.zero}"
+    _need(layout.dp_impl == "bucketed", f"{z} reduce-scatters unit by unit during backward: drop --dp-impl {layout.dp_impl}")
+    _need(not layout.sp, f"{z} cannot shard --sp's LayerNorm gradients (summed over tensor ranks first): drop --sp or use --zero 1")
+    _need(layout.tp_mode == "1d" or layout.tp == 1,
+          f"{z} composes with 1-D tensor parallelism only (--tp-mode {layout.tp_mode} sums replicated gradients first): use --zero 1")
+    _need(not (model.tied_embeddings and layout.pp * layout.vpp > 1),
           f"{z} cannot shard the tied embedding shared by the first and last stage: drop --tied or use --zero 1")
-    if p.zero == 3:
-        _need(not p.compile, "--zero 3 gathers parameters in module hooks that --compile would trace: drop --compile")
-        _need(p.recompute != "full",
+    if layout.zero == 3:
+        _need(not layout.compile, "--zero 3 gathers parameters in module hooks that --compile would trace: drop --compile")
+        _need(layout.recompute != "full",
               "--zero 3 frees a block's parameters after its forward, which --recompute full replays: use selective or --zero 2")
-        _need(p.schedule != "zb-h1" or p.pp == 1,
+        _need(layout.schedule != "zb-h1" or layout.pp == 1,
               "--zero 3 frees a block after its backward, which zb-h1 splits in two (B and W): use 1f1b or --zero 2")
 
 
-def validate_context_parallel(m: ModelConfig, p: ParallelConfig) -> None:
+def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> None:
     """Context parallelism cuts the sequence into 2·cp chunks (rank r holds chunks r and
     2·cp−1−r); it is written for 1-D tensor parallelism and exact (dropout-free) attention."""
-    n = 2 * p.cp
-    _need(m.seq_len % n == 0,
-          f"--cp {p.cp} cuts the sequence into 2*cp = {n} chunks: --seq-len {m.seq_len} must be divisible by {n}")
-    if p.sp:
-        _need(m.seq_len % (n * p.tp) == 0,
-              f"--cp {p.cp} with --sp splits each rank's {m.seq_len // p.cp} tokens over --tp {p.tp}: "
-              f"--seq-len {m.seq_len} must be divisible by 2*cp*tp = {n * p.tp}")
-    _need(p.tp_mode == "1d",
+    n = 2 * layout.cp
+    _need(model.seq_len % n == 0,
+          f"--cp {layout.cp} cuts the sequence into 2*cp = {n} chunks: --seq-len {model.seq_len} must be divisible by {n}")
+    if layout.sp:
+        _need(model.seq_len % (n * layout.tp) == 0,
+              f"--cp {layout.cp} with --sp splits each rank's {model.seq_len // layout.cp} tokens over --tp {layout.tp}: "
+              f"--seq-len {model.seq_len} must be divisible by 2*cp*tp = {n * layout.tp}")
+    _need(layout.tp_mode == "1d",
           f"--cp composes with 1-D tensor parallelism only: use --tp-mode 1d or drop --cp")
-    _need(m.dropout == 0.0,
+    _need(model.dropout == 0.0,
           f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
 
 
-def validate_train(t: TrainConfig, p: ParallelConfig) -> None:
-    _need(t.steps > 0, f"--steps must be a positive number of steps (got {t.steps})")
-    _need(t.microbatches >= 1, f"--microbatches must be at least 1 (got {t.microbatches})")
-    _need(t.global_batch >= 1, f"--global-batch must be at least 1 (got {t.global_batch})")
-    _need(t.global_batch % (p.dp * t.microbatches) == 0,
-          f"--global-batch {t.global_batch} is not divisible by dp*microbatches = {p.dp}*{t.microbatches}: "
-          f"use a multiple of {p.dp * t.microbatches}")
-    _need(t.dtype in DTYPES, f"unknown --dtype '{t.dtype}': choose one of {', '.join(DTYPES)}")
-    _need(t.lr > 0 and math.isfinite(t.lr), f"--lr must be a positive finite number (got {t.lr})")
-    _need(t.log_every >= 1, f"--log-every must be at least 1 (got {t.log_every})")
-    _need(0 <= t.seed < 2**32, f"--seed must be in 0..{2**32 - 1} (got {t.seed})")
-    for flag, v in (("--stop-at", t.stop_at), ("--ckpt-every", t.ckpt_every), ("--eval-every", t.eval_every),
-                    ("--sample", t.sample_tokens), ("--keep-last", t.keep_last)):
+def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
+    _need(train.steps > 0, f"--steps must be a positive number of steps (got {train.steps})")
+    _need(train.microbatches >= 1, f"--microbatches must be at least 1 (got {train.microbatches})")
+    _need(train.global_batch >= 1, f"--global-batch must be at least 1 (got {train.global_batch})")
+    _need(train.global_batch % (layout.dp * train.microbatches) == 0,
+          f"--global-batch {train.global_batch} is not divisible by dp*microbatches = {layout.dp}*{train.microbatches}: "
+          f"use a multiple of {layout.dp * train.microbatches}")
+    _need(train.dtype in DTYPES, f"unknown --dtype '{train.dtype}': choose one of {', '.join(DTYPES)}")
+    _need(train.lr > 0 and math.isfinite(train.lr), f"--lr must be a positive finite number (got {train.lr})")
+    _need(train.log_every >= 1, f"--log-every must be at least 1 (got {train.log_every})")
+    _need(0 <= train.seed < 2**32, f"--seed must be in 0..{2**32 - 1} (got {train.seed})")
+    for flag, v in (("--stop-at", train.stop_at), ("--ckpt-every", train.ckpt_every), ("--eval-every", train.eval_every),
+                    ("--sample", train.sample_tokens), ("--keep-last", train.keep_last)):
         _need(v >= 0, f"{flag} must be 0 (off) or a positive number (got {v})")
-    _need(not t.stop_at or t.stop_at <= t.steps,
-          f"--stop-at {t.stop_at} is past --steps {t.steps}: stop earlier or train more steps")
-    _need(not t.resume or bool(t.ckpt_dir), "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
-    _need(not (t.ckpt_every or t.keep_last) or bool(t.ckpt_dir),
+    _need(not train.stop_at or train.stop_at <= train.steps,
+          f"--stop-at {train.stop_at} is past --steps {train.steps}: stop earlier or train more steps")
+    _need(not train.resume or bool(train.ckpt_dir), "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
+    _need(not (train.ckpt_every or train.keep_last) or bool(train.ckpt_dir),
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
-    _need(not t.timeline or p.pp > 1,
+    _need(not train.timeline or layout.pp > 1,
           "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
-    if p.pp > 1 and p.vpp > 1 and p.schedule == "interleaved":  # any m >= p: microbatches go in groups
-        _need(t.microbatches >= p.pp,
-              f"interleaved schedule needs --microbatches ({t.microbatches}) of at least --pp {p.pp}")
-    if p.tp_mode == "3d":
-        q = p.cube_q
-        mb = t.global_batch // (p.dp * t.microbatches)
+    if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= layout: microbatches go in groups
+        _need(train.microbatches >= layout.pp,
+              f"interleaved schedule needs --microbatches ({train.microbatches}) of at least --pp {layout.pp}")
+    if layout.tp_mode == "3d":
+        q = layout.cube_q
+        mb = train.global_batch // (layout.dp * train.microbatches)
         _need(mb % (q * q) == 0,
               f"3-D tensor parallelism splits the batch over q^2 = {q * q} ranks: microbatch size {mb} "
               f"(global batch / (dp*microbatches)) must be divisible by {q * q}")
-    if p.tp_mode in ("2d", "2.5d"):
-        pieces = p.summa_q * p.tp_depth
-        mb = t.global_batch // (p.dp * t.microbatches)
+    if layout.tp_mode in ("2d", "2.5d"):
+        pieces = layout.summa_q * layout.tp_depth
+        mb = train.global_batch // (layout.dp * train.microbatches)
         _need(mb % pieces == 0,
-              f"--tp-mode {p.tp_mode} splits the batch over q*d = {pieces} ranks: microbatch size {mb} "
+              f"--tp-mode {layout.tp_mode} splits the batch over q*d = {pieces} ranks: microbatch size {mb} "
               f"(global batch / (dp*microbatches)) must be divisible by {pieces}")
 
 
-def validate(m: ModelConfig, p: ParallelConfig, t: TrainConfig | None = None,
+def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | None = None,
              world: int | None = None) -> None:
     """Raise ConfigError (one line: problem and fix) for any bad combination."""
-    validate_model(m)
-    validate_parallel(m, p, world)
-    if t is not None:
-        validate_train(t, p)
+    validate_model(model)
+    validate_parallel(model, layout, world)
+    if train is not None:
+        validate_train(train, layout)
 
 
 def pad_vocab(vocab: int, multiple: int) -> int:

@@ -1,6 +1,6 @@
 """The process grid: which rank does which part of the work.
 
-Megatron's order (PTD-P §3, ANCHORS.md): tensor-parallel rank varies fastest, then data,
+Megatron's order (PTD-P §3): tensor-parallel rank varies fastest, then data,
 then pipeline, so that a tensor group is a block of neighbouring ranks (one node):
 
     rank = tp_rank + tp * dp_rank + tp * dp * pp_rank

@@ -9,7 +9,8 @@ Two ways to count bytes, kept apart on purpose:
   rank, so that a traced run can be checked against them.
 * **Wire bytes** — what a ring algorithm really sends out of each device:
   ``2(n−1)/n`` × the buffer for all-reduce, ``(n−1)/n`` × the full buffer for
-  all-gather and reduce-scatter (:func:`ring_allreduce_wire_bytes` and friends).
+  all-gather and reduce-scatter (:mod:`minitron.analysis.calls`, whose ring formulas
+  this module re-exports).
 
 Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
 

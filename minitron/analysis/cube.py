@@ -289,7 +289,7 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, tp
                                layers: int | None = None) -> dict[str, int]:
     """Bytes the whole model (or a stage) keeps for one microbatch on one tensor rank,
     by part: 'embedding', 'layers', 'head and loss'. 1-D layers from
-    :func:`minitron.analysis.tensor_parallel.saved_bytes_per_layer`; no dropout, no
+    :func:`minitron.analysis.memory.saved_bytes_per_layer`; no dropout, no
     recomputation, float32/float64."""
     b, s, h, e = micro_batch, model.seq_len, model.hidden, bytes_per_el
     es = statistics_bytes(e)

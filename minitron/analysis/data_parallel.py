@@ -1,12 +1,12 @@
 """Data parallelism by the numbers: the bucket plan, every data-parallel call of a step,
 and model-state bytes with and without ZeRO-1.
 
-The totals live next door: :func:`~minitron.analysis.comm.dp_bytes_per_step` (call bytes
+The totals live next door: :func:`~minitron.analysis.calls.dp_bytes_per_step` (call bytes
 per step) and :func:`~minitron.analysis.memory.memory_on_rank` (``optimizer_bytes`` is
 ``2·ceil(n/d)·e`` with ZeRO-1). This module adds what a trace shows call by call:
 
 * :func:`plan_buckets` — how the engine lays gradients out in one flat buffer and cuts it
-  into buckets. The engine (``minitron.parallel.data``) calls this very function, so the
+  into buckets: the engine's own plan (``minitron.parallel.buckets``, imported here), so the
   prediction and the run share one plan.
 * :func:`dp_calls` — the data-parallel calls of one optimizer step on one rank: op, the
   phase it is issued in, how many calls, how many bytes.
@@ -55,7 +55,7 @@ def dp_calls(numels, d: int, impl: str = "bucketed", zero1: bool = False, bucket
 
     Each item is ``{op, phase, calls, bytes}``: 'bwd' when issued during the last
     microbatch's backward (overlapped), 'optim' when issued after it. Byte totals agree
-    with :func:`~minitron.analysis.comm.dp_bytes_per_step`.
+    with :func:`~minitron.analysis.calls.dp_bytes_per_step`.
     """
     numels = list(numels)
     n, e = sum(numels), bytes_per_el

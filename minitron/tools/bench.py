@@ -67,9 +67,9 @@ class MatmulProbe:
         torch.mm(self.a, self.b, out=self.out)
 
 
-def probe_dtype(layout: ParallelConfig, t: TrainConfig) -> torch.dtype:
+def probe_dtype(layout: ParallelConfig, train: TrainConfig) -> torch.dtype:
     """The dtype the run's matmuls use: bf16 under autocast, else the parameters'."""
-    return torch.bfloat16 if layout.precision == "bf16" else TORCH_DTYPES[t.dtype]
+    return torch.bfloat16 if layout.precision == "bf16" else TORCH_DTYPES[train.dtype]
 
 
 def alternate(runs: dict, device, warmup: int, steps: int) -> dict[str, float]:
@@ -106,12 +106,12 @@ def peak_for_name(name: str) -> float | None:
 class PlainBlock(nn.Module):
     """One pre-LN transformer block in plain PyTorch (nanoGPT style)."""
 
-    def __init__(self, m: ModelConfig):
+    def __init__(self, model: ModelConfig):
         super().__init__()
-        self.heads = m.heads
-        self.ln1, self.ln2 = nn.LayerNorm(m.hidden), nn.LayerNorm(m.hidden)
-        self.qkv, self.proj = nn.Linear(m.hidden, 3 * m.hidden), nn.Linear(m.hidden, m.hidden)
-        self.fc, self.fc2 = nn.Linear(m.hidden, m.ffn_hidden), nn.Linear(m.ffn_hidden, m.hidden)
+        self.heads = model.heads
+        self.ln1, self.ln2 = nn.LayerNorm(model.hidden), nn.LayerNorm(model.hidden)
+        self.qkv, self.proj = nn.Linear(model.hidden, 3 * model.hidden), nn.Linear(model.hidden, model.hidden)
+        self.fc, self.fc2 = nn.Linear(model.hidden, model.ffn_hidden), nn.Linear(model.ffn_hidden, model.hidden)
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -124,11 +124,11 @@ class PlainBlock(nn.Module):
 class PlainGPT(nn.Module):
     """The same GPT shape in plain PyTorch modules: the benchmark's reference."""
 
-    def __init__(self, m: ModelConfig):
+    def __init__(self, model: ModelConfig):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(m.vocab, m.hidden), nn.Embedding(m.seq_len, m.hidden)
-        self.blocks = nn.ModuleList(PlainBlock(m) for _ in range(m.layers))
-        self.ln_f, self.head = nn.LayerNorm(m.hidden), nn.Linear(m.hidden, m.vocab, bias=False)
+        self.wte, self.wpe = nn.Embedding(model.vocab, model.hidden), nn.Embedding(model.seq_len, model.hidden)
+        self.blocks = nn.ModuleList(PlainBlock(model) for _ in range(model.layers))
+        self.ln_f, self.head = nn.LayerNorm(model.hidden), nn.Linear(model.hidden, model.vocab, bias=False)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe.weight[: idx.shape[1]]
@@ -138,24 +138,24 @@ class PlainGPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _plain_stepper(m: ModelConfig, t: TrainConfig, corpus, device, precision: str, compile: bool = False):
-    model = PlainGPT(m).to(device=device, dtype=TORCH_DTYPES[t.dtype])
+def _plain_stepper(model: ModelConfig, train: TrainConfig, corpus, device, precision: str, compile: bool = False):
+    net = PlainGPT(model).to(device=device, dtype=TORCH_DTYPES[train.dtype])
     if compile:  # as minitron's --compile does: each block
-        for block in model.blocks:
+        for block in net.blocks:
             block.compile()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay,
+    opt = torch.optim.AdamW(net.parameters(), lr=train.lr, betas=(0.9, 0.95), weight_decay=train.weight_decay,
                             fused=True)
     amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step(i):
-        x, y = batch(corpus, m.seq_len, t.global_batch, t.seed, i)
+        x, y = batch(corpus, model.seq_len, train.global_batch, train.seed, i)
         x, y = x.to(device), y.to(device)
         opt.zero_grad(set_to_none=True)
-        for xm, ym in zip(x.chunk(t.microbatches), y.chunk(t.microbatches)):
+        for xm, ym in zip(x.chunk(train.microbatches), y.chunk(train.microbatches)):
             with amp:
-                loss = model(xm, ym) / t.microbatches
+                loss = net(xm, ym) / train.microbatches
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), train.clip)
         opt.step()
     return step
 
@@ -214,28 +214,28 @@ def mfu_ceiling(mfu: float, kinds: dict) -> float:
     return mfu / useful if useful > 0 else float("nan")
 
 
-def bench_single(m: ModelConfig, layout: ParallelConfig, t: TrainConfig, corpus=None, steps: int = 10,
+def bench_single(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus=None, steps: int = 10,
                  warmup: int = 3, profile: bool = False) -> dict:
     """Single-device benchmark: minitron and PlainGPT alternating, plus the matmul peak;
     with `profile`, also where minitron's step spends its time (`profile_steps`).
     `corpus`: the built-in text when None. ``hfu`` counts recomputed forwards too
     (``layout.recompute``; PlainGPT never recomputes)."""
-    tr = Trainer(m, layout, t, corpus=corpus)
+    tr = Trainer(model, layout, train, corpus=corpus)
     device = tr.ctx.device
-    plain = _plain_stepper(m, t, tr.train_data, device, layout.precision, layout.compile)
-    probe = MatmulProbe(probe_dtype(layout, t), device)
+    plain = _plain_stepper(model, train, tr.train_data, device, layout.precision, layout.compile)
+    probe = MatmulProbe(probe_dtype(layout, train), device)
     med = alternate({"minitron": tr.step_async, "reference": plain, "peak": probe}, device, warmup, steps)
     step_s, ref_s, mm_s = med["minitron"], med["reference"], med["peak"]
     peak = probe.flops / mm_s
-    flops = model_flops_per_step(m, t.global_batch)
+    flops = model_flops_per_step(model, train.global_batch)
     sheet = datasheet_peak(device)
     out = {
-        "model": m.name, "layout": layout.describe(), "dtype": t.dtype, "precision": layout.precision,
-        "threads": torch.get_num_threads(), "device": str(device), "global_batch": t.global_batch,
+        "model": model.name, "layout": layout.describe(), "dtype": train.dtype, "precision": layout.precision,
+        "threads": torch.get_num_threads(), "device": str(device), "global_batch": train.global_batch,
         "minitron_step_s": step_s, "reference_step_s": ref_s, "overhead_ratio": step_s / ref_s,
-        "tokens_per_s": t.global_batch * m.seq_len / step_s, "model_flops_per_s": flops / step_s,
+        "tokens_per_s": train.global_batch * model.seq_len / step_s, "model_flops_per_s": flops / step_s,
         "device_peak_flops_per_s": peak, "mfu": flops / step_s / peak,
-        "hfu": hardware_flops_per_iteration(m, t.global_batch, layout.recompute) / step_s / peak,
+        "hfu": hardware_flops_per_iteration(model, train.global_batch, layout.recompute) / step_s / peak,
         "mfu_datasheet": flops / step_s / sheet if sheet else None, "steps_timed": steps,
     }
     if profile:

@@ -20,12 +20,12 @@ from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 
 
 # --- the machine and the launcher ----------------------------------------------------------
-def check_environment(p: ParallelConfig) -> None:
+def check_environment(layout: ParallelConfig) -> None:
     """GPUs where the layout asks for them; a launcher environment that can start ranks."""
     import torch
 
-    if (p.device == "cuda" or p.backend == "nccl") and not torch.cuda.is_available():
-        flag = "--device cuda" if p.device == "cuda" else "--backend nccl"
+    if (layout.device == "cuda" or layout.backend == "nccl") and not torch.cuda.is_available():
+        flag = "--device cuda" if layout.device == "cuda" else "--backend nccl"
         raise ConfigError(f"{flag} needs a CUDA GPU and this machine has none: drop it (CPU ranks use gloo)")
     env = os.environ
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_ID" not in env \
@@ -48,25 +48,25 @@ def available_memory_bytes() -> int | None:
         return None
 
 
-def check_memory(m: ModelConfig, p: ParallelConfig, t: TrainConfig, ranks_here: int | None = None) -> None:
+def check_memory(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ranks_here: int | None = None) -> None:
     """Refuse a run whose ranks on this machine would need more memory than it has
     (``analysis.memory_per_rank``: parameters, gradients, AdamW state, activations,
     buffers), before minutes of allocation end in the OOM killer. CPU runs only: on
     GPUs each rank has its own device memory, which the CUDA allocator reports itself."""
     from ..analysis import memory_per_rank
 
-    if p.backend == "nccl" or p.device == "cuda":
+    if layout.backend == "nccl" or layout.device == "cuda":
         return
     have = available_memory_bytes()
     if not have:
         return
-    here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (1 if _started_by_launcher() else p.world)
+    here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (1 if _started_by_launcher() else layout.world)
     try:
-        need = memory_per_rank(m, p, t)["total_bytes"] * here
+        need = memory_per_rank(model, layout, train)["total_bytes"] * here
     except Exception:  # noqa: BLE001 - a layout the estimate does not model yet: no estimate, no refusal
         return
     if need > 0.9 * have:
-        raise ConfigError(f"{m.name} on {p.describe()} needs about {_gb(need)} on this machine ({here} rank(s) "
+        raise ConfigError(f"{model.name} on {layout.describe()} needs about {_gb(need)} on this machine ({here} rank(s) "
                           f"x {_gb(need / here)}, `minitron memory`) but it has {_gb(have)}: use a smaller "
                           f"--model, or spread the ranks over more machines")
 
@@ -107,13 +107,13 @@ def _same(a: str, b: str) -> bool:
         return False
 
 
-def inputs_of(t: TrainConfig) -> list[str]:
+def inputs_of(train: TrainConfig) -> list[str]:
     """The files a run reads: the corpus (and a token file's sidecars)."""
-    if not t.data:
+    if not train.data:
         return []
-    out = [t.data]
-    if t.data.endswith(".bin"):
-        base = t.data[:-4]
+    out = [train.data]
+    if train.data.endswith(".bin"):
+        base = train.data[:-4]
         out += [base + ".json", base + ".tokenizer.json"]
     return out
 
@@ -192,7 +192,7 @@ def prepare_ckpt_dir(ckpt_dir: str, resume: str, overwrite: bool, inputs: list[s
                 old.unlink()
 
 
-def check_resume(ckpt_dir: str, resume: str, m: ModelConfig, t: TrainConfig) -> int:
+def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainConfig) -> int:
     """The step a --resume continues from (0: start afresh, only with --resume auto).
     Refuses a missing checkpoint, a broken one, one of another model, or one already at
     the last step."""
@@ -207,11 +207,11 @@ def check_resume(ckpt_dir: str, resume: str, m: ModelConfig, t: TrainConfig) -> 
         raise ConfigError(f"--resume: no checkpoint in --ckpt-dir {ckpt_dir} (no 'latest'): drop --resume to start "
                           f"a new run, use --resume auto to start one when there is none, or fix the folder")
     meta = check(newest)
-    check_model(meta, m, f"--resume: the checkpoint in {ckpt_dir}")
-    end = min(t.steps, t.stop_at) if t.stop_at else t.steps
+    check_model(meta, model, f"--resume: the checkpoint in {ckpt_dir}")
+    end = min(train.steps, train.stop_at) if train.stop_at else train.steps
     if meta["step"] >= end:
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is at step {meta['step']}, already at "
-                          f"{'--stop-at' if t.stop_at and t.stop_at < t.steps else '--steps'} {end}: "
+                          f"{'--stop-at' if train.stop_at and train.stop_at < train.steps else '--steps'} {end}: "
                           f"raise it to train further")
     return int(meta["step"])
 
