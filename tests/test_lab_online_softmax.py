@@ -45,7 +45,10 @@ def test_reference_passes_and_mistakes_get_one_line():
         "engine": engine,  # the engine's own combination passes its lab
         "outputs added": broken("return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new)"
                                 ".unsqueeze(-1) * out_b), new", "return out + out_b, new"),
+        "outputs averaged": broken("return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new)"
+                                   ".unsqueeze(-1) * out_b), new", "return (out + out_b) / 2, new"),
         "lse summed": broken("), new", "), lse + lse_b"),
+        "lse maxed": broken("), new", "), torch.maximum(lse, lse_b)"),
         "overflows": '''
 def combine(out, lse, out_b, lse_b):
     e, e_b = lse.exp(), lse_b.exp()
@@ -60,7 +63,9 @@ def combine(out, lse, out_b, lse_b):
         assert got[name]["max_param_rel_diff"] <= 1e-9 and "--cp 2" in got[name]["message"]
     want = {
         "outputs added": "your out is O + O_b",
+        "outputs averaged": "your out averages the two blocks equally",
         "lse summed": "your lse is the sum L + L_b",
+        "lse maxed": "your lse is max(L, L_b), the larger block's alone",
         "overflows": "gives inf or nan: e^L overflows",
         "a tuple of one": "returned tuple of 1: return the pair (out, lse)",
         "raises": "TypeError: logaddexp() missing 1 required positional arguments: \"other\" in combine, line 3 of your code",

@@ -153,7 +153,8 @@ def _engine_names(tree: ast.AST):
             if name and name.split(".")[0] in alias:
                 head, _, rest = name.partition(".")
                 yield node.lineno, alias[head] + ("." + rest if rest else "")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("minitron"):
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("minitron")
+              and not any(c.isspace() for c in node.value)):  # a module's name, not a docstring mentioning one
             yield node.lineno, node.value
 
 
