@@ -31,11 +31,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from harness import cpu_name, paired_ratio, publish, slowest_rank_rounds  # noqa: E402
 from minitron.comm import Comm  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
 from minitron.optim import sync_replicated_grads  # noqa: E402
+
+
+class ChunkInDDP(DistributedDataParallel):
+    """DistributedDataParallel around a minitron model chunk, which the training loop
+    still reads as one: whether it holds the first and the last stage."""
+
+    @property
+    def first(self) -> bool:
+        return self.module.first
+
+    @property
+    def last(self) -> bool:
+        return self.module.last
 
 
 class DDPSync:
@@ -82,11 +96,9 @@ def build(name, comm, m, t, corpus, bucket_mb):
     if name.startswith("minitron zero"):  # zero1, zero2, zero3
         return Trainer(m, dp2(dp_impl="bucketed", zero=int(name[-1])), t, comm, corpus), (0, 1)
     if name == "torch DDP":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         tr = Trainer(m, dp2(dp_impl="naive"), t, comm, corpus)
-        ddp = DDP(tr.chunks[0], process_group=comm.group("dp"), bucket_cap_mb=bucket_mb,
-                  gradient_as_bucket_view=True)
+        ddp = ChunkInDDP(tr.chunks[0], process_group=comm.group("dp"), bucket_cap_mb=bucket_mb,
+                         gradient_as_bucket_view=True)
         tr.chunks = [ddp]
         tr.dp = DDPSync(ddp, tr.params, comm)
         return tr, (0, 1)
