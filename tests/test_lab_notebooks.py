@@ -9,10 +9,11 @@ and its ``labs/solutions/NN_name.ipynb``:
   at its grading cell (the last code cell, or one that calls a ``check_`` function) with a
   one-line message naming a function still to write. The checkers refuse a stub before
   any rank starts, so this is quick;
-* outside the cells the learner fills in (those with ``# your code here``), the two
-  notebooks are identical, and every function and class of the learner's stub cells
-  (also inside ``SOURCE = '''...'''``) is defined in the solution with the same
-  signature; a solution may add cells after the learner's (wrong answers shown);
+* outside the cells the learner fills in (those with ``# your code here``, and answers
+  left as ``...``), the two notebooks are identical; every function and class of the
+  learner's stub cells (also inside ``SOURCE = '''...'''``) is defined in the solution
+  with the same signature, and an answer cell is the same cell with its ``...`` filled
+  in; a solution may add cells after the learner's (wrong answers shown);
 * the notebook opens with its objectives, a time estimate and what to read first.
 
 That the solutions pass (``pytest --nbval``) is ``tests/test_notebooks.py``.
@@ -96,6 +97,14 @@ def _stubbed(src: str) -> set[str]:
     return names
 
 
+def _answer_blanks(src: str) -> bool:
+    """Does the cell leave an answer for the learner, an `...` (Ellipsis) in its code?"""
+    try:
+        return any(isinstance(n, ast.Constant) and n.value is Ellipsis for n in ast.walk(_parse(src)))
+    except SyntaxError:
+        return False
+
+
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
 def test_untouched_lab_fails_at_grading_with_one_line(lab):
     pytest.importorskip("nbval", reason="the course extras are not installed: pip install -e .[course]")
@@ -137,6 +146,12 @@ def test_stubs_and_solutions_do_not_drift(lab):
                 assert name in got, f"{solution.name} cell {i} does not define {name}, the learner's stub does"
                 assert got[name] == signature, (f"{name}: the stub in {lab.name} cell {i} has {signature}, the "
                                                 f"solution {got[name]}")
+        elif a["cell_type"] == "code" and _answer_blanks(_text(a)):
+            # an answer to fill in, e.g. check_question("q1", ...): the solution ends with the same cell,
+            # answered (the lines that work the answer out may come first)
+            pattern = ".+?".join(re.escape(part) for part in _text(a).split("..."))
+            assert re.search(rf"(?:^|\n){pattern}\s*\Z", _text(b), re.S), (f"{lab.name} cell {i}: the solution is not this cell "
+                                                           f"with its `...` answered: {_text(b)[:120]!r}")
         else:
             assert _text(a) == _text(b), (f"{lab.name} and its solution differ in cell {i}, which is not one the "
                                           f"learner fills in: change both")
