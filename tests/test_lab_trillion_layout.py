@@ -1,4 +1,4 @@
-"""Lab 6T's checker (``minitron.labs.trillion_layout``): PTD-P's layout and the planner's
+"""Lab 6's checker (``minitron.labs.trillion_layout``): PTD-P's layout and the planner's
 best pass, the usual mistakes each get their own line, the questions' answers are the
 engine's. No ranks: the judge is the throughput model."""
 import pytest

@@ -1,4 +1,4 @@
-"""Lab 6T: a layout for the trillion-parameter model of PTD-P Table 1.
+"""Lab 6: a layout for the trillion-parameter model of PTD-P Table 1.
 
 Narayanan et al. (2021) trained a 1008B-parameter GPT (128 layers, h = 25600, 160 heads,
 sequence 2048) on 3072 A100s with a global batch of 3072. The learner chooses the
@@ -141,7 +141,7 @@ def judge(lay: dict, cluster: str = CLUSTER, software: str = SOFTWARE) -> dict:
 
 
 def check_trillion_layout(source: str, cluster: str = CLUSTER, software: str = SOFTWARE) -> dict:
-    """Lab 6T: judge the layout `choose_layout()` (defined in `source`) returns for the 1T
+    """Lab 6: judge the layout `choose_layout()` (defined in `source`) returns for the 1T
     model of PTD-P Table 1 on its 3072 GPUs of `cluster`: valid, fits in memory, predicted
     iteration within ``MARGIN`` of the planner's best. Returns {"ok", "message", ...} with
     one line naming the first problem (also when the code does not compile, raises or is
