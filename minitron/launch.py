@@ -27,7 +27,9 @@ import torch.distributed as dist
 
 from .comm import Comm, CommTrace
 from .grid import ProcessGrid
-from .preemption import SignalLog
+from .preemption import SignalLog, installed_log
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def under_launcher() -> bool:
@@ -145,14 +147,32 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     forwarding, then run `fn(*args)`. With `stop_on_signal`, SIGTERM/SIGINT are noted
     from the start (a training loop stops on them, preemption.StopOnSignal) — also one
     the launcher got before this rank had left its pid."""
-    die_with(launcher, scratch)
+    die_with(launcher, scratch)  # its thread keeps STOP_SIGNALS blocked: they reach the main thread
     log = SignalLog().install() if stop_on_signal else None
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork server started
     (Path(scratch) / f"{os.getpid()}.pid").write_text(str(os.getpid()))
     early = Path(scratch) / "signal"
     if early.exists():  # the launcher was signalled before this rank had left its pid
         sig = int(early.read_text() or signal.SIGTERM)
         log(sig) if log is not None else os.kill(os.getpid(), sig)
     return fn(*args)
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (if it is not running) with SIGINT/SIGTERM blocked: a blocked
+    signal stays blocked across fork and exec. The server then never dies of a Ctrl-C sent
+    to the whole process group while it imports torch (the launcher would get an
+    EOFError and the ranks a traceback), and every rank forked from it starts blocked too:
+    a signal waits until `_rank_of` has its handlers in place, then arrives. The launcher's
+    own signals are only held back for the moment of the fork, then delivered."""
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()  # first: starting it unblocks the signals again
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _forward_to_ranks(scratch: str):
@@ -209,6 +229,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
 
     if start_method == "forkserver":
         mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.tools.cli", "minitron.train"])
+        _start_fork_server()
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     # the agent's per-run folder (it would leave /tmp/torchelastic_* behind): ours, removed after
@@ -225,8 +246,11 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     forward = _forward_to_ranks(log_dir)
     quiet = _quiet_agent_logs()
     if threading.current_thread() is threading.main_thread():
+        early = installed_log()  # the command's: a signal while it was starting
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, forward)
+        if early is not None and early.signal:
+            forward(signal.Signals[early.signal])
     try:
         return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
     except ChildFailedError:

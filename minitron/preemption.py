@@ -17,6 +17,15 @@ in the process group's key-value store (first proposal wins, ``compare_set``), a
 rank looks at the store at each read-back: all of them see the proposal in time and stop
 after the same step. The store is the rendezvous' control channel, not the training
 wire: no byte of the traced communication changes.
+
+A signal during start-up (the command importing, the ranks starting) is noted by a
+:class:`SignalLog` installed first thing; before the first step the ranks compare notes
+(:func:`agree_before_start`) and, if any rank was signalled, none trains: nothing was done,
+so nothing needs saving, and the command exits with :data:`EXIT_PREEMPTED` as well. 75
+rather than 128 + the signal: running the same command again loses nothing (it starts
+over, or continues from the checkpoint it had resumed from, which is unchanged), which is
+what "try again" promises, and a batch script requeues a job preempted while starting as
+it does one preempted while training.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ EXIT_PREEMPTED = 75
 
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")  # Slurm's --signal often names USR1
 _KEY = "minitron/stop_at_readback"
+_START_KEY = "minitron/signal_before_start"
 
 
 class SignalLog:
@@ -38,14 +48,42 @@ class SignalLog:
 
     def __init__(self):
         self.signal: str | None = None
+        self._saved: dict = {}
 
     def __call__(self, signum, frame=None) -> None:
         self.signal = self.signal or signal.Signals(signum).name
 
     def install(self) -> "SignalLog":
         for name in SIGNALS:
-            signal.signal(getattr(signal, name), self)
+            sig = getattr(signal, name)
+            self._saved[sig] = signal.signal(sig, self)
         return self
+
+    def restore(self) -> None:
+        """Put back the handlers that `install` replaced."""
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved = {}
+
+
+def installed_log() -> SignalLog | None:
+    """The SignalLog now handling SIGTERM in this process, if one is."""
+    handler = signal.getsignal(signal.SIGTERM)
+    return handler if isinstance(handler, SignalLog) else None
+
+
+def agree_before_start(store, world: int, rank: int) -> str | None:
+    """Call on every rank before the first step: the signal any rank noted while starting
+    (the same answer on every rank), or None. Each rank posts what its SignalLog noted
+    and reads every rank's post, through the process group's store (None: one process)."""
+    log = installed_log()
+    noted = log.signal if log is not None else None
+    if store is None or world == 1:
+        return noted
+    store.set(f"{_START_KEY}/{rank}", noted or "")
+    keys = [f"{_START_KEY}/{r}" for r in range(world)]
+    store.wait(keys)
+    return next((name for name in (store.get(k).decode() for k in keys) if name), None)
 
 
 class StopOnSignal:

@@ -5,7 +5,10 @@
 * the job is preempted (SIGTERM to the launcher): the ranks finish the step in progress,
   agree on the step to stop after, checkpoint it and the command exits with
   EXIT_PREEMPTED; resuming ends bitwise equal (float32, same layout) to a run that was
-  never interrupted, and the metrics hold each step once.
+  never interrupted, and the metrics hold each step once;
+* the signal comes while the ranks are still starting (SIGTERM to the launcher, or Ctrl-C's
+  SIGINT to the whole process group): no rank trains, the command says so in one line,
+  exits with EXIT_PREEMPTED and leaves no process behind.
 """
 import json
 import os
@@ -18,16 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitron.preemption import EXIT_PREEMPTED, StopOnSignal
+from minitron.preemption import EXIT_PREEMPTED, SignalLog, StopOnSignal, agree_before_start
 from minitron.tools.testing import run_cli
 
 TRAIN = ["train", "--nproc", "2", "--tp", "2", "--global-batch", "4", "--no-progress", "--sample", "0",
          "--eval-every", "0"]
 
 
-def _start(argv):
+def _start(argv, **kw):
     return subprocess.Popen([sys.executable, "-m", "minitron", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, **kw)
 
 
 def _wait_for_steps(metrics: Path, n: int, proc, timeout: float = 240) -> None:
@@ -179,3 +182,57 @@ def test_resaving_the_step_latest_names_never_leaves_it_dangling(tmp_path, monke
     ckpt.save(str(tmp_path), 1, tr)
     assert ckpt.latest(str(tmp_path)).name == "step_0000001" and ckpt.check(ckpt.latest(str(tmp_path)))["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_0000001"]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("sig,to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_while_the_ranks_start_stops_before_training(tmp_path, sig, to_group):
+    """The signal arrives as the launcher starts its first helper process (the fork server
+    is about to import torch for the ranks): every rank agrees not to train."""
+    ckpt, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    proc = _start(TRAIN + ["--steps", "50", "--ckpt-dir", str(ckpt), "--metrics", str(metrics)],
+                  start_new_session=True)
+    end = time.time() + 240
+    while not _descendants(proc.pid) and time.time() < end:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, sig) if to_group else proc.send_signal(sig)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert [ln for ln in err.splitlines() if ln.startswith("minitron:")] == [
+        f"minitron: stopped by {sig.name} before the first step; nothing was trained: run the same command "
+        f"again (exit code {EXIT_PREEMPTED})"], err[-3000:]
+    assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
+    assert _checkpoints(ckpt) == []
+    gone = time.time() + 30
+    while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).stdout.strip() and time.time() < gone:
+        time.sleep(0.2)
+    assert not subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.strip()
+
+
+def test_ranks_agree_on_a_signal_noted_while_starting():
+    """agree_before_start: each rank posts what its SignalLog noted during start-up; every
+    rank reads the same answer, the signal if any rank got one."""
+    import threading
+
+    import torch.distributed as dist
+
+    log = SignalLog().install()
+    try:
+        store, answers = dist.HashStore(), {}
+        threads = [threading.Thread(target=lambda r=r: answers.update({r: agree_before_start(store, 2, r)}))
+                   for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == {0: None, 1: None}
+        log(signal.SIGTERM)  # rank 1 noted a signal (both ranks share this process's log here)
+        store = dist.HashStore()
+        store.set("minitron/signal_before_start/0", "")  # rank 0 posted nothing
+        assert agree_before_start(store, 2, 1) == "SIGTERM"
+        assert agree_before_start(None, 1, 0) == "SIGTERM"  # one process: its own note
+    finally:
+        log.restore()
+    assert not isinstance(signal.getsignal(signal.SIGTERM), SignalLog)

@@ -183,7 +183,7 @@ def run_ranks(job, m, p, t, corpus, extra=None):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from .. import launch
-    from ..preemption import SignalLog
+    from ..preemption import SignalLog, installed_log
 
     preflight(m, p, t)
     world = p.world
@@ -191,7 +191,7 @@ def run_ranks(job, m, p, t, corpus, extra=None):
         if launch.under_launcher() and launch.env_world() != world:
             raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
                               f"match --nproc-per-node/--ntasks to the layout")
-        if job is _train_job and threading.current_thread() is threading.main_thread():
+        if job is _train_job and threading.current_thread() is threading.main_thread() and installed_log() is None:
             SignalLog().install()  # a preemption during start-up is noted, not fatal
         results = {0: _rank_main(job, m, p, t, corpus, extra)}
     else:
@@ -241,7 +241,12 @@ def _rank_main(job, m, p, t, corpus, extra):
 
 
 def _train_job(comm, m, p, t, corpus, extra):
+    from ..preemption import agree_before_start, process_group_store
     from ..train import train
+
+    signalled = agree_before_start(process_group_store(), comm.grid.world, comm.grid.rank)
+    if signalled:  # a rank was signalled while starting: no rank trains (preemption.py)
+        return {"preempted": {"step": None, "signal": signalled, "checkpoint": False}}
 
     observer = (extra or {}).get("report")
     if observer is not None and comm.grid.rank == 0:  # MFU's denominator, measured on this machine
@@ -255,7 +260,7 @@ def _train_job(comm, m, p, t, corpus, extra):
 def cmd_train(args) -> int:
     m, p = model_from(args), layout_from(args)
     from ..checkpoint import latest
-    from ..preemption import EXIT_PREEMPTED
+    from ..preemption import EXIT_PREEMPTED, installed_log
     from .preflight import check_output_dir, check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
 
     t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
@@ -283,6 +288,9 @@ def cmd_train(args) -> int:
 
             check_available()
         observer = RunReport(m, p, t, tensorboard_dir=args.tensorboard)
+    early = installed_log()
+    if early is not None and early.signal:  # signalled while checking: start no rank
+        return stopped_before_training(early.signal, t, start)
     try:
         summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout, "report": observer})
     except Interrupted as e:  # the launcher was signalled; its ranks stopped at a step boundary
@@ -296,6 +304,8 @@ def cmd_train(args) -> int:
         return EXIT_PREEMPTED
     if summary.get("preempted"):
         pre = summary["preempted"]
+        if pre["step"] is None:
+            return stopped_before_training(pre["signal"], t, start)
         if reporting():
             where = f"checkpoint {latest(t.ckpt_dir)}: continue with --resume" if pre["checkpoint"] else \
                 "no --ckpt-dir, nothing saved"
@@ -326,6 +336,20 @@ def cmd_train(args) -> int:
     if t.trace:
         print(f"communication trace written to {t.trace}")
     return 0
+
+
+def stopped_before_training(sig: str, t: TrainConfig, start: int) -> int:
+    """A signal before the first step: no step ran, nothing was saved or lost; say so and
+    exit with EXIT_PREEMPTED, as a run stopped later does (preemption.py says why)."""
+    from ..preemption import EXIT_PREEMPTED
+
+    if reporting():
+        again = (f"the checkpoint of step {start} in {t.ckpt_dir} is unchanged: continue with --resume" if start else
+                 "nothing was trained: run the same command again")
+        print(f"minitron: stopped by {sig} before {f'step {start + 1}' if start else 'the first step'}; {again} "
+              f"(exit code {EXIT_PREEMPTED})",
+              file=sys.stderr)
+    return EXIT_PREEMPTED
 
 
 def validation_summary(val_losses: dict) -> str:
@@ -800,6 +824,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    from ..preemption import SignalLog
+
+    # train: a signal from here on is noted (and ends the run cleanly), not fatal
+    log = SignalLog().install() if args.cmd == "train" and threading.current_thread() is threading.main_thread() else None
     try:
         if hasattr(args, "timeout"):
             finite_positive("--timeout", args.timeout)
@@ -819,6 +847,9 @@ def main(argv=None) -> int:
         first = (str(e).strip().splitlines() or [""])[0][:300]
         print(f"minitron: error: {type(e).__name__}: {first} (MINITRON_DEBUG=1 prints the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if log is not None:
+            log.restore()
 
 
 if __name__ == "__main__":
