@@ -16,7 +16,7 @@ so GPipe, 1F1B, interleaved 1F1B and ZB-H1 are all the same loop::
 
 Stages and chunks. Chunk c of pipeline rank r is virtual stage ``c*p + r`` (Megatron's
 interleaved assignment, ``Trainer._build_chunks``); its layers come from
-``train.stage_layers`` (even, or ``--stage-layers`` for an uneven split). The first
+``config.stage_layers`` (even, or ``--stage-layers`` for an uneven split). The first
 stage embeds, the last one applies the final norm, the head and the loss.
 
 What crosses a stage boundary. The hidden states [b, s, h] (``GPT.boundary_shape``:
