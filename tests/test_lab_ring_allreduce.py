@@ -6,6 +6,7 @@ the sources in as few launches as their outcomes allow (a deadlock leaves the ra
 of step: the cases after it get a fresh launch).
 """
 import pytest
+import torch
 
 from minitron.labs.ring_allreduce import check_ring_allreduce, check_ring_allreduce_all, coded_input, diagnose
 
@@ -61,7 +62,7 @@ def test_syntax_error_needs_no_ranks():
 def test_diagnosis_of_coded_results_needs_no_ranks():
     """The diagnosis reads which ranks each element holds (rank r's tensor is 2^r·w)."""
     n, N = 4, 10
-    _, w = coded_input(N, __import__("torch").float64, 0)
+    _, w = coded_input(N, torch.float64, 0)
     full = w * (2 ** n - 1)
     assert diagnose(full, w, n, 0) == ""
     partial = w * 1.0

@@ -26,8 +26,6 @@ layout, the stage, by how much and what that layout asks for.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from ..config import ModelConfig, ParallelConfig, TrainConfig, validate
 from .runner import LabError, call, deadline, describe, fail, load, screen
 
@@ -148,7 +146,7 @@ def check_memory_estimator(source: str, measured: dict | None = None, timeout: f
         screen(source, (NAME,), FORBIDDEN)
         fn = load(source, (NAME,))[NAME]
         with deadline(timeout):
-            estimates = _estimates(fn, MODEL, dataclasses.replace(TRAIN))
+            estimates = _estimates(fn, MODEL, TRAIN)
     except Exception as e:  # LabError, or the alarm of an endless loop
         return fail(describe(e, f"your {NAME}"))
     return _verdict(estimates, measured if measured is not None else measure())

@@ -22,8 +22,8 @@ message functions the checker provides (they count what is sent):
   ``wait()`` returns when `t` may be changed again;
 * ``recv(buf, frm)`` returns when `buf` holds the message rank `frm` sent.
 
-On 4 gloo ranks the checker runs it on flat tensors of several sizes none of which 4
-divides, in float64 and float32, and compares each rank's result with the engine's
+On 4 gloo ranks the checker runs it on flat tensors of several sizes, all but one of
+which 4 does not divide, in float64 and float32, and compares each rank's result with the engine's
 ``all_reduce`` exactly (rank r's tensor is 2^r times a vector of small integers, so
 every sum is exact in either dtype, and each element of a wrong result tells which
 ranks' values it holds). It then counts the rank's messages, 2(n − 1), and their
