@@ -4,8 +4,8 @@ Every rank `exec`s the learner's source and checks `F` and `G` on one rank-depen
 tensor: the shape, the value of each forward and backward, and the calls each issues
 (counted in the trace: f's forward and g's backward communicate nothing, f's backward and
 g's forward exactly one all-reduce on 'tp'). The ranks agree on the first problem found;
-otherwise the classes are swapped into the engine, a tiny GPT trains with tensor
-parallelism on 4 ranks (so that an operator hard-wired to 2 ranks fails) for 2 float64
+otherwise the Trainer builds its layers with them (``tensor.layers(f=F, g=G)``), a tiny
+GPT trains with tensor parallelism on 4 ranks (so that an operator hard-wired to 2 ranks fails) for 2 float64
 steps, and rank 0 compares the run with the single-device reference
 (:mod:`minitron.tools.verify`).
 
