@@ -81,9 +81,9 @@ from typing import Any
 from ..config import ModelConfig
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
-from .flops import recompute_policy, flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration
+from .flops import flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy
 from .memory import memory_estimate
-from .params import layout_get, params_given_layers, padded_vocab, rank_layers
+from .params import layout_get, padded_vocab, params_given_layers, rank_layers
 from .software import Software, get_software
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",

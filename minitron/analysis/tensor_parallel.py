@@ -40,7 +40,7 @@ from __future__ import annotations
 from ..config import ModelConfig, PRESETS
 from .cluster import get_cluster
 from .calls import ring_allreduce_wire_bytes
-from .flops import recompute_policy, layer_forward_flops
+from .flops import layer_forward_flops, recompute_policy
 from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer, saved_bytes_per_layer
 
 __all__ = ["saved_bytes_per_layer", "activation_table", "tp_collectives", "tp_scaling",
