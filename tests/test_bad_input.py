@@ -4,7 +4,8 @@ rank starts — these run the command in-process, so a case that got as far as s
 ranks would show up as a slow test, and one that trained would change no exit code.
 
 Also the silently-wrong cases: token ids past --vocab under --tp, --resume into another
-model, outputs that overwrite an input, --timeline without a pipeline, a non-finite loss.
+model, outputs that overwrite an input, --timeline without a pipeline, a non-finite loss,
+a validation loss compared with itself.
 """
 import json
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from minitron.tools.cli import main
+from minitron.tools.cli import main, validation_summary
 from minitron.tools.testing import run_cli
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0"]
@@ -72,6 +73,7 @@ CASES = [
     # --- model ---
     (TRAIN + ["--ffn", "-8"], "--ffn must be positive, or 0"),
     (TRAIN + ["--vocab", str(2**40)], "too large"),
+    (TRAIN + ["--vocab", "0"], "--vocab must be positive"),
     (TRAIN + ["--layers", "0"], "--layers must be positive"),
     (TRAIN + ["--heads", "0"], "--heads must be positive"),
     (TRAIN + ["--seq-len", "-4"], "--seq-len must be positive"),
@@ -94,6 +96,8 @@ CASES = [
     (TRAIN + ["--bucket-mb", "0"], "--bucket-mb must be a positive finite number"),
     (TRAIN + ["--timeout", "0"], "--timeout must be a positive finite number"),
     (TRAIN + ["--timeout", "nan"], "--timeout must be a positive finite number"),
+    (TRAIN + ["--timeout", "-1"], "--timeout must be a positive finite number"),
+    (TRAIN + ["--timeout", "inf"], "--timeout must be a positive finite number"),
     (TRAIN + ["--timeline", "{dir}/t.json"], "--timeline records the pipeline"),
     # --- data ---
     (TRAIN + ["--data", "/no/such/file.txt"], "does not exist"),
@@ -132,6 +136,7 @@ CASES = [
     (["verify", "--tol", "inf"], "--tol must be a positive finite number"),
     (["verify", "--nproc", "3", "--dp", "2"], "world size 3"),
     (["verify", "--trace", "{folder}"], "is a folder"),
+    (["verify", "--steps", "0"], "--steps must be a positive"),
     # --- plan ---
     (["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--pp", "1", "--vpp", "2"],
      "--vpp 2 interleaves pipeline stages"),
@@ -144,6 +149,7 @@ CASES = [
     (["bench", "--bench-steps", "0"], "--bench-steps must be at least 1"),
     (["bench", "--threads", "-2"], "--threads at least 0"),
     (["bench", "--warmup-steps", "-1"], "--warmup-steps and --threads at least 0"),
+    (["bench", "--bucket-mb", "-1"], "--bucket-mb must be a positive finite number"),
     # --- schedule ---
     (["schedule", "--pp", "64", "--microbatches", "20000"], "more than the 10000 simulated here"),
     (["schedule", "--pp", "0"], "--pp must be at least 1"),
@@ -212,6 +218,17 @@ def test_nonfinite_loss_names_the_step(capsys):
     assert main(TRAIN + ["--steps", "6", "--lr", "1e30"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "the loss is nan at step 2" in err and "lower --lr" in err, err
+
+
+def test_one_validation_is_not_compared_with_itself(capsys):
+    """--eval-every 0 evaluates once, before the first step: the command reports that loss,
+    not "X -> X (0% lower)"; with two evaluations, the change (or a rise) between them."""
+    assert main(TRAIN + ["--steps", "2", "--no-report"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("validation loss")]
+    assert len(lines) == 1 and "->" not in lines[0] and "at step 0 (the only evaluation" in lines[0], lines
+    assert validation_summary({0: 5.5, 10: 2.75, 5: 3.0}) == \
+        "validation loss 5.500 (step 0) -> 2.750 (step 10): 50.0% lower"
+    assert validation_summary({0: 2.0, 4: 3.0}).endswith("50.0% higher")
 
 
 def test_launcher_environment(capsys, monkeypatch):

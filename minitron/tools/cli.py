@@ -360,7 +360,7 @@ def validation_summary(val_losses: dict) -> str:
         return f"validation loss {first:.3f} at step {s0} (the only evaluation; --eval-every N evaluates every N steps)"
     change = 100 * (1 - last / first)
     return (f"validation loss {first:.3f} (step {s0}) -> {last:.3f} (step {s1}): "
-            f"{abs(change):.0f}% {'lower' if change >= 0 else 'higher'}")
+            f"{abs(change):.1f}% {'lower' if change >= 0 else 'higher'}")
 
 
 def cmd_verify(args) -> int:
