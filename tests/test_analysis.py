@@ -505,3 +505,26 @@ def test_traced_bytes_of_a_bf16_run_equal_the_analysis(tmp_path):
         want = comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(tp=2, sp=True, pp=2, precision="bf16"),
                                    TrainConfig(global_batch=4, microbatches=2), pp_rank=pp_rank)
         assert got == want, (rank, got, want)
+
+
+@pytest.mark.multirank
+def test_traced_bytes_of_a_bfloat16_dtype_run_equal_the_analysis(tmp_path):
+    """--dtype bfloat16 (parameters and gradients in bf16, not mixed precision), dp2 · tp2,
+    one step traced: the gradient all-reduces move 2-byte elements, as
+    config.element_bytes('bfloat16') tells the analysis."""
+    from minitron.comm import read_trace
+    from minitron.tools.testing import run_cli
+
+    trace = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["train", "--model", "tiny", "--nproc", "4", "--dp", "2", "--tp", "2",
+                            "--dtype", "bfloat16", "--global-batch", "4", "--steps", "1",
+                            "--eval-every", "0", "--sample", "0", "--no-progress", "--trace", str(trace)])
+    assert code == 0, err[-2000:]
+    got: dict = {}
+    for r in read_trace(trace):
+        if r["rank"] == 0 and r["phase"] != "log":
+            ops = got.setdefault(r["axis"], {})
+            ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
+    want = comm_bytes_per_step(PRESETS["tiny"], ParallelConfig(dp=2, tp=2),
+                               TrainConfig(global_batch=4, dtype="bfloat16"))
+    assert got == want
