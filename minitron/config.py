@@ -234,7 +234,8 @@ def stage_layer_counts(layers: int, pp: int = 1, vpp: int = 1, explicit: tuple[i
     (``--stage-layers``) when given, else :func:`split_layers`."""
     if explicit:
         if len(explicit) != pp * vpp or sum(explicit) != layers:
-            raise ValueError(f"stage_layers {tuple(explicit)} must have pp*vpp = {pp * vpp} entries summing to {layers}")
+            raise ValueError(f"stage_layers {tuple(explicit)} must have pp*vpp = {pp * vpp} entries "
+                             f"summing to {layers}")
         return list(explicit)
     return split_layers(layers, pp * vpp)
 
@@ -285,7 +286,8 @@ def validate_model(model: ModelConfig) -> None:
     _need(0.0 <= model.dropout < 1.0, f"dropout must be in [0, 1) (got {model.dropout})")
     _need(model.ffn >= 0, f"--ffn must be positive, or 0 for 4*hidden (got {model.ffn})")
     for k in ("hidden", "seq_len", "vocab", "ffn"):  # beyond this an index or a tensor size overflows
-        _need(getattr(model, k) < 2**31, f"--{k.replace('_', '-')} {getattr(model, k)} is too large: it must be below 2**31")
+        _need(getattr(model, k) < 2**31,
+              f"--{k.replace('_', '-')} {getattr(model, k)} is too large: it must be below 2**31")
     _need(model.activation in ("gelu", "gelu_tanh"), f"unknown activation '{model.activation}': use gelu or gelu_tanh")
 
 
@@ -295,15 +297,18 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         _need(getattr(layout, k) >= 1, f"--{k} must be at least 1 (got {getattr(layout, k)})")
     _need(layout.cp >= 1, f"--cp must be at least 1 (got {layout.cp})")
     world = world if world is not None else (layout.nproc or layout.world)
-    cp = f"*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp}" if layout.cp > 1 else f" = {layout.dp}*{layout.tp}*{layout.pp}"
+    degrees = f"{layout.dp}*{layout.tp}*{layout.pp}"
+    cp = f"*cp = {degrees}*{layout.cp}" if layout.cp > 1 else f" = {degrees}"
     _need(world == layout.world,
           f"world size {world} != dp*tp*pp{cp} = {layout.world}: "
           f"set --nproc {layout.world} or change --dp/--tp/--pp{'/--cp' if layout.cp > 1 else ''}")
     _need(layout.tp_mode in ("1d", "2d", "2.5d", "3d"), f"unknown --tp-mode '{layout.tp_mode}': use 1d, 2d, 2.5d or 3d")
     _need(layout.tp_depth >= 1, f"--tp-depth must be at least 1 (got {layout.tp_depth})")
-    _need(layout.tp_depth == 1 or layout.tp_mode == "2.5d", "--tp-depth is the depth of --tp-mode 2.5d: add --tp-mode 2.5d or drop it")
+    _need(layout.tp_depth == 1 or layout.tp_mode == "2.5d",
+          "--tp-depth is the depth of --tp-mode 2.5d: add --tp-mode 2.5d or drop it")
     _need(layout.schedule in SCHEDULES, f"unknown schedule '{layout.schedule}': choose one of {', '.join(SCHEDULES)}")
-    _need(layout.recompute in RECOMPUTE, f"unknown --recompute '{layout.recompute}': choose one of {', '.join(RECOMPUTE)}")
+    _need(layout.recompute in RECOMPUTE,
+          f"unknown --recompute '{layout.recompute}': choose one of {', '.join(RECOMPUTE)}")
     _need(layout.backend in ("gloo", "nccl"), f"unknown --backend '{layout.backend}': use gloo or nccl")
     _need(layout.device in ("auto", "cpu", "cuda"), f"unknown --device '{layout.device}': use auto, cpu or cuda")
     _need(layout.backend != "nccl" or layout.device != "cpu", "--backend nccl needs GPUs: drop --device cpu or use gloo")
@@ -311,7 +316,8 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
     _need(layout.dropout_rng in ("tensor", "global"),
           f"unknown --dropout-rng '{layout.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
     _need(layout.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{layout.dp_impl}': use naive or bucketed")
-    _need(layout.bucket_mb > 0 and math.isfinite(layout.bucket_mb), f"--bucket-mb must be a positive finite number (got {layout.bucket_mb})")
+    _need(layout.bucket_mb > 0 and math.isfinite(layout.bucket_mb),
+          f"--bucket-mb must be a positive finite number (got {layout.bucket_mb})")
     _need(layout.zero in (0, 1, 2, 3), f"unknown --zero {layout.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
     sharded = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and parameters"}
     _need(not layout.zero1 or layout.dp > 1, f"{'--zero1' if layout.zero == 1 else f'--zero {layout.zero}'} shards "
@@ -320,10 +326,12 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         validate_zero(model, layout)
     if layout.tp_mode == "3d":
         q = layout.cube_q
-        _need(q ** 3 == layout.tp, f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {layout.tp}")
+        _need(q ** 3 == layout.tp,
+              f"--tp-mode 3d needs a cube number of tensor ranks (8, 27, 64...), got --tp {layout.tp}")
         _need(model.hidden % (q * q) == 0, f"3-D tensor parallelism needs hidden {model.hidden} divisible by q^2 = {q * q}")
         _need(model.heads % q == 0, f"3-D tensor parallelism needs {model.heads} heads divisible by q = {q}")
-        _need(model.ffn_hidden % (q * q) == 0, f"3-D tensor parallelism needs FFN size {model.ffn_hidden} divisible by q^2 = {q * q}")
+        _need(model.ffn_hidden % (q * q) == 0,
+              f"3-D tensor parallelism needs FFN size {model.ffn_hidden} divisible by q^2 = {q * q}")
         _need(not layout.sp, "--sp is a 1-D tensor parallel feature: drop it with --tp-mode 3d")
     elif layout.tp_mode in ("2d", "2.5d"):
         q, d = layout.summa_q, layout.tp_depth
@@ -336,7 +344,8 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         _need(model.ffn_hidden % q == 0, f"2-D tensor parallelism needs FFN size {model.ffn_hidden} divisible by q = {q}")
         _need(not layout.sp, f"--sp is a 1-D tensor parallel feature: drop it with --tp-mode {layout.tp_mode}")
     else:
-        _need(model.heads % layout.tp == 0, f"{model.heads} heads are not divisible by --tp {layout.tp}: pick --heads a multiple of --tp")
+        _need(model.heads % layout.tp == 0,
+              f"{model.heads} heads are not divisible by --tp {layout.tp}: pick --heads a multiple of --tp")
         _need(model.hidden % layout.tp == 0, f"hidden {model.hidden} is not divisible by --tp {layout.tp}")
         _need(model.ffn_hidden % layout.tp == 0, f"FFN size {model.ffn_hidden} is not divisible by --tp {layout.tp}")
         _need(not layout.sp or model.seq_len % layout.tp == 0,
@@ -350,7 +359,8 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         else:
             _need(layout.vpp == 1, f"--vpp {layout.vpp} needs --schedule interleaved")
         chunks = layout.pp * layout.vpp
-        _need(chunks <= model.layers, f"pp*vpp = {chunks} model chunks but only {model.layers} layers: lower --pp/--vpp or add layers")
+        _need(chunks <= model.layers,
+              f"pp*vpp = {chunks} model chunks but only {model.layers} layers: lower --pp/--vpp or add layers")
         if layout.stage_layers:
             _need(len(layout.stage_layers) == chunks,
                   f"--stage-layers has {len(layout.stage_layers)} entries but pp*vpp = {chunks}: give one count per stage")
@@ -366,7 +376,8 @@ def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:
     so those layouts stay with --zero 1 (whose reduce-scatter waits for the whole step)."""
     z = f"--zero {layout.zero}"
     _need(layout.dp_impl == "bucketed", f"{z} reduce-scatters unit by unit during backward: drop --dp-impl {layout.dp_impl}")
-    _need(not layout.sp, f"{z} cannot shard --sp's LayerNorm gradients (summed over tensor ranks first): drop --sp or use --zero 1")
+    _need(not layout.sp,
+          f"{z} cannot shard --sp's LayerNorm gradients (summed over tensor ranks first): drop --sp or use --zero 1")
     _need(layout.tp_mode == "1d" or layout.tp == 1,
           f"{z} composes with 1-D tensor parallelism only (--tp-mode {layout.tp_mode} sums replicated gradients first): use --zero 1")
     _need(not (model.tied_embeddings and layout.pp * layout.vpp > 1),
@@ -406,17 +417,19 @@ def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
     _need(train.lr > 0 and math.isfinite(train.lr), f"--lr must be a positive finite number (got {train.lr})")
     _need(train.log_every >= 1, f"--log-every must be at least 1 (got {train.log_every})")
     _need(0 <= train.seed < 2**32, f"--seed must be in 0..{2**32 - 1} (got {train.seed})")
-    for flag, v in (("--stop-at", train.stop_at), ("--ckpt-every", train.ckpt_every), ("--eval-every", train.eval_every),
+    for flag, v in (("--stop-at", train.stop_at), ("--ckpt-every", train.ckpt_every),
+                    ("--eval-every", train.eval_every),
                     ("--sample", train.sample_tokens), ("--keep-last", train.keep_last)):
         _need(v >= 0, f"{flag} must be 0 (off) or a positive number (got {v})")
     _need(not train.stop_at or train.stop_at <= train.steps,
           f"--stop-at {train.stop_at} is past --steps {train.steps}: stop earlier or train more steps")
-    _need(not train.resume or bool(train.ckpt_dir), "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
+    _need(not train.resume or bool(train.ckpt_dir),
+          "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
     _need(not (train.ckpt_every or train.keep_last) or bool(train.ckpt_dir),
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
     _need(not train.timeline or layout.pp > 1,
           "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
-    if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= layout: microbatches go in groups
+    if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= p: microbatches go in groups
         _need(train.microbatches >= layout.pp,
               f"interleaved schedule needs --microbatches ({train.microbatches}) of at least --pp {layout.pp}")
     if layout.tp_mode == "3d":
