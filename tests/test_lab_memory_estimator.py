@@ -7,7 +7,8 @@ refused before any rank starts; the rest shares one launch of 2 ranks (three lay
 """
 import pytest
 
-from minitron.labs.memory_estimator import ACT_TOL, check_memory_estimator, measure
+from minitron.analysis import memory_on_rank
+from minitron.labs.memory_estimator import ACT_TOL, LAYOUTS, MODEL, TRAIN, check_memory_estimator, measure
 
 REFERENCE = '''
 def estimate(model, layout, train, stage):
@@ -57,6 +58,11 @@ def test_refused_before_any_rank_starts():
 @pytest.mark.multirank
 def test_reference_meets_the_measurement_and_mistakes_get_one_line():
     measured = measure()
+    for name, (layout, _) in LAYOUTS.items():  # the measurement is the engine's own model of itself
+        assert sorted(measured[name]) == list(range(layout.pp))
+        for stage, got in measured[name].items():
+            want = memory_on_rank(MODEL, layout, TRAIN, stage)
+            assert all(got[k] == want[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")), (name, stage)
     ok = check_memory_estimator(REFERENCE, measured=measured)
     assert ok["ok"], ok
     for row in ok["rows"]:

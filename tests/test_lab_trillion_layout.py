@@ -29,6 +29,8 @@ def test_ptdp_and_the_planners_best_pass():
     (layout(dp=4), "t·p·d = 8·64·4 = 2048 GPUs, not the cluster's 3072"),
     (layout(vpp=2, b=16), "the interleaved schedule needs at least p microbatches (m ≥ p)"),
     (layout(vpp=3), "p·v = 64·3 = 192 model chunks for 128 layers"),
+    (layout(pp=24, dp=16, vpp=2, b=3), "v = 2 with m = 64 microbatches for p = 24 stages: the engine interleaves "
+                                       "any m ≥ p"),
     (layout(tp=3, pp=64, dp=16), "t = 3 does not divide the 160 heads"),
     (layout(b=5), "the global batch 3072 does not split into d·b = 6·5"),
     (STUB, "choose_layout is not written yet"),

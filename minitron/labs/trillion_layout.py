@@ -14,9 +14,9 @@ recomputation, ``ptdp-2021`` by default), in this order, each failure in one lin
 1. the GPUs: t·p·d equals the cluster's GPU count;
 2. tensor parallelism stays within a node (t ≤ GPUs per node) and divides the heads and
    the hidden size;
-3. the pipeline: p·v model chunks, at most one layer each; the global batch divides
+3. the pipeline: p·v model chunks, at least one layer each; the global batch divides
    into d·b; interleaving (v > 1) needs p > 1 and at least p microbatches (the engine
-   schedules any m ≥ p);
+   schedules any m ≥ p; the throughput model prices m a multiple of p);
 4. the memory: :func:`~minitron.analysis.memory.memory_estimate` within the GPU's
    memory;
 5. the time: the predicted iteration within ``MARGIN`` of the best layout
@@ -98,6 +98,10 @@ def validity_problem(lay: dict, cluster: str = CLUSTER, model=MODEL, gpus: int =
     if v > 1 and m < p:
         return (f"v = {v} (interleaved) with m = {global_batch}/(d·b) = {m} microbatches for p = {p} stages: "
                 f"the interleaved schedule needs at least p microbatches (m ≥ p); lower b or v")
+    if v > 1 and m % p:
+        return (f"v = {v} with m = {m} microbatches for p = {p} stages: the engine interleaves any m ≥ p (in "
+                f"groups of at least p), but the throughput model prices the interleaved schedule only for m a "
+                f"multiple of p (PTD-P's); choose b or d so that p divides m")
     return ""
 
 
