@@ -4,7 +4,7 @@ four schemes side by side in ``analysis/tp_schemes.py``).
 
 Communication of one Linear3D, one microbatch, one rank
 -------------------------------------------------------
-``Y = X·W`` on layout (a, c) with X of B = b·s tokens (b sequences of the
+``Y = X·W`` on placement (a, c) with X of B = b·s tokens (b sequences of the
 data-parallel microbatch on the cube), q³ ranks. Bytes are *call bytes*, as
 :class:`minitron.comm.CommTrace` records them: the local shard for all-gather, the
 full local input for reduce-scatter (e bytes per element)::
@@ -25,7 +25,7 @@ The rest of the model on the cube (``parallel/cube.py``): each LayerNorm all-red
 two statistics per token along the hidden-split line (k), forward and backward
 (``2·e·B/q²`` each). The embedding all-gathers its weight along i and reduce-scatters its
 output along j (the token ids need no gather); the output layer is a Linear3D with
-h_in = h, h_out = V' (vocabulary padded to q²) on layout (j, k); the cross-entropy
+h_in = h, h_out = V' (vocabulary padded to q²) on placement (j, k); the cross-entropy
 all-reduces max, target logit and sum of exponentials (``e'·B/q²`` each) along j and the
 loss itself along i and k (one scalar each). Once per step the gradients of the
 replicated vectors (biases, LayerNorms, wpe) are summed over their plane: one
@@ -79,7 +79,7 @@ __all__ = ["cube_q", "cube_vocab", "linear_calls", "linear_wire_bytes", "embeddi
            "saved_bytes_per_microbatch", "params_per_device", "compare_schemes"]
 
 I, J, K = "cube_i", "cube_j", "cube_k"
-FIRST, SECOND = (J, K), (K, J)  # layouts (a, c): the residual stream, and inside a pair
+FIRST, SECOND = (J, K), (K, J)  # placements (a, c): the residual stream, and inside a pair
 
 
 def cube_q(tp: int) -> int:
@@ -98,15 +98,15 @@ def cube_vocab(model: ModelConfig, q: int) -> int:
 # Calls of one layer type, one microbatch (bytes per call)
 # --------------------------------------------------------------------------------------
 def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, bytes_per_el: int = 4,
-                 layout: tuple[str, str] = FIRST, what: str = "linear",
+                 placement: tuple[str, str] = FIRST, what: str = "linear",
                  act_bytes_per_el: int | None = None) -> list[dict]:
-    """The six collectives of one Linear3D on layout (a, c) for one microbatch of
+    """The six collectives of one Linear3D on placement (a, c) for one microbatch of
     `micro_batch` sequences (module docstring). Empty when q = 1. The weight and its
     gradient travel in `bytes_per_el`, activations and theirs in `act_bytes_per_el`
     (default the same; 2 under bf16, ``Comm.wire_dtype``)."""
     if q == 1:
         return []
-    a, c = layout
+    a, c = placement
     e, b, s = bytes_per_el, micro_batch, seq_len
     ea = act_bytes_per_el or e
     return [
@@ -132,7 +132,7 @@ def linear_wire_bytes(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: 
 
 def embedding_calls(micro_batch: int, seq_len: int, vocab_padded: int, h: int, q: int,
                     bytes_per_el: int = 4, act_bytes_per_el: int | None = None) -> list[dict]:
-    """The token embedding on the cube (a Linear3D on layout (k, j) whose input, the
+    """The token embedding on the cube (a Linear3D on placement (k, j) whose input, the
     token ids, every rank already holds): no input all-gather, no input gradient."""
     if q == 1:
         return []
@@ -208,7 +208,7 @@ def grad_sync_calls(model: ModelConfig, q: int, layers: int, first: bool, last: 
     if q == 1:
         return []
     h, f, s, e = model.hidden, model.ffn_hidden, model.seq_len, bytes_per_el
-    ij = [(h // q, (I, J))]  # one vector of the residual layout: hidden slice k, plane (i, j)
+    ij = [(h // q, (I, J))]  # one vector of the residual placement: hidden slice k, plane (i, j)
     per_layer = ij * 2 + [(3 * h // q, (I, K))] + ij + ij * 2 + [(f // q, (I, K))] + ij
     vectors = per_layer * layers + ([(s * h // q, (I, J))] if first else []) + (ij * 2 if last else [])
     out = []
