@@ -26,7 +26,7 @@ import math
 from ..config import ModelConfig, cube_edge
 from . import cube as C
 from . import summa as S
-from .calls import ring_allreduce_wire_bytes
+from .calls import ring_allreduce_wire_bytes, wire_bytes
 from .cluster import COMM_BW_FRACTION, Cluster, get_cluster, matmul_efficiency
 from .memory import saved_bytes_per_layer
 from .params import local_layer_params, params_on_rank
@@ -78,6 +78,7 @@ def _layer_calls(model: ModelConfig, micro_batch: int, scheme: str, shape: dict,
     if scheme == "1d":
         t = shape["t"]
         x = (ea or e) * micro_batch * model.seq_len * model.hidden
+        # g after attention and after the MLP forward, f before each backward (Megatron §3)
         calls = [{"op": "all_reduce", "axis": "tp", "calls": 4, "bytes": x, "phase": "both"}] if t > 1 else []
         return calls, [], {"tp": t}
     q = shape["q"]
@@ -91,9 +92,20 @@ def _layer_calls(model: ModelConfig, micro_batch: int, scheme: str, shape: dict,
             S.grad_sync_calls(model, q, d, 1, False, False, e), sizes)
 
 
+def _feasible_layers(model: ModelConfig, micro_batch: int, devices: int, depth: int | None, e: int,
+                     rows: list[dict]):
+    """(scheme, shape, :func:`_layer_calls`) of each scheme the devices and the model's
+    divisibility allow; each other scheme gets its ``feasible: False`` row in `rows`."""
+    for scheme, shape in scheme_shapes(devices, depth).items():
+        if _fits(model, micro_batch, scheme, shape):
+            yield scheme, shape, _layer_calls(model, micro_batch, scheme, shape, e)
+        else:
+            rows.append({"scheme": scheme, "grid": None, "feasible": False})
+
+
 def _sent(call: dict, n: int) -> float:
     """Bytes one rank sends for `call['calls']` calls of `call['bytes']` on a line of n."""
-    return call["calls"] * S.wire_bytes(call, n)
+    return call["calls"] * wire_bytes(call, n)
 
 
 def compare_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_per_el: int = 4,
@@ -106,11 +118,8 @@ def compare_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes
     divisibility do not allow has ``feasible: False``."""
     e, b = bytes_per_el, micro_batch
     rows = []
-    for scheme, shape in scheme_shapes(devices, depth).items():
-        if not _fits(model, b, scheme, shape):
-            rows.append({"scheme": scheme, "grid": None, "feasible": False})
-            continue
-        calls, sync, sizes = _layer_calls(model, b, scheme, shape, e)
+    for scheme, shape, layer in _feasible_layers(model, b, devices, depth, e, rows):
+        calls, sync, sizes = layer
         row = {"scheme": scheme, "grid": shape, "feasible": True,
                "layer_wire_bytes": sum(_sent(c, sizes[c["axis"]]) for c in calls),
                "layer_sync_wire_bytes": sum(c["calls"] * ring_allreduce_wire_bytes(c["bytes"], sizes[c["axis"]])
@@ -151,7 +160,7 @@ def _line_bandwidth(axis: str, sizes: dict, shape: dict, scheme: str, c: Cluster
 
 def _call_seconds(call: dict, n: int, bw: float, latency: float) -> float:
     steps = 2 * (n - 1) if call["op"] == "all_reduce" else n - 1
-    return call["calls"] * (steps * latency + S.wire_bytes(call, n) / bw)
+    return call["calls"] * (steps * latency + wire_bytes(call, n) / bw)
 
 
 def project_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, cluster: str | Cluster = LONGHORN,
@@ -165,11 +174,8 @@ def project_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, clust
     b, s, h, f, P = micro_batch, model.seq_len, model.hidden, model.ffn_hidden, devices
     flops = 3 * (24 * b * s * h * h + 4 * b * s * s * h)  # forward + backward (PTD-P)
     rows = []
-    for scheme, shape in scheme_shapes(devices, depth).items():
-        if not _fits(model, b, scheme, shape):
-            rows.append({"scheme": scheme, "grid": None, "feasible": False})
-            continue
-        calls, sync, sizes = _layer_calls(model, b, scheme, shape, bytes_per_el)
+    for scheme, shape, layer in _feasible_layers(model, b, devices, depth, bytes_per_el, rows):
+        calls, sync, sizes = layer
         # the local fc product: [tokens, h_in] x [h_in, f_out] on one device
         if scheme == "1d":
             mm = (b * s, f // shape["t"], h)
