@@ -9,6 +9,8 @@ multiprocessing semaphore, a live resource tracker will unlink it). Checked in
 `pytest_sessionfinish`, which runs after any selection (-k, -x, a single test): the
 session then fails with one line naming what was left.
 """
+import atexit
+import getpass
 import os
 import shutil
 import tempfile
@@ -64,10 +66,21 @@ def leftovers(scratch: Path, shm_before: set[str], grace_s: float = 10) -> list[
         time.sleep(0.5)
 
 
+def _remove_scratch(state: dict) -> None:
+    """At exit, after multiprocessing has removed its own folders from the scratch folder
+    (registered before multiprocessing is imported, so run after its exit handler): remove
+    the folder of a clean session."""
+    if state.get("clean"):
+        shutil.rmtree(state["scratch"], ignore_errors=True)
+
+
 def pytest_sessionstart(session):
     scratch = Path(tempfile.mkdtemp(prefix="minitron_tests_"))
-    session.config.stash[_STATE] = {"scratch": scratch, "shm": _shm_entries(), "env": os.environ.get("TMPDIR"),
-                                    "tempdir": tempfile.tempdir}
+    state = {"scratch": scratch, "shm": _shm_entries(), "env": os.environ.get("TMPDIR"), "tempdir": tempfile.tempdir}
+    session.config.stash[_STATE] = state
+    atexit.register(_remove_scratch, state)
+    # torch.compile's cache stays where it was, shared between sessions (it is not scratch)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
     os.environ["TMPDIR"] = str(scratch)  # for the processes the tests start
     tempfile.tempdir = str(scratch)  # for this one (tempfile's documented override)
 
@@ -83,7 +96,7 @@ def pytest_sessionfinish(session, exitstatus):
         os.environ["TMPDIR"] = state["env"]
     left = leftovers(state["scratch"], state["shm"])
     if not left:
-        shutil.rmtree(state["scratch"], ignore_errors=True)
+        state["clean"] = True
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     line = (f"the test session left behind {', '.join(left)}: a test or the code it runs does not clean up "
