@@ -1,4 +1,5 @@
-"""`minitron train | verify | schedule | memory | plan | bench` (DESIGN.md contracts).
+"""`minitron train | verify | schedule | memory | plan | bench | tokenize | sample | export | sweep`:
+the command line.
 
 Every option is checked before any process group starts; bad input prints one line,
 `minitron: error: <problem and fix>`, and exits with status 2 (an error inside a rank too,
@@ -85,12 +86,12 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
 def model_from(args) -> ModelConfig:
     if getattr(args, "init_from", ""):
         return model_from_hf(args)
-    m = preset(args.model)
+    model = preset(args.model)
     over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "dropout")
             if getattr(args, k, None) is not None}
     if getattr(args, "tied", False):
         over["tied_embeddings"] = True
-    return m.replace(**over) if over else m
+    return model.replace(**over) if over else model
 
 
 def model_from_hf(args) -> ModelConfig:
@@ -98,12 +99,12 @@ def model_from_hf(args) -> ModelConfig:
     model flags must agree with it."""
     from ..hf import check_model, check_weights, model_config
 
-    m = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
+    model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "ffn")
              if getattr(args, k, None) is not None}
-    check_model(args.init_from, m.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
-    check_weights(args.init_from, m)  # names and shapes from the file's header, before any rank starts
-    return m
+    check_model(args.init_from, model.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
+    check_weights(args.init_from, model)  # names and shapes from the file's header, before any rank starts
+    return model
 
 
 def layout_from(args) -> ParallelConfig:
@@ -130,21 +131,21 @@ def train_from(args, **over) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-def check_data(m: ModelConfig, t: TrainConfig):
+def check_data(model: ModelConfig, train: TrainConfig):
     """Load the corpus once up front, so a bad --data fails before any rank starts."""
     from ..data import check_corpus, load_corpus
 
     from .preflight import check_token_ids
 
     try:
-        corpus = load_corpus(t.data)
+        corpus = load_corpus(train.data)
     except (OSError, EOFError, zlib.error) as e:  # a corrupt .gz, an unreadable file
-        raise ConfigError(f"--data {t.data} cannot be read ({type(e).__name__}: {e}): it is corrupt, truncated "
+        raise ConfigError(f"--data {train.data} cannot be read ({type(e).__name__}: {e}): it is corrupt, truncated "
                           f"or not readable; give another file") from None
-    check_corpus(corpus.split()[1], m.seq_len, m.vocab)
-    check_token_ids(corpus, m.vocab)
-    if t.init_from and corpus.vocab != m.vocab:  # ids must mean the tokens the weights learnt
-        raise ConfigError(f"--data has a vocabulary of {corpus.vocab} but --init-from {t.init_from} has {m.vocab}: "
+    check_corpus(corpus.split()[1], model.seq_len, model.vocab)
+    check_token_ids(corpus, model.vocab)
+    if train.init_from and corpus.vocab != model.vocab:  # ids must mean the tokens the weights learnt
+        raise ConfigError(f"--data has a vocabulary of {corpus.vocab} but --init-from {train.init_from} has {model.vocab}: "
                           f"tokenize the text with the checkpoint's tokenizer (minitron tokenize --tokenizer FILE)")
     return corpus
 
@@ -167,15 +168,15 @@ class RankFailed:
     config: bool  # a ConfigError (the cause) rather than a consequence (a peer that left)
 
 
-def preflight(m, p, t) -> None:
+def preflight(model, layout, train) -> None:
     """What the machine must offer before any rank starts: GPUs, a launcher, memory."""
     from .preflight import check_environment, check_memory
 
-    check_environment(p)
-    check_memory(m, p, t)
+    check_environment(layout)
+    check_memory(model, layout, train)
 
 
-def run_ranks(job, m, p, t, corpus, extra=None):
+def run_ranks(job, model, layout, train, corpus, extra=None):
     """Run `job(comm, m, p, t, corpus, extra)` on every rank; return rank 0's result.
     A rank's error becomes one ConfigError here (the cause first: a refusal, then the
     lowest rank's failure); a signal to the launcher becomes :class:`Interrupted`."""
@@ -185,18 +186,18 @@ def run_ranks(job, m, p, t, corpus, extra=None):
     from .. import launch
     from ..preemption import SignalLog, installed_log
 
-    preflight(m, p, t)
-    world = p.world
+    preflight(model, layout, train)
+    world = layout.world
     if world == 1 or launch.under_launcher():
         if launch.under_launcher() and launch.env_world() != world:
             raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
                               f"match --nproc-per-node/--ntasks to the layout")
         if job is _train_job and threading.current_thread() is threading.main_thread() and installed_log() is None:
             SignalLog().install()  # a preemption during start-up is noted, not fatal
-        results = {0: _rank_main(job, m, p, t, corpus, extra)}
+        results = {0: _rank_main(job, model, layout, train, corpus, extra)}
     else:
         try:
-            results = launch.launch_local(_rank_main, (job, m, p, t, corpus, extra), world,
+            results = launch.launch_local(_rank_main, (job, model, layout, train, corpus, extra), world,
                                           stop_on_signal=job is _train_job)
         except SignalException as e:
             raise Interrupted(e.sigval) from None
@@ -220,14 +221,14 @@ def reporting() -> bool:
     return not launch.under_launcher() or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0
 
 
-def _rank_main(job, m, p, t, corpus, extra):
+def _rank_main(job, model, layout, train, corpus, extra):
     from .. import launch
 
     rank = int(os.environ.get("RANK", 0))
     try:
-        comm = launch.setup_rank(p, p.backend, (extra or {}).get("timeout", 300), trace=bool(t.trace))
+        comm = launch.setup_rank(layout, layout.backend, (extra or {}).get("timeout", 300), trace=bool(train.trace))
         try:
-            return job(comm, m, p, t, corpus, extra)
+            return job(comm, model, layout, train, corpus, extra)
         finally:
             launch.teardown()
     except ConfigError as e:
@@ -240,9 +241,9 @@ def _rank_main(job, m, p, t, corpus, extra):
                                 f"(MINITRON_DEBUG=1 prints the traceback)", False)
 
 
-def _train_job(comm, m, p, t, corpus, extra):
+def _train_job(comm, model, layout, train, corpus, extra):
     from ..preemption import agree_before_start, process_group_store
-    from ..train import train
+    from ..train import train as run_training
 
     signalled = agree_before_start(process_group_store(), comm.grid.world, comm.grid.rank)
     if signalled:  # a rank was signalled while starting: no rank trains (preemption.py)
@@ -252,33 +253,33 @@ def _train_job(comm, m, p, t, corpus, extra):
     if observer is not None and comm.grid.rank == 0:  # MFU's denominator, measured on this machine
         from .bench import matmul_peak, probe_dtype
 
-        observer.peak_flops = matmul_peak(probe_dtype(p, t))
-    return train(m, p, t, comm, corpus=corpus, observer=observer)
+        observer.peak_flops = matmul_peak(probe_dtype(layout, train))
+    return run_training(model, layout, train, comm, corpus=corpus, observer=observer)
 
 
 # --- commands ------------------------------------------------------------------------------
 def cmd_train(args) -> int:
-    m, p = model_from(args), layout_from(args)
+    model, layout = model_from(args), layout_from(args)
     from ..checkpoint import latest
     from ..preemption import EXIT_PREEMPTED, installed_log
     from .preflight import check_output_dir, check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
 
-    t = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
+    train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
                    sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last)
-    validate(m, p, t)
-    corpus = check_data(m, t)
-    start = check_resume(t.ckpt_dir, args.resume, m, t) if t.resume else 0
-    check_outputs({"--metrics": t.metrics, "--trace": t.trace, "--timeline": t.timeline}, inputs_of(t))
+    validate(model, layout, train)
+    corpus = check_data(model, train)
+    start = check_resume(train.ckpt_dir, args.resume, model, train) if train.resume else 0
+    check_outputs({"--metrics": train.metrics, "--trace": train.trace, "--timeline": train.timeline}, inputs_of(train))
     if getattr(args, "tensorboard", ""):
         check_output_dir("--tensorboard", args.tensorboard)
-    if t.ckpt_dir:
-        prepare_ckpt_dir(t.ckpt_dir, args.resume, args.overwrite, inputs_of(t), delete=reporting())
-    for path in (t.trace, t.metrics, t.timeline) if reporting() else ():  # one writer under srun
-        if path and not (path == t.metrics and start):  # a resumed run appends its metrics
+    if train.ckpt_dir:
+        prepare_ckpt_dir(train.ckpt_dir, args.resume, args.overwrite, inputs_of(train), delete=reporting())
+    for path in (train.trace, train.metrics, train.timeline) if reporting() else ():  # one writer under srun
+        if path and not (path == train.metrics and start):  # a resumed run appends its metrics
             Path(path).unlink(missing_ok=True)
     if reporting():
-        trim_metrics(t.metrics if start else "", start)  # steps after the checkpoint are trained again
+        trim_metrics(train.metrics if start else "", start)  # steps after the checkpoint are trained again
     observer = None
     if not args.no_report or args.tensorboard:
         from .report import RunReport
@@ -287,14 +288,14 @@ def cmd_train(args) -> int:
             from .tensorboard_log import check_available
 
             check_available()
-        observer = RunReport(m, p, t, tensorboard_dir=args.tensorboard)
+        observer = RunReport(model, layout, train, tensorboard_dir=args.tensorboard)
     early = installed_log()
     if early is not None and early.signal:  # signalled while checking: start no rank
-        return stopped_before_training(early.signal, t, start)
+        return stopped_before_training(early.signal, train, start)
     try:
-        summary = run_ranks(_train_job, m, p, t, corpus, {"timeout": args.timeout, "report": observer})
+        summary = run_ranks(_train_job, model, layout, train, corpus, {"timeout": args.timeout, "report": observer})
     except Interrupted as e:  # the launcher was signalled; its ranks stopped at a step boundary
-        now = latest(t.ckpt_dir) if t.ckpt_dir else None
+        now = latest(train.ckpt_dir) if train.ckpt_dir else None
         step = int(now.name.split("_")[1]) if now is not None else 0
         if now is None or step <= start:
             print(f"minitron: stopped by {e.signal.name} before a checkpoint was written", file=sys.stderr)
@@ -305,9 +306,9 @@ def cmd_train(args) -> int:
     if summary.get("preempted"):
         pre = summary["preempted"]
         if pre["step"] is None:
-            return stopped_before_training(pre["signal"], t, start)
+            return stopped_before_training(pre["signal"], train, start)
         if reporting():
-            where = f"checkpoint {latest(t.ckpt_dir)}: continue with --resume" if pre["checkpoint"] else \
+            where = f"checkpoint {latest(train.ckpt_dir)}: continue with --resume" if pre["checkpoint"] else \
                 "no --ckpt-dir, nothing saved"
             print(f"minitron: stopped by {pre['signal']} after step {pre['step']}; {where} "
                   f"(exit code {EXIT_PREEMPTED})", file=sys.stderr)
@@ -324,27 +325,27 @@ def cmd_train(args) -> int:
         from .report import format_report, plot_losses
 
         print(format_report(summary["report"], summary.get("tokens_per_s")))
-        if t.metrics:
-            fig = plot_losses(summary["losses"], summary["val_losses"], str(Path(t.metrics).with_suffix(".loss.png")),
-                              f"{m.name} on {p.describe()}", first_step=start + 1)
+        if train.metrics:
+            fig = plot_losses(summary["losses"], summary["val_losses"], str(Path(train.metrics).with_suffix(".loss.png")),
+                              f"{model.name} on {layout.describe()}", first_step=start + 1)
             if fig:
                 print(f"loss curve written to {fig}")
     if args.tensorboard:
         print(f"TensorBoard scalars written to {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
-    if t.metrics:
-        print(f"metrics written to {t.metrics}")
-    if t.trace:
-        print(f"communication trace written to {t.trace}")
+    if train.metrics:
+        print(f"metrics written to {train.metrics}")
+    if train.trace:
+        print(f"communication trace written to {train.trace}")
     return 0
 
 
-def stopped_before_training(sig: str, t: TrainConfig, start: int) -> int:
+def stopped_before_training(sig: str, train: TrainConfig, start: int) -> int:
     """A signal before the first step: no step ran, nothing was saved or lost; say so and
     exit with EXIT_PREEMPTED, as a run stopped later does (preemption.py says why)."""
     from ..preemption import EXIT_PREEMPTED
 
     if reporting():
-        again = (f"the checkpoint of step {start} in {t.ckpt_dir} is unchanged: continue with --resume" if start else
+        again = (f"the checkpoint of step {start} in {train.ckpt_dir} is unchanged: continue with --resume" if start else
                  "nothing was trained: run the same command again")
         print(f"minitron: stopped by {sig} before {f'step {start + 1}' if start else 'the first step'}; {again} "
               f"(exit code {EXIT_PREEMPTED})",
@@ -366,23 +367,23 @@ def validation_summary(val_losses: dict) -> str:
 def cmd_verify(args) -> int:
     from .verify import verify_job
 
-    m, p = model_from(args), layout_from(args)
-    gb = args.global_batch or p.dp * args.microbatches * max(2, p.cube_q ** 2, p.summa_q * p.tp_depth)
-    t = train_from(args, global_batch=gb, lr=args.lr or 1e-2, warmup=1, eval_every=0, progress=False)
-    validate(m, p, t)
+    model, layout = model_from(args), layout_from(args)
+    gb = args.global_batch or layout.dp * args.microbatches * max(2, layout.cube_q ** 2, layout.summa_q * layout.tp_depth)
+    train = train_from(args, global_batch=gb, lr=args.lr or 1e-2, warmup=1, eval_every=0, progress=False)
+    validate(model, layout, train)
     if args.tol is not None:
         finite_positive("--tol", args.tol)
-    corpus = check_data(m, t)
-    check_outputs({"--trace": t.trace, "--timeline": t.timeline}, inputs_of(t))
-    for path in (t.trace, t.timeline):
+    corpus = check_data(model, train)
+    check_outputs({"--trace": train.trace, "--timeline": train.timeline}, inputs_of(train))
+    for path in (train.trace, train.timeline):
         if path:
             Path(path).unlink(missing_ok=True)
-    res = run_ranks(verify_job, m, p, t, corpus, {"timeout": args.timeout, "tol": args.tol})
+    res = run_ranks(verify_job, model, layout, train, corpus, {"timeout": args.timeout, "tol": args.tol})
     if not reporting():
         return 0
     if not args.json:
-        print(f"verify {res['layout']} vs single device, {res['steps']} steps, {t.dtype}"
-              f"{' with bf16 compute' if p.precision == 'bf16' else ''}:")
+        print(f"verify {res['layout']} vs single device, {res['steps']} steps, {train.dtype}"
+              f"{' with bf16 compute' if layout.precision == 'bf16' else ''}:")
         print(f"  max |loss diff|        {res['max_loss_abs_diff']:.3e}")
         print(f"  max param rel diff     {res['max_param_rel_diff']:.3e}   (worst: {res['worst_param']})")
         if "fn_rel_diff" in res:  # bf16: the verdict is the function's (tools/verify.py, bf16_measures)
@@ -439,22 +440,22 @@ def cmd_bench(args) -> int:
 
     from .bench import bench_job, bench_single
 
-    m, p = model_from(args), layout_from(args)
-    t = train_from(args, eval_every=0, progress=False, warmup=2)
-    validate(m, p, t)
+    model, layout = model_from(args), layout_from(args)
+    train = train_from(args, eval_every=0, progress=False, warmup=2)
+    validate(model, layout, train)
     if args.bench_steps < 1 or args.warmup_steps < 0 or args.threads < 0:
         raise ConfigError("--bench-steps must be at least 1, --warmup-steps and --threads at least 0 "
                           f"(got {args.bench_steps}, {args.warmup_steps}, {args.threads})")
-    corpus = check_data(m, t)
-    preflight(m, p, t)
+    corpus = check_data(model, train)
+    preflight(model, layout, train)
     if args.threads:
         torch.set_num_threads(args.threads)
-    one = bench_single(m, ParallelConfig(precision=p.precision, backend=p.backend, device=p.device,
-                                         compile=p.compile, recompute=p.recompute), t, corpus,
+    one = bench_single(model, ParallelConfig(precision=layout.precision, backend=layout.backend, device=layout.device,
+                                         compile=layout.compile, recompute=layout.recompute), train, corpus,
                        args.bench_steps, args.warmup_steps, profile=args.profile)
     res = dict(one)
-    if p.world > 1:
-        multi = run_ranks(bench_job, m, p, t, corpus,
+    if layout.world > 1:
+        multi = run_ranks(bench_job, model, layout, train, corpus,
                           {"timeout": args.timeout, "steps": args.bench_steps, "warmup": args.warmup_steps})
         if not reporting():
             return 0
@@ -481,38 +482,38 @@ def cmd_bench(args) -> int:
 def cmd_memory(args) -> int:
     from ..analysis import memory_per_rank
 
-    m, p = model_from(args), layout_from(args)
-    t = train_from(args)
-    validate(m, p, t)
-    mem = memory_per_rank(m, p, t)
-    traffic = dp_traffic(m, p, t)
+    model, layout = model_from(args), layout_from(args)
+    train = train_from(args)
+    validate(model, layout, train)
+    mem = memory_per_rank(model, layout, train)
+    traffic = dp_traffic(model, layout, train)
     if args.json:
-        print(json.dumps({"model": m.name, "layout": p.describe(), **mem, **traffic}))
+        print(json.dumps({"model": model.name, "layout": layout.describe(), **mem, **traffic}))
     else:
-        print(f"memory per rank, {m.name} on {p.describe()} ({t.dtype}, global batch {t.global_batch}, "
-              f"{t.microbatches} microbatches):")
+        print(f"memory per rank, {model.name} on {layout.describe()} ({train.dtype}, global batch {train.global_batch}, "
+              f"{train.microbatches} microbatches):")
         for k, v in mem.items():
             print(f"  {k:<18} {v / 2**20:12.3f} MiB")
         if traffic["dp_call_bytes"]:
             calls = ", ".join(f"{op} {b / 2**20:.3f}" for op, b in traffic["dp_call_bytes"].items())
-            print(f"data-parallel traffic per step (ZeRO stage {p.zero}): calls {calls} MiB; on the wire "
+            print(f"data-parallel traffic per step (ZeRO stage {layout.zero}): calls {calls} MiB; on the wire "
                   f"{traffic['dp_wire_over_all_reduce']:.2f}x one ring all-reduce of the gradients")
     return 0
 
 
-def dp_traffic(m, p, t) -> dict:
+def dp_traffic(model, layout, train) -> dict:
     """Data-parallel call bytes per step (the largest stage) and the wire bytes of the ZeRO
     stage over one all-reduce's (1 for stages 0-2, 1.5 for stage 3, one microbatch)."""
     from ..analysis.comm import comm_bytes_per_step
     from ..analysis.zero import zero_wire_bytes
 
-    d = p.dp * p.cp
-    calls = comm_bytes_per_step(m, p, t).get("dp_cp" if p.cp > 1 else "dp", {})
-    ratio = zero_wire_bytes(1, d, p.zero) / zero_wire_bytes(1, d, 0) if d > 1 else 0.0
+    d = layout.dp * layout.cp
+    calls = comm_bytes_per_step(model, layout, train).get("dp_cp" if layout.cp > 1 else "dp", {})
+    ratio = zero_wire_bytes(1, d, layout.zero) / zero_wire_bytes(1, d, 0) if d > 1 else 0.0
     return {"dp_call_bytes": calls, "dp_wire_over_all_reduce": ratio}
 
 
-def _plan_on_machine(args, m) -> int:
+def _plan_on_machine(args, model) -> int:
     """`plan --machine FILE`: the layouts of --gpus ranks on a measured machine (minitron/tools/sweep.py)."""
     from . import sweep
 
@@ -522,11 +523,11 @@ def _plan_on_machine(args, m) -> int:
     if args.global_batch % args.gpus:
         raise ConfigError(f"--global-batch {args.global_batch} must be a multiple of --gpus {args.gpus} "
                           f"(the weak-scaling series gives every rank the same sequences)")
-    rows = sweep.plan_on_machine(m, args.gpus, args.global_batch // args.gpus, machine)[:args.top]
+    rows = sweep.plan_on_machine(model, args.gpus, args.global_batch // args.gpus, machine)[:args.top]
     if args.json:
-        print(json.dumps({"model": m.name, "ranks": args.gpus, "machine": machine.name, "candidates": rows}))
+        print(json.dumps({"model": model.name, "ranks": args.gpus, "machine": machine.name, "candidates": rows}))
         return 0
-    print(f"{m.name} on {args.gpus} ranks of {machine.name} ({machine.cores} cores), global batch {args.global_batch}:")
+    print(f"{model.name} on {args.gpus} ranks of {machine.name} ({machine.cores} cores), global batch {args.global_batch}:")
     print(f"{'layout':>16} {'step ms':>9} {'compute':>8} {'comm':>8} {'bubble':>7} {'tokens/s':>9}")
     for r in rows:
         print(f"{r['layout']:>16} {r['step_s'] * 1e3:9.1f} {r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} "
@@ -537,10 +538,10 @@ def _plan_on_machine(args, m) -> int:
 def cmd_plan(args) -> int:
     from ..analysis import format_explain, get_software, plan, predict
 
-    m = model_from(args)
-    validate_model(m)
+    model = model_from(args)
+    validate_model(model)
     if args.machine:
-        return _plan_on_machine(args, m)
+        return _plan_on_machine(args, model)
     for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
                          ("--tp", args.tp, 0), ("--pp", args.pp, 0), ("--vpp", args.vpp, 0),
                          ("--microbatch-size", args.microbatch_size, 0)):
@@ -565,26 +566,26 @@ def cmd_plan(args) -> int:
             lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp),
                    "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
                    "sp": sw.sequence_parallel and args.tp > 1}  # as the planner does
-            pred = predict(m, lay, args.global_batch, args.cluster, software=sw)
+            pred = predict(model, lay, args.global_batch, args.cluster, software=sw)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
                    "breakdown": pred.breakdown}
         else:
-            out = {"candidates": plan(m, args.gpus, args.global_batch, args.cluster, top=args.top,
+            out = {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
                                       software=sw, **{k: v for k, v in fixed.items() if v})}
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.plot:
         from ..viz.explain import save_explain_plot
 
-        save_explain_plot({f"{m.name}, {sw.name}": pred}, args.plot,
-                          f"{m.name} on {args.gpus} GPUs of {args.cluster}, t={lay['tp']} p={lay['pp']} "
+        save_explain_plot({f"{model.name}, {sw.name}": pred}, args.plot,
+                          f"{model.name} on {args.gpus} GPUs of {args.cluster}, t={lay['tp']} p={lay['pp']} "
                           f"d={lay['dp']} v={lay['vpp']} b={lay['microbatch_size']}")
     if args.json:
-        print(json.dumps({"model": m.name, "gpus": args.gpus, "cluster": args.cluster, "software": sw.name, **out}))
+        print(json.dumps({"model": model.name, "gpus": args.gpus, "cluster": args.cluster, "software": sw.name, **out}))
         return 0
     rows = out.get("candidates", [out])
-    print(f"{m.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
+    print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
     print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
     for r in rows:
         print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
@@ -636,35 +637,35 @@ def cmd_sweep(args) -> int:
     per point with the local throughput model's prediction beside it."""
     from . import sweep
 
-    m = model_from(args)
-    validate_model(m)
+    model = model_from(args)
+    validate_model(model)
     if args.measure_machine:
-        prof = sweep.measure_machine(m, args.base_batch)
+        prof = sweep.measure_machine(model, args.base_batch)
         prof.save(args.measure_machine)
         print(f"wrote {args.measure_machine}: {prof.cores} cores, one-rank step {prof.step_flops_per_s / 1e9:.2f} "
-              f"GFLOP/s ({m.name}), collectives fitted on groups of {', '.join(map(str, sorted(prof.links['all_reduce'])))}")
+              f"GFLOP/s ({model.name}), collectives fitted on groups of {', '.join(map(str, sorted(prof.links['all_reduce'])))}")
         return 0
     if args.steps < 1 or args.warmup < 0:
         raise ConfigError("--steps must be >= 1 and --warmup >= 0")
     points = []
     for spec in args.layouts.split():
-        p = sweep.parse_layout(spec)
-        p = dataclasses.replace(p, backend=args.backend)
-        t = sweep.point_config(m, p, args.series, args.base_batch, args.steps + args.warmup + 1, args.microbatches)
-        validate(m, p, t)
-        points.append((p, t))
+        layout = sweep.parse_layout(spec)
+        layout = dataclasses.replace(layout, backend=args.backend)
+        train = sweep.point_config(model, layout, args.series, args.base_batch, args.steps + args.warmup + 1, args.microbatches)
+        validate(model, layout, train)
+        points.append((layout, train))
     machine = sweep.MachineProfile.load(args.machine) if args.machine else None
     out = _output_path(args.out) if args.out else None
-    corpus = check_data(m, TrainConfig(data=args.data))
+    corpus = check_data(model, TrainConfig(data=args.data))
     one_rank = None
-    for p, t in points:
-        row = run_ranks(sweep.sweep_job, m, p, t, corpus, {"timeout": args.timeout, "steps": args.steps,
+    for layout, train in points:
+        row = run_ranks(sweep.sweep_job, model, layout, train, corpus, {"timeout": args.timeout, "steps": args.steps,
                                                           "warmup": args.warmup})
         if not reporting():
             continue
-        if p.world == 1:
+        if layout.world == 1:
             one_rank = row["step_s"]
-        row = sweep.finish_row(row, m, p, t, args.series, machine, one_rank)
+        row = sweep.finish_row(row, model, layout, train, args.series, machine, one_rank)
         line = f"{row['layout']:>16} {row['world']:>3} ranks  batch {row['global_batch']:>3}  step {row['step_s'] * 1e3:8.1f} ms"
         if "efficiency" in row:
             line += f"  efficiency {row['efficiency']:5.2f}"
