@@ -76,6 +76,23 @@ class Messages:
         self.group, self.ranks, self.wait_s = group, ranks, wait_s
         self.sent: list[int] = []  # elements of each message this rank sent
         self.problem = ""  # the first message that did not fit its receive buffer
+        self.posted: list[_Sent] = []  # every send of the run, waited for at its end
+
+    def start(self) -> None:
+        """Forget the previous run's messages."""
+        self.sent.clear()
+        self.posted.clear()
+        self.problem = ""
+
+    def finish(self) -> str:
+        """Wait for every send of the run (also those whose handle the learner dropped):
+        '' or the problem."""
+        try:
+            for handle in self.posted:
+                handle.wait()
+        except LabError as e:
+            return str(e)
+        return ""
 
     def _peer(self, what: str, peer) -> int:
         n = len(self.ranks)
@@ -98,7 +115,10 @@ class Messages:
         t, dst = self._tensor("send", t), self._peer("send", to)
         self.sent.append(t.numel())
         header = torch.tensor([t.numel(), t.element_size()], dtype=torch.int64)
-        return _Sent([dist.isend(header, dst, group=self.group), dist.isend(t, dst, group=self.group)])
+        handle = _Sent([dist.isend(header, dst, group=self.group), dist.isend(t, dst, group=self.group)], to,
+                       self.wait_s)
+        self.posted.append(handle)
+        return handle
 
     def recv(self, buf, frm) -> None:
         """Return when `buf` holds the message rank `frm` sent."""
@@ -126,14 +146,23 @@ class Messages:
 
 
 class _Sent:
-    """The handle `send` returns: the header's and the tensor's messages."""
+    """The handle `send` returns: the header's and the tensor's messages to rank `to`."""
 
-    def __init__(self, works):
-        self.works = works
+    def __init__(self, works, to: int, wait_s: float):
+        self.works, self.to, self.wait_s = works, to, wait_s
+        self.done = False  # gloo's wait consumes the completion: a second one would block
 
     def wait(self) -> None:
-        for w in self.works:
-            w.wait()
+        """Return when the message has left (its buffer may change); LabError after `wait_s`."""
+        if self.done:
+            return
+        try:
+            for w in self.works:
+                w.wait(datetime.timedelta(seconds=self.wait_s))
+        except Exception:
+            raise LabError(f"a message your {NAME} sent to rank {self.to} was not received within "
+                           f"{self.wait_s:g} s: every send needs its recv on the peer") from None
+        self.done = True
 
 
 def _ranks_in(coefficient: float, n: int) -> tuple[list[int], bool]:
@@ -196,16 +225,16 @@ def _run_one(comm, fn, msgs: Messages, N: int, dtype: torch.dtype) -> str:
     n, r = comm.size("dp"), comm.index("dp")
     x, w = coded_input(N, dtype, r)
     want = comm.all_reduce(x.clone(), "dp")  # the engine's all-reduce: the oracle
-    msgs.sent.clear()
-    msgs.problem = ""
+    msgs.start()
     try:
         got = call(f"your {NAME}", fn, x.clone(), r, n, msgs.send, msgs.recv)
     except LabError:
         if msgs.problem:  # what went wrong first
             return msgs.problem
         raise
-    if msgs.problem:
-        return msgs.problem
+    problem = msgs.problem or msgs.finish()
+    if problem:
+        return problem
     if not isinstance(got, torch.Tensor):
         return f"your {NAME} returned {type(got).__name__}: return the summed tensor"
     if got.dim() == 1 and got.numel() == n * (N // n) < N:
