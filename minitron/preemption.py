@@ -18,8 +18,10 @@ rank looks at the store at each read-back: all of them see the proposal in time 
 after the same step. The store is the rendezvous' control channel, not the training
 wire: no byte of the traced communication changes.
 
-A signal during start-up (the command importing, the ranks starting) is noted by a
-:class:`SignalLog` installed first thing; before the first step the ranks compare notes
+A signal during start-up (the command checking its input, the ranks importing and joining
+the process group) is noted by a :class:`SignalLog` that the command installs as soon as it
+runs (only Python's own import of torch comes before: a signal there ends the process as
+it would any program that has not begun); before the first step the ranks compare notes
 (:func:`agree_before_start`) and, if any rank was signalled, none trains: nothing was done,
 so nothing needs saving, and the command exits with :data:`EXIT_PREEMPTED` as well. 75
 rather than 128 + the signal: running the same command again loses nothing (it starts
