@@ -77,7 +77,8 @@ def test_reference_meets_the_measurement_and_mistakes_get_one_line():
             "exactly): tensor parallelism splits"),
         "one Adam moment": (
             broken('"optimizer_bytes": 2 * e * n', '"optimizer_bytes": e * n'),
-            "optimizer_bytes on --dp 2, stage 0: your estimate 273152, measured 546304 (0.50x; must agree exactly)"),
+            "optimizer_bytes on --dp 2, stage 0: your estimate 273152, measured 546304 (0.50x; must agree exactly): "
+            "AdamW keeps two moments per parameter"),
         "no pipeline stash": (
             broken("stash = min(p - stage, m)", "stash = 1"),
             "activations_bytes on --pp 2, stage 0: your estimate"),

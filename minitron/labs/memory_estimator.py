@@ -45,6 +45,12 @@ LAYOUTS = {  # what each layout asks of the estimate
                "a stage holds its layers (the first also the embeddings, the last the final LayerNorm and the "
                "output layer), and 1F1B keeps the activations of min(p − stage, m) microbatches in flight"),
 }
+# what a component asks whatever the layout (the others: what the layout asks)
+COMPONENT_HINTS = {
+    "grads_bytes": "one gradient per parameter, in the parameter's dtype",
+    "optimizer_bytes": "AdamW keeps two moments per parameter (exp_avg and exp_avg_sq) in the parameter's "
+                       "dtype; float32 parameters are their own master copy",
+}
 STATES = ("params_bytes", "grads_bytes", "optimizer_bytes")
 KEYS = (*STATES, "activations_bytes")
 # Parameters, gradients and optimizer state are counted exactly. The activations are
@@ -129,7 +135,7 @@ def _verdict(estimates: dict, measured: dict) -> dict:
                     tol = "exactly" if k in STATES else f"within {ACT_TOL:.0%}"
                     return {"ok": False, "rows": rows,
                             "message": f"{k} on {name}, stage {stage}: your estimate {mine:.0f}, measured {want} "
-                                       f"({ratio:.2f}x; must agree {tol}): {asks}"}
+                                       f"({ratio:.2f}x; must agree {tol}): {COMPONENT_HINTS.get(k, asks)}"}
     return {"ok": True, "rows": rows,
             "message": f"your {NAME} equals the measured model states on {', '.join(LAYOUTS)} and comes within "
                        f"{ACT_TOL:.0%} of the measured activations on every stage"}
