@@ -29,13 +29,13 @@ def main() -> None:
     if args.smoke:
         args.model, args.steps, args.warmup, args.global_batch = "tiny", 1, 1, 4
     torch.set_num_threads(args.threads)
-    m, t = preset(args.model), TrainConfig(global_batch=args.global_batch, progress=False)
+    model, train = preset(args.model), TrainConfig(global_batch=args.global_batch, progress=False)
     probe = MatmulProbe()
-    s = alternate({"eager": Trainer(m, ParallelConfig(), t).step_async,
-                   "compiled": Trainer(m, ParallelConfig(compile=True), t).step_async,
+    s = alternate({"eager": Trainer(model, ParallelConfig(), train).step_async,
+                   "compiled": Trainer(model, ParallelConfig(compile=True), train).step_async,
                    "peak": probe}, torch.device("cpu"), args.warmup, args.steps)
-    peak, flops = probe.flops / s["peak"], model_flops_per_step(m, args.global_batch)
-    print(json.dumps({"model": m.name, "threads": args.threads, "eager_step_s": s["eager"],
+    peak, flops = probe.flops / s["peak"], model_flops_per_step(model, args.global_batch)
+    print(json.dumps({"model": model.name, "threads": args.threads, "eager_step_s": s["eager"],
                       "compiled_step_s": s["compiled"], "compiled_over_eager": s["compiled"] / s["eager"],
                       "peak_flops_per_s": peak, "mfu_eager": flops / s["eager"] / peak,
                       "mfu_compiled": flops / s["compiled"] / peak}))

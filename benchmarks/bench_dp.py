@@ -84,33 +84,33 @@ class NoSync(DDPSync):
         return contextlib.nullcontext()
 
 
-def build(name, comm, m, t, corpus, bucket_mb):
+def build(name, comm, model, train, corpus, bucket_mb):
     """(trainer, ranks that run it) of variant `name`."""
     from minitron.train import Trainer
 
     dp2 = lambda **kw: ParallelConfig(dp=2, bucket_mb=bucket_mb, **kw)  # noqa: E731
     if name == "minitron bucketed":
-        return Trainer(m, dp2(dp_impl="bucketed"), t, comm, corpus), (0, 1)
+        return Trainer(model, dp2(dp_impl="bucketed"), train, comm, corpus), (0, 1)
     if name == "minitron naive":
-        return Trainer(m, dp2(dp_impl="naive"), t, comm, corpus), (0, 1)
+        return Trainer(model, dp2(dp_impl="naive"), train, comm, corpus), (0, 1)
     if name.startswith("minitron zero"):  # zero1, zero2, zero3
-        return Trainer(m, dp2(dp_impl="bucketed", zero=int(name[-1])), t, comm, corpus), (0, 1)
+        return Trainer(model, dp2(dp_impl="bucketed", zero=int(name[-1])), train, comm, corpus), (0, 1)
     if name == "torch DDP":
-        tr = Trainer(m, dp2(dp_impl="naive"), t, comm, corpus)
+        tr = Trainer(model, dp2(dp_impl="naive"), train, comm, corpus)
         ddp = ChunkInDDP(tr.chunks[0], process_group=comm.group("dp"), bucket_cap_mb=bucket_mb,
                          gradient_as_bucket_view=True)
         tr.chunks = [ddp]
         tr.dp = DDPSync(ddp, tr.params, comm)
         return tr, (0, 1)
     if name == "dp=2 no sync":
-        tr = Trainer(m, dp2(dp_impl="naive"), t, comm, corpus)
+        tr = Trainer(model, dp2(dp_impl="naive"), train, comm, corpus)
         tr.dp = NoSync(tr.params, comm)
         return tr, (0, 1)
     if name in ("dp=1 weak", "dp=1 strong"):
-        gb = t.global_batch // 2 if name == "dp=1 weak" else t.global_batch
+        gb = train.global_batch // 2 if name == "dp=1 weak" else train.global_batch
         if comm.grid.rank != 0:
             return None, (0,)
-        return Trainer(m, ParallelConfig(), t.replace(global_batch=gb), Comm(), corpus), (0,)
+        return Trainer(model, ParallelConfig(), train.replace(global_batch=gb), Comm(), corpus), (0,)
     raise ValueError(name)
 
 
@@ -119,11 +119,11 @@ VARIANTS = ["minitron bucketed", "torch DDP", "minitron naive", "minitron zero1"
 
 
 def bench_job(comm, args, corpus):
-    m = preset(args.model)
-    t = TrainConfig(steps=10**6, global_batch=args.global_batch, microbatches=args.microbatches,
+    model = preset(args.model)
+    train = TrainConfig(steps=10**6, global_batch=args.global_batch, microbatches=args.microbatches,
                     warmup=10, eval_every=0, progress=False, sample_tokens=0)
     variants = [v for v in VARIANTS if v in args.variants]
-    built = {v: build(v, comm, m, t, corpus, args.bucket_mb) for v in variants}
+    built = {v: build(v, comm, model, train, corpus, args.bucket_mb) for v in variants}
     times = {v: [] for v in variants}
     step = {v: 0 for v in variants}
     for r in range(args.warmup + args.rounds):
@@ -170,17 +170,17 @@ def summarize(results: dict, args) -> dict:
 
 
 def markdown(s: dict, args, command: str) -> str:
-    m = preset(args.model)
+    model = preset(args.model)
     from minitron.analysis.params import params_on_rank
 
-    n = params_on_rank(m, ParallelConfig())
+    n = params_on_rank(model, ParallelConfig())
     lines = [
         f"Command: `{command}`  ",
         f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}, gloo, 2 ranks × 1 thread; "
         f"{datetime.date.today().isoformat()}; load average {args.load[0]:.1f} before, {args.load[1]:.1f} after "
         f"(other processes share the 2 cores)  ",
         f"Model: `{args.model}` ({n / 1e6:.2f} M parameters, {4 * n / 2**20:.1f} MiB of fp32 gradients), "
-        f"global batch {args.global_batch} × {m.seq_len} tokens, {args.microbatches} microbatch(es), "
+        f"global batch {args.global_batch} × {model.seq_len} tokens, {args.microbatches} microbatch(es), "
         f"bucket {args.bucket_mb} MB (minitron `--bucket-mb` and DDP `bucket_cap_mb`); "
         f"{args.rounds} rounds × {args.steps} steps after {args.warmup} warm-up round(s).",
         "",

@@ -124,12 +124,12 @@ def peak_step_bytes(run_step, step: int) -> int | None:
 def bench_job(comm, args, corpus):
     from minitron.train import Trainer
 
-    m = preset(args.model)
-    t = TrainConfig(steps=10**6, global_batch=args.global_batch, microbatches=args.microbatches, warmup=10,
+    model = preset(args.model)
+    train = TrainConfig(steps=10**6, global_batch=args.global_batch, microbatches=args.microbatches, warmup=10,
                     eval_every=0, progress=False, sample_tokens=0)
     d = comm.size("dp")
-    mini = Trainer(m, ParallelConfig(dp=d, zero=3), t, comm, corpus)
-    fsdp = FSDP2Run(m, t, mini, d)
+    mini = Trainer(model, ParallelConfig(dp=d, zero=3), train, comm, corpus)
+    fsdp = FSDP2Run(model, train, mini, d)
     steps = {"minitron zero3": mini.step, "torch fsdp2": fsdp.step}
     first = {v: steps[v](0) for v in VARIANTS}  # step 0 of both (also a warm-up): the same loss
     times = {v: [] for v in VARIANTS}
@@ -169,13 +169,13 @@ def summarize(results: dict) -> dict:
 def markdown(s: dict, args, command: str) -> str:
     from minitron.analysis.params import params_on_rank
 
-    m = preset(args.model)
-    n = params_on_rank(m, ParallelConfig())
+    model = preset(args.model)
+    n = params_on_rank(model, ParallelConfig())
     r = s["minitron_over_fsdp2"]
     lines = [f"Command: `{command}`  ",
              f"Machine: {os.cpu_count()}-core CPU VM, torch {torch.__version__}, gloo, {args.ranks} ranks × 1 thread; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC (other processes share the cores)  ",
-             f"Model: `{args.model}` ({n / 1e6:.2f} M parameters), global batch {args.global_batch} × {m.seq_len} "
+             f"Model: `{args.model}` ({n / 1e6:.2f} M parameters), global batch {args.global_batch} × {model.seq_len} "
              f"tokens, {args.microbatches} microbatch(es); {s['rounds']} rounds × {args.steps} step(s) after "
              f"{args.warmup} warm-up round(s). Step 0's loss: minitron {s['first_loss']['minitron zero3']:.6f}, "
              f"FSDP2 {s['first_loss']['torch fsdp2']:.6f}.",
