@@ -7,8 +7,10 @@
 Two gloo ranks (one thread each) build every variant on the same model and the same global
 batch, then time them interleaved: each round runs every variant for `--steps` steps, in a
 rotated order, with barriers around; the figure of a variant is the median over rounds of
-the slower rank's mean step time. A step is the whole ``Trainer.step``: batch, forward,
-backward, gradient sync, clipping, AdamW, the loss all-reduce. The DDP variant is the same
+the slower rank's mean step time. A step is the whole ``Trainer.step_async``: batch, forward,
+backward, gradient sync, clipping, AdamW, the loss all-reduce; a round ends by waiting for
+what is still in flight (ZeRO-1's last parameter all-gather), so of a round's `--steps`
+all-gathers all but the last overlap the next forward, as in a training run. The DDP variant is the same
 Trainer with its model wrapped in DDP (``no_sync`` on all but the last microbatch) and
 minitron's synchroniser replaced by a no-op, so only the gradient sync differs.
 dp=1 runs on rank 0 while rank 1 waits: `weak` keeps the per-replica batch (global/2),
@@ -134,8 +136,9 @@ def bench_job(comm, args, corpus):
             t0 = time.perf_counter()
             if comm.grid.rank in ranks:
                 for _ in range(args.steps):
-                    tr.step(step[v])
+                    tr.step_async(step[v])  # as the training loop: ZeRO-1's all-gather overlaps the next forward
                     step[v] += 1
+                tr.optimizer.wait_params()  # nothing left in flight when the round's clock stops
             dt = (time.perf_counter() - t0) / args.steps
             comm.barrier()
             if r >= args.warmup and comm.grid.rank in ranks:
@@ -204,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--bucket-mb", type=float, default=1.0)
-    ap.add_argument("--steps", type=int, default=1, help="steps per variant per round")
+    ap.add_argument("--steps", type=int, default=4, help="steps per variant per round")
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=2, help="untimed rounds")
     ap.add_argument("--variants", default=",".join(VARIANTS))
