@@ -28,7 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+from ..config import SCHEDULES
+
+KINDS = SCHEDULES  # the schedule names, defined once in config
 COMPUTE_OPS = ("F", "B", "W")
 COMM_OPS = ("send_fwd", "recv_fwd", "send_bwd", "recv_bwd")
 
