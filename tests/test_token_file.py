@@ -10,7 +10,7 @@ import torch
 
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, preset
 from minitron.data import ByteCorpus, TokenFile, batch, check_corpus, load_corpus
-from minitron.testing import last_json, run_cli
+from minitron.tools.testing import last_json, run_cli
 
 VOCAB = 384
 N_BYTES = 24_000  # a few KB of Shakespeare: enough windows for the tiny model (seq_len 32)
