@@ -305,23 +305,28 @@ def layers(*, linear=Linear3D) -> SimpleNamespace:
     ``linear(name, d_in, d_out, ctx, layout, std, skip_bias_add=...)`` (``Linear3D``'s
     signature): the engine's by default, a learner's in a lab (its forward all-gathers X
     along a and W along i and reduce-scatters along c; its backward the mirror)."""
-    return SimpleNamespace(
-        name="3d",
+    return grid_namespace(
+        "3d",
         linear_in=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, FIRST, std),
         linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, SECOND, std,
                                                                    skip_bias_add=True),
-        enter=_identity,
-        leave=_identity,
         layer_norm=lambda name, h, ctx: LayerNorm3D(name, h, ctx, FIRST),
-        embedding=Embedding3D,
-        position=position_embedding,
-        scatter=_identity,
+        embedding=Embedding3D, position=position_embedding, boundary_shape=boundary_shape,
+        keep_mask=keep_mask)
+
+
+def grid_namespace(name: str, *, linear_in, linear_out, layer_norm, embedding, position, boundary_shape,
+                   keep_mask) -> SimpleNamespace:
+    """A layer namespace for a layout whose activations are distributed everywhere (the cube,
+    the SUMMA grid): there is no tensor-parallel region to enter or leave, and the output
+    layer computes its logits and loss itself. Context parallelism composes with 1-D only,
+    so `ring_attention` is never called here."""
+    return SimpleNamespace(
+        name=name, linear_in=linear_in, linear_out=linear_out, enter=_identity, leave=_identity,
+        layer_norm=layer_norm, embedding=embedding, position=position, scatter=_identity,
         logits=lambda x, head, ctx: head.logits(x),
         loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
-        boundary_shape=boundary_shape,
-        keep_mask=keep_mask,
-        ring_attention=ring_attention,  # (--cp composes with 1-D only: never called here)
-    )
+        boundary_shape=boundary_shape, keep_mask=keep_mask, ring_attention=ring_attention)
 
 
 LAYERS = layers()

@@ -68,8 +68,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, split
-from .cube import _LayerNormFn
-from .context_parallel import ring_attention
+from .cube import _LayerNormFn, grid_namespace
 from .random import draw
 from .tensor import _wanted, reduce_scatter, vocab_parallel_cross_entropy
 
@@ -348,31 +347,17 @@ def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tupl
     return (micro_batch // (q * depth), seq_len, h // q)
 
 
-def _identity(x, ctx):
-    return x
-
-
 def layers(*, linear=LinearSumma) -> SimpleNamespace:
     """The SUMMA grid's layer namespace (2-D and 2.5-D). `linear`: the SUMMA linear
     module, called as ``linear(name, d_in, d_out, ctx, std, skip_bias_add=...)``
     (``LinearSumma``'s signature): the engine's by default, a learner's in a lab."""
-    return SimpleNamespace(
-        name="2d",
+    return grid_namespace(
+        "2d",
         linear_in=linear,
         linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, std,
                                                                    skip_bias_add=True),
-        enter=_identity,
-        leave=_identity,
-        layer_norm=LayerNormSumma,
-        embedding=EmbeddingSumma,
-        position=position_embedding,
-        scatter=_identity,
-        logits=lambda x, head, ctx: head.logits(x),
-        loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
-        boundary_shape=boundary_shape,
-        keep_mask=keep_mask,
-        ring_attention=ring_attention,  # (--cp composes with 1-D only: never called here)
-    )
+        layer_norm=LayerNormSumma, embedding=EmbeddingSumma, position=position_embedding,
+        boundary_shape=boundary_shape, keep_mask=keep_mask)
 
 
 LAYERS = layers()
