@@ -201,12 +201,23 @@ def test_preempted_job_requeues_and_ends_equal_to_an_uninterrupted_one(cluster):
     # What --signal=B:TERM@120 does at the time limit: SIGTERM to the batch script only.
     subprocess.run(["scancel", "--batch", "--signal=TERM", job], check=True, timeout=60)
     _wait_for("the requeue", lambda: _job_state(job) == "PENDING restarts=1", timeout=240)
-    # Slurm holds a requeued job back for a while before it may start again; skip the wait.
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=60)
+    # Slurm holds a requeued job back for a while before it may start again; shorten the wait,
+    # but not to zero: each slurmd revokes the first run's credential with a time stamp in whole
+    # seconds, and a second run allocated within that second is killed ("Job credential revoked").
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], capture_output=True, timeout=60)
+
+    def ended(j, dd):
+        latest = dd / "ckpt" / "latest"
+        done = latest.exists() and latest.read_text().strip().endswith(f"{steps:07d}")
+        state = _job_state(j)
+        if not state.startswith(("RUNNING", "PENDING", "COMPLETING", "CONFIGURING", "REQUEUE")):
+            assert done, f"job {j} ended ({state}) without its step-{steps} checkpoint:\n" + "\n".join(
+                lines(dd / "job.out")[-30:])
+            return True
+        return False
+
     for name, (j, dd) in jobs.items():
-        _wait_for(f"the end of job {name}", lambda dd=dd: (dd / "ckpt" / "latest").exists()
-                  and (dd / "ckpt" / "latest").read_text().strip().endswith(f"{steps:07d}")
-                  and not _job_state(j).startswith(("RUNNING", "PENDING", "COMPLETING")), timeout=420)
+        _wait_for(f"the end of job {name}", lambda j=j, dd=dd: ended(j, dd), timeout=420)
     out = (d / "job.out").read_text()
     stopped = [ln for ln in out.splitlines() if "stopped by SIGUSR1 after step" in ln]
     assert len(stopped) == 1, out
