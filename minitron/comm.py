@@ -203,17 +203,6 @@ class Comm:
             return Pending(out, work, source, dtype if out.dtype != dtype else None)
         return out.to(dtype)
 
-    # The two calls lab 03b's learners write (``all_gather(shard, axis, out=out)`` and
-    # ``reduce_scatter(full, axis, out=out)`` under the names its notebook teaches).
-    def all_gather_flat(self, shard: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
-        """All-gather 1-D `shard`s into the flat buffer `out`: ``all_gather(shard, axis, out=out)``."""
-        return self.all_gather(shard, axis, async_op=async_op, out=out)
-
-    def reduce_scatter_flat(self, full: torch.Tensor, out: torch.Tensor, axis: str, async_op=False):
-        """Reduce-scatter the flat buffer `full` into this rank's slice `out`:
-        ``reduce_scatter(full, axis, out=out)``."""
-        return self.reduce_scatter(full, axis, async_op=async_op, out=out)
-
     @eager
     def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0) -> torch.Tensor:
         """Broadcast `t` from the rank at position `src_index` of the axis."""

@@ -22,6 +22,9 @@ class Context:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 1234
     init: str = "global"  # "global": draw the full tensor and slice; "shard": draw the local shard
+    # saved-tensor hooks the step runs under (a memory meter's), which activation
+    # recomputation applies to what it saves again in the backward (Trainer.step sets it)
+    saved_tensors: tuple | None = None
 
     def autocast(self):
         """bf16 compute with fp32 master weights (--precision bf16): autocast on the run's

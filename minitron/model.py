@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig, ParallelConfig
 from .context import Context
@@ -24,6 +23,7 @@ from .parallel import cube, summa
 from .parallel import tensor as tp
 from .parallel.context_parallel import local_positions
 from .parallel.random import NO_KEY, Dropout
+from .recompute import recompute
 
 
 def layers_for(layout: ParallelConfig):
@@ -78,7 +78,7 @@ class Attention(nn.Module):
     def forward(self, x, key=NO_KEY):
         qkv = self.qkv(self.layers.enter(x, self.ctx))
         if self.ctx.layout.recompute == "selective" and self.training:
-            y = checkpoint(self.core, qkv, key, use_reentrant=False)
+            y = recompute(self.core, qkv, key, hooks=self.ctx.saved_tensors)
         else:
             y = self.core(qkv, key)
         return self.layers.leave(self.proj(y), self.ctx) + self.proj.bias
@@ -155,7 +155,7 @@ class GPT(nn.Module):
 
     def run_block(self, block, x, key=NO_KEY):
         if self.ctx.layout.recompute == "full" and self.training and torch.is_grad_enabled():
-            return checkpoint(block, x, key, use_reentrant=False)
+            return recompute(block, x, key, hooks=self.ctx.saved_tensors)
         return block(x, key)
 
     def head(self, x):

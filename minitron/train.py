@@ -169,10 +169,21 @@ class Trainer:
         return list(zip(x.chunk(self.tcfg.microbatches), y.chunk(self.tcfg.microbatches)))
 
     # --- one step -------------------------------------------------------------------
-    def step(self, step: int | None = None) -> float:
+    def step(self, step: int | None = None, *, saved_tensors: tuple | None = None) -> float:
         """One optimizer step on the global batch of `step`; returns the global mean loss.
-        Synchronous: the parameters are final on return (ZeRO-1's all-gather waited for)."""
-        loss = self.step_async(step)
+        Synchronous: the parameters are final on return (ZeRO-1's all-gather waited for).
+        `saved_tensors`: a ``(pack, unpack)`` pair of saved-tensor hooks to run the step
+        under (a memory meter's): every tensor saved for the backward goes through them,
+        what activation recomputation saves again in the backward included."""
+        if saved_tensors is None:
+            loss = self.step_async(step)
+        else:
+            self.ctx.saved_tensors = saved_tensors
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(*saved_tensors):
+                    loss = self.step_async(step)
+            finally:
+                self.ctx.saved_tensors = None
         self.optimizer.wait_params()
         return float(loss)
 

@@ -53,7 +53,7 @@ ZERO1 = '''
 def reduce_scatter_grads(comm, grad):
     d = comm.size("dp")
     shard = torch.empty(grad.numel() // d, dtype=grad.dtype)
-    comm.reduce_scatter_flat(grad, shard, "dp")
+    comm.reduce_scatter(grad, "dp", out=shard)
     return shard / d
 
 
@@ -62,12 +62,12 @@ def update_params(comm, grad_shard, param, state, lr):
     k = param.numel() // d
     mine = param[r * k:(r + 1) * k].clone()
     adam(mine, grad_shard, state, lr)
-    comm.all_gather_flat(mine, param, "dp")
+    comm.all_gather(mine, "dp", out=param)
 '''
 RS_BODY = '''    shard = torch.empty(grad.numel() // d, dtype=grad.dtype)
-    comm.reduce_scatter_flat(grad, shard, "dp")
+    comm.reduce_scatter(grad, "dp", out=shard)
     return shard / d'''
-GATHER = 'comm.all_gather_flat(mine, param, "dp")'
+GATHER = 'comm.all_gather(mine, "dp", out=param)'
 
 
 # --- before any rank starts -------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_zero1_on_4_ranks_in_one_launch():
                                       "wire, and each rank needs only its shard")
     assert msg["one-sided"].startswith("a rank waited past the timeout for a collective or a message its "
                                        "peers never posted")
-    assert "update_params, line 14 of your code: `if r == 0: comm.all_gather_flat" in msg["one-sided"]
+    assert "update_params, line 14 of your code: `if r == 0: comm.all_gather" in msg["one-sided"]
     assert msg["raises"] == ("AttributeError: 'int' object has no attribute 'shard' in reduce_scatter_grads, line 4 "
                              "of your code: `d.shard`")
     assert all("\n" not in m and "Traceback" not in m for m in msg.values())

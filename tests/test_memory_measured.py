@@ -15,10 +15,9 @@ launch), each rank runs one training step and measures
   alive (saved-tensor hooks; parameters excluded; one count per storage), together with
   the pipeline stash of the microbatches in flight on the stage (their stage inputs).
   The stage output waiting for its send is a communication buffer, not counted here.
-  A checkpointed region (``--recompute``) holds its inputs (torch saves them as saved
-  tensors: the hooks see them) and, during its backward, what its recomputation saves
-  again: torch keeps those behind its private ``_recomputation_hook``, whose pack the
-  probe wraps (one more single-device test, tiny and small under selective and full
+  A recomputed region (``--recompute``) holds its inputs (saved tensors: the hooks see
+  them) and, during its backward, what its recomputation saves again, which
+  ``minitron.recompute`` hands to the same hooks (one more single-device test, tiny and small under selective and full
   recomputation, and a long-sequence model where rebuilding the attention core is the
   peak).
 
@@ -32,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch.utils.checkpoint as torch_checkpoint
 
 from minitron.analysis.memory import buffer_bytes_on_rank, memory_on_rank, memory_per_rank
 from minitron.analysis.params import params_on_rank
@@ -137,8 +135,6 @@ def test_memory_matches_a_single_device_run():
 def test_memory_matches_a_single_device_run_with_recomputation():
     from minitron.train import Trainer
 
-    if not hasattr(torch_checkpoint, "_recomputation_hook"):
-        pytest.skip("this torch's checkpoint has no _recomputation_hook to measure recomputation with")
     _, train = ONE_DEVICE
     rows = []
     for name in (*MODELS, "long"):

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minitron.model as model_mod
 from minitron.analysis.comm import tp_layer_bytes
 from minitron.analysis.memory import (activation_bytes_per_layer, engine_activation_bytes_on_rank,
                                       korthikanti_activation_bytes_per_layer)
@@ -40,8 +39,8 @@ TRAIN = TrainConfig(steps=3, global_batch=4, microbatches=2, lr=1e-2, warmup=1, 
 # --------------------------------------------------------------------------------------
 def measure_layer_bytes(gpt: GPT, x: torch.Tensor, key=(0, 0)) -> int:
     """Bytes of the distinct storages one Block keeps for its backward: what saved-tensor
-    hooks see, plus the inputs a checkpointed region holds for its recomputation (kept
-    alive by the recompute closure, invisible to the hooks); parameters excluded."""
+    hooks see (a recomputed region's inputs included: it saves them as saved tensors);
+    parameters excluded."""
     params = {p.untyped_storage().data_ptr() for p in gpt.parameters()}
     kept: dict[int, int] = {}
 
@@ -51,21 +50,9 @@ def measure_layer_bytes(gpt: GPT, x: torch.Tensor, key=(0, 0)) -> int:
             kept[st.data_ptr()] = st.nbytes()
         return t
 
-    real = model_mod.checkpoint
-
-    def spy(fn, *args, **kw):
-        for a in args:
-            if torch.is_tensor(a):
-                keep(a)
-        return real(fn, *args, **kw)
-
     block = next(iter(gpt.blocks.values()))
-    model_mod.checkpoint = spy
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            gpt.run_block(block, x, key)
-    finally:
-        model_mod.checkpoint = real
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        gpt.run_block(block, x, key)
     return sum(kept.values())
 
 

@@ -43,7 +43,7 @@ BETAS, EPS = (0.9, 0.95), 1e-8  # the engine's AdamW (minitron.optim.make_adamw)
 DP = 4  # data-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 NAMES = ("reduce_scatter_grads", "update_params")
 # the engine's own ZeRO (its sharded optimizers and buckets): not an answer to this lab
-FORBIDDEN = ("minitron.parallel.zero", "minitron.parallel.data.ShardedAdamW", "minitron.parallel.data.ZeroOneAdamW",
+FORBIDDEN = ("minitron.parallel.zero", "minitron.parallel.data.ShardedAdamW",
              "minitron.parallel.data.BucketedDataParallel", "minitron.parallel.data.FlatShards")
 
 

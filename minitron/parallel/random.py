@@ -22,8 +22,8 @@ restores both. minitron makes a mask a *pure function of its key* instead::
 the tensor rank to the key. The key (step, microbatch) is an argument of the model's
 forward (``GPT.forward(x, targets, key)``), handed down to every layer: there is nothing
 to save or restore, recomputation calls the block again with the same key and draws the
-same mask, whatever the pipeline schedule ran in between, and `torch.utils.checkpoint`
-needs no RNG bookkeeping.
+same mask, whatever the pipeline schedule ran in between, and recomputation
+(``minitron/recompute.py``) needs no RNG bookkeeping.
 
 This module knows no tensor-parallel scheme. Which part of a mask a rank draws is the
 layer namespace's ``keep_mask(ctx, site, key, shape, p, device, inside)``: 1-D in

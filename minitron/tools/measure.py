@@ -14,20 +14,18 @@ from a real :class:`~minitron.train.Trainer` step instead of formulas.
 * activations_bytes: the peak over the step of the bytes saved for the backward and
   still alive (saved-tensor hooks; parameters excluded; one count per storage), together
   with the pipeline stash (the stage inputs of the microbatches in flight). A
-  checkpointed region (``--recompute``) holds its inputs, and during its backward what
-  its recomputation saves again, which torch keeps behind its private
-  ``_recomputation_hook``: that hook's pack is wrapped here (without it, recomputed
-  tensors go uncounted).
+  recomputed region (``--recompute``) holds its inputs, and during its backward what
+  its recomputation saves again (``Trainer.step(saved_tensors=)`` hands the meter's
+  hooks to :mod:`minitron.recompute`) until each tensor has been used.
 
 From a notebook: ``run_on_ranks(memory_job, layout, model, layout, train)``.
 """
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
-import torch.utils.checkpoint as torch_checkpoint
 
 
 class _Packed:
@@ -105,51 +103,6 @@ def stash_observer(meter: SavedBytes):
     return observe
 
 
-@contextmanager
-def _watch_recomputation(meter: SavedBytes):
-    """Count what checkpointed regions save again when their backward recomputes them.
-
-    torch's non-reentrant checkpoint saves only placeholders for a region's tensors; at
-    the first unpack it reruns the region under ``_recomputation_hook``, whose pack keeps
-    each recomputed tensor (keyed by a ``_Handle`` of its placeholder) until that
-    placeholder is unpacked and drops the handle. This wraps the pack: a tensor counts
-    from its recomputation until its handle dies.
-
-    The one place minitron swaps another module's attribute, for the duration of one
-    measured step: torch offers no public way to see what a recomputation saves (a
-    ``saved_tensors_hooks`` pushed inside checkpoint's ``context_fn`` recompute context
-    would shadow this very hook and break the recomputation; a dispatch mode sees every
-    op's outputs, not what is saved)."""
-    real = getattr(torch_checkpoint, "_recomputation_hook", None)
-    if real is None:
-        yield
-        return
-
-    class Counted(real):
-        def __init__(self, frame_ref, gid):
-            super().__init__(frame_ref, gid)
-            pack = self.pack_hook
-
-            def counted(x):
-                frame = frame_ref()
-                i = frame.recomp_counter[gid]
-                try:
-                    return pack(x)
-                finally:  # (the last one is stored, then stops the recomputation by raising)
-                    holder = frame.weak_holders[i]() if i < len(frame.weak_holders) else None
-                    handle = holder.handles.get(gid) if holder is not None else None
-                    if handle is not None and (ptr := meter._add(x)) is not None:
-                        weakref.finalize(handle, meter._drop, ptr)
-
-            self.pack_hook = counted
-
-    torch_checkpoint._recomputation_hook = Counted
-    try:
-        yield
-    finally:
-        torch_checkpoint._recomputation_hook = real
-
-
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -179,8 +132,8 @@ def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
     tr = trainer
     meter = SavedBytes(tr.params)
     stash = tr.pipeline.observing(stash_observer(meter)) if tr.pipeline is not None else nullcontext()
-    with stash, _watch_recomputation(meter), torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-        loss = tr.step(step)
+    with stash:
+        loss = tr.step(step, saved_tensors=(meter.pack, meter.unpack))
     if meter.now or meter.alive:  # a leak would make the peak meaningless
         raise RuntimeError("saved tensors outlived the step")
     if tr.layout.zero >= 2:
