@@ -102,7 +102,7 @@ def make_param(name: str, full_shape, slices, ctx: Context, std: float = 0.02, k
     return p
 
 
-def split(n: int, parts: int, index: int) -> slice:
+def shard_slice(n: int, parts: int, index: int) -> slice:
     """The index-th of `parts` equal contiguous pieces of range(n)."""
     size = n // parts
     return slice(index * size, (index + 1) * size)

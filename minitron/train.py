@@ -154,12 +154,12 @@ class Trainer:
         return self.chunks[0]
 
     # --- data -----------------------------------------------------------------------
-    def local_batch(self, step: int, split: str = "train"):
+    def local_batch(self, step: int, subset: str = "train"):
         """This data-parallel rank's rows of the global batch of `step` (with context
         parallelism, only this context rank's chunks of each sequence)."""
         train = self.tcfg
         rows = data_mod.dp_rows(train.global_batch, self.layout.dp, self.comm.index("dp"))
-        src = self.train_data if split == "train" else self.val_data
+        src = self.train_data if subset == "train" else self.val_data
         x, y = data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows)
         x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
@@ -249,7 +249,7 @@ class Trainer:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
-            x, y = self.local_batch(10_000_000 + i, split="val")
+            x, y = self.local_batch(10_000_000 + i, subset="val")
             if self.pipeline is not None:
                 out = self.pipeline.forward_only(x, y)
                 total += out if out is not None else 0.0

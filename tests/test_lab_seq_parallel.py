@@ -56,7 +56,7 @@ def test_syntax_error_stub_and_engine_copy_need_no_ranks():
 
 @pytest.mark.multirank
 def test_reference_passes_and_mistakes_get_one_line():
-    engine = ("from minitron.parallel.tensor import SEQ, _wanted\n"
+    engine = ("from minitron.parallel.tensor import SEQ, wants_grad\n"
               + inspect.getsource(tensor._AllGatherLinear).replace("class _AllGatherLinear(",
                                                                    "class AllGatherLinear("))
     saves_gathered = broken("        ctx.save_for_backward(x, weight)\n        return F.linear(comm.all_gather(x, "

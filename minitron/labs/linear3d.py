@@ -2,7 +2,7 @@
 ``minitron.parallel.cube.Linear3D``).
 
 The learner writes ``Linear3DFunction``, a ``torch.autograd.Function`` computing
-``Y = X·Wᵀ`` for a linear on layout (a, c) (the axis names, e.g. ``"cube_j"``,
+``Y = X·Wᵀ`` for a linear on placement (a, c) (the axis names, e.g. ``"cube_j"``,
 ``"cube_k"``; ``I = "cube_i"``) with three collectives in each direction:
 
 =========  =========================================================================
@@ -13,7 +13,7 @@ backward   all-gather dy along c; reduce-scatter dx along a; reduce-scatter dw a
 
 The checker runs on 8 gloo ranks (q = 2) in one launch:
 
-1. for both layouts of a linear (FIRST = (j, k) and SECOND = (k, j)), float64: the
+1. for both placements of a linear (FIRST = (j, k) and SECOND = (k, j)), float64: the
    traced calls of the forward and of the backward against ``analysis.cube.linear_calls``
    (op, axis and bytes), the output against ``F.linear`` on the gathered tensors, and the
    input, weight and bias gradients against autograd's on one device;
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..analysis.cube import linear_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..context import split
+from ..context import shard_slice
 from ..parallel import cube
 from .runner import LabError, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
 
@@ -55,49 +55,49 @@ def learner_namespace() -> dict:
 
 
 def learner_linear(fn):
-    """The engine's Linear3D module (parameters, layout, bias) computing ``X·Wᵀ`` with the
+    """The engine's Linear3D module (parameters, placement, bias) computing ``X·Wᵀ`` with the
     learner's autograd Function: what ``cube.layers(linear=...)`` builds the model from."""
 
     class YourLinear3D(cube.Linear3D):
         def forward(self, x):
-            y = fn.apply(x, self.weight, self.comm, self.layout.a, self.layout.c)
+            y = fn.apply(x, self.weight, self.comm, self.placement.a, self.placement.c)
             return y if self.skip_bias_add else y + self.bias
 
     return YourLinear3D
 
 
 # --- one linear against F.linear ------------------------------------------------------------------
-def _blocks(comm, layout, b, d_in, d_out):
+def _blocks(comm, placement, b, d_in, d_out):
     """This rank's slices: (x rows, x cols), (y rows, y cols), (w rows, w cols) of the full
     tensors (module docstring of minitron.parallel.cube)."""
     q = comm.size(cube.I)
-    i, a, c = comm.index(cube.I), comm.index(layout.a), comm.index(layout.c)
-    x = (split(b, q * q, i * q + a), split(d_in, q, c))
-    y = (split(b, q * q, i * q + c), split(d_out, q, a))
-    w = (split(d_out, q, a), split(d_in, q * q, c * q + i))
+    i, a, c = comm.index(cube.I), comm.index(placement.a), comm.index(placement.c)
+    x = (shard_slice(b, q * q, i * q + a), shard_slice(d_in, q, c))
+    y = (shard_slice(b, q * q, i * q + c), shard_slice(d_out, q, a))
+    w = (shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i))
     return x, y, w
 
 
-def _calls_problem(comm, layout, phase: str, shape, e: int) -> str:
+def _calls_problem(comm, placement, phase: str, shape, e: int) -> str:
     """'' when the traced calls of one direction are linear_calls' (op, axis, bytes)."""
     b, s, d_in, d_out = shape
     q = comm.size(cube.I)
-    want = [c for c in linear_calls(b, s, d_in, d_out, q, e, (layout.a, layout.c)) if c["phase"] == phase]
+    want = [c for c in linear_calls(b, s, d_in, d_out, q, e, (placement.a, placement.c)) if c["phase"] == phase]
     got = [r for r in comm.trace.records if r["phase"] == phase]
     key = lambda r: (r["op"], r["axis"], r["bytes"])  # noqa: E731
     missing = Counter(map(key, want)) - Counter(map(key, got))
     extra = Counter(map(key, got)) - Counter(map(key, want))
     if not missing and not extra:
         return ""
-    where = f"{DIRECTION[phase]} of a linear on layout (a, c) = ({layout.a}, {layout.c})"
+    where = f"{DIRECTION[phase]} of a linear on placement (a, c) = ({placement.a}, {placement.c})"
     yours = ", ".join(f"{op} along {ax} ({n} B)" for op, ax, n in sorted(extra.elements())) or "nothing else"
     if missing:
         op, ax, n = sorted(missing)[0]
         what = next(c["what"].split(": ")[-1] for c in want if key(c) == (op, ax, n))
         alike = [k for k in extra if k[0] == op and k[2] == n]
         if alike:
-            return (f"{where}: the {what} goes along {alike[0][1]} instead of {ax} (a = {layout.a}, "
-                    f"c = {layout.c}, i = {cube.I})")
+            return (f"{where}: the {what} goes along {alike[0][1]} instead of {ax} (a = {placement.a}, "
+                    f"c = {placement.c}, i = {cube.I})")
         same_axis = [k for k in extra if k[1] == ax and k[0] != op]
         if same_axis:
             return (f"{where}: the {what} ({op} along {ax}) is an {same_axis[0][0].replace('_', '-')} in your code: the "
@@ -110,8 +110,8 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and bool((a - b).abs().max() <= 1e-10 * b.abs().max().clamp_min(1e-30))
 
 
-def _unit(comm, fn, layout, shape, case: int) -> None:
-    """One linear on `layout` against F.linear on the gathered tensors; raises LabError
+def _unit(comm, fn, placement, shape, case: int) -> None:
+    """One linear on `placement` against F.linear on the gathered tensors; raises LabError
     on every rank (the first rank's problem) when something is wrong."""
     b, s, d_in, d_out = shape
     g = torch.Generator().manual_seed(1234 + d_in * d_out)
@@ -121,30 +121,30 @@ def _unit(comm, fn, layout, shape, case: int) -> None:
     dY = torch.randn(b, s, d_out, generator=g, dtype=torch.float64)
     Xr, Wr, Br = X.clone().requires_grad_(), W.clone().requires_grad_(), B.clone().requires_grad_()
     F.linear(Xr, Wr, Br).backward(dY)
-    (xr, xc), (yr, yc), (wr, wc) = _blocks(comm, layout, b, d_in, d_out)
+    (xr, xc), (yr, yc), (wr, wc) = _blocks(comm, placement, b, d_in, d_out)
     x = X[xr][..., xc].clone().requires_grad_()
     w = W[wr][:, wc].clone().requires_grad_()
     bias = B[yc].clone().requires_grad_()
     comm.trace.records.clear()
     with comm.in_phase("fwd"):
-        y = call("Linear3DFunction.forward", fn.apply, x, w, comm, layout.a, layout.c)
-    where = f"layout (a, c) = ({layout.a}, {layout.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
-    problem = _calls_problem(comm, layout, "fwd", shape, 8)
+        y = call("Linear3DFunction.forward", fn.apply, x, w, comm, placement.a, placement.c)
+    where = f"placement (a, c) = ({placement.a}, {placement.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
+    problem = _calls_problem(comm, placement, "fwd", shape, 8)
     want_y = F.linear(X, W)[yr][..., yc]
     if not problem and (not isinstance(y, torch.Tensor) or y.shape != want_y.shape):
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         problem = (f"{where}: your forward returns {got}, this rank's output block is {tuple(want_y.shape)} "
-                   f"[b/q², s, d_out/q] in layout (c, a)")
+                   f"[b/q², s, d_out/q] in placement (c, a)")
     if not problem and not _close(y.detach(), want_y):
         problem = (f"{where}: your calls are right but the output differs from F.linear(X, W) on the gathered "
                    f"tensors by {float((y.detach() - want_y).abs().max()):.3g}: the gathered weight block is "
                    f"[d_out/q, d_in/q] (torch's [out, in]), so the local product is F.linear(x, w), not x @ w")
-    agree(comm, f"linear3d/{case}/fwd-{layout.a}-{shape}", problem, 60)
+    agree(comm, f"linear3d/{case}/fwd-{placement.a}-{shape}", problem, 60)
     comm.trace.records.clear()
     with comm.in_phase("bwd"):
         out = y + bias
         call("Linear3DFunction.backward", out.backward, dY[yr][..., yc])
-    problem = _calls_problem(comm, layout, "bwd", shape, 8)
+    problem = _calls_problem(comm, placement, "bwd", shape, 8)
     checks = (("input", x.grad, Xr.grad[xr][..., xc], "reduce-scatter the gathered input gradient along a"),
               ("weight", w.grad, Wr.grad[wr][:, wc], "the gathered weight gradient holds this rank's batch "
                "block only: reduce-scatter it along i (dim 1)"))
@@ -161,13 +161,13 @@ def _unit(comm, fn, layout, shape, case: int) -> None:
             break
     if not problem:  # the bias copies on the (i, c) plane see the other batch blocks: their sum
         db = bias.grad.clone()
-        for axis in (cube.I, layout.c):
+        for axis in (cube.I, placement.c):
             dist.all_reduce(db, group=comm.group(axis))  # aside, not traced
         if not _close(db, Br.grad[yc]):
             problem = (f"{where}: the bias gradient summed over the (i, c) plane differs from autograd's by "
                        f"{float((db - Br.grad[yc]).abs().max()):.3g}: does your output block hold the "
                        "right batch rows?")
-    agree(comm, f"linear3d/{case}/bwd-{layout.a}-{shape}", problem, 60)
+    agree(comm, f"linear3d/{case}/bwd-{placement.a}-{shape}", problem, 60)
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:
@@ -175,15 +175,15 @@ def _job(comm, source: str, timeout: float) -> dict | None:
 
     case = next(_CASE)
     fn = load(source, NAMES, learner_namespace())["Linear3DFunction"]
-    for layout in (cube.FIRST, cube.SECOND):
+    for placement in (cube.FIRST, cube.SECOND):
         for shape in SHAPES:
-            _unit(comm, fn, layout, shape, case)
+            _unit(comm, fn, placement, shape, case)
     comm.trace.records.clear()
     tr = Trainer(MODEL, LAYOUT, TRAIN, comm, layers=cube.layers(linear=learner_linear(fn)))
     losses = [tr.step(i) for i in range(TRAIN.steps)]
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
     verdict = training_verdict(res, "3-D linear", "your 3-D linear issues the analysis' three collectives in "
-                               "each direction, equals F.linear and autograd on both layouts, and trains a GPT "
+                               "each direction, equals F.linear and autograd on both placements, and trains a GPT "
                                "on the 2x2x2 cube exactly like the single-device model", TOL)
     if verdict is not None:
         calls = linear_calls(*SHAPES[0], comm.size(cube.I))
@@ -199,7 +199,7 @@ def check_linear3d_all(sources: list, timeout: float = 90) -> list[dict]:
 def check_linear3d(source: str, timeout: float = 90) -> dict:
     """Lab 05: the learner's `Linear3DFunction` on 8 gloo ranks (q = 2): calls per
     direction vs ``analysis.cube.linear_calls``, output and input/weight/bias gradients vs
-    ``F.linear`` and autograd (both layouts, float64), then a 2-layer GPT on the cube with
+    ``F.linear`` and autograd (both placements, float64), then a 2-layer GPT on the cube with
     it, 2 float64 steps vs the single-device model. Returns {"ok", "message", "calls",
     "max_loss_abs_diff", "max_param_rel_diff"} or {"ok": False, "message"}."""
     try:

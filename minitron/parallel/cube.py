@@ -5,13 +5,13 @@ A rank of the cube has coordinates (i, j, k); the grid's axes 'cube_i', 'cube_j'
 'cube_k' are the lines through it along which one coordinate varies. Every tensor is
 split over all q³ ranks, so compute, parameters and activations are perfectly balanced.
 
-**Layouts.** A layout is a value ``(a, c)`` naming two of the axes (j and k, in some
+**Placements.** A placement is a value ``(a, c)`` naming two of the axes (j and k, in some
 order); i always splits the batch further and the weights' shared dimension.
-An activation ``[b, s, h]`` in layout (a, c) is split by batch (whole sequences) into
+An activation ``[b, s, h]`` in placement (a, c) is split by batch (whole sequences) into
 q² pieces over (i, a) — piece ``i·q + index(a)`` — and by hidden into q slices over c.
 The residual stream lives in ``FIRST = (j, k)``.
 
-**Linear3D** ``Y = X·W`` on layout (a, c). W (h_in × h_out) is split by rows over
+**Linear3D** ``Y = X·W`` on placement (a, c). W (h_in × h_out) is split by rows over
 (c, i) and by columns over a:
 
 =========  ====================================  ===========================
@@ -22,8 +22,8 @@ forward    all-gather X along the a-line (batch)  [b/q, s, h_in/q]
 backward   all-gather dY along c; reduce-scatter dX along a; reduce-scatter dW along i
 =========  ====================================  ===========================
 
-The output is in layout (c, a): the next linear uses the swapped roles, so the pairs
-QKV→proj and fc→fc2 return to the first layout and nothing is ever transposed. Each
+The output is in placement (c, a): the next linear uses the swapped roles, so the pairs
+QKV→proj and fc→fc2 return to the first placement and nothing is ever transposed. Each
 step is a tiny autograd Function over :mod:`minitron.comm` (`tensor.gather` and
 `tensor.reduce_scatter`, shared with 1-D sequence parallelism); autograd's own matmul
 backward supplies the mirror.
@@ -45,12 +45,12 @@ two statistics along the hidden-split line (one call forward, one in backward).
 **Embedding and output layer: vocabulary-parallel on the cube.** The token embedding
 ``wte [V, h]`` is split by vocabulary rows into q² pieces over (j, i) and by hidden over
 k — every element lives on exactly one rank. The lookup is the linear ``onehot(ids)·wte``
-on layout (k, j): the ids need no gather (every rank holds its data-parallel
+on placement (k, j): the ids need no gather (every rank holds its data-parallel
 microbatch), the weight is all-gathered along i (vocabulary rows), and the partial sums
-are reduce-scattered along j, landing in the residual layout (j, k). The output layer
-is ``logits = x·wteᵀ`` on layout (j, k) with the *same* local shard: all-gather x along
+are reduce-scattered along j, landing in the residual placement (j, k). The output layer
+is ``logits = x·wteᵀ`` on placement (j, k) with the *same* local shard: all-gather x along
 j, all-gather the weight along i (again its vocabulary rows: for ``wteᵀ`` the i-split
-sits on the column side, a legal variant of the layout), reduce-scatter along k. The
+sits on the column side, a legal variant of the placement), reduce-scatter along k. The
 logits ``[b/q², s, V/q]`` are split by vocabulary over j, so the cross-entropy is
 Megatron's vocabulary-parallel one along the j-line (max, target logit, sum of
 exponentials; padded ids masked). Because the embedding and the head hold the same
@@ -70,32 +70,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import pad_vocab
-from ..context import Context, make_param, split
+from ..context import Context, make_param, shard_slice
 from .context_parallel import ring_attention
 from .random import draw
-from .tensor import _wanted, gather, reduce_scatter, vocab_parallel_cross_entropy
+from .tensor import gather, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 I, J, K = "cube_i", "cube_j", "cube_k"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Layout (a, c) of an activation: batch split over (i, a), hidden over c."""
+class Placement:
+    """Placement (a, c) of an activation: batch split over (i, a), hidden over c."""
 
     a: str
     c: str
 
-    def swap(self) -> "Layout":
-        """The layout of a Linear3D's output: (c, a)."""
-        return Layout(self.c, self.a)
+    def swap(self) -> "Placement":
+        """The placement of a Linear3D's output: (c, a)."""
+        return Placement(self.c, self.a)
 
     def batch_piece(self, comm) -> int:
         """Index of this rank's batch piece (of q²): i·q + index(a)."""
         return comm.index(I) * comm.size(I) + comm.index(self.a)
 
 
-FIRST = Layout(J, K)  # the residual stream, LayerNorms, the embedding's output
+FIRST = Placement(J, K)  # the residual stream, LayerNorms, the embedding's output
 SECOND = FIRST.swap()  # inside attention and the MLP (QKV and fc outputs)
 
 
@@ -113,34 +113,34 @@ def on_plane(ctx: Context, *axes: str) -> dict:
 
 # --- layers -----------------------------------------------------------------------------
 class Linear3D(nn.Module):
-    """``Y = X·W + bias`` on layout (a, c); the output is in layout (c, a).
+    """``Y = X·W + bias`` on placement (a, c); the output is in placement (c, a).
 
     The torch weight is ``[d_out, d_in]`` (= Wᵀ): this rank holds output rows
-    ``split(d_out, q, a)`` and input columns ``split(d_in, q², c·q + i)`` — a slice of
+    ``shard_slice(d_out, q, a)`` and input columns ``shard_slice(d_in, q², c·q + i)`` — a slice of
     the single-device weight. The bias ``[d_out/q]`` (slice a) is replicated on the
     (i, c) plane. With `skip_bias_add` the caller adds ``.bias`` (the model's second
     linear of a pair does, to read the same in 1-D and 3-D).
     """
 
-    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, layout: Layout,
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, placement: Placement,
                  std: float = 0.02, skip_bias_add: bool = False):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
-        self.comm, self.layout, self.skip_bias_add = comm, layout, skip_bias_add
-        a, c, i = comm.index(layout.a), comm.index(layout.c), comm.index(I)
-        rows, cols = split(d_out, q, a), split(d_in, q * q, c * q + i)
+        self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add
+        a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
+        rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
-        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **on_plane(ctx, I, layout.c))
+        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **on_plane(ctx, I, placement.c))
 
     def forward(self, x):
-        L = self.layout
-        x = gather(x, self.comm, L.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
+        pl = self.placement
+        x = gather(x, self.comm, pl.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
         w = gather(self.weight, self.comm, I, 1, param=True)  # [d_out/q, d_in/q]: rows a, columns c
-        y = reduce_scatter(F.linear(x, w), self.comm, L.c, BATCH)  # [b/q², s, d_out/q]
+        y = reduce_scatter(F.linear(x, w), self.comm, pl.c, BATCH)  # [b/q², s, d_out/q]
         return y if self.skip_bias_add else y + self.bias
 
 
-class _LayerNormFn(torch.autograd.Function):
+class ShardedLayerNormFn(torch.autograd.Function):
     """LayerNorm over a hidden dimension split along `axis` (n features in all).
 
     Forward: one all-reduce of (Σx, Σx²) per token; backward: one all-reduce of
@@ -163,10 +163,10 @@ class _LayerNormFn(torch.autograd.Function):
     def backward(fctx, dy):
         xhat, rstd, weight = fctx.saved_tensors
         rows = tuple(range(dy.dim() - 1))
-        dw = (dy * xhat).sum(rows) if _wanted(fctx, 1) else None
-        db = dy.sum(rows) if _wanted(fctx, 2) else None
+        dw = (dy * xhat).sum(rows) if wants_grad(fctx, 1) else None
+        db = dy.sum(rows) if wants_grad(fctx, 2) else None
         dx = None
-        if _wanted(fctx, 0):
+        if wants_grad(fctx, 0):
             g = dy * weight
             sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
             fctx.comm.all_reduce(sums, fctx.axis)
@@ -175,20 +175,20 @@ class _LayerNormFn(torch.autograd.Function):
 
 
 class LayerNorm3D(nn.Module):
-    """LayerNorm of an activation in layout (a, c): hidden slice c; weight and bias
+    """LayerNorm of an activation in placement (a, c): hidden slice c; weight and bias
     ``[h/q]`` replicated on the (i, a) plane."""
 
-    def __init__(self, name: str, h: int, ctx: Context, layout: Layout = FIRST, eps: float = 1e-5):
+    def __init__(self, name: str, h: int, ctx: Context, placement: Placement = FIRST, eps: float = 1e-5):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
-        self.comm, self.layout, self.h, self.eps = comm, layout, h, eps
-        cols = split(h, q, comm.index(layout.c))
-        plane = on_plane(ctx, I, layout.a)
+        self.comm, self.placement, self.h, self.eps = comm, placement, h, eps
+        cols = shard_slice(h, q, comm.index(placement.c))
+        plane = on_plane(ctx, I, placement.a)
         self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **plane)
         self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **plane)
 
     def forward(self, x):
-        return _LayerNormFn.apply(x, self.weight, self.bias, self.comm, self.layout.c, self.h, self.eps)
+        return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, self.placement.c, self.h, self.eps)
 
 
 class _PlaneMean(torch.autograd.Function):
@@ -228,14 +228,14 @@ class Embedding3D(nn.Module):
         first = (j * q + i) * per
         rows = slice(min(first, vocab), min(first + per, vocab))
         self.start = j * self.padded // q  # first id of the gathered block (vocabulary slice j)
-        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, split(h, q, k)), ctx, std,
+        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, shard_slice(h, q, k)), ctx, std,
                                  local_shape=(per, h // q), grad_sync=grad_sync,
                                  replicas=("embed",) if grad_sync and comm.index("embed") else ())
 
     def forward(self, idx):
         """Token ids [b, s] (the whole data-parallel microbatch) -> [b/q², s, h/q] in
-        layout (j, k). This rank looks up batch block i in its vocabulary slice j."""
-        ids = idx[split(idx.shape[0], self.q, self.comm.index(I))]  # no communication
+        placement (j, k). This rank looks up batch block i in its vocabulary slice j."""
+        ids = idx[shard_slice(idx.shape[0], self.q, self.comm.index(I))]  # no communication
         w = gather(self.weight, self.comm, I, 0, param=True)  # [V'/q, h/q]: vocabulary slice j, hidden k
         local = ids - self.start
         outside = (local < 0) | (local >= w.shape[0])
@@ -243,8 +243,8 @@ class Embedding3D(nn.Module):
         return reduce_scatter(out, self.comm, J, BATCH)
 
     def logits(self, x):
-        """x [b/q², s, h/q] in layout (j, k) -> local logits [b/q², s, V'/q] (batch piece
-        (i, k), vocabulary slice j): a Linear3D on layout (j, k) with weight wteᵀ."""
+        """x [b/q², s, h/q] in placement (j, k) -> local logits [b/q², s, V'/q] (batch piece
+        (i, k), vocabulary slice j): a Linear3D on placement (j, k) with weight wteᵀ."""
         x = gather(x, self.comm, J, BATCH)  # [b/q, s, h/q]
         w = gather(self.weight, self.comm, I, 0, param=True)  # [V'/q, h/q]
         return reduce_scatter(F.linear(x, w), self.comm, K, BATCH)
@@ -252,7 +252,7 @@ class Embedding3D(nn.Module):
     def loss(self, logits, targets):
         """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""
         q, comm = self.q, self.comm
-        tgt = targets[split(targets.shape[0], q * q, SECOND.batch_piece(comm))]
+        tgt = targets[shard_slice(targets.shape[0], q * q, SECOND.batch_piece(comm))]
         per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
                                                  self.vocab, comm, axis=J)
         return _PlaneMean.apply(per_token.mean(), comm, (I, K))
@@ -263,8 +263,8 @@ def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: boo
     """Dropout keep-mask for a local tensor of the cube (the namespace's ``keep_mask``; see parallel/random.py).
 
     Every element of an activation lives on exactly one cube rank, so there is no copy
-    whose mask must agree. Outside attention the tensor is ``[b/q², s, h/q]`` in layout
-    (j, k); inside, the attention probabilities ``[b/q², heads/q, s, s]`` are in layout
+    whose mask must agree. Outside attention the tensor is ``[b/q², s, h/q]`` in placement
+    (j, k); inside, the attention probabilities ``[b/q², heads/q, s, s]`` are in placement
     (k, j) (heads split over j). Mode 'tensor' draws the local mask from the rank's own
     stream; mode 'global' draws the single-device mask and keeps this rank's block."""
     if ctx.tp == 1:  # the single-device mask
@@ -272,26 +272,26 @@ def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: boo
     if ctx.layout.dropout_rng == "tensor":
         return draw(ctx.seed, site, key, shape, p, device, rank=ctx.tp_rank)
     q, comm = cube_q(ctx), ctx.comm
-    layout, split_dim = (SECOND, 1) if inside else (FIRST, len(shape) - 1)
+    placement, split_dim = (SECOND, 1) if inside else (FIRST, len(shape) - 1)
     full = list(shape)
     full[0] *= q * q
     full[split_dim] *= q
     b, n = shape[0], shape[split_dim]
     mask = draw(ctx.seed, site, key, full, p, device)
-    mask = mask.narrow(0, layout.batch_piece(comm) * b, b)
-    return mask.narrow(split_dim, comm.index(layout.c) * n, n).contiguous()
+    mask = mask.narrow(0, placement.batch_piece(comm) * b, b)
+    return mask.narrow(split_dim, comm.index(placement.c) * n, n).contiguous()
 
 
 # --- the layer namespace the model is written against (see model.py) ------------------
 def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
     """wpe [s, h]: hidden slice k, replicated on the (i, j) plane (added to the
-    embedding output in layout (j, k))."""
-    cols = split(h, cube_q(ctx), ctx.comm.index(K))
+    embedding output in placement (j, k))."""
+    cols = shard_slice(h, cube_q(ctx), ctx.comm.index(K))
     return make_param(name, (seq_len, h), (slice(0, seq_len), cols), ctx, std, **on_plane(ctx, I, J))
 
 
 def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
-    """The local hidden states between pipeline stages: [b/q², s, h/q] in layout (j, k)."""
+    """The local hidden states between pipeline stages: [b/q², s, h/q] in placement (j, k)."""
     q = cube_q(ctx)
     return (micro_batch // (q * q), seq_len, h // q)
 
@@ -302,7 +302,7 @@ def _identity(x, ctx):
 
 def layers(*, linear=Linear3D) -> SimpleNamespace:
     """The cube's layer namespace. `linear`: the 3-D linear module, called as
-    ``linear(name, d_in, d_out, ctx, layout, std, skip_bias_add=...)`` (``Linear3D``'s
+    ``linear(name, d_in, d_out, ctx, placement, std, skip_bias_add=...)`` (``Linear3D``'s
     signature): the engine's by default, a learner's in a lab (its forward all-gathers X
     along a and W along i and reduce-scatters along c; its backward the mirror)."""
     return grid_namespace(

@@ -227,7 +227,7 @@ class PipelineRuntime:
         self.schedule: Schedule = validate(schedule)
         self.rank = self.comm.index("pp")
         self.steps = self.schedule.steps(self.rank)
-        self.split = self.schedule.kind == "zb-h1"  # B = input gradient, W = weight gradients
+        self.split_backward = self.schedule.kind == "zb-h1"  # B = input gradient, W = weight gradients
         for c, chunk in enumerate(self.chunks):
             if (chunk.first, chunk.last) != (self.schedule.is_first(self.rank, c), self.schedule.is_last(self.rank, c)):
                 raise ValueError(f"chunk {c} of pipeline rank {self.rank} is not virtual stage "
@@ -236,7 +236,7 @@ class PipelineRuntime:
         self.scatter_gather = (layout.scatter_gather and self.t > 1 and layout.tp_mode == "1d"
                                and not layout.sp)
         # the step that completes each chunk's last microbatch: the data-parallel sync goes there
-        done = {c: "W" if self.split and not ch.first else "B" for c, ch in enumerate(self.chunks)}
+        done = {c: "W" if self.split_backward and not ch.first else "B" for c, ch in enumerate(self.chunks)}
         self.final_steps = {max(i for i, s in enumerate(self.steps)
                                 if isinstance(s, Action) and s.op == done[c] and s.chunk == c)
                             for c in done}
@@ -359,7 +359,7 @@ class PipelineRuntime:
             if chunk.first:
                 torch.autograd.backward(root, grad)
                 return
-            if self.split:
+            if self.split_backward:
                 dx, self._weight_grads[key] = backward_input(
                     get_gradient_edge(out), torch.ones_like(out) if grad is None else grad, inp)
             else:

@@ -41,7 +41,7 @@ the hidden slice c they act on and replicated over the column and the depth; eac
 sees other rows of the batch, so their gradients are summed over both.
 
 **LayerNorm** sums ``x`` and ``x²`` over the local hidden slice and all-reduces the two
-statistics along the row (``cube._LayerNormFn``, the same function as on the cube).
+statistics along the row (``cube.ShardedLayerNormFn``, the same function as on the cube).
 
 **Embedding and output layer.** ``wte [V', h]`` (V' = V padded to a multiple of q) is
 split like a weight: vocabulary rows r, hidden slice c. The lookup is the product
@@ -67,10 +67,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import pad_vocab
-from ..context import Context, make_param, split
-from .cube import _LayerNormFn, grid_namespace
+from ..context import Context, make_param, shard_slice
+from .cube import ShardedLayerNormFn, grid_namespace
 from .random import draw
-from .tensor import _wanted, reduce_scatter, vocab_parallel_cross_entropy
+from .tensor import reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -139,13 +139,13 @@ class _SummaAB(torch.autograd.Function):
         q, r, c, _ = grid_of(comm)
         dy = dy.to(cdt).contiguous()
         dx = dw = None
-        if _wanted(fctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
+        if wants_grad(fctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
             for l in range(q):
                 w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)
                 part = comm.reduce((dy @ w_l).contiguous(), ROW, l)
                 if l == c:
                     dx = part.to(x.dtype)
-        if _wanted(fctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
+        if wants_grad(fctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
             xs = x.detach().to(cdt).contiguous()
             for l in range(q):
                 x_l = _broadcast_block(xs, comm, ROW, l)
@@ -183,7 +183,7 @@ class _SummaABT(torch.autograd.Function):
         comm, cdt = fctx.comm, fctx.cdt
         q, r, c, _ = grid_of(comm)
         dz, xs = dz.to(cdt).contiguous(), x.detach().to(cdt)
-        want_x, want_w = _wanted(fctx, 0), _wanted(fctx, 1)
+        want_x, want_w = wants_grad(fctx, 0), wants_grad(fctx, 1)
         dx = dw = None
         for l in range(q):
             dz_l = _broadcast_block(dz, comm, ROW, l)  # dZ(r, l)
@@ -206,8 +206,8 @@ def summa_linear(x, weight, comm):
 # --- layers ---------------------------------------------------------------------------------
 class LinearSumma(nn.Module):
     """``Y = X·W + bias`` on the grid. The torch weight is ``[d_out, d_in]`` (= Wᵀ):
-    this rank holds output rows ``split(d_out, q, c)`` and input columns
-    ``split(d_in, q, r)`` — W's block (r, c), a slice of the single-device weight —
+    this rank holds output rows ``shard_slice(d_out, q, c)`` and input columns
+    ``shard_slice(d_in, q, r)`` — W's block (r, c), a slice of the single-device weight —
     on every depth. The bias ``[d_out/q]`` (slice c) is replicated over the column and
     the depth. With `skip_bias_add` the caller adds ``.bias`` (the second linear of a
     pair, to read the same in every layout)."""
@@ -217,7 +217,7 @@ class LinearSumma(nn.Module):
         super().__init__()
         self.comm, self.skip_bias_add = ctx.comm, skip_bias_add
         q, r, c, _ = grid_of(ctx.comm)
-        rows, cols = split(d_out, q, c), split(d_in, q, r)
+        rows, cols = shard_slice(d_out, q, c), shard_slice(d_in, q, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std,
                                  **replicated_over(ctx, DEP))
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros",
@@ -236,12 +236,12 @@ class LayerNormSumma(nn.Module):
         super().__init__()
         self.comm, self.h, self.eps = ctx.comm, h, eps
         q, _, c, _ = grid_of(ctx.comm)
-        cols, copies = split(h, q, c), replicated_over(ctx, COL, DEP)
+        cols, copies = shard_slice(h, q, c), replicated_over(ctx, COL, DEP)
         self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **copies)
         self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **copies)
 
     def forward(self, x):
-        return _LayerNormFn.apply(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps)
+        return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps)
 
 
 class _GridMean(torch.autograd.Function):
@@ -280,7 +280,7 @@ class EmbeddingSumma(nn.Module):
         rows = slice(min(self.first, vocab), min(self.first + per, vocab))
         depth = replicated_over(ctx, DEP)
         tied = ("embed",) if grad_sync and comm.index("embed") else ()
-        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, split(h, q, c)), ctx, std,
+        self.weight = make_param(f"{name}.weight", (vocab, h), (rows, shard_slice(h, q, c)), ctx, std,
                                  local_shape=(per, h // q),
                                  grad_sync=tuple(grad_sync) + depth.get("grad_sync", ()),
                                  replicas=tied + depth.get("replicas", ()))
@@ -290,7 +290,7 @@ class EmbeddingSumma(nn.Module):
         look up this depth's sequences in the local vocabulary rows, then sum the
         vocabulary slices and scatter the batch along the column."""
         _, _, _, k = grid_of(self.comm)
-        ids = idx[split(idx.shape[0], self.depth, k)]  # no communication
+        ids = idx[shard_slice(idx.shape[0], self.depth, k)]  # no communication
         local = ids - self.first
         outside = (local < 0) | (local >= self.weight.shape[0])
         out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
@@ -304,7 +304,7 @@ class EmbeddingSumma(nn.Module):
     def loss(self, logits, targets):
         """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""
         comm = self.comm
-        tgt = targets[split(targets.shape[0], self.q * self.depth, batch_piece(comm))]
+        tgt = targets[shard_slice(targets.shape[0], self.q * self.depth, batch_piece(comm))]
         per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
                                                  self.vocab, comm, axis=ROW)
         return _GridMean.apply(per_token.mean(), comm, (COL, DEP))
@@ -337,7 +337,7 @@ def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: boo
 def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
     """wpe [s, h]: hidden slice c, replicated over the column and the depth."""
     q, _, c, _ = grid_of(ctx.comm)
-    return make_param(name, (seq_len, h), (slice(0, seq_len), split(h, q, c)), ctx, std,
+    return make_param(name, (seq_len, h), (slice(0, seq_len), shard_slice(h, q, c)), ctx, std,
                       **replicated_over(ctx, COL, DEP))
 
 

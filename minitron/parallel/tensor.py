@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import pad_vocab
-from ..context import Context, make_param, split
+from ..context import Context, make_param, shard_slice
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
 from .random import draw
@@ -112,7 +112,7 @@ class _SplitSeq(torch.autograd.Function):
     def forward(fctx, x, comm):
         fctx.comm = comm
         n, i = comm.size("tp"), comm.index("tp")
-        return x[:, split(x.shape[SEQ], n, i)].contiguous()
+        return x[:, shard_slice(x.shape[SEQ], n, i)].contiguous()
 
     @staticmethod
     def backward(fctx, dy):
@@ -147,7 +147,7 @@ def leave_region(x, ctx: Context, ops: Ops | None = None):
     return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else (ops or OPS).g.apply(x, ctx.comm)
 
 
-def _wanted(fctx, i: int) -> bool:
+def wants_grad(fctx, i: int) -> bool:
     """Does the running backward pass want the gradient of input `i` of this node?
 
     Usually whenever the input requires one. But zb-h1 (``pipeline.py``) runs a node
@@ -187,7 +187,7 @@ class _AllGatherLinear(torch.autograd.Function):
     @staticmethod
     def backward(fctx, dy):
         x, weight = fctx.saved_tensors
-        want_dx, want_dw = _wanted(fctx, 0), _wanted(fctx, 1)
+        want_dx, want_dw = wants_grad(fctx, 0), wants_grad(fctx, 1)
         comm, dx = fctx.comm, None
         dy2 = dy.flatten(0, -2)  # [b·s, d/t]; products in dY's dtype (bf16 under autocast)
         # Megatron's overlap: the re-gather of X runs while dY·A is computed, the
@@ -196,7 +196,7 @@ class _AllGatherLinear(torch.autograd.Function):
         if want_dx:  # returned in the input's dtype, as the forward gathered it
             dx = comm.reduce_scatter(dy @ weight.to(dy.dtype), "tp", SEQ, async_op=True, activation=True)
         dw = dy2.t() @ gathering.wait().flatten(0, -2).to(dy.dtype) if want_dw else None
-        db = dy2.sum(0) if fctx.has_bias and _wanted(fctx, 2) else None
+        db = dy2.sum(0) if fctx.has_bias and wants_grad(fctx, 2) else None
         return dx.wait().to(x.dtype) if want_dx else None, dw, db, None
 
 
@@ -219,7 +219,7 @@ class ColumnParallelLinear(nn.Module):
                  ops: Ops | None = None):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
-        rows = split(d_out, t, r)
+        rows = shard_slice(d_out, t, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros")
         self.ctx, self.ops = ctx, ops or OPS
@@ -239,7 +239,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
-        self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), split(d_in, t, r)), ctx, std)
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), shard_slice(d_in, t, r)), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx))
 
     def forward(self, x):

@@ -123,9 +123,9 @@ def bf16_measures(model: ModelConfig, train: TrainConfig, precision: str, losses
            "loss_abs_diffs": [abs(a - b) for a, b in zip(losses, ref_losses)],
            "loss_bounds": [BF16_UNITS_PER_STEP * BF16_UNIT * (i + 1) * abs(b) for i, b in enumerate(ref_losses)]}
     if not model.dropout:
-        split = 1 if train.microbatches > 1 else train.global_batch
+        other_m = 1 if train.microbatches > 1 else train.global_batch
         torch.manual_seed(train.seed)
-        other_losses, other = reference_run(model, train.replace(microbatches=split), ref.corpus, steps, precision)
+        other_losses, other = reference_run(model, train.replace(microbatches=other_m), ref.corpus, steps, precision)
         res.update({f"rounding_{k}": v for k, v in measures(gather_full(other)).items()},
                    rounding_loss_abs_diff=max(abs(a - b) for a, b in zip(other_losses, ref_losses)))
     return res
