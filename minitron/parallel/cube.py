@@ -191,9 +191,10 @@ class LayerNorm3D(nn.Module):
         return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, self.placement.c, self.h, self.eps)
 
 
-class _PlaneMean(torch.autograd.Function):
-    """Mean of one scalar per batch piece over the (i, k) plane: forward two scalar
-    all-reduces; backward 1/q² (every rank backpropagates the same global loss)."""
+class MeanOverAxes(torch.autograd.Function):
+    """Mean of one scalar per batch piece over `axes` (the cube's (i, k) plane, the SUMMA
+    grid's column and depth): forward one scalar all-reduce per axis; backward 1/n (every
+    rank backpropagates the same global loss)."""
 
     @staticmethod
     def forward(fctx, x, comm, axes):
@@ -255,7 +256,7 @@ class Embedding3D(nn.Module):
         tgt = targets[shard_slice(targets.shape[0], q * q, SECOND.batch_piece(comm))]
         per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
                                                  self.vocab, comm, axis=J)
-        return _PlaneMean.apply(per_token.mean(), comm, (I, K))
+        return MeanOverAxes.apply(per_token.mean(), comm, (I, K))
 
 
 # --- dropout masks on the cube --------------------------------------------------------

@@ -68,7 +68,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
-from .cube import ShardedLayerNormFn, grid_namespace
+from .cube import MeanOverAxes, ShardedLayerNormFn, grid_namespace
 from .random import draw
 from .tensor import reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
@@ -244,25 +244,6 @@ class LayerNormSumma(nn.Module):
         return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps)
 
 
-class _GridMean(torch.autograd.Function):
-    """Mean of one scalar per batch piece over `axes` (column and depth): forward one
-    scalar all-reduce per axis; backward 1/(q·d) (every rank backpropagates the same
-    global loss)."""
-
-    @staticmethod
-    def forward(fctx, x, comm, axes):
-        out, n = x.detach().clone(), 1
-        for axis in axes:
-            comm.all_reduce(out, axis)
-            n *= comm.size(axis)
-        fctx.n = n
-        return out / n
-
-    @staticmethod
-    def backward(fctx, dy):
-        return dy / fctx.n, None, None
-
-
 class EmbeddingSumma(nn.Module):
     """Token embedding ``wte [V, h]`` on the grid, also the output layer (:meth:`logits`,
     :meth:`loss`); see the module docstring. Local shard: vocabulary rows
@@ -307,7 +288,7 @@ class EmbeddingSumma(nn.Module):
         tgt = targets[shard_slice(targets.shape[0], self.q * self.depth, batch_piece(comm))]
         per_token = vocab_parallel_cross_entropy(logits.flatten(0, 1), tgt.flatten(), self.start,
                                                  self.vocab, comm, axis=ROW)
-        return _GridMean.apply(per_token.mean(), comm, (COL, DEP))
+        return MeanOverAxes.apply(per_token.mean(), comm, (COL, DEP))
 
 
 # --- dropout masks on the grid ----------------------------------------------------------------
