@@ -105,9 +105,8 @@ def build(name, comm, model, train, corpus, bucket_mb):
         tr.dp = DDPSync(ddp, tr.params, comm)
         return tr, (0, 1)
     if name == "dp=2 no sync":
-        tr = Trainer(model, dp2(dp_impl="naive"), train, comm, corpus)
-        tr.dp = NoSync(tr.params, comm)
-        return tr, (0, 1)
+        return Trainer(model, dp2(dp_impl="naive"), train, comm, corpus,
+                       data_parallel=lambda params, c, layout: NoSync(params, c)), (0, 1)
     if name in ("dp=1 weak", "dp=1 strong"):
         gb = train.global_batch // 2 if name == "dp=1 weak" else train.global_batch
         if comm.grid.rank != 0:

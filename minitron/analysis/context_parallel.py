@@ -36,7 +36,7 @@ from .flops import recompute_policy
 from .memory import memory_on_rank
 from .params import layers_on_rank, layout_get, local_model
 
-__all__ = ["local_model", "cp_message_elements", "cp_comm_items", "cp_activation_table"]
+__all__ = ["cp_message_elements", "cp_comm_items", "cp_activation_table"]
 
 
 def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> int:

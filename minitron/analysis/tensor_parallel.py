@@ -43,8 +43,7 @@ from .calls import ring_allreduce_wire_bytes
 from .flops import layer_forward_flops, recompute_policy
 from .memory import activation_bytes_per_layer, korthikanti_activation_bytes_per_layer, saved_bytes_per_layer
 
-__all__ = ["saved_bytes_per_layer", "activation_table", "tp_collectives", "tp_scaling",
-           "format_table"]
+__all__ = ["activation_table", "tp_collectives", "tp_scaling", "format_table"]
 
 
 # --------------------------------------------------------------------------------------
