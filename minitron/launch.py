@@ -250,7 +250,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, forward)
         if early is not None and early.signal:
-            forward(signal.Signals[early.signal])
+            forward(signal.Signals[early.signal], None)  # as the handler is called: (signum, frame)
     try:
         return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
     except ChildFailedError:

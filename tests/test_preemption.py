@@ -236,3 +236,35 @@ def test_ranks_agree_on_a_signal_noted_while_starting():
     finally:
         log.restore()
     assert not isinstance(signal.getsignal(signal.SIGTERM), SignalLog)
+
+
+EARLY_SIGNAL = '''
+import os
+import signal
+
+from minitron.launch import launch_local
+from minitron.preemption import SignalLog, installed_log
+
+
+def noted():
+    return installed_log().signal
+
+
+if __name__ == "__main__":
+    SignalLog().install()  # what `minitron train` installs first
+    os.kill(os.getpid(), signal.SIGTERM)  # noted, not fatal: no rank has started yet
+    print(sorted(launch_local(noted, (), 2, stop_on_signal=True).items()))
+'''
+
+
+@pytest.mark.multirank
+def test_a_signal_noted_before_the_launcher_starts_reaches_every_rank(tmp_path):
+    """The signal arrives before the launcher installs its own handlers (the command's
+    SignalLog notes it): the launcher passes it on as if it had just arrived, and every rank
+    starts with it noted (so a training loop would agree not to train)."""
+    script = tmp_path / "early_signal.py"
+    script.write_text(EARLY_SIGNAL)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[(0, 'SIGTERM'), (1, 'SIGTERM')]", r.stdout
