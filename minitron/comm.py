@@ -161,7 +161,8 @@ class Comm:
             return self._into(out, t, axis, "all_gather", dist.all_gather_single, async_op)
         if n == 1:
             return Pending(t) if async_op else t
-        return self._along_dim("all_gather", dist.all_gather_single, t, axis, dim, n, async_op, activation)
+        return self._along_dim("all_gather", dist.all_gather_single, t, axis, dim, t.shape[dim] * n, async_op,
+                               activation)
 
     @eager
     def reduce_scatter(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False,
@@ -174,15 +175,16 @@ class Comm:
             return self._into(out, t, axis, "reduce_scatter", dist.reduce_scatter_single, async_op)
         if n == 1:
             return Pending(t) if async_op else t
-        return self._along_dim("reduce_scatter", dist.reduce_scatter_single, t, axis, dim, n, async_op, activation)
+        return self._along_dim("reduce_scatter", dist.reduce_scatter_single, t, axis, dim, t.shape[dim] // n,
+                               async_op, activation)
 
-    def _along_dim(self, op: str, collective, t, axis: str, dim: int, n: int, async_op: bool, activation: bool):
-        """All-gather (n times the rows) or reduce-scatter (1/n of them) of `t` along `dim`:
-        moved to dim 0 for torch's single-tensor collectives, and back."""
+    def _along_dim(self, op: str, collective, t, axis: str, dim: int, rows: int, async_op: bool, activation: bool):
+        """`collective` of `t` along `dim` into a result of `rows` along it (all-gather: n
+        times t's, reduce-scatter: 1/n): moved to dim 0 for torch's single-tensor
+        collectives, and back."""
         w = self.on_wire(t, activation)
         self._record(op, axis, w)
         x = w.movedim(dim, 0).contiguous()
-        rows = x.shape[0] * n if op == "all_gather" else x.shape[0] // n
         out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
         work = collective(out, x, group=self.group(axis), async_op=async_op)
         return self._result(out.movedim(0, dim), work, x, t.dtype, async_op)

@@ -27,6 +27,9 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 
+_TENSOR = object()  # where a tensor argument stands in a frame's template of the arguments
+
+
 class _SaveInputs(torch.autograd.Function):
     """Saves the region's tensor inputs for its backward, under the hooks of the caller
     (a memory meter sees them) and for as long as the graph lives."""
@@ -44,10 +47,10 @@ class _SaveInputs(torch.autograd.Function):
 class _Slot:
     """A placeholder for the `index`-th tensor the region saved."""
 
-    __slots__ = ("frame", "index", "__weakref__")
+    __slots__ = ("index", "__weakref__")
 
-    def __init__(self, frame, index: int):
-        self.frame, self.index = frame, index
+    def __init__(self, index: int):
+        self.index = index
 
 
 class _Frame:
@@ -55,18 +58,16 @@ class _Frame:
 
     def __init__(self, fn, args, hooks):
         self.fn, self.hooks, self.count = fn, hooks, 0
-        self.arg_kinds = [isinstance(a, torch.Tensor) for a in args]
-        self.constants = [None if is_t else a for a, is_t in zip(args, self.arg_kinds)]
+        self.template = [_TENSOR if isinstance(a, torch.Tensor) else a for a in args]  # the rest as given
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         self.saver = _SaveInputs.apply(torch.empty(0, requires_grad=True), *tensors).grad_fn
-        self.wanted = [t.requires_grad for t in tensors]
         # autocast as in the forward: the backward runs outside the caller's autocast region
         self.device_type = tensors[0].device.type if tensors else "cpu"
         self.autocast = (torch.is_autocast_enabled(self.device_type), torch.get_autocast_dtype(self.device_type))
         self.kept: list = []  # the last recomputation's saved tensors; None once handed over
 
     def pack(self, x):
-        slot = _Slot(self, self.count)
+        slot = _Slot(self.count)
         self.count += 1
         weakref.finalize(slot, self.forget, slot.index)  # the graph let go: so do we
         return slot
@@ -82,8 +83,8 @@ class _Frame:
         return self.hooks[1](held) if self.hooks else held
 
     def rerun(self) -> None:
-        tensors = iter(t.detach().requires_grad_(w) for t, w in zip(self.saver.saved_tensors, self.wanted))
-        args = [next(tensors) if is_t else c for is_t, c in zip(self.arg_kinds, self.constants)]
+        tensors = iter(t.detach().requires_grad_(t.requires_grad) for t in self.saver.saved_tensors)
+        args = [next(tensors) if a is _TENSOR else a for a in self.template]
         kept: list = []
 
         def keep(x):

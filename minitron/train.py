@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 
 import torch
@@ -175,15 +176,12 @@ class Trainer:
         `saved_tensors`: a ``(pack, unpack)`` pair of saved-tensor hooks to run the step
         under (a memory meter's): every tensor saved for the backward goes through them,
         what activation recomputation saves again in the backward included."""
-        if saved_tensors is None:
-            loss = self.step_async(step)
-        else:
-            self.ctx.saved_tensors = saved_tensors
-            try:
-                with torch.autograd.graph.saved_tensors_hooks(*saved_tensors):
-                    loss = self.step_async(step)
-            finally:
-                self.ctx.saved_tensors = None
+        self.ctx.saved_tensors = saved_tensors
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(*saved_tensors) if saved_tensors else nullcontext():
+                loss = self.step_async(step)
+        finally:
+            self.ctx.saved_tensors = None
         self.optimizer.wait_params()
         return float(loss)
 
