@@ -16,8 +16,9 @@ The **machine profile** (:class:`MachineProfile`, ``minitron sweep --measure-mac
 is what the prediction knows about the machine, all of it measured here, none of it
 fitted to the sweep's own rows: the model FLOP/s of a one-rank training step of the
 sweep's model (one thread), the number of cores, and for each collective a latency α and
-a time per byte β fitted by least squares to timings of plain ``torch.distributed`` calls
-of several sizes (the α–β model: ``t = α + β·bytes``, per call, at a given group size).
+a time per byte β fitted by least squares to timings, at several sizes, of the calls the
+engine makes (plain ``torch.distributed``; the reduce-scatter as ``comm.reduce_scatter_single``
+does it) (the α–β model: ``t = α + β·bytes``, per call, at a given group size).
 
 The **prediction** of a point (:func:`predict_step`), for the slowest rank:
 
@@ -140,9 +141,11 @@ def _time_calls(fn, reps: int) -> float:
 
 
 def links_job(comm, sizes=PROFILE_SIZES, reps: int = 20) -> dict:
-    """On every rank of one group: seconds per call of each collective (plain
-    ``torch.distributed``, float32) at each size; rank 0 fits ``t = α + β·bytes``."""
+    """On every rank of one group: seconds per call of each collective as the engine makes
+    it (float32) at each size; rank 0 fits ``t = α + β·bytes``."""
     import torch.distributed as dist
+
+    from ..comm import reduce_scatter_single
 
     torch.set_num_threads(1)
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -158,7 +161,7 @@ def links_job(comm, sizes=PROFILE_SIZES, reps: int = 20) -> dict:
                 fn = lambda: dist.all_gather_single(buf, x)  # noqa: E731
             elif op == "reduce_scatter":
                 big, part = torch.ones(size * n), torch.empty(size)
-                fn = lambda: dist.reduce_scatter_single(part, big)  # noqa: E731
+                fn = lambda: reduce_scatter_single(part, big)  # noqa: E731  (the engine's: see comm)
                 x = big
             else:  # a ring of sends: each rank sends to the next, receives from the previous
                 buf = torch.empty(size)
