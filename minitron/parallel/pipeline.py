@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -243,6 +244,12 @@ class PipelineRuntime:
         self.forward_steps = Schedule(self.schedule.kind, self.schedule.p, self.schedule.v, self.schedule.m,
                                       forward_only_actions(self.schedule)).steps(self.rank)
         self.record, self.records = record, []
+        # where the backend gives a handle per op, sends go as soon as their tensor exists and
+        # each batch's receives are posted with the batch before it (see _exchange)
+        self.per_op = self.comm.p2p_handle_per_op("pp")
+        batches = [i for i, s in enumerate(self.steps) if isinstance(s, tuple)]
+        self.next_batch = {i: self.steps[j] for i, j in zip(batches, batches[1:])} if self.per_op else {}
+        self.sends_in_order = [a for i in batches for a in self.steps[i] if a.op.startswith("send")]
 
     @contextmanager
     def observing(self, observer):
@@ -261,15 +268,17 @@ class PipelineRuntime:
         self._begin(mbs, dp)
         for i, step in enumerate(self.steps):
             if isinstance(step, tuple):
-                self._exchange(step)
+                self._exchange(step, self.next_batch.get(i, ()))
             elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
                 with self._timed(step):
                     inp = self._F(step)
+                self._post_ready_sends()
                 if self.observer is not None:
                     self.observer(step, inp)
             else:
                 with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
                     (self._B if step.op == "B" else self._W)(step)
+                self._post_ready_sends()
                 if self.observer is not None:
                     self.observer(step, None)
         return self._end()
@@ -298,7 +307,8 @@ class PipelineRuntime:
         for n in self.shape:
             self.numel *= n
         self._inputs, self._grads, self._sends = {}, {}, {}  # keyed by (mb, chunk)
-        self._stash, self._weight_grads, self._in_flight = {}, {}, []
+        self._stash, self._weight_grads, self._in_flight, self._posted = {}, {}, [], {}
+        self._unsent = deque(self.sends_in_order if self.per_op and phase is None else ())
         self.loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device) if self.chunks[-1].last else None
 
     def _end(self):
@@ -306,7 +316,8 @@ class PipelineRuntime:
             work.wait()
         self._in_flight = []
         self.comm.microbatch = None
-        leftovers = [d for d in (self._inputs, self._grads, self._sends, self._weight_grads) if d]
+        leftovers = [d for d in (self._inputs, self._grads, self._sends, self._weight_grads, self._posted,
+                                 self._unsent) if d]
         if leftovers:
             raise RuntimeError(f"pipeline step ended with unconsumed tensors: {leftovers}")
         loss, self.loss, self.mbs = self.loss, None, None
@@ -375,49 +386,45 @@ class PipelineRuntime:
                 work()
 
     # --- communication ---------------------------------------------------------------------------
-    def _exchange(self, batch: tuple) -> None:
+    def _exchange(self, batch: tuple, next_batch: tuple = ()) -> None:
         """One batch of sends and receives, posted together (batch_isend_irecv); with
         scatter/gather, 1/t of each tensor travels and the receiver all-gathers.
 
-        The receives are waited for at once (the next compute consumes them). Where the
-        backend gives one handle per op (gloo), a send is left in flight with its tensor
-        and waited for at the end of the step: the schedule then runs with the *eager*
-        send semantics that ``validate`` proves deadlock-free, and a rank does not idle
-        until its neighbour gets round to receiving (torch.distributed.pipelining also
-        leaves warm-up sends in flight). One handle per batch (NCCL): wait for it all."""
+        The batch's receives are waited for at once (the next compute consumes them).
+        Where the backend gives a handle per op (gloo), two things keep a rank from idling:
+        a send is left in flight with its tensor and waited for at the end of the step
+        (the *eager* send semantics under which ``validate`` proves every schedule
+        deadlock-free; torch.distributed.pipelining also leaves its sends in flight), and
+        the receives of `next_batch` are posted now, a compute action before they are
+        needed, so the transfer overlaps this rank's compute instead of starting when the
+        data is wanted (torch.distributed.pipelining posts a receive when its sender
+        computes). Posting a receive never blocks and keeps each peer's FIFO order, so the
+        proof still holds. One handle per batch (NCCL): wait for it all, nothing ahead."""
         self._in_flight = [(w, t) for w, t in self._in_flight if not w.is_completed()]
-        ops, received, sent = [], [], []
-        for a in batch:
-            direction, key = a.op[-3:], (a.mb, a.chunk)
-            labels = {"phase": self._phase(direction), "microbatch": a.mb}
-            if a.op.startswith("send"):
-                t = self._sends.pop((direction, *key))
-                sent.append((a, key))
-                if self.scatter_gather:
-                    t = t.reshape(-1)[self._my_slice()]
-                ops.append(("send", self.comm.on_wire(t).contiguous(), a.peer, labels))
-            else:
-                n = self.numel // self.t if self.scatter_gather else self.numel
-                buf = torch.empty(n, dtype=self.comm.wire_dtype_of(self.ctx.dtype), device=self.ctx.device)
-                ops.append(("recv", buf, a.peer, labels))
-                received.append((a, key, direction, buf))
+        sends = [a for a in batch if a.op.startswith("send") and (a.op[-3:], a.mb, a.chunk) in self._sends]
+        receives = [a for a in batch if a.op.startswith("recv")]
+        posting = [a for a in receives if a not in self._posted] + [
+            a for a in next_batch if a.op.startswith("recv")]
+        ops = [self._send_op(a) for a in sends] + [self._receive_op(a) for a in posting]
         works = self.comm.p2p(ops)
-        if len(works) == len(ops):
+        if self.per_op:
             for (kind, t, *_), work in zip(ops, works):
                 if kind == "send":
                     self._in_flight.append((work, t))  # t keeps the data alive until sent
-                else:
-                    work.wait()
+            for a, (_, buf, *_), work in zip(posting, ops[len(sends):], works[len(sends):]):
+                self._posted[a] = (buf, work)
         else:
             for work in works:
                 work.wait()
+            for a, (_, buf, *_) in zip(posting, ops[len(sends):]):
+                self._posted[a] = (buf, None)
         del ops
-        for a, key in sent:  # the output's data is the wire's now: keep only its graph (for B)
-            if a.op == "send_fwd" and key in self._stash:
-                out = self._stash[key][1]
-                if out._base is None:
-                    out.data = torch.empty(0, dtype=out.dtype, device=out.device)
-        for a, key, direction, buf in received:
+        self._release_outputs(sends)
+        for a in receives:
+            buf, work = self._posted.pop(a)
+            if work is not None:
+                work.wait()
+            direction, key = a.op[-3:], (a.mb, a.chunk)
             if self.scatter_gather:
                 self.comm.microbatch = a.mb
                 with self.comm.in_phase(self._phase(direction)):
@@ -427,6 +434,44 @@ class PipelineRuntime:
                 self._inputs[key] = buf.requires_grad_(torch.is_grad_enabled())
             else:
                 self._grads[key] = buf
+
+    def _post_ready_sends(self) -> None:
+        """(A handle per op) post, in the schedule's order, every send whose tensor exists:
+        a stage output leaves right after its F, not after the B the schedule batches it
+        with. Only earlier, never reordered, so each peer's FIFO matching is unchanged."""
+        ready = []
+        while self._unsent and (self._unsent[0].op[-3:], self._unsent[0].mb, self._unsent[0].chunk) in self._sends:
+            ready.append(self._unsent.popleft())
+        if ready:
+            ops = [self._send_op(a) for a in ready]
+            for (_, t, *_), work in zip(ops, self.comm.p2p(ops)):
+                self._in_flight.append((work, t))  # t keeps the data alive until sent
+            self._release_outputs(ready)
+
+    def _release_outputs(self, sends) -> None:
+        """The output's data is the wire's now: keep only its graph (for B)."""
+        for a in sends:
+            key = (a.mb, a.chunk)
+            if a.op == "send_fwd" and key in self._stash:
+                out = self._stash[key][1]
+                if out._base is None:
+                    out.data = torch.empty(0, dtype=out.dtype, device=out.device)
+
+    def _labels(self, a: Action) -> dict:
+        return {"phase": self._phase(a.op[-3:]), "microbatch": a.mb}
+
+    def _send_op(self, a: Action) -> tuple:
+        """The p2p op sending the tensor of `a` (its 1/t with scatter/gather)."""
+        t = self._sends.pop((a.op[-3:], a.mb, a.chunk))
+        if self.scatter_gather:
+            t = t.reshape(-1)[self._my_slice()]
+        return ("send", self.comm.on_wire(t).contiguous(), a.peer, self._labels(a))
+
+    def _receive_op(self, a: Action) -> tuple:
+        """The p2p op receiving into a fresh buffer for `a` (shapes are known in advance)."""
+        n = self.numel // self.t if self.scatter_gather else self.numel
+        buf = torch.empty(n, dtype=self.comm.wire_dtype_of(self.ctx.dtype), device=self.ctx.device)
+        return ("recv", buf, a.peer, self._labels(a))
 
     def _my_slice(self) -> slice:
         k = self.numel // self.t
