@@ -466,7 +466,11 @@ def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: i
     ``2·b·s·h·e`` in the run's dtype (under bf16 the copy in flight is bf16 and the
     received gradient is cast back: ``e`` is an upper bound there), /t
     under ``--sp`` or ``--scatter-gather``. The received forward input is the stage
-    input, counted with the activations.
+    input, counted with the activations. (On gloo the runtime posts each batch's receives
+    one batch early: up to two more boundary tensors for the length of a compute action.
+    The planner prices NCCL runs, which post them where the schedule says.) Not counted,
+    here as for data parallelism: the collectives' own working memory (on gloo, the
+    transient copy a reduce-scatter receives into, see ``comm.reduce_scatter_single``).
     """
     t, p = int(layout_get(layout, "tp", 1) or 1), int(layout_get(layout, "pp", 1) or 1)
     d = int(layout_get(layout, "dp", 1) or 1)

@@ -125,6 +125,9 @@ def zero_buffer_bytes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int
     reduce-scattered: the roots (their first gradients come early in backward, their last
     at its end) and three blocks (two reduce-scatters in flight, one filling).
     padding (stage 2): the full parameter buffers' padding to multiples of d.
+    Not counted: the working memory of the collectives themselves (NCCL's, or on gloo
+    the copy of each unit that ``comm.reduce_scatter_single`` receives into while its
+    reduce-scatter is in flight).
     """
     d = degree or parallel.dp
     units = zero_units(model, parallel, pp_rank)

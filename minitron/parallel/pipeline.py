@@ -32,11 +32,16 @@ the output's ``grad_fn``, so it starts from its
 :class:`~torch.autograd.graph.GradientEdge` rather than from the tensor.
 
 Blocking. A batch's receives are waited for before the next compute (it consumes
-them). Its sends, where the backend gives a handle per op (gloo), stay in flight and
-are waited for at the end of the step, so a rank never idles until its neighbour
-posts the matching receive: the *eager* semantics under which ``schedules.validate``
-proves every schedule deadlock-free (its blocking semantics as well; with NCCL's
-one handle per batch the runtime waits for the whole batch).
+them). Where the backend gives a handle per op (gloo), the runtime moves communication
+earlier, never later and never out of order: each send is posted as soon as its tensor
+exists (a stage output right after its F, not after the B the schedule batches it with)
+and stays in flight until the end of the step, so a rank never idles until its
+neighbour posts the matching receive: the *eager* semantics under which
+``schedules.validate`` proves every schedule deadlock-free; and each batch's receives
+are posted with the batch before it, so the transfer overlaps this rank's compute
+(gloo moves the data only once both sides have posted). torch.distributed.pipelining
+does both. With NCCL's one handle per batch the runtime posts each batch where the
+schedule says and waits for all of it (the blocking semantics, proved as well).
 
 Scatter/gather (``--scatter-gather``, PTD-P §4.1). With 1-D tensor parallelism (not
 ``--sp``) the boundary tensor is replicated on the t ranks of a tensor group, and each
