@@ -184,6 +184,7 @@ def _tp_job(comm, t: int, measure: bool):
     if measure:
         out["activations"] = _measure_all(comm, t)
     out["all_gather_linear"] = _all_gather_linear_job(comm, t)
+    out["reduce_scatter"] = _reduce_scatter_job(comm, t)
     # dropout streams: the attention mask of this rank's heads, and a residual mask shard
     ctx_t = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="tensor"))
     ctx_g = Context(comm, ParallelConfig(tp=t, sp=True, dropout_rng="global"))
@@ -194,6 +195,30 @@ def _tp_job(comm, t: int, measure: bool):
         "tensor_resid": keep_mask(ctx_t, "blocks.0.mlp.out", (3, 1), (2, 32 // t, 8), 0.5, "cpu"),
     }
     return out
+
+
+def _reduce_scatter_job(comm, t: int) -> dict:
+    """The engine's reduce-scatter (on gloo an all-to-all and a local sum) against gloo's
+    own: into a flat buffer, synchronous and asynchronous, and along dim 1 (float64)."""
+    import torch.distributed as dist
+
+    from minitron.comm import reduce_scatter_single
+
+    torch.manual_seed(comm.grid.rank)
+    group = comm.group("tp")
+    x = torch.randn(4 * t, 3, dtype=torch.float64)
+    want = torch.empty(4, 3, dtype=torch.float64)
+    dist.reduce_scatter_single(want, x, group=group)
+    got_sync = torch.full_like(want, float("nan"))
+    reduce_scatter_single(got_sync, x, group)
+    got_async = torch.full_like(want, float("nan"))
+    pending = reduce_scatter_single(got_async, x, group, async_op=True)
+    before = got_async.clone()  # nothing summed before the wait
+    pending.wait()
+    along = comm.reduce_scatter(x.t().contiguous(), "tp", dim=1)  # [3, 4t] -> [3, 4]
+    flat = comm.reduce_scatter(x, "tp", out=torch.empty_like(want), async_op=True).wait()
+    err = max((g - want).abs().max().item() for g in (got_sync, got_async, along.t(), flat))
+    return {"err": err, "bitwise": bool(torch.equal(got_sync, want)), "pending_was_unsummed": bool(before.isnan().all())}
 
 
 def _check_launch(t: int, measure: bool):
@@ -228,6 +253,10 @@ def _check_launch(t: int, measure: bool):
         assert res["calls"] == want, (r, res["calls"])
         assert res["saved_bytes"] == res["shard_bytes"], res
         assert res["err"] < 1e-12, res
+    for r in range(t):
+        rs = results[r]["reduce_scatter"]
+        # the same sums, added in another order beyond two ranks (two ranks: bitwise)
+        assert rs["err"] < 1e-14 and rs["pending_was_unsummed"] and (rs["bitwise"] or t > 2), (r, rs)
     if measure:
         rows = [row for r in range(t) for row in results[r]["activations"] if r == 0]
         print(format_table(rows))
@@ -243,7 +272,8 @@ def _check_launch(t: int, measure: bool):
 def test_tensor_parallel_ranks(t, measure):
     """verify (float64, 1e-9) for t ranks with and without --sp and --recompute full,
     vocab 259, tied, dropout; trace = analysis; measured activations = analysis (to the
-    byte under --sp); the --sp linear's saved shard and backward re-gather."""
+    byte under --sp); the --sp linear's saved shard and backward re-gather; the engine's
+    reduce-scatter against gloo's own."""
     _check_launch(t, measure)
 
 
