@@ -138,6 +138,33 @@ def _p2p_summary(comm, step):
     return out, gathers
 
 
+def _posting_errors(steps, seen) -> list:
+    """On gloo (a handle per op) the runtime moves communication earlier, never out of
+    order: after each compute action the sends posted must be the longest prefix of the
+    schedule's sends whose tensors exist, and the receives posted those of every batch up
+    to the next one (each batch's receives go with the batch before it). `seen`:
+    [(action, [(op, phase, microbatch) of every p2p record so far])] per compute action."""
+    batches = [i for i, x in enumerate(steps) if isinstance(x, tuple)]
+    sends = [a for i in batches for a in steps[i] if a.op.startswith("send")]
+    computes = [i for i, x in enumerate(steps) if not isinstance(x, tuple)]
+    done, errors = set(), []
+    for i, (action, recs) in zip(computes, seen):
+        done.add((action.op, action.mb, action.chunk))
+        n = 0
+        while n < len(sends) and ("F" if sends[n].op == "send_fwd" else "B", sends[n].mb, sends[n].chunk) in done:
+            n += 1
+        upto = [b for b in batches if b < i]
+        last = next((b for b in batches if b > i), None)
+        posted = [b for b in batches if b < i or (upto and b == last)]
+        want = {"send": [(a.op[-3:], a.mb) for a in sends[:n]],
+                "recv": [(a.op[-3:], a.mb) for b in posted for a in steps[b] if a.op.startswith("recv")]}
+        for op in ("send", "recv"):
+            got = [(ph, mb) for o, ph, mb in recs if o == op]
+            if got != want[op]:
+                errors.append(f"after {action}: {op}s {got}, want {want[op]}")
+    return errors
+
+
 def _parity_job(comm, cases, steps, timeline_path):
     from minitron.checkpoint import gather_full
     from minitron.train import Trainer
@@ -151,14 +178,19 @@ def _parity_job(comm, cases, steps, timeline_path):
         t = TrainConfig(steps=steps, global_batch=b * m * layout.dp, microbatches=m, dtype="float64", lr=1e-2,
                         warmup=1, eval_every=0, progress=False, timeline=timeline_path if i == 0 else "")
         tr = Trainer(model, layout, t, c, corpus)
-        losses = [tr.step(s) for s in range(steps)]
+        losses = [tr.step(s) for s in range(steps - 1)]
+        seen = []
+        with tr.pipeline.observing(lambda a, _: seen.append((a, [(r["op"], r["phase"], r["microbatch"])
+                                                                 for r in c.trace.select(axis="pp", step=steps - 1)]))):
+            losses.append(tr.step(steps - 1))
+        posting = _posting_errors(tr.pipeline.steps, seen)
         p2p, gathers = _p2p_summary(c, steps - 1)
         val = tr.evaluate(1)
         if t.timeline:
             tr.pipeline.write_timeline(t.timeline)
         full = gather_full(tr)
         if comm.grid.rank != 0:
-            results.append({"p2p": p2p, "gathers": gathers})
+            results.append({"p2p": p2p, "gathers": gathers, "posting": posting})
             continue
         key = (model, m * layout.dp, b * m * layout.dp)
         if key not in refs:
@@ -170,7 +202,7 @@ def _parity_job(comm, cases, steps, timeline_path):
                    f"{layout.describe()} m={m}", p2p=p2p, gathers=gathers, b=b, m=m,
                    hidden=model.hidden, seq=model.seq_len, chunks=layout.vpp,
                    p=layout.pp, t=layout.tp, sg=layout.scatter_gather, sp=layout.sp,
-                   replicas=layout.dp * layout.tp)
+                   replicas=layout.dp * layout.tp, posting=posting)
         results.append(res)
     return results
 
@@ -200,6 +232,8 @@ def _check_parity_and_trace(results):
                 assert Counter(gathers)[8 * elems] == len(summary.get("recv.fwd", [])) + len(summary.get("recv.bwd", []))
         for key in ("send.fwd", "recv.fwd", "send.bwd", "recv.bwd"):  # dp*tp pipelines side by side
             assert sends[key] == res["replicas"] * res["m"] * boundaries, (case, key, sends)
+        for rank, rank_results in results.items():  # gloo: sends when ready, receives a batch ahead
+            assert not rank_results[i]["posting"], (case, rank, rank_results[i]["posting"][:3])
 
 
 def _check_timeline(path, p, m, kind, v=1):
@@ -223,7 +257,8 @@ def _check_timeline(path, p, m, kind, v=1):
 @pytest.mark.parametrize("p,cases", [(2, _cases_p2), (4, _cases_p4)], ids=["p2_every_schedule", "p4_dp_tp_sg"])
 def test_pipeline_equals_one_device(tmp_path, p, cases):
     """One launch of 2 (4) ranks: every case of _cases_p2 (_cases_p4) against one device,
-    its p2p trace, and the measured timeline of the first case (GPipe, m = p)."""
+    its p2p trace, when each send and receive was posted (gloo: as early as allowed, in
+    the schedule's order), and the measured timeline of the first case (GPipe, m = p)."""
     path = str(tmp_path / "timeline.jsonl")
     results = run_on_ranks(_parity_job, ParallelConfig(pp=p), cases(), 2, path)
     _check_parity_and_trace(results)
