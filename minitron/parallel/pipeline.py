@@ -31,8 +31,9 @@ the send alone: ``out.data`` is replaced by an empty tensor (Megatron's
 the output's ``grad_fn``, so it starts from its
 :class:`~torch.autograd.graph.GradientEdge` rather than from the tensor.
 
-Blocking. A batch's receives are waited for before the next compute (it consumes
-them). Where the backend gives a handle per op (gloo), the runtime moves communication
+Blocking. A received tensor is waited for right before the compute that consumes it
+(a batch may also carry a gradient that only the B after the next F needs). Where the
+backend gives a handle per op (gloo), the runtime moves communication
 earlier, never later and never out of order: each send is posted as soon as its tensor
 exists (a stage output right after its F, not after the B the schedule batches it with)
 and stays in flight until the end of the step, so a rank never idles until its
@@ -275,12 +276,14 @@ class PipelineRuntime:
             if isinstance(step, tuple):
                 self._exchange(step, self.next_batch.get(i, ()))
             elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
+                self._wait_for_input(step)
                 with self._timed(step):
                     inp = self._F(step)
                 self._post_ready_sends()
                 if self.observer is not None:
                     self.observer(step, inp)
             else:
+                self._wait_for_input(step)
                 with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
                     (self._B if step.op == "B" else self._W)(step)
                 self._post_ready_sends()
@@ -299,6 +302,7 @@ class PipelineRuntime:
             if isinstance(step, tuple):
                 self._exchange(step)
             else:
+                self._wait_for_input(step)
                 self._F(step)
         self._stash.clear()
         return self._end()
@@ -395,16 +399,18 @@ class PipelineRuntime:
         """One batch of sends and receives, posted together (batch_isend_irecv); with
         scatter/gather, 1/t of each tensor travels and the receiver all-gathers.
 
-        The batch's receives are waited for at once (the next compute consumes them).
-        Where the backend gives a handle per op (gloo), two things keep a rank from idling:
-        a send is left in flight with its tensor and waited for at the end of the step
-        (the *eager* send semantics under which ``validate`` proves every schedule
-        deadlock-free; torch.distributed.pipelining also leaves its sends in flight), and
-        the receives of `next_batch` are posted now, a compute action before they are
-        needed, so the transfer overlaps this rank's compute instead of starting when the
-        data is wanted (torch.distributed.pipelining posts a receive when its sender
-        computes). Posting a receive never blocks and keeps each peer's FIFO order, so the
-        proof still holds. One handle per batch (NCCL): wait for it all, nothing ahead."""
+        Each received tensor is waited for by the compute that consumes it
+        (:meth:`_wait_for_input`). Where the backend gives a handle per op (gloo), this
+        batch's sends went already, as soon as their tensors existed
+        (:meth:`_post_ready_sends`), and stay in flight until the end of the step (the
+        *eager* send semantics under which ``validate`` proves every schedule
+        deadlock-free); its receives were posted with the batch before, and the receives
+        of `next_batch` are posted now, a compute action before they are needed, so the
+        transfer overlaps this rank's compute (gloo moves the data only once both sides
+        have posted; torch.distributed.pipelining posts a receive when its sender
+        computes). Posting a receive never blocks and keeps each peer's FIFO order, and a
+        wait moved later never adds a dependency, so the proof still holds. One handle
+        per batch (NCCL): post the batch as the schedule says, wait for all of it."""
         self._in_flight = [(w, t) for w, t in self._in_flight if not w.is_completed()]
         sends = [a for a in batch if a.op.startswith("send") and (a.op[-3:], a.mb, a.chunk) in self._sends]
         receives = [a for a in batch if a.op.startswith("recv")]
@@ -425,20 +431,29 @@ class PipelineRuntime:
                 self._posted[a] = (buf, None)
         del ops
         self._release_outputs(sends)
-        for a in receives:
-            buf, work = self._posted.pop(a)
-            if work is not None:
-                work.wait()
-            direction, key = a.op[-3:], (a.mb, a.chunk)
-            if self.scatter_gather:
-                self.comm.microbatch = a.mb
-                with self.comm.in_phase(self._phase(direction)):
-                    buf = self.comm.all_gather(buf, "tp", dim=0)
-            buf = buf.view(self.shape).to(self.ctx.dtype).detach()
-            if direction == "fwd":
-                self._inputs[key] = buf.requires_grad_(torch.is_grad_enabled())
-            else:
-                self._grads[key] = buf
+        for a in receives:  # waited for by the compute that consumes it (_wait_for_input)
+            (self._inputs if a.op == "recv_fwd" else self._grads)[(a.mb, a.chunk)] = (a, *self._posted.pop(a))
+
+    def _wait_for_input(self, action: Action) -> None:
+        """Wait for the received tensor that `action` consumes (an F's stage input, a B's
+        output gradient), if any, only now, right before it: a batch may hold a gradient
+        that only the B after the next F needs, and that F need not wait for it
+        (torch.distributed.pipelining also waits at the consumer). Gathered over tp with
+        scatter/gather, in the run's dtype."""
+        received = {"F": self._inputs, "B": self._grads}.get(action.op, {})
+        key = (action.mb, action.chunk)
+        if not isinstance(received.get(key), tuple):
+            return  # nothing received for it (first or last stage, W)
+        a, buf, work = received[key]
+        if work is not None:
+            work.wait()
+        direction = a.op[-3:]
+        if self.scatter_gather:
+            self.comm.microbatch = a.mb
+            with self.comm.in_phase(self._phase(direction)):
+                buf = self.comm.all_gather(buf, "tp", dim=0)
+        buf = buf.view(self.shape).to(self.ctx.dtype).detach()
+        received[key] = buf.requires_grad_(torch.is_grad_enabled()) if direction == "fwd" else buf
 
     def _post_ready_sends(self) -> None:
         """(A handle per op) post, in the schedule's order, every send whose tensor exists:
