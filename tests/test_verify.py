@@ -22,6 +22,40 @@ def test_compare_catches_a_perturbed_parameter():
     assert bad["max_loss_abs_diff"] > 9e-8
 
 
+def test_float32_judges_a_tensor_off_its_values_by_its_effect():
+    """float32: a tensor whose values differ beyond the tolerance is judged by what it does
+    to the trained function. A shift of the key bias (softmax cannot see it) passes; the
+    same shift of the query bias, and an MLP weight with its halves swapped, fail."""
+    from minitron.tools.verify import TOLERANCE, blind_tensor_effects
+
+    model = PRESETS["tiny"]
+    t = TrainConfig(steps=2, global_batch=4, dtype="float32", eval_every=0, progress=False)
+    tr = Trainer(model, ParallelConfig(), t)
+    for i in range(2):
+        tr.step(i)
+    torch.manual_seed(t.seed)
+    _, ref = reference_run(model, t, tr.corpus, 2)
+    full, tol = gather_full(tr), TOLERANCE["float32"]
+    d = model.hidden // model.heads
+    part = torch.arange(3 * model.hidden).view(model.heads, 3, d)  # qkv's columns: (head, q|k|v, d)
+
+    def shifted(which: int) -> dict:
+        out = {k: dict(v) for k, v in full.items()}
+        b = out["blocks.0.attn.qkv.bias"]["param"].clone()
+        b[part[:, which].flatten()] += 0.05
+        out["blocks.0.attn.qkv.bias"]["param"] = b
+        return out
+
+    key = blind_tensor_effects(model, t, "fp32", shifted(1), ref, tol)
+    assert list(key) == ["blocks.0.attn.qkv.bias"] and key["blocks.0.attn.qkv.bias"] <= tol, key
+    query = blind_tensor_effects(model, t, "fp32", shifted(0), ref, tol)
+    assert query["blocks.0.attn.qkv.bias"] > 100 * tol, query
+    swapped = {k: dict(v) for k, v in full.items()}
+    w = swapped["blocks.0.mlp.fc.weight"]["param"]
+    swapped["blocks.0.mlp.fc.weight"]["param"] = torch.cat(w.chunk(2)[::-1])
+    assert blind_tensor_effects(model, t, "fp32", swapped, ref, tol)["blocks.0.mlp.fc.weight"] > 100 * tol
+
+
 def _bf16_job(comm, model, layout, train):
     """The layout trained twice on real ranks: correctly, and with 1.5x the learning rate (a
     layout whose updates are off, as a wrong gradient or optimizer shard would make them);
@@ -83,3 +117,18 @@ def test_verify_command_in_bf16():
     assert {"max_param_rel_diff", "fn_rel_diff", "max_tensor_fn_rel_diff", "loss_bounds", "rounding_fn_rel_diff"} <= res.keys()
     code, out, err = run_cli(argv + ["--tol", str(res["fn_rel_diff"] / 2)], timeout=300)
     assert code == 1 and not last_json(out)["ok"]
+
+
+@pytest.mark.multirank
+def test_verify_command_in_float32():
+    """`minitron verify --tp 2` in float32 passes: the query-key-value bias, whose key part
+    has an exactly-zero gradient (Adam steps on float32 noise there), differs beyond the
+    tolerance and is judged by its effect on the function, far within it."""
+    from minitron.tools.testing import last_json, run_cli
+
+    code, out, err = run_cli(["verify", "--nproc", "2", "--tp", "2", "--dtype", "float32", "--json"], timeout=300)
+    res = last_json(out)
+    assert code == 0 and res["ok"], (err[-2000:], res)
+    assert res["max_param_rel_diff"] > res["tolerance"] and res["worst_param"].endswith("qkv.bias"), res
+    effects = res["judged_by_effect"]
+    assert effects and all(k.endswith("qkv.bias") and v < res["tolerance"] / 10 for k, v in effects.items()), effects

@@ -393,6 +393,9 @@ def cmd_verify(args) -> int:
                   f"one device, another split: {res.get('rounding_fn_rel_diff', float('nan')):.1e})")
             print(f"  worst tensor's effect  {res['max_tensor_fn_rel_diff']:.3e}   ({res['worst_tensor']}; "
                   f"of its training's effect, bound 1)")
+        for name, effect in res.get("judged_by_effect", {}).items():  # float32: tensors the loss cannot see
+            print(f"  effect of {name:<12} {effect:.3e}   (its values differ beyond the tolerance: judged by what "
+                  f"they do to the held-out logits, of its training's effect)")
         print(f"  tolerance              {res['tolerance']:.1e}  ->  {'OK' if res['ok'] else 'FAILED'}")
     else:
         print(json.dumps(res))
