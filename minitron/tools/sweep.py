@@ -18,7 +18,7 @@ fitted to the sweep's own rows: the model FLOP/s of a one-rank training step of 
 sweep's model (one thread), the number of cores, and for each collective a latency α and
 a time per byte β fitted by least squares to timings, at several sizes, of the calls the
 engine makes (plain ``torch.distributed``; the reduce-scatter as ``comm.reduce_scatter_single``
-does it) (the α–β model: ``t = α + β·bytes``, per call, at a given group size).
+does it): the α–β model, ``t = α + β·bytes`` per call at a given group size.
 
 The **prediction** of a point (:func:`predict_step`), for the slowest rank:
 
