@@ -420,8 +420,10 @@ def test_prediction_breakdown_and_trends():
     assert across.breakdown["tp_comm"] > 2 * pred.breakdown["tp_comm"]  # t beyond a node
     with pytest.raises(ValueError, match="not divisible"):
         predict(m, dict(tp=8, pp=12, dp=16, microbatch_size=5), 1536, "a100-dgx")
-    with pytest.raises(ValueError, match="multiple of pp"):
+    with pytest.raises(ValueError, match="at least pp"):  # m = 3 < p
         predict(m, dict(tp=8, pp=12, dp=16, vpp=2, microbatch_size=32), 1536, "a100-dgx")
+    any_m = predict(m, dict(tp=8, pp=12, dp=16, vpp=2, microbatch_size=3), 1536, "a100-dgx")  # m = 32, no multiple of 12
+    assert any_m.bubble_fraction == pytest.approx(11 / (2 * 32))
 
 
 # ----------------------------------------------------------------------------------------

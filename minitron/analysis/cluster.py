@@ -432,7 +432,8 @@ def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind:
         raise ValueError(f"pp*vpp = {p * v} model chunks but only {model.layers} layers")
     if global_batch % (d * b):
         raise ValueError(f"global batch {global_batch} is not divisible by dp*microbatch_size = {d}*{b}")
-    if kind == "interleaved" and p > 1 and (global_batch // (d * b)) % p:
+    if kind == "interleaved" and p > 1 and v > 1 and global_batch // (d * b) < p:
+        # any m >= p: the microbatches go in groups of at least p (parallel/schedules.py)
         raise ValueError(f"interleaved schedule needs microbatches ({global_batch // (d * b)}) "
-                         f"to be a multiple of pp = {p}")
+                         f"of at least pp = {p}")
 

@@ -45,8 +45,8 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
     MLP width and the GPU count; p: divides gpus/t and is at most the layer count;
     d = gpus/(t·p); b divides global_batch/d (at most `max_microbatch`); v > 1 only
-    with p > 1, layers divisible by p·v and microbatches m a multiple of p (Megatron's
-    interleaved schedule). Keyword arguments fix a degree.
+    with p > 1, layers divisible by p·v and at least p microbatches (the interleaved
+    schedule runs any m ≥ p in groups of at least p). Keyword arguments fix a degree.
     """
     c = get_cluster(cluster)
     out = []
@@ -66,7 +66,7 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
                 m = global_batch // (d * b)
                 vs = [vpp] if vpp else range(1, max_vpp + 1)
                 for v in vs:
-                    if v > 1 and (p == 1 or model.layers % (p * v) or m % p):
+                    if v > 1 and (p == 1 or model.layers % (p * v) or m < p):
                         continue
                     out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b})
     return out
