@@ -412,7 +412,7 @@ class PipelineRuntime:
         wait moved later never adds a dependency, so the proof still holds. One handle
         per batch (NCCL): post the batch as the schedule says, wait for all of it."""
         self._in_flight = [(w, t) for w, t in self._in_flight if not w.is_completed()]
-        sends = [a for a in batch if a.op.startswith("send") and (a.op[-3:], a.mb, a.chunk) in self._sends]
+        sends = [a for a in batch if a.op.startswith("send") and _tensor_key(a) in self._sends]
         receives = [a for a in batch if a.op.startswith("recv")]
         posting = [a for a in receives if a not in self._posted] + [
             a for a in next_batch if a.op.startswith("recv")]
@@ -440,9 +440,9 @@ class PipelineRuntime:
         that only the B after the next F needs, and that F need not wait for it
         (torch.distributed.pipelining also waits at the consumer). Gathered over tp with
         scatter/gather, in the run's dtype."""
-        received = {"F": self._inputs, "B": self._grads}.get(action.op, {})
+        received = self._inputs if action.op == "F" else self._grads
         key = (action.mb, action.chunk)
-        if not isinstance(received.get(key), tuple):
+        if action.op == "W" or not isinstance(received.get(key), tuple):
             return  # nothing received for it (first or last stage, W)
         a, buf, work = received[key]
         if work is not None:
@@ -460,7 +460,7 @@ class PipelineRuntime:
         a stage output leaves right after its F, not after the B the schedule batches it
         with. Only earlier, never reordered, so each peer's FIFO matching is unchanged."""
         ready = []
-        while self._unsent and (self._unsent[0].op[-3:], self._unsent[0].mb, self._unsent[0].chunk) in self._sends:
+        while self._unsent and _tensor_key(self._unsent[0]) in self._sends:
             ready.append(self._unsent.popleft())
         if ready:
             ops = [self._send_op(a) for a in ready]
@@ -482,7 +482,7 @@ class PipelineRuntime:
 
     def _send_op(self, a: Action) -> tuple:
         """The p2p op sending the tensor of `a` (its 1/t with scatter/gather)."""
-        t = self._sends.pop((a.op[-3:], a.mb, a.chunk))
+        t = self._sends.pop(_tensor_key(a))
         if self.scatter_gather:
             t = t.reshape(-1)[self._my_slice()]
         return ("send", self.comm.on_wire(t).contiguous(), a.peer, self._labels(a))
@@ -512,6 +512,11 @@ class PipelineRuntime:
                 for r in recs:
                     if r["global_rank"] in first_pipeline:
                         f.write(json.dumps(r) + "\n")
+
+
+def _tensor_key(send: Action) -> tuple:
+    """Where the tensor of a send waits in ``_sends``: (direction, microbatch, chunk)."""
+    return send.op[-3:], send.mb, send.chunk
 
 
 def forward_only_actions(schedule: Schedule) -> tuple:
