@@ -17,7 +17,15 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only GPT (pre-LayerNorm, learned positions, GELU MLP)."""
+    """A decoder-only transformer, described once: every module, analysis and report
+    reads its shape from here.
+
+    The defaults are GPT-2's block (pre-LayerNorm with biases, learned positions, a GELU
+    MLP of 4h, multi-head attention). The knobs give the Llama family's block (RMSNorm,
+    SwiGLU with its own FFN size, rotary positions, grouped-query attention, no biases,
+    untied head) and mixtures of experts (``experts > 0``: the MLP of every
+    ``moe_every``-th block becomes a router and E experts of the same MLP kind).
+    """
 
     layers: int = 2
     hidden: int = 32
@@ -27,8 +35,24 @@ class ModelConfig:
     ffn: int = 0  # 0 means 4 * hidden
     tied_embeddings: bool = False
     dropout: float = 0.0
-    activation: str = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (GPT-2's original gelu_new)
+    activation: str = "gelu"  # "gelu" (erf), "gelu_tanh" (GPT-2's gelu_new) or "swiglu" (down(silu(gate x) * up x))
     name: str = "custom"
+    norm: str = "layernorm"  # "layernorm" (GPT-2: weight and bias) or "rmsnorm" (Llama: weight only)
+    norm_eps: float = 1e-5
+    positions: str = "learned"  # "learned" (GPT-2's wpe table) or "rope" (rotary, Su et al. 2021)
+    rope_base: float = 10000.0  # θ of the rotary angles: 10,000 in Llama 2, 500,000 in Llama 3
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0 means heads (multi-head)
+    bias: bool = True  # biases in the linears (and LayerNorm); Llama has none
+    # --- mixture of experts (0 experts: every MLP dense) ---
+    experts: int = 0  # E routed experts per MoE block
+    top_k: int = 2  # experts each token is sent to
+    moe_ffn: int = 0  # FFN size of one expert; 0 means the dense FFN size
+    shared_experts: int = 0  # experts every token passes through (DeepSeek-MoE), beside the routed ones
+    moe_every: int = 1  # block i is a MoE block when (i + 1) % moe_every == 0
+    router: str = "softmax"  # scores: "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
+    aux_loss: float = 0.01  # α of the load-balancing loss α·E·Σ f_i·P_i (Switch Transformer); 0 off
+    bias_update: float = 0.0  # γ of DeepSeek-V3's auxiliary-loss-free balancing; 0 off
+    capacity_factor: float = 0.0  # 0: dropless; else ⌈k·tokens·cf/E⌉ tokens per expert, the rest dropped
 
     @property
     def ffn_hidden(self) -> int:
@@ -38,8 +62,25 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: ``kv_heads``, or every head (multi-head attention)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def moe_ffn_hidden(self) -> int:
+        return self.moe_ffn or self.ffn_hidden
+
+    def is_moe_block(self, i: int) -> bool:
+        """Whether block `i` holds a mixture of experts instead of a dense MLP."""
+        return self.experts > 0 and (i + 1) % self.moe_every == 0
+
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
+
+
+# The Llama family's block: RMSNorm, SwiGLU, rotary positions, no biases, untied head.
+LLAMA = dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
 
 
 # Published sizes are for the analysis tools only; tiny/small train on a laptop CPU.
@@ -59,8 +100,29 @@ PRESETS: dict[str, ModelConfig] = {
     # A ~1.3B GPT (GPT-3 XL shape) for single-GPU benchmarks.
     "gpt-1.3b": ModelConfig(layers=24, hidden=2048, heads=16, seq_len=2048,
                             vocab=51200, name="gpt-1.3b"),
+    # --- the Llama family (ANCHORS "Round 3"); tiny and small train here ---
+    "llama-tiny": ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, seq_len=32, vocab=256,
+                              name="llama-tiny", **LLAMA),
+    "llama-small": ModelConfig(layers=4, hidden=128, heads=8, kv_heads=2, ffn=352, seq_len=128, vocab=256,
+                               name="llama-small", **LLAMA),
+    # TinyLlama 1.1B (Zhang et al. 2024): 22 layers, 32 heads, 4 kv heads, θ 10,000.
+    "tinyllama-1.1b": ModelConfig(layers=22, hidden=2048, heads=32, kv_heads=4, ffn=5632, seq_len=2048,
+                                  vocab=32000, name="tinyllama-1.1b", **LLAMA),
+    # Llama 3 (Grattafiori et al. 2024, Table 3): θ 500,000, vocabulary 128,256, 8 kv heads.
+    "llama3-8b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq_len=8192,
+                             vocab=128256, rope_base=500000.0, name="llama3-8b", **LLAMA),
+    "llama3-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq_len=8192,
+                              vocab=128256, rope_base=500000.0, name="llama3-70b", **LLAMA),
+    "llama3-405b": ModelConfig(layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, seq_len=8192,
+                               vocab=128256, rope_base=500000.0, name="llama3-405b", **LLAMA),
+    # --- mixtures of experts ---
+    "moe-tiny": ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, seq_len=32, vocab=256,
+                            experts=4, top_k=2, name="moe-tiny", **LLAMA),
+    # Mixtral 8x7B (Jiang et al. 2024): Llama-shaped blocks, 8 experts, top-2, θ 1,000,000.
+    "mixtral-8x7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq_len=4096,
+                                vocab=32000, rope_base=1e6, experts=8, top_k=2, name="mixtral-8x7b", **LLAMA),
 }
-TRAINABLE_PRESETS = ("tiny", "small", "medium")
+TRAINABLE_PRESETS = ("tiny", "small", "medium", "llama-tiny", "llama-small", "moe-tiny")
 
 
 @dataclass(frozen=True)
@@ -170,6 +232,12 @@ class TrainConfig:
 # The pipeline schedules (parallel/schedules.py builds each; analysis/bubble.py prices it):
 # GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (PTD-P §2.2.2), zero-bubble H1 (Qi et al. 2024).
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+# The architecture knobs' choices (ModelConfig).
+ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+ROUTERS = ("softmax", "sigmoid")
+MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS}
 RECOMPUTE = ("none", "selective", "full")
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
 # gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
@@ -288,7 +356,27 @@ def validate_model(model: ModelConfig) -> None:
     for k in ("hidden", "seq_len", "vocab", "ffn"):  # beyond this an index or a tensor size overflows
         _need(getattr(model, k) < 2**31,
               f"--{k.replace('_', '-')} {getattr(model, k)} is too large: it must be below 2**31")
-    _need(model.activation in ("gelu", "gelu_tanh"), f"unknown activation '{model.activation}': use gelu or gelu_tanh")
+    _need(model.activation in ACTIVATIONS,
+          f"unknown activation '{model.activation}': choose one of {', '.join(ACTIVATIONS)}")
+    _need(model.norm in NORMS, f"unknown --norm '{model.norm}': choose one of {', '.join(NORMS)}")
+    _need(model.norm_eps > 0 and math.isfinite(model.norm_eps), f"--norm-eps must be positive (got {model.norm_eps})")
+    _need(model.positions in POSITIONS, f"unknown --positions '{model.positions}': choose one of {', '.join(POSITIONS)}")
+    _need(model.positions != "rope" or model.head_dim % 2 == 0,
+          f"rotary positions turn pairs of a head's {model.head_dim} dimensions: pick hidden/heads even")
+    _need(model.rope_base > 1 and math.isfinite(model.rope_base), f"--rope-base must be above 1 (got {model.rope_base})")
+    _need(model.kv_heads >= 0, f"--kv-heads must be positive, or 0 for every head (got {model.kv_heads})")
+    _need(model.heads % model.n_kv_heads == 0,
+          f"{model.heads} query heads cannot share {model.n_kv_heads} key/value heads evenly: "
+          f"pick --kv-heads a divisor of --heads")
+    if model.experts:
+        _need(model.experts >= 2, f"--experts {model.experts}: a mixture needs 2 or more experts (or 0 for dense)")
+        _need(1 <= model.top_k <= model.experts, f"--top-k {model.top_k} must be in 1..--experts {model.experts}")
+        _need(model.moe_ffn >= 0 and model.shared_experts >= 0,
+              "--moe-ffn and --shared-experts must be 0 or positive")
+        _need(1 <= model.moe_every <= model.layers, f"--moe-every {model.moe_every} must be in 1..--layers {model.layers}")
+        _need(model.router in ROUTERS, f"unknown --router '{model.router}': choose one of {', '.join(ROUTERS)}")
+        _need(model.aux_loss >= 0 and model.bias_update >= 0 and model.capacity_factor >= 0,
+              "--aux-loss, --bias-update and --capacity-factor must be 0 (off) or positive")
 
 
 def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | None = None) -> None:

@@ -19,19 +19,27 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
+from ..config import (MODEL_CHOICES, ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
                      preset, validate, validate_model)
 from .preflight import PLOT_TYPES, check_output_file, check_outputs, finite_positive, inputs_of
 
 
 # --- arguments ---------------------------------------------------------------------------
 def add_model_args(ap):
+    """One flag per field of ModelConfig (``--kv-heads``, ``--norm``, ...), its type and
+    choices read from the dataclass: a new architecture knob needs no new flag here."""
     g = ap.add_argument_group("model")
     g.add_argument("--model", default="tiny", help=f"preset: {', '.join(PRESETS)}")
-    for k in ("layers", "hidden", "heads", "seq-len", "vocab", "ffn"):
-        g.add_argument(f"--{k}", type=int, default=None)
-    g.add_argument("--tied", action="store_true", help="tie input and output embeddings")
-    g.add_argument("--dropout", type=float, default=None)
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in ("name", "tied_embeddings"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type), str)
+            g.add_argument(flag, type=kind, default=None, choices=MODEL_CHOICES.get(f.name))
+    g.add_argument("--tied", action="store_true", default=None, help="tie input and output embeddings")
 
 
 def add_layout_args(ap):
@@ -87,8 +95,8 @@ def model_from(args) -> ModelConfig:
     if getattr(args, "init_from", ""):
         return model_from_hf(args)
     model = preset(args.model)
-    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "dropout")
-            if getattr(args, k, None) is not None}
+    over = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
+            if getattr(args, f.name, None) is not None and f.name != "name"}
     if getattr(args, "tied", False):
         over["tied_embeddings"] = True
     return model.replace(**over) if over else model
