@@ -109,9 +109,14 @@ class Comm:
     trace records. `wire_dtype` is set by the Trainer from ``--precision``.
     """
 
-    def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None):
+    def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None, dry: bool = False):
         self.grid = grid or ProcessGrid()
         self.trace = trace
+        # A dry run (the analysis's): one rank's view of a layout with no process group,
+        # on the meta device. Every call is recorded as usual and returns a result of the
+        # right shape, but nothing is sent: the analysis runs the model's own forward and
+        # backward to read what it holds and what it would send (analysis/dry_run.py).
+        self.dry = dry
         # the dtype activations and their gradients travel in between tensor ranks and
         # pipeline stages: bf16 under --precision bf16 (Megatron's bf16 activations), else
         # None (as computed). Only calls marked `activation=True` use it: parameters and
@@ -168,6 +173,8 @@ class Comm:
             return None if async_op else t
         x = self.on_wire(t, activation)
         self._record("all_reduce", axis, x)
+        if self.dry:
+            return None if async_op else t
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         work = dist.all_reduce(x, op=rop, group=self.group(axis), async_op=async_op)
         if async_op:
@@ -211,7 +218,7 @@ class Comm:
         self._record(op, axis, w)
         x = w.movedim(dim, 0).contiguous()
         out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        work = collective(out, x, group=self.group(axis), async_op=async_op)
+        work = None if self.dry else collective(out, x, group=self.group(axis), async_op=async_op)
         return self._result(out.movedim(0, dim), work, x, t.dtype, async_op)
 
     def _into(self, out, t, axis: str, op: str, collective, async_op: bool):
@@ -221,7 +228,7 @@ class Comm:
             out.copy_(t)
             return Pending(out) if async_op else out
         self._record(op, axis, t)
-        work = collective(out, t, group=self.group(axis), async_op=async_op)
+        work = None if self.dry else collective(out, t, group=self.group(axis), async_op=async_op)
         return Pending(out, work, t) if async_op else out
 
     @staticmethod
@@ -237,6 +244,8 @@ class Comm:
         if self.size(axis) == 1:
             return t
         self._record("broadcast", axis, t)
+        if self.dry:
+            return t
         src = self.grid.axis_ranks(axis)[src_index]
         dist.broadcast(t, src=src, group=self.group(axis))
         return t
@@ -248,6 +257,8 @@ class Comm:
         if self.size(axis) == 1:
             return t
         self._record("reduce", axis, t)
+        if self.dry:
+            return t
         dst = self.grid.axis_ranks(axis)[dst_index]
         dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM, group=self.group(axis))
         return t
@@ -255,14 +266,14 @@ class Comm:
     def gather_object(self, obj, dst: int = 0):
         """Pickle-gather `obj` from every rank to global rank `dst` (checkpoint assembly,
         verification; not part of training traffic). Returns the list on `dst`."""
-        if self.grid.world == 1:
+        if self.grid.world == 1 or self.dry:
             return [obj]
         out = [None] * self.grid.world if self.grid.rank == dst else None
         dist.gather_object(obj, out, dst=dst)
         return out
 
     def barrier(self) -> None:
-        if self.grid.world > 1:
+        if self.grid.world > 1 and not self.dry:
             dist.barrier()
 
     # --- point to point -------------------------------------------------------------
@@ -283,6 +294,8 @@ class Comm:
         p2p_ops = []
         for kind, t, peer, *labels in ops:
             self._record(kind, axis, t, *labels)
+            if self.dry:
+                continue
             fn = dist.isend if kind == "send" else dist.irecv
             p2p_ops.append(dist.P2POp(fn, t, ranks[peer], group=self.group(axis)))
-        return dist.batch_isend_irecv(p2p_ops)
+        return dist.batch_isend_irecv(p2p_ops) if p2p_ops else []

@@ -47,6 +47,8 @@ as each rank's loss is the mean over its own s/N tokens of each sequence.
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 
 import torch
@@ -57,6 +59,12 @@ AXIS = "cp"
 
 
 # --- which tokens a context rank holds ------------------------------------------------------------
+
+def _full_precision(q: torch.Tensor):
+    """Autocast off for the ring's online softmax (its running max and sum stay in the
+    inputs' dtype); nothing to turn off on the meta device of a dry run."""
+    return contextlib.nullcontext() if q.device.type == "meta" else torch.autocast(q.device.type, enabled=False)
+
 def chunk_ids(n: int, r: int) -> tuple[int, int]:
     """The two chunks (of 2n) of the sequence that context rank r holds: r and 2n−1−r."""
     return r, 2 * n - 1 - r
@@ -149,7 +157,7 @@ class _RingAttention(torch.autograd.Function):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
-        with torch.autocast(q.device.type, enabled=False):
+        with _full_precision(q):
             kv = torch.stack([k, v])  # one message per hop, in the activations' dtype
             qc = q.to(cd)
             out = lse = None
@@ -182,7 +190,7 @@ class _RingAttention(torch.autograd.Function):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
-        with torch.autocast(q.device.type, enabled=False):
+        with _full_precision(q):
             dout, q = dout.to(cd), q.to(cd)
             delta = (dout * out.to(cd)).sum(-1)
             dq = torch.zeros_like(q)

@@ -98,6 +98,8 @@ def replicated_over(ctx: Context, *axes: str) -> dict:
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the products run in: autocast's (bf16) when it is on, else x's."""
     dev = x.device.type
+    if dev == "meta":  # a dry run (analysis/dry_run.py): no autocast on the meta device
+        return x.dtype
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
