@@ -159,6 +159,21 @@ def test_build_schedule_is_the_engines_1f1b():
         assert build_schedule(ONE_F_ONE_B, p, m).actions == make_schedule("1f1b", p, 1, m).actions
 
 
+# the engine's own f and g reached past the screen (which reads the source): each is seen
+# when its code runs
+ENGINE_F_AND_G = {
+    "engine by importlib": "import importlib\nT = importlib.import_module('minitron' + '.parallel.tensor')\n"
+                           "F, G = T._F, T._G\n",
+    "engine by sys.modules": "import sys\nF = sys.modules['minitron.parallel' + '.tensor']._F\n"
+                             "G = getattr(sys.modules['.'.join(['minitron', 'parallel', 'tensor'])], '_' + 'G')\n",
+    "engine by __import__": F_AND_G.replace("class F(torch.autograd.Function):", "T = __import__('minitron'.strip() + "
+                                            "'.parallel.tensor', fromlist=['x'])\nclass F(torch.autograd.Function):")
+                                   .replace(F_BODY, "return T._F.apply(x, comm)"),
+    "engine as a subclass": "[E] = [c for c in torch.autograd.Function.__subclasses__() if c.__name__ == '_G']\n"
+                            + F_AND_G.split("class G(")[0] + "class G(E):\n    pass\n",
+}
+
+
 # --- on real ranks ------------------------------------------------------------------------------
 G_FWD = 'return comm.all_reduce(x.contiguous(), "tp")'
 F_BWD = 'return ctx.comm.all_reduce(dy.contiguous(), "tp"), None'
@@ -180,6 +195,7 @@ def test_f_and_g_on_4_ranks_in_one_launch():
         "raises": F_AND_G.replace(F_BODY, "return x.view(5)"),
         "shape": F_AND_G.replace(F_BODY, "return x.sum()"),
         "looping": F_AND_G.replace(F_BODY, "while True:\n            pass"),
+        **ENGINE_F_AND_G,
     }
     res = dict(zip(cases, check_f_and_g_all(list(cases.values()), timeout=20)))
     assert res["reference"]["ok"], res["reference"]
@@ -203,6 +219,9 @@ def test_f_and_g_on_4_ranks_in_one_launch():
                             "a tensor of its input's shape")
     assert msg["looping"].startswith("your code did not finish within 20 s (an endless loop?): it was at F.forward, "
                                      "line ")
+    for name in ENGINE_F_AND_G:
+        assert msg[name].startswith("your code runs the engine's own minitron.parallel.tensor._"), (name, msg[name])
+    assert "(from line 6 of your code: `return T._F.apply(x, comm)`)" in msg["engine by __import__"]
     assert all("\n" not in m and "Traceback" not in m for m in msg.values())
 
 

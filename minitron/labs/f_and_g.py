@@ -18,7 +18,7 @@ import itertools
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, agree, call, describe_calls, load, run_sources, traced, train_swapped, training_verdict
+from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -107,15 +107,17 @@ def _f_and_g_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    ns = load(source, ("F", "G"), {"torch": torch})
-    F, G = ns["F"], ns["G"]
+    watch = Tripwire({"minitron.parallel.tensor._F": tensor._F, "minitron.parallel.tensor._G": tensor._G})
     try:
-        problem = _unit_check(comm, F, G)
+        with watch.armed():
+            ns = load(source, ("F", "G"), {"torch": torch})
+            F, G = ns["F"], ns["G"]
+            problem = _unit_check(comm, F, G)
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
     agree(comm, f"f-and-g/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(f=F, g=G))
+    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(f=F, g=G))
     return training_verdict(res, "F and G", f"your F and G train exactly like the single-device model "
                             f"(--tp {layout.tp})", TOL)
 

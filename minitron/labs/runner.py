@@ -51,12 +51,13 @@ import linecache
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import threading
 import traceback
 import uuid
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 YOUR_CODE = "<your code>"  # the file name of the learner's source in tracebacks
 SETUP_TIMEOUT = 120  # s: joining the process group on a loaded machine
@@ -175,6 +176,115 @@ def refuse_engine_copy(source: str, forbidden) -> None:
                                f"it yourself, with what SOURCE is given")
 
 
+# --- what the learner's code ran ---------------------------------------------------------------
+def _codes(obj, seen=None) -> set:
+    """Every code object of a function or class (methods, static and class methods,
+    properties, what a decorator wraps, nested functions)."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                _codes(f, seen)
+        return seen
+    if isinstance(obj, type):
+        for value in vars(obj).values():
+            if isinstance(value, (type(_codes), staticmethod, classmethod, property)):
+                _codes(value, seen)
+        return seen
+    while hasattr(obj, "__wrapped__"):
+        code = getattr(obj, "__code__", None)
+        if code is not None:
+            seen.add(code)
+        obj = obj.__wrapped__
+    code = getattr(obj, "__code__", None)
+    stack = [code] if code is not None else []
+    while stack:
+        c = stack.pop()
+        if c not in seen:
+            seen.add(c)
+            stack.extend(k for k in c.co_consts if hasattr(k, "co_code"))
+    return seen
+
+
+class Tripwire:
+    """What actually ran while the learner's code did: the engine's own piece, reached by
+    whatever route (an import, ``importlib``, ``sys.modules``, ``__import__`` of a built
+    name, a module's globals, a subclass, the object itself handed back), is seen when its
+    code starts, by a profile hook (``sys.setprofile``) that is set only while
+    :meth:`armed`. Nothing is patched: the hook compares each starting frame's code object
+    with the piece's.
+
+    `pieces`: ``{name said to the learner: function, class or module}`` (a module: every
+    function of its file). `allowed`: functions of the checker's own (the ``send`` it hands
+    the learner, say) through which a watched piece may run. `communication`: also watch
+    every call into torch.distributed's C++ process groups and stores and its ``torch.ops``
+    (a lab whose piece *is* a collective built from the messages it is given)."""
+
+    def __init__(self, pieces: dict, allowed=(), communication: bool = False):
+        self.codes: dict = {}
+        self.files: dict = {}
+        for name, obj in pieces.items():
+            if isinstance(obj, type(sys)):
+                self.files[os.path.realpath(obj.__file__)] = name
+                self.files[obj.__file__] = name
+            else:
+                self.codes.update(dict.fromkeys(_codes(obj), name))
+        self.allowed = set().union(*(_codes(a) for a in allowed)) if allowed else set()
+        self.communication = communication
+        self.seen = ""  # the first piece that ran: its name, and where in the learner's code
+
+    def _c10d(self, frame, event, arg) -> bool:
+        if event == "c_call":
+            import torch._C._distributed_c10d as c10d
+
+            owner = getattr(arg, "__self__", None)
+            return isinstance(owner, (c10d.ProcessGroup, c10d.Backend, c10d.Store, c10d.Work))
+        if event == "call" and frame.f_code.co_filename.endswith(os.path.join("torch", "_ops.py")):
+            op = frame.f_locals.get("self")
+            return "c10d" in str(getattr(op, "_qualified_op_name", getattr(op, "_name", "")))
+        return False
+
+    def _hook(self, frame, event, arg) -> None:
+        if self.seen:
+            return
+        name = None
+        if event == "call":
+            code = frame.f_code
+            name = self.codes.get(code) or self.files.get(code.co_filename)
+        if name is None and self.communication and self._c10d(frame, event, arg):
+            name = "torch.distributed"
+        if name is None:
+            return
+        where, f = "", frame.f_back if event == "call" else frame
+        while f is not None:
+            if f.f_code in self.allowed:
+                return
+            if not where and f.f_code.co_filename == YOUR_CODE:
+                where = f" (from line {f.f_lineno} of your code: `{linecache.getline(YOUR_CODE, f.f_lineno).strip()}`)"
+            f = f.f_back
+        self.seen = name + where
+
+    @contextmanager
+    def armed(self):
+        """Watch while the block runs; on leaving it, LabError if a piece ran (whatever else
+        happened: that is the verdict) or if the learner's code took the hook away."""
+        old = sys.getprofile()
+        sys.setprofile(self._hook)
+        try:
+            yield self
+        finally:
+            removed = sys.getprofile() != self._hook
+            sys.setprofile(old)
+            if self.seen:
+                raise LabError(f"your code runs the engine's own {self.seen}: the lab asks you to write it "
+                               f"yourself (the checker sees what runs, whatever the route to it)")
+            if removed:
+                raise LabError("your code changed sys.setprofile while it ran: the checker watches what "
+                               "runs through it; leave it alone")
+
+
 def _stubs(tree: ast.AST) -> list[str]:
     """The functions (``Class.method`` for methods) whose body, past a docstring, only raises
     NotImplementedError: the lab's stubs, still unwritten."""
@@ -206,7 +316,9 @@ def screen(source, names: tuple = (), forbidden=()) -> None:
         raise LabError(f"{listed} {'is' if len(stubs) == 1 else 'are'} not written yet (still "
                        f"`raise NotImplementedError`): fill in the `# your code here` lines in SOURCE")
     defined = {d.name for d in tree.body if isinstance(d, (ast.FunctionDef, ast.ClassDef))}
-    defined |= {t.id for d in tree.body if isinstance(d, ast.Assign) for t in d.targets if isinstance(t, ast.Name)}
+    defined |= {t.id for d in tree.body if isinstance(d, (ast.Assign, ast.AnnAssign))
+                for target in (d.targets if isinstance(d, ast.Assign) else [d.target])
+                for t in ast.walk(target) if isinstance(t, ast.Name)}
     missing = [n for n in names if n not in defined]
     if missing:
         raise LabError(f"your code defines no {', '.join(missing)}: it must define {' and '.join(names)}")
@@ -487,16 +599,18 @@ def run_sources(job, layout, sources: list, timeout: float = 60, *args, forbidde
     return verdicts
 
 
-def train_swapped(comm, model, layout, train, **injected) -> dict | None:
+def train_swapped(comm, model, layout, train, watch: Tripwire | None = None, **injected) -> dict | None:
     """Train `model` on `layout` (`train.steps` steps) with the learner's pieces handed to
     the Trainer (`injected`: its keywords ``layers=``, ``schedule=``, ``data_parallel=``,
     ``optimizer=``; e.g. ``layers=tensor.layers(f=F, g=G)``; nothing is patched) and
     compare with the single-device model: rank 0 gets :func:`minitron.tools.verify.compare`'s
-    dict, the other ranks None."""
+    dict, the other ranks None. `watch`: armed while the learner's run trains (not while
+    the single-device model does, which uses the engine's own pieces)."""
     from ..train import Trainer
 
-    tr = Trainer(model, layout, train, comm, **injected)
-    losses = [tr.step(i) for i in range(train.steps)]
+    with watch.armed() if watch is not None else nullcontext():
+        tr = Trainer(model, layout, train, comm, **injected)
+        losses = [tr.step(i) for i in range(train.steps)]
     return versus_one_device(comm, tr, losses, model, train)
 
 
