@@ -73,10 +73,7 @@ def param_seed(seed: int, name: str) -> int:
 
 
 def init_full(name: str, shape, std: float, ctx: Context, kind: str = "normal") -> torch.Tensor:
-    """The full (unsharded) initial value of parameter `name`, from its own RNG stream
-    (on the meta device, a dry run's, only its shape: nothing is drawn)."""
-    if ctx.device.type == "meta":
-        return torch.empty(shape, dtype=ctx.dtype, device=ctx.device)
+    """The full (unsharded) initial value of parameter `name`, from its own RNG stream."""
     if kind == "zeros":
         return torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)
     if kind == "ones":
