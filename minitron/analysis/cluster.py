@@ -81,13 +81,15 @@ from typing import Any
 from ..config import ModelConfig
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
-from .flops import flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy
+from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
+                    transformer_flops_per_iteration)
 from .memory import memory_estimate
 from .params import layout_get, padded_vocab, params_given_layers, rank_layers
 from .software import Software, get_software
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
-           "predict", "GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
+           "predict", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
+           "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP"]
 
 # ---- calibrated constants (fitted only to the Megatron-LM 2019 figures) -----------------
@@ -97,6 +99,16 @@ COMM_BW_FRACTION = 0.71         # NCCL bus bandwidth over the link's datasheet f
 DP_OVERLAP = 0.80               # share of the data-parallel all-reduce hidden by backward
 OPTIMIZER_BYTES_PER_PARAM = 36  # bytes an fp32-master Adam step reads and writes
 GRAD_BYTES = 2                  # gradients all-reduced in fp16/bf16
+
+# ---- H100: the two constants fitted on H100 runs (never on the validation runs) -------
+# Fitted, in this order, each to one published run that is NOT among the validation runs
+# of minitron.analysis.published (H100_FITTING_RUNS lists them):
+#   bf16: Llama 3 405B on 8,192 H100 (Grattafiori et al. 2024, Table 4, first row:
+#         TP 8, PP 16, DP 64, 430 TFLOP/s per GPU)                      -> 0.74
+#   fp8:  GPT-3 5B on 64 H100, FP8 (NeMo 24.07 performance summary, DGX-H100: TP 1,
+#         GBS 2048, MBS 4, s 2048, 22,521 tokens/s per GPU)             -> 0.60
+H100_GEMM_MAX_EFFICIENCY = 0.74
+H100_FP8_GEMM_MAX_EFFICIENCY = 0.60
 
 
 @dataclass(frozen=True)
@@ -118,11 +130,19 @@ class Cluster:
     inter_latency: float
     memory_bytes: float
     hbm_bw: float = 2.0e12
+    gemm_max_efficiency: float = 0.0      # 0: GEMM_MAX_EFFICIENCY (the cuBLAS figure of V100/A100)
+    fp8_peak_flops: float = 0.0           # dense FP8 tensor-core peak; 0: no FP8
+    fp8_gemm_max_efficiency: float = 0.0  # fraction of the FP8 peak a large FP8 GEMM reaches
 
     @property
     def ridge(self) -> float:
         """FLOPs per byte at which a kernel stops being memory-bound."""
         return self.peak_flops / self.hbm_bw
+
+    @property
+    def gemm_e_max(self) -> float:
+        """Fraction of the 16-bit peak a large GEMM reaches on this GPU."""
+        return self.gemm_max_efficiency or GEMM_MAX_EFFICIENCY
 
 
 CLUSTERS: dict[str, Cluster] = {
@@ -134,9 +154,15 @@ CLUSTERS: dict[str, Cluster] = {
     # DGX A100: 8 A100 (80 GB, 2.0 TB/s), NVLink3 300 GB/s per direction, 8×200 Gb/s IB.
     "a100-dgx": Cluster("a100-dgx", "A100-SXM4-80GB", 312e12, 8, 300e9, 200e9, 5e-6, 10e-6,
                         80e9, 2.039e12),
-    # DGX H100: 8 H100 (80 GB, 3.35 TB/s), NVLink4 450 GB/s per direction, 8×400 Gb/s IB.
+    # DGX H100 (NVIDIA H100 SXM datasheet): 8 H100 (80 GB HBM3, 3.35 TB/s), dense bf16
+    # 989 TFLOP/s and dense FP8 1,979 TFLOP/s (the datasheet's 1,979 / 3,958 assume
+    # sparsity), NVLink 4 at 900 GB/s per GPU both ways = 450 GB/s per direction, one
+    # 400 Gb/s NIC per GPU (InfiniBand NDR) = 8 × 50 GB/s per node. The two achievable
+    # GEMM fractions are fitted, see H100_FITTING_RUNS; everything else is datasheet or
+    # the Megatron-LM 2019 calibration.
     "h100-dgx": Cluster("h100-dgx", "H100-SXM5-80GB", 989e12, 8, 450e9, 400e9, 4e-6, 8e-6,
-                        80e9, 3.35e12),
+                        80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
+                        fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY),
 }
 
 
@@ -165,10 +191,16 @@ class PlannedLayout:
     schedule: str | None = None
     sp: bool = False
     scatter_gather: bool = True
+    cp: int = 1                 # context parallel ranks (the sequence split over them)
+    cp_kind: str = "ring"       # "ring" (K, V passed around, overlapped with attention),
+    #                             "allgather" (K, V gathered first, exposed), "a2a" (Ulysses)
+    ep: int = 1                 # expert parallel ranks (drawn from the tp·cp·dp ranks)
+    zero: int = 0               # 0 plain data parallel, 1 distributed optimizer, 3 FSDP / ZeRO-3
+    fsdp_shard: int = 0         # HSDP: parameters sharded over this many ranks (0: all dp·cp)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
 
 def as_planned_layout(layout: Any) -> PlannedLayout:
@@ -179,6 +211,9 @@ def as_planned_layout(layout: Any) -> PlannedLayout:
     if layout_get(layout, "microbatch_size") is None and layout_get(layout, "b") is not None:
         kw["microbatch_size"] = layout_get(layout, "b")
     return PlannedLayout(**kw)
+
+
+CP_KINDS = ("ring", "allgather", "a2a")
 
 
 @dataclass
@@ -206,38 +241,46 @@ class Prediction:
 # --------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------
-def matmul_efficiency(m: int, n: int, k: int, cluster: str | Cluster, bytes_per_el: int = 2) -> float:
+def matmul_efficiency(m: int, n: int, k: int, cluster: str | Cluster, bytes_per_el: int = 2,
+                      fp8: bool = False) -> float:
     """Fraction of peak a [m, k] × [k, n] matrix multiply reaches: a smooth roofline
     ``e_max · I / (I + e_max·R)`` where ``I = 2mnk / (e·(mk + kn + mn))`` is its
-    arithmetic intensity and R the cluster's ridge point. Saturates at
-    ``GEMM_MAX_EFFICIENCY`` for large products; thin products are bandwidth-bound."""
+    arithmetic intensity and R the cluster's ridge point. Saturates at the cluster's
+    ``gemm_e_max`` (``GEMM_MAX_EFFICIENCY`` unless fitted for the GPU) for large
+    products; thin products are bandwidth-bound. ``fp8``: of the FP8 peak, 1-byte elements."""
     c = get_cluster(cluster)
+    if fp8:
+        e, ridge, bytes_per_el = c.fp8_gemm_max_efficiency, c.fp8_peak_flops / c.hbm_bw, 1
+    else:
+        e, ridge = c.gemm_e_max, c.ridge
     intensity = 2 * m * n * k / (bytes_per_el * (m * k + k * n + m * n))
-    e = GEMM_MAX_EFFICIENCY
-    return e * intensity / (intensity + e * c.ridge)
+    return e * intensity / (intensity + e * ridge)
 
 
-def _gemm_s(m: float, n: float, k: float, c: Cluster, count: float = 1) -> tuple[float, float, float]:
+def _gemm_s(m: float, n: float, k: float, c: Cluster, count: float = 1,
+            fp8: bool = False) -> tuple[float, float, float]:
     """Seconds of `count` products [m,k]×[k,n] (forward), of their input gradients
-    [m,n]×[n,k] and of their weight gradients [k,m]×[m,n]."""
-    f = 2 * m * n * k * count / c.peak_flops
-    return (f / matmul_efficiency(m, n, k, c), f / matmul_efficiency(m, k, n, c),
-            f / matmul_efficiency(k, n, m, c))
+    [m,n]×[n,k] and of their weight gradients [k,m]×[m,n] (at the FP8 peak with `fp8`)."""
+    f = 2 * m * n * k * count / (c.fp8_peak_flops if fp8 else c.peak_flops)
+    return (f / matmul_efficiency(m, n, k, c, fp8=fp8), f / matmul_efficiency(m, k, n, c, fp8=fp8),
+            f / matmul_efficiency(k, n, m, c, fp8=fp8))
 
 
 # Matrix multiplies of one layer, by kind: (rows, columns, inner) of the forward product
-# for b·s tokens on one tensor rank; "attention" is the per-head QKᵀ and attention·V.
-LINEAR_KINDS = ("qkv", "proj", "fc1", "fc2")
+# for b·s tokens on one tensor rank; "attention" is the per-head QKᵀ and attention·V;
+# "experts" the routed experts' MLPs of a MoE block (with its router).
+LINEAR_KINDS = ("qkv", "proj", "fc1", "fc2", "experts")
 
 
 @dataclass(frozen=True)
 class _LayerTime:
     """Seconds of one transformer layer for one microbatch on one tensor rank, by kind
     of work: ``parts[kind] = (forward, backward input-gradient, backward weight-gradient)``
-    for the four linears, the attention products and the element-wise kernels."""
+    for the linears, the attention products and the element-wise kernels."""
 
     parts: dict
     core_fwd: float   # forward of the attention core (what selective recompute replays)
+    attention_s: float = 0.0  # forward + backward of the attention products (hides ring CP)
 
     @property
     def fwd(self) -> float:
@@ -252,38 +295,83 @@ class _LayerTime:
         return sum(w for _, _, w in self.parts.values())
 
 
+def attention_widths(model: ModelConfig, t: int, head_dim: int | None = None) -> tuple[int, float]:
+    """(query width, key/value width) on one tensor rank: ``heads·d/t`` and
+    ``kv_heads·d/t``, but at least one whole kv head: with t > kv_heads each kv head is
+    replicated on t/kv_heads ranks (the known way past GQA's limit), never more."""
+    d = head_dim or model.head_dim
+    return model.heads * d // t, max(model.n_kv_heads * d / t, d)
+
+
 def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: Software,
-                e: int = 2) -> _LayerTime:
-    s, h, a, f = model.seq_len, model.hidden, model.heads, model.ffn_hidden
-    T, dh, heads = b * s, h // a, b * a / t
-    parts = {}
-    for kind, mm in zip(LINEAR_KINDS, [(T, 3 * h / t, h), (T, h, h / t), (T, f / t, h), (T, h, f / t)]):
-        parts[kind] = _gemm_s(*mm, c)
+                e: int = 2, cp: int = 1, ep: int = 1, moe: bool = False, imbalance: float = 0.0,
+                head_dim: int | None = None) -> _LayerTime:
+    """One layer on one rank: b sequences of s/cp tokens (context parallel), the
+    attention of those queries against the whole causal sequence, the MLP dense or, when
+    `moe`, the router, the shared experts and the routed experts this rank holds (E/ep
+    of them, each on k·T·ep/(t·E) token rows; the busiest rank gets (1 + `imbalance`)
+    times the balanced share)."""
+    s, h, a = model.seq_len, model.hidden, model.heads
+    T = b * s // cp
+    d = head_dim or model.head_dim
+    q, kv = attention_widths(model, t, head_dim)
+    fp8 = sw.fp8 and c.fp8_peak_flops > 0
+    gated = model.activation == "swiglu"
+    parts = {"qkv": _gemm_s(T, q + 2 * kv, h, c, fp8=fp8), "proj": _gemm_s(T, h, q, c, fp8=fp8)}
+    mlp_passes = 0.0  # element-wise passes of the MLP activation, per token, over its width
+    if moe:
+        f, k, E = model.moe_ffn_hidden, model.top_k, model.experts
+        rows = k * T * ep / (t * E) * (1 + imbalance)  # token rows of each local expert
+        local = E / ep
+        up = _gemm_s(rows, (2 if gated else 1) * f, h, c, count=local, fp8=fp8)
+        down = _gemm_s(rows, h, f, c, count=local, fp8=fp8)
+        router = _gemm_s(T, E, h, c)
+        parts["experts"] = tuple(x + y + z for x, y, z in zip(up, down, router))
+        fs = model.shared_experts * f
+        parts["fc1"] = _gemm_s(T, (2 if gated else 1) * fs / t, h, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)
+        parts["fc2"] = _gemm_s(T, h, fs / t, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)
+        # permute and un-permute the k copies of each token (read, write: 4 passes of k·T·h/t)
+        mlp_passes = (rows * local * (3 if gated else 2) * f + T * fs / t * (3 if gated else 2)) / T \
+            + 4 * k * h / t * (1 + imbalance)
+    else:
+        f = model.ffn_hidden
+        parts["fc1"] = _gemm_s(T, (2 if gated else 1) * f / t, h, c, fp8=fp8)
+        parts["fc2"] = _gemm_s(T, h, f / t, c, fp8=fp8)
+        parts["experts"] = (0.0, 0.0, 0.0)
+        # GeLU reads and writes T·f/t; SwiGLU reads gate and up and writes their product
+        mlp_passes = (3 if gated else 2) * f / t
+    # attention products: per head, s/cp queries against the s keys; flash attention
+    # skips the masked blocks of a causal mask (half the products), an unfused or
+    # fused-softmax kernel computes the whole square and masks it (PTD-P)
+    causal = 0.5 if sw.attention == "flash" else 1.0
+    heads = b * (q // d)
     att_f = att_b = 0.0
-    for mm in [(s, s, dh), (s, dh, s)]:  # scores QKᵀ and attention·V, for each head
+    for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
         x, y, z = _gemm_s(*mm, c, count=heads)
         att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
     att_b *= sw.attention_backward_ratio / 2    # flash attention recomputes QKᵀ backward
     parts["attention"] = (att_f, att_b, 0.0)
     # Element-wise bytes, from the software's kernel inventory (see software.py): per
-    # token, replicated unless sequence parallel, the LayerNorms and the two bias +
-    # dropout + residual sites; split over t, the head reshapes (8·Th, none in PTD-P's
-    # layout) and GeLU (2·Tf) — their backward moves about twice their forward; and the
-    # passes over the b·a·s²/t attention matrix, counted forward and backward.
+    # token, replicated unless sequence parallel, the norms and the two residual-branch
+    # sites; split over t, the head reshapes (8·Th, none in PTD-P's layout) and the MLP
+    # activation — their backward moves about twice their forward; and the passes over
+    # the b·a·s²/t attention matrix, counted forward and backward.
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
-    matrix_f, matrix_b = (k * b * a * s * s / t * e / bw_ew for k in sw.attention_matrix_passes)
-    sharded = (sw.reshape_passes * T * h + 2 * T * f) / t
+    matrix_f, matrix_b = (k_ * b * (a / t) * (s / cp) * s * e / bw_ew for k_ in sw.attention_matrix_passes)
+    sharded = sw.reshape_passes * T * h / t + T * mlp_passes
     ew = (sw.token_passes * T * h / (t if sp else 1) + sharded) * e / bw_ew
     parts["elementwise"] = (ew + matrix_f, 2 * ew + matrix_b, 0.0)
-    return _LayerTime(parts, att_f + matrix_f)
+    return _LayerTime(parts, att_f + matrix_f, att_f + att_b)
 
 
-def _logit_times(model: ModelConfig, b: int, t: int, c: Cluster) -> tuple[tuple, tuple, float]:
+def _logit_times(model: ModelConfig, b: int, t: int, c: Cluster, cp: int = 1,
+                 fp8: bool = False) -> tuple[tuple, tuple, float]:
     """Seconds of the output layer and the fp32 cross-entropy (about 6 passes over the
-    b·s·V/t logits in all): ``(forward matmul, forward element-wise), (input-gradient
-    matmul, backward element-wise), weight-gradient matmul``."""
-    T, V = b * model.seq_len, padded_vocab(model, t) / t
-    fwd, bin_, bw = _gemm_s(T, V, model.hidden, c)
+    b·s·V/t logits in all, for the s/cp tokens of this context rank): ``(forward matmul,
+    forward element-wise), (input-gradient matmul, backward element-wise),
+    weight-gradient matmul``."""
+    T, V = b * model.seq_len // cp, padded_vocab(model, t) / t
+    fwd, bin_, bw = _gemm_s(T, V, model.hidden, c, fp8=fp8)
     ew = 6 * T * V * 4 / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
     return (fwd, ew / 3), (bin_, 2 * ew / 3), bw
 
@@ -293,6 +381,43 @@ def _allreduce_s(nbytes: float, n: int, bw: float, latency: float) -> float:
     if n == 1:
         return 0.0
     return 2 * (n - 1) * latency + ring_allreduce_wire_bytes(nbytes, n) / (bw * COMM_BW_FRACTION)
+
+
+def _alltoall_s(nbytes: float, n: int, c: Cluster) -> float:
+    """All-to-all among n consecutive ranks, each sending (n−1)/n of its `nbytes`: the
+    part for ranks of its own node over NVLink, the rest over the GPU's network card
+    (inter_bw/G), both at once; one latency step per peer node and one inside."""
+    if n == 1:
+        return 0.0
+    G = c.gpus_per_node
+    inside = min(n, G)
+    intra = nbytes * (inside - 1) / n / (c.intra_bw * COMM_BW_FRACTION)
+    inter = nbytes * (n - inside) / n / (c.inter_bw / G * COMM_BW_FRACTION)
+    return c.intra_latency + (n // G) * c.inter_latency + max(intra, inter)
+
+
+def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_layers: int, ep: int = 1,
+                  moe_layers: int = 0, head_dim: int | None = None) -> tuple[float, float]:
+    """(dense, expert) parameter elements on one rank of a pipeline stage of `n_layers`
+    layers, `moe_layers` of them MoE blocks: attention, dense MLPs, shared experts,
+    router, norms, embedding and head over t tensor ranks; the routed experts E/ep per
+    rank, whole (expert tensor parallelism 1). GPT shapes: exactly
+    :func:`~minitron.analysis.params.params_given_layers` (the 1-D engine's count)."""
+    if model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim:
+        return float(params_given_layers(model, t, p, v, "1d", pp_rank, n_layers)), 0.0
+    first, last = pp_rank == 0, pp_rank == (p * v - 1) % p
+    h = model.hidden
+    q, kv = attention_widths(model, t, head_dim)
+    mats = 3 if model.activation == "swiglu" else 2
+    attn = h * (q + 2 * kv) + q * h + 2 * h * (2 if model.norm == "layernorm" else 1)
+    dense_mlp = mats * h * model.ffn_hidden / t
+    shared = mats * h * model.shared_experts * model.moe_ffn_hidden / t + h * model.experts
+    experts = mats * h * model.moe_ffn_hidden * model.experts / ep
+    dense = n_layers * attn + (n_layers - moe_layers) * dense_mlp + moe_layers * shared
+    emb = padded_vocab(model, t) / t * h
+    dense += (emb + (model.seq_len * h if model.positions == "learned" else 0)) if first else 0
+    dense += (emb if not model.tied_embeddings or not first else 0) + h if last else 0
+    return float(dense), float(moe_layers * experts)
 
 
 def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
@@ -308,30 +433,38 @@ def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
 # --------------------------------------------------------------------------------------
 def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | Cluster,
             recompute: str | bool | None = None, bytes_per_param: float = 16,
-            software: str | Software | None = None) -> Prediction:
+            software: str | Software | None = None, head_dim: int | None = None,
+            moe_imbalance: float = 0.0) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
     `layout`: a :class:`PlannedLayout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
-    microbatch_size, schedule, sp, scatter_gather``. `software`: a
-    :class:`~minitron.analysis.software.Software` or a preset name (default
+    microbatch_size, schedule, sp, scatter_gather, cp, cp_kind, ep, zero, fsdp_shard``.
+    `software`: a :class:`~minitron.analysis.software.Software` or a preset name (default
     ``megatron-2019``, the software the constants were fitted with); `recompute`
-    overrides its recomputation policy. Returns a :class:`Prediction`:
+    overrides its recomputation policy. `head_dim`: the attention's head width when it is
+    not hidden/heads. `moe_imbalance`: the busiest expert-parallel rank receives
+    (1 + this) times the balanced share of routed tokens (0: balanced routing, as
+    Megatron's benchmarks force it). Returns a :class:`Prediction`:
     ``iteration_s, tflops_per_gpu`` (Eq. 3 FLOPs over n·time with full recomputation,
-    model or hardware FLOPs otherwise), ``memory_gb_per_gpu`` (mixed-precision,
+    model or hardware FLOPs otherwise; for other than GPT shapes
+    :func:`~minitron.analysis.flops.transformer_flops_per_iteration`),
+    ``memory_gb_per_gpu`` (mixed-precision,
     :func:`~minitron.analysis.memory.memory_estimate`), ``bubble_fraction``, and the
     ``breakdown`` in seconds, its ``parts`` per kind of work (:func:`explain` reads
-    them) and ``mfu``, the model FLOPs (no recomputation counted) over n·peak·time. Raises ValueError for a layout the model cannot take.
+    them), ``mfu`` (model FLOPs, no recomputation counted, over n·bf16 peak·time) and
+    ``tokens_per_s_per_gpu``. Raises ValueError for a layout the model cannot take.
     """
     c = get_cluster(cluster)
     sw = get_software(software)
     L = as_planned_layout(layout)
-    t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
+    t, p, d, v, b, cp, ep = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size, L.cp, L.ep
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule or ("interleaved" if v > 1 else "1f1b")
     _check_layout(model, L, global_batch, kind)
     m = global_batch // (d * b)
-    n_gpus = t * p * d
+    n_gpus = t * p * d * cp
     G = c.gpus_per_node
+    fp8 = sw.fp8 and c.fp8_peak_flops > 0
 
     # per microbatch, per stage: compute and the tensor-parallel all-reduces of b·s·h
     # (k per layer: 2 forward, 2 backward, 2 more when the forward is replayed; one
@@ -340,36 +473,77 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # all-gather and a reduce-scatter (the same time), and the backward all-gathers
     # again the input shards that QKV and fc (and the output layer) kept (§4.2.2);
     # the software may hide the backward's share or all of them behind the matmuls.
-    lt = _layer_time(model, b, t, L.sp, c, sw)
-    x = b * model.seq_len * model.hidden * 2  # bytes of a b·s·h activation in 16 bits
+    lt = _layer_time(model, b, t, L.sp, c, sw, cp=cp, head_dim=head_dim)
+    lt_moe = _layer_time(model, b, t, L.sp, c, sw, cp=cp, ep=ep, moe=True, imbalance=moe_imbalance,
+                         head_dim=head_dim) if model.experts else lt
+    moe_share = sum(model.is_moe_block(i) for i in range(model.layers)) / model.layers
+    x = b * model.seq_len // cp * model.hidden * 2  # bytes of a b·(s/cp)·h activation in 16 bits
     tp_bw, tp_lat = (c.intra_bw, c.intra_latency) if t <= G else (c.inter_bw / G, c.inter_latency)
     ar = _allreduce_s(x, t, tp_bw, tp_lat)
     regather = _allgather_s(x, t, tp_bw, tp_lat) if L.sp else 0.0
     k_fwd = 4 if rc == "full" else 2
-    lf, lb_in, lb_w = _logit_times(model, b, t, c)
+    replay = 2 if rc == "full" else 1  # forward communication happens again under full recompute
+    lf, lb_in, lb_w = _logit_times(model, b, t, c, cp, fp8)
+    # context parallelism, per layer: the K and V of the other s/cp chunks (kv heads only)
+    # pass the ring once forward, K, V, dK, dV backward (Liu et al. 2023); a ring step's
+    # transfer runs under the attention of the block before it, so only what exceeds the
+    # attention's time is exposed. "allgather" gathers them first (exposed, Llama 3);
+    # "a2a" (Ulysses) swaps a sequence shard of q, k, v and the output for a head shard,
+    # forward and backward (exposed).
+    cp_mb = cp_hidden_mb = 0.0
+    if cp > 1:
+        cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
+        q_w, kv_w = attention_widths(model, t, head_dim)
+        kv_bytes = b * model.seq_len // cp * 2 * kv_w * 2
+        if L.cp_kind == "a2a":
+            per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (2 * q_w + 2 * kv_w) * 2
+            layer_cp, hide = (replay + 1) * (clat + per / (cbw * COMM_BW_FRACTION)), 0.0
+        else:
+            one = (cp - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION))
+            layer_cp = (replay + 2) * one
+            hide = (min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind == "ring" else 0.0)
+        cp_layer = (layer_cp, hide)
+    else:
+        cp_layer = (0.0, 0.0)
+    # expert parallelism, per MoE layer: dispatch and combine all-to-alls of the k·T/t
+    # routed token copies, forward and backward (and again in a replayed forward), on
+    # the critical path; the busiest rank moves (1 + imbalance) times the balanced share
+    ep_layer = 0.0
+    if model.experts and ep > 1:
+        nbytes = model.top_k * b * model.seq_len // cp / t * model.hidden * 2 * (1 + moe_imbalance)
+        ep_layer = 2 * (replay + 1) * _alltoall_s(nbytes, ep, c)
     layers = rank_layers(model, {"pp": p, "vpp": v})
+    kinds = (*LINEAR_KINDS, "attention", "elementwise")
     stages = []
     for r, n in enumerate(layers):
         first, last = r == 0, r == (p * v - 1) % p
-        parts = {k: n * sum(lt.parts[k]) for k in (*LINEAR_KINDS, "attention", "elementwise")}
+        n_moe = n * moe_share
+        n_dense = n - n_moe
+        parts = {k: n_dense * sum(lt.parts[k]) + n_moe * sum(lt_moe.parts[k]) for k in kinds}
         parts["logits"] = (lf[0] + lb_in[0] + lb_w) if last else 0.0
         parts["elementwise"] += (lf[1] + lb_in[1]) if last else 0.0
-        parts["recompute"] = n * {"none": 0.0, "selective": lt.core_fwd, "full": lt.fwd}[rc]
-        fwd = n * lt.fwd + (sum(lf) if last else 0.0)
-        b_in = n * lt.bwd_input + parts["recompute"] + (sum(lb_in) if last else 0.0)
-        b_w = n * lt.bwd_weight + (lb_w if last else 0.0)
+        core, full = (n_dense * lt.core_fwd + n_moe * lt_moe.core_fwd), (n_dense * lt.fwd + n_moe * lt_moe.fwd)
+        parts["recompute"] = {"none": 0.0, "selective": core, "full": full}[rc]
+        fwd = full + (sum(lf) if last else 0.0)
+        b_in = n_dense * lt.bwd_input + n_moe * lt_moe.bwd_input + parts["recompute"] + (sum(lb_in) if last else 0.0)
+        b_w = n_dense * lt.bwd_weight + n_moe * lt_moe.bwd_weight + (lb_w if last else 0.0)
         tp_fwd = (n * k_fwd + first + last) * ar
         tp_bwd = 2 * n * ar + (2 * n + last) * regather
         hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[sw.tp_overlap] if L.sp else 0.0
         linears = sum(parts[k] for k in LINEAR_KINDS)
         tp_hidden = min(DP_OVERLAP * hideable, linears)
-        stages.append((fwd, b_in, b_w, tp_fwd + tp_bwd - tp_hidden, tp_hidden, parts))
-    F, B_in, B_w, tp_mb, tp_hidden_mb, parts = max(stages, key=lambda st: sum(st[:4]))
+        cp_tot, cp_hid = n * cp_layer[0], n * cp_layer[1]
+        ep_tot = n_moe * ep_layer
+        exposed = tp_fwd + tp_bwd - tp_hidden + cp_tot - cp_hid + ep_tot
+        stages.append((fwd, b_in, b_w, exposed, parts, tp_fwd + tp_bwd - tp_hidden, tp_hidden,
+                       cp_tot - cp_hid, cp_hid, ep_tot, n, n_moe, first, last))
+    (F, B_in, B_w, comm_mb, parts, tp_mb, tp_hidden_mb, cp_mb, cp_hidden_mb, ep_mb, n_st, n_moe_st,
+     first_st, last_st) = max(stages, key=lambda st: sum(st[:4]))
 
     # pipeline: one send forward and one backward per chunk per microbatch
     pp_total = 0.0
     if p > 1:
-        cross = t * d >= G
+        cross = t * cp * d >= G
         bw, lat = (c.inter_bw / G, c.inter_latency) if cross else (c.intra_bw, c.intra_latency)
         msg = x / t if (L.scatter_gather or L.sp) else x
         hop = lat + msg / (bw * COMM_BW_FRACTION)
@@ -378,45 +552,79 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         pp_total = 2 * v * hop
     pp_hidden = DP_OVERLAP * pp_total if sw.pp_overlap else 0.0
     pp_mb = pp_total - pp_hidden
-    per_mb = F + B_in + B_w + tp_mb + pp_mb
+    B = B_in + B_w
+
+    # data parallel over the dp·cp ranks that hold the same weights (the routed experts:
+    # over tp·cp·dp/ep ranks). Plain or distributed optimizer (zero 0, 1): one all-reduce
+    # (reduce-scatter + all-gather, the same bytes) of the gradients per step, partly
+    # hidden behind the last backward when the software overlaps it, else after the
+    # flush. FSDP / ZeRO-3 (zero 3): every microbatch all-gathers each layer's weights
+    # forward and again backward and reduce-scatters its gradients, each unit's
+    # collective prefetched under the compute of the one before (hidden up to
+    # DP_OVERLAP of the compute); HSDP shards over fsdp_shard ranks and all-reduces the
+    # shards across the replicas once per step.
+    dense_w, expert_w = max((stage_weights(model, t, p, v, r, n, ep, round(n * moe_share), head_dim)
+                             for r, n in enumerate(layers)), key=sum)
+    group, egroup = d * cp, max(t * cp * d // ep, 1)
+
+    def ring_bw(span: int) -> tuple[float, float]:  # bandwidth of a data-parallel ring of `span` ranks
+        if t * span <= G:
+            return c.intra_bw, c.intra_latency
+        return c.inter_bw / min(t, G), c.inter_latency  # one ring per tensor rank shares the NICs
+
+    fsdp_mb = 0.0
+    if L.zero == 3:
+        g = L.fsdp_shard or group
+        bw_g, lat_g = ring_bw(g)
+        unit = (dense_w + expert_w) * GRAD_BYTES
+        fsdp_mb = 3 * _allgather_s(unit, g, bw_g, lat_g)  # all-gather ×2 and a reduce-scatter
+        replicas = group // g
+        bw_r, lat_r = ring_bw(group) if replicas > 1 else (c.intra_bw, c.intra_latency)
+        dp_s = _allreduce_s(unit / g, replicas, bw_r, lat_r)
+    else:
+        bw_d, lat_d = ring_bw(group)
+        dp_s = _allreduce_s(dense_w * GRAD_BYTES, group, bw_d, lat_d)
+        if expert_w:
+            bw_e, lat_e = ring_bw(egroup)
+            dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
+    fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (F + B)) if sw.dp_overlap else 0.0
+    per_mb = F + B + comm_mb + pp_mb + fsdp_mb - fsdp_hidden_mb
     # zero bubble splits the backward into B (input gradients) and W (weight gradients)
     bub = bubble_fraction(kind, p, m, v, F, B_in, B_w) if kind == "zb-h1" else bubble_fraction(kind, p, m, v)
     ideal = m * per_mb
     bubble_s = bub * ideal
-    B = B_in + B_w
-
-    # data parallel: gradients all-reduced, partly hidden behind the last backward when
-    # the software overlaps them (bucketed), else all after the pipeline flush
-    n_local = max(params_given_layers(model, t, p, v, "1d", r, n) for r, n in enumerate(layers))
-    dp_s = 0.0
-    if d > 1:
-        within = t * d <= G
-        if within:
-            dp_s = _allreduce_s(n_local * GRAD_BYTES, d, c.intra_bw, c.intra_latency)
-        else:  # one ring per tensor rank of a node shares the node's network cards
-            dp_s = _allreduce_s(n_local * GRAD_BYTES, d, c.inter_bw / min(t, G), c.inter_latency)
     hidden = min(DP_OVERLAP * dp_s, B) if sw.dp_overlap else 0.0
     dp_exposed = dp_s - hidden
-    opt_s = n_local * OPTIMIZER_BYTES_PER_PARAM / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
+    shard = (L.fsdp_shard or group) if L.zero == 3 else (group if L.zero >= 1 else 1)
+    opt_s = (dense_w + expert_w) / shard * OPTIMIZER_BYTES_PER_PARAM / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
 
     it = ideal + bubble_s + dp_exposed + opt_s
+    gpt = model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim
     if rc == "full":
-        fl = flops_per_iteration(model, global_batch, recompute=True)
+        fl = (flops_per_iteration(model, global_batch, recompute=True) if gpt else
+              transformer_flops_per_iteration(model, global_batch, "full", head_dim))
     else:
-        fl = hardware_flops_per_iteration(model, global_batch, rc)
+        fl = (hardware_flops_per_iteration(model, global_batch, rc) if gpt else
+              transformer_flops_per_iteration(model, global_batch, rc, head_dim))
+    mfu_flops = (model_flops_per_iteration(model, global_batch) if gpt else
+                 transformer_flops_per_iteration(model, global_batch, "none", head_dim))
     mem = memory_estimate(model, {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
                                   "sp": L.sp, "schedule": kind}, global_batch,
                           bytes_per_param=bytes_per_param, recompute=rc)
     per_iteration = {k: m * s for k, s in parts.items()}
     per_iteration.update(tp_comm=m * tp_mb, tp_comm_hidden=m * tp_hidden_mb, pp_comm=m * pp_mb,
-                         pp_comm_hidden=m * pp_hidden, bubble=bubble_s, dp_comm=dp_exposed,
+                         pp_comm_hidden=m * pp_hidden, cp_comm=m * cp_mb, cp_comm_hidden=m * cp_hidden_mb,
+                         ep_comm=m * ep_mb, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
+                         fsdp_comm_hidden=m * fsdp_hidden_mb, bubble=bubble_s, dp_comm=dp_exposed,
                          dp_comm_hidden=hidden, optimizer=opt_s)
     breakdown = {"compute": m * (F + B), "tp_comm": m * tp_mb, "pp_comm": m * pp_mb,
+                 "cp_comm": m * cp_mb, "ep_comm": m * ep_mb, "fsdp_comm": m * (fsdp_mb - fsdp_hidden_mb),
                  "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
                  "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * tp_hidden_mb,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
-                 "software": sw.name, "recompute": rc, "parts": per_iteration,
-                 "mfu": model_flops_per_iteration(model, global_batch) / (n_gpus * it * c.peak_flops)}
+                 "software": sw.name, "recompute": rc, "parts": per_iteration, "fp8": fp8,
+                 "tokens_per_s_per_gpu": global_batch * model.seq_len / (n_gpus * it),
+                 "mfu": mfu_flops / (n_gpus * it * c.peak_flops)}
     return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
                       memory_gb_per_gpu=mem["total_bytes"] / 1e9, bubble_fraction=bub,
                       breakdown=breakdown)
@@ -424,10 +632,25 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
 
 def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind: str) -> None:
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
-    if min(t, p, d, v, b) < 1:
-        raise ValueError(f"tp, pp, dp, vpp and microbatch_size must be at least 1 (got {L})")
+    if min(t, p, d, v, b, L.cp, L.ep) < 1:
+        raise ValueError(f"tp, pp, dp, vpp, cp, ep and microbatch_size must be at least 1 (got {L})")
+    if L.cp_kind not in CP_KINDS:
+        raise ValueError(f"unknown context-parallel kind '{L.cp_kind}': choose one of {', '.join(CP_KINDS)}")
+    if model.seq_len % (2 * L.cp) and L.cp > 1:
+        raise ValueError(f"sequence {model.seq_len} does not split into 2·cp = {2 * L.cp} chunks")
+    if L.ep > 1 and (not model.experts or model.experts % L.ep or (t * L.cp * d) % L.ep):
+        raise ValueError(f"expert parallel degree {L.ep} must divide the {model.experts} experts "
+                         f"and the tp·cp·dp = {t * L.cp * d} ranks")
+    if L.zero not in (0, 1, 3):
+        raise ValueError(f"zero must be 0, 1 or 3 (got {L.zero})")
+    if L.fsdp_shard and (L.zero != 3 or (d * L.cp) % L.fsdp_shard):
+        raise ValueError(f"fsdp_shard {L.fsdp_shard} needs zero 3 and must divide dp·cp = {d * L.cp}")
     if model.heads % t or model.hidden % t:
         raise ValueError(f"tensor parallel degree {t} must divide {model.heads} heads and hidden {model.hidden}")
+    kv = model.n_kv_heads
+    if (kv % t if t <= kv else t % kv):
+        raise ValueError(f"tensor parallel degree {t} and {kv} kv heads: one must divide the other "
+                         f"(kv heads are split, or each replicated on t/kv ranks)")
     if p * v > model.layers:
         raise ValueError(f"pp*vpp = {p * v} model chunks but only {model.layers} layers")
     if global_batch % (d * b):

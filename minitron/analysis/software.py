@@ -46,7 +46,12 @@ kernels are itemised both ways):
 * **pp_overlap** — pipeline sends and receives overlapped with compute (Megatron-Core's
   ``overlap_p2p_comm``) rather than blocking;
 * **precision** — ``"fp16"`` or ``"bf16"``: both 2-byte activations and gradients on the
-  wire; the choice is recorded, not priced differently.
+  wire; the choice is recorded, not priced differently;
+* **fp8** — the linears' matrix multiplies (and the experts', and the logit layer's) run
+  on the FP8 tensor cores (Transformer Engine, torchao float8) at the cluster's FP8 peak
+  and its own achievable fraction, with 1-byte operands; the attention products, the
+  element-wise kernels and the communication stay 16-bit. A cluster without an FP8 peak
+  ignores it.
 
 How much of a collective an overlap hides is the one overlap constant of the cluster
 model, ``DP_OVERLAP``, fitted on Megatron-LM 2019's data-parallel figure; no constant is
@@ -97,6 +102,7 @@ class Software:
     tp_overlap: str = "none"
     pp_overlap: bool = False
     precision: str = "fp16"
+    fp8: bool = False
 
     def __post_init__(self):
         for field, value, allowed in (("attention", self.attention, ATTENTIONS),
@@ -155,6 +161,13 @@ SOFTWARE: dict[str, Software] = {
         "communication overlapped", attention="flash", fused_bias_gelu=True,
         fused_bias_dropout_add=True, no_transposes=True, recompute="selective", sequence_parallel=True,
         dp_overlap=True, tp_overlap="all",
+        pp_overlap=True, precision="bf16"),
+    "megatron-core-2024": Software(
+        "megatron-core-2024", "Megatron-Core / NeMo of 2024-2025 on H100 (the NeMo and Megatron-Bridge "
+        "performance tables): Transformer Engine's flash attention and fused kernels, no "
+        "recomputation, distributed optimizer, tensor-, data-, pipeline- and context-parallel "
+        "communication overlapped", attention="flash", fused_bias_gelu=True, fused_bias_dropout_add=True,
+        no_transposes=True, recompute="none", sequence_parallel=True, dp_overlap=True, tp_overlap="all",
         pp_overlap=True, precision="bf16"),
     "minitron": Software(
         "minitron", "minitron on GPUs: flash attention (scaled_dot_product_attention), unfused "
