@@ -195,6 +195,10 @@ def test_f_and_g_on_4_ranks_in_one_launch():
         "raises": F_AND_G.replace(F_BODY, "return x.view(5)"),
         "shape": F_AND_G.replace(F_BODY, "return x.sum()"),
         "looping": F_AND_G.replace(F_BODY, "while True:\n            pass"),
+        "ignores dy": F_AND_G.replace(F_BWD, 'return ctx.comm.all_reduce(torch.ones_like(dy), "tp"), None'),
+        "first element only": F_AND_G.replace(G_FWD, 'y = x.clone()\n        y[:1] = comm.all_reduce(x[:1].clone(), '
+                                              '"tp")\n        return y'),
+        "mean": F_AND_G.replace(G_FWD, 'return comm.all_reduce(x.clone(), "tp") / comm.size("tp")'),
         **ENGINE_F_AND_G,
     }
     res = dict(zip(cases, check_f_and_g_all(list(cases.values()), timeout=20)))
@@ -210,9 +214,17 @@ def test_f_and_g_on_4_ranks_in_one_launch():
     assert msg["g backward reduces"] == ("your G's backward communicates all_reduce of [3] on 'tp': it is the "
                                          "identity, every rank already holds the whole gradient (G is all-reduce "
                                          "forward, identity backward)")
-    assert msg["two ranks hard-wired"] == ("your F's backward returned 2.0 on tp rank 0 of 4 for a gradient of ones "
-                                           "(expected 4.0): F is identity forward, all-reduce backward")
-    assert msg["no comm"].startswith("your F's backward sums over the ranks without comm: use comm.all_reduce")
+    assert msg["two ranks hard-wired"] == msg["no comm"] == ("your F's backward communicates nothing: it is one all-reduce on 'tp' (F is identity "
+                              "forward, all-reduce backward)")
+    # what the old checker (a constant input, a gradient of ones, element 0 read) let through
+    assert msg["ignores dy"] == ("your F's backward ignores the incoming gradient: on tp rank 0 of 4 it returned what "
+                                 "a gradient of ones gives ([4.0, 4.0, 4.0]), not what dy = [6.0, 10.0, 14.0] gives "
+                                 "(F is identity forward, all-reduce backward)")
+    assert msg["first element only"] == ("your G's forward returned [10.0, 10.0, 100.0] on tp rank 0 of 4 (expected "
+                                         "[10.0, 100.0, 1000.0]; elements 1, 2 wrong): G is all-reduce forward, "
+                                         "identity backward")
+    assert msg["mean"] == ("your G's forward returned the mean over the 4 ranks, not the sum ([2.5, 25.0, 250.0] on "
+                           "tp rank 0, expected [10.0, 100.0, 1000.0]): G is all-reduce forward, identity backward")
     assert msg["raises"] == ("RuntimeError: shape '[5]' is invalid for input of size 3 in F.forward, line 5 of "
                              "your code: `return x.view(5)`")
     assert msg["shape"] == ("your F.forward returned a tensor of shape [] for an input of shape [3]: F must return "

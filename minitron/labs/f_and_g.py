@@ -1,7 +1,9 @@
 """Lab 04a: Megatron's conjugate operators f and g (``minitron.parallel.tensor._F``, ``_G``).
 
-Every rank `exec`s the learner's source and checks `F` and `G` on one rank-dependent
-tensor: the shape, the value of each forward and backward, and the calls each issues
+Every rank `exec`s the learner's source and checks `F` and `G` on one tensor that differs
+per element and per rank, with an incoming gradient that is not ones: the shape, the
+whole value of each forward and backward (a mean for a sum, an ignored gradient and a
+partly summed tensor named), and the calls each issues
 (counted in the trace: f's forward and g's backward communicate nothing, f's backward and
 g's forward exactly one all-reduce on 'tp'). The ranks agree on the first problem found;
 otherwise the Trainer builds its layers with them (``tensor.layers(f=F, g=G)``), a tiny
@@ -39,9 +41,9 @@ def _rule(name: str) -> str:
     return f"{name} is {fwd} forward, {bwd} backward"
 
 
-def _check_calls(name: str, direction: str, calls: list) -> str:
-    """'' when one direction of an operator, whose value is right, issued the calls it
-    should, else what is wrong."""
+def _check_calls(name: str, direction: str, calls: list, right: bool = True) -> str:
+    """'' when one direction of an operator issued the calls it should, else what is wrong
+    (`right`: whether its value is)."""
     want = RULES[name][0 if direction == "forward" else 1]
     if want == "identity" and calls:
         return (f"your {name}'s {direction} communicates {describe_calls(calls)}: it is the identity, every rank "
@@ -49,7 +51,8 @@ def _check_calls(name: str, direction: str, calls: list) -> str:
     if want == "all-reduce":
         if not calls:
             return (f"your {name}'s {direction} sums over the ranks without comm: use comm.all_reduce(t, 'tp') "
-                    f"(the engine sees, and traces, all communication through comm)")
+                    f"(the engine sees, and traces, all communication through comm)" if right else
+                    f"your {name}'s {direction} communicates nothing: it is one all-reduce on 'tp' ({_rule(name)})")
         if [(c["op"], c["axis"]) for c in calls] != [("all_reduce", "tp")]:
             return (f"your {name}'s {direction} communicates {describe_calls(calls)}: it is exactly one "
                     f"all-reduce on 'tp' ({_rule(name)})")
@@ -61,16 +64,47 @@ def _first(rule: str, calls_problem: str, value_problem: str) -> str:
     make (an all-reduce then divided by t has the right value); for an all-reduce, a wrong
     value first (a missing all-reduce shows there)."""
     first, second = (calls_problem, value_problem) if rule == "identity" else (value_problem, calls_problem)
+    if "communicates nothing" in calls_problem:  # no all-reduce at all: that is the mistake
+        first = calls_problem
     return first or second
 
 
+def _value_problem(name: str, direction: str, got: torch.Tensor, want: torch.Tensor, ones: torch.Tensor | None,
+                   r: int, t: int) -> str:
+    """'' when `got` is `want`, else which mistake it is: the incoming gradient ignored
+    (`ones`: the value with a gradient of ones), a mean instead of a sum, only some elements."""
+    if torch.equal(got, want):
+        return ""
+    rule = _rule(name)
+    if ones is not None and torch.equal(got, ones):
+        return (f"your {name}'s {direction} ignores the incoming gradient: on tp rank {r} of {t} it returned what a "
+                f"gradient of ones gives ({got.tolist()}), not what dy = {_DY(r).tolist()} gives ({rule})")
+    if torch.allclose(got * t, want, rtol=1e-12, atol=0):
+        return (f"your {name}'s {direction} returned the mean over the {t} ranks, not the sum ({got.tolist()} on tp "
+                f"rank {r}, expected {want.tolist()}): {rule}")
+    bad = [i for i in range(want.numel()) if got[i] != want[i]]
+    return (f"your {name}'s {direction} returned {got.tolist()} on tp rank {r} of {t} (expected {want.tolist()}; "
+            f"element{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} wrong): {rule}")
+
+
+def _X(r: int) -> torch.Tensor:
+    """tp rank r's input: a different value per element and per rank (an all-reduce sums
+    them; an operator that looks at one element, or that assumes equal ranks, is seen)."""
+    return (r + 1) * torch.tensor([1.0, 10.0, 100.0], dtype=torch.float64)
+
+
+def _DY(r: int) -> torch.Tensor:
+    """tp rank r's incoming gradient: not ones, so that a backward that ignores it is seen."""
+    return (r + 2) * torch.tensor([3.0, 5.0, 7.0], dtype=torch.float64)
+
+
 def _unit_check(comm, F, G) -> str:
-    """'' if F and G behave on a rank-dependent input, else the first problem. Raises
-    LabError when one returns something that is not a tensor of the input's shape."""
+    """'' if F and G behave on a rank-dependent input and gradient, else the first problem.
+    Raises LabError when one returns something that is not a tensor of the input's shape."""
     t, r = comm.size("tp"), comm.index("tp")
     for name, fn in (("F", F), ("G", G)):
         fwd, bwd = RULES[name]
-        x = torch.full((3,), float(r + 1), dtype=torch.float64, requires_grad=True)
+        x = _X(r).requires_grad_()
         y, calls = traced(comm, call, f"your {name}.forward", fn.apply, x, comm)
         if not isinstance(y, torch.Tensor) or y.shape != x.shape:
             got = f"a tensor of shape {list(y.shape)}" if isinstance(y, torch.Tensor) else repr(y)[:60]
@@ -79,25 +113,21 @@ def _unit_check(comm, F, G) -> str:
         if not y.requires_grad:
             raise LabError(f"your {name}.forward returned a tensor without a gradient: use "
                            f"{name}.apply's autograd (return a new tensor from forward, not x.detach())")
-        # the input is rank + 1 on tp rank `rank`: an all-reduce gives 1 + 2 + ... + t
-        want = float(sum(range(1, t + 1))) if fwd == "all-reduce" else r + 1.0
-        got = float(y.detach()[0])
-        problem = _first(fwd, _check_calls(name, "forward", calls), "" if got == want else (
-            f"your {name}'s forward returned {got} on tp rank {r} of {t} for an input of {r + 1.0} "
-            f"(expected {want}): {_rule(name)}"))
+        want = sum(_X(q) for q in range(t)) if fwd == "all-reduce" else _X(r)
+        value = _value_problem(name, "forward", y.detach(), want, None, r, t)
+        problem = _first(fwd, _check_calls(name, "forward", calls, not value), value)
         if problem:
             return problem
-        (dx,), calls = traced(comm, call, f"your {name}.backward", torch.autograd.grad, y, x, torch.ones_like(y))
+        (dx,), calls = traced(comm, call, f"your {name}.backward", torch.autograd.grad, y, x, _DY(r))
         if dx is None or dx.shape != x.shape:
             got = "None" if dx is None else f"shape {list(dx.shape)}"
             raise LabError(f"your {name}.backward returned a gradient of {got} for an input of shape "
                            f"{list(x.shape)}: return one gradient of the input's shape, then None for comm")
-        # the upstream gradient is ones on every rank: an all-reduce gives t, the identity 1
-        want = float(t) if bwd == "all-reduce" else 1.0
-        got = float(dx[0])
-        problem = _first(bwd, _check_calls(name, "backward", calls), "" if got == want else (
-            f"your {name}'s backward returned {got} on tp rank {r} of {t} for a gradient of ones "
-            f"(expected {want}): {_rule(name)}"))
+        reduced = bwd == "all-reduce"
+        want = sum(_DY(q) for q in range(t)) if reduced else _DY(r)
+        ones = torch.full_like(want, float(t if reduced else 1))
+        value = _value_problem(name, "backward", dx.detach(), want, ones, r, t)
+        problem = _first(bwd, _check_calls(name, "backward", calls, not value), value)
         if problem:
             return problem
     return ""
