@@ -138,6 +138,7 @@ class ParallelConfig:
     pp: int = 1
     vpp: int = 1
     cp: int = 1  # context parallel: the sequence split over cp ranks, ring attention
+    ep: int = 1  # expert parallel: the experts split over ep ranks, which also split the batch (like dp)
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
@@ -163,7 +164,12 @@ class ParallelConfig:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dp * self.tp * self.pp * self.cp * self.ep
+
+    @property
+    def data_replicas(self) -> int:
+        """Replicas that read different rows of the global batch: ep × dp."""
+        return self.ep * self.dp
 
     @property
     def cube_q(self) -> int:
@@ -185,6 +191,8 @@ class ParallelConfig:
             s += f".tesseract-d{self.tp_depth}"
         if self.cp > 1:
             s += f".cp{self.cp}"
+        if self.ep > 1:
+            s += f".ep{self.ep}"
         if self.pp > 1:
             s += f".{self.schedule}"
             if self.vpp > 1:
@@ -231,7 +239,17 @@ class TrainConfig:
 
 # The pipeline schedules (parallel/schedules.py builds each; analysis/bubble.py prices it):
 # GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (PTD-P §2.2.2), zero-bubble H1 (Qi et al. 2024).
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+# V-shaped: two chunks per rank, rank r holding stages r and 2p-1-r (first and last on rank 0):
+# ZB-V (Qi et al.) and DualPipe-V (DeepSeek-V3's DualPipe cut in half).
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "dualpipe-v")
+
+
+def min_microbatches(schedule: str, pp: int) -> int:
+    """The fewest microbatches a schedule runs with on `pp` ranks: interleaving needs a
+    group of p; ZB-V fills both chunks with p (its chunk-1 warm-up is p forwards); DualPipe-V
+    runs its steady F&B pairs only from 2p (as DeepSeek's DualPipeV requires); else 1."""
+    return {"interleaved": pp, "zb-v": pp, "dualpipe-v": 2 * pp}.get(schedule, 1)
 # The architecture knobs' choices (ModelConfig).
 ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -384,12 +402,13 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
     for k in ("dp", "tp", "pp", "vpp"):
         _need(getattr(layout, k) >= 1, f"--{k} must be at least 1 (got {getattr(layout, k)})")
     _need(layout.cp >= 1, f"--cp must be at least 1 (got {layout.cp})")
+    _need(layout.ep >= 1, f"--ep must be at least 1 (got {layout.ep})")
     world = world if world is not None else (layout.nproc or layout.world)
-    degrees = f"{layout.dp}*{layout.tp}*{layout.pp}"
-    cp = f"*cp = {degrees}*{layout.cp}" if layout.cp > 1 else f" = {degrees}"
+    names = "dp*tp*pp" + ("*cp" if layout.cp > 1 else "") + ("*ep" if layout.ep > 1 else "")
+    degrees = "*".join(str(getattr(layout, a)) for a in names.split("*"))
     _need(world == layout.world,
-          f"world size {world} != dp*tp*pp{cp} = {layout.world}: "
-          f"set --nproc {layout.world} or change --dp/--tp/--pp{'/--cp' if layout.cp > 1 else ''}")
+          f"world size {world} != {names} = {degrees} = {layout.world}: "
+          f"set --nproc {layout.world} or change --{'/--'.join(names.split('*'))}")
     _need(layout.tp_mode in ("1d", "2d", "2.5d", "3d"), f"unknown --tp-mode '{layout.tp_mode}': use 1d, 2d, 2.5d or 3d")
     _need(layout.tp_depth >= 1, f"--tp-depth must be at least 1 (got {layout.tp_depth})")
     _need(layout.tp_depth == 1 or layout.tp_mode == "2.5d",
@@ -439,11 +458,20 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         _need(not layout.sp or model.seq_len % layout.tp == 0,
               f"--sp splits the sequence: --seq-len {model.seq_len} must be divisible by --tp {layout.tp}")
     _need(not layout.sp or layout.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
+    validate_kv_heads(model, layout)
     if layout.cp > 1:
         validate_context_parallel(model, layout)
+    if model.experts or layout.ep > 1:
+        validate_experts(model, layout)
     if layout.pp > 1 or layout.vpp > 1:
         if layout.schedule == "interleaved":  # with --vpp 1 it is 1F1B
             _need(layout.pp >= 2, "the interleaved schedule needs --pp 2 or more pipeline ranks")
+        elif layout.schedule in V_SCHEDULES:  # rank r holds stages r and 2p-1-r
+            _need(layout.vpp == 2, f"--schedule {layout.schedule} places two chunks per rank in a V "
+                                   f"(stages r and 2p-1-r): use --vpp 2 (got --vpp {layout.vpp})")
+            _need(layout.pp >= 2, f"--schedule {layout.schedule} needs --pp 2 or more pipeline ranks")
+            _need(not model.tied_embeddings, f"--schedule {layout.schedule} puts the first and last stage in two "
+                                              "chunks of rank 0, which the tied embedding does not support: drop --tied")
         else:
             _need(layout.vpp == 1, f"--vpp {layout.vpp} needs --schedule interleaved")
         chunks = layout.pp * layout.vpp
@@ -474,8 +502,30 @@ def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:
         _need(not layout.compile, "--zero 3 gathers parameters in module hooks that --compile would trace: drop --compile")
         _need(layout.recompute != "full",
               "--zero 3 frees a block's parameters after its forward, which --recompute full replays: use selective or --zero 2")
-        _need(layout.schedule != "zb-h1" or layout.pp == 1,
-              "--zero 3 frees a block after its backward, which zb-h1 splits in two (B and W): use 1f1b or --zero 2")
+        _need(layout.schedule not in ("zb-h1", *V_SCHEDULES) or layout.pp == 1,
+              f"--zero 3 frees a block after its backward, which {layout.schedule} splits in two (B and W): "
+              "use 1f1b or --zero 2")
+
+
+def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Mixture-of-experts blocks and expert parallelism (``--ep``): the experts split over
+    ep ranks (each also reads its own rows of the batch), composed with data, 1-D tensor
+    (each expert split over the tensor group like a dense MLP), sequence and pipeline
+    parallelism. What is not written is refused here."""
+    _need(layout.ep == 1 or model.experts > 0, f"--ep {layout.ep} splits experts: add --experts (a multiple of {layout.ep})")
+    _need(model.experts % layout.ep == 0,
+          f"--experts {model.experts} cannot be split over --ep {layout.ep}: pick --experts a multiple of --ep")
+    _need(layout.tp_mode == "1d" or layout.tp == 1,
+          f"mixture-of-experts blocks compose with 1-D tensor parallelism only: use --tp-mode 1d (got {layout.tp_mode})")
+    _need(model.moe_ffn_hidden % layout.tp == 0,
+          f"expert FFN size {model.moe_ffn_hidden} is not divisible by --tp {layout.tp}: pick --moe-ffn a multiple of it")
+    _need(layout.cp == 1, "mixture-of-experts blocks route each rank's whole sequences: drop --cp "
+          "(the balancing loss and the capacity are taken over a microbatch's tokens)")
+    _need(layout.ep == 1 or layout.zero == 0,
+          f"--zero {layout.zero} with --ep is not supported: dense and expert parameters shard over different "
+          "data groups; drop --zero or --ep")
+    _need(layout.zero < 2 or layout.tp == 1,
+          f"--zero {layout.zero} cannot shard the router's gradient (summed over tensor ranks first): use --zero 1 or --tp 1")
 
 
 def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> None:
@@ -494,13 +544,35 @@ def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> Non
           f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
 
 
+def validate_kv_heads(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Grouped-query attention's key/value heads over the head-splitting axis: under 1-D
+    tensor parallelism kv/t heads per rank (t ≤ kv), or each kv head replicated on the
+    t/kv ranks holding its queries (t > kv; model.Attention); the 2-D and 3-D grids split
+    them over q without copies."""
+    kv, t = model.n_kv_heads, layout.tp
+    if kv == model.heads or t == 1:
+        return
+    if layout.tp_mode == "1d":
+        _need(kv % t == 0 or t % kv == 0,
+              f"{kv} key/value heads can be neither split over --tp {t} nor replicated evenly on it: "
+              f"pick --kv-heads a multiple or a divisor of --tp")
+        _need(layout.zero < 2 or kv >= t,
+              f"--zero {layout.zero} cannot shard the gradients of key/value heads replicated on --tp {t} > "
+              f"--kv-heads {kv} (summed over their copies first): use --zero 1 or --kv-heads {t}")
+    else:
+        q = layout.cube_q if layout.tp_mode == "3d" else layout.summa_q
+        _need(kv % q == 0, f"--tp-mode {layout.tp_mode} splits heads over q = {q} without copies: "
+                           f"--kv-heads {kv} must be divisible by {q} (replicated kv heads are 1-D only)")
+
+
 def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
     _need(train.steps > 0, f"--steps must be a positive number of steps (got {train.steps})")
     _need(train.microbatches >= 1, f"--microbatches must be at least 1 (got {train.microbatches})")
     _need(train.global_batch >= 1, f"--global-batch must be at least 1 (got {train.global_batch})")
-    _need(train.global_batch % (layout.dp * train.microbatches) == 0,
-          f"--global-batch {train.global_batch} is not divisible by dp*microbatches = {layout.dp}*{train.microbatches}: "
-          f"use a multiple of {layout.dp * train.microbatches}")
+    d, dn = layout.data_replicas, ("ep*dp" if layout.ep > 1 else "dp")
+    _need(train.global_batch % (d * train.microbatches) == 0,
+          f"--global-batch {train.global_batch} is not divisible by {dn}*microbatches = {d}*{train.microbatches}: "
+          f"use a multiple of {d * train.microbatches}")
     _need(train.dtype in DTYPES, f"unknown --dtype '{train.dtype}': choose one of {', '.join(DTYPES)}")
     _need(train.lr > 0 and math.isfinite(train.lr), f"--lr must be a positive finite number (got {train.lr})")
     _need(train.log_every >= 1, f"--log-every must be at least 1 (got {train.log_every})")
@@ -520,6 +592,11 @@ def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
     if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= p: microbatches go in groups
         _need(train.microbatches >= layout.pp,
               f"interleaved schedule needs --microbatches ({train.microbatches}) of at least --pp {layout.pp}")
+    if layout.pp > 1 and layout.schedule in V_SCHEDULES:
+        least = min_microbatches(layout.schedule, layout.pp)
+        _need(train.microbatches >= least,
+              f"--schedule {layout.schedule} on --pp {layout.pp} needs --microbatches of at least {least} "
+              f"(got {train.microbatches}): raise --microbatches")
     if layout.tp_mode == "3d":
         q = layout.cube_q
         mb = train.global_batch // (layout.dp * train.microbatches)

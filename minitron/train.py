@@ -18,8 +18,7 @@ import torch
 
 from . import data as data_mod
 from .comm import Comm
-from .config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step,
-                     stage_layers, virtual_stage)
+from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step, stage_layers
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
 from .model import GPT, layers_for
@@ -27,6 +26,7 @@ from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
 from .parallel.data import ParamGather, ShardedAdamW, make_data_parallel
 from .parallel.pipeline import PipelineRuntime, forward_microbatch
+from .parallel.schedules import placement_for
 from .parallel.zero import ShardedDataParallel
 from .preemption import StopOnSignal, process_group_store
 
@@ -139,12 +139,15 @@ class Trainer:
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
     def _build_chunks(self) -> list[GPT]:
-        """This rank's model chunks: one unless the schedule is interleaved."""
+        """This rank's model chunks: one unless the schedule has several per rank, each
+        the stage its placement gives it (the interleaved loop of PTD-P §2.2.2, or the V of
+        zb-v and dualpipe-v: stages r and 2p-1-r)."""
         pp, pp_rank = self.layout.pp, self.comm.index("pp")
         stages = stage_layers(self.mcfg, self.layout)
+        placement = placement_for(self.layout.schedule if pp > 1 else "1f1b", pp, self.layout.vpp)
         chunks = []
         for c in range(self.layout.vpp):
-            s = virtual_stage(c, pp_rank, pp)  # PTD-P §2.2.2
+            s = placement.stage(pp_rank, c)
             chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1,
                               layers=self.layers))
         return chunks

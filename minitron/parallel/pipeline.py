@@ -3,7 +3,7 @@
 The schedule is data: ``Schedule.steps(rank)`` is this rank's ordered list of compute
 actions (F, B, W of microbatch k on local chunk c) and communication batches. The
 runtime walks that list and does what each step says; no schedule logic lives here,
-so GPipe, 1F1B, interleaved 1F1B and ZB-H1 are all the same loop::
+so GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipe-V are all the same loop::
 
     for step in schedule.steps(rank):
         batch of sends/receives -> one batch_isend_irecv; wait for its receives
@@ -12,12 +12,21 @@ so GPipe, 1F1B, interleaved 1F1B and ZB-H1 are all the same loop::
                    queue the output for the send that follows
         B(k, c) -> backward from the received gradient (last stage: from loss/m),
                    queue the input's gradient for the send that follows
-        W(k, c) -> (zb-h1 only) the weight gradients that B left out
+        W(k, c) -> (split-backward kinds) the weight gradients that B left out
 
-Stages and chunks. Chunk c of pipeline rank r is virtual stage ``c*p + r`` (Megatron's
-interleaved assignment, ``Trainer._build_chunks``); its layers come from
-``config.stage_layers`` (even, or ``--stage-layers`` for an uneven split). The first
-stage embeds, the last one applies the final norm, the head and the loss.
+Stages and chunks. Chunk c of pipeline rank r is the virtual stage the schedule's
+``Placement`` gives it (``Trainer._build_chunks`` builds it from the same object):
+``c*p + r`` in Megatron's interleaved loop, r and 2p-1-r in the V of ZB-V and
+DualPipe-V; its layers come from ``config.stage_layers`` (even, or ``--stage-layers``
+for an uneven split). The first stage embeds, the last one applies the final norm, the
+head and the loss: under the V both are chunks of rank 0, which therefore holds the
+loss. Where two consecutive stages share a rank (the V's turn on rank p-1) the output
+of one becomes the input of the other in memory, a fresh leaf as if received, and the
+input's gradient goes back the same way: no message.
+
+DualPipe-V's overlapped F&B units (a forward of one chunk and the full backward of the
+other) run here one action after the other: on the CPU the overlap is only a pairing in
+the schedule (its communication is batched around the pair), not concurrent compute.
 
 What crosses a stage boundary. The hidden states [b, s, h] (``GPT.boundary_shape``:
 [b, s/t, h] under sequence parallelism, the cube's local block under 3-D), in the
@@ -55,7 +64,7 @@ rank sends its 1/t and the upstream group all-gathers.
 Loss and data parallelism. The last stage returns ``loss/m`` per microbatch and
 ``run`` returns their sum (the mean over the step's microbatches) there, None
 elsewhere. The backward that completes a chunk's last microbatch (its last B, or its
-last W in zb-h1) runs inside ``dp.microbatch(last=True)``: only then do the data-parallel
+last W in the split-backward kinds) runs inside ``dp.microbatch(last=True)``: only then do the data-parallel
 hooks count gradients and start their bucketed all-reduces, overlapping the rest of
 the schedule; ``Trainer.step`` calls ``dp.finish()`` after ``run``.
 
@@ -102,7 +111,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from .schedules import Action, Schedule, make_schedule, validate
+from .schedules import SPLIT_BACKWARD, Action, Schedule, make_schedule, validate
 
 
 # --- splitting a backward into B (input gradient) and W (weight gradients) -----------------
@@ -234,7 +243,13 @@ class PipelineRuntime:
         self.schedule: Schedule = validate(schedule)
         self.rank = self.comm.index("pp")
         self.steps = self.schedule.steps(self.rank)
-        self.split_backward = self.schedule.kind == "zb-h1"  # B = input gradient, W = weight gradients
+        self.split_backward = self.schedule.kind in SPLIT_BACKWARD  # B = input gradient, W = weight gradients
+        # where the next (previous) stage of a chunk lives on this rank too (the V's turn on rank
+        # p-1), its output (input gradient) is handed over in memory instead of sent
+        pl = self.schedule.placement
+        here = lambda s: pl.locate(s)[1] if 0 <= s < pl.num_stages and pl.locate(s)[0] == self.rank else None  # noqa: E731
+        self.local_next = {c: here(pl.stage(self.rank, c) + 1) for c in range(len(self.chunks))}
+        self.local_prev = {c: here(pl.stage(self.rank, c) - 1) for c in range(len(self.chunks))}
         for c, chunk in enumerate(self.chunks):
             if (chunk.first, chunk.last) != (self.schedule.is_first(self.rank, c), self.schedule.is_last(self.rank, c)):
                 raise ValueError(f"chunk {c} of pipeline rank {self.rank} is not virtual stage "
@@ -364,7 +379,11 @@ class PipelineRuntime:
             self.loss += out.detach().double()
         else:
             out = out.to(self.ctx.dtype)  # the residual stream's dtype (a no-op unless autocast left bf16)
-            self._sends[("fwd", *key)] = out.detach()
+            nxt = self.local_next[a.chunk]
+            if nxt is None:
+                self._sends[("fwd", *key)] = out.detach()
+            else:  # the next stage is ours: its input is a fresh leaf, as if received
+                self._inputs[(a.mb, nxt)] = out.detach().requires_grad_(torch.is_grad_enabled())
         if torch.is_grad_enabled():
             self._stash[key] = (None if chunk.first else inp, out)
         return None if chunk.first else inp
@@ -385,7 +404,11 @@ class PipelineRuntime:
             else:
                 torch.autograd.backward(root, grad)
                 dx = inp.grad
-        self._sends[("bwd", *key)] = dx
+        prev = self.local_prev[a.chunk]
+        if prev is None:
+            self._sends[("bwd", *key)] = dx
+        else:  # the previous stage is ours: its B starts from this gradient
+            self._grads[(a.mb, prev)] = dx
 
     def _W(self, a: Action) -> None:
         work = self._weight_grads.pop((a.mb, a.chunk), None)  # None on the first stage (B did it all)

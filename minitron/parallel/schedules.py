@@ -5,10 +5,14 @@ performs in one training step (a forward/backward of microbatch k on a model chu
 or the send/receive of an activation or a gradient). The same value is executed by
 the runtime, timed by `simulate`, proven executable by `validate` and drawn by `viz`.
 
-Stages. With p ranks and v chunks per rank there are p*v virtual stages. Megatron's
-interleaved assignment puts stage s on rank s % p as local chunk s // p, so
-`stage(rank, chunk) = chunk*p + rank` and activations flow s -> s+1: rank r sends
-forward to rank r+1, and rank p-1 sends chunk c's output to rank 0's chunk c+1.
+Stages. With p ranks and v chunks per rank there are p*v virtual stages, and a
+`Placement` says which one each (rank, local chunk) holds. Megatron's interleaved *loop*
+puts stage s on rank s % p as local chunk s // p, so `stage(rank, chunk) = chunk*p + rank`
+and activations flow s -> s+1: rank r sends forward to rank r+1, and rank p-1 sends chunk
+c's output to rank 0's chunk c+1. The *V* placement of ZB-V and DualPipe-V (v = 2) gives
+rank r the stages r and 2p-1-r: activations go down the ranks through chunk 0 and come
+back up through chunk 1, the hand-over from stage p-1 to stage p stays on rank p-1 (no
+message), and the first and the last stage (the loss) share rank 0.
 
 Point-to-point contract between a schedule and the runtime (`validate` proves it):
   * A rank executes `Schedule.steps(rank)` in order. A step is a compute action or a
@@ -24,13 +28,15 @@ Point-to-point contract between a schedule and the runtime (`validate` proves it
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Mapping, Union
 
-from ..config import SCHEDULES
+from ..config import SCHEDULES, V_SCHEDULES, min_microbatches, virtual_stage
 
 KINDS = SCHEDULES  # the schedule names, defined once in config
+SPLIT_BACKWARD = ("zb-h1", *V_SCHEDULES)  # B is the input gradient, W the weight gradients
 COMPUTE_OPS = ("F", "B", "W")
 COMM_OPS = ("send_fwd", "recv_fwd", "send_bwd", "recv_bwd")
 
@@ -46,8 +52,9 @@ class Action:
     `chunk` is always the *local* chunk on the rank that performs the action; for a
     send/recv it is the chunk that produced or will consume the tensor. `peer` is the
     pipeline rank at the other end of a send/recv, None for compute.
-    In "zb-h1" B is the input-gradient pass and W the weight-gradient pass; in the
-    other kinds B is the full backward and there is no W.
+    In the split-backward kinds (zb-h1, zb-v, dualpipe-v) B is the input-gradient pass
+    and W the weight-gradient pass; in the other kinds B is the full backward and there
+    is no W.
     """
     op: str
     mb: int
@@ -67,21 +74,78 @@ class Action:
 
 Step = Union[Action, tuple]  # a compute Action, or a tuple of comm Actions (one batch)
 
+PLACEMENTS = ("loop", "v")
+
 
 @dataclass(frozen=True)
-class Schedule:
+class Placement:
+    """Which global (virtual) stage each (pipeline rank, local chunk) holds.
+
+    "loop": Megatron's interleaving, stage ``chunk*p + rank`` (``config.virtual_stage``),
+    the model wraps around the ranks v times. "v" (v = 2): rank r holds stages r and
+    2p-1-r, the model goes down the ranks and back up (Qi et al.'s ZB-V, DeepSeek's
+    DualPipe-V): rank 0 holds the first and the last stage, rank p-1 the two middle
+    ones, and every rank holds the same layers' worth whatever the direction."""
     kind: str
     p: int
     v: int
-    m: int
-    actions: tuple[tuple[Action, ...], ...]  # one ordered tuple per pipeline rank
+
+    def __post_init__(self):
+        if self.kind not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.kind!r}; choose one of {', '.join(PLACEMENTS)}")
+        if self.kind == "v" and self.v != 2:
+            raise ValueError(f"the V placement holds two chunks per rank, got v={self.v}")
 
     @property
     def num_stages(self) -> int:
         return self.p * self.v
 
     def stage(self, rank: int, chunk: int) -> int:
-        return chunk * self.p + rank
+        """The global stage of local chunk `chunk` on pipeline rank `rank`."""
+        if self.kind == "v":
+            return rank if chunk == 0 else 2 * self.p - 1 - rank
+        return virtual_stage(chunk, rank, self.p)
+
+    def locate(self, stage: int) -> tuple[int, int]:
+        """(rank, local chunk) of global stage `stage`: the inverse of :meth:`stage`."""
+        if self.kind == "v":
+            return (stage, 0) if stage < self.p else (2 * self.p - 1 - stage, 1)
+        return stage % self.p, stage // self.p
+
+    def table(self) -> tuple[tuple[int, ...], ...]:
+        """The stages of each rank, chunk by chunk: ((0, 7), (1, 6), ...) for V on 4 ranks."""
+        return tuple(tuple(self.stage(r, c) for c in range(self.v)) for r in range(self.p))
+
+
+def placement_for(kind: str, p: int, v: int = 1) -> Placement:
+    """The placement a schedule kind runs on: V for zb-v and dualpipe-v, else the loop."""
+    return Placement("v" if kind in V_SCHEDULES else "loop", p, v)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """`actions`: one ordered tuple per pipeline rank. `overlapped`: per rank, the
+    (F, B) pairs that run as one overlapped F&B unit (DualPipe-V); on a GPU their compute
+    and communication would overlap, on the CPU the runtime runs them one after the
+    other and the pair is only a pairing in the schedule (the simulator prices it
+    with an ``F&B`` cost when given)."""
+    kind: str
+    p: int
+    v: int
+    m: int
+    actions: tuple[tuple[Action, ...], ...]  # one ordered tuple per pipeline rank
+    overlapped: tuple[tuple[tuple[Action, Action], ...], ...] = ()
+
+    @property
+    def num_stages(self) -> int:
+        return self.p * self.v
+
+    @cached_property
+    def placement(self) -> Placement:
+        return placement_for(self.kind, self.p, self.v)
+
+    def stage(self, rank: int, chunk: int) -> int:
+        return self.placement.stage(rank, chunk)
 
     def is_first(self, rank: int, chunk: int) -> bool:
         return self.stage(rank, chunk) == 0
@@ -225,102 +289,232 @@ def _zb_h1(p, v, m, rank):
     return units + [(Action("W", i),) for i in range(max(m - rank, 0), m)]
 
 
-_ORDERS = {"gpipe": _gpipe, "1f1b": _1f1b, "interleaved": _interleaved, "zb-h1": _zb_h1}
+def _zb_v(p, v, m, rank):
+    """ZB-V (Qi et al., the V-shaped zero-bubble schedule): V placement, backward split
+    into B and W. Rank r first runs chunk-0 forwards until the first microbatch has come
+    back through chunk 1: 2(p-r)-1 of them, then r (F1, F0) pairs; then p-r times
+    (F1, B1, W1) as chunk 1's first gradients arrive; the steady state repeats
+    (F0, B0, W0, F1, B1, W1); the cool-down runs the last r (B0, B1) with their W's
+    deferred, then p-r (B0, W) and the remaining W's fill the drain. Per rank at most 2p
+    chunk-microbatches are in flight (p stages' worth of layers, 1F1B's memory), and with
+    T_F = T_B = T_W the only idle time left is the fill: the last rank's first forward
+    starts p-1 chunk-forwards late (see `v_bubble`). Needs m >= p."""
+    n = {"F": [0, 0], "B": [0, 0], "W": [0, 0]}
+    units = []
+
+    def run(op, c):
+        units.append((Action(op, n[op][c], c),))
+        n[op][c] += 1
+
+    def f(c):
+        if n["F"][c] < m:
+            run("F", c)
+
+    for _ in range(2 * (p - rank) - 1):
+        f(0)
+    for _ in range(rank):
+        f(1)
+        f(0)
+    for _ in range(p - rank):
+        f(1)
+        run("B", 1)
+        run("W", 1)
+    while n["F"][1] < m:
+        f(0)
+        for c in (0, 1):
+            if c == 1:
+                f(1)
+            run("B", c)
+            run("W", c)
+    for _ in range(rank):
+        run("B", 0)
+        run("B", 1)
+    for _ in range(p - rank):
+        run("B", 0)
+        run("W", 0)
+    for c in (1, 0):
+        while n["W"][c] < m:
+            run("W", c)
+    return units
 
 
-def _with_comms(p: int, v: int, rank: int, units: list) -> tuple[Action, ...]:
+def _dualpipe_v(p, v, m, rank):
+    """DualPipe-V (DeepSeek-V3's DualPipe cut in half, the V form of its schedule): V
+    placement, and in the steady state each forward of one chunk is paired with the full
+    backward (B, then W) of the other chunk of another microbatch: one F&B unit. On a GPU
+    the two halves overlap, the forward's compute hiding the backward's communication
+    (DeepSeek-V3 §3.2.1). On the CPU the runtime runs the unit's actions one after the
+    other; the overlap is only a pairing in the schedule (`Schedule.overlapped`), which
+    the simulator prices with an ``F&B`` cost. The eight phases of rank r (p ranks, m
+    microbatches):
+
+    1. 2(p-r-1) chunk-0 forwards;  2. r+1 times (F0, F1);
+    3. p-r-1 times (B1, W1, F1): zero-bubble backwards fill the wait for gradients;
+    4. m-2p+r+1 times (F0 & B1, F1 & B0): the steady state, all overlapped
+       (rank p-1's first F0, B1 run apart: nothing to overlap with yet);
+    5. p-r-1 times (B1, F1 & B0);  6. r+1 times (B1, B0), the second half with W deferred;
+    7. p-r-1 times (W, B0) with W deferred;  8. the r+1 W's left.
+
+    Needs m >= 2p (`config.min_microbatches`)."""
+    n = {"F": [0, 0], "B": [0, 0]}
+    units, deferred, pairs = [], deque(), []
+
+    def fwd(c):
+        n["F"][c] += 1
+        return Action("F", n["F"][c] - 1, c)
+
+    def bwd(c, split=False):  # split: W deferred (zero bubble), else the full backward
+        n["B"][c] += 1
+        b, w = Action("B", n["B"][c] - 1, c), Action("W", n["B"][c] - 1, c)
+        if split:
+            deferred.append(w)
+            return (b,)
+        return (b, w)
+
+    def pair(cf, cb):
+        f, bw = fwd(cf), bwd(cb)
+        pairs.append((f, bw[0]))
+        units.append((f, *bw))
+
+    for _ in range(2 * (p - rank - 1)):
+        units.append((fwd(0),))
+    for _ in range(rank + 1):
+        units += [(fwd(0),), (fwd(1),)]
+    for _ in range(p - rank - 1):
+        units += [bwd(1, split=True), (deferred.popleft(),), (fwd(1),)]
+    for i in range(m - 2 * p + rank + 1):
+        if i == 0 and rank == p - 1:
+            units += [(fwd(0),), bwd(1)]
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(p - rank - 1):
+        units.append(bwd(1))
+        pair(1, 0)
+    split, steps = False, rank + 1
+    for i in range(steps):
+        split = split or (i == steps // 2 and rank % 2 == 1)
+        units.append(bwd(1, split))
+        split = split or (i == steps // 2 and rank % 2 == 0)
+        units.append(bwd(0, split))
+    for _ in range(p - rank - 1):
+        units += [(deferred.popleft(),), bwd(0, split=True)]
+    units += [(w,) for w in deferred]
+    return units, pairs
+
+
+_ORDERS = {"gpipe": _gpipe, "1f1b": _1f1b, "interleaved": _interleaved, "zb-h1": _zb_h1,
+           "zb-v": _zb_v, "dualpipe-v": _dualpipe_v}
+
+
+def _neighbour(pl: Placement, rank: int, a: Action, step: int):
+    """The (rank, chunk) holding the stage `step` (+1 or -1) away from `a`'s, or None
+    past either end of the model."""
+    s = pl.stage(rank, a.chunk) + step
+    return pl.locate(s) if 0 <= s < pl.num_stages else None
+
+
+def _with_comms(pl: Placement, rank: int, units: list) -> tuple[Action, ...]:
     """Receive what a unit consumes right before it, send what it produces right after.
     Consecutive comms form one batch: e.g. the 1F1B steady state's
-    [send_fwd, recv_bwd] is Megatron's send_forward_recv_backward."""
-    last, out = p * v - 1, []
-    up, down = (rank - 1) % p, (rank + 1) % p
+    [send_fwd, recv_bwd] is Megatron's send_forward_recv_backward. A neighbouring stage
+    on the same rank (the V's turn on rank p-1) is handed over without a message."""
+    out = []
     for unit in units:
         recvs, sends = [], []
         for a in unit:
-            s = a.chunk * p + rank
-            if a.op == "F":
-                recvs += [Action("recv_fwd", a.mb, a.chunk, up)] if s > 0 else []
-                sends += [Action("send_fwd", a.mb, a.chunk, down)] if s < last else []
-            elif a.op == "B":
-                recvs += [Action("recv_bwd", a.mb, a.chunk, down)] if s < last else []
-                sends += [Action("send_bwd", a.mb, a.chunk, up)] if s > 0 else []
+            if a.op not in ("F", "B"):
+                continue
+            up, down = _neighbour(pl, rank, a, -1), _neighbour(pl, rank, a, +1)
+            src, dst = (up, down) if a.op == "F" else (down, up)
+            d = "fwd" if a.op == "F" else "bwd"
+            if src is not None and src[0] != rank:
+                recvs.append(Action("recv_" + d, a.mb, a.chunk, src[0]))
+            if dst is not None and dst[0] != rank:
+                sends.append(Action("send_" + d, a.mb, a.chunk, dst[0]))
         out += recvs + list(unit) + sends
     return tuple(out)
 
 
-def _dataflow_ends(p: int, v: int, orders: list, costs: Mapping[str, float]) -> dict:
-    """End time of every compute action when each rank runs its order as soon as the
-    tensors it consumes exist (communication free): {(rank, op, mb, chunk): end}."""
-    seq = [[a for unit in units for a in unit] for units in orders]
-    last, end = p * v - 1, {}
+def _producer(pl: Placement, r: int, a: Action):
+    """The compute on a neighbouring stage whose output `a` consumes: (rank, op, mb, chunk)."""
+    nb = _neighbour(pl, r, a, -1 if a.op == "F" else +1) if a.op in ("F", "B") else None
+    return None if nb is None else (nb[0], a.op, a.mb, nb[1])
 
-    def producer(r, a):  # the compute whose output `a` consumes from another stage
-        s = a.chunk * p + r
-        if a.op == "F" and s > 0:
-            return ((s - 1) % p, "F", a.mb, (s - 1) // p)
-        if a.op == "B" and s < last:
-            return ((s + 1) % p, "B", a.mb, (s + 1) // p)
-        return None
 
+def _dataflow_ends(pl: Placement, orders: list, costs: Mapping[str, float]) -> dict:
+    """Start and end time of every compute unit's actions when each rank runs its order as
+    soon as the tensors it consumes exist (communication free): {(rank, op, mb, chunk):
+    (unit start, end, unit end)}. A unit's actions run back to back once all the
+    tensors the unit consumes from other units exist."""
+    p, times = pl.p, {}
     pc, clock, progress = [0] * p, [0.0] * p, True
     while progress:
         progress = False
         for r in range(p):
-            while pc[r] < len(seq[r]):
-                a, dep = seq[r][pc[r]], producer(r, seq[r][pc[r]])
-                if dep is not None and dep not in end:
+            while pc[r] < len(orders[r]):
+                unit = orders[r][pc[r]]
+                inside = {(r, a.op, a.mb, a.chunk) for a in unit}
+                deps = [d for a in unit for d in [_producer(pl, r, a)] if d is not None and d not in inside]
+                if any(d not in times for d in deps):
                     break
-                clock[r] = max(clock[r], end[dep] if dep else 0.0) + costs[a.op]
-                end[(r, a.op, a.mb, a.chunk)] = clock[r]
+                start = max([clock[r], *(times[d][2] for d in deps)])  # sent when its unit ends
+                t, ends = start, []
+                for a in unit:
+                    t += costs[a.op]
+                    ends.append(((r, a.op, a.mb, a.chunk), t))
+                for key, e in ends:
+                    times[key] = (start, e, t)
+                clock[r] = t
                 pc[r] += 1
                 progress = True
-    if any(pc[r] < len(seq[r]) for r in range(p)):
+    if any(pc[r] < len(orders[r]) for r in range(p)):
         raise ScheduleError("the compute orders wait on each other: no timeline exists")
-    return end
+    return times
 
 
-def _with_timed_comms(kind: str, p: int, v: int, m: int, orders: list) -> tuple:
+def _with_timed_comms(kind: str, pl: Placement, orders: list) -> tuple:
     """Comms placed by the dataflow timeline, for orders whose neighbours do not move in
     lockstep (interleaving with microbatch groups larger than p, when p does not
-    divide m). Time the compute orders with free communication and the default costs;
-    each message then gets one instant, the first at which neither its sender nor its
-    receiver is inside a compute, from its producer's end to its consumer's start.
-    Both ranks place it there, and the comms of one instant form one batch. Batches
-    meet in the same order on every rank, whatever the real costs: blocking sends
-    cannot deadlock (`validate` proves it) and messages on a channel keep their order.
-    (The lockstep placement of `_with_comms` makes ranks wait here, or deadlock.)"""
+    divide m; the V schedules). Time the compute orders with free communication and the
+    default costs; each message then gets one instant, the first at which neither its
+    sender nor its receiver is inside a compute unit, from its producer's unit end to
+    its consumer's unit start. Both ranks place it there, and the comms of one instant
+    form one batch. Batches meet in the same order on every rank, whatever the real
+    costs: blocking sends cannot deadlock (`validate` proves it) and messages on a
+    channel keep their order. (The lockstep placement of `_with_comms` makes ranks wait
+    here, or deadlock.)"""
     costs = default_costs(kind)
-    end = _dataflow_ends(p, v, orders, costs)
-    spans = [sorted((t - costs[op], t) for (r, op, _, _), t in end.items() if r == q) for q in range(p)]
+    times = _dataflow_ends(pl, orders, costs)
+    spans = [sorted({(t0, t1) for (r, *_), (t0, _, t1) in times.items() if r == q}) for q in range(pl.p)]
 
-    def free(q, t):  # rank q is between computes at time t
+    def free(q, t):  # rank q is between compute units at time t
         return not any(t0 < t < t1 for t0, t1 in spans[q])
 
     def instant(src, dst, t_sent, t_used):
-        times = sorted({t_sent, t_used, *(t for sp in spans[src] + spans[dst] for t in sp
-                                          if t_sent < t < t_used)})
-        return next((t for t in times if free(src, t) and free(dst, t)), t_sent)
+        times_ = sorted({t_sent, t_used, *(t for sp in spans[src] + spans[dst] for t in sp
+                                           if t_sent < t < t_used)})
+        return next((t for t in times_ if free(src, t) and free(dst, t)), t_sent)
 
     rows = []
     for r, units in enumerate(orders):
         events = []
-        for a in _with_comms(p, v, r, [(a,) for unit in units for a in unit]):
+        for a in _with_comms(pl, r, [(a,) for unit in units for a in unit]):
+            key = (r, a.op, a.mb, a.chunk)
             if a.is_compute:  # a compute starting at t runs after the batch at t
-                events.append(((end[(r, a.op, a.mb, a.chunk)] - costs[a.op], 1), a))
+                events.append(((times[key][1] - costs[a.op], 1), a))
                 continue
-            send = a.op.startswith("send")
-            if a.op == "send_fwd" or a.op == "recv_fwd":
-                up, down = (r, a.peer) if send else (a.peer, r)
-                cu, cd = (a.chunk, a.chunk + (r == p - 1)) if send else (a.chunk - (r == 0), a.chunk)
-                t_sent, t_used = end[(up, "F", a.mb, cu)], end[(down, "F", a.mb, cd)] - costs["F"]
-                src, dst = up, down
+            op = "F" if a.op.endswith("fwd") else "B"
+            here, compute = (r, op, a.mb, a.chunk), Action(op, a.mb, a.chunk)
+            if a.op.startswith("recv"):
+                there = _producer(pl, r, compute)
             else:
-                down, up = (r, a.peer) if send else (a.peer, r)
-                cd, cu = (a.chunk, a.chunk - (r == 0)) if send else (a.chunk + (r == p - 1), a.chunk)
-                t_sent, t_used = end[(down, "B", a.mb, cd)], end[(up, "B", a.mb, cu)] - costs["B"]
-                src, dst = down, up
-            key = (src, dst, a.op[-3:], a.mb)  # the same on both ends of the message
-            events.append(((instant(src, dst, t_sent, t_used), 0, *key), a))
+                q, c = _neighbour(pl, r, compute, +1 if op == "F" else -1)
+                there = (q, op, a.mb, c)
+            src, dst = (here, there) if a.op.startswith("send") else (there, here)
+            t_sent, t_used = times[src][2], times[dst][0]
+            msg = (src[0], dst[0], a.op[-3:], a.mb)  # the same on both ends of the message
+            events.append(((instant(src[0], dst[0], t_sent, t_used), 0, *msg), a))
         rows.append(tuple(a for _, a in sorted(events, key=lambda e: e[0])))
     return tuple(rows)
 
@@ -329,12 +523,20 @@ def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedu
     """The schedule of one training step: p pipeline ranks, v chunks per rank,
     m microbatches (default p, the fewest that fill the pipeline). Interleaving takes
     any m >= p (`interleaved_groups`); with v = 1 it is 1F1B."""
-    m = p if m is None else m
+    m = (min_microbatches(kind, p) if kind in V_SCHEDULES else p) if m is None else m
     if kind not in _ORDERS:
         raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(KINDS)}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"schedule needs p, v, m >= 1, got p={p}, v={v}, m={m}")
-    if kind == "interleaved" and v > 1:
+    if kind in V_SCHEDULES:
+        if v != 2 or p < 2:
+            raise ValueError(f"{kind} places two chunks per rank in a V (stages r and 2p-1-r) on "
+                             f"p >= 2 ranks, got p={p}, v={v}; use v=2")
+        least = min_microbatches(kind, p)
+        if m < least:
+            raise ValueError(f"{kind} needs at least {least} microbatches on p={p} ranks, got m={m}; "
+                             f"use m >= {least}")
+    elif kind == "interleaved" and v > 1:
         if p < 2:
             raise ValueError(f"interleaved with v={v} chunks needs p >= 2 pipeline ranks, "
                              f"got p={p}; use v=1 or more ranks")
@@ -344,12 +546,18 @@ def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedu
     elif v != 1:
         raise ValueError(f"{kind} has one chunk per rank (v=1), got v={v}; "
                          "use interleaved for v > 1")
+    pl, overlapped = placement_for(kind, p, v), ()
     orders = [_ORDERS[kind](p, v, m, r) for r in range(p)]
-    if kind == "interleaved" and v > 1 and m % p:
-        actions = _with_timed_comms(kind, p, v, m, orders)
+    if kind == "dualpipe-v":
+        overlapped = tuple(tuple(pairs) for _, pairs in orders)
+        orders = [units for units, _ in orders]
+    if kind in V_SCHEDULES:
+        actions = _with_timed_comms(kind, pl, orders)
+    elif kind == "interleaved" and v > 1 and m % p:  # timed action by action
+        actions = _with_timed_comms(kind, pl, [[(a,) for u in units for a in u] for units in orders])
     else:
-        actions = tuple(_with_comms(p, v, r, units) for r, units in enumerate(orders))
-    return Schedule(kind, p, v, m, actions)
+        actions = tuple(_with_comms(pl, r, units) for r, units in enumerate(orders))
+    return Schedule(kind, p, v, m, actions, overlapped)
 
 
 # ----------------------------------------------------------------------------------
@@ -358,10 +566,10 @@ def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedu
 
 def _expected_actions(s: Schedule) -> Counter:
     """Every (rank, action) a complete schedule of this shape contains exactly once."""
-    ops = "FBW" if s.kind == "zb-h1" else "FB"
+    ops = "FBW" if s.kind in SPLIT_BACKWARD else "FB"
     units = [(Action(op, i, c),) for c in range(s.v) for i in range(s.m) for op in ops]
     return Counter((r, str(a)) for r in range(s.p)
-                   for a in _with_comms(s.p, s.v, r, units))
+                   for a in _with_comms(s.placement, r, units))
 
 
 def _check_complete(s: Schedule) -> None:
@@ -377,22 +585,24 @@ def _check_complete(s: Schedule) -> None:
 
 
 def _check_order(s: Schedule) -> None:
-    """Within a rank: a tensor is received before it is used, produced before it is
-    sent, and the forward precedes B which precedes W."""
-    needs = {"F": "recv_fwd", "send_fwd": "F", "B": "F", "send_bwd": "B", "W": "B"}
+    """Within a rank: a tensor is received (or, from a stage on the same rank, computed)
+    before it is used, produced before it is sent, and the forward precedes B which
+    precedes W."""
+    needs = {"send_fwd": "F", "B": "F", "send_bwd": "B", "W": "B"}
     for r in range(s.p):
         seen = set()
         for a in s.actions[r]:
             key = (a.mb, a.chunk)
-            reqs = [needs.get(a.op)]
-            if a.op == "F" and s.is_first(r, a.chunk):
-                reqs = []
-            if a.op == "B" and not s.is_last(r, a.chunk):
-                reqs.append("recv_bwd")
-            for req in filter(None, reqs):
-                if (req, key) not in seen:
+            reqs = [(needs.get(a.op), a.chunk)]
+            if a.op in ("F", "B"):  # the tensor from the neighbouring stage
+                nb = _neighbour(s.placement, r, a, -1 if a.op == "F" else +1)
+                if nb is not None:
+                    reqs.append(("recv_" + ("fwd" if a.op == "F" else "bwd"), a.chunk) if nb[0] != r
+                                else (a.op, nb[1]))
+            for req, c in reqs:
+                if req is not None and (req, (a.mb, c)) not in seen:
                     raise ScheduleError(f"rank {r}: {a} runs before "
-                                        f"{req}{a.mb}.c{a.chunk}")
+                                        f"{req}{a.mb}.c{c}")
             seen.add((a.op, key))
 
 
@@ -468,7 +678,7 @@ def _execute(s: Schedule, cost: Callable[[int, Action], float], eager: bool):
 
 def validate(schedule: Schedule) -> Schedule:
     """Prove the schedule executable, or raise ScheduleError saying why: every stage
-    runs F and B (and W for zb-h1) once per microbatch, each rank's order respects its
+    runs F and B (and W for the split-backward kinds) once per microbatch, each rank's order respects its
     data dependencies, every send meets its receive, and the whole pipeline finishes
     with blocking (rendezvous, batched) and with eager point-to-point semantics."""
     s = schedule
@@ -488,8 +698,9 @@ Costs = Union[Mapping[str, float], Callable[[int, Action], float], None]
 
 
 def default_costs(kind: str) -> dict[str, float]:
-    """Uniform costs: backward twice the forward; zb-h1 splits it into B=W=1."""
-    return {"F": 1, "B": 1, "W": 1} if kind == "zb-h1" else {"F": 1, "B": 2, "W": 0}
+    """Uniform costs: backward twice the forward; the split-backward kinds (zb-h1, zb-v,
+    dualpipe-v) split it into B=W=1."""
+    return {"F": 1, "B": 1, "W": 1} if kind in SPLIT_BACKWARD else {"F": 1, "B": 2, "W": 0}
 
 
 @dataclass(frozen=True)
@@ -522,6 +733,21 @@ def peak_stashed(schedule: Schedule, rank: int) -> int:
     return peak
 
 
+def _overlap_priced(schedule: Schedule, costs: Mapping[str, float]) -> Callable[[int, Action], float]:
+    """Costs by op; with an ``F&B`` cost, each overlapped unit (a forward, and the full
+    backward B + W it is paired with: `Schedule.overlapped`) takes ``F&B`` in all, each
+    action its share in proportion to its own cost. No comm batch lies inside a unit,
+    so on the timeline the unit is one block of length F&B."""
+    plain = lambda r, a: costs.get(a.op, 0.0)  # noqa: E731
+    if "F&B" not in costs or not schedule.overlapped:
+        return plain
+    alone = costs.get("F", 0.0) + costs.get("B", 0.0) + costs.get("W", 0.0)
+    scale = costs["F&B"] / alone
+    paired = {(r, a) for r, pairs in enumerate(schedule.overlapped) for f, b in pairs
+              for a in (f, b, Action("W", b.mb, b.chunk))}
+    return lambda r, a: plain(r, a) * (scale if (r, a) in paired else 1.0)
+
+
 def simulate(schedule: Schedule, costs: Costs = None, eager: bool = False
              ) -> Simulation:
     """Time the schedule: each compute action costs `costs[op]` (or `costs(rank,
@@ -532,7 +758,7 @@ def simulate(schedule: Schedule, costs: Costs = None, eager: bool = False
     is exactly (p-1)/m for gpipe and 1f1b, (p-1)/(v*m) for interleaved (per-chunk
     costs F=1, B=2) and (p-1)/(3m) for zb-h1 when m >= p."""
     costs = default_costs(schedule.kind) if costs is None else costs
-    cost = costs if callable(costs) else (lambda r, a: costs.get(a.op, 0.0))
+    cost = costs if callable(costs) else _overlap_priced(schedule, costs)
     rows = [[] for _ in range(schedule.p)]
     for r, a, t0, t1 in _execute(schedule, cost, eager):
         rows[r].append((a, t0, t1))
