@@ -11,12 +11,31 @@ every rank has finished; then `latest` is replaced (write aside, then rename). A
 leaves at worst a stray `.tmp` folder (the next save removes it); `latest` always names a
 complete checkpoint, also while the very step it names is saved again. `keep_last`
 prunes all but the newest checkpoints.
+
+Nothing wrong is published or loaded without a word:
+
+* every shard file's SHA-256 (and size) is in `meta.json`; :func:`check` verifies them, the
+  shards' structure (regions inside their tensor, all of a tensor covered, optimizer state
+  complete) and that every parameter is finite before anything is assembled
+  (``minitron check-ckpt`` runs it on a folder without training);
+* a save whose model is not finite, or that a rank could not write (a full disk), is not
+  published: its `.tmp` folder is removed and every rank raises the same one-line error;
+* `latest` must name a step folder inside the checkpoint folder;
+* :class:`FolderLock` keeps a second run out of a folder that a run is writing; the lock is
+  the kernel's (``flock``), so it dies with its process, and a lock file left by a killed run
+  is recognised as stale and named.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import io
 import json
+import math
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 
 import torch
@@ -24,6 +43,23 @@ import torch
 from .config import ConfigError
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
+FORMAT = 2  # meta.json with per-file checksums ("files") and the run's settings ("train")
+STEP_DIR = re.compile(r"step_\d{7,}(\.tmp)?")  # the only folders the engine creates (and deletes)
+SHARD_FILE = re.compile(r"rank_\d{5,}\.(pt|pt\.part|json)")
+LOCK_FILE = "lock"
+
+
+class NonFiniteModel(ConfigError):
+    """A save found non-finite parameters: nothing is published (the run stops there)."""
+
+
+def is_step_dir(path: Path) -> bool:
+    """A folder the engine wrote: named step_NNNNNNN[.tmp] and holding only its own files
+    (shards, their checksums, meta.json). Anything else is never deleted by the engine."""
+    path = Path(path)
+    if not (STEP_DIR.fullmatch(path.name) and path.is_dir() and not path.is_symlink()):
+        return False
+    return all(SHARD_FILE.fullmatch(f.name) or f.name == "meta.json" for f in path.iterdir())
 
 
 def _region(p):
@@ -112,12 +148,21 @@ def import_state(params, opt, full: dict) -> None:
         opt.import_param_state(opt_state)
 
 
-def _load(path: Path) -> dict:
+def _load(path: Path, data: bytes | None = None) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        src = io.BytesIO(data) if data is not None else path
+        return torch.load(src, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle garbage, ...
         raise ConfigError(f"checkpoint file {path} is corrupt or truncated ({type(e).__name__}): "
                           f"delete that step folder or resume from another") from None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _point_latest(root: Path, name: str) -> None:
@@ -127,20 +172,104 @@ def _point_latest(root: Path, name: str) -> None:
 
 def _prune(root: Path, keep_last: int) -> None:
     """Remove stray `.tmp` folders of killed saves and, with `keep_last` > 0, all but the
-    newest `keep_last` checkpoints (never the one `latest` names)."""
-    current = root / (root / "latest").read_text().strip()
-    for tmp in root.glob("step_*.tmp"):
-        if tmp != current:
-            shutil.rmtree(tmp, ignore_errors=True)
-    done = sorted(d for d in root.glob("step_*") if d.is_dir() and d.suffix == "" and d != current)
+    newest `keep_last` checkpoints (never the one `latest` names). Only the engine's own
+    step folders (`is_step_dir`) are ever removed."""
+    current = latest(str(root))
+    mine = [d for d in root.iterdir() if is_step_dir(d) and d != current]
+    for tmp in (d for d in mine if d.suffix == ".tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    done = sorted(d for d in mine if d.suffix == "")
     if keep_last > 0:
         for old in done[:max(0, len(done) - (keep_last - 1))]:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _shard_summary(shards: dict) -> dict:
+    """What a rank reports about the shards it wrote (merged into meta.json by rank 0)."""
+    bad = next((n for n, r in shards.items() if not all(
+        bool(torch.isfinite(r[k]).all()) for k in ("param",) + STATE_KEYS if k in r)), None)
+    return {"records": len(shards), "with_state": sum(all(k in r for k in STATE_KEYS) for r in shards.values()),
+            "nonfinite": bad}
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.1f} MiB free"
+    except OSError:
+        return "free space unknown"
+
+
+def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
+    """Write this rank's shard file and its summary (checksum, size, finiteness), or, when
+    the disk refuses, the reason (a summary with "error"), so that rank 0 can say which rank
+    failed and why instead of a peer's "connection closed"."""
+    part = tmp / f"rank_{rank:05d}.pt"
+    side = tmp / f"rank_{rank:05d}.json"
+    try:
+        torch.save(shards, str(part) + ".part")
+        os.replace(str(part) + ".part", part)
+        info = {"file": part.name, "sha256": _sha256(part), "bytes": part.stat().st_size, **_shard_summary(shards)}
+    except OSError as e:
+        Path(str(part) + ".part").unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
+        info = {"error": f"rank {rank} could not write its shard into {tmp} ({e.strerror or type(e).__name__}; "
+                         f"{_free_space(tmp)})"}
+    try:
+        side.write_text(json.dumps(info))
+    except OSError:
+        pass  # rank 0 finds no summary and reports this rank
+
+
+def _verdict(tmp: Path, world: int, step: int, lr: float) -> tuple[str, str] | dict:
+    """Rank 0, after every rank has written: the files' summaries, or (kind, message) when
+    the checkpoint must not be published (a rank that could not write, a non-finite model)."""
+    infos = []
+    for r in range(world):
+        try:
+            infos.append(json.loads((tmp / f"rank_{r:05d}.json").read_text()))
+        except (OSError, json.JSONDecodeError):
+            return "disk", (f"rank {r} could not write its shard into {tmp} ({_free_space(tmp)}): free some "
+                            f"space (or point --ckpt-dir elsewhere) and resume from the last checkpoint")
+    for info in infos:
+        if "error" in info:
+            return "disk", (f"{info['error']}: free some space (or point --ckpt-dir elsewhere) and resume from "
+                            f"the last checkpoint")
+    for r, info in enumerate(infos):
+        if info["nonfinite"]:
+            return "nonfinite", (f"the parameters are not finite after step {step} ('{info['nonfinite']}' on rank "
+                                 f"{r}): training diverged, so it was not saved; lower --lr (it is {lr:g}) "
+                                 f"or resume from {_last_words(tmp.parent)}")
+    return {"infos": infos}
+
+
+def _last_words(root: Path) -> str:
+    try:
+        now = latest(str(root))
+    except ConfigError:
+        now = None
+    return f"the last checkpoint, {now}" if now is not None else "an earlier checkpoint (this folder has none)"
+
+
+def _agree(comm, step: int, verdict) -> str:
+    """Rank 0's verdict on every rank, through the process group's key-value store (the
+    rendezvous' control channel, as preemption.py uses it: no byte of training traffic)."""
+    if comm.grid.world == 1:
+        return verdict
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    key = f"minitron/save/{step}"
+    if comm.grid.rank == 0:
+        store.set(key, verdict)
+    comm.barrier()
+    return store.get(key).decode()
+
+
 def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
     """Write this rank's shards; rank 0 publishes the folder once all have written
-    (and keeps only the newest `keep_last` checkpoints when it is positive)."""
+    (and keeps only the newest `keep_last` checkpoints when it is positive). Nothing is
+    published when a rank could not write or the model is not finite: every rank raises
+    the same one-line error (NonFiniteModel for the latter) and the `.tmp` folder goes."""
     comm, rank = tr.comm, tr.comm.grid.rank
     root = Path(ckpt_dir)
     tmp, final = root / f"step_{step:07d}.tmp", root / f"step_{step:07d}"
@@ -152,33 +281,76 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
     comm.barrier()
-    part = tmp / f"rank_{rank:05d}.pt"
-    torch.save(export_state(tr.params, tr.optimizer), str(part) + ".part")
-    os.replace(str(part) + ".part", part)
+    _write_shard(tmp, rank, export_state(tr.params, tr.optimizer))
     comm.barrier()
+    verdict = "ok"
     if rank == 0:
-        meta = {"step": step, "world": comm.grid.world, "layout": tr.layout.describe(),
-                "model": tr.mcfg.__dict__, "seed": tr.tcfg.seed}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if latest(ckpt_dir) == final:  # saving the step `latest` names: never let it dangle
-            _point_latest(root, tmp.name)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _point_latest(root, final.name)
-        _prune(root, keep_last)
+        res = _verdict(tmp, comm.grid.world, step, tr.tcfg.lr)
+        if isinstance(res, tuple):
+            shutil.rmtree(tmp, ignore_errors=True)
+            verdict = ":".join(res)
+        else:
+            _publish(root, tmp, final, step, tr, res["infos"])
+            _prune(root, keep_last)
+    verdict = _agree(comm, step, verdict)
+    if verdict != "ok":
+        kind, message = verdict.split(":", 1)
+        raise (NonFiniteModel if kind == "nonfinite" else ConfigError)(message)
     comm.barrier()
     return final
 
 
+def _publish(root: Path, tmp: Path, final: Path, step: int, tr, infos: list[dict]) -> None:
+    """Rank 0: meta.json (checksums, the model, the run's settings), then the renames."""
+    tc = tr.tcfg
+    meta = {"format": FORMAT, "step": step, "world": tr.comm.grid.world, "layout": tr.layout.describe(),
+            "model": tr.mcfg.__dict__, "seed": tc.seed,
+            "train": {**{k: getattr(tc, k) for k in RESUME_EXACT if k != "data_tokens"},
+                      "data_tokens": len(tr.train_data) if hasattr(tr, "train_data") else None,
+                      "steps": tc.steps, "microbatches": tc.microbatches},
+            "optimizer_state": "all" if all(i["records"] == i["with_state"] for i in infos) else "partial",
+            "files": {i["file"]: {"sha256": i["sha256"], "bytes": i["bytes"]} for i in infos}}
+    for r in range(len(infos)):
+        (tmp / f"rank_{r:05d}.json").unlink(missing_ok=True)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    if latest(str(root)) == final:  # saving the step `latest` names: never let it dangle
+        _point_latest(root, tmp.name)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _point_latest(root, final.name)
+
+
+# The run's settings that a resume must keep for the continued run to equal an uninterrupted
+# one (the batches are a pure function of seed, step and the corpus; the update of the
+# schedule, the clipping and the dtype). --steps may grow (that is what a resume is for),
+# and the layout may change: checkpoints are layout-independent.
+RESUME_EXACT = ("seed", "global_batch", "data", "data_tokens", "dtype", "lr", "min_lr", "warmup",
+                "weight_decay", "clip")
+
+
 def latest(ckpt_dir: str) -> Path | None:
-    """The newest complete checkpoint folder, or None."""
+    """The newest complete checkpoint folder, or None. `latest` must name a step folder
+    inside `ckpt_dir` (a pointer edited to lead elsewhere is refused, not followed)."""
     ptr = Path(ckpt_dir) / "latest"
-    return Path(ckpt_dir) / ptr.read_text().strip() if ptr.exists() else None
+    if not ptr.exists():
+        return None
+    try:
+        name = ptr.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        name = "?"
+    path = Path(ckpt_dir) / name
+    inside = os.path.realpath(path).startswith(os.path.realpath(ckpt_dir) + os.sep)
+    if not (STEP_DIR.fullmatch(name) and inside):
+        raise ConfigError(f"{ptr} names '{name[:80]}', not a step folder inside {ckpt_dir}: it was edited or "
+                          f"damaged; write the name of one of its step_NNNNNNN folders into it")
+    return path
 
 
-def check(path) -> dict:
+def check(path, verify_data: bool = True) -> dict:
     """Open every file of checkpoint folder `path`; raise ConfigError if any is bad.
-    Returns its meta. Run before any process group starts."""
+    Returns its meta. Run before any process group starts. Verifies each shard file's
+    SHA-256 and size against meta.json, and (`verify_data`) the shards' structure and
+    that every tensor is finite, without assembling anything."""
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.exists():
@@ -195,13 +367,69 @@ def check(path) -> dict:
     if len(files) != meta.get("world"):
         raise ConfigError(f"checkpoint {path} has {len(files)} shard files, expected {meta.get('world')}: "
                           f"it is incomplete, resume from another")
+    sums = meta.get("files")
+    if not isinstance(sums, dict) or sorted(sums) != [f.name for f in files]:
+        raise ConfigError(f"checkpoint {meta_file} has no checksums for its shard files (written by an older "
+                          f"minitron, or edited): it cannot be verified; resume from another checkpoint")
+    shapes, covered = {}, {}
     for f in files:
-        shards = _load(f)
-        if not isinstance(shards, dict) or not all(
-                isinstance(r, dict) and "param" in r and "region" in r and "full_shape" in r for r in shards.values()):
-            raise ConfigError(f"checkpoint file {f} does not hold minitron shards: it was replaced or damaged; "
+        data = f.read_bytes()
+        want = sums[f.name]
+        if not isinstance(want, dict) or len(data) != want.get("bytes") or \
+                hashlib.sha256(data).hexdigest() != want.get("sha256"):
+            raise ConfigError(f"checkpoint file {f} does not match its checksum in meta.json "
+                              f"({len(data):,} bytes now, {_count(want)} written): it was damaged or replaced; "
                               f"resume from another checkpoint")
+        shards = _load(f, data)
+        if verify_data:
+            _check_shards(f, shards, meta.get("optimizer_state") == "all", shapes, covered)
+    for name, n in covered.items():
+        if n < math.prod(shapes[name]):
+            raise ConfigError(f"checkpoint {path} is missing shards of '{name}': it is incomplete, resume "
+                              f"from another checkpoint")
     return meta
+
+
+def _count(want) -> str:
+    n = want.get("bytes") if isinstance(want, dict) else None
+    return f"{n:,}" if isinstance(n, int) else "?"
+
+
+def _check_shards(f: Path, shards, all_state: bool, shapes: dict, covered: dict) -> None:
+    """The structure of one shard file: every record's region inside its full shape and the
+    shape of its tensors, optimizer state whole (both moments and the step, or none), the
+    same full shape in every file, every value finite. `covered` sums the regions per name
+    (so that nothing larger than the shards is ever allocated from a crafted full shape)."""
+    def bad(why):
+        return ConfigError(f"checkpoint file {f} does not hold valid minitron shards ({why}): it was "
+                           f"replaced or damaged; resume from another checkpoint")
+
+    if not isinstance(shards, dict) or not all(
+            isinstance(r, dict) and "param" in r and "region" in r and "full_shape" in r for r in shards.values()):
+        raise bad("no param, region or full shape")
+    for name, rec in shards.items():
+        full, region = rec["full_shape"], rec["region"]
+        if not (isinstance(full, list) and all(isinstance(d, int) and d >= 0 for d in full)
+                and isinstance(region, list) and len(region) == len(full)
+                and all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r)
+                        and 0 <= r[0] <= r[1] <= d for r, d in zip(region, full))):
+            raise bad(f"'{name}' has a region outside its shape")
+        if shapes.setdefault(name, full) != full:
+            raise bad(f"'{name}' has shape {full} here and {shapes[name]} in another file")
+        size = [b - a for a, b in region]
+        has = [k for k in STATE_KEYS + ("step",) if k in rec]
+        if has and len(has) != 3 or (all_state and not has):
+            raise bad(f"'{name}' lacks optimizer state ({', '.join(k for k in STATE_KEYS + ('step',) if k not in rec)})")
+        for k in ("param",) + STATE_KEYS:
+            if k not in rec:
+                continue
+            t = rec[k]
+            if not isinstance(t, torch.Tensor) or list(t.shape) != size:
+                raise bad(f"'{name}' {k} is not a tensor of shape {size}")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ConfigError(f"checkpoint file {f} holds non-finite values in '{name}' ({k}): the model had "
+                                  f"diverged when it was saved; resume from an earlier checkpoint")
+        covered[name] = covered.get(name, 0) + math.prod(size)
 
 
 def check_model(meta: dict, m, where: str = "the checkpoint") -> None:
@@ -233,7 +461,7 @@ def load_latest(ckpt_dir: str, tr) -> int:
     path = latest(ckpt_dir)
     if path is None:
         return 0
-    meta = check(path)
+    meta = check(path, verify_data=False)  # checksums: the structure was checked before the ranks started
     check_model(meta, tr.mcfg, f"checkpoint {path}")
     import_state(tr.params, tr.optimizer, load_full(path))
     tr.step_idx = meta["step"]
@@ -244,3 +472,94 @@ def gather_full(tr) -> dict | None:
     """Every rank's shards assembled into full tensors on rank 0 (None elsewhere)."""
     shards = tr.comm.gather_object(export_state(tr.params, tr.optimizer))
     return assemble(shards) if shards is not None else None
+
+
+class FolderLock:
+    """The lock of a checkpoint folder while a run writes it: the file `lock` inside it,
+    held with the kernel's ``flock`` (released when its process ends, however it ends:
+    the lock never outlives a killed run) and naming its holder (pid, host, start).
+
+    A second run is refused in one line naming the holder. A lock file that nobody holds
+    was left by a run that did not end cleanly (killed): it is taken over, and `stale`
+    names it. Use ``acquire()`` then ``release()``, or as a context manager (a lock on
+    "" does nothing: no --ckpt-dir, or not the rank that writes)."""
+
+    def __init__(self, ckpt_dir: str):
+        self.folder = Path(ckpt_dir) if ckpt_dir else None
+        self.fd: int | None = None
+        self.stale: str | None = None
+
+    def acquire(self) -> "FolderLock":
+        if self.folder is None or self.fd is not None:
+            return self
+        path = self.folder / LOCK_FILE
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"--ckpt-dir {self.folder}: cannot create its lock ({e.strerror}): "
+                              f"pick a writable folder") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_lock(fd)
+            os.close(fd)
+            raise ConfigError(f"--ckpt-dir {self.folder} is in use by another run ({holder or 'holder unknown'}): "
+                              f"wait for it to end, or use another folder") from None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except OSError:
+            current = False
+        if not current:  # its holder released (and removed) it between our open and flock: again
+            os.close(fd)
+            return self.acquire()
+        left = _read_lock(fd)
+        if left:
+            self.stale = (f"{path} was left by a run that did not end cleanly ({left}, no longer holding it: "
+                          f"killed?); taken over")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            (self.folder / LOCK_FILE).unlink(missing_ok=True)  # still ours: we hold the flock
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_lock(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def lock_holder(ckpt_dir: str) -> str | None:
+    """Who holds `ckpt_dir`'s lock now ("pid N on HOST"), "stale: ..." for a lock file that
+    nobody holds, or None when there is no lock file."""
+    path = Path(ckpt_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = _read_lock(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return text or "held"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return f"stale: {text or 'empty'}"
+    finally:
+        os.close(fd)

@@ -119,6 +119,9 @@ class TokenFile:
 
 
 def _read_text(path: Path) -> bytes:
+    if not path.is_file():  # a FIFO or a device: reading it blocks, or never ends
+        raise ConfigError(f"--data {path} is not a regular file (a FIFO, socket or device): reading it could block "
+                          f"forever; give a text file")
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if b"\x00" in data[:65536]:
         raise ConfigError(f"--data {path} looks binary (it has NUL bytes): give a UTF-8 text file")
@@ -161,6 +164,9 @@ def sidecar_path(path: str | Path) -> Path:
 def load_token_file(path: str) -> TokenFile:
     """A `.bin` of token ids with its JSON sidecar, as `minitron tokenize` writes them."""
     p, side = Path(path), sidecar_path(path)
+    if p.exists() and not p.is_file() or side.exists() and not side.is_file():
+        raise ConfigError(f"--data {path} or its sidecar is not a regular file (a FIFO, socket or device): "
+                          f"give a token file from `minitron tokenize`")
     if not p.is_file():
         raise ConfigError(f"--data {path} does not exist: make it with `minitron tokenize --out {path}`")
     if not side.is_file():
@@ -184,6 +190,9 @@ def load_token_file(path: str) -> TokenFile:
         raise ConfigError(f"--data {path} has {size} bytes, not a multiple of {item} ({dtype}): "
                           f"the file is truncated or the sidecar's dtype is wrong; tokenize again")
     tok = meta.get("tokenizer")
+    if tok and (not isinstance(tok, str) or Path(tok).name != tok or tok in (".", "..")):
+        raise ConfigError(f"{side} names tokenizer '{str(tok)[:80]}', not a file beside it: give the name of the "
+                          f"tokenizer.json next to {p.name}")
     return TokenFile(str(p), TOKEN_DTYPES[dtype], vocab, str(p.parent / tok) if tok else None)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from minitron.tools.cli import main, validation_summary
-from minitron.tools.testing import run_cli
+from minitron.tools.testing import reseal, run_cli
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0"]
 TEXT = "To be, or not to be, that is the question.\n" * 300
@@ -45,6 +45,7 @@ def files(tmp_path_factory):
     shards = d / "broken_shards"
     shutil.copytree(ckpt, shards)
     torch.save([1, 2, 3], shards / "step_0000002" / "rank_00000.pt")
+    reseal(shards / "step_0000002")  # crafted with a valid checksum: the structure check must catch it
     return {k: str(v) for k, v in dict(dir=d, text=d / "text.txt", tokens=d / "tokens.bin",
                                        folder=d / "a_folder", file=d / "a_file", gz=d / "corrupt.gz",
                                        ckpt=ckpt, empty=empty, broken_meta=broken, broken_shards=shards).items()}
@@ -125,7 +126,7 @@ CASES = [
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--heads", "2"], "holds a model with --heads 4"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--tied"], "this run has --tied"),
     (TRAIN + ["--resume", "--ckpt-dir", "{broken_meta}"], "lacks a valid step, world or model"),
-    (TRAIN + ["--resume", "--ckpt-dir", "{broken_shards}"], "does not hold minitron shards"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{broken_shards}"], "does not hold valid minitron shards"),
     # --- the machine ---
     (TRAIN + ["--backend", "nccl", "--nproc", "2", "--dp", "2"], "needs a CUDA GPU"),
     (TRAIN + ["--device", "cuda"], "needs a CUDA GPU"),

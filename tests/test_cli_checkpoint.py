@@ -71,9 +71,9 @@ def test_corrupt_and_truncated_checkpoints(tmp_path, capsys):
     _train(a, steps=10)
     f = a / "step_0000010" / "rank_00000.pt"
     f.write_bytes(f.read_bytes()[:100])  # truncated
-    one_line_error(capsys, TRAIN + ["--steps", "20", "--ckpt-dir", str(a), "--resume"], "corrupt or truncated")
+    one_line_error(capsys, TRAIN + ["--steps", "20", "--ckpt-dir", str(a), "--resume"], "does not match its checksum")
     f.write_bytes(b"garbage" * 10)
-    one_line_error(capsys, TRAIN + ["--steps", "20", "--ckpt-dir", str(a), "--resume"], "corrupt or truncated")
+    one_line_error(capsys, TRAIN + ["--steps", "20", "--ckpt-dir", str(a), "--resume"], "does not match its checksum")
     (a / "step_0000010" / "meta.json").unlink()
     one_line_error(capsys, TRAIN + ["--steps", "20", "--ckpt-dir", str(a), "--resume"], "no meta.json")
 

@@ -267,20 +267,38 @@ def _train_job(comm, model, layout, train, corpus, extra):
 
 # --- commands ------------------------------------------------------------------------------
 def cmd_train(args) -> int:
+    """`minitron train`, holding --ckpt-dir's lock (checkpoint.FolderLock) from its checks to its end."""
+    from ..checkpoint import FolderLock
+
+    with FolderLock(args.ckpt_dir if reporting() else "") as lock:
+        return _train_command(args, lock)
+
+
+def _train_command(args, lock) -> int:
     model, layout = model_from(args), layout_from(args)
     from ..checkpoint import latest
     from ..preemption import EXIT_PREEMPTED, installed_log
-    from .preflight import check_output_dir, check_outputs, check_resume, inputs_of, prepare_ckpt_dir, trim_metrics
+    from .preflight import (AlreadyDone, check_output_dir, check_outputs, check_resume, inputs_of, lock_ckpt_dir,
+                            prepare_ckpt_dir, trim_metrics)
 
     train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
                    sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last)
     validate(model, layout, train)
     corpus = check_data(model, train)
-    start = check_resume(train.ckpt_dir, args.resume, model, train) if train.resume else 0
-    check_outputs({"--metrics": train.metrics, "--trace": train.trace, "--timeline": train.timeline}, inputs_of(train))
+    if train.ckpt_dir:  # checked, then locked before anything reads or deletes it
+        prepare_ckpt_dir(train.ckpt_dir, args.resume, args.overwrite, inputs_of(train), delete=False)
+        lock_ckpt_dir(lock)
+    try:
+        start = check_resume(train.ckpt_dir, args.resume, model, train, corpus,
+                             args.allow_resume_change) if train.resume else 0
+    except AlreadyDone as done:  # a requeued job preempted in its last step: its work is done
+        print(f"minitron: {done}", file=sys.stderr)
+        return 0
+    check_outputs({"--metrics": train.metrics, "--trace": train.trace, "--timeline": train.timeline}, inputs_of(train),
+                  train.ckpt_dir)
     if getattr(args, "tensorboard", ""):
-        check_output_dir("--tensorboard", args.tensorboard)
+        check_output_dir("--tensorboard", args.tensorboard, inputs_of(train), train.ckpt_dir)
     if train.ckpt_dir:
         prepare_ckpt_dir(train.ckpt_dir, args.resume, args.overwrite, inputs_of(train), delete=reporting())
     for path in (train.trace, train.metrics, train.timeline) if reporting() else ():  # one writer under srun
@@ -635,6 +653,9 @@ def cmd_export(args) -> int:
     from ..hf import save
     from .sampling import model_from_checkpoint
 
+    from .preflight import check_export_dir
+
+    check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
     res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
     print(f"wrote {res['dir']}/config.json and model.safetensors ({res['tensors']} tensors, "
@@ -714,6 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue from the newest checkpoint of --ckpt-dir; `--resume auto`: if there is one "
                          "(a requeued batch job)")
     tr.add_argument("--overwrite", action="store_true", help="delete the checkpoints of --ckpt-dir and start again")
+    tr.add_argument("--allow-resume-change", action="store_true",
+                    help="resume although a setting that the continued run's equality with an uninterrupted "
+                         "one depends on (--seed, --global-batch, --data, --dtype, --lr) differs from the checkpoint's")
     tr.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
     tr.add_argument("--stop-at", type=int, default=0, help="stop after this step (and checkpoint), as a "
                     "time-limited job would; resume later with --resume")
@@ -830,6 +854,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measure this machine (one-rank step rate, collectives' latency and bandwidth) into FILE")
     sw.add_argument("--out", default="", help="append one JSON line per point here")
     sw.set_defaults(fn=cmd_sweep)
+
+    from .check_ckpt import add_parser as add_check_ckpt
+    add_check_ckpt(sub)
     return ap
 
 

@@ -108,26 +108,63 @@ def _same(a: str, b: str) -> bool:
 
 
 def inputs_of(train: TrainConfig) -> list[str]:
-    """The files a run reads: the corpus (and a token file's sidecars)."""
-    if not train.data:
-        return []
-    out = [train.data]
-    if train.data.endswith(".bin"):
-        base = train.data[:-4]
-        out += [base + ".json", base + ".tokenizer.json"]
+    """The files a run reads: the corpus (and a token file's sidecars), the GPT-2 directory's."""
+    out = []
+    if train.data:
+        out.append(train.data)
+        if train.data.endswith(".bin"):
+            base = train.data[:-4]
+            out += [base + ".json", base + ".tokenizer.json"]
+    if train.init_from:
+        out += [os.path.join(train.init_from, f) for f in ("config.json", "model.safetensors", "tokenizer.json")]
     return out
 
 
-def check_output_file(flag: str, path: str, inputs: list[str], extensions: tuple[str, ...] = ()) -> None:
-    """`path` can be written by the run: not a folder, not one of its inputs, its parent
-    folder created (a fresh clone has no runs/) and writable."""
+def checkpoint_folder_of(path: str) -> str | None:
+    """The checkpoint folder that `path` is (or lies inside), or None. A checkpoint folder
+    holds a `latest` pointer or one of the engine's step folders; a step folder holds
+    meta.json or shards. Outputs never go there: a metrics file named `latest`, a trace
+    over a shard or another run's meta.json would destroy a checkpoint without a word."""
+    from ..checkpoint import LOCK_FILE, STEP_DIR
+
+    here = Path(os.path.realpath(path))
+    for folder in [here, *here.parents]:
+        try:
+            if STEP_DIR.fullmatch(folder.name) and folder.is_dir() and \
+                    ((folder / "meta.json").exists() or any(folder.glob("rank_*.pt*"))):
+                return str(folder.parent)
+            if folder.is_dir() and ((folder / "latest").is_file() or (folder / LOCK_FILE).is_file()
+                                    or any(STEP_DIR.fullmatch(d.name) and d.is_dir() for d in folder.glob("step_*"))):
+                return str(folder)
+        except OSError:
+            continue
+    return None
+
+
+def _not_in_checkpoint(flag: str, path: str, ckpt_dir: str = "") -> None:
+    inside = ckpt_dir and (_same(path, ckpt_dir) or
+                           os.path.realpath(path).startswith(os.path.realpath(ckpt_dir) + os.sep))
+    folder = ckpt_dir if inside else checkpoint_folder_of(path)
+    if folder:
+        raise ConfigError(f"{flag} {path} is inside the checkpoint folder {folder}: outputs never go there "
+                          f"(they could overwrite a checkpoint); write it somewhere else")
+
+
+def check_output_file(flag: str, path: str, inputs: list[str], extensions: tuple[str, ...] = (),
+                      ckpt_dir: str = "") -> None:
+    """`path` can be written by the run: not a folder, not one of its inputs, not inside a
+    checkpoint folder (this run's `ckpt_dir` or any other), not a FIFO or device, its
+    parent folder created (a fresh clone has no runs/) and writable."""
     target = Path(path)
     if target.is_dir():
         raise ConfigError(f"{flag} {path} is a folder: name a file to write, e.g. {path.rstrip('/')}/out.jsonl")
+    if target.exists() and not target.is_file():
+        raise ConfigError(f"{flag} {path} is not a regular file (a FIFO, socket or device): name a file to write")
     for src in filter(None, inputs):
         if _same(path, src):
             raise ConfigError(f"{flag} {path} is an input of this run and would be overwritten: "
                               f"write it somewhere else")
+    _not_in_checkpoint(flag, path, ckpt_dir)
     if extensions and target.suffix.lower() not in extensions:
         raise ConfigError(f"{flag} {path}: unknown file type '{target.suffix or '(none)'}': "
                           f"use one of {', '.join(extensions)}")
@@ -146,18 +183,26 @@ def _writable_folder(flag: str, folder: Path, path: str) -> None:
                           f"pick a writable place") from None
 
 
-def check_output_dir(flag: str, path: str) -> None:
-    """`path` is (or can be made) a writable folder, not a file."""
+def check_output_dir(flag: str, path: str, inputs: list[str] = (), ckpt_dir: str = "") -> None:
+    """`path` is (or can be made) a writable folder, not a file, holding no input and not
+    inside a checkpoint folder."""
     if Path(path).exists() and not Path(path).is_dir():
         raise ConfigError(f"{flag} {path} is a file: name a folder")
+    for src in filter(None, inputs):
+        if _same(path, src) or os.path.realpath(src).startswith(os.path.realpath(path) + os.sep):
+            raise ConfigError(f"{flag} {path} holds {src}, an input of this run: write it somewhere else")
+    _not_in_checkpoint(flag, path, ckpt_dir)
     _writable_folder(flag, Path(path), path)
 
 
-def check_outputs(outputs: dict[str, str], inputs: list[str]) -> None:
-    """Every named output file (flag -> path) is writable, none is an input, no two coincide."""
+def check_outputs(outputs: dict[str, str], inputs: list[str], ckpt_dir: str = "") -> None:
+    """Every named output file (flag -> path) is writable, none is an input or inside a
+    checkpoint folder, no two coincide. --metrics brings its loss figure (.loss.png)."""
     given = {flag: path for flag, path in outputs.items() if path}
+    if given.get("--metrics"):
+        given["--metrics' loss figure"] = str(Path(given["--metrics"]).with_suffix(".loss.png"))
     for flag, path in given.items():
-        check_output_file(flag, path, inputs)
+        check_output_file(flag, path, inputs, ckpt_dir=ckpt_dir)
     flags = list(given)
     for i, a in enumerate(flags):
         for b in flags[i + 1:]:
@@ -167,35 +212,58 @@ def check_outputs(outputs: dict[str, str], inputs: list[str]) -> None:
 
 # --- checkpoints ----------------------------------------------------------------------------
 def _holds_checkpoints(folder: Path) -> bool:
-    return (folder / "latest").exists() or any(folder.glob("step_*"))
+    from ..checkpoint import STEP_DIR
+
+    return (folder / "latest").exists() or any(STEP_DIR.fullmatch(d.name) for d in folder.glob("step_*"))
 
 
 def prepare_ckpt_dir(ckpt_dir: str, resume: str, overwrite: bool, inputs: list[str], delete: bool = True) -> None:
     """--ckpt-dir is a writable folder; a new run refuses one holding checkpoints unless
     --resume continues them or --overwrite deletes them (a typo must not mix two runs).
+    --overwrite deletes only what the engine wrote (`latest` and its step folders, see
+    `checkpoint.is_step_dir`); a step-named folder holding anything else is refused.
     Under srun every rank checks; only the one with `delete` (rank 0) deletes."""
+    from ..checkpoint import STEP_DIR, is_step_dir
+
     folder = Path(ckpt_dir)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--ckpt-dir {ckpt_dir} is a file: name a folder")
     for src in inputs:
         if _same(ckpt_dir, src) or os.path.realpath(src).startswith(os.path.realpath(ckpt_dir) + os.sep):
             raise ConfigError(f"--ckpt-dir {ckpt_dir} holds the training data {src}: use a folder of its own")
+    outer = checkpoint_folder_of(str(folder.parent)) if str(folder.parent) else None
+    if outer:
+        raise ConfigError(f"--ckpt-dir {ckpt_dir} is inside the checkpoint folder {outer}: use a folder of its own")
     _writable_folder("--ckpt-dir", folder, ckpt_dir)
     if _holds_checkpoints(folder) and not resume:
         if not overwrite:
             raise ConfigError(f"--ckpt-dir {ckpt_dir} already holds checkpoints: add --resume to continue them, "
                               f"--overwrite to delete them and start again, or pick another folder")
-        for old in [*folder.glob("step_*"), folder / "latest"] if delete else []:
+        steps = [d for d in folder.glob("step_*") if STEP_DIR.fullmatch(d.name)]
+        foreign = next((d for d in steps if not is_step_dir(d)), None)
+        if foreign is not None:
+            raise ConfigError(f"--overwrite: {foreign} is not a checkpoint minitron wrote (it holds other files): "
+                              f"move it out of --ckpt-dir {ckpt_dir} first; nothing was deleted")
+        for old in [*steps, folder / "latest"] if delete else []:
             if old.is_dir():
                 shutil.rmtree(old)
             elif old.exists():
                 old.unlink()
 
 
-def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainConfig) -> int:
+class AlreadyDone(Exception):
+    """--resume auto found a checkpoint that already reached the run's last step: the work
+    is done (a requeued job that was preempted in its last step), and the command exits 0."""
+
+
+def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainConfig, corpus=None,
+                 allow_change: bool = False, log=None) -> int:
     """The step a --resume continues from (0: start afresh, only with --resume auto).
-    Refuses a missing checkpoint, a broken one, one of another model, or one already at
-    the last step."""
+    Refuses a missing checkpoint, a broken one, one of another model, or (plain --resume)
+    one already at the last step; with --resume auto that last raises AlreadyDone. Every
+    run setting that differs from the checkpoint's is named through `log`; those that break
+    the equality with an uninterrupted run (`checkpoint.RESUME_EXACT`) are refused unless
+    `allow_change` (--allow-resume-change)."""
     from ..checkpoint import check, check_model, latest
 
     if not ckpt_dir:
@@ -210,10 +278,85 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
     check_model(meta, model, f"--resume: the checkpoint in {ckpt_dir}")
     end = min(train.steps, train.stop_at) if train.stop_at else train.steps
     if meta["step"] >= end:
+        flag = '--stop-at' if train.stop_at and train.stop_at < train.steps else '--steps'
+        if resume == "auto":
+            raise AlreadyDone(f"the checkpoint in {ckpt_dir} is at step {meta['step']}, which already reached "
+                              f"{flag} {end}: nothing left to train (exit code 0)")
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is at step {meta['step']}, already at "
-                          f"{'--stop-at' if train.stop_at and train.stop_at < train.steps else '--steps'} {end}: "
-                          f"raise it to train further")
+                          f"{flag} {end}: raise it to train further")
+    changed = resume_changes(meta, train, corpus)
+    breaking = [c for c in changed if c[0] in RESUME_EXACT_FLAGS]
+    if breaking and not allow_change:
+        raise ConfigError(f"--resume: {'; '.join(_says(c) for c in breaking)}: the continued run would not equal "
+                          f"an uninterrupted one; use the checkpoint's settings, or add --allow-resume-change")
+    for c in changed:
+        (log or _stderr)(f"minitron: note: resuming with {_says(c)}")
     return int(meta["step"])
+
+
+# flag -> the checkpoint's "train" key (checkpoint.RESUME_EXACT), in the order they are named
+RESUME_EXACT_FLAGS = {"--seed": "seed", "--global-batch": "global_batch", "--data": "data_tokens",
+                      "--dtype": "dtype", "--lr": "lr", "--min-lr": "min_lr", "--warmup": "warmup",
+                      "--weight-decay": "weight_decay", "--clip": "clip"}
+
+
+def resume_changes(meta: dict, train: TrainConfig, corpus=None) -> list[tuple[str, object, object]]:
+    """(flag, checkpoint's value, this run's) for every run setting that differs from the
+    checkpoint's: those of RESUME_EXACT_FLAGS, then the harmless ones (--steps, the data
+    file's path when its tokens are the same, --microbatches, the layout)."""
+    saved = meta.get("train")
+    if not isinstance(saved, dict):
+        saved = {"seed": meta.get("seed")}
+    mine = {k: getattr(train, k) for k in ("seed", "global_batch", "dtype", "lr", "min_lr", "warmup",
+                                            "weight_decay", "clip", "steps", "microbatches", "data")}
+    if corpus is not None:
+        mine["data_tokens"] = len(corpus.split()[0])
+    out = []
+    for flag, key in [*RESUME_EXACT_FLAGS.items(), ("--steps", "steps"), ("--data path", "data"),
+                      ("--microbatches", "microbatches")]:
+        if key in saved and key in mine and saved[key] is not None and saved[key] != mine[key]:
+            if key == "data_tokens":
+                out.append(("--data", f"{saved.get('data') or 'Shakespeare'} ({saved[key]:,} training tokens)",
+                            f"{mine['data'] or 'Shakespeare'} ({mine[key]:,})"))
+            elif key != "data" or not any(c[0] == "--data" for c in out):
+                out.append((flag, saved[key], mine[key]))
+    return out
+
+
+def _says(change) -> str:
+    flag, was, now = change
+    return f"{flag} {now} (the checkpoint's is {was})"
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
+
+
+def lock_ckpt_dir(lock, log=None) -> None:
+    """Take --ckpt-dir's lock (a checkpoint.FolderLock) for this run; a stale lock left by a
+    killed run is taken over and named through `log`."""
+    lock.acquire()
+    if lock.stale:
+        (log or _stderr)(f"minitron: note: {lock.stale}")
+
+
+def check_export_dir(hf_dir: str, ckpt: str) -> None:
+    """`minitron export --hf DIR`: DIR is not inside a checkpoint folder, and empty or holding
+    only what an export writes (config.json, model.safetensors): a folder holding another
+    model's other files (its tokenizer, other weights) would be left half replaced."""
+    from ..hf import CONFIG, WEIGHTS
+
+    target = Path(hf_dir)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"--hf {hf_dir} is a file: name a folder")
+    _not_in_checkpoint("--hf", hf_dir, ckpt)
+    other = sorted(p.name for p in target.iterdir() if p.name not in (CONFIG, WEIGHTS)) if target.is_dir() else []
+    if other:
+        raise ConfigError(f"--hf {hf_dir} already holds other files ({', '.join(other[:3])}"
+                          f"{', ...' if len(other) > 3 else ''}): export into an empty folder")
+    _writable_folder("--hf", target, hf_dir)
 
 
 def trim_metrics(path: str, step: int) -> None:
