@@ -3,7 +3,8 @@
 :func:`~minitron.analysis.cluster.predict` prices the slowest pipeline stage piece by
 piece; :func:`explain` lays those pieces out as rows — the matrix multiplies by kind
 (the four linears of a layer, the attention products, the logit layer), the element-wise
-kernels, the recomputed forward, each parallel axis's communication (what stays on the
+kernels, the recomputed forward, each parallel axis's communication (tensor, context,
+expert, FSDP, pipeline, data) (what stays on the
 critical path, and what the software hides behind computation), the pipeline bubble and
 the optimizer step — with their seconds and their share of the iteration. The exposed
 rows add up to the iteration time; hidden communication is shown for information and
@@ -19,14 +20,20 @@ __all__ = ["explain", "format_explain", "EXPLAIN_PARTS"]
 EXPLAIN_PARTS = [
     ("qkv", "matmul: QKV projection", "matmul"),
     ("proj", "matmul: attention output projection", "matmul"),
-    ("fc1", "matmul: MLP up (h -> 4h)", "matmul"),
-    ("fc2", "matmul: MLP down (4h -> h)", "matmul"),
+    ("fc1", "matmul: MLP up (gate and up with SwiGLU; MoE: shared experts)", "matmul"),
+    ("fc2", "matmul: MLP down (MoE: shared experts)", "matmul"),
+    ("experts", "matmul: routed experts and router", "matmul"),
     ("attention", "matmul: attention scores and values", "matmul"),
     ("logits", "matmul: logit layer", "matmul"),
     ("elementwise", "element-wise kernels (norms, softmax, dropout, GeLU, loss)", "elementwise"),
     ("recompute", "recomputed forward", "recompute"),
     ("tp_comm", "tensor-parallel communication, exposed", "communication"),
     ("tp_comm_hidden", "tensor-parallel communication, hidden", "hidden"),
+    ("cp_comm", "context-parallel K/V exchange, exposed", "communication"),
+    ("cp_comm_hidden", "context-parallel K/V exchange, hidden", "hidden"),
+    ("ep_comm", "expert-parallel all-to-all, exposed", "communication"),
+    ("fsdp_comm", "FSDP weight all-gathers and reduce-scatters, exposed", "communication"),
+    ("fsdp_comm_hidden", "FSDP weight all-gathers and reduce-scatters, hidden", "hidden"),
     ("pp_comm", "pipeline sends, exposed", "communication"),
     ("pp_comm_hidden", "pipeline sends, hidden", "hidden"),
     ("dp_comm", "data-parallel gradient reduction, exposed", "communication"),
@@ -59,7 +66,8 @@ def format_explain(pred: Prediction) -> str:
         lines.append(f"{r['label']:<{width}} {r['seconds']:>9.3f} {share:>7}")
     bd = pred.breakdown
     lines.append(f"{'iteration':<{width}} {pred.iteration_s:>9.3f} {1:>7.1%}")
-    lines.append(f"software {bd['software']}, recompute {bd['recompute']}, {bd['microbatches']} microbatches "
+    lines.append(f"software {bd['software']}{' (FP8 matmuls)' if bd.get('fp8') else ''}, recompute "
+                 f"{bd['recompute']}, {bd['microbatches']} microbatches "
                  f"per pipeline, bubble fraction {pred.bubble_fraction:.3f}, "
                  f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {bd['mfu']:.1%}")
     return "\n".join(lines)

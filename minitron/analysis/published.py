@@ -148,3 +148,128 @@ def fusion_gains(software="ptdp-2021", cluster="a100-dgx") -> dict:
         out[name] = tuple(predict(model, layout, batch, cluster, software=s).tflops_per_gpu
                           for s in (unfused, sw))
     return out
+
+
+# --------------------------------------------------------------------------------------
+# The H100 era: Llama-family dense models and mixtures of experts
+# --------------------------------------------------------------------------------------
+# Shapes of the published models the runs below train (each from its model card or
+# paper); Llama 3 8B / 70B / 405B are minitron's presets (Grattafiori et al. 2024, Table 3).
+_LLAMA = dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
+
+
+def h100_era_model(name: str) -> tuple[ModelConfig, int | None]:
+    """(ModelConfig, head width) of a model of the H100-era runs; the head width is given
+    where it is not hidden/heads (Qwen3), else None."""
+    from ..config import PRESETS
+
+    if name in ("llama3-8b", "llama3-70b", "llama3-405b"):
+        return PRESETS[name], None
+    shapes = {
+        # Llama 2 (Touvron et al. 2023, Table 1 and the released configs): MHA at 7B and 13B, GQA at 70B
+        "llama2-7b": (dict(layers=32, hidden=4096, heads=32, ffn=11008, seq_len=4096, vocab=32000, **_LLAMA), None),
+        "llama2-13b": (dict(layers=40, hidden=5120, heads=40, ffn=13824, seq_len=4096, vocab=32000, **_LLAMA), None),
+        "llama2-70b": (dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, seq_len=4096, vocab=32000,
+                            **_LLAMA), None),
+        # Qwen3 MoE (Qwen3 technical report, Yang et al. 2025, Table 2; the released configs):
+        # 128 experts, top-8, no shared expert, head width 128 (so heads·128 ≠ hidden)
+        "qwen3-30b-a3b": (dict(layers=48, hidden=2048, heads=32, kv_heads=4, ffn=6144, seq_len=4096, vocab=151936,
+                               experts=128, top_k=8, moe_ffn=768, **_LLAMA), 128),
+        "qwen3-235b-a22b": (dict(layers=94, hidden=4096, heads=64, kv_heads=4, ffn=12288, seq_len=4096,
+                                 vocab=151936, experts=128, top_k=8, moe_ffn=1536, **_LLAMA), 128),
+        # NeMo's GPT-3 5B (24 layers, h 4096, 32 heads, s 2048): a fitting run only
+        "gpt3-5b": (dict(layers=24, hidden=4096, heads=32, seq_len=2048, vocab=51200), None),
+    }
+    kw, head_dim = shapes[name]
+    return ModelConfig(name=name, **kw), head_dim
+
+
+# Each run: (id, model, seq_len, GPUs, global batch, microbatch, tp, pp, cp, vpp, ep, zero,
+#            cp_kind, fp8, published value, unit, source). dp = GPUs/(tp·pp·cp). Unit
+# "tokens/s" is tokens per second per GPU; "TFLOP/s" is model FLOP/s per GPU
+# (transformer_flops_per_iteration without recomputation, the whole attention square:
+# 430 TFLOP/s is 43 % of 989, the MFU the Llama 3 paper states beside it).
+NEMO_2407 = ("NeMo 24.07 performance summary, DGX-H100, FP8 (github.com/NVIDIA/NeMo "
+             "docs/source/performance/performance_summary.md, 2024-08)")
+BRIDGE_2511 = ("Megatron-Bridge performance summary, NeMo 25.11 container, DGX-H100 (github.com/NVIDIA-NeMo/"
+               "Megatron-Bridge docs/performance-summary.md)")
+BRIDGE_2602 = ("Megatron-Bridge performance summary archive, NeMo 26.02 container, DGX-H100 "
+               "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+LLAMA3_T4 = "Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783), Table 4, BF16 on H100"
+H100_RUNS = [
+    ("nemo-llama3-8b-cp2", "llama3-8b", 8192, 8, 128, 1, 1, 1, 2, 1, 1, 1, "ring", True, 12036, "tokens/s", NEMO_2407),
+    ("nemo-llama3-70b-cp2", "llama3-70b", 8192, 64, 128, 1, 4, 4, 2, 5, 1, 1, "ring", True, 1533, "tokens/s",
+     NEMO_2407),
+    ("nemo-llama2-7b", "llama2-7b", 4096, 8, 128, 1, 1, 1, 1, 1, 1, 1, "ring", True, 16847, "tokens/s", NEMO_2407),
+    ("nemo-llama2-13b", "llama2-13b", 4096, 16, 128, 1, 1, 4, 1, 10, 1, 1, "ring", True, 8646, "tokens/s",
+     NEMO_2407),
+    ("nemo-llama2-70b", "llama2-70b", 4096, 64, 128, 1, 4, 4, 1, 20, 1, 1, "ring", True, 1707, "tokens/s",
+     NEMO_2407),
+    ("bridge-llama3-8b-fsdp", "llama3-8b", 8192, 8, 128, 1, 1, 1, 1, 1, 1, 3, "ring", True, 14451, "tokens/s",
+     BRIDGE_2511),
+    ("bridge-llama3-70b", "llama3-70b", 8192, 64, 128, 1, 4, 8, 1, 5, 1, 1, "ring", True, 1602, "tokens/s",
+     BRIDGE_2511),
+    ("bridge-llama31-405b-cp2", "llama3-405b", 8192, 1024, 512, 1, 8, 8, 2, 8, 1, 1, "ring", True, 292, "tokens/s",
+     BRIDGE_2511),
+    ("llama3-405b-16k", "llama3-405b", 8192, 16384, 2048, 1, 8, 16, 1, 2, 1, 1, "ring", False, 400, "TFLOP/s",
+     LLAMA3_T4),
+    ("llama3-405b-16k-cp16", "llama3-405b", 131072, 16384, 128, 1, 8, 16, 16, 2, 1, 1, "allgather", False, 380,
+     "TFLOP/s", LLAMA3_T4),
+    ("bridge-qwen3-30b-a3b", "qwen3-30b-a3b", 4096, 16, 512, 2, 1, 2, 1, 24, 8, 1, "ring", True, 5275, "tokens/s",
+     BRIDGE_2511),
+    ("bridge-qwen3-30b-a3b-2602", "qwen3-30b-a3b", 4096, 16, 1024, 1, 1, 2, 1, 12, 8, 1, "ring", True, 5113,
+     "tokens/s", BRIDGE_2602),
+    ("bridge-qwen3-235b-a22b", "qwen3-235b-a22b", 4096, 256, 2048, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1575,
+     "tokens/s", BRIDGE_2511),
+    ("bridge-qwen3-235b-a22b-2602", "qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1633,
+     "tokens/s", BRIDGE_2602),
+]
+# The runs the two H100 constants of minitron.analysis.cluster were fitted on: never
+# reported as validation. Same fields.
+H100_FITTING_RUNS = [
+    ("llama3-405b-8k", "llama3-405b", 8192, 8192, 2048, 1, 8, 16, 1, 2, 1, 1, "ring", False, 430, "TFLOP/s",
+     LLAMA3_T4 + ", first row (fits H100_GEMM_MAX_EFFICIENCY)"),
+    ("nemo-gpt3-5b", "gpt3-5b", 2048, 64, 2048, 4, 1, 1, 1, 1, 1, 1, "ring", True, 22521, "tokens/s",
+     NEMO_2407 + " (fits H100_FP8_GEMM_MAX_EFFICIENCY)"),
+]
+# The software of every run: Megatron-Core of 2024-2025 (the NeMo and Bridge recipes; the
+# Llama 3 paper's own stack is taken to be alike: flash attention, overlapped
+# communication, no recomputation at these batch sizes). The Llama 3 paper does not
+# state its interleaving degree: v = 2 for its three rows, chosen with the fitting row.
+H100_SOFTWARE = "megatron-core-2024"
+
+
+def h100_run_prediction(run: tuple, cluster: str = "h100-dgx", software: str | Software = H100_SOFTWARE,
+                        moe_imbalance: float = 0.0):
+    """(layout, Prediction, predicted value in the run's unit) of one H100-era run."""
+    (_, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, _, unit, _) = run
+    model, head_dim = h100_era_model(name)
+    model = model.replace(seq_len=seq)
+    sw = get_software(software).replace(fp8=fp8)
+    layout = PlannedLayout(tp=t, pp=p, dp=n // (t * p * cp), vpp=v, microbatch_size=mb, cp=cp, ep=ep, zero=zero,
+                           cp_kind=cp_kind, sp=t > 1)
+    pred = predict(model, layout, batch, cluster, software=sw, head_dim=head_dim, moe_imbalance=moe_imbalance)
+    value = pred.breakdown["tokens_per_s_per_gpu"] if unit == "tokens/s" else pred.breakdown["mfu"] * \
+        get_cluster_peak(cluster) / 1e12
+    return layout, pred, value
+
+
+def get_cluster_peak(cluster: str) -> float:
+    from .cluster import get_cluster
+
+    return get_cluster(cluster).peak_flops
+
+
+def h100_comparison(runs: list | None = None, **kw) -> list[dict]:
+    """Every H100-era run (default :data:`H100_RUNS`): published and predicted value,
+    their ratio, what the run exercises (MoE, context parallel, FSDP, FP8) and its source."""
+    rows = []
+    for run in (H100_RUNS if runs is None else runs):
+        layout, pred, value = h100_run_prediction(run, **kw)
+        (rid, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, published, unit, source) = run
+        rows.append({"run": rid, "model": name, "seq": seq, "gpus": n, "batch": batch, "mb": mb, "tp": t, "pp": p,
+                     "cp": cp, "vpp": v, "ep": ep, "dp": n // (t * p * cp), "zero": zero, "fp8": fp8,
+                     "moe": ep > 1 or "a3b" in name or "a22b" in name, "published": published, "unit": unit,
+                     "predicted": value, "ratio": value / published, "source": source,
+                     "memory_gb": pred.memory_gb_per_gpu})
+    return rows

@@ -20,7 +20,8 @@ PART_COLORS = {
     "attention": "#c6dbef", "logits": "#4a6fa5", "elementwise": "#31a354", "recompute": "#a1d99b",
     "tp_comm": "#e6550d", "pp_comm": "#fd8d3c", "dp_comm": "#fdae6b", "bubble": "#c44e52",
     "optimizer": "#8c8c8c", "tp_comm_hidden": "#e6550d", "pp_comm_hidden": "#fd8d3c",
-    "dp_comm_hidden": "#fdae6b",
+    "dp_comm_hidden": "#fdae6b", "experts": "#2171b5", "cp_comm": "#d94801", "cp_comm_hidden": "#d94801",
+    "ep_comm": "#a63603", "fsdp_comm": "#fdd0a2", "fsdp_comm_hidden": "#fdd0a2",
 }
 
 
