@@ -2,8 +2,8 @@
 mistakes each get their one line.
 
 A syntax error, the stub and the engine's own class are refused before any rank starts;
-everything else runs on 4 gloo ranks (a vocabulary of 15 ids in slices of 4: the last
-rank holds a padded id),
+everything else runs on 4 gloo ranks (vocabularies of 15 and 13 ids in slices of 4: the
+last rank holds one and three padded ids; targets at every slice's edges),
 all the sources in one launch (``check_vocab_parallel_ce_all``: the ranks agree on each
 case's verdict through the rendezvous store, so they stay in step and go on to the next).
 """
@@ -45,6 +45,9 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         grad[rows, local_t] -= mine.to(grad.dtype)
         return grad * dloss.unsqueeze(-1), None, None, None, None, None
 '''
+
+
+ENGINE_HEAD = "ENGINE = '_Vocab' + 'ParallelCrossEntropy'\n"
 
 
 def broken(old: str, new: str) -> str:
@@ -97,6 +100,20 @@ def test_reference_passes_and_mistakes_get_one_line():
         "backward communicates": broken("        grad = softmax.clone()\n",
                                         "        grad = ctx.comm.all_reduce(softmax.clone(), 'tp')\n").replace(
             "        ctx.save_for_backward", "        ctx.comm = comm\n        ctx.save_for_backward"),
+        # what the old checker (one padded id, targets away from the slices' edges) let through
+        "one padded id masked": broken("valid = torch.arange(start, start + n_local) < vocab",
+                                       "valid = torch.arange(start, start + n_local) != vocab"),
+        "boundary off-by-one": broken("mine = (local_t >= 0) & (local_t < n_local)",
+                                      "mine = (local_t >= 0) & (local_t <= n_local)"),
+        # the engine's own class reached past the screen
+        "engine by importlib": ENGINE_HEAD + "import importlib\nVocabParallelCrossEntropy = getattr("
+                               "importlib.import_module('minitron.' + 'parallel.tensor'), ENGINE)\n",
+        "engine by sys.modules": ENGINE_HEAD + "import sys\nVocabParallelCrossEntropy = vars(sys.modules["
+                                 "'minitron.parallel' + '.tensor'])[ENGINE]\n",
+        "engine by __import__": REFERENCE.replace("        n_local = logits.shape[-1]\n",
+                                                  "        T = __import__('minitron.parallel' + '.tensor', "
+                                                  "fromlist=['x'])\n        return getattr(T, ENGINE).apply("
+                                                  "logits, target, start, vocab, comm, axis)\n") + ENGINE_HEAD,
     }
     res = dict(zip(cases, check_vocab_parallel_ce_all(list(cases.values()), timeout=30)))
     for name in ("reference", "engine"):
@@ -118,7 +135,7 @@ def test_reference_passes_and_mistakes_get_one_line():
                                              "exponentials: all-reduce (sum)")
     assert msg["target not reduced"].startswith("your loss on tp rank 0 is right only for the tokens whose "
                                                 "target id this rank holds: all-reduce (sum) the target logit")
-    assert msg["gathers"].startswith("your forward communicates all_gather of [8, 4] on 'tp', all_reduce of [8]")
+    assert msg["gathers"].startswith("your forward communicates all_gather of [12, 4] on 'tp', all_reduce of [12]")
     assert "the logits are never gathered" in msg["gathers"]
     assert msg["raises"] == ("NotImplementedError in VocabParallelCrossEntropy.forward, line 5 of your code: "
                              "`raise NotImplementedError  # your code here`")
@@ -128,11 +145,20 @@ def test_reference_passes_and_mistakes_get_one_line():
                                                 "the target")
     assert msg["mask times -inf"].startswith("your per-token loss is nan on tp rank 0 (token 0) for logits of "
                                              "order 1: is a masked -inf multiplied by 0 somewhere?")
-    assert msg["mean"] == ("your VocabParallelCrossEntropy.forward returned a tensor of shape [] for N=8 tokens: "
-                           "return the per-token loss, a tensor of shape [8] (the engine takes the mean itself)")
-    assert msg["axis ignored"].startswith("called with axis='world' your forward communicates all_reduce of [8] "
-                                          "on 'world', all_reduce of [8] on 'world', all_reduce of [8] on 'tp': "
+    assert msg["mean"] == ("your VocabParallelCrossEntropy.forward returned a tensor of shape [] for N=12 tokens: "
+                           "return the per-token loss, a tensor of shape [12] (the engine takes the mean itself)")
+    assert msg["axis ignored"].startswith("called with axis='world' your forward communicates all_reduce of [12] "
+                                          "on 'world', all_reduce of [12] on 'world', all_reduce of [12] on 'tp': "
                                           "use the `axis` argument")
-    assert msg["backward communicates"].startswith("your backward communicates all_reduce of [8, 4] on 'tp': "
+    assert msg["backward communicates"].startswith("your backward communicates all_reduce of [12, 4] on 'tp': "
                                                    "it needs nothing from the other ranks")
+    assert msg["one padded id masked"] == ("your loss counts the padded ids 14..15 (vocab 13, padded to 16: ids "
+                                           "13..15 are padding): mask every id >= vocab, however many there are")
+    assert msg["boundary off-by-one"] == (
+        "your loss is wrong only for tokens whose target is the first or last id of a rank's slice (target ids 4, "
+        "8, 12; 4 ids per rank): an off-by-one in which rank holds the target: rank r holds ids start <= id < "
+        "start + V/t, and exactly one rank does")
+    for name in ("engine by importlib", "engine by sys.modules", "engine by __import__"):
+        assert msg[name].startswith("your code runs the engine's own minitron.parallel.tensor."
+                                    "_VocabParallelCrossEntropy"), msg[name]
     assert all("\n" not in m and "Traceback" not in m for m in msg.values())

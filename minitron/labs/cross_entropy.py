@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import LabError, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
+from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 260 on 4 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -44,7 +44,8 @@ TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 NAME = "VocabParallelCrossEntropy"
-PER_RANK, TOKENS = 4, 8  # the unit checks' slice: 4 ids per rank, the last one padding
+PER_RANK, TOKENS = 4, 12  # the unit checks' slice: 4 ids per rank, the last 1 or 3 padding
+PADS = (1, 3)  # padded ids in the unit checks: a vocabulary that needs more than one
 BIG = 1000.0  # exp(1000) overflows float64 (whose largest exponent is ~709.8)
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
 # the engine's own version of the piece: not an answer to this lab
@@ -62,16 +63,24 @@ def _where(d: torch.Tensor) -> tuple[int, int]:
     return divmod(i, d.shape[-1]) if d.dim() == 2 else (i, 0)
 
 
-class _Data:
-    """One set of float64 logits [N, t·PER_RANK] (vocabulary t·PER_RANK − 1: the last id is
-    padding), targets on every rank, and what each rank should get."""
+def _targets(t: int, vocab: int) -> list[int]:
+    """TOKENS target ids: the first, second and last id of every rank's slice (a shard's
+    boundaries, where an off-by-one shows, and one id inside), those below `vocab`."""
+    ids = [q * PER_RANK + o for o in (0, 1, PER_RANK - 1) for q in range(t)]
+    ids = [i for i in ids if i < vocab]
+    return (ids + [(3 * k) % vocab for k in range(TOKENS)])[:TOKENS]
 
-    def __init__(self, t: int, r: int, shift: float = 0.0):
+
+class _Data:
+    """One set of float64 logits [N, t·PER_RANK] (vocabulary t·PER_RANK − pads: the last
+    `pads` ids are padding), targets on every rank, and what each rank should get."""
+
+    def __init__(self, t: int, r: int, shift: float = 0.0, pads: int = 1):
         self.t, self.r, self.per = t, r, PER_RANK
-        self.vocab = t * PER_RANK - 1
+        self.vocab = t * PER_RANK - pads
         g = torch.Generator().manual_seed(1234)
         self.full = torch.randn(TOKENS, t * PER_RANK, generator=g, dtype=torch.float64) * 2 + shift
-        self.target = torch.tensor([(3 * k) % self.vocab for k in range(TOKENS)])
+        self.target = torch.tensor(_targets(t, self.vocab))
         self.dloss = (torch.arange(TOKENS, dtype=torch.float64) + 1) / TOKENS  # uneven on purpose
         self.start = r * PER_RANK
         self.cols = slice(self.start, self.start + PER_RANK)
@@ -89,6 +98,16 @@ class _Data:
     # --- what the usual mistakes give (forward) --------------------------------------------
     def loss_without_mask(self) -> torch.Tensor:
         return F.cross_entropy(self.full, self.target, reduction="none")
+
+    def loss_counting(self, ids: range) -> torch.Tensor:
+        """The loss when the padded ids `ids` are counted as if they were words."""
+        return F.cross_entropy(torch.cat([self.full[:, :self.vocab], self.full[:, ids.start:ids.stop]], -1),
+                               self.target, reduction="none")
+
+    def at_a_boundary(self) -> torch.Tensor:
+        """The tokens whose target is the first or the last id of a rank's slice."""
+        o = self.target % self.per
+        return (o == 0) | (o == self.per - 1)
 
     def loss_with_local_max(self) -> torch.Tensor:
         """Each rank shifts by its own max (not all-reduced) before the sums are added."""
@@ -142,6 +161,13 @@ def _diagnose_loss(data: _Data, got: torch.Tensor) -> str:
     if _close(got, data.loss_without_mask()):
         return (f"your loss counts the padded vocabulary ids (those >= vocab: id {data.vocab} on the last rank "
                 f"for vocab {data.vocab}): set their logits to -inf before the max and the sum of exponentials")
+    padded = data.t * data.per
+    for a in range(data.vocab, padded):
+        for b in range(a + 1, padded + 1):
+            if (a, b) != (data.vocab, padded) and _close(got, data.loss_counting(range(a, b))):
+                ids = f"id {a}" if b == a + 1 else f"ids {a}..{b - 1}"
+                return (f"your loss counts the padded {ids} (vocab {data.vocab}, padded to {padded}: ids "
+                        f"{data.vocab}..{padded - 1} are padding): mask every id >= vocab, however many there are")
     if _close(got, data.loss_with_local_max()):
         return ("the ranks shifted the logits by different maxima: all-reduce the max (op='max') so that "
                 "every rank subtracts the same one before exponentiating")
@@ -149,6 +175,12 @@ def _diagnose_loss(data: _Data, got: torch.Tensor) -> str:
         return (f"your loss on tp rank {r} uses only this rank's sum of exponentials: all-reduce (sum) the "
                 f"sum of exponentials over the ranks")
     ok = (got - data.loss).abs() <= 1e-10 * (1 + data.loss.abs())
+    edge = data.at_a_boundary()
+    if not bool(ok.all()) and bool(ok[~edge].all()):
+        wrong = sorted({int(i) for i in data.target[~ok]})
+        return (f"your loss is wrong only for tokens whose target is the first or last id of a rank's slice "
+                f"(target ids {', '.join(map(str, wrong))}; {data.per} ids per rank): an off-by-one in which rank "
+                f"holds the target: rank r holds ids start <= id < start + V/t, and exactly one rank does")
     if bool(ok[data.mine].all()) and not bool(ok[~data.mine].all()):
         return (f"your loss on tp rank {r} is right only for the tokens whose target id this rank holds: "
                 f"all-reduce (sum) the target logit (the other ranks contribute 0)")
@@ -195,7 +227,16 @@ def _backward(comm, loss, x, data: _Data):
 def _unit_check(comm, cls) -> str:
     """'' when the class passes every unit check on this rank, else the first problem."""
     t, r = comm.size("tp"), comm.index("tp")
-    data = _Data(t, r)
+    for pads in PADS:
+        problem = _unit_check_pads(comm, cls, t, r, pads)
+        if problem:
+            return problem
+    return _unit_check_rest(comm, cls, t, r)
+
+
+def _unit_check_pads(comm, cls, t: int, r: int, pads: int) -> str:
+    """The forward and backward on logits with `pads` padded ids."""
+    data = _Data(t, r, pads=pads)
     loss, x, calls = _forward(comm, cls, data)
     bad = ~torch.isfinite(loss.detach())
     if bad.any():
@@ -217,6 +258,12 @@ def _unit_check(comm, cls) -> str:
                 f"(its slice of softmax - one-hot, from what the forward all-reduced)")
     if not _close(dx, data.grad):
         return _diagnose_grad(data, dx)
+    return ""
+
+
+def _unit_check_rest(comm, cls, t: int, r: int) -> str:
+    """The axis it is given, and logits around +1000."""
+    data = _Data(t, r)
     _, _, calls = _forward(comm, cls, data, axis="world")
     if any(c["axis"] != "world" for c in calls):
         return (f"called with axis='world' your forward communicates {describe_calls(calls)}: use the `axis` "
@@ -241,14 +288,16 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    cls = load(source, (NAME,), {"torch": torch})[NAME]
+    watch = Tripwire({"minitron.parallel.tensor._VocabParallelCrossEntropy": tensor._VocabParallelCrossEntropy})
     try:
-        problem = _unit_check(comm, cls)
+        with watch.armed():
+            cls = load(source, (NAME,), {"torch": torch})[NAME]
+            problem = _unit_check(comm, cls)
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
     agree(comm, f"ce/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(vocab_cross_entropy=cls))
+    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(vocab_cross_entropy=cls))
     return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model (vocabulary "
                             f"{MODEL.vocab}, padded to {pad_vocab(MODEL.vocab, layout.tp)} on {layout.tp} ranks)", TOL)
 
