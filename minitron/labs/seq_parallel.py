@@ -27,7 +27,7 @@ input X [b, s, h], weight W [d, h], bias and upstream gradient, against autograd
 A wrong number is diagnosed against the usual mistakes (dX not summed over the ranks or
 left whole, dW from this rank's tokens only, no bias gradient). The ranks agree on the
 first problem found (through the rendezvous store) and all stop there; otherwise the
-class is swapped into the engine, a tiny GPT trains with ``--tp 2 --sp`` for 2 float64
+class is swapped into the engine, a tiny GPT trains with ``--tp 4 --sp`` for 2 float64
 steps, and rank 0 compares it with the single-device model.
 
     result = check_all_gather_linear(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
@@ -40,13 +40,14 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
+from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "AllGatherLinear"
+TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 B, S_LOCAL, H, D_LOCAL = 2, 3, 5, 4  # the unit checks' shapes: x [B, S_LOCAL, H], weight [D_LOCAL, H]
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
 # the engine's own version of the piece: not an answer to this lab
@@ -201,6 +202,10 @@ def _check_backward(data: _Data, got, calls, bias: bool = True) -> str:
     if list(dx.shape) == [B, S_LOCAL * t, H]:
         return (f"your backward returns dX of shape {list(dx.shape)}, the whole sequence, for the shard x "
                 f"[{B}, {S_LOCAL}, {H}]: {REDUCE_SCATTER}")
+    if t != 2 and list(dx.shape) == [B, S_LOCAL * t // 2, H]:
+        return (f"your backward returns dX of shape {list(dx.shape)}, half the sequence, on {t} ranks: as if there "
+                f"were 2 ranks; each of the t = comm.size('tp') = {t} ranks keeps s/t = {S_LOCAL} tokens: "
+                f"{REDUCE_SCATTER}")
     if dx.shape != data.dx.shape:
         return (f"your backward returns dX of shape {list(dx.shape)} for the shard x [{B}, {S_LOCAL}, {H}]: "
                 f"{REDUCE_SCATTER}")
@@ -276,25 +281,27 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    cls = load(source, (NAME,), {"torch": torch, "F": F})[NAME]
+    watch = Tripwire({"minitron.parallel.tensor._AllGatherLinear": tensor._AllGatherLinear})
     try:
-        problem = _unit_check(comm, cls)
+        with watch.armed():
+            cls = load(source, (NAME,), {"torch": torch, "F": F})[NAME]
+            problem = _unit_check(comm, cls)
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
     agree(comm, f"sp/{case}", problem, timeout)
     layout = ParallelConfig(tp=comm.size("tp"), sp=True, device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(all_gather_linear=cls))
+    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(all_gather_linear=cls))
     return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
                             f"(--tp {layout.tp} --sp)", TOL)
 
 
-def check_all_gather_linear_all(sources: list[str], tp: int = 2, timeout: float = 60) -> list[dict]:
+def check_all_gather_linear_all(sources: list[str], tp: int = TP, timeout: float = 60) -> list[dict]:
     """`check_all_gather_linear` for several sources, in as few launches as their outcomes allow."""
     return run_sources(_job, ParallelConfig(tp=tp, sp=True, device="cpu"), sources, timeout, timeout,
                        forbidden=FORBIDDEN, names=(NAME,))
 
 
-def check_all_gather_linear(source: str, tp: int = 2, timeout: float = 60) -> dict:
+def check_all_gather_linear(source: str, tp: int = TP, timeout: float = 60) -> dict:
     """Lab 04c: check the class `AllGatherLinear` defined in `source` on `tp` gloo ranks
     against autograd of ``F.linear`` on the gathered input (output, what the forward
     saves, dX, dW, db, what each pass communicates, bias=None), then train a tiny GPT
