@@ -25,6 +25,9 @@ class Context:
     # saved-tensor hooks the step runs under (a memory meter's), which activation
     # recomputation applies to what it saves again in the backward (Trainer.step sets it)
     saved_tensors: tuple | None = None
+    # microbatches of a step on each data replica: a microbatch's loss enters the step's
+    # objective with weight 1/m, and so do the auxiliary losses of its MoE blocks
+    microbatches: int = 1
 
     def autocast(self):
         """bf16 compute with fp32 master weights (--precision bf16): autocast on the run's
@@ -53,7 +56,10 @@ class ShardInfo:
     larger: padded vocabulary rows lie beyond the region); `replicas` the axes over
     which identical copies live (gradient norms count one copy); `grad_sync` the axes
     over which gradients must be summed before the optimizer step (e.g. LayerNorm
-    under sequence parallelism, the tied embedding between first and last stage).
+    under sequence parallelism, the tied embedding between first and last stage);
+    `data_axes` the axes whose ranks hold the same values and see different tokens, over
+    which the gradient is averaged (every dense parameter: dp, cp and ep; an expert,
+    split over ep: dp and cp only; ``ProcessGrid.data_axis`` names the group).
     """
 
     name: str
@@ -61,6 +67,7 @@ class ShardInfo:
     slices: tuple
     replicas: tuple = ()
     grad_sync: tuple = ()
+    data_axes: tuple = ("dp", "cp", "ep")
 
     @property
     def local_region(self) -> tuple:
@@ -83,7 +90,7 @@ def init_full(name: str, shape, std: float, ctx: Context, kind: str = "normal") 
 
 
 def make_param(name: str, full_shape, slices, ctx: Context, std: float = 0.02, kind: str = "normal",
-               local_shape=None, replicas=(), grad_sync=()) -> torch.nn.Parameter:
+               local_shape=None, replicas=(), grad_sync=(), data_axes=("dp", "cp", "ep")) -> torch.nn.Parameter:
     """Create the local shard of parameter `name`: the full tensor's `slices`, zero-padded
     up to `local_shape`. Tags the parameter with its :class:`ShardInfo`."""
     full_shape = tuple(full_shape)
@@ -98,7 +105,7 @@ def make_param(name: str, full_shape, slices, ctx: Context, std: float = 0.02, k
     local = torch.zeros(local_shape, dtype=ctx.dtype, device=ctx.device)
     local[tuple(slice(0, r) for r in region)] = value
     p = torch.nn.Parameter(local)
-    p.shard = ShardInfo(name, full_shape, slices, tuple(replicas), tuple(grad_sync))
+    p.shard = ShardInfo(name, full_shape, slices, tuple(replicas), tuple(grad_sync), tuple(data_axes))
     return p
 
 

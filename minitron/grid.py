@@ -5,11 +5,15 @@ then pipeline, so that a tensor group is a block of neighbouring ranks (one node
 
     rank = tp_rank + tp * dp_rank + tp * dp * pp_rank
 
-Context parallelism (``--cp``) sits between tensor and data, as in Megatron-Core (tp, cp,
-dp, pp, fastest first): ``rank = tp_rank + tp*cp_rank + tp*cp*dp_rank + tp*cp*dp*pp_rank``.
-Its ranks hold the same weights and different tokens, so gradients are averaged over
-the 'dp_cp' axis (data and context ranks together, Megatron's data-parallel group
-"with context parallel").
+Context parallelism (``--cp``) and expert parallelism (``--ep``) sit between tensor and
+data, as in Megatron-Core (tp, cp, ep, dp, pp, fastest first, :data:`AXES`):
+``rank = tp_rank + tp*cp_rank + tp*cp*ep_rank + tp*cp*ep*dp_rank + tp*cp*ep*dp*pp_rank``.
+Context ranks hold the same weights and different tokens; expert ranks hold the same
+dense weights, different experts and different rows of the batch. So a parameter's
+gradient is averaged over the *data axes* it is replicated on (``ShardInfo.data_axes``):
+a dense one over cp × ep × dp, an expert over cp × dp only. :meth:`ProcessGrid.data_axis`
+names the group of such a set ('dp', 'dp_cp' — Megatron's data-parallel group "with
+context parallel" —, 'dp_ep', 'dp_cp_ep').
 
 With 3-D tensor parallelism the tp ranks form a q×q×q cube with coordinates
 (i, j, k), i fastest: tp_rank = i + q*j + q*q*k (Bian et al. 2021).
@@ -23,7 +27,9 @@ from dataclasses import dataclass, field
 
 from .config import cube_edge, square_edge
 
-AXES = ("tp", "cp", "dp", "pp")
+AXES = ("tp", "cp", "ep", "dp", "pp")  # fastest first
+# the axes whose ranks see different tokens of the batch, in the order a data-axis group is named
+DATA_AXES = ("dp", "cp", "ep")
 CUBE_AXES = ("cube_i", "cube_j", "cube_k")
 # 2-D / 2.5-D (SUMMA, Tesseract): tp_rank = c + q*r + q*q*k on a q×q×d grid; 'summa_row'
 # is the line through a rank along which c varies, 'summa_col' r, 'summa_dep' k.
@@ -36,6 +42,7 @@ class Coord:
     dp: int
     pp: int
     cp: int = 0
+    ep: int = 0
 
 
 @dataclass
@@ -54,11 +61,12 @@ class ProcessGrid:
     cube: bool = False
     cp: int = 1
     summa_depth: int = 0  # d of the q×q×d SUMMA grid (--tp-mode 2d: 1, 2.5d: d); 0: no such grid
+    ep: int = 1  # expert parallel: the experts split over ep ranks that also split the batch
     groups: dict = field(default_factory=dict, repr=False)
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp * self.pp * self.cp
+        return self.tp * self.dp * self.pp * self.cp * self.ep
 
     @property
     def q(self) -> int:
@@ -75,12 +83,31 @@ class ProcessGrid:
         r = self.rank if rank is None else rank
         if not 0 <= r < self.world:
             raise ValueError(f"rank {r} outside a world of {self.world}")
-        tc = self.tp * self.cp
-        return Coord(tp=r % self.tp, dp=(r // tc) % self.dp, pp=r // (tc * self.dp), cp=(r // self.tp) % self.cp)
+        tce = self.tp * self.cp * self.ep
+        return Coord(tp=r % self.tp, dp=(r // tce) % self.dp, pp=r // (tce * self.dp), cp=(r // self.tp) % self.cp,
+                     ep=(r // (self.tp * self.cp)) % self.ep)
 
-    def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0) -> int:
+    def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0, ep: int = 0) -> int:
         tc = self.tp * self.cp
-        return tp + self.tp * cp + tc * dp + tc * self.dp * pp
+        tce = tc * self.ep
+        return tp + self.tp * cp + tc * ep + tce * dp + tce * self.dp * pp
+
+    def data_index(self, rank: int | None = None) -> int:
+        """Which share of the global batch this rank's data replica reads: the expert and
+        data coordinates together, ep fastest (ep × dp replicas; context ranks share one)."""
+        c = self.coord(rank)
+        return c.ep + self.ep * c.dp
+
+    @property
+    def data_replicas(self) -> int:
+        """The replicas that read different rows of the batch: ep × dp."""
+        return self.ep * self.dp
+
+    def data_axis(self, axes=DATA_AXES) -> str:
+        """The name of the group over which a gradient replicated on `axes` (some of
+        :data:`DATA_AXES`) is averaged: 'dp', then '_cp' and '_ep' for those of them with
+        more than one rank ('dp' even when dp = 1: one name for "the data group")."""
+        return "_".join(["dp"] + [a for a in DATA_AXES[1:] if a in axes and getattr(self, a) > 1])
 
     def cube_coord(self, rank: int | None = None) -> tuple[int, int, int]:
         """(i, j, k) of this rank's tensor rank on the q×q×q cube."""
@@ -108,7 +135,7 @@ class ProcessGrid:
             for x in range(q):
                 ijk = [i, j, k]
                 ijk[pos] = x
-                out.append(self.rank_of(tp=ijk[0] + q * ijk[1] + q * q * ijk[2], dp=c.dp, pp=c.pp, cp=c.cp))
+                out.append(self.rank_of(tp=ijk[0] + q * ijk[1] + q * q * ijk[2], dp=c.dp, pp=c.pp, cp=c.cp, ep=c.ep))
             return out
         if axis in SUMMA_AXES:
             q, (r, col, k) = self.summa_q, self.summa_coord(rank)
@@ -118,9 +145,21 @@ class ProcessGrid:
             return [self.rank_of(**{**vars(c), "tp": cc + q * rr + q * q * kk})
                     for rr, cc, kk in map(rck, range(n))]
         if axis == "embed":  # first and last pipeline stage hold the (tied) embedding
-            return sorted({self.rank_of(c.tp, c.dp, 0, c.cp), self.rank_of(c.tp, c.dp, self.pp - 1, c.cp)})
-        if axis == "dp_cp":  # gradient averaging under context parallelism: cp fastest, then dp
-            return [self.rank_of(c.tp, d, c.pp, x) for d in range(self.dp) for x in range(self.cp)]
+            return sorted({self.rank_of(c.tp, c.dp, 0, c.cp, c.ep), self.rank_of(c.tp, c.dp, self.pp - 1, c.cp, c.ep)})
+        if axis.startswith("tp_kv"):  # n neighbouring tensor ranks (one replicated kv head's copies)
+            n = int(axis[len("tp_kv"):])
+            first = c.tp - c.tp % n
+            return [self.rank_of(**{**vars(c), "tp": first + x}) for x in range(n)]
+        if axis.startswith("dp_") and set(axis.split("_")) <= set(DATA_AXES):  # a data-axis group
+            parts = axis.split("_")
+            vary = [a for a in AXES if a in parts]  # fastest first: cp, ep, dp
+            base = vars(c)
+            out = []
+            for r in range(self.world):  # rank order is fastest-first order along the varied axes
+                rc = vars(self.coord(r))
+                if all(rc[a] == base[a] for a in AXES if a not in vary):
+                    out.append(r)
+            return out
         raise ValueError(f"unknown axis '{axis}'")
 
     def axis_index(self, axis: str, rank: int | None = None) -> int:
@@ -141,10 +180,24 @@ class ProcessGrid:
         return out
 
     # --- groups ---------------------------------------------------------------
+    def kv_share_axes(self) -> list[str]:
+        """'tp_kv{n}' for every n dividing tp (1 < n < tp): the n neighbouring tensor ranks
+        that hold copies of one key/value head when tp > kv_heads (grouped-query attention
+        under 1-D tensor parallelism; their gradients are summed over exactly them)."""
+        if self.cube or self.summa_depth:
+            return []
+        return [f"tp_kv{n}" for n in range(2, self.tp) if self.tp % n == 0]
+
     def axes(self) -> list[str]:
-        return (list(AXES) + (list(CUBE_AXES) if self.cube else [])
-                + (list(SUMMA_AXES) if self.summa_depth else []) + (["dp_cp"] if self.cp > 1 else [])
+        return (list(AXES) + self.kv_share_axes() + (list(CUBE_AXES) if self.cube else [])
+                + (list(SUMMA_AXES) if self.summa_depth else []) + self.data_groups()
                 + ["embed", "world"])
+
+    def data_groups(self) -> list[str]:
+        """The data-axis groups beyond 'dp' this grid needs: every parameter's (dense:
+        cp × ep × dp, experts: cp × dp) when context or expert parallelism is on."""
+        names = {self.data_axis(), self.data_axis(("dp", "cp"))}
+        return sorted(n for n in names if n != "dp")
 
     def build_groups(self, timeout=None) -> "ProcessGrid":
         """Create every group of every axis (collective: all ranks call it in order)."""
@@ -162,11 +215,13 @@ class ProcessGrid:
 
     def describe(self) -> str:
         """A table of every rank's coordinates (handy in lessons)."""
-        lines = ["rank  tp  dp  pp" + ("   (i,j,k)" if self.cube else "") + ("  cp" if self.cp > 1 else "")]
+        lines = ["rank  tp  dp  pp" + ("   (i,j,k)" if self.cube else "") + ("  cp" if self.cp > 1 else "")
+                 + ("  ep" if self.ep > 1 else "")]
         for r in range(self.world):
             c = self.coord(r)
             extra = f"   {self.cube_coord(r)}" if self.cube else ""
             extra += f" {c.cp:>3}" if self.cp > 1 else ""
+            extra += f" {c.ep:>3}" if self.ep > 1 else ""
             lines.append(f"{r:>4} {c.tp:>3} {c.dp:>3} {c.pp:>3}{extra}")
         return "\n".join(lines)
 

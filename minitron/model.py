@@ -19,6 +19,7 @@ from torch import nn
 
 from .config import ModelConfig, ParallelConfig
 from .context import Context
+from .moe import MoE
 from .parallel import cube, summa
 from .parallel import tensor as tp
 from .parallel.context_parallel import local_positions
@@ -106,7 +107,9 @@ class Block(nn.Module):
         self.ln1 = layers.layer_norm(f"blocks.{i}.ln1", cfg.hidden, ctx)
         self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers)
         self.ln2 = layers.layer_norm(f"blocks.{i}.ln2", cfg.hidden, ctx)
-        self.mlp = MLP(f"blocks.{i}.mlp", cfg, ctx, layers)
+        # a mixture of experts in place of the MLP where the config says so (moe.py)
+        self.mlp = MoE(f"blocks.{i}.mlp", cfg, ctx, layers, MLP) if cfg.is_moe_block(i) else MLP(
+            f"blocks.{i}.mlp", cfg, ctx, layers)
         self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx, layers.keep_mask)  # shared stream
         self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx, layers.keep_mask)
 

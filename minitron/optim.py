@@ -106,8 +106,11 @@ class AdamW:
 
 
 def owns_copy(p, comm: Comm) -> bool:
-    """True on the one copy of a replicated parameter that counts toward the norm."""
-    return all(comm.index(a) == 0 for a in p.shard.replicas)
+    """True on the one copy of a replicated parameter that counts toward the norm (a dense
+    parameter is also copied on every expert-parallel rank, over which the norm sums the
+    experts: it counts on ep rank 0)."""
+    ep_copy = ("ep",) if "ep" in p.shard.data_axes else ()
+    return all(comm.index(a) == 0 for a in p.shard.replicas + ep_copy)
 
 
 def sum_of_squares(tensors, device) -> torch.Tensor:
@@ -128,10 +131,10 @@ def local_sq_norm(params, comm: Comm) -> torch.Tensor:
 
 def global_grad_norm(params, comm: Comm) -> torch.Tensor:
     """The exact L2 norm of the full model's gradient, a 0-dim float64 tensor on the
-    device (all-reduces over the model-parallel axes; ZeRO-1 also sums over dp, see
-    parallel/data.py)."""
+    device (all-reduces over the model-parallel axes, ep's experts included; ZeRO-1 also
+    sums over dp, see parallel/data.py)."""
     sq = local_sq_norm(params, comm)
-    for axis in ("tp", "pp"):
+    for axis in ("tp", "pp", "ep"):
         comm.all_reduce(sq, axis)
     return sq.sqrt()
 

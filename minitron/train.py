@@ -22,6 +22,7 @@ from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
 from .model import GPT, layers_for
+from .moe import moe_layers
 from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
 from .parallel.data import ParamGather, ShardedAdamW, make_data_parallel
@@ -52,7 +53,9 @@ def zero_units(chunk: GPT) -> list[tuple]:
     norm, output layer: everything outside the blocks) and then each block."""
     inside = {p for b in chunk.blocks.values() for p in b.parameters()}
     root = [p for p in chunk.parameters() if p not in inside]
-    return [(chunk, root, "root")] + [(b, list(b.parameters()), "block") for b in chunk.blocks.values()]
+    # (a MoE's selection bias has no gradient: it stays whole, outside the units)
+    return [(chunk, root, "root")] + [(b, [p for p in b.parameters() if p.requires_grad], "block")
+                                      for b in chunk.blocks.values()]
 
 
 def params_of(chunks) -> list:
@@ -111,7 +114,8 @@ class Trainer:
         # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p)
         self.comm.wire_dtype = torch.bfloat16 if layout.precision == "bf16" else None
         device = resolve_device(layout, self.comm.grid.world)
-        self.ctx = Context(self.comm, layout, TORCH_DTYPES[train.dtype], device, seed=train.seed)
+        self.ctx = Context(self.comm, layout, TORCH_DTYPES[train.dtype], device, seed=train.seed,
+                           microbatches=train.microbatches)
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
@@ -136,6 +140,7 @@ class Trainer:
         elif schedule is not None:
             raise ValueError("a pipeline schedule needs pipeline parallelism (pp > 1)")
         self.step_idx = 0
+        self.last_moe = None  # the last step's routing (routing_step), with MoE layers
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
     def _build_chunks(self) -> list[GPT]:
@@ -162,7 +167,8 @@ class Trainer:
         """This data-parallel rank's rows of the global batch of `step` (with context
         parallelism, only this context rank's chunks of each sequence)."""
         train = self.tcfg
-        rows = data_mod.dp_rows(train.global_batch, self.layout.dp, self.comm.index("dp"))
+        # ep × dp replicas read different rows (ep fastest: ProcessGrid.data_index)
+        rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
         src = self.train_data if subset == "train" else self.val_data
         x, y = data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows)
         x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
@@ -205,6 +211,8 @@ class Trainer:
         for c in self.chunks:
             c.train()
         self.dp.zero_grad()  # keeps p.grad as views into the bucket buffer
+        for m in self.moe:
+            m.reset_stats()
         mbs = self.microbatches(step)
         if self.pipeline is not None:
             loss_sum = self.pipeline.run(mbs, self.dp)
@@ -214,8 +222,33 @@ class Trainer:
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
             # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
             self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)
+        self.last_moe = self.routing_step()
         self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
+
+    @property
+    def moe(self) -> list:
+        """This rank's mixture-of-experts blocks (``moe.MoE``), in layer order."""
+        return moe_layers(self.chunks)
+
+    def routing_step(self) -> dict | None:
+        """The step's routing over the global batch, per MoE layer of the model (every
+        stage's): choices per expert before capacity, summed over the data replicas (the
+        load balance), and the fraction of choices dropped by capacity. DeepSeek-V3's bias
+        moves from these counts, the same on every rank. None without MoE layers."""
+        ids = [i for i in range(self.mcfg.layers) if self.mcfg.is_moe_block(i)]
+        if not ids:
+            return None
+        t = torch.zeros(len(ids), 2, self.mcfg.experts, dtype=torch.float64, device=self.ctx.device)
+        for m in self.moe:
+            t[ids.index(m.layer), 0], t[ids.index(m.layer), 1] = m.routed, m.kept
+        with self.comm.in_phase("log"):  # tensor ranks hold the same counts: not summed over tp
+            self.comm.all_reduce(t, self.comm.grid.data_axis())
+            self.comm.all_reduce(t, "pp")
+        for m in self.moe:
+            m.update_bias(t[ids.index(m.layer), 0])
+        routed, kept = t[:, 0], t[:, 1]
+        return {"tokens_per_expert": routed.tolist(), "dropped": float(1 - kept.sum() / routed.sum())}
 
     def _forward_backward(self, mbs) -> torch.Tensor:
         """pp = 1: each microbatch's forward (the pipeline's, ``forward_microbatch``) and its
@@ -235,7 +268,7 @@ class Trainer:
         context rank: the mean over its equal share of the tokens); one 'log'-phase all-reduce."""
         t = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         if loss_sum is not None and self.comm.index("tp") == 0:
-            t += loss_sum.double() / (self.layout.dp * self.layout.cp)
+            t += loss_sum.double() / (self.layout.data_replicas * self.layout.cp)
         with self.comm.in_phase("log"):
             self.comm.all_reduce(t, "world")
         return t
@@ -298,7 +331,7 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     with stop:
         for step in range(start, end):
             loss = observer.step(tr, step) if observer is not None else tr.step_async(step)
-            pending.append((step, loss, tr.last_grad_norm))
+            pending.append((step, loss, tr.last_grad_norm, tr.last_moe))
             evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
             ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
             if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
@@ -306,8 +339,9 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
             # read back: one host synchronisation per `log_every` steps
             dt = (time.perf_counter() - t_last) / len(pending)
             recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
-                     "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt}
-                    for i, loss, norm in pending]
+                     "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt,
+                     **(moe or {})}
+                    for i, loss, norm, moe in pending]
             losses += [r["loss"] for r in recs]
             speeds += [r["tokens_per_s"] for r in recs]
             bad = next((r for r in recs if not math.isfinite(r["loss"])), None)

@@ -21,6 +21,7 @@ ENGINE_LAYERS = [
     {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "corpus"},
     {"context"},
     {"parallel"},
+    {"moe"},
     {"model"},
     {"train"},
 ]

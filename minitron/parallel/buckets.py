@@ -22,6 +22,7 @@ class Bucket:
     end: int
     tensors: list = field(default_factory=list)  # positions of the tensors it touches (buffer order)
     late: bool = False  # started after backward (ZeRO-1: tensors summed over another axis first)
+    axis: str = "dp"  # the data group its gradients are averaged over (their ShardInfo.data_axes)
 
     @property
     def numel(self) -> int:
@@ -68,6 +69,21 @@ def plan_buckets(numels, cap: int, multiple: int = 1) -> tuple[list[int], list[B
     for b in buckets:
         b.tensors = [i for i, (o, k) in enumerate(zip(offsets, numels)) if o < b.end and o + k > b.start]
     return offsets, buckets, total
+
+
+def plan_by_axis(numels, axes, cap: int, multiple: int = 1) -> tuple[list[int], list[Bucket], int]:
+    """:func:`plan_buckets` for tensors averaged over different data groups (`axes`, one per
+    tensor, each group's tensors contiguous): each group gets its own buckets, one after
+    the other, every bucket tagged with its group. One group is plain ``plan_buckets``."""
+    offsets, buckets, base = [], [], 0
+    for axis in dict.fromkeys(axes):
+        idx = [i for i, a in enumerate(axes) if a == axis]
+        offs, bks, n = plan_buckets([numels[i] for i in idx], cap, multiple)
+        offsets += [o + base for o in offs]
+        buckets += [Bucket(len(buckets) + k, b.start + base, b.end + base, [idx[t] for t in b.tensors], axis=axis)
+                    for k, b in enumerate(bks)]
+        base += n
+    return offsets, buckets, base
 
 
 def plan_units(unit_numels, d: int) -> tuple[list[int], list[Bucket], int]:

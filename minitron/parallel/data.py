@@ -40,6 +40,16 @@ computes. Three ways to get that mean, from the textbook to the engine:
     forward hooks. Whatever reads parameters outside a forward (evaluation, checkpoints,
     the next optimizer step) calls ``optimizer.wait_params()`` first.
 
+Each parameter is averaged over its own data group (``ShardInfo.data_axes``, named by
+``ProcessGrid.data_axis``): a dense parameter over every rank that holds it and reads other
+tokens (dp, and cp, ep when on), an expert of a mixture only over the ranks that hold the
+same expert (dp, cp: not ep, over which the experts are split). An expert's gradient is
+already the sum over the ep ranks whose tokens it served (the all-to-all's backward
+brought their gradients to it), so every gradient is summed over its own group and divided
+by the number of data replicas of the dense group: the mean over the whole batch, as one
+device computes it. The bucketed buffer keeps each group's parameters together, in buckets
+of their own (``buckets.plan_by_axis``).
+
 Gradients that must also be summed over another axis (``ShardInfo.grad_sync``: the tied
 embedding between the first and last stage, LayerNorm under sequence parallelism) are
 summed in ``finish()`` too: after the data-parallel average for the replicated optimizer;
@@ -62,7 +72,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .buckets import Bucket, bucket_elements, plan_buckets
+from .buckets import Bucket, bucket_elements, plan_by_axis
 from ..comm import Comm
 from ..config import ParallelConfig, TrainConfig
 from ..optim import clip_coef, owns_copy, sum_of_squares, sync_replicated_grads, unique_params
@@ -72,7 +82,13 @@ def grad_axis(comm: Comm) -> str:
     """The axis gradients are averaged over: the data-parallel ranks, and under context
     parallelism the context ranks too ('dp_cp': the same weights on different tokens;
     Megatron-Core's data-parallel group "with context parallel")."""
-    return "dp_cp" if comm.size("cp") > 1 else "dp"
+    return comm.grid.data_axis()
+
+
+def param_axis(p, comm: Comm) -> str:
+    """The group parameter `p`'s gradient is averaged over: its own data axes
+    (``ShardInfo.data_axes``; an expert's leave out ep)."""
+    return comm.grid.data_axis(p.shard.data_axes)
 
 
 class NaiveDataParallel:
@@ -82,6 +98,7 @@ class NaiveDataParallel:
         self.params, self.comm = unique_params(params), comm
         self.axis = grad_axis(comm)
         self.d = comm.size(self.axis)
+        self.axes = {p: param_axis(p, comm) for p in self.params}
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -97,8 +114,8 @@ class NaiveDataParallel:
         if self.d > 1:
             for p in self.params:
                 if p.grad is not None:
-                    self.comm.all_reduce(p.grad, self.axis)
-                    p.grad.div_(self.d)
+                    self.comm.all_reduce(p.grad, self.axes[p])  # nothing on a group of one
+                    p.grad.div_(self.d)  # every replica's share of the batch (see the module doc)
         sync_replicated_grads(self.params, self.comm)
 
 
@@ -160,13 +177,19 @@ class BucketedDataParallel(FlatShards):
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
             order = [p for p in order if not p.shard.grad_sync] + [p for p in order if p.shard.grad_sync]
+        axes = [param_axis(p, comm) for p in order]
+        if shard and set(axes) != {self.axis}:
+            raise ValueError(f"ZeRO-1 shards one flat buffer over one data group, not {sorted(set(axes))}")
+        groups = list(dict.fromkeys(axes))  # each data group's parameters together, backward order kept
+        order = [p for g in groups for p, a in zip(order, axes) if a == g]
+        axes = sorted(axes, key=groups.index)
         self.params = order
         dtypes = {p.dtype for p in order}
         if len(dtypes) != 1:
             raise ValueError(f"bucketed data parallelism needs one parameter dtype, got {sorted(map(str, dtypes))}")
         dtype, device = order[0].dtype, order[0].device
         cap = bucket_elements(bucket_mb, order[0].element_size()) if overlap else sum(p.numel() for p in order)
-        self.offsets, self.buckets, self.numel = plan_buckets([p.numel() for p in order], cap,
+        self.offsets, self.buckets, self.numel = plan_by_axis([p.numel() for p in order], axes, cap,
                                                               self.d if shard else 1)
         for b in self.buckets:
             b.late = shard and any(order[i].shard.grad_sync for i in b.tensors)
@@ -193,7 +216,7 @@ class BucketedDataParallel(FlatShards):
         self._sync = False
         self._handles: list = []
         self._reset()
-        if overlap and self.d > 1:
+        if overlap and any(comm.size(b.axis) > 1 for b in self.buckets):
             self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in order]
 
     def _view(self, flat: torch.Tensor, p) -> torch.Tensor:
@@ -254,12 +277,12 @@ class BucketedDataParallel(FlatShards):
         """Start bucket `b`'s collective (asynchronous): all-reduce, or with ZeRO-1 the
         reduce-scatter into ``shard_grad``; pre-scaled by 1/d."""
         flat = self.grad_buffer[b.start:b.end]
-        flat.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
+        flat.div_(self.d)  # pre-scale over every data replica: the sum of the scaled gradients is the mean
         if self.shard:
             out = self.shard_grad[b.start // self.d:b.end // self.d]
-            work = self.comm.reduce_scatter(flat, self.axis, out=out, async_op=True)
+            work = self.comm.reduce_scatter(flat, b.axis, out=out, async_op=True)
         else:
-            work = self.comm.all_reduce(flat, self.axis, async_op=True)
+            work = self.comm.all_reduce(flat, b.axis, async_op=True)
         if work is not None:
             self._handles.append(work)
 

@@ -215,7 +215,7 @@ def forward_microbatch(chunk, context, x, targets, k: int, m: int, phase: str = 
     other chunk returns its hidden states."""
     comm = context.comm
     comm.microbatch = k
-    key = (comm.step, comm.index("dp") * m + k)
+    key = (comm.step, comm.grid.data_index() * m + k)  # ep × dp replicas read different rows
     with comm.in_phase(phase), context.autocast():
         out = chunk(x, targets if chunk.last else None, key)
     return out / m if chunk.last else out

@@ -42,7 +42,7 @@ import torch
 from .buckets import plan_units
 from ..comm import Comm
 from ..optim import unique_params
-from .data import FlatShards, grad_axis
+from .data import FlatShards, grad_axis, param_axis
 
 
 class ShardedDataParallel(FlatShards):
@@ -52,13 +52,22 @@ class ShardedDataParallel(FlatShards):
     `axis`: the axis the gradients are averaged over (default: data parallel, with the
     context ranks under context parallelism). `max_in_flight`: reduce-scatters allowed to
     run before the oldest is waited for (bounds the staging buffers alive at once).
+    `unit` (stage 3, a lab's): ``unit(comm, axis, shard, full)`` -> an object that does one
+    unit's communication in place of the engine's, synchronously (no prefetch):
+    ``before_forward()``, ``after_forward()``, ``before_backward()`` and
+    ``after_backward(grad)`` -> this rank's shard of the mean gradient (`full`: the unit's
+    flat buffer, its storage freed at rest; `shard`: this rank's slice of it).
     """
 
-    def __init__(self, units, comm: Comm, stage: int, axis: str | None = None, max_in_flight: int = 2):
+    def __init__(self, units, comm: Comm, stage: int, axis: str | None = None, max_in_flight: int = 2,
+                 unit=None):
         if stage not in (2, 3):
             raise ValueError(f"ShardedDataParallel is ZeRO stage 2 or 3, not {stage}")
         self.comm, self.stage, self.shard = comm, stage, True
         self.axis = axis or grad_axis(comm)
+        axes = {param_axis(p, comm) for _, ps, _ in units for p in ps}
+        if axis is None and axes - {self.axis}:  # experts split over ep: another data group
+            raise ValueError(f"ZeRO-{stage} shards every unit over one data group, not {sorted(axes)}")
         self.d, self.rank = comm.size(self.axis), comm.index(self.axis)
         chunk, chunks = -1, []
         for _, _, kind in units:  # each chunk starts with its root (even one with no parameters)
@@ -112,6 +121,12 @@ class ShardedDataParallel(FlatShards):
                 self._next[u] = u + 1
                 if self.units[u][2] == "block":
                     self._prev[u + 1] = u
+        self.unit_ops = None  # the passed-in units' communication, when `unit` is given
+        if unit is not None:
+            if stage != 3:
+                raise ValueError("a unit passed in does ZeRO-3's gathers: it needs stage 3")
+            self.unit_ops = [unit(comm, self.axis, self.param_shard[slice(*self._shard_range(u))], self.full[u])
+                             for u in range(len(self.units))]
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
         for u, (mod, _, kind) in enumerate(self.units):
             self._hooks.append(mod.register_forward_pre_hook(self._before_forward(u)))
@@ -216,6 +231,8 @@ class ShardedDataParallel(FlatShards):
     def _before_forward(self, u: int):
         @torch.compiler.disable
         def hook(module, args):
+            if self._passed_in(u, "before_forward"):
+                return
             self._gather(u, wait=True)  # stage 2: the all-gather after the last step
             if self.stage == 3 and self._next[u] is not None:
                 self._gather(self._next[u], wait=False)  # prefetch: overlaps this unit's compute
@@ -225,11 +242,14 @@ class ShardedDataParallel(FlatShards):
         def hook(module, args, output):
             if torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(self._before_backward(u))  # runs before the unit's backward
-            self._free(u)
+            if not self._passed_in(u, "after_forward"):
+                self._free(u)
         return hook
 
     def _before_backward(self, u: int):
         def hook(grad):
+            if self._passed_in(u, "before_backward"):
+                return
             self._gather(u, wait=True)
             if self._prev[u] is not None:
                 self._gather(self._prev[u], wait=False)  # the next unit backward reaches
@@ -248,10 +268,31 @@ class ShardedDataParallel(FlatShards):
         self._staging[u][off:off + p.numel()].view_as(p).add_(p.grad)
         p.grad = None  # no full gradient is kept
         self._pending[u] -= 1
-        if self._pending[u] == 0:
+        if self._pending[u] == 0 and self.unit_ops is not None:
+            self._reduce_passed_in(u)
+        elif self._pending[u] == 0:
             self._reduce(u)
             if self.stage == 3 and self.units[u][2] == "block":
                 self._free(u)
+
+    def _passed_in(self, u: int, moment: str) -> bool:
+        """Run a passed-in unit's `moment` (before_forward, after_forward, before_backward);
+        False when the engine does its own."""
+        if self.unit_ops is None:
+            return False
+        getattr(self.unit_ops[u], moment)()
+        self.gathered[u] = moment != "after_forward"
+        return True
+
+    def _reduce_passed_in(self, u: int) -> None:
+        """A passed-in unit's after_backward: its shard of the mean gradient joins this
+        rank's (the unit frees its parameters itself)."""
+        staging, self._staging[u] = self._staging[u], None
+        self._pending[u] = len(self.units[u][1])
+        lo, hi = self._shard_range(u)
+        self.shard_grad[lo:hi] += self.unit_ops[u].after_backward(staging)
+        self.gathered[u] = False
+        self.staging_bytes -= staging.numel() * self.element_size
 
     def _reduce(self, u: int) -> None:
         staging, self._staging[u] = self._staging[u], None
@@ -297,7 +338,7 @@ class ShardedDataParallel(FlatShards):
         Stage 3 frees the root units, kept since the step's first forward."""
         for u in range(len(self.units)):
             if self._staging[u] is not None:
-                self._reduce(u)
+                (self._reduce_passed_in if self.unit_ops is not None else self._reduce)(u)
         self._drain()
         if self.stage == 3:
             for u in range(len(self.units)):

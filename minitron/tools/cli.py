@@ -49,6 +49,8 @@ def add_layout_args(ap):
         g.add_argument(f"--{k}", type=int, default=1)
     g.add_argument("--cp", type=int, default=1,
                    help="context parallel: the sequence split over cp ranks (ring attention)")
+    g.add_argument("--ep", type=int, default=1,
+                   help="expert parallel: the experts of --experts split over ep ranks, which also split the batch")
     g.add_argument("--tp-mode", default="1d",
                    help="1d (Megatron), 2d (SUMMA, --tp q^2), 2.5d (Tesseract, --tp q^2*d) or 3d (cube, --tp q^3)")
     g.add_argument("--tp-depth", type=int, default=1, help="d of --tp-mode 2.5d: copies of the q x q grid")
@@ -120,7 +122,7 @@ def layout_from(args) -> ParallelConfig:
         stage = tuple(int(x) for x in args.stage_layers.split(",") if x.strip())
     except ValueError:
         raise ConfigError(f"--stage-layers '{args.stage_layers}' must be comma-separated integers, e.g. 1,3") from None
-    return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp,
+    return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
                           tp_mode=args.tp_mode, tp_depth=args.tp_depth, sp=args.sp, schedule=args.schedule, zero1=args.zero1, zero=args.zero,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
@@ -394,7 +396,7 @@ def cmd_verify(args) -> int:
     from .verify import verify_job
 
     model, layout = model_from(args), layout_from(args)
-    gb = args.global_batch or layout.dp * args.microbatches * max(2, layout.cube_q ** 2, layout.summa_q * layout.tp_depth)
+    gb = args.global_batch or layout.data_replicas * args.microbatches * max(2, layout.cube_q ** 2, layout.summa_q * layout.tp_depth)
     train = train_from(args, global_batch=gb, lr=args.lr or 1e-2, warmup=1, eval_every=0, progress=False)
     validate(model, layout, train)
     if args.tol is not None:

@@ -201,7 +201,8 @@ def verify_job(comm, model, layout, train, corpus, extra) -> dict | None:
         comm.trace.write(train.trace)
     if train.timeline and tr.pipeline is not None:
         tr.pipeline.write_timeline(train.timeline)
-    reference = train.replace(microbatches=train.microbatches * layout.dp, trace="")
+    # one reference microbatch per replica's microbatch (a MoE routes, balances and drops per microbatch)
+    reference = train.replace(microbatches=train.microbatches * layout.data_replicas, trace="")
     tol = (extra or {}).get("tol")
     res = versus_one_device(comm, tr, losses, model, reference, tol)
     if res is None:
