@@ -206,14 +206,18 @@ def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
     part = tmp / f"rank_{rank:05d}.pt"
     side = tmp / f"rank_{rank:05d}.json"
     try:
-        torch.save(shards, str(part) + ".part")
+        with open(str(part) + ".part", "wb") as f:  # a Python file: the OS error comes back with its reason
+            torch.save(shards, f)
         os.replace(str(part) + ".part", part)
         info = {"file": part.name, "sha256": _sha256(part), "bytes": part.stat().st_size, **_shard_summary(shards)}
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch's writer wraps the file's OSError in a RuntimeError
+        cause = e if isinstance(e, OSError) else e.__context__ if isinstance(e.__context__, OSError) else None
+        if cause is None and not isinstance(e, OSError) and "inline_container" not in str(e):
+            raise
         Path(str(part) + ".part").unlink(missing_ok=True)
         part.unlink(missing_ok=True)
-        info = {"error": f"rank {rank} could not write its shard into {tmp} ({e.strerror or type(e).__name__}; "
-                         f"{_free_space(tmp)})"}
+        why = cause.strerror if cause is not None and cause.strerror else "a write failed"
+        info = {"error": f"rank {rank} could not write its shard into {tmp} ({why}; {_free_space(tmp)})"}
     try:
         side.write_text(json.dumps(info))
     except OSError:

@@ -1,0 +1,334 @@
+"""Nothing lost, nothing silently wrong, nothing hangs: each class of fault planted several
+ways, in-process (one rank) unless a second process is the point.
+
+* a damaged or forged checkpoint is refused in one line (checksums, structure, finite
+  values, `latest` inside its folder), by resume, sample, export and `minitron check-ckpt`;
+* a resume names every setting that differs from the checkpoint's and refuses those that
+  break its equality with an uninterrupted run unless --allow-resume-change;
+* no output flag can name an input or anything inside a checkpoint folder; --overwrite
+  deletes only the engine's own folders; export refuses a folder of another model;
+* a non-finite model is never published (the message names --lr), a save the disk refuses
+  leaves no step_N.tmp and names the rank and the space;
+* a checkpoint folder is locked while a run writes it; a lock left by a killed run is named;
+* a requeued job whose work is done exits 0; a FIFO as --data is refused at once.
+"""
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitron.checkpoint import FolderLock, lock_holder
+from minitron.tools.cli import main
+from minitron.tools.testing import reseal
+
+TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0", "--no-report"]
+TEXT = "To be, or not to be, that is the question.\n" * 300
+
+
+def refused(capsys, argv, *words, code=2):
+    """The command exits with `code`, one line on stderr holding every one of `words`."""
+    got = main([str(a) for a in argv])
+    err = "\n".join(ln for ln in capsys.readouterr().err.strip().splitlines()
+                    if not ln.startswith("minitron: note:"))  # e.g. a resume that goes further: --steps
+    assert got == code, err
+    assert err.startswith("minitron: error:") and "\n" not in err and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A checkpoint folder of the tiny model at steps 1 and 2 (float64), and a text."""
+    d = tmp_path_factory.mktemp("reliability")
+    (d / "text.txt").write_text(TEXT)
+    assert main(TRAIN + ["--steps", "2", "--ckpt-dir", str(d / "ck"), "--ckpt-every", "1", "--dtype", "float64"]) == 0
+    return d
+
+
+def damaged(run, tmp_path, how):
+    """A copy of the run's checkpoint folder with step 2 damaged by `how(step_dir)`."""
+    ck = tmp_path / "ck"
+    shutil.copytree(run / "ck", ck)
+    how(ck / "step_0000002")
+    return ck
+
+
+def _edit_shards(fn, seal=True):
+    def how(step):
+        f = step / "rank_00000.pt"
+        shards = torch.load(f, weights_only=True)
+        fn(shards)
+        torch.save(shards, f)
+        if seal:
+            reseal(step)
+    return how
+
+
+def _flip_bytes(step):
+    """Flip bytes in the middle of the tensor data (the zip archive stays readable)."""
+    f = step / "rank_00000.pt"
+    data = bytearray(f.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def _first(shards):
+    return shards[sorted(shards)[0]]
+
+
+DAMAGES = {
+    "flipped bytes": (_flip_bytes, "does not match its checksum"),
+    "shard replaced by another run's": (lambda s: shutil.copy(s.parent / "step_0000001" / "rank_00000.pt",
+                                                               s / "rank_00000.pt"), "does not match its checksum"),
+    "meta without checksums": (lambda s: (s / "meta.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((s / "meta.json").read_text()).items() if k != "files"})), "has no checksums"),
+    "exp_avg_sq removed": (_edit_shards(lambda sh: _first(sh).pop("exp_avg_sq")), "lacks optimizer state"),
+    "all optimizer state removed": (_edit_shards(lambda sh: [r.pop(k) for r in sh.values()
+                                                             for k in ("exp_avg", "exp_avg_sq", "step")]),
+                                    "lacks optimizer state"),
+    "a NaN parameter": (_edit_shards(lambda sh: _first(sh)["param"].view(-1)[0].fill_(float("nan"))),
+                        "non-finite values"),
+    "a huge full shape": (_edit_shards(lambda sh: _first(sh).update(full_shape=[2**22, 2**22],
+                                                                     region=[[0, 2**22], [0, 2**22]])),
+                          "is not a tensor of shape"),
+    "a huge shape, a small region": (_edit_shards(lambda sh: _first(sh).update(
+        full_shape=[2**22] * len(_first(sh)["full_shape"]))), "is missing shards of"),
+    "a region outside its shape": (_edit_shards(lambda sh: _first(sh).update(
+        region=[[1, d + 1] for d in _first(sh)["full_shape"]])), "region outside its shape"),
+    "a record dropped": (_edit_shards(lambda sh: sh.pop(sorted(sh)[0])), "does not match the model"),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGES))
+def test_damaged_checkpoint_is_refused_everywhere(run, tmp_path, capsys, name):
+    how, words = DAMAGES[name]
+    ck = damaged(run, tmp_path, how)
+    refused(capsys, TRAIN + ["--steps", "4", "--ckpt-dir", ck, "--resume", "--dtype", "float64"], words)
+    refused(capsys, ["sample", "--ckpt-dir", ck, "--tokens", "2"], words)
+    if name == "a record dropped":  # whole in itself: the model it must fit tells the difference
+        return
+    refused(capsys, ["export", "--ckpt-dir", ck, "--hf", tmp_path / "hf"], words)
+    assert main(["check-ckpt", str(ck)]) == 1
+    out = capsys.readouterr().out
+    assert "ok  step_0000001" in out and "BAD step_0000002" in out and words in out, out
+
+
+def test_check_ckpt_on_sound_folders(run, capsys):
+    assert main(["check-ckpt", str(run / "ck")]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 checkpoint(s) sound" in out and "<- latest" in out, out
+    assert main(["check-ckpt", str(run / "ck" / "step_0000001"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] and res["checkpoints"][0]["step"] == 1
+    refused(capsys, ["check-ckpt", str(run / "nothing")], "does not exist")
+    refused(capsys, ["check-ckpt", str(run)], "holds no checkpoint")
+
+
+@pytest.mark.parametrize("pointer", ["../elsewhere/step_0000002", "/etc", "step_0000002/../../ck2",
+                                     "meta.json", "", "step_0000002 extra"])
+def test_latest_stays_inside_its_folder(run, tmp_path, capsys, pointer):
+    ck = damaged(run, tmp_path, lambda s: None)
+    (ck / "latest").write_text(pointer)
+    refused(capsys, TRAIN + ["--steps", "4", "--ckpt-dir", ck, "--resume", "--dtype", "float64"],
+            "not a step folder inside")
+    refused(capsys, ["sample", "--ckpt-dir", ck, "--tokens", "2"], "not a step folder inside")
+
+
+def test_latest_through_a_link_outside_is_refused(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    outside = tmp_path / "outside"
+    shutil.move(ck / "step_0000002", outside)
+    (ck / "step_0000002").symlink_to(outside)
+    refused(capsys, TRAIN + ["--steps", "4", "--ckpt-dir", ck, "--resume", "--dtype", "float64"],
+            "not a step folder inside")
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--seed", "7"], "--seed 7 (the checkpoint's is 1234)"),
+    (["--global-batch", "8"], "--global-batch 8 (the checkpoint's is 4)"),
+    (["--lr", "0.01"], "--lr 0.01 (the checkpoint's is 0.003)"),
+    (["--dtype", "float32"], "--dtype float32 (the checkpoint's is float64)"),
+    (["--data", "{text}"], "--data {text}"),
+])
+def test_resume_refuses_settings_that_break_exactness(run, tmp_path, capsys, flags, named):
+    ck = damaged(run, tmp_path, lambda s: None)
+    flags = [f.format(text=run / "text.txt") for f in flags]
+    named = named.format(text=run / "text.txt")
+    base = TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"]
+    refused(capsys, base + flags, named, "--allow-resume-change")
+    assert main([str(a) for a in base + flags + ["--allow-resume-change"]]) == 0
+    err = capsys.readouterr().err
+    assert f"minitron: note: resuming with {named}" in err, err
+
+
+def test_resume_notes_the_harmless_changes(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    assert main([str(a) for a in TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64",
+                                          "--microbatches", "2"]]) == 0
+    err = capsys.readouterr().err
+    assert "note: resuming with --steps 3 (the checkpoint's is 2)" in err
+    assert "note: resuming with --microbatches 2 (the checkpoint's is 1)" in err, err
+
+
+def test_requeued_job_whose_work_is_done_exits_0(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    assert main([str(a) for a in TRAIN + ["--steps", "2", "--ckpt-dir", ck, "--resume", "auto",
+                                          "--dtype", "float64"]]) == 0
+    err = capsys.readouterr().err.strip()
+    assert "nothing left to train (exit code 0)" in err and "already reached --steps 2" in err, err
+    refused(capsys, TRAIN + ["--steps", "2", "--ckpt-dir", ck, "--resume", "--dtype", "float64"], "already at --steps 2")
+
+
+# --- outputs ------------------------------------------------------------------------------
+OUTPUTS = [
+    (["--metrics", "{ck}/latest"], "--metrics"),
+    (["--trace", "{ck}/step_0000002/rank_00000.pt"], "--trace"),
+    (["--metrics", "{ck}/step_0000001/meta.json"], "--metrics"),
+    (["--metrics", "{ck}/notes.jsonl"], "--metrics"),
+    (["--metrics", "{new}/m.jsonl", "--ckpt-dir", "{new}"], "--metrics"),  # this run's own (new) folder
+    (["--tensorboard", "{ck}"], "--tensorboard"),
+    (["--tensorboard", "{ck}/tb"], "--tensorboard"),
+    (["--ckpt-dir", "{ck}/step_0000002/inner"], "--ckpt-dir"),
+    (["--metrics", "{d}/m.jsonl", "--data", "{d}/m.loss.png"], "--metrics' loss figure"),
+]
+
+
+@pytest.mark.parametrize("flags,flag", OUTPUTS)
+def test_outputs_never_touch_a_checkpoint_or_an_input(run, tmp_path, capsys, flags, flag):
+    ck = damaged(run, tmp_path, lambda s: None)
+    (tmp_path / "m.loss.png").write_text(TEXT)
+    before = {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()}
+    argv = TRAIN + ["--steps", "1"] + [f.format(ck=ck, new=tmp_path / "new", d=tmp_path) for f in flags]
+    err = refused(capsys, argv, flag)
+    assert "checkpoint folder" in err or "input of this run" in err, err
+    assert {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()} == before
+
+
+def test_other_commands_outputs(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    refused(capsys, ["verify", "--steps", "1", "--trace", ck / "latest"], "inside the checkpoint folder")
+    refused(capsys, ["schedule", "--plot", ck / "step_0000001" / "s.png"], "inside the checkpoint folder")
+    refused(capsys, ["tokenize", "--data", run / "text.txt", "--out", ck / "t.bin"], "inside the checkpoint folder")
+    refused(capsys, ["export", "--ckpt-dir", ck, "--hf", ck], "inside the checkpoint folder")
+    refused(capsys, ["export", "--ckpt-dir", ck, "--hf", ck / "step_0000002"], "inside the checkpoint folder")
+
+
+def test_export_refuses_a_folder_of_another_model(run, tmp_path, capsys):
+    hf = tmp_path / "gpt2"
+    hf.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (hf / f).write_text("{}")
+    refused(capsys, ["export", "--ckpt-dir", run / "ck", "--hf", hf], "already holds other files (tokenizer.json)")
+    assert (hf / "model.safetensors").read_text() == "{}"
+    mine = tmp_path / "mine"
+    assert main(["export", "--ckpt-dir", str(run / "ck"), "--hf", str(mine)]) == 0
+    assert main(["export", "--ckpt-dir", str(run / "ck"), "--hf", str(mine)]) == 0  # its own files: replaced
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_overwrite_deletes_only_what_the_engine_wrote(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    (ck / "step_notes").mkdir()
+    (ck / "step_notes" / "todo.txt").write_text("mine")
+    (ck / "steps.txt").write_text("mine")
+    assert main([str(a) for a in TRAIN + ["--steps", "1", "--ckpt-dir", ck, "--overwrite"]]) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_0000001", "step_notes", "steps.txt"]
+    (ck / "step_0000005").mkdir()
+    (ck / "step_0000005" / "results.csv").write_text("mine")
+    refused(capsys, TRAIN + ["--steps", "1", "--ckpt-dir", ck, "--overwrite"], "is not a checkpoint minitron wrote",
+            "nothing was deleted")
+    assert (ck / "step_0000001" / "meta.json").exists() and (ck / "step_0000005" / "results.csv").exists()
+
+
+# --- non-finite models, full disks ------------------------------------------------------------
+@pytest.mark.parametrize("lr", ["1e39", "1e300"])
+def test_a_nonfinite_model_is_never_published(tmp_path, capsys, lr):
+    """An --lr finite in float64 but past float32's range (1e39), or one that overflows the
+    update (1e300): the parameters are NaN after step 1, whose loss was finite."""
+    ck = tmp_path / "ck"
+    assert main(TRAIN + ["--steps", "2", "--ckpt-dir", str(ck), "--ckpt-every", "1"]) == 0
+    err = refused(capsys, TRAIN + ["--steps", "4", "--ckpt-dir", ck, "--ckpt-every", "1", "--resume",
+                                   "--lr", lr, "--allow-resume-change"],
+                  "not finite after step 3", "lower --lr", f"the last checkpoint, {ck}/step_0000002")
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_0000001", "step_0000002"], err
+    assert (ck / "latest").read_text() == "step_0000002"
+    assert main(["check-ckpt", str(ck)]) == 0
+
+
+def test_a_full_disk_names_the_rank_and_the_space(tmp_path):
+    """The file size limit (RLIMIT_FSIZE) refuses the shard's write as a full disk would:
+    one line naming rank 0 and the space, no step_N.tmp left, `latest` untouched."""
+    ck = tmp_path / "ck"
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    p = subprocess.run([sys.executable, "-m", "minitron", *TRAIN, "--steps", "1", "--ckpt-dir", str(ck)],
+                       capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "rank 0 could not write its shard" in lines[0] and "File too large" in lines[0] and "free" in lines[0]
+    assert sorted(x.name for x in ck.iterdir()) == [], list(ck.iterdir())
+
+
+# --- the lock --------------------------------------------------------------------------------
+def test_a_folder_written_by_a_run_is_locked(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    with FolderLock(str(ck)).acquire():
+        assert lock_holder(str(ck)).startswith(f"pid {os.getpid()} on ")
+        refused(capsys, TRAIN + ["--steps", "4", "--ckpt-dir", ck, "--resume", "--dtype", "float64"],
+                "is in use by another run", f"pid {os.getpid()}")
+        refused(capsys, TRAIN + ["--steps", "1", "--ckpt-dir", ck, "--overwrite"], "is in use by another run")
+        assert main(["check-ckpt", str(ck)]) == 0
+        assert "a run is writing this folder" in capsys.readouterr().out
+    assert not (ck / "lock").exists()
+    assert main([str(a) for a in TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"]]) == 0
+    assert not (ck / "lock").exists()
+
+
+def test_a_lock_left_by_a_killed_run_is_named_and_taken_over(run, tmp_path, capsys):
+    ck = damaged(run, tmp_path, lambda s: None)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from minitron.checkpoint import FolderLock; "
+                               f"FolderLock({str(ck)!r}).acquire(); print('locked', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        refused(capsys, TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"],
+                f"is in use by another run (pid {holder.pid} on ")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate()
+    assert lock_holder(str(ck)).startswith(f"stale: pid {holder.pid}")
+    assert main(["check-ckpt", str(ck)]) == 0
+    assert f"lock: stale: pid {holder.pid}" in capsys.readouterr().out
+    assert main([str(a) for a in TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"]]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {ck}/lock was left by a run that did not end cleanly (pid {holder.pid} on " in err, err
+    assert not (ck / "lock").exists()
+
+
+# --- work that never ends ----------------------------------------------------------------------
+def test_a_fifo_as_data_is_refused_at_once(tmp_path, capsys):
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "folder" / "a.txt")
+    t = time.monotonic()
+    refused(capsys, TRAIN + ["--steps", "1", "--data", fifo], "not a regular file")
+    refused(capsys, TRAIN + ["--steps", "1", "--data", tmp_path / "folder"], "not a regular file")
+    refused(capsys, ["tokenize", "--data", fifo, "--out", tmp_path / "t.bin"], "not a regular file")
+    os.mkfifo(tmp_path / "tok.bin")
+    refused(capsys, TRAIN + ["--steps", "1", "--data", tmp_path / "tok.bin"], "not a regular file")
+    refused(capsys, TRAIN + ["--steps", "1", "--metrics", fifo], "not a regular file")
+    assert time.monotonic() - t < 60
