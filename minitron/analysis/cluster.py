@@ -611,9 +611,19 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
               transformer_flops_per_iteration(model, global_batch, rc, head_dim))
     mfu_flops = (model_flops_per_iteration(model, global_batch) if gpt else
                  transformer_flops_per_iteration(model, global_batch, "none", head_dim))
-    mem = memory_estimate(model, {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
-                                  "sp": L.sp, "schedule": kind}, global_batch,
+    mem = memory_estimate(model.replace(seq_len=model.seq_len // cp),
+                          {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
+                           "sp": L.sp, "schedule": kind}, global_batch,
                           bytes_per_param=bytes_per_param, recompute=rc)
+    if not gpt or L.zero or cp > 1:
+        # model states from this rank's own weights (experts included, the activation
+        # estimate is the GPT block's): 2-byte weights and gradients whole, the rest
+        # (fp32 master and Adam moments) over the distributed optimizer's shard; ZeRO-3
+        # shards all of it over its group
+        w = dense_w + expert_w
+        states = w * bytes_per_param / shard if L.zero == 3 else w * (4 + (bytes_per_param - 4) / shard)
+        mem = {**mem, "total_bytes": mem["total_bytes"] - mem["params_bytes"] - mem["grads_bytes"]
+               - mem["optimizer_bytes"] + states}
     per_iteration = {k: m * s for k, s in parts.items()}
     per_iteration.update(tp_comm=m * tp_mb, tp_comm_hidden=m * tp_hidden_mb, pp_comm=m * pp_mb,
                          pp_comm_hidden=m * pp_hidden, cp_comm=m * cp_mb, cp_comm_hidden=m * cp_hidden_mb,

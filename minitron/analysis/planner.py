@@ -39,7 +39,7 @@ def _powers_of_two_upto(n: int) -> list[int]:
 
 def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster,
                   tp=None, pp=None, vpp=None, microbatch_size=None, max_vpp: int = 8,
-                  max_microbatch: int = 16) -> list[dict]:
+                  max_microbatch: int = 16, ep=None) -> list[dict]:
     """Every (tp, pp, dp, vpp, microbatch_size) the planner considers.
 
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
@@ -53,6 +53,9 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
     tps = [tp] if tp else [t for t in _powers_of_two_upto(c.gpus_per_node) if gpus % t == 0]
     for t in tps:
         if model.heads % t or model.hidden % t or model.ffn_hidden % t or gpus % t:
+            continue
+        kv = model.n_kv_heads
+        if t > kv and t % kv:  # a kv head is split over whole ranks, or replicated t/kv times
             continue
         for p in ([pp] if pp else _divisors(gpus // t)):
             if p > model.layers or (gpus // t) % p:
@@ -68,13 +71,19 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
                 for v in vs:
                     if v > 1 and (p == 1 or model.layers % (p * v) or m < p):
                         continue
-                    out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b})
+                    # expert parallelism (MoE only): a power of two dividing the experts
+                    # and the tp·dp ranks, up to 64
+                    eps = ([ep] if ep else [e for e in _powers_of_two_upto(min(model.experts, t * d, 64))
+                                            if model.experts % e == 0]) if model.experts else [1]
+                    for e in eps:
+                        out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b, "ep": e})
     return out
 
 
 def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster, seq_len: int | None = None,
          recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
-         microbatch_size=None, top: int | None = None, software: str | Software | None = None) -> list[dict]:
+         microbatch_size=None, top: int | None = None, software: str | Software | None = None,
+         zero: int = 0, ep=None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
     Each entry: ``tp, pp, dp, vpp, microbatch_size, sp, schedule`` and the prediction's
@@ -83,7 +92,9 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     fp32 gradient accumulation); `tp, pp, vpp, microbatch_size` fix a degree;
     `software` is the stack the layouts run (a :class:`~minitron.analysis.software.Software`
     or a preset name, see :func:`~minitron.analysis.cluster.predict`); layouts with t > 1
-    are sequence parallel when the software is.
+    are sequence parallel when the software is. `zero`: 1 prices Megatron's distributed
+    optimizer (0 by default, PTD-P's). A mixture of experts is also laid out over an
+    expert-parallel degree ``ep`` (a key of each entry; `ep` fixes it).
 
     Raises ValueError (one line) for an unknown cluster, fixed degrees that do not
     divide the GPU count, or a model that fits no layout.
@@ -101,9 +112,9 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     if tp and (model.heads % tp or model.hidden % tp):
         raise ValueError(f"tp = {tp} does not divide {model.heads} heads and hidden {model.hidden}")
     entries, smallest = [], None
-    for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size):
+    for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep):
         kind = "interleaved" if lay["vpp"] > 1 else "1f1b"
-        lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1}
+        lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1, "zero": zero}
         pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
                        software=sw)
         smallest = pred.memory_gb_per_gpu if smallest is None else min(smallest, pred.memory_gb_per_gpu)
