@@ -56,6 +56,19 @@ def combine(out, lse, out_b, lse_b):
 ''',
         "a tuple of one": broken("), new", "),"),
         "raises": broken("new = torch.logaddexp(lse, lse_b)", "new = torch.logaddexp(lse)"),
+        # what the old checker called a wrong fold of three blocks
+        "in place": broken("    return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new)"
+                           ".unsqueeze(-1) * out_b), new",
+                           "    out.mul_(torch.exp(lse - new).unsqueeze(-1))\n"
+                           "    return out.add_(torch.exp(lse_b - new).unsqueeze(-1) * out_b), new"),
+        # the engine's own function reached past the screen
+        "engine by importlib": "import importlib\ncombine = importlib.import_module('minitron.' + "
+                               "'parallel.context_parallel').combine\n",
+        "engine by sys.modules": "import sys\n\ndef combine(out, lse, out_b, lse_b):\n    return vars(sys.modules["
+                                 "'minitron.parallel' + '.context_parallel'])['comb' + 'ine'](out, lse, out_b, lse_b)\n",
+        "engine by __import__": "def combine(out, lse, out_b, lse_b):\n    m = __import__('minitron.parallel.'"
+                                " + 'tensor', fromlist=['x'])\n    return m.online_softmax_combine(out, lse, out_b, "
+                                "lse_b)\n",
     }
     got = dict(zip(cases, check_online_softmax_all(list(cases.values()))))
     for name in ("reference", "engine"):
@@ -69,6 +82,12 @@ def combine(out, lse, out_b, lse_b):
         "overflows": "gives inf or nan: e^L overflows",
         "a tuple of one": "returned tuple of 1: return the pair (out, lse)",
         "raises": "TypeError: logaddexp() missing 1 required positional arguments: \"other\" in combine, line 3 of your code",
+        "in place": "your combine changed its input out in place: return new tensors",
+        "engine by importlib": "your code runs the engine's own minitron.parallel.context_parallel.combine: ",
+        "engine by sys.modules": "your code runs the engine's own minitron.parallel.context_parallel.combine (from "
+                                 "line 4 of your code",
+        "engine by __import__": "your code runs the engine's own minitron.parallel.context_parallel.combine (from "
+                                "line 3 of your code",
     }
     for name, words in want.items():
         res = got[name]

@@ -20,7 +20,7 @@ float64 blocks of one attention problem against full softmax attention:
    rescaling must be by differences of log-sum-exps, never by e^L itself.
 
 A wrong number is diagnosed against the usual mistakes (outputs added or averaged, the
-log-sum-exps added or maxed). The ranks agree on the first problem found; otherwise the
+log-sum-exps added or maxed, an input changed in place). The ranks agree on the first problem found; otherwise the
 function is swapped into the engine, a tiny GPT trains with ``--cp 2`` (every rank
 combining its ring's blocks with it) for 2 float64 steps, and rank 0 compares it with the
 single-device model.
@@ -34,9 +34,9 @@ import itertools
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel import tensor
+from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import block_attention
-from .runner import LabError, agree, call, load, run_sources, train_swapped, training_verdict
+from .runner import LabError, Tripwire, agree, call, load, run_sources, train_swapped, training_verdict
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
@@ -75,7 +75,12 @@ class _Problem:
 
 
 def _combine(fn, first, second):
+    before = [t.clone() for t in (*first, *second)]
     out = call(f"your {NAME}", fn, *first, *second)
+    for name, was, now in zip(("out", "lse", "out_b", "lse_b"), before, (*first, *second)):
+        if not torch.equal(was, now):
+            raise LabError(f"your {NAME} changed its input {name} in place: return new tensors (the engine "
+                           f"still uses its inputs afterwards: autograd saved them, the ring passes blocks on)")
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
         raise LabError(f"your {NAME} returned {type(out).__name__}"
                        f"{'' if not isinstance(out, tuple) else f' of {len(out)}'}: return the pair (out, lse)")
@@ -136,14 +141,16 @@ def _unit_check(fn) -> str:
 
 def _job(comm, source: str, timeout: float) -> dict | None:
     case = next(_CASE)
-    fn = load(source, (NAME,), {"torch": torch})[NAME]
+    watch = Tripwire({"minitron.parallel.context_parallel.combine": context_parallel.combine})
     try:
-        problem = _unit_check(fn)
+        with watch.armed():
+            fn = load(source, (NAME,), {"torch": torch})[NAME]
+            problem = _unit_check(fn)
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
     agree(comm, f"online-softmax/{case}", problem, timeout)
     layout = ParallelConfig(cp=comm.size("cp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, layers=tensor.layers(combine=fn))
+    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(combine=fn))
     return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
                             f"(--cp {layout.cp}: ring attention)", TOL)
 
