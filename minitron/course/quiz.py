@@ -244,6 +244,24 @@ QUESTIONS: dict[str, Question] = {
         * 2 / 2**20,
         "one message is K and V of the rank's s/N tokens over its h/t columns: 2·b·(s/N)·(h/t) "
         "elements of 2 bytes."),
+    # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
+    "12.fsdp2_gathers": Question(
+        lambda: 8 * (1 + 2 * 24),
+        "with fully_shard on every block and on the root, each microbatch gathers the root once (kept "
+        "from its forward to its backward, freed after it) and every block twice: before its forward "
+        "and before its backward."),
+    "12.zero3_gathers": Question(
+        lambda: 1 + 2 * 24 * 8,
+        "minitron gathers the root once per step and keeps it to the end; every block is gathered "
+        "before its forward and again before its backward, in every microbatch."),
+    "12.tp_all_reduces": Question(
+        lambda: 4 * 24,
+        "each block has two row-wise linears (an all-reduce of the output in the forward: g) and two "
+        "column-wise ones (an all-reduce of the input's gradient in the backward: f)."),
+    "12.colwise_dim": Question(
+        lambda: 0,
+        "nn.Linear stores its weight as [out_features, in_features]: splitting the output features "
+        "splits the weight's rows."),
 }
 
 
