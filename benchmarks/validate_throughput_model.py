@@ -7,10 +7,15 @@ prints the same tables.)
 
 Nothing is timed: these are the model's predictions (minitron.analysis.published), side
 by side with the papers' figures, for the software presets of minitron.analysis.software.
+The H100-era table (Llama-family dense models and mixtures of experts, FSDP, context and
+expert parallelism, FP8) lists the two runs the H100 constants were fitted on apart from
+the runs it validates on, each with its source.
 """
 from __future__ import annotations
 
 import argparse
+
+import statistics
 
 from minitron.analysis import published as P
 
@@ -49,6 +54,33 @@ def main() -> None:
     for k, (a, b) in P.fusion_gains().items():
         pa, pb = P.PTDP_FUSION_GAINS[k]
         print(f"| {k} | {pa} → {pb} ({pb / pa - 1:+.0%}) | {a:.0f} → {b:.0f} ({b / a - 1:+.0%}) |")
+    h100_tables()
+
+
+def _layout(r: dict) -> str:
+    parts = [f"{k}{r[k]}" for k in ("tp", "pp", "cp", "vpp", "ep", "dp") if r[k] > 1]
+    return " ".join(parts + (["FSDP"] if r["zero"] == 3 else []) + (["FP8"] if r["fp8"] else ["BF16"]))
+
+
+def h100_tables() -> None:
+    """The H100-era runs: fitting runs first, then the validation runs with their errors."""
+    head = ("| run | model | seq | GPUs | batch | mb | layout | published | predicted | error |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    for title, rows in (("H100 fitting runs (the two constants were fitted on these; not validation)",
+                         P.h100_comparison(P.H100_FITTING_RUNS)),
+                        ("H100-era validation runs (h100-dgx, software megatron-core-2024, nothing fitted on them)",
+                         P.h100_comparison())):
+        print(f"\n{title}:\n\n{head}")
+        for r in rows:
+            print(f"| {r['run']} | {r['model']} | {r['seq']} | {r['gpus']} | {r['batch']} | {r['mb']} | {_layout(r)} | "
+                  f"{r['published']} {r['unit']} | {r['predicted']:.0f} | {r['ratio'] - 1:+.1%} |")
+    print("\nSources:")
+    for src in dict.fromkeys(r["source"] for r in rows):
+        print(f"- {src}")
+    for label, sel in (("all", rows), ("dense", [r for r in rows if not r["moe"]]),
+                       ("MoE", [r for r in rows if r["moe"]])):
+        err = [abs(r["ratio"] - 1) for r in sel]
+        print(f"\n{label} ({len(sel)} runs): median |error| {statistics.median(err):.1%}, worst {max(err):.1%}")
 
 
 if __name__ == "__main__":

@@ -592,8 +592,11 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
             dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
     fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (F + B)) if sw.dp_overlap else 0.0
     per_mb = F + B + comm_mb + pp_mb + fsdp_mb - fsdp_hidden_mb
-    # zero bubble splits the backward into B (input gradients) and W (weight gradients)
-    bub = bubble_fraction(kind, p, m, v, F, B_in, B_w) if kind == "zb-h1" else bubble_fraction(kind, p, m, v)
+    # zero bubble and the V schedules (ZB-V, DualPipe-V: analysis/bubble.py) split the
+    # backward into B (input gradients) and W (weight gradients) and price their bubble
+    # from the stage's times; the others' bubble does not depend on them
+    timed = kind not in ("gpipe", "1f1b", "interleaved")
+    bub = bubble_fraction(kind, p, m, v, F, B_in, B_w) if timed else bubble_fraction(kind, p, m, v)
     ideal = m * per_mb
     bubble_s = bub * ideal
     hidden = min(DP_OVERLAP * dp_s, B) if sw.dp_overlap else 0.0

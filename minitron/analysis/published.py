@@ -195,6 +195,8 @@ BRIDGE_2511 = ("Megatron-Bridge performance summary, NeMo 25.11 container, DGX-H
                "Megatron-Bridge docs/performance-summary.md)")
 BRIDGE_2602 = ("Megatron-Bridge performance summary archive, NeMo 26.02 container, DGX-H100 "
                "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+BRIDGE_2509 = ("Megatron-Bridge performance summary archive, NeMo 25.09 container, DGX-H100, token-dropping "
+               "MoE (precision not in the table; FP8 per its footnote on H100 quantization)")
 LLAMA3_T4 = "Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783), Table 4, BF16 on H100"
 H100_RUNS = [
     ("nemo-llama3-8b-cp2", "llama3-8b", 8192, 8, 128, 1, 1, 1, 2, 1, 1, 1, "ring", True, 12036, "tokens/s", NEMO_2407),
@@ -215,6 +217,10 @@ H100_RUNS = [
      LLAMA3_T4),
     ("llama3-405b-16k-cp16", "llama3-405b", 131072, 16384, 128, 1, 8, 16, 16, 2, 1, 1, "allgather", False, 380,
      "TFLOP/s", LLAMA3_T4),
+    ("bridge-qwen3-30b-a3b-2509-drop", "qwen3-30b-a3b", 4096, 16, 512, 2, 1, 2, 1, 24, 8, 1, "ring", True, 10494,
+     "tokens/s", BRIDGE_2509),
+    ("bridge-qwen3-235b-a22b-2509-drop", "qwen3-235b-a22b", 4096, 256, 2048, 1, 2, 8, 1, 4, 32, 1, "ring", True,
+     1204, "tokens/s", BRIDGE_2509),
     ("bridge-qwen3-30b-a3b", "qwen3-30b-a3b", 4096, 16, 512, 2, 1, 2, 1, 24, 8, 1, "ring", True, 5275, "tokens/s",
      BRIDGE_2511),
     ("bridge-qwen3-30b-a3b-2602", "qwen3-30b-a3b", 4096, 16, 1024, 1, 1, 2, 1, 12, 8, 1, "ring", True, 5113,
