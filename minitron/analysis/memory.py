@@ -131,6 +131,7 @@ import math
 from typing import Any
 
 from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
+from . import dry_run
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_degrees, layout_get, local_model,
@@ -349,32 +350,26 @@ def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp
     return out
 
 
-# the items of saved_bytes_per_layer saved before the attention core (the rest come after it)
-_BEFORE_CORE = ("ln1 input", "ln1 mean, rstd", "qkv input", "Q, K, V")
-
-
 def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
                                     pp_rank: int = 0, bytes_per_el: int = 4) -> float:
     """Peak bytes that minitron's engine saves for the backward on pipeline rank
     `pp_rank` (any tensor rank)::
 
-        held    = in flight × (layers × saved_bytes_per_layer + embedding items)
-        last    = head and loss items (:func:`stage_activation_bytes`)
-        rebuilt = what recomputing one layer saves on top of what it held
+        held    = in flight × (layers × what one block saves + what the embedding saves)
+        last    = what the final norm, the output layer and the loss save
+        rebuilt = the most a block's backward saves on top of what it held
         peak    = held + (heads in flight − 1)·last + max(last, rebuilt)   (last stage)
                   held + max(0, rebuilt)                                    (others)
 
     In flight: :func:`~minitron.analysis.bubble.stashed_on_rank`; heads in flight: 1,
     m with GPipe. A layer is rebuilt during its backward, once the backward has gone
     through the head and the loss and freed what they saved: the peak is the larger of
-    the two, not their sum. Rebuilt: full recomputation, the whole layer but its input
-    (``none − full``), all at once when its backward starts; selective, the attention
-    core's items (``none − selective``, and what the core saves again beside the Q, K, V
-    it holds: the explicit core (dropout) its matmuls' contiguous copies of Q, K and V,
-    ``3·e·b·s·h/t``; SDPA its output, ``e·b·s·h/t``) when the backward reaches the
-    core, by which time it has freed what the layer saved after the core (projection
-    input, second LayerNorm, MLP, residual masks): that can leave nothing on top
-    (negative, counted as 0).
+    the two, not their sum. Each term is read off the model by a dry run
+    (:mod:`~minitron.analysis.dry_run`: the block's own forward and backward on fake
+    tensors), so every architecture is counted as built. For GPT-2 the terms equal the
+    items of :func:`saved_bytes_per_layer` and :func:`stage_activation_bytes` (and, with
+    recomputation, full: ``none − full``; selective: the attention core rebuilt once the
+    backward has freed what the layer saved after it), which the tests check.
 
     `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers, tp_mode`` (a
     ParallelConfig or a dict). The 3-D cube and the 2-D/2.5-D grid fall back to
@@ -383,11 +378,41 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     if layout_get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d"):
         return activation_bytes_on_rank(model, layout, micro_batch, microbatches, pp_rank, bytes_per_el, 1)
 
-    t = int(layout_get(layout, "tp", 1) or 1)
-    sp = bool(layout_get(layout, "sp", False))
-    rc = recompute_policy(layout_get(layout, "recompute", "none"))
     kind, p, v = _schedule(layout)
     m, b, e = microbatches, micro_batch, bytes_per_el
+    terms = _dry_run_terms if e >= 4 else _bf16_table_terms
+    held_per_layer, rebuilt, embedding, last = terms(model, layout, b, e)
+    in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
+    held = in_flight * layers_on_rank(model, layout, pp_rank) * held_per_layer
+    if pp_rank == 0:
+        held += in_flight * embedding
+    if pp_rank != (p * v - 1) % p:
+        return held + max(0.0, rebuilt)
+    heads_in_flight = m if kind == "gpipe" else 1
+    return held + (heads_in_flight - 1) * last + max(last, rebuilt)
+
+
+def _dry_run_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[float, float, float, float]:
+    """(one block's saved bytes, what its backward rebuilds on top, the embedding's, the
+    head and loss's), read off the model by a dry run (float32/float64 training: exact)."""
+    return (dry_run.block_saved_bytes(model, layout, b, e), dry_run.block_rebuilt_bytes(model, layout, b, e),
+            dry_run.ends_saved_bytes(model, layout, b, e, first=True, last=False),
+            dry_run.ends_saved_bytes(model, layout, b, e, first=False, last=True))
+
+
+# the items of saved_bytes_per_layer saved before the attention core (the rest come after it)
+_BEFORE_CORE = ("ln1 input", "ln1 mean, rstd", "qkv input", "Q, K, V")
+
+
+def _bf16_table_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[float, float, float, float]:
+    """The same terms for 2-byte activations from the item tables (bf16 autocast keeps
+    fp32 statistics and cast copies that a dry run in one dtype does not show): GPT-2's
+    items, Korthikanti's Table 2 plus the statistics."""
+    t, sp = int(layout_get(layout, "tp", 1) or 1), bool(layout_get(layout, "sp", False))
+    rc = recompute_policy(layout_get(layout, "recompute", "none"))
+    cp = int(layout_get(layout, "cp", 1) or 1)
+    model = local_model(model, cp)  # a context rank's s/N tokens
+    positions = INDEX_BYTES * b * model.seq_len if cp > 1 else 0  # the embedding's indices of its two chunks
 
     def layer(policy: str) -> float:
         return sum(saved_bytes_per_layer(model, b, t, sp, policy, e).values())
@@ -402,15 +427,8 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
         # are strided views of the QKV output, held); SDPA saves its output again
         rebuilt += (3 if model.dropout > 0 else 1) * e * b * model.seq_len * model.hidden / t
         rebuilt -= sum(nbytes for item, nbytes in kept.items() if item not in _BEFORE_CORE)
-    in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
-    held = in_flight * layers_on_rank(model, layout, pp_rank) * layer(rc)
-    if pp_rank == 0:
-        held += in_flight * sum(stage_activation_bytes(model, b, t, sp, True, False, e).values())
-    if pp_rank != (p * v - 1) % p:
-        return held + max(0.0, rebuilt)
-    last = sum(stage_activation_bytes(model, b, t, sp, False, True, e).values())
-    heads_in_flight = m if kind == "gpipe" else 1
-    return held + (heads_in_flight - 1) * last + max(last, rebuilt)
+    return (layer(rc), rebuilt, positions + sum(stage_activation_bytes(model, b, t, sp, True, False, e).values()),
+            sum(stage_activation_bytes(model, b, t, sp, False, True, e).values()))
 
 
 def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
@@ -434,15 +452,12 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     if train.global_batch % (d * m):
         raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
     b = train.global_batch // (d * m)
-    # context parallelism: activations of s/N tokens (analysis/context_parallel.py), plus the
-    # position indices of the rank's two chunks that the embedding saves (8 bytes a token)
+    # context parallelism: activations of s/N tokens, and the position indices of the rank's
+    # two chunks that the embedding saves, read off the dry run of the layout
     tokens, lay = local_model(model, cp), parallel
-    acts = engine_activation_bytes_on_rank(tokens, parallel, b, m, pp_rank, ea)
+    acts = engine_activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea)
     if cp > 1:
         lay = {**_as_dict(parallel), "dp": d * cp, "zero1": layout_get(parallel, "zero1", False)}
-        if pp_rank == 0:
-            kind, p, v = _schedule(parallel)
-            acts += stashed_on_rank(kind, p, m, v, 0) * INDEX_BYTES * b * tokens.seq_len
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
     if layout_get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit

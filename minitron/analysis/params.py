@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import dry_run
 from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
                       holds_ends, stage_placement)
 
@@ -172,24 +173,12 @@ def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
 # Per rank
 # --------------------------------------------------------------------------------------
 def local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
-    """Parameter elements of one transformer layer on one tensor rank (1-D, 2-D or 3-D)."""
-    h, f = model.hidden, model.ffn_hidden
-    if tp_mode == "3d":
-        # The cube (Bian et al. 2021; parallel/cube.py): every matrix is split over all
-        # q³ ranks; bias and LayerNorm vectors are split over one edge (q ranks) and
-        # replicated on the plane of the two other axes.
-        q = cube_edge(tp)
-        return (4 * h * h + 2 * h * f) // (q**3) + (9 * h + f) // q
-    if tp_mode == "2d":  # SUMMA (parallel/summa.py): matrices in q×q blocks, vectors over q
-        q = square_edge(tp)
-        return (4 * h * h + 2 * h * f) // (q * q) + (9 * h + f) // q
-    t = tp
-    return (2 * h                          # ln1
-            + 3 * h // t * h + 3 * h // t  # qkv, column split
-            + h * (h // t) + h             # proj, row split; replicated bias
-            + 2 * h                        # ln2
-            + f // t * h + f // t          # fc, column split
-            + h * (f // t) + h)            # fc2, row split; replicated bias
+    """Parameter elements of one transformer layer on one tensor rank (1-D, 2-D or 3-D),
+    read off the block built on fake tensors (:mod:`~minitron.analysis.dry_run`): every
+    architecture knob counted as built. For GPT-2 shapes it equals the table above —
+    1-D ``(2h) + (3h²+3h)/t + (h²/t + h) + (2h) + (fh+f)/t + (hf/t + h)``, the cube
+    ``(4h²+2hf)/q³ + (9h+f)/q``, SUMMA ``(4h²+2hf)/q² + (9h+f)/q`` — as the tests check."""
+    return dry_run.block_params(model, {"tp": tp, "tp_mode": tp_mode})
 
 
 def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: int = 0) -> int:
@@ -213,24 +202,13 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
                          n_layers: int) -> int:
     """:func:`params_on_rank` once the rank's layer count `n_layers` is known, for the
     degrees (t, p, v, mode) of :func:`layout_degrees` (the planner calls this often)."""
-    h = model.hidden
-    if mode == "3d":  # vocabulary rows over q² ranks, hidden over q; vectors over q
-        q = cube_edge(t)
-        emb, vec, pos = padded_vocab(model, t, mode) * h // q**3, 2 * h // q, model.seq_len * h // q
-    elif mode == "2d":  # vocabulary rows and hidden over q each; vectors over q
-        q = square_edge(t)
-        emb, vec, pos = padded_vocab(model, t, mode) * h // (q * q), 2 * h // q, model.seq_len * h // q
-    else:
-        emb, vec, pos = padded_vocab(model, t) // t * h, 2 * h, model.seq_len * h
-    chunks = p * v
+    lay = {"tp": t, "tp_mode": mode}
+    first, last = pp_rank == 0, holds_ends(pp_rank, p, v)[1]
     n = n_layers * local_layer_params(model, t, mode)
-    if pp_rank == 0:  # holds chunk 0
-        n += emb + pos  # wte, wpe
-    if holds_ends(pp_rank, p, v)[1]:  # holds the last chunk
-        n += vec  # ln_f
-        if not model.tied_embeddings or chunks > 1:
-            n += emb  # lm_head, or the last chunk's copy of the tied wte
-    return n
+    if p * v == 1:  # one chunk holds both ends (a tied embedding once)
+        return n + dry_run.ends_params(model, lay, first, last)
+    # chunk 0's embedding; the last chunk's norm and output layer (or its copy of a tied wte)
+    return n + dry_run.ends_params(model, lay, first, False) + dry_run.ends_params(model, lay, False, last)
 
 
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:

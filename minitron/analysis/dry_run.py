@@ -1,0 +1,233 @@
+"""What the model holds, read from the model itself: a dry run on fake tensors.
+
+The exact figures of the analysis (parameters per rank, the bytes a block saves for its
+backward, the communication of the tensor-parallel and context-parallel layers) are not
+written here a second time: they are read off minitron's own modules. For one rank of a
+layout, the model is built under PyTorch's ``FakeTensorMode`` (tensors with a shape, a
+dtype and a device but no data: the CPU's kernels are chosen as in a real run, so what
+autograd saves is what a real step saves) with a communication door in dry mode (``Comm(dry=True)``: each call recorded with its real
+shape, nothing sent), then
+
+* its parameters are counted (:func:`block_params`, :func:`ends_params`),
+* one block runs forward under saved-tensor hooks, which count the distinct storages
+  autograd keeps (:func:`block_saved_bytes`, :func:`ends_saved_bytes`),
+* one microbatch runs forward and backward with a trace (:func:`dry_trace`).
+
+No FLOP is computed and no byte moves, so the published shapes (a 405B model, a
+sequence of 8,192 tokens) cost what the tiny ones do. A new architecture knob in
+``model.py`` is thereby known to the analysis, the report and the planner at once. The
+papers' closed forms (``params.ptdp_param_count``, ``memory.saved_bytes_per_layer``,
+Korthikanti's Table 2) stay explicit as course material, and the tests check them against
+these figures for GPT-2 shapes.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..comm import Comm, CommTrace
+from ..config import ModelConfig, ParallelConfig
+from ..context import Context
+from ..grid import ProcessGrid
+from ..model import GPT, Block, layers_for
+
+CPU = torch.device("cpu")
+_DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+
+
+def as_layout(layout: Any) -> ParallelConfig:
+    """A ParallelConfig from a ParallelConfig, a dict or an object with its attributes
+    (the analysis accepts all three); only the fields that shape a rank's model count."""
+    if isinstance(layout, ParallelConfig):
+        return layout
+    keys = ("tp", "pp", "vpp", "cp", "tp_mode", "tp_depth", "sp", "recompute", "schedule", "stage_layers")
+    get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
+    given = {k: get(k) for k in keys if get(k) is not None}
+    if "stage_layers" in given:
+        given["stage_layers"] = tuple(given["stage_layers"])
+    return ParallelConfig(**given)
+
+
+def _shape_only(layout: ParallelConfig) -> ParallelConfig:
+    """The fields of a layout that decide one rank's modules and saved tensors (the cache
+    key: data parallelism, ZeRO and the schedule do not change a block)."""
+    return ParallelConfig(tp=layout.tp, cp=layout.cp, tp_mode=layout.tp_mode, tp_depth=layout.tp_depth,
+                          sp=layout.sp, recompute=layout.recompute, precision=layout.precision,
+                          dropout_rng=layout.dropout_rng)
+
+
+def dry_context(layout: ParallelConfig, rank: int = 0, dtype: torch.dtype = torch.float32,
+                trace: CommTrace | None = None) -> Context:
+    """Rank `rank`'s view of the tensor and context axes of `layout`, with a dry
+    communication door (no process group); build and run under ``FakeTensorMode``."""
+    grid = ProcessGrid(tp=layout.tp, cp=layout.cp, cube=layout.tp_mode == "3d", rank=rank,
+                       summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
+    return Context(Comm(grid, trace, dry=True), layout, dtype, CPU)
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
+    with FakeTensorMode():
+        return _count(Block(i, model, dry_context(layout), layers_for(layout)))
+
+
+def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
+    """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
+    holds as many), read from the module built under FakeTensorMode."""
+    return _block_params(model, _shape_only(as_layout(layout)), i if model.experts else 0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _ends_params(model: ModelConfig, layout: ParallelConfig, first: bool, last: bool) -> int:
+    with FakeTensorMode():
+        return _count(GPT(model, dry_context(layout), layer_ids=[], first=first, last=last))
+
+
+def ends_params(model: ModelConfig, layout: Any, first: bool, last: bool) -> int:
+    """Parameter elements of one pipeline chunk's ends on one tensor rank: the embedding
+    (`first`) and the final norm and output layer (`last`). Tied embeddings: a chunk
+    holding both ends has one matrix; a last chunk without the first keeps its own copy."""
+    return _ends_params(model, _shape_only(as_layout(layout)), first, last) if (first or last) else 0
+
+
+def model_params(model: ModelConfig, layout: Any = None) -> int:
+    """Parameter elements of the whole model on one tensor rank (each tied weight once)."""
+    lay = as_layout(layout or {})
+    return ends_params(model, lay, True, True) + sum(block_params(model, lay, i) for i in range(model.layers))
+
+
+class _Packed:
+    """What a saved-tensor hook keeps: when autograd lets go of it, its storage's count drops."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+class _Saved:
+    """The bytes autograd keeps saved and alive, one count per storage however many
+    tensors view it (the parameters' excluded), and their peak since :meth:`reset_peak`.
+    A fake tensor's storage has no address, so a storage is known by its identity."""
+
+    def __init__(self, params):
+        self.exclude = {p.untyped_storage()._cdata for p in params}
+        self.alive: dict[int, list] = {}  # storage -> [bytes, holders]
+        self.now = self.peak = 0
+
+    def pack(self, t):
+        packed = _Packed(t)
+        st = t.untyped_storage()
+        key = st._cdata
+        if key not in self.exclude:
+            entry = self.alive.setdefault(key, [st.nbytes(), 0])
+            if entry[1] == 0:
+                self.now += entry[0]
+                self.peak = max(self.peak, self.now)
+            entry[1] += 1
+            weakref.finalize(packed, self._drop, key)
+        return packed
+
+    @staticmethod
+    def unpack(packed):
+        return packed.t
+
+    def _drop(self, key: int) -> None:
+        entry = self.alive[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.alive[key]
+
+    def reset_peak(self) -> None:
+        self.peak = self.now
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, i: int) -> tuple[int, int]:
+    """(held, rebuilt): what one block keeps from its forward to its backward, and the
+    most its backward holds on top of that at any moment (recomputation's rebuilt tensors)."""
+    with FakeTensorMode():
+        ctx = dry_context(layout, dtype=_DTYPES[e])
+        stage = GPT(model, ctx, layer_ids=[i], first=False, last=False)  # runs the block as training does
+        stage.train()
+        x = _hidden_input(stage, ctx, b)
+        counter = _Saved(stage.parameters())
+        ctx.saved_tensors = (counter.pack, counter.unpack)  # what recomputation saves again
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            y = stage(x, None, (0, 0))
+            held = counter.now
+            counter.reset_peak()
+            y.backward(torch.ones_like(y))
+        return held, counter.peak - held
+
+
+def _hidden_input(stage: GPT, ctx: Context, b: int) -> torch.Tensor:
+    """The hidden states a block receives on this rank, shaped as between pipeline stages
+    (the layer namespace decides: a sequence shard under --sp, batch and hidden blocks on
+    the cube and the grid)."""
+    return torch.empty(stage.boundary_shape(b), dtype=ctx.dtype, device=CPU, requires_grad=True)
+
+
+def block_saved_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+    """Bytes block `i` saves for its backward on one tensor rank of `layout`, for one
+    microbatch of `micro_batch` sequences with activations of `bytes_per_el` bytes: its
+    own forward run on fake tensors (the layout's recomputation applied)."""
+    return _block_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, i if model.experts else 0)[0]
+
+
+def block_rebuilt_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+    """The most that block `i`'s backward saves on top of what its forward kept: under
+    recomputation the rebuilt part of the block (0 without recomputation)."""
+    return _block_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, i if model.experts else 0)[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _ends_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, first: bool, last: bool) -> int:
+    with FakeTensorMode():
+        ctx = dry_context(layout, dtype=_DTYPES[e])
+        stage = GPT(model, ctx, layer_ids=[], first=first, last=last)
+        stage.train()
+        s = model.seq_len // layout.cp
+        x = torch.zeros(b, s, dtype=torch.long) if first else _hidden_input(stage, ctx, b)
+        counter = _Saved(stage.parameters())
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            out = stage(x, torch.zeros(b, s, dtype=torch.long) if last else None, (0, 0))
+            return counter.now
+
+
+def ends_saved_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4,
+                     first: bool = True, last: bool = True) -> int:
+    """Bytes the embedding (`first`) or the final norm, output layer and loss (`last`)
+    save for the backward on one tensor rank, for one microbatch: their own forward run
+    on fake tensors."""
+    if not (first or last):
+        return 0
+    return _ends_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, first, last)
+
+
+def dry_trace(model: ModelConfig, layout: Any, micro_batch: int, rank: int = 0, bytes_per_el: int = 4,
+              layer_ids=None, first: bool = True, last: bool = True) -> CommTrace:
+    """The calls one microbatch's forward and backward make on rank `rank` of `layout`'s
+    tensor and context axes (one pipeline chunk: `layer_ids`, `first`, `last`), recorded
+    by a dry run: the tensor-parallel and context-parallel traffic, by axis and op."""
+    lay = as_layout(layout)
+    trace = CommTrace()
+    with FakeTensorMode():
+        ctx = dry_context(_shape_only(lay), rank, _DTYPES[bytes_per_el], trace)
+        stage = GPT(model, ctx, layer_ids=layer_ids, first=first, last=last)
+        stage.train()
+        s = model.seq_len // lay.cp
+        x = torch.zeros(micro_batch, s, dtype=torch.long) if first else _hidden_input(stage, ctx, micro_batch)
+        targets = torch.zeros(micro_batch, s, dtype=torch.long) if last else None
+        with ctx.comm.in_phase("fwd"):
+            out = stage(x, targets, (0, 0))
+        with ctx.comm.in_phase("bwd"):
+            out.backward(None if last else torch.ones_like(out))
+    return trace
