@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minitron import data as data_mod
-from minitron.config import ModelConfig, ParallelConfig, TrainConfig
+from minitron.config import V_SCHEDULES, ModelConfig, ParallelConfig, TrainConfig, min_microbatches
 from minitron.context import Context
 from minitron.model import GPT
 from minitron.parallel import schedules
@@ -27,8 +27,9 @@ def test_forward_only_schedule_never_deadlocks(kind):
     """Evaluation runs the training schedule with the backward half removed: still matched
     FIFO messages and no deadlock, with blocking or eager sends."""
     for p in (2, 3, 4):
-        for m in (1, p, 2 * p + 1) if kind != "interleaved" else (p, 2 * p, 3 * p):
-            for v in ((2, 3) if kind == "interleaved" else (1,)):
+        least = min_microbatches(kind, p)
+        for m in (1, p, 2 * p + 1) if least == 1 else (least, 2 * p, 3 * p):
+            for v in ((2, 3) if kind == "interleaved" else (2,) if kind in V_SCHEDULES else (1,)):
                 s = schedules.make_schedule(kind, p, v, m)
                 fwd = schedules.Schedule(kind, p, v, m, forward_only_actions(s))
                 for eager in (False, True):
@@ -201,7 +202,7 @@ def _parity_job(comm, cases, steps, timeline_path):
         res.update(val_diff=abs(val - ref_val), case=f"{model.layers}L tied={model.tied_embeddings} "
                    f"{layout.describe()} m={m}", p2p=p2p, gathers=gathers, b=b, m=m,
                    hidden=model.hidden, seq=model.seq_len, chunks=layout.vpp,
-                   p=layout.pp, t=layout.tp, sg=layout.scatter_gather, sp=layout.sp,
+                   p=layout.pp, t=layout.tp, sg=layout.scatter_gather, sp=layout.sp, kind=layout.schedule,
                    replicas=layout.dp * layout.tp, posting=posting)
         results.append(res)
     return results
@@ -215,11 +216,13 @@ def _check_parity_and_trace(results):
         assert res["max_loss_abs_diff"] <= TOL, (case, res)
         assert res["max_param_rel_diff"] <= TOL, (case, res)
         assert res["val_diff"] <= TOL, (case, res)
-        # trace: each of the p*v - 1 stage boundaries carries one activation forward and one
+        # trace: each of the p*v - 1 stage boundaries between two ranks (all of them in the loop;
+        # the V's turn on rank p-1 is no message) carries one activation forward and one
         # gradient backward per microbatch, b*s*h float64 elements each (1/t with scatter/gather,
         # and with sequence parallelism, whose boundary activation is already a sequence shard)
         sg, t = res["sg"], res["t"]
-        boundaries = res["p"] * res["chunks"] - 1
+        pl = schedules.placement_for(res["kind"], res["p"], res["chunks"])
+        boundaries = sum(pl.locate(s)[0] != pl.locate(s + 1)[0] for s in range(pl.num_stages - 1))
         elems = res["b"] * res["seq"] * res["hidden"] // (t if sg or res.get("sp") else 1)
         sends = Counter()
         for rank, rank_results in results.items():

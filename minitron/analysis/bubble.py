@@ -12,7 +12,21 @@ gpipe             (p−1)/m                                                m
 1f1b              (p−1)/m             (PipeDream-Flush: same bubble)     min(p, m)
 interleaved       (p−1)/(v·m)         (v model chunks per rank)          p·(1+(p−1)/(p·v))
 zb-h1             (p−1)(T_F+T_B−T_W) / (m(T_F+T_B+T_W))  (Qi et al. 2024) min(p, m)
+zb-v              (p−1)·T_F/2 / (m(T_F+T_B+T_W))  (T_F = T_B = T_W)      min(m+1, 2p)/2
+dualpipe-v        (p−1)(T_F&B+T_B−2T_W)/2 / (m(T_F+T_B+T_W))             (2p+1)/2
 ================  =====================================================  ==============
+
+The V schedules (rank r holds stages r and 2p−1−r, two chunks of half a rank's layers
+each, so a chunk's F, B, W take half of the stage times T_F, T_B, T_W): ZB-V (Qi et al.)
+is built for T_F = T_B = T_W; then its only idle time is the fill, the last rank's first
+chunk-forward starting p−1 chunk-forwards late: (p−1)·T_F/2, a sixth of 1F1B's
+(p−1)(T_F+T_B+T_W) (the simulator reproduces it exactly for every m ≥ 2p−1; other costs:
+simulate the schedule). DualPipe-V (DeepSeek-V3's table, with PP = 2p stages, chunk times
+F, B = full backward, W, and F&B an overlapped forward-and-backward pair):
+(PP/2−1)(F&B + B − 3W) = (p−1)(T_F&B + T_B + T_W − 3T_W)/2, where T_F&B defaults to
+T_F + T_B + T_W, the pair run one after the other as on the CPU (then the formula is
+exact under T_F = T_B = T_W). Its stash is PP + 1 = 2p + 1 chunk-microbatches on every rank,
+ZB-V's 2p on the middle ranks: 1F1B's memory in stage units, DualPipe-V half a stage more.
 
 For zero-bubble, T_B is the backward for the *input* gradient and T_W the backward for
 the *weight* gradient; deferring W fills part of the drain, so with T_F = T_B = T_W the
@@ -31,10 +45,10 @@ the warm-up holds the larger first group g in place of p.
 """
 from __future__ import annotations
 
-from ..config import SCHEDULES
+from ..config import SCHEDULES, V_SCHEDULES
 
 __all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "first_group", "peak_stashed_microbatches",
-           "stashed_on_rank"]
+           "stashed_on_rank", "v_bubble"]
 
 
 def _check(kind: str, p: int, m: int, v: int) -> None:
@@ -59,13 +73,32 @@ def bubble_fraction(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b
         return (p - 1) / (v * m)
     if kind == "zb-h1":
         return (p - 1) * (t_f + t_b - t_w) / (m * (t_f + t_b + t_w))
+    if kind in V_SCHEDULES:
+        return v_bubble(kind, p, t_f, t_b, t_w) / (m * (t_f + t_b + t_w))
     return (p - 1) / m
+
+
+def v_bubble(kind: str, p: int, t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0,
+             t_fb: float | None = None) -> float:
+    """Idle time per rank of one iteration of a V schedule on p ranks, from the times of a
+    whole stage (a rank's layers; each chunk takes half): ZB-V ``(p−1)·t_f/2`` (Qi et al.:
+    exact when t_f = t_b = t_w, the costs it is built for); DualPipe-V DeepSeek-V3's
+    ``(PP/2−1)(F&B + B − 3W)`` with PP = 2p stages, B the full backward:
+    ``(p−1)(t_fb + t_b + t_w − 3·t_w)/2``, `t_fb` the overlapped pair of a forward and a full
+    backward (default t_f + t_b + t_w: no overlap, as the CPU runs it). The same
+    microbatch-independent idle for every m the schedule takes (m ≥ 2p − 1 for ZB-V)."""
+    if kind == "zb-v":
+        return (p - 1) * t_f / 2
+    if kind == "dualpipe-v":
+        fb = t_f + t_b + t_w if t_fb is None else t_fb
+        return (p - 1) * (fb + t_b + t_w - 3 * t_w) / 2
+    raise ValueError(f"{kind!r} is not a V schedule: choose one of {', '.join(V_SCHEDULES)}")
 
 
 def bubble_time(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
                 t_w: float = 0.0) -> float:
     """The idle time itself: `bubble_fraction` × ``m·(t_f + t_b + t_w)`` (per-microbatch
-    times of a whole stage)."""
+    times of a whole stage). The planner's price of a schedule's bubble, for every kind."""
     return bubble_fraction(kind, p, m, v, t_f, t_b, t_w) * m * (t_f + t_b + t_w)
 
 
@@ -73,7 +106,8 @@ def stashed_on_rank(kind: str, p: int, m: int, v: int = 1, rank: int = 0) -> flo
     """Peak microbatches of forward activations held by pipeline rank `rank`, in units
     of one full stage (for interleaving: chunk-microbatches divided by v).
 
-    gpipe m; 1f1b and zb-h1 ``min(p − r, m)``; interleaved
+    gpipe m; 1f1b and zb-h1 ``min(p − r, m)``; zb-v ``min(m + 1 + r, 2p)/2``; dualpipe-v
+    ``(2p + 1)/2`` (DeepSeek-V3's PP + 1 with PP = 2p stages); interleaved
     ``min((p−r−1)·2 + (v−1)·g + 1, v·m) / v`` with g the first microbatch group
     (`first_group`: p when p divides m).
     """
@@ -82,6 +116,10 @@ def stashed_on_rank(kind: str, p: int, m: int, v: int = 1, rank: int = 0) -> flo
         raise ValueError(f"pipeline rank {rank} outside 0..{p - 1}")
     if kind == "gpipe":
         return float(m)
+    if kind == "zb-v":  # chunk-microbatches, half a stage each
+        return min(m + 1 + rank, 2 * p) / 2
+    if kind == "dualpipe-v":
+        return (2 * p + 1) / 2
     if kind == "interleaved" and v > 1:
         return min((p - rank - 1) * 2 + (v - 1) * first_group(p, m) + 1, v * m) / v
     return float(min(p - rank, m))

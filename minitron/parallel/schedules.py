@@ -414,12 +414,12 @@ def _neighbour(pl: Placement, rank: int, a: Action, step: int):
     return pl.locate(s) if 0 <= s < pl.num_stages else None
 
 
-def _with_comms(pl: Placement, rank: int, units: list) -> tuple[Action, ...]:
-    """Receive what a unit consumes right before it, send what it produces right after.
+def _with_comms(p: int, v: int, rank: int, units: list, pl: Placement | None = None) -> tuple[Action, ...]:
+    """(`pl`: the placement, Megatron's loop by default.) Receive what a unit consumes right before it, send what it produces right after.
     Consecutive comms form one batch: e.g. the 1F1B steady state's
     [send_fwd, recv_bwd] is Megatron's send_forward_recv_backward. A neighbouring stage
     on the same rank (the V's turn on rank p-1) is handed over without a message."""
-    out = []
+    pl, out = pl or Placement("loop", p, v), []
     for unit in units:
         recvs, sends = [], []
         for a in unit:
@@ -473,8 +473,8 @@ def _dataflow_ends(pl: Placement, orders: list, costs: Mapping[str, float]) -> d
     return times
 
 
-def _with_timed_comms(kind: str, pl: Placement, orders: list) -> tuple:
-    """Comms placed by the dataflow timeline, for orders whose neighbours do not move in
+def _with_timed_comms(kind: str, p: int, v: int, m: int, orders: list, pl: Placement | None = None) -> tuple:
+    """(`pl`: the placement, Megatron's loop by default.) Comms placed by the dataflow timeline, for orders whose neighbours do not move in
     lockstep (interleaving with microbatch groups larger than p, when p does not
     divide m; the V schedules). Time the compute orders with free communication and the
     default costs; each message then gets one instant, the first at which neither its
@@ -484,7 +484,7 @@ def _with_timed_comms(kind: str, pl: Placement, orders: list) -> tuple:
     costs: blocking sends cannot deadlock (`validate` proves it) and messages on a
     channel keep their order. (The lockstep placement of `_with_comms` makes ranks wait
     here, or deadlock.)"""
-    costs = default_costs(kind)
+    costs, pl = default_costs(kind), pl or Placement("loop", p, v)
     times = _dataflow_ends(pl, orders, costs)
     spans = [sorted({(t0, t1) for (r, *_), (t0, _, t1) in times.items() if r == q}) for q in range(pl.p)]
 
@@ -499,7 +499,7 @@ def _with_timed_comms(kind: str, pl: Placement, orders: list) -> tuple:
     rows = []
     for r, units in enumerate(orders):
         events = []
-        for a in _with_comms(pl, r, [(a,) for unit in units for a in unit]):
+        for a in _with_comms(p, v, r, [(a,) for unit in units for a in unit], pl):
             key = (r, a.op, a.mb, a.chunk)
             if a.is_compute:  # a compute starting at t runs after the batch at t
                 events.append(((times[key][1] - costs[a.op], 1), a))
@@ -552,11 +552,11 @@ def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedu
         overlapped = tuple(tuple(pairs) for _, pairs in orders)
         orders = [units for units, _ in orders]
     if kind in V_SCHEDULES:
-        actions = _with_timed_comms(kind, pl, orders)
+        actions = _with_timed_comms(kind, p, v, m, orders, pl)
     elif kind == "interleaved" and v > 1 and m % p:  # timed action by action
-        actions = _with_timed_comms(kind, pl, [[(a,) for u in units for a in u] for units in orders])
+        actions = _with_timed_comms(kind, p, v, m, [[(a,) for u in units for a in u] for units in orders])
     else:
-        actions = tuple(_with_comms(pl, r, units) for r, units in enumerate(orders))
+        actions = tuple(_with_comms(p, v, r, units) for r, units in enumerate(orders))
     return Schedule(kind, p, v, m, actions, overlapped)
 
 
@@ -569,7 +569,7 @@ def _expected_actions(s: Schedule) -> Counter:
     ops = "FBW" if s.kind in SPLIT_BACKWARD else "FB"
     units = [(Action(op, i, c),) for c in range(s.v) for i in range(s.m) for op in ops]
     return Counter((r, str(a)) for r in range(s.p)
-                   for a in _with_comms(s.placement, r, units))
+                   for a in _with_comms(s.p, s.v, r, units, s.placement))
 
 
 def _check_complete(s: Schedule) -> None:

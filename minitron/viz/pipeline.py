@@ -87,3 +87,31 @@ def save_timeline_plot(sim_or_timeline, path, title: str | None = None):
     plot_timeline(sim_or_timeline, fig.add_subplot(), title)
     fig.savefig(path, dpi=120)
     return path
+
+
+def plot_placement(placement, ax=None, title: str | None = None):
+    """Draw a `schedules.Placement`: one row per rank, one box per local chunk labelled
+    with the global stage it holds, and the path of the activations through the stages
+    (the loop wraps from the last rank back to rank 0; the V turns on rank p-1 and comes
+    back to rank 0, which holds the first and the last stage). Returns the axes."""
+    p, v = placement.p, placement.v
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(figsize=(1.6 + 1.3 * v, 0.6 + 0.5 * p))
+    centre = {}
+    for r, stages in enumerate(placement.table()):
+        for c, s in enumerate(stages):
+            ax.add_patch(Rectangle((c + 0.1, r - 0.35), 0.8, 0.7, facecolor=_shade("F", c, v),
+                                   edgecolor="white"))
+            ax.text(c + 0.5, r, f"stage {s}", ha="center", va="center", fontsize=8,
+                    color="white" if c == 0 else "black")
+            centre[s] = (c + 0.5, r)
+    xs, ys = zip(*(centre[s] for s in range(placement.num_stages)))
+    ax.plot(xs, ys, color="0.3", linewidth=0.8, marker=".", zorder=0)
+    ax.set_xlim(0, v)
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xticks([c + 0.5 for c in range(v)], [f"chunk {c}" for c in range(v)])
+    ax.set_yticks(range(p), [f"rank {i}" for i in range(p)])
+    ax.set_title(title or f"{placement.kind} placement, p={p}, v={v}")
+    return ax
+

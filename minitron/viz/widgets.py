@@ -25,6 +25,7 @@ import io
 import ipywidgets as W
 
 from ..analysis.bubble import bubble_fraction
+from ..config import V_SCHEDULES
 from ..parallel import schedules as S
 from .pipeline import save_timeline_plot
 
@@ -69,7 +70,7 @@ class ScheduleExplorer(W.VBox):
         self.kind = W.Dropdown(options=list(S.KINDS), value=kind, **look("schedule"))
         self.p = slider(p, 1, max(8, p), "p (stages)")
         self.m = slider(m, 1, max(32, m), "m (microbatches)")
-        self.v = slider(v, 2, max(4, v), "v (chunks)")   # used by interleaved only
+        self.v = slider(v, 2, max(4, v), "v (chunks)")   # used by interleaved only (V kinds: 2)
         self.summary = W.Label()
         self.plot = W.Output()
         # CSS classes name the parts for browser tests (tests/test_browser.py).
@@ -87,8 +88,8 @@ class ScheduleExplorer(W.VBox):
         return f"ScheduleExplorer({kind}, p={p}, m={m}, v={v}): {self.summary.value}"
 
     def shape(self) -> tuple[str, int, int, int]:
-        """(kind, p, m, v) as chosen; v is 1 unless the kind is interleaved."""
-        v = self.v.value if self.kind.value == "interleaved" else 1
+        """(kind, p, m, v) as chosen; v is 1 unless the kind is interleaved (2 for the V kinds)."""
+        v = self.v.value if self.kind.value == "interleaved" else 2 if self.kind.value in V_SCHEDULES else 1
         return self.kind.value, self.p.value, self.m.value, v
 
     def redraw(self) -> None:
