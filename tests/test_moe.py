@@ -198,3 +198,41 @@ def test_expert_parallel_layouts_equal_one_device(world, cases):
         _check(r, m, lay, tr)
     capped = [r for r, (m, _, _) in zip(res, cases) if m.capacity_factor]
     assert capped and all(any(s["dropped"] > 0 for s in r["routing"]) for r in capped)  # tokens were dropped
+
+
+# --------------------------------------------------------------------------------------
+# the run report: the load balance, and a planted routing collapse
+# --------------------------------------------------------------------------------------
+def _report_of(model, plant: bool):
+    from minitron import Trainer
+    from minitron.tools.report import RunReport, format_report
+
+    train = TRAIN.replace(steps=2)
+    tr = Trainer(model, ParallelConfig(), train)
+    if plant:  # every normalized token ≈ v (LayerNorm's bias), and the router's row 0 is v
+        v = torch.zeros(model.hidden, dtype=torch.float64)
+        v[0] = 5.0
+        with torch.no_grad():
+            for m in tr.moe:
+                blk = tr.model.blocks[str(m.layer)]
+                blk.ln2.weight.fill_(1e-3)
+                blk.ln2.bias.copy_(v)
+                m.router.zero_()
+                m.router[0] = v
+    rep = RunReport(model, ParallelConfig(), train)
+    for i in range(train.steps):
+        rep.step(tr, i)
+        rep.records(tr, [{"step": i + 1, "model_flops_per_s": 0.0, **tr.last_moe}])
+    out = rep.finish(tr)
+    return out, format_report(out)
+
+
+def test_report_shows_load_balance_and_a_planted_collapse():
+    model = GELU_MOE.replace(top_k=1, aux_loss=0.0)
+    rep, text = _report_of(model, plant=True)
+    assert all(lay["collapsed"] and lay["busiest"] == 0 for lay in rep["routing"]["layers"])
+    tokens = TRAIN.global_batch * model.seq_len * 2
+    assert rep["routing"]["layers"][0]["total"] == [tokens, 0, 0, 0]
+    assert "ROUTING COLLAPSE: expert 0" in text and "load balance of the experts" in text
+    rep, text = _report_of(GELU_MOE, plant=False)  # the same model trained as it starts: no collapse
+    assert not any(lay["collapsed"] for lay in rep["routing"]["layers"]) and "COLLAPSE" not in text

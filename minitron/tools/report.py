@@ -13,7 +13,11 @@ steps after it, and at the end gathers every rank's facts to rank 0:
   against ``analysis.bubble_fraction`` — (p−1)/(v·m) for interleaved 1F1B;
 * peak memory per rank (the measured step) against ``minitron memory``'s formulas, and
   the process' peak resident memory (which includes PyTorch itself);
-* tokens/s and MFU (model FLOP/s over the world's matmul peak, measured at the start).
+* tokens/s and MFU (model FLOP/s over the world's matmul peak, measured at the start);
+* with mixture-of-experts blocks, the load balance: tokens per expert of each MoE layer
+  (the step's choices over the global batch, ``Trainer.routing_step``), the most loaded
+  expert over the mean, the dropped fraction, and a *collapse* warning when the router
+  sends almost every choice to k experts (:func:`routing_summary`).
 
 :func:`format_report` prints it; :func:`plot_losses` draws the loss curve next to the
 metrics file. With ``tensorboard_dir`` the step scalars also go to TensorBoard.
@@ -39,6 +43,7 @@ class RunReport:
         self.first = None
         self.memory, self.trace_records, self.peak_flops = None, [], peak_flops
         self.tensorboard_dir, self.writer = tensorboard_dir, None
+        self.routing: list[dict] = []  # the MoE routing of each step (rank 0)
 
     # --- called by the training loop -----------------------------------------------------
     def step(self, tr, step: int):
@@ -71,6 +76,8 @@ class RunReport:
         to TensorBoard."""
         if tr.comm.grid.rank != 0:
             return
+        self.routing += [{k: r[k] for k in ("step", "tokens_per_expert", "dropped")} for r in recs
+                         if "tokens_per_expert" in r]
         if self.peak_flops:
             for r in recs:
                 r["mfu"] = r["model_flops_per_s"] / (self.peak_flops * tr.comm.grid.world)
@@ -96,7 +103,27 @@ class RunReport:
         return {"model": self.model.name, "layout": self.layout.describe(), "world": tr.comm.grid.world,
                 "flops_per_token": flops_per_token,
                 "ranks": everyone, "bubble": measured_bubble(everyone),
-                "peak_flops": self.peak_flops, **predictions(self.model, self.layout, self.train)}
+                "peak_flops": self.peak_flops, "routing": routing_summary(self.routing, self.model),
+                **predictions(self.model, self.layout, self.train)}
+
+
+def routing_summary(steps: list[dict], model) -> dict | None:
+    """The load balance of a run's MoE layers: per layer, the tokens per expert of the last
+    step and summed over all steps, the most loaded expert's share over the mean (1 is
+    perfect balance; E/k means k experts take every choice), and whether the router has
+    collapsed (that ratio at 90 % of E/k or more); the mean dropped fraction."""
+    if not steps:
+        return None
+    layers = [i for i in range(model.layers) if model.is_moe_block(i)]
+    out = []
+    for n, layer in enumerate(layers):
+        total = [sum(s["tokens_per_expert"][n][e] for s in steps) for e in range(model.experts)]
+        mean = sum(total) / model.experts
+        ratio = max(total) / mean if mean else 0.0
+        out.append({"layer": layer, "last_step": steps[-1]["tokens_per_expert"][n], "total": total,
+                    "max_over_mean": ratio, "busiest": total.index(max(total)),
+                    "collapsed": ratio >= 0.9 * model.experts / model.top_k})
+    return {"layers": out, "dropped": sum(s["dropped"] for s in steps) / len(steps), "steps": len(steps)}
 
 
 # --- facts of one rank ---------------------------------------------------------------------
@@ -209,6 +236,15 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
                      f"predicted {rep['predicted_bubble']:.3f} = (p-1)/(v*m) for an ideal machine; "
                      f"the measured one also counts waiting for messages and, with more ranks than cores, "
                      f"for a core")
+    moe = rep.get("routing")
+    if moe:
+        lines.append(f"load balance of the experts (choices per expert over {moe['steps']} steps; max/mean 1.0 "
+                     f"is perfect), dropped by capacity {100 * moe['dropped']:.2f} %:")
+        for lay in moe["layers"]:
+            flag = (f"   ROUTING COLLAPSE: expert {lay['busiest']} and few others take every choice "
+                    f"(balancing off or too weak?)" if lay["collapsed"] else "")
+            lines.append(f"  layer {lay['layer']:>3}: {' '.join(f'{x:.0f}' for x in lay['total'])}   "
+                         f"max/mean {lay['max_over_mean']:.2f}{flag}")
     if tokens_per_s:
         tps = statistics.median(tokens_per_s)
         line = f"throughput: {tps:,.0f} tokens/s (median over steps)"
