@@ -1,5 +1,7 @@
-"""A decoder-only GPT (GPT-2 style: pre-LayerNorm, learned positions, GELU MLP of 4h,
-causal attention through `scaled_dot_product_attention`), written once for every layout.
+"""A decoder-only transformer, written once for every layout: GPT-2's block by default
+(pre-LayerNorm, learned positions, GELU MLP of 4h, causal attention through
+`scaled_dot_product_attention`), the Llama family's with the ModelConfig knobs (RMSNorm,
+SwiGLU, rotary positions, grouped-query attention, no biases).
 
 The single-device model is this class with every parallel degree 1: the tensor-parallel
 operators become identities and one stage holds every layer. A pipeline stage is the
@@ -45,18 +47,86 @@ def layers_for(layout: ParallelConfig):
     return tp.LAYERS
 
 
+def rotary_angles(positions, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [s, head_dim] of the rotary angles p·θ_i, θ_i = base^(−2i/d) (Su et al.
+    2021, Eq. 15), for the *global* positions `positions` of this rank's tokens (chunks r
+    and 2N−1−r under context parallelism): every split of the sequence rotates a token by
+    the angle of its own position. In Hugging Face's layout (each angle on dimensions i
+    and i + d/2, ``emb = cat(freqs, freqs)``) and, as ``LlamaRotaryEmbedding``, computed
+    in float32 whatever the model's dtype, so that a Llama checkpoint's logits agree."""
+    if isinstance(positions, slice):
+        positions = torch.arange(positions.start, positions.stop)
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1).to(device)
+    return emb.cos(), emb.sin()
+
+
+def rotate(x, cos, sin):
+    """x·cos + rotate_half(x)·sin: the rotary embedding in the rotate-half convention (the
+    pairs are dimensions i and i + d/2 of a head, as Hugging Face stores Llama's q and k;
+    Meta's original checkpoints pair neighbours i, i+1 and are permuted on conversion)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
+
+
 class Attention(nn.Module):
     """Causal self-attention; heads split over the tensor group (QKV column-parallel,
-    output projection row-parallel: Megatron-LM Fig. 3b). The QKV rows are head-major,
-    [head][q|k|v][head_dim], so a contiguous slice holds whole heads."""
+    output projection row-parallel: Megatron-LM Fig. 3b).
+
+    Multi-head attention (kv_heads == heads, GPT-2) has one QKV linear whose rows are
+    head-major, [head][q|k|v][head_dim], so a contiguous slice holds whole heads.
+
+    Grouped-query attention (kv_heads < heads; Ainslie et al. 2023) has two: ``q``
+    [heads·d, h], query head i in rows i·d.., and ``kv`` [2·kv·d, h], laid out
+    [kv head][k|v][d]. Query head i reads kv head i // G (G = heads/kv), Hugging Face's
+    order, so a contiguous slice of ``q`` holds whole query groups and the matching
+    slice of ``kv`` their key/value heads. Under 1-D tensor parallelism with t ≤ kv each
+    rank holds kv/t kv heads and their heads/t queries. With t > kv (which torchtitan and
+    transformers refuse) each kv head is *replicated* on the t/kv neighbouring ranks that
+    hold its queries (``tensor.block_rows``): the layer's ``kv`` weight costs t/kv times
+    its 2·kv·d·h/t share on every rank (2·d·h elements instead of 2·kv·d·h/t), and each
+    step all-reduces its gradient, 2·d·h(+2·d) elements, over exactly those t/kv ranks
+    (axis 'tp_kv{t/kv}'; nothing when t/kv = 1). We chose replication over splitting a
+    head's d dimensions (which would need a collective inside attention) because it
+    keeps attention local to the rank, as for multi-head attention. Two linears instead
+    of one fused: under --sp each all-gathers its input (one more all-gather of b·s·h
+    per layer than a fused QKV); the names stay the same in every layout.
+
+    Rotary positions (``positions="rope"``) rotate q and k after the projection, by the
+    angles of the tokens' global positions (:func:`rotary_angles`)."""
 
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
-        h, std = cfg.hidden, 0.02
-        self.head_dim, self.ctx, self.layers = cfg.head_dim, ctx, layers
-        self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * h, ctx, std)
-        self.proj = layers.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers))
+        h, std, d = cfg.hidden, 0.02, cfg.head_dim
+        self.head_dim, self.ctx, self.layers = d, ctx, layers
+        self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
+        self.grouped = cfg.n_kv_heads < cfg.heads
+        if self.grouped:
+            self.q = layers.linear_in(f"{name}.q", h, cfg.heads * d, ctx, std, **_bias(cfg))
+            self.kv = layers.linear_in(f"{name}.kv", h, 2 * cfg.n_kv_heads * d, ctx, std, **_bias(cfg),
+                                       blocks=cfg.n_kv_heads)
+        else:
+            self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * h, ctx, std, **_bias(cfg))
+        self.proj = layers.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers), **_bias(cfg))
         self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, layers.keep_mask, inside=True)  # per-rank stream
+
+    def split_heads(self, x):
+        """The projections' output [b, s, ·] -> q [b, nh, s, d], k and v [b, kv, s, d] (this
+        rank's heads), rotated by their positions with rotary embeddings."""
+        if self.grouped:
+            q, kv = x
+            q = rearrange(q, "b s (nh d) -> b nh s d", d=self.head_dim)
+            k, v = rearrange(kv, "b s (nkv two d) -> two b nkv s d", two=2, d=self.head_dim)
+        else:
+            q, k, v = rearrange(x, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
+        if self.rope_base is not None:
+            # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
+            # under --sp the column-parallel linear has gathered the whole sequence
+            pos = local_positions(q.shape[-2], self.ctx.comm)
+            cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        return q, k, v
 
     def core(self, qkv, key=NO_KEY):
         """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes.
@@ -64,49 +134,81 @@ class Attention(nn.Module):
         (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
         context parallelism, ring attention over the context group (its keys and values
         travel; parallel/context_parallel.py)."""
-        q, k, v = rearrange(qkv, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
+        q, k, v = self.split_heads(qkv)
         if self.ctx.layout.cp > 1:
             y = self.layers.ring_attention(q, k, v, self.ctx.comm)
         elif self.training and self.drop.p > 0:
-            s = q.shape[-2]
+            s, group = q.shape[-2], q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # query head i on kv head i // G
             causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
             y = self.drop(att.softmax(dim=-1), key) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         return rearrange(y, "b nh s d -> b s (nh d)")
 
     def forward(self, x, key=NO_KEY):
-        qkv = self.qkv(self.layers.enter(x, self.ctx))
+        x = self.layers.enter(x, self.ctx)
+        qkv = (self.q(x), self.kv(x)) if self.grouped else self.qkv(x)
         if self.ctx.layout.recompute == "selective" and self.training:
             y = recompute(self.core, qkv, key, hooks=self.ctx.saved_tensors)
         else:
             y = self.core(qkv, key)
-        return self.layers.leave(self.proj(y), self.ctx) + self.proj.bias
+        return add_bias(self.layers.leave(self.proj(y), self.ctx), self.proj)
+
+
+def _bias(cfg: ModelConfig) -> dict:
+    """A linear's ``bias`` keyword: nothing for GPT-2's default (a lab's linear keeps the
+    engine's signature), ``bias=False`` without biases."""
+    return {} if cfg.bias else {"bias": False}
+
+
+def add_bias(y, linear):
+    """y + the bias of the second linear of a pair (added after the reduction), if any."""
+    return y if linear.bias is None else y + linear.bias
 
 
 class MLP(nn.Module):
-    """h -> 4h -> h with GELU; column- then row-parallel (Megatron-LM Fig. 3a)."""
+    """h -> f -> h, column- then row-parallel (Megatron-LM Fig. 3a): GELU (f = 4h in GPT-2)
+    or SwiGLU ``fc2(silu(gate·x) ∘ (up·x))`` (Shazeer 2020; Llama).
+
+    SwiGLU's gate and up are one column-parallel linear ``fc`` [2f, h] whose rows are
+    interleaved, [unit j][gate|up]: row 2j is gate unit j, row 2j+1 up unit j, so any
+    contiguous slice of rows (a tensor rank's, a grid column's) holds matching pairs,
+    whatever the number of ranks; one matmul, one communication."""
 
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
         self.ctx, self.layers = ctx, layers
+        self.swiglu = cfg.activation == "swiglu"
         self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's gelu_new
-        self.fc = layers.linear_in(f"{name}.fc", cfg.hidden, cfg.ffn_hidden, ctx)
+        width = 2 * cfg.ffn_hidden if self.swiglu else cfg.ffn_hidden
+        self.fc = layers.linear_in(f"{name}.fc", cfg.hidden, width, ctx, **_bias(cfg))
         self.fc2 = layers.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
-                                     0.02 / math.sqrt(2 * cfg.layers))
+                                     0.02 / math.sqrt(2 * cfg.layers), **_bias(cfg))
+
+    def activation(self, y):
+        if self.swiglu:
+            gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+            return F.silu(gate) * up
+        return F.gelu(y, approximate=self.approximate)
 
     def forward(self, x):
-        y = self.fc2(F.gelu(self.fc(self.layers.enter(x, self.ctx)), approximate=self.approximate))
-        return self.layers.leave(y, self.ctx) + self.fc2.bias
+        y = self.fc2(self.activation(self.fc(self.layers.enter(x, self.ctx))))
+        return add_bias(self.layers.leave(y, self.ctx), self.fc2)
+
+
+def norm(name: str, cfg: ModelConfig, ctx: Context, layers):
+    """The block's normalization: LayerNorm (GPT-2) or RMSNorm (Llama), from the layout's layers."""
+    return layers.layer_norm(name, cfg.hidden, ctx, kind=cfg.norm, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 class Block(nn.Module):
     def __init__(self, i: int, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
-        self.ln1 = layers.layer_norm(f"blocks.{i}.ln1", cfg.hidden, ctx)
+        self.ln1 = norm(f"blocks.{i}.ln1", cfg, ctx, layers)
         self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers)
-        self.ln2 = layers.layer_norm(f"blocks.{i}.ln2", cfg.hidden, ctx)
+        self.ln2 = norm(f"blocks.{i}.ln2", cfg, ctx, layers)
         # a mixture of experts in place of the MLP where the config says so (moe.py)
         self.mlp = MoE(f"blocks.{i}.mlp", cfg, ctx, layers, MLP) if cfg.is_moe_block(i) else MLP(
             f"blocks.{i}.mlp", cfg, ctx, layers)
@@ -139,11 +241,12 @@ class GPT(nn.Module):
         tied_sync = ("embed",) if cfg.tied_embeddings and not (first and last) else ()
         if first:
             self.wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
-            self.wpe = layers.position("wpe.weight", cfg.seq_len, cfg.hidden, ctx, 0.01)
+            if cfg.positions == "learned":  # rotary positions have no table (Attention rotates q, k)
+                self.wpe = layers.position("wpe.weight", cfg.seq_len, cfg.hidden, ctx, 0.01)
             self.drop = Dropout("embed", cfg.dropout, ctx, layers.keep_mask)
         self.blocks = nn.ModuleDict({str(i): Block(i, cfg, ctx, layers) for i in self.layer_ids})
         if last:
-            self.ln_f = layers.layer_norm("ln_f", cfg.hidden, ctx)
+            self.ln_f = norm("ln_f", cfg, ctx, layers)
             if not cfg.tied_embeddings:
                 self.lm_head = layers.embedding("lm_head", cfg.vocab, cfg.hidden, ctx)
             elif not first:  # the last stage keeps its own copy of the tied embedding
@@ -153,7 +256,9 @@ class GPT(nn.Module):
 
     def embed(self, idx, key=NO_KEY):
         # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism)
-        x = self.wte(idx) + self.wpe[local_positions(idx.shape[1], self.ctx.comm, self.wpe.device)]
+        x = self.wte(idx)
+        if self.cfg.positions == "learned":
+            x = x + self.wpe[local_positions(idx.shape[1], self.ctx.comm, self.wpe.device)]
         return self.drop(self.layers.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
     def run_block(self, block, x, key=NO_KEY):

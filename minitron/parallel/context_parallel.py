@@ -47,8 +47,6 @@ as each rank's loss is the mean over its own s/N tokens of each sequence.
 """
 from __future__ import annotations
 
-import contextlib
-
 import math
 
 import torch
@@ -59,12 +57,6 @@ AXIS = "cp"
 
 
 # --- which tokens a context rank holds ------------------------------------------------------------
-
-def _full_precision(q: torch.Tensor):
-    """Autocast off for the ring's online softmax (its running max and sum stay in the
-    inputs' dtype); nothing to turn off on the meta device of a dry run."""
-    return contextlib.nullcontext() if q.device.type == "meta" else torch.autocast(q.device.type, enabled=False)
-
 def chunk_ids(n: int, r: int) -> tuple[int, int]:
     """The two chunks (of 2n) of the sequence that context rank r holds: r and 2n−1−r."""
     return r, 2 * n - 1 - r
@@ -126,7 +118,10 @@ def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bo
     p = torch.exp(s - lse.unsqueeze(-1))
     dv = p.transpose(-2, -1) @ dout
     ds = p * (dout @ v.transpose(-2, -1) - delta.unsqueeze(-1))
-    return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
+    dk = (ds.transpose(-2, -1) @ q) * scale
+    if dk.shape != k.shape:  # grouped queries [.., kv, G, s, d] on one key/value head [.., kv, 1, s, d]
+        dk, dv = dk.sum(-3, keepdim=True), dv.sum(-3, keepdim=True)
+    return (ds @ k) * scale, dk, dv
 
 
 # --- the ring ---------------------------------------------------------------------------------------------
@@ -148,6 +143,19 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
+def _grouped_q(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Queries [b, nh, s, d] as [b, kv, G, s, d] (G = nh/kv queries per key/value head,
+    consecutive: Hugging Face's ``repeat_kv`` order); unchanged with as many kv heads."""
+    return q if q.shape[1] == kv_heads else q.unflatten(1, (kv_heads, q.shape[1] // kv_heads))
+
+
+def _grouped_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
+    """Stacked keys and values [2, b, kv, s, d] as [2, b, kv, 1, s, d] under grouped-query
+    attention, so that a block broadcasts over the G queries of its group: the ring
+    carries the kv heads only, never copies for each query head."""
+    return kv if kv.shape[2] == heads else kv.unsqueeze(3)
+
+
 class _RingAttention(torch.autograd.Function):
     """Causal attention of local queries on the keys and values of the whole context
     group, with load-balanced chunks (see the module docstring)."""
@@ -157,9 +165,11 @@ class _RingAttention(torch.autograd.Function):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
-        with _full_precision(q):
-            kv = torch.stack([k, v])  # one message per hop, in the activations' dtype
-            qc = q.to(cd)
+        heads = q.shape[1]
+        with torch.autocast(q.device.type, enabled=False):
+            # one message per hop, in the activations' dtype: only the key/value heads travel
+            kv = _grouped_kv(torch.stack([k, v]), heads)
+            qc = _grouped_q(q, k.shape[1]).to(cd)
             out = lse = None
             for i in range(n):
                 nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
@@ -178,6 +188,7 @@ class _RingAttention(torch.autograd.Function):
                 kv = nxt
             # laid out [b, s, nh, d] in memory, as SDPA's output: the caller's "b nh s d -> b s (nh d)"
             # is then a view, and what is saved here is the projection's input (no second copy)
+            out = out.flatten(1, 2) if out.dim() == 5 else out
             out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
         fctx.comm = comm
         fctx.save_for_backward(q, k, v, out, lse)
@@ -190,11 +201,12 @@ class _RingAttention(torch.autograd.Function):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
-        with _full_precision(q):
-            dout, q = dout.to(cd), q.to(cd)
+        with torch.autocast(q.device.type, enabled=False):
+            heads, kv_heads = q.shape[1], k.shape[1]
+            dout, q, out = (_grouped_q(t, kv_heads) for t in (dout.to(cd), q.to(cd), out))
             delta = (dout * out.to(cd)).sum(-1)
             dq = torch.zeros_like(q)
-            kv = torch.stack([k, v])  # travels again in the activations' dtype
+            kv = _grouped_kv(torch.stack([k, v]), heads)  # travels again in the activations' dtype
             own = acc = None
             acc_handles: list = []
             for i in range(n):
@@ -229,14 +241,19 @@ class _RingAttention(torch.autograd.Function):
             _wait(acc_handles)
             if acc is not None:
                 own += acc
+            if dq.dim() == 5:  # back from the grouped layout
+                dq, own = dq.flatten(1, 2), own.squeeze(3)
         return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
-    keys and values of every rank of the 'cp' axis (each holding chunks r and 2N−1−r of
-    the sequence). Equal to full causal attention on the whole sequence, sliced.
-    `combine`: the online-softmax combination of the forward (a lab passes a learner's)."""
+    keys and values [b, kv, 2c, d] of every rank of the 'cp' axis (each holding chunks r
+    and 2N−1−r of the sequence; kv < nh: grouped-query attention, query head i on kv head
+    i // (nh/kv), and only the kv heads travel). Equal to full causal attention on the
+    whole sequence, sliced. `combine`: the online-softmax combination of the forward (a
+    lab passes a learner's)."""
     if comm.size(AXIS) == 1:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=k.shape[1] != q.shape[1])
     return _RingAttention.apply(q, k, v, comm, combine)

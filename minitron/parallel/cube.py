@@ -123,14 +123,15 @@ class Linear3D(nn.Module):
     """
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, placement: Placement,
-                 std: float = 0.02, skip_bias_add: bool = False):
+                 std: float = 0.02, skip_bias_add: bool = False, bias: bool = True):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
-        self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add
+        self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add or not bias
         a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
         rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
-        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **on_plane(ctx, I, placement.c))
+        self.bias = (make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **on_plane(ctx, I, placement.c))
+                     if bias else None)
 
     def forward(self, x):
         pl = self.placement
@@ -157,7 +158,7 @@ class ShardedLayerNormFn(torch.autograd.Function):
         xhat = (x - mean) * rstd
         fctx.save_for_backward(xhat, rstd, weight)
         fctx.comm, fctx.axis, fctx.n = comm, axis, n
-        return xhat * weight + bias
+        return xhat * weight + bias if bias is not None else xhat * weight
 
     @staticmethod
     def backward(fctx, dy):
@@ -174,21 +175,60 @@ class ShardedLayerNormFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
-class LayerNorm3D(nn.Module):
-    """LayerNorm of an activation in placement (a, c): hidden slice c; weight and bias
-    ``[h/q]`` replicated on the (i, a) plane."""
+class ShardedRMSNormFn(torch.autograd.Function):
+    """RMSNorm over a hidden dimension split along `axis` (n features in all): forward one
+    all-reduce of Σx² per token, backward one of Σ(g·x̂) (g = dy·w), for the input
+    gradient only. ``dx = rstd·(g − x̂·Σ(g·x̂)/n)``. 16-bit inputs in float32."""
 
-    def __init__(self, name: str, h: int, ctx: Context, placement: Placement = FIRST, eps: float = 1e-5):
+    @staticmethod
+    def forward(fctx, x, weight, comm, axis, n, eps):
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        ss = (xf * xf).sum(-1, keepdim=True)
+        comm.all_reduce(ss, axis)
+        rstd = torch.rsqrt(ss / n + eps)
+        xhat = xf * rstd
+        fctx.save_for_backward(xhat, rstd, weight)
+        fctx.comm, fctx.axis, fctx.n, fctx.dtype = comm, axis, n, x.dtype
+        return weight * xhat.to(x.dtype)
+
+    @staticmethod
+    def backward(fctx, dy):
+        xhat, rstd, weight = fctx.saved_tensors
+        rows = tuple(range(dy.dim() - 1))
+        dw = (dy * xhat.to(dy.dtype)).sum(rows) if wants_grad(fctx, 1) else None
+        dx = None
+        if wants_grad(fctx, 0):
+            g = (dy * weight).to(xhat.dtype)
+            s = (g * xhat).sum(-1, keepdim=True)
+            fctx.comm.all_reduce(s, fctx.axis)
+            dx = (rstd * (g - xhat * (s / fctx.n))).to(fctx.dtype)
+        return dx, dw, None, None, None, None
+
+
+def sharded_norm(x, weight, bias, comm, axis: str, n: int, eps: float, rms: bool):
+    """LayerNorm (``rms`` False) or RMSNorm of x whose n hidden features are split along `axis`."""
+    if rms:
+        return ShardedRMSNormFn.apply(x, weight, comm, axis, n, eps)
+    return ShardedLayerNormFn.apply(x, weight, bias, comm, axis, n, eps)
+
+
+class LayerNorm3D(nn.Module):
+    """LayerNorm (or RMSNorm: ``kind="rmsnorm"``, weight only) of an activation in placement
+    (a, c): hidden slice c; weight and bias ``[h/q]`` replicated on the (i, a) plane."""
+
+    def __init__(self, name: str, h: int, ctx: Context, placement: Placement = FIRST, eps: float = 1e-5,
+                 kind: str = "layernorm", bias: bool = True):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
-        self.comm, self.placement, self.h, self.eps = comm, placement, h, eps
+        self.comm, self.placement, self.h, self.eps, self.rms = comm, placement, h, eps, kind == "rmsnorm"
         cols = shard_slice(h, q, comm.index(placement.c))
         plane = on_plane(ctx, I, placement.a)
         self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **plane)
-        self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **plane)
+        self.bias = (make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **plane)
+                     if bias and not self.rms else None)
 
     def forward(self, x):
-        return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, self.placement.c, self.h, self.eps)
+        return sharded_norm(x, self.weight, self.bias, self.comm, self.placement.c, self.h, self.eps, self.rms)
 
 
 class MeanOverAxes(torch.autograd.Function):
@@ -308,12 +348,20 @@ def layers(*, linear=Linear3D) -> SimpleNamespace:
     along a and W along i and reduce-scatters along c; its backward the mirror)."""
     return grid_namespace(
         "3d",
-        linear_in=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, FIRST, std),
-        linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, SECOND, std,
-                                                                   skip_bias_add=True),
-        layer_norm=lambda name, h, ctx: LayerNorm3D(name, h, ctx, FIRST),
+        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0: linear(
+            name, d_in, d_out, ctx, FIRST, std, **bias_keywords(bias)),
+        linear_out=lambda name, d_in, d_out, ctx, std=0.02, bias=True: linear(
+            name, d_in, d_out, ctx, SECOND, std, skip_bias_add=True, **bias_keywords(bias)),
+        layer_norm=lambda name, h, ctx, kind="layernorm", eps=1e-5, bias=True: LayerNorm3D(
+            name, h, ctx, FIRST, eps, kind, bias),
         embedding=Embedding3D, position=position_embedding, boundary_shape=boundary_shape,
         keep_mask=keep_mask)
+
+
+def bias_keywords(bias: bool) -> dict:
+    """The linear's keywords for ``bias``: none when it has one (a learner's linear in a lab
+    keeps the engine's signature), ``bias=False`` otherwise."""
+    return {} if bias else {"bias": False}
 
 
 def grid_namespace(name: str, *, linear_in, linear_out, layer_norm, embedding, position, boundary_shape,

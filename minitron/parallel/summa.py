@@ -68,7 +68,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
-from .cube import MeanOverAxes, ShardedLayerNormFn, grid_namespace
+from .cube import MeanOverAxes, bias_keywords, grid_namespace, sharded_norm
 from .random import draw
 from .tensor import reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
@@ -98,8 +98,6 @@ def replicated_over(ctx: Context, *axes: str) -> dict:
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype the products run in: autocast's (bf16) when it is on, else x's."""
     dev = x.device.type
-    if dev == "meta":  # a dry run (analysis/dry_run.py): no autocast on the meta device
-        return x.dtype
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
@@ -215,15 +213,15 @@ class LinearSumma(nn.Module):
     pair, to read the same in every layout)."""
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02,
-                 skip_bias_add: bool = False):
+                 skip_bias_add: bool = False, bias: bool = True):
         super().__init__()
-        self.comm, self.skip_bias_add = ctx.comm, skip_bias_add
+        self.comm, self.skip_bias_add = ctx.comm, skip_bias_add or not bias
         q, r, c, _ = grid_of(ctx.comm)
         rows, cols = shard_slice(d_out, q, c), shard_slice(d_in, q, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std,
                                  **replicated_over(ctx, DEP))
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros",
-                               **replicated_over(ctx, COL, DEP))
+                               **replicated_over(ctx, COL, DEP)) if bias else None
 
     def forward(self, x):
         y = summa_linear(x, self.weight, self.comm)
@@ -231,19 +229,22 @@ class LinearSumma(nn.Module):
 
 
 class LayerNormSumma(nn.Module):
-    """LayerNorm of a block (batch piece, hidden slice c): statistics all-reduced along
-    the row; weight and bias ``[h/q]`` replicated over the column and the depth."""
+    """LayerNorm (or RMSNorm: ``kind="rmsnorm"``, weight only) of a block (batch piece,
+    hidden slice c): statistics all-reduced along the row; weight and bias ``[h/q]``
+    replicated over the column and the depth."""
 
-    def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5):
+    def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5, kind: str = "layernorm",
+                 bias: bool = True):
         super().__init__()
-        self.comm, self.h, self.eps = ctx.comm, h, eps
+        self.comm, self.h, self.eps, self.rms = ctx.comm, h, eps, kind == "rmsnorm"
         q, _, c, _ = grid_of(ctx.comm)
         cols, copies = shard_slice(h, q, c), replicated_over(ctx, COL, DEP)
         self.weight = make_param(f"{name}.weight", (h,), (cols,), ctx, kind="ones", **copies)
-        self.bias = make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **copies)
+        self.bias = (make_param(f"{name}.bias", (h,), (cols,), ctx, kind="zeros", **copies)
+                     if bias and not self.rms else None)
 
     def forward(self, x):
-        return ShardedLayerNormFn.apply(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps)
+        return sharded_norm(x, self.weight, self.bias, self.comm, ROW, self.h, self.eps, self.rms)
 
 
 class EmbeddingSumma(nn.Module):
@@ -336,10 +337,12 @@ def layers(*, linear=LinearSumma) -> SimpleNamespace:
     (``LinearSumma``'s signature): the engine's by default, a learner's in a lab."""
     return grid_namespace(
         "2d",
-        linear_in=linear,
-        linear_out=lambda name, d_in, d_out, ctx, std=0.02: linear(name, d_in, d_out, ctx, std,
-                                                                   skip_bias_add=True),
-        layer_norm=LayerNormSumma, embedding=EmbeddingSumma, position=position_embedding,
+        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0: linear(
+            name, d_in, d_out, ctx, std, **bias_keywords(bias)),
+        linear_out=lambda name, d_in, d_out, ctx, std=0.02, bias=True: linear(
+            name, d_in, d_out, ctx, std, skip_bias_add=True, **bias_keywords(bias)),
+        layer_norm=lambda name, h, ctx, kind="layernorm", eps=1e-5, bias=True: LayerNormSumma(
+            name, h, ctx, eps, kind, bias), embedding=EmbeddingSumma, position=position_embedding,
         boundary_shape=boundary_shape, keep_mask=keep_mask)
 
 

@@ -210,18 +210,44 @@ def scatter_sequence(x, ctx: Context):
     return _SplitSeq.apply(x, ctx.comm) if ctx.tp > 1 and ctx.layout.sp else x
 
 
+def kv_share_axis(share: int, t: int) -> str:
+    """The axis of the `share` neighbouring tensor ranks that hold one replicated block
+    (a key/value head when t > kv_heads; ``ProcessGrid``'s 'tp_kv{share}'): 'tp' itself
+    when they are the whole tensor group."""
+    return "tp" if share == t else f"tp_kv{share}"
+
+
+def block_rows(d_out: int, blocks: int, ctx: Context) -> tuple[slice, dict]:
+    """This rank's rows of a [d_out, ·] weight made of `blocks` equal blocks that must stay
+    whole (0: any contiguous split), and make_param's keywords for its copies.
+
+    With blocks ≥ t a rank holds blocks/t whole blocks. With blocks < t (grouped-query
+    attention's key/value heads when t > kv_heads) block ``r // (t/blocks)`` is
+    *replicated* on the t/blocks neighbouring ranks that hold its query heads: each copy
+    sees only those queries, so its gradient is a partial sum, summed over exactly
+    those ranks (axis ``tp_kv{t/blocks}``) before the optimizer step."""
+    t, r = ctx.tp, ctx.tp_rank
+    if not blocks or blocks >= t:
+        return shard_slice(d_out, t, r), {}
+    share = t // blocks
+    axis = kv_share_axis(share, t)
+    size = d_out // blocks
+    return slice((r // share) * size, (r // share + 1) * size), {"replicas": (axis,), "grad_sync": (axis,)}
+
+
 class ColumnParallelLinear(nn.Module):
     """Y = X A with A's columns (output features) split over the tensor group: rank r
     holds rows [r·d_out/t, (r+1)·d_out/t) of the full [d_out, d_in] weight and its bias.
-    Blocks that must stay whole (heads) are laid out block-major by the caller."""
+    Blocks that must stay whole (heads) are laid out block-major by the caller; with
+    `blocks` < t each block is replicated on t/blocks ranks (:func:`block_rows`).
+    ``bias=False``: no bias (``.bias`` is None)."""
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02,
-                 ops: Ops | None = None):
+                 ops: Ops | None = None, bias: bool = True, blocks: int = 0):
         super().__init__()
-        t, r = ctx.tp, ctx.tp_rank
-        rows = shard_slice(d_out, t, r)
-        self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std)
-        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros")
+        rows, copies = block_rows(d_out, blocks, ctx)
+        self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std, **copies)
+        self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **copies) if bias else None
         self.ctx, self.ops = ctx, ops or OPS
 
     def forward(self, x):
@@ -236,11 +262,11 @@ class RowParallelLinear(nn.Module):
     """Y = X A with A's rows (input features) split; the caller reduces the partial
     sums (leave_region) and only then adds the bias, which is replicated."""
 
-    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02):
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02, bias: bool = True):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), shard_slice(d_in, t, r)), ctx, std)
-        self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx))
+        self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx)) if bias else None
 
     def forward(self, x):
         return F.linear(x, self.weight)  # partial sum: bias after the reduction
@@ -255,16 +281,42 @@ def replicated(ctx: Context) -> dict:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm with replicated weight and bias (whole hidden on every rank)."""
+    """LayerNorm with replicated weight and bias (whole hidden on every rank); ``bias=False``:
+    weight only."""
+
+    def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = make_param(f"{name}.weight", (h,), (), ctx, kind="ones", **replicated(ctx))
+        self.bias = make_param(f"{name}.bias", (h,), (), ctx, kind="zeros", **replicated(ctx)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+def rms_norm(x, weight, eps: float):
+    """x / sqrt(mean(x²) + eps) · weight (Zhang & Sennrich 2019), over the last dimension;
+    16-bit inputs normalised in float32 (as Llama's RMSNorm), float64 kept in float64."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Llama) with a replicated weight; no bias, no mean subtracted."""
 
     def __init__(self, name: str, h: int, ctx: Context, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = make_param(f"{name}.weight", (h,), (), ctx, kind="ones", **replicated(ctx))
-        self.bias = make_param(f"{name}.bias", (h,), (), ctx, kind="zeros", **replicated(ctx))
 
     def forward(self, x):
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def norm(name: str, h: int, ctx: Context, kind: str = "layernorm", eps: float = 1e-5, bias: bool = True):
+    """The block's normalization (the namespace's ``layer_norm``): LayerNorm or RMSNorm."""
+    return RMSNorm(name, h, ctx, eps) if kind == "rmsnorm" else LayerNorm(name, h, ctx, eps, bias)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -400,7 +452,7 @@ def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entrop
         linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
         enter=partial(enter_region, ops=ops),
         leave=partial(leave_region, ops=ops),
-        layer_norm=LayerNorm,
+        layer_norm=norm,
         embedding=partial(VocabParallelEmbedding, ops=ops),
         position=position_embedding,
         scatter=scatter_sequence,
