@@ -225,3 +225,18 @@ def test_planner_reasons_on_h100():
     moe = plan(PRESETS["mixtral-8x7b"], 256, 1024, "h100-dgx", software=sw, recompute="selective", zero=1, top=5)
     assert moe[0]["ep"] > 1 and moe[0]["ep"] * moe[0]["tp"] <= 8  # the all-to-all inside a node
     assert all(e["memory_gb_per_gpu"] <= 80 for e in dense[:5] + moe)
+
+
+def test_plan_published_run_explained(capsys):
+    assert main(["plan", "--published", "bridge-llama31-405b-cp2", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "published 292 tokens/s" in out and "context-parallel K/V exchange, hidden" in out
+    assert main(["plan", "--published", "bridge-qwen3-235b-a22b", "--explain"]) == 0
+    moe = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("expert-parallel all-to-all"))
+    assert float(moe.split()[-2]) > 0
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "h100-dgx", "--gpus", "8", "--global-batch", "16",
+                 "--tp", "1", "--pp", "1", "--zero", "3", "--fp8", "--software", "megatron-core-2024",
+                 "--explain"]) == 0
+    assert "FSDP weight all-gathers" in capsys.readouterr().out
+    assert main(["plan", "--published", "nope"]) == 2
+    assert "unknown published run 'nope'" in capsys.readouterr().err

@@ -566,16 +566,45 @@ def _plan_on_machine(args, model) -> int:
     return 0
 
 
+def _published_run(args) -> int:
+    """`plan --published RUN`: one published H100-era run, predicted and explained
+    (minitron.analysis.published.H100_RUNS and H100_FITTING_RUNS)."""
+    from ..analysis import format_explain
+    from ..analysis import published as P
+
+    runs = {r[0]: r for r in P.H100_RUNS + P.H100_FITTING_RUNS}
+    if args.published not in runs:
+        raise ConfigError(f"unknown published run '{args.published}': choose one of {', '.join(runs)}")
+    run = runs[args.published]
+    layout, pred, value = P.h100_run_prediction(run)
+    if args.json:
+        print(json.dumps({"run": run[0], "published": run[14], "unit": run[15], "predicted": value,
+                          "source": run[16], "breakdown": pred.breakdown}))
+        return 0
+    print(f"{run[0]}: {run[1]}, sequence {run[2]}, {run[3]} GPUs of h100-dgx, global batch {run[4]}, "
+          f"t={layout.tp} p={layout.pp} cp={layout.cp} v={layout.vpp} ep={layout.ep} d={layout.dp} "
+          f"b={layout.microbatch_size}{' FSDP' if layout.zero == 3 else ''}{' FP8' if run[13] else ''}")
+    print(f"published {run[14]} {run[15]} per GPU, predicted {value:.1f} ({value / run[14] - 1:+.1%}); "
+          f"source: {run[16]}")
+    if args.explain:
+        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+    return 0
+
+
 def cmd_plan(args) -> int:
     from ..analysis import format_explain, get_software, plan, predict
 
+    if args.published:
+        return _published_run(args)
+    if not (args.gpus and args.global_batch):
+        raise ConfigError("plan needs --gpus and --global-batch (or --published RUN for a published run)")
     model = model_from(args)
     validate_model(model)
     if args.machine:
         return _plan_on_machine(args, model)
     for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
                          ("--tp", args.tp, 0), ("--pp", args.pp, 0), ("--vpp", args.vpp, 0),
-                         ("--microbatch-size", args.microbatch_size, 0)):
+                         ("--microbatch-size", args.microbatch_size, 0), ("--cp", args.cp, 1), ("--ep", args.ep, 0)):
         if v < low:
             raise ConfigError(f"{flag} must be at least {low}{' (0: search)' if low == 0 else ''} (got {v})")
     if args.vpp > 1 and args.pp == 1:
@@ -590,20 +619,26 @@ def cmd_plan(args) -> int:
     fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
     try:
         sw = get_software(args.software)
+        sw = sw.replace(fp8=True) if args.fp8 else sw
         if all(fixed[k] for k in ("tp", "pp")):
-            if args.gpus % (args.tp * args.pp):
-                raise ValueError(f"tp*pp = {args.tp * args.pp} does not divide {args.gpus} GPUs: "
+            if args.gpus % (args.tp * args.pp * args.cp):
+                raise ValueError(f"tp*pp*cp = {args.tp * args.pp * args.cp} does not divide {args.gpus} GPUs: "
                                  f"pick degrees whose product divides the GPU count")
-            lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp),
+            lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp * args.cp),
                    "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
-                   "sp": sw.sequence_parallel and args.tp > 1}  # as the planner does
+                   "sp": sw.sequence_parallel and args.tp > 1,  # as the planner does
+                   "cp": args.cp, "cp_kind": args.cp_kind, "ep": args.ep or 1, "zero": args.zero,
+                   "fsdp_shard": args.fsdp_shard}
             pred = predict(model, lay, args.global_batch, args.cluster, software=sw)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
                    "breakdown": pred.breakdown}
         else:
+            if args.cp > 1:
+                raise ValueError("--cp prices one layout: give it with --tp and --pp (the search keeps cp = 1)")
             out = {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
-                                      software=sw, **{k: v for k, v in fixed.items() if v})}
+                                      software=sw, zero=args.zero, ep=args.ep or None,
+                                      **{k: v for k, v in fixed.items() if v})}
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.plot:
@@ -617,9 +652,10 @@ def cmd_plan(args) -> int:
         return 0
     rows = out.get("candidates", [out])
     print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
-    print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
+    print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} "
+          f"{'bubble':>7}")
     for r in rows:
-        print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
+        print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} {r.get('ep', 1):>3} "
               f"{r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} {r['memory_gb_per_gpu']:>8.1f} "
               f"{r['bubble_fraction']:>7.3f}")
     if args.explain:
@@ -781,12 +817,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="predict a layout on a cluster, or rank all layouts")
     add_model_args(pl)
-    pl.add_argument("--gpus", type=int, required=True)
-    pl.add_argument("--global-batch", type=int, required=True)
+    pl.add_argument("--gpus", type=int, default=0, help="GPUs (ranks with --machine); needed unless --published")
+    pl.add_argument("--global-batch", type=int, default=0, help="sequences per step; needed unless --published")
     pl.add_argument("--cluster", default="a100-dgx", help="v100-dgx2, a100-dgx, h100-dgx")
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
     pl.add_argument("--top", type=int, default=10)
+    pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (with --tp and --pp)")
+    pl.add_argument("--cp-kind", default="ring", choices=("ring", "allgather", "a2a"),
+                    help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses)")
+    pl.add_argument("--ep", type=int, default=0, help="expert-parallel ranks of a MoE model (0: search)")
+    pl.add_argument("--zero", type=int, default=0, choices=(0, 1, 3),
+                    help="1: distributed optimizer; 3: FSDP / ZeRO-3 (weights gathered per layer)")
+    pl.add_argument("--fsdp-shard", type=int, default=0, help="with --zero 3: HSDP, weights sharded over this many ranks")
+    pl.add_argument("--fp8", action="store_true", help="the linears' matmuls in FP8 (clusters with an FP8 peak)")
+    pl.add_argument("--published", default="", metavar="RUN",
+                    help="predict and (with --explain) break down a published H100-era run by its id")
     pl.add_argument("--software", default=None,
                     help="the software stack: megatron-2019 (default: the calibration's), ptdp-2021, "
                          "korthikanti-2022, current, minitron")
