@@ -7,7 +7,9 @@ out: the checker then adds them the engine's way (a receive right before the com
 consumes it, a send right after the compute that produces it; consecutive ones form one
 batch). The checker
 
-1. builds the whole schedule for many shapes (p = 1..6, m = 1..10; in this process);
+1. builds the whole schedule for many shapes (p = 1..6 with m = 1..10, and deeper, longer
+   ones up to p = 16, m = 40; in this process), the engine's own generators watched while
+   the learner's function runs (:class:`~minitron.labs.runner.Tripwire`);
 2. ``validate``: every F and B once per microbatch, each rank's order respects its
    dependencies, every send meets its receive, no deadlock (blocking or eager sends);
 3. ``simulate`` (F = 1, B = 2): the bubble fraction must be (p−1)/m and rank r's peak
@@ -20,12 +22,14 @@ batch). The checker
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from ..analysis.bubble import bubble_fraction, stashed_on_rank
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.schedules import COMM_OPS, Action, Schedule, ScheduleError, _with_comms
 from ..parallel.schedules import describe as describe_schedule
 from ..parallel.schedules import simulate, validate
-from .runner import LabError, deadline, describe, fail, load, run_cases, screen, training_verdict, versus_one_device
+from .runner import LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
@@ -34,20 +38,38 @@ TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # the engine's own 1F1B (and the schedule builder that makes it): not an answer to this lab
 FORBIDDEN = ("minitron.parallel.schedules.make_schedule", "minitron.parallel.schedules._1f1b",
              "minitron.parallel.schedules._one_f_one_b", "minitron.parallel.schedules.num_warmup")
-SHAPES = [(4, 8), (2, 4)] + [(p, m) for p in range(1, 7) for m in range(1, 11) if (p, m) not in ((4, 8), (2, 4))]
+# every p <= 6 with every m <= 10 (m < p among them), then deeper and longer pipelines than
+# a table of small cases covers
+LARGE = [(7, 3), (8, 16), (9, 20), (12, 13), (16, 40)]
+SHAPES = ([(4, 8), (2, 4)] + [(p, m) for p in range(1, 7) for m in range(1, 11) if (p, m) not in ((4, 8), (2, 4))]
+          + LARGE)
+# the engine's schedule generators (whatever the route to them, none may run in a learner's)
+GENERATORS = ("make_schedule", "_one_f_one_b", "num_warmup", "_gpipe", "_1f1b", "interleaved_groups",
+              "interleaved_order", "_interleaved", "_zb_h1", "_zb_v", "_dualpipe_v")
 
 
-def build_schedule(fn, p: int, m: int) -> Schedule:
+def watch_schedules() -> Tripwire:
+    """A tripwire on the engine's own schedule generators (:mod:`minitron.parallel.schedules`)."""
+    from ..parallel import schedules
+
+    return Tripwire({f"minitron.parallel.schedules.{n}": getattr(schedules, n)
+                     for n in GENERATORS if hasattr(schedules, n)})
+
+
+def build_schedule(fn, p: int, m: int, watch: Tripwire | None = None) -> Schedule:
     """The Schedule of `fn(p, m, rank)` for every rank (`fn` may also be the source text
     that defines `one_f_one_b`), with sends and receives added the engine's way when `fn`
-    returns compute actions only. Raises LabError when `fn` raises or returns something
-    other than a list of Actions."""
+    returns compute actions only. Raises LabError when `fn` raises, returns something
+    other than a list of Actions, or runs one of the engine's generators (`watch`)."""
     if isinstance(fn, str):
         fn = load(fn, ("one_f_one_b",), {"Action": Action})["one_f_one_b"]
     rows = []
     for rank in range(p):
         try:
-            acts = fn(p, m, rank)
+            with watch.armed() if watch is not None else nullcontext():
+                acts = fn(p, m, rank)
+        except LabError:
+            raise
         except Exception as e:
             raise LabError(describe(e)) from None
         call = f"one_f_one_b(p={p}, m={m}, rank={rank})"
@@ -84,9 +106,9 @@ def show_schedule(source, p: int, m: int):
 def _static_check(fn) -> tuple[str, dict]:
     """('', the numbers of p=4, m=8) when every shape validates and has 1F1B's bubble and
     stash; else (the first problem, {}). Shapes go from a typical one to the corner cases."""
-    built = {}
+    built, watch = {}, watch_schedules()
     for p, m in SHAPES:
-        built[p, m] = s = build_schedule(fn, p, m)
+        built[p, m] = s = build_schedule(fn, p, m, watch)
         try:
             validate(s)
         except ScheduleError as e:
@@ -129,7 +151,8 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
     if ran != planned:  # the runtime executes the schedule as data: this would be an engine bug
         raise LabError(f"pipeline rank {comm.index('pp')} ran {ran} instead of the schedule's {planned}")
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
-    return training_verdict(res, "1F1B schedule", f"your 1F1B is valid for every p <= 6, m <= 10, has 1F1B's "
+    return training_verdict(res, "1F1B schedule", f"your 1F1B is valid for every p <= 6, m <= 10 and up to "
+                            f"p = 16, m = 40, has 1F1B's "
                             f"bubble and stash, and trains on {comm.size('pp')} pipeline ranks exactly like the "
                             f"single-device model", TOL)
 

@@ -193,10 +193,7 @@ def _codes(obj, seen=None) -> set:
             if isinstance(value, (type(_codes), staticmethod, classmethod, property)):
                 _codes(value, seen)
         return seen
-    while hasattr(obj, "__wrapped__"):
-        code = getattr(obj, "__code__", None)
-        if code is not None:
-            seen.add(code)
+    while hasattr(obj, "__wrapped__"):  # a decorator's wrapper is shared code (torch.no_grad's): not the piece
         obj = obj.__wrapped__
     code = getattr(obj, "__code__", None)
     stack = [code] if code is not None else []
