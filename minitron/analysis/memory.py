@@ -131,6 +131,7 @@ import math
 from typing import Any
 
 from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
+from ..parallel.schedules import placement_for
 from . import dry_run
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
@@ -282,6 +283,12 @@ def _schedule(layout: Any) -> tuple[str, int, int]:
     return kind, p, v
 
 
+def _last_rank(kind: str, p: int, v: int) -> int:
+    """The pipeline rank of the last stage (the head and the loss): p-1 in the loop, rank 0
+    in the V of zb-v and dualpipe-v (the schedule's placement)."""
+    return placement_for(kind, p, v).locate(p * v - 1)[0]
+
+
 def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
                              pp_rank: int = 0, bytes_per_el: int = 2, mask_bytes: int = 1,
                              dropout: bool | None = None, recompute: str | None = None,
@@ -312,7 +319,7 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
                   - activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop))
     if pp_rank == 0 and drop:  # dropout mask of the embedding output
         total += in_flight * mask_bytes * s * b * h / (t if sp else 1)
-    if pp_rank == (p * v - 1) % p:  # final LayerNorm input, output-layer input, fp32 softmax
+    if pp_rank == _last_rank(kind, p, v):  # final LayerNorm input, output-layer input, fp32 softmax
         logits_in_flight = m if kind == "gpipe" else 1
         vocab = padded_vocab(model, t) // t
         total += logits_in_flight * (2 * e * s * b * h / (t if sp else 1)  # (shards under sp, §4.3)
@@ -386,7 +393,7 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     held = in_flight * layers_on_rank(model, layout, pp_rank) * held_per_layer
     if pp_rank == 0:
         held += in_flight * embedding
-    if pp_rank != (p * v - 1) % p:
+    if pp_rank != _last_rank(kind, p, v):
         return held + max(0.0, rebuilt)
     heads_in_flight = m if kind == "gpipe" else 1
     return held + (heads_in_flight - 1) * last + max(last, rebuilt)
