@@ -1,8 +1,11 @@
-"""GPT-2 checkpoints in the Hugging Face format, in and out.
+"""Hugging Face checkpoints in and out, by family: GPT-2 and Llama.
 
-minitron's GPT is GPT-2's architecture, so its weights map one to one onto
-`transformers.GPT2LMHeadModel`'s; a directory with `config.json` and `model.safetensors`
-is all either side needs. Three differences of storage, none of the model:
+A directory with `config.json` and `model.safetensors` is all either side needs; its
+``model_type`` picks the family. Each family is a name map (minitron's layout-independent
+name, theirs, how it is stored), its config.json in both directions and its checks.
+
+**GPT-2.** minitron's default block is GPT-2's architecture, so its weights map one to one
+onto `transformers.GPT2LMHeadModel`'s. Three differences of storage, none of the model:
 
 * GPT-2's linears are `Conv1D` modules whose weight is stored [in, out], the transpose
   of `nn.Linear`'s [out, in] that minitron keeps;
@@ -10,6 +13,17 @@ is all either side needs. Three differences of storage, none of the model:
   heads inside; minitron's QKV rows are head-major, [head][q|k|v][head_dim], so that a
   tensor-parallel rank's contiguous slice holds whole heads;
 * the names (`transformer.h.3.mlp.c_fc` is minitron's `blocks.3.mlp.fc`).
+
+**Llama** (`transformers.LlamaForCausalLM`; the model flags of ``config.LLAMA``): RMSNorm,
+SwiGLU, rotary positions, grouped-query attention, no biases. Storage differences:
+
+* q_proj, k_proj, v_proj become minitron's ``attn.q`` (the same rows) and ``attn.kv``,
+  [kv head][k|v][head_dim], or with kv_heads == heads the head-major ``attn.qkv``;
+* gate_proj and up_proj become one ``mlp.fc`` with interleaved rows [unit][gate|up];
+* q and k rows are taken as they are: Hugging Face stores them for the rotate-half
+  rotary convention (dimensions i and i + d/2 paired), which is minitron's
+  (``model.rotate``), so no permutation (Meta's original files pair neighbours and are
+  permuted by transformers' conversion script; tests/test_hf_llama.py checks logits).
 
 Loading returns full tensors under minitron's layout-independent names, the form a
 checkpoint is assembled into (`checkpoint.assemble`), so `checkpoint.import_state` slices
@@ -23,12 +37,15 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, ModelConfig
+from .config import LLAMA, ConfigError, ModelConfig
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 # GPT-2's activation names -> minitron's (the exact erf GeLU, or its tanh approximation)
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 LAYER_NORM_EPS = 1e-5  # minitron's LayerNorm epsilon (parallel/tensor.py, parallel/cube.py)
+
+
+LLAMA_TYPES = ("llama",)  # model_type of the Llama family's config.json
 
 
 def _safetensors():
@@ -40,8 +57,30 @@ def _safetensors():
     return safetensors.torch
 
 
+def is_llama(cfg: ModelConfig) -> bool:
+    """Whether `cfg` is of the Llama family (rotary positions; GPT-2 has learned ones)."""
+    return cfg.positions == "rope"
+
+
+def family_problem(cfg: ModelConfig) -> str:
+    """'' when `cfg` is a GPT-2 or a Llama that Hugging Face can hold, else the reason."""
+    if is_llama(cfg):
+        want = {"norm": "rmsnorm", "activation": "swiglu", "bias": False}
+        bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
+        return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}" if bad else ""
+    want = {"norm": "layernorm", "bias": True, "kv_heads": cfg.heads if cfg.kv_heads else 0}
+    bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
+    bad += ["activation swiglu"] if cfg.activation == "swiglu" else []
+    return f"a GPT-2 (learned positions) needs LayerNorm, a GELU MLP, biases and every head, not {', '.join(bad)}" if bad else ""
+
+
 # --- names and layouts ----------------------------------------------------------------
 def name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(minitron name, Hugging Face name, kind) for every tensor of `cfg`'s family."""
+    return llama_name_map(cfg) if is_llama(cfg) else gpt2_name_map(cfg)
+
+
+def gpt2_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     """(minitron name, GPT-2 name, kind) for every tensor; kind says how it is stored:
     'copy' as is, 'linear' transposed (Conv1D), 'qkv_weight'/'qkv_bias' reordered."""
     rows = [("wte.weight", "transformer.wte.weight", "copy"),
@@ -73,8 +112,56 @@ def _qkv_rows(t: torch.Tensor, heads: int, to_hf: bool) -> torch.Tensor:
     return t.reshape(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
 
 
+def llama_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(minitron name, Llama name, kind) for every tensor. A kind 'join:...' is one minitron
+    tensor made of several of theirs (its Llama name lists them, comma-separated):
+    'kv' (k_proj, v_proj -> [kv head][k|v][d]), 'qkv' (q, k, v -> [head][q|k|v][d]),
+    'swiglu' (gate_proj, up_proj -> [unit][gate|up]); 'copy' as is (nn.Linear is [out, in])."""
+    rows = [("wte.weight", "model.embed_tokens.weight", "copy")]
+    for i in range(cfg.layers):
+        b, h = f"blocks.{i}", f"model.layers.{i}"
+        a = f"{h}.self_attn"
+        if cfg.n_kv_heads < cfg.heads:
+            attn = [(f"{b}.attn.q.weight", f"{a}.q_proj.weight", "copy"),
+                    (f"{b}.attn.kv.weight", f"{a}.k_proj.weight,{a}.v_proj.weight", "join:kv")]
+        else:
+            attn = [(f"{b}.attn.qkv.weight", f"{a}.q_proj.weight,{a}.k_proj.weight,{a}.v_proj.weight", "join:qkv")]
+        rows += [(f"{b}.ln1.weight", f"{h}.input_layernorm.weight", "copy"), *attn,
+                 (f"{b}.attn.proj.weight", f"{a}.o_proj.weight", "copy"),
+                 (f"{b}.ln2.weight", f"{h}.post_attention_layernorm.weight", "copy"),
+                 (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
+                 (f"{b}.mlp.fc2.weight", f"{h}.mlp.down_proj.weight", "copy")]
+    rows.append(("ln_f.weight", "model.norm.weight", "copy"))
+    if not cfg.tied_embeddings:
+        rows.append(("lm_head.weight", "lm_head.weight", "copy"))
+    return rows
+
+
+def _join(parts: list[torch.Tensor], heads: int) -> torch.Tensor:
+    """Their tensors [n·d, h] each -> one with rows interleaved by `heads` blocks:
+    [block][part 0 | part 1 | ...][d] (for SwiGLU, heads = f units of one row each)."""
+    return torch.stack([p.reshape(heads, -1, *p.shape[1:]) for p in parts], dim=1).reshape(-1, *parts[0].shape[1:])
+
+
+def _split(t: torch.Tensor, n: int, heads: int) -> list[torch.Tensor]:
+    """The inverse of :func:`_join`: n tensors of [heads·d, h]."""
+    blocks = t.reshape(heads, n, -1, *t.shape[1:])
+    return [blocks[:, j].reshape(-1, *t.shape[1:]) for j in range(n)]
+
+
+def _join_heads(kind: str, cfg: ModelConfig) -> int:
+    return {"join:kv": cfg.n_kv_heads, "join:qkv": cfg.heads, "join:swiglu": cfg.ffn_hidden}[kind]
+
+
 def to_hf(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """minitron's full tensors {name: tensor} -> GPT-2's state dict."""
+    """minitron's full tensors {name: tensor} -> the family's Hugging Face state dict."""
+    if is_llama(cfg):
+        out = {}
+        for mine, theirs, kind in llama_name_map(cfg):
+            names = theirs.split(",")
+            parts = _split(full[mine], len(names), _join_heads(kind, cfg)) if kind.startswith("join") else [full[mine]]
+            out.update({n: p.contiguous().clone() for n, p in zip(names, parts)})
+        return out
     out = {}
     for mine, theirs, kind in name_map(cfg):
         t = full[mine]
@@ -89,7 +176,14 @@ def to_hf(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
 
 
 def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """GPT-2's state dict -> minitron's full tensors (positions cut to cfg.seq_len)."""
+    """The family's Hugging Face state dict -> minitron's full tensors (GPT-2's positions
+    cut to cfg.seq_len)."""
+    if is_llama(cfg):
+        out = {}
+        for mine, theirs, kind in llama_name_map(cfg):
+            parts = [state[n] for n in theirs.split(",")]
+            out[mine] = (_join(parts, _join_heads(kind, cfg)) if kind.startswith("join") else parts[0]).contiguous()
+        return out
     out = {}
     for mine, theirs, kind in name_map(cfg):
         t = state[theirs]
@@ -107,7 +201,9 @@ def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
 
 # --- config ----------------------------------------------------------------------------
 def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    """A GPT-2 `config.json` for minitron model `cfg`."""
+    """The family's `config.json` for minitron model `cfg`."""
+    if is_llama(cfg):
+        return llama_config(cfg, dtype)
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
             "vocab_size": cfg.vocab, "n_positions": cfg.seq_len, "n_embd": cfg.hidden,
             "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.ffn_hidden,
@@ -119,8 +215,59 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "bos_token_id": None, "eos_token_id": None, "dtype": str(dtype).removeprefix("torch.")}
 
 
+def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    """A Llama `config.json` (``LlamaForCausalLM``) for minitron model `cfg`; the rotary
+    base both as transformers 5 writes it (``rope_parameters``) and as 4.x reads it."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": cfg.vocab, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
+            "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
+            "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+            "max_position_embeddings": cfg.seq_len, "hidden_act": "silu", "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_base, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
+            "tie_word_embeddings": cfg.tied_embeddings, "initializer_range": 0.02,
+            "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "dtype": str(dtype).removeprefix("torch.")}
+
+
+def _rope(c: dict, where) -> tuple[float, str]:
+    """(θ, scaling type) of a Llama config: transformers 5's ``rope_parameters`` or 4.x's
+    ``rope_theta`` and ``rope_scaling``."""
+    params = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type", "default")
+    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
+
+
+def _check_llama(c: dict, where) -> None:
+    """A Llama config.json minitron computes exactly, or one line saying what it lacks."""
+    for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
+        if k not in c:
+            raise ConfigError(f"{where} has no '{k}': it is not a complete Llama config; save the model with "
+                              f"save_pretrained or `minitron export --hf`")
+    _, kind = _rope(c, where)
+    if kind != "default":
+        raise ConfigError(f"{where} has a rope scaling of type '{kind}': minitron's rotary positions have no "
+                          f"scaling (only the default); drop rope_scaling or use a model trained without it")
+    if c.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{where} uses hidden_act '{c.get('hidden_act')}': minitron's SwiGLU is silu only")
+    if c.get("attention_bias") or c.get("mlp_bias"):
+        raise ConfigError(f"{where} has attention_bias or mlp_bias: minitron's Llama has no biases")
+    h, nh = int(c["hidden_size"]), int(c["num_attention_heads"])
+    kv = int(c.get("num_key_value_heads") or nh)
+    if c.get("head_dim") not in (None, h // nh) or h % nh:
+        raise ConfigError(f"{where} has head_dim {c.get('head_dim')}, not hidden_size/num_attention_heads = "
+                          f"{h // nh}: minitron's heads are hidden/heads wide")
+    if nh % kv:
+        raise ConfigError(f"{where} has {kv} key/value heads for {nh} query heads: no layout can group them "
+                          f"(num_key_value_heads must divide num_attention_heads)")
+    if c.get("pretraining_tp", 1) not in (1, None):
+        raise ConfigError(f"{where} has pretraining_tp {c['pretraining_tp']}: minitron computes the linears "
+                          f"whole (pretraining_tp 1)")
+
+
 def read_config(hf_dir: str) -> dict:
-    """`config.json` of a GPT-2 directory, checked; ConfigError (one line) otherwise."""
+    """`config.json` of a GPT-2 or Llama directory, checked; ConfigError (one line) otherwise."""
     d = Path(hf_dir)
     if not d.is_dir():
         raise ConfigError(f"--init-from {hf_dir} is not a directory: give a folder with {CONFIG} and {WEIGHTS}")
@@ -133,8 +280,12 @@ def read_config(hf_dir: str) -> dict:
     except json.JSONDecodeError:
         raise ConfigError(f"{d / CONFIG} is not valid JSON: save the model again") from None
     arch = c.get("model_type")
+    if arch in LLAMA_TYPES:
+        _check_llama(c, d / CONFIG)
+        return c
     if arch != "gpt2":
-        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) checkpoints only")
+        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) and Llama "
+                          f"(model_type llama) checkpoints only")
     act = c.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise ConfigError(f"{d / CONFIG} uses activation '{act}': minitron has {', '.join(ACTIVATIONS)}")
@@ -148,8 +299,10 @@ def read_config(hf_dir: str) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2 directory; `seq_len` may shorten the context."""
+    """The minitron ModelConfig of a GPT-2 or Llama directory; `seq_len` may shorten the context."""
     c = read_config(hf_dir)
+    if c.get("model_type") in LLAMA_TYPES:
+        return _llama_model_config(c, hf_dir, seq_len, dropout)
     n_pos = int(c.get("n_positions", 1024))
     if seq_len is not None and not 0 < seq_len <= n_pos:
         raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's {n_pos} positions: use {n_pos} or less")
@@ -161,10 +314,26 @@ def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None 
                        name=Path(hf_dir).name or "gpt2")
 
 
+def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
+    n_pos = int(c.get("max_position_embeddings", 2048))
+    if seq_len is not None and not 0 < seq_len <= n_pos:
+        raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}: "
+                          f"use {n_pos} or less")
+    nh = int(c["num_attention_heads"])
+    kv = int(c.get("num_key_value_heads") or nh)
+    return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
+                       kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
+                       seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
+                       norm_eps=float(c.get("rms_norm_eps", 1e-6)), rope_base=_rope(c, hf_dir)[0],
+                       dropout=dropout or 0.0, name=Path(hf_dir).name or "llama",
+                       **{**LLAMA, "tied_embeddings": bool(c.get("tie_word_embeddings", False))})
+
+
 def check_model(hf_dir: str, cfg: ModelConfig) -> None:
     """Raise ConfigError unless model `cfg` is the one stored in `hf_dir` (same shapes)."""
     stored = model_config(hf_dir, cfg.seq_len, cfg.dropout)
-    for k in ("layers", "hidden", "heads", "vocab", "ffn_hidden", "tied_embeddings", "activation"):
+    for k in ("layers", "hidden", "heads", "n_kv_heads", "vocab", "ffn_hidden", "tied_embeddings", "activation",
+              "positions", "norm"):
         if getattr(stored, k) != getattr(cfg, k):
             raise ConfigError(f"--init-from {hf_dir} holds a model with {k} {getattr(stored, k)}, "
                               f"not {getattr(cfg, k)}: drop the model flags and let the checkpoint decide")
@@ -188,6 +357,15 @@ def check_weights(hf_dir: str, cfg: ModelConfig) -> None:
             shapes = {n: tuple(f.get_slice(n).get_shape()) for n in names}
     except Exception as e:  # truncated file, not safetensors, ...
         raise ConfigError(f"{path} cannot be read ({type(e).__name__}): save the model again") from None
+    if is_llama(cfg):
+        for name, want in llama_shapes(cfg).items():
+            if name not in names:
+                raise ConfigError(f"{path} has no tensor '{name}': it is not the Llama of its config.json "
+                                  f"(layers {cfg.layers}, tied {cfg.tied_embeddings}); save it again")
+            if shapes[name] != want:
+                raise ConfigError(f"{path}: '{name}' has shape {list(shapes[name])}, config.json implies "
+                                  f"{list(want)}: the weights and the config do not belong together")
+        return
     for mine, theirs, kind in name_map(cfg):
         stored = _stored_name(theirs, names)
         if stored not in names:
@@ -206,8 +384,25 @@ def load_full(hf_dir: str, cfg: ModelConfig) -> dict[str, dict]:
     form {name: {"param": tensor}}, ready for `checkpoint.import_state` into any layout."""
     check_weights(hf_dir, cfg)
     state = _safetensors().load_file(str(Path(hf_dir) / WEIGHTS))
-    state = {theirs: state[_stored_name(theirs, state)] for _, theirs, _ in name_map(cfg)}
+    if not is_llama(cfg):
+        state = {theirs: state[_stored_name(theirs, state)] for _, theirs, _ in name_map(cfg)}
     return {k: {"param": v} for k, v in from_hf(state, cfg).items()}
+
+
+def llama_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """{Llama tensor name: shape} of every tensor model `cfg` needs."""
+    h, f, v, d = cfg.hidden, cfg.ffn_hidden, cfg.vocab, cfg.head_dim
+    out = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg.tied_embeddings:
+        out["lm_head.weight"] = (v, h)
+    for i in range(cfg.layers):
+        a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        out.update({f"model.layers.{i}.input_layernorm.weight": (h,),
+                    f"model.layers.{i}.post_attention_layernorm.weight": (h,),
+                    f"{a}.q_proj.weight": (cfg.heads * d, h), f"{a}.k_proj.weight": (cfg.n_kv_heads * d, h),
+                    f"{a}.v_proj.weight": (cfg.n_kv_heads * d, h), f"{a}.o_proj.weight": (h, cfg.heads * d),
+                    f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
+    return out
 
 
 def _hf_shape(mine: str, kind: str, cfg: ModelConfig) -> tuple:
@@ -227,7 +422,10 @@ def _hf_shape(mine: str, kind: str, cfg: ModelConfig) -> tuple:
 
 def save(hf_dir: str, full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
     """Write `config.json` and `model.safetensors` for `full` ({minitron name: tensor}).
-    Returns {"dir", "tensors", "params", "dtype"}."""
+    Returns {"dir", "tensors", "params", "dtype", "class"} (the transformers class that loads it)."""
+    problem = family_problem(cfg)
+    if problem:
+        raise ConfigError(f"cannot export this model to Hugging Face: {problem}")
     d = Path(hf_dir)
     d.mkdir(parents=True, exist_ok=True)
     state = to_hf(full, cfg)
@@ -235,4 +433,5 @@ def save(hf_dir: str, full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
     _safetensors().save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
     (d / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
     return {"dir": str(d), "tensors": len(state), "params": sum(t.numel() for t in state.values()),
-            "dtype": str(dtype).removeprefix("torch.")}
+            "dtype": str(dtype).removeprefix("torch."),
+            "class": "LlamaForCausalLM" if is_llama(cfg) else "GPT2LMHeadModel"}

@@ -89,9 +89,9 @@ def test_bad_gpt2_checkpoints_get_one_line(tmp_path, capsys):
     assert "has no model.safetensors" in _error(capsys, train + [str(empty)])
     other = tmp_path / "llama"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    (other / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32}))
     (other / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
-    assert "'llama' model" in _error(capsys, train + [str(other)])
+    assert "'bert' model" in _error(capsys, train + [str(other)])
     wrong = tmp_path / "wrong"
     wrong.mkdir()
     c = json.loads((good / "config.json").read_text())

@@ -89,7 +89,7 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
     g.add_argument("--timeline", default="", help="write pipeline action timings here")
     g.add_argument("--init-from", default="", metavar="HF_DIR",
-                   help="start from a GPT-2 checkpoint (config.json + model.safetensors, Hugging Face format); "
+                   help="start from a GPT-2 or Llama checkpoint (config.json + model.safetensors, Hugging Face format); "
                         "it decides the model's shape")
 
 
@@ -105,12 +105,12 @@ def model_from(args) -> ModelConfig:
 
 
 def model_from_hf(args) -> ModelConfig:
-    """The model of --init-from's GPT-2 directory; --seq-len may shorten its context, other
+    """The model of --init-from's GPT-2 or Llama directory; --seq-len may shorten its context, other
     model flags must agree with it."""
     from ..hf import check_model, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "vocab", "ffn")
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "ffn")
              if getattr(args, k, None) is not None}
     check_model(args.init_from, model.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
     check_weights(args.init_from, model)  # names and shapes from the file's header, before any rank starts
@@ -698,7 +698,7 @@ def cmd_export(args) -> int:
     res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
     print(f"wrote {res['dir']}/config.json and model.safetensors ({res['tensors']} tensors, "
           f"{res['params']:,} parameters, {res['dtype']}): "
-          f"transformers.GPT2LMHeadModel.from_pretrained('{res['dir']}') loads it")
+          f"transformers.{res['class']}.from_pretrained('{res['dir']}') loads it")
     return 0
 
 
@@ -867,7 +867,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sa = sub.add_parser("sample", help="text from a checkpoint (any layout) or a GPT-2 directory")
     sa.add_argument("--ckpt-dir", default="", help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
-    sa.add_argument("--init-from", default="", metavar="HF_DIR", help="a GPT-2 directory (Hugging Face format)")
+    sa.add_argument("--init-from", default="", metavar="HF_DIR", help="a GPT-2 or Llama directory (Hugging Face format)")
     sa.add_argument("--prompt", default="ROMEO:")
     sa.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     sa.add_argument("--temperature", type=float, default=0.8)
@@ -879,7 +879,7 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--dtype", default="float32", help="float32 or float64")
     sa.set_defaults(fn=cmd_sample)
 
-    ex = sub.add_parser("export", help="write a checkpoint as a GPT-2 directory (Hugging Face format)")
+    ex = sub.add_parser("export", help="write a checkpoint as a GPT-2 or Llama directory (Hugging Face format)")
     ex.add_argument("--ckpt-dir", required=True, help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
     ex.add_argument("--hf", required=True, metavar="DIR", help="where to write config.json and model.safetensors")
     ex.set_defaults(fn=cmd_export)
