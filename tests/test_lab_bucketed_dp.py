@@ -1,4 +1,4 @@
-"""Lab 03a's checker (minitron.labs.bucketed_dp) on 2 gloo ranks: the reference passes,
+"""Lab 03a's checker (minitron.labs.bucketed_dp) on 3 gloo ranks: the reference passes,
 and each plausible mistake in bucketed, overlapped gradient averaging fails with its own
 line (all in as few launches as the outcomes allow)."""
 import pytest
@@ -78,6 +78,23 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
     "a bucket never flushed": (BUCKETED.replace("        if bucket:\n            self.buckets.append(bucket)\n", "")
                                .replace("        if not self.last:\n", "        if not self.last or p not in "
                                         "self.bucket_of:\n"), "never sent"),
+    # what the old checker (2 ranks, the first step only) let through or misnamed
+    "mean hard-wired to 2 ranks": (BUCKETED.replace(") / self.d\n", ") / 2\n"),
+                                   "1.5× the mean over the d = 3 ranks"),
+    "counters not reset": (BUCKETED.replace("        self.missing, self.next, self.handles = [len(b) for b in "
+                                            "self.buckets], 0, []\n",
+                                            "        self.missing = getattr(self, 'missing', None) or [len(b) for b "
+                                            "in self.buckets]\n        self.next, self.handles = 0, []\n"),
+                           "in step 2 (step 1 was right): the all-reduces start only in finish()"),
+    "double 1/d": (BUCKETED.replace("p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))",
+                                    "p.grad.copy_(flat[offset:offset + p.numel()].view_as(p) / self.d)"),
+                   "divided by d = 3 once more (1/d²)"),
+    # the engine's own buckets, reached past the screen
+    **{f"engine by {how}": (f"import importlib, sys\nBucketedGradSync = {data}.BucketedDataParallel\n",
+                            "your code runs the engine's own minitron.parallel.data.BucketedDataParallel")
+       for how, data in (("importlib", "importlib.import_module('minitron.parallel.' + 'data')"),
+                         ("sys.modules", "sys.modules['minitron.parallel' + '.data']"),
+                         ("__import__", "__import__('minitron.parallel.' + 'data', fromlist=['x'])"))},
 }
 
 
@@ -91,4 +108,5 @@ def test_reference_passes_and_each_mistake_gets_its_own_line():
         words = MISTAKES[name][1]
         assert not res["ok"], name
         assert "\n" not in res["message"] and words in res["message"], (name, res["message"])
-        assert not any(w in res["message"] for n, (_, w) in MISTAKES.items() if n != name), (name, res["message"])
+        assert not any(w in res["message"] for n, (_, w) in MISTAKES.items()
+                       if n != name and w not in words), (name, res["message"])

@@ -56,6 +56,10 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
     "v = 1 logic for v = 2": (INTERLEAVED.replace("if v == 1:", "if True:"), "plain 1F1B's warm-up"),
     "microbatch by microbatch": (INTERLEAVED.replace("for c in range(v) for i in range(g)",
                                                      "for i in range(g) for c in range(v)"), "cannot run"),
+    # what the old checker (p <= 4, v <= 3) let through
+    "warm-up capped for small pipelines": (INTERLEAVED.replace(WARMUP, "* groups[0], m * v, 16)"),
+                                           "p=8, v=2, m=16: rank 0 runs 17 forwards before its first backward, "
+                                           "6 forwards too few"),
     "zb-h1 without deferred W": (INTERLEAVED + ZB_H1.replace("if k >= rank:", "if True:").replace(
         "k - rank", "k").replace("range(w, m)", "range(m, m)"), "your zb_h1"),
 }
@@ -74,9 +78,25 @@ def test_each_mistake_gets_its_own_line_before_any_rank_starts(name):
 def test_stub_and_syntax_error_name_the_problem():
     stub = 'def interleaved_1f1b(p, v, m, rank):\n    raise NotImplementedError  # your code here\n'
     res = check_interleaved(stub)
-    assert not res["ok"] and "NotImplementedError in interleaved_1f1b" in res["message"], res
+    assert res == {"ok": False, "message": "interleaved_1f1b is not written yet (still `raise NotImplementedError`): "
+                                           "fill in the `# your code here` lines in SOURCE"}
     res = check_interleaved("def interleaved_1f1b(p, v, m, rank)\n    return []\n")
     assert not res["ok"] and "does not compile" in res["message"], res
+
+
+def test_the_engines_own_schedule_is_refused():
+    """By the screen when imported by name, and when it runs, whatever the route to it."""
+    res = check_interleaved("from minitron.parallel.schedules import make_schedule\n" + INTERLEAVED)
+    assert res["message"].startswith("your code uses the engine's own minitron.parallel.schedules.make_schedule "
+                                     "(line 1)")
+    body = ("def interleaved_1f1b(p, v, m, rank):\n    S = {module}\n"
+            "    return [a for a in S.make_schedule('interleaved', p, v, m).actions[rank] if a.op in 'FB']\n")
+    for how, module in (("importlib", "importlib.import_module('minitron.parallel' + '.schedules')"),
+                        ("sys.modules", "sys.modules['minitron.parallel.' + 'schedules']"),
+                        ("__import__", "__import__('minitron.parallel.' + 'schedules', fromlist=['x'])")):
+        res = check_interleaved("import importlib, sys\n" + body.format(module=module))
+        assert res["message"].startswith("your code runs the engine's own minitron.parallel.schedules.make_schedule "
+                                         "(from line 4 of your code"), (how, res["message"])
 
 
 @pytest.mark.multirank

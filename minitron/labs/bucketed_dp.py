@@ -10,8 +10,9 @@ gradients) and close at the first parameter that brings them to ``bucket_element
 complete bucket's all-reduce starts at once, asynchronously, and ``finish()`` waits for
 them all. The result is the mean over the d data-parallel ranks.
 
-The checker runs on 2 gloo ranks (``--dp 2``, float64, a 4-layer GPT, 2 microbatches,
-buckets of ``BUCKET_MB``) and
+The checker runs on 3 gloo ranks (``--dp 3``: an odd count, float64, a 4-layer GPT, 2
+microbatches, buckets of ``BUCKET_MB``), checks every step as below (a counter that is not
+reset between steps fails in the second), and
 
 1. passes the learner's class to the Trainer (``Trainer(data_parallel=...)``) behind a
    look-out: its own gradient hooks, registered first, log when each gradient is ready,
@@ -20,11 +21,11 @@ buckets of ``BUCKET_MB``) and
    no communication before the last microbatch, no synchronous all-reduce and no wait
    during backward, and the first bucket issued *before the last gradient exists* —
    i.e. the all-reduces overlap backward;
-2. counts the traced data-parallel calls and bytes of a step against the analysis
+2. counts the traced data-parallel calls and bytes of the step against the analysis
    (``analysis.data_parallel.dp_calls``, ``analysis.comm.dp_bytes_per_step``);
 3. compares every gradient after ``finish()`` with the engine's on the same ranks
-   (sum for mean, a bucket never sent), then trains 2 steps and compares with the
-   single-device model.
+   (a sum, a double 1/d or any other multiple of the mean named, a bucket never sent),
+   then compares the run with the single-device model.
 
     result = check_bucketed_dp(SOURCE)   # {"ok", "message", "calls", "bytes", "overlapped", ...}
 """
@@ -40,15 +41,19 @@ from ..analysis.data_parallel import dp_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.buckets import bucket_elements
 from ..parallel.data import make_data_parallel
-from .runner import LabError, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
+from .runner import LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
-TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, progress=False,
+TRAIN = TrainConfig(steps=2, global_batch=12, microbatches=2, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 BUCKET_MB = 0.02  # ~2600 float64 elements: a handful of buckets in the lab's model
-LAYOUT = ParallelConfig(dp=2, dp_impl="bucketed", bucket_mb=BUCKET_MB, device="cpu")
+# 3 ranks: an odd count, so that a mean hard-wired to 2 ranks fails
+LAYOUT = ParallelConfig(dp=3, dp_impl="bucketed", bucket_mb=BUCKET_MB, device="cpu")
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAMES = ("BucketedGradSync",)
+# the engine's own gradient synchronisation: not an answer to this lab
+FORBIDDEN = ("minitron.parallel.data.BucketedDataParallel", "minitron.parallel.data.make_data_parallel",
+             "minitron.parallel.data.NaiveDataParallel", "minitron.parallel.data.FlatShards")
 _CASE = itertools.count()  # the case number in this launch: the same on every rank (agree's keys)
 
 
@@ -177,10 +182,10 @@ def _overlap_problem(log: list, m: int) -> str:
     return ""
 
 
-def _trace_problem(comm, tr, n: int, e: int) -> tuple[str, dict]:
-    """('', {calls, bytes}) when the traced data-parallel calls of step 0 equal the analysis."""
+def _trace_problem(comm, tr, n: int, e: int, step: int = 0) -> tuple[str, dict]:
+    """('', {calls, bytes}) when the traced data-parallel calls of `step` equal the analysis."""
     d = comm.size("dp")
-    recs = [r for r in comm.trace.records if r["axis"] == "dp" and r["step"] == 0 and r["op"] == "all_reduce"]
+    recs = [r for r in comm.trace.records if r["axis"] == "dp" and r["step"] == step and r["op"] == "all_reduce"]
     calls, nbytes = len(recs), sum(r["bytes"] for r in recs)
     order = [p for p in reversed(tr.params) if p.requires_grad]
     want = dp_calls([p.numel() for p in order], d, "bucketed", False, LAYOUT.bucket_mb, e)[0]
@@ -206,14 +211,31 @@ def _grad_problem(mine: list, ref: list, names: list, d: int) -> str:
            if a is None or not torch.allclose(a, b, rtol=TOL, atol=1e-300)]
     if not bad:
         return ""
-    if all(mine[i] is not None and torch.allclose(mine[i], ref[i] * d, rtol=1e-9, atol=1e-300) for i in bad):
-        return (f"after finish() every gradient is {d} times the mean: the all-reduce sums over the d = {d} "
-                "ranks; divide by d (before or after it) for the mean")
     i = bad[0]
+    scale = float(mine[i].abs().sum() / ref[i].abs().sum().clamp_min(1e-300)) if mine[i] is not None else 0.0
+    if all(mine[j] is not None and torch.allclose(mine[j], ref[j] * scale, rtol=1e-9, atol=1e-300) for j in bad):
+        if abs(scale - d) < 1e-9 * d:
+            return (f"after finish() every gradient is {d} times the mean: the all-reduce sums over the d = {d} "
+                    "ranks; divide by d (before or after it) for the mean")
+        if abs(scale - 1 / d) < 1e-9:
+            return (f"after finish() every gradient is the mean divided by d = {d} once more (1/d²): divide the "
+                    "sum by d once, before or after the all-reduce, not both")
+        return (f"after finish() every gradient is {scale:.4g}× the mean over the d = {d} ranks: the all-reduce "
+                f"sums the d gradients; divide by d = comm.size('dp') once")
     if mine[i] is None:
         return f"after finish() {names[i]}.grad is None: keep the gradients in .grad"
     return (f"after finish() {len(bad)} parameters' gradients (first {names[i]}) differ from the mean over "
             "the ranks: a bucket never all-reduced, or its result not copied back into .grad?")
+
+
+def _watch() -> Tripwire:
+    """The engine's own gradient synchronisation, watched while the learner's run trains."""
+    from ..parallel import data
+
+    return Tripwire({"minitron.parallel.data.BucketedDataParallel": data.BucketedDataParallel,
+                     "minitron.parallel.data.FlatShards": data.FlatShards,
+                     "minitron.parallel.data.NaiveDataParallel": data.NaiveDataParallel,
+                     "minitron.parallel.data.make_data_parallel": data.make_data_parallel})
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:
@@ -230,26 +252,38 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         return build
 
     ref = Trainer(MODEL, LAYOUT, TRAIN, comm, data_parallel=factory(_engine, "engine"))
-    ref.step(0)
+    ref_grads = []
+    for i in range(TRAIN.steps):  # the engine's gradients of every step, to compare with
+        ref.step(i)
+        ref_grads.append(made["engine"].grads)
     comm.trace.records.clear()
-    tr = Trainer(MODEL, LAYOUT, TRAIN, comm, data_parallel=factory(_make_learner(cls), "yours"))
-    losses = [tr.step(0)]
-    look = made["yours"]
-    n = sum(p.numel() for p in look.params)
-    e = look.params[0].element_size()
-    problem = _overlap_problem(look.log, TRAIN.microbatches)
-    numbers = {}
-    if not problem:
-        problem, numbers = _trace_problem(comm, tr, n, e)
-    if not problem:
-        names = [p.shard.name for p in look.params]
-        problem = _grad_problem(look.grads, made["engine"].grads, names, comm.size("dp"))
-    agree(comm, f"bucketed-dp/{case}", problem, timeout)
-    losses += [tr.step(i) for i in range(1, TRAIN.steps)]
+    watch = _watch()
+    tr, losses, numbers = None, [], {}
+    for i in range(TRAIN.steps):  # every step: a hook or a counter that works only once fails
+        try:
+            with watch.armed():
+                if tr is None:
+                    tr = Trainer(MODEL, LAYOUT, TRAIN, comm, data_parallel=factory(_make_learner(cls), "yours"))
+                losses.append(tr.step(i))
+            look = made["yours"]
+            n = sum(p.numel() for p in look.params)
+            e = look.params[0].element_size()
+            problem = _overlap_problem(look.log, TRAIN.microbatches)
+            if not problem:
+                problem, got = _trace_problem(comm, tr, n, e, i)
+                numbers = numbers or got
+            if not problem:
+                names = [p.shard.name for p in look.params]
+                problem = _grad_problem(look.grads, ref_grads[i], names, comm.size("dp"))
+            if problem and i > 0:
+                problem = f"in step {i + 1} (step 1 was right): {problem}"
+        except LabError as e:  # the learner's code raised, or ran the engine's own
+            problem = str(e)
+        agree(comm, f"bucketed-dp/{case}/{i}", problem, timeout)
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
     verdict = training_verdict(res, "gradient sync", "your buckets fill in backward order, their all-reduces "
                                "overlap backward, carry the analysis' bytes, average over the ranks, and "
-                               "train on 2 ranks exactly like the single-device model", TOL)
+                               f"train on {LAYOUT.dp} ranks exactly like the single-device model", TOL)
     if verdict is not None:
         verdict.update(numbers, overlapped=True)
     return verdict
@@ -257,12 +291,13 @@ def _job(comm, source: str, timeout: float) -> dict | None:
 
 def check_bucketed_dp_all(sources: list, timeout: float = 60) -> list[dict]:
     """`check_bucketed_dp` of several sources in as few launches as their outcomes allow."""
-    return run_sources(_job, ParallelConfig(dp=LAYOUT.dp, device="cpu"), sources, timeout, timeout)
+    return run_sources(_job, ParallelConfig(dp=LAYOUT.dp, device="cpu"), sources, timeout, timeout,
+                       forbidden=FORBIDDEN, names=NAMES)
 
 
 def check_bucketed_dp(source: str, timeout: float = 60) -> dict:
-    """Lab 03a: the learner's `BucketedGradSync` on 2 data-parallel gloo ranks (float64,
-    2 microbatches): the all-reduces overlap backward (issued asynchronously from the
+    """Lab 03a: the learner's `BucketedGradSync` on 3 data-parallel gloo ranks (float64,
+    2 microbatches), every step: the all-reduces overlap backward (issued asynchronously from the
     hooks before the last gradient, waited for in finish), calls and bytes equal the
     analysis, the gradients after finish() are the mean the engine computes, and 2
     training steps equal the single-device model. Returns {"ok", "message", "calls",

@@ -9,8 +9,9 @@ and receives the engine's way and then
 1. checks the actions (each F and B once per microbatch and chunk), the warm-up (the
    forwards before the first backward) and the chunk order on each rank (a microbatch
    enters chunk c+1 after chunk c; its gradient leaves chunk c+1 before chunk c);
-2. ``validate``\\s the schedule for a grid of (p, v, m), m not divisible by p included:
-   dependencies, matched messages, no deadlock;
+2. ``validate``\\s the schedule for a grid of (p, v, m), m not divisible by p included,
+   and deeper ones up to p = 8, v = 4: dependencies, matched messages, no deadlock (the
+   engine's own generators watched while the learner's function runs);
 3. ``simulate``\\s it (F = 1, B = 2, eager sends): the bubble must be (p−1)/(v·m) and the
    peak stash rank r's ``stashed_on_rank`` (:mod:`minitron.analysis.bubble`);
 4. runs it in the pipeline runtime on 2 gloo ranks with v = 2 chunks each, float64,
@@ -25,6 +26,8 @@ must be the analysis' (p−1)(T_F+T_B−T_W)/(m(T_F+T_B+T_W)) with F = B = W = 1
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from collections import Counter
 
 from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank
@@ -32,7 +35,8 @@ from ..analysis.comm import comm_items
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.schedules import (Action, Schedule, ScheduleError, _with_comms, _with_timed_comms, num_warmup,
                                   simulate, validate)
-from .runner import LabError, deadline, describe, fail, load, run_cases, versus_one_device
+from .pipeline import GENERATORS
+from .runner import LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
@@ -41,18 +45,26 @@ RUN = ParallelConfig(pp=2, vpp=2, schedule="interleaved", device="cpu")
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # a typical shape first, then the rest of the grid: v = 1 (plain 1F1B), m not divisible by p
 SHAPES = [(4, 2, 8)] + [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (p, p + 1, 2 * p, 2 * p + 1)
-                        if (p, v, m) != (4, 2, 8)]
-ZB_SHAPES = [(4, 8)] + [(p, m) for p in (1, 2, 3, 4) for m in (p, p + 1, 2 * p) if (p, m) != (4, 8)]
+                        if (p, v, m) != (4, 2, 8)] + [(8, 2, 16), (5, 4, 7), (6, 3, 13), (8, 4, 9)]  # deeper, longer
+ZB_SHAPES = [(4, 8)] + [(p, m) for p in (1, 2, 3, 4) for m in (p, p + 1, 2 * p) if (p, m) != (4, 8)] + [(6, 13),
+                                                                                                          (8, 16)]
+# the engine's own schedules (the microbatch groups, a helper the lesson shows, stay allowed)
+FORBIDDEN = tuple(f"minitron.parallel.schedules.{n}" for n in GENERATORS if n != "interleaved_groups")
 ZB_COSTS = dict(t_f=1.0, t_b=1.0, t_w=1.0)  # simulate's default costs for zb-h1
 
 
 # --- from the learner's compute order to the engine's Schedule ----------------------------------
-def compute_order(fn, name: str, p: int, v: int, m: int, rank: int, ops: str) -> list[Action]:
+def compute_order(fn, name: str, p: int, v: int, m: int, rank: int, ops: str,
+                  watch: Tripwire | None = None) -> list[Action]:
     """`fn`'s compute actions for one rank, checked to be a list of F/B(/W) Actions of
-    existing microbatches and chunks; LabError otherwise."""
+    existing microbatches and chunks; LabError otherwise (also when `watch` saw the
+    engine's own schedule run)."""
     call = f"{name}(p={p}, v={v}, m={m}, rank={rank})" if name != "zb_h1" else f"zb_h1(p={p}, m={m}, rank={rank})"
     try:
-        acts = fn(p, v, m, rank) if name != "zb_h1" else fn(p, m, rank)
+        with watch.armed() if watch is not None else nullcontext():
+            acts = fn(p, v, m, rank) if name != "zb_h1" else fn(p, m, rank)
+    except LabError:
+        raise
     except Exception as e:
         raise LabError(describe(e)) from None
     if not isinstance(acts, (list, tuple)):
@@ -134,13 +146,13 @@ def _warmup(rows: list[list[Action]], kind: str, p: int, v: int, m: int) -> str:
                     f"through its other chunks and wait for the round trip, {need}, then one forward and one "
                     f"backward at a time: else its backwards wait and the bubble grows (PTD-P §2.2.2)")
         how = "one forward too many" if got == want + 1 else "one forward too few" if got == want - 1 else \
-            f"{got - want:+d} forwards"
+            f"{abs(got - want)} forwards too {'many' if got > want else 'few'}"
         return (f"rank {r} runs {got} forwards before its first backward, {how}: it needs {need}, "
                 f"then the first steady forward")
     return ""
 
 
-def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved") -> Schedule:
+def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved", watch: Tripwire | None = None) -> Schedule:
     """The engine's Schedule of the learner's compute order (`fn` may be the source text),
     for every rank, with sends and receives placed the engine's way: next to the computes
     (steady (F, B) pairs sharing their batches), or by the dataflow timeline when p does
@@ -149,7 +161,7 @@ def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved") -> Sch
     if isinstance(fn, str):
         fn = load(fn, (name,), {"Action": Action})[name]
     ops = "FBW" if kind == "zb-h1" else "FB"
-    rows = [compute_order(fn, name, p, v, m, r, ops) for r in range(p)]
+    rows = [compute_order(fn, name, p, v, m, r, ops, watch) for r in range(p)]
     problem = _complete(rows, v, m, ops) or _warmup(rows, kind, p, v, m) or _chunk_order(rows)
     if problem:
         raise LabError(f"p={p}, v={v}, m={m}: {problem}" if kind != "zb-h1" else f"p={p}, m={m}: {problem}")
@@ -164,14 +176,22 @@ def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved") -> Sch
     return Schedule(kind, p, v, m, actions)
 
 
+def _watch() -> Tripwire:
+    """The engine's own schedule generators, watched while the learner's function runs."""
+    from ..parallel import schedules
+
+    return Tripwire({name: getattr(schedules, name.rsplit(".", 1)[1]) for name in FORBIDDEN
+                     if hasattr(schedules, name.rsplit(".", 1)[1])})
+
+
 # --- the static checks --------------------------------------------------------------------------
 def _static_check(fn) -> tuple[str, dict]:
     """('', the numbers of the first shape) when every shape validates with interleaving's
     bubble and stash; else (the first problem, {})."""
-    numbers = {}
+    numbers, watch = {}, _watch()
     for p, v, m in SHAPES:
         try:
-            s = validate(build_schedule(fn, p, v, m))
+            s = validate(build_schedule(fn, p, v, m, watch=watch))
         except ScheduleError as e:
             return f"p={p}, v={v}, m={m}: your schedule cannot run: {e}", {}
         sim = simulate(s, eager=True)  # PTD-P's bubble: eager sends (any m >= p)
@@ -196,9 +216,10 @@ def _static_check(fn) -> tuple[str, dict]:
 
 def _zb_check(fn) -> str:
     """'' when `zb_h1` validates with ZB-H1's bubble and 1F1B's stash for every shape."""
+    watch = _watch()
     for p, m in ZB_SHAPES:
         try:
-            s = validate(build_schedule(fn, p, 1, m, kind="zb-h1"))
+            s = validate(build_schedule(fn, p, 1, m, kind="zb-h1", watch=watch))
         except LabError as e:
             return f"your zb_h1: {e}"
         except ScheduleError as e:
@@ -251,6 +272,7 @@ def check_interleaved(source: str, timeout: float = 60) -> dict:
     "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem."""
     try:
         with deadline(timeout):
+            screen(source, ("interleaved_1f1b",), FORBIDDEN)
             ns = load(source, ("interleaved_1f1b",), {"Action": Action})
             problem, numbers = _static_check(ns["interleaved_1f1b"])
             if problem:
