@@ -427,7 +427,8 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
           f"--bucket-mb must be a positive finite number (got {layout.bucket_mb})")
     _need(layout.zero in (0, 1, 2, 3), f"unknown --zero {layout.zero}: use 0, 1, 2 or 3 (ZeRO stage)")
     sharded = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and parameters"}
-    _need(not layout.zero1 or layout.dp > 1, f"{'--zero1' if layout.zero == 1 else f'--zero {layout.zero}'} shards "
+    _need(not layout.zero1 or layout.data_replicas > 1,
+          f"{'--zero1' if layout.zero == 1 else f'--zero {layout.zero}'} shards "
           f"{sharded.get(layout.zero, 'model states')} over data parallel ranks: it needs --dp 2 or more")
     if layout.zero >= 2:
         validate_zero(model, layout)
@@ -521,9 +522,6 @@ def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
           f"expert FFN size {model.moe_ffn_hidden} is not divisible by --tp {layout.tp}: pick --moe-ffn a multiple of it")
     _need(layout.cp == 1, "mixture-of-experts blocks route each rank's whole sequences: drop --cp "
           "(the balancing loss and the capacity are taken over a microbatch's tokens)")
-    _need(layout.ep == 1 or layout.zero == 0,
-          f"--zero {layout.zero} with --ep is not supported: dense and expert parameters shard over different "
-          "data groups; drop --zero or --ep")
     _need(layout.zero < 2 or layout.tp == 1,
           f"--zero {layout.zero} cannot shard the router's gradient (summed over tensor ranks first): use --zero 1 or --tp 1")
 

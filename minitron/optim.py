@@ -105,11 +105,11 @@ class AdamW:
         return [st[k] for st in self.adamw.state.values() for k in ("exp_avg", "exp_avg_sq") if k in st]
 
 
-def owns_copy(p, comm: Comm) -> bool:
+def owns_copy(p, comm: Comm, sharded: bool = False) -> bool:
     """True on the one copy of a replicated parameter that counts toward the norm (a dense
     parameter is also copied on every expert-parallel rank, over which the norm sums the
-    experts: it counts on ep rank 0)."""
-    ep_copy = ("ep",) if "ep" in p.shard.data_axes else ()
+    experts: it counts on ep rank 0; `sharded`: a ZeRO shard, whose pieces differ over ep)."""
+    ep_copy = ("ep",) if "ep" in p.shard.data_axes and not sharded else ()
     return all(comm.index(a) == 0 for a in p.shard.replicas + ep_copy)
 
 

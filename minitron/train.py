@@ -25,10 +25,10 @@ from .model import GPT, layers_for
 from .moe import moe_layers
 from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
-from .parallel.data import ParamGather, ShardedAdamW, make_data_parallel
+from .parallel.data import make_data_parallel, sharded_optimizer
 from .parallel.pipeline import PipelineRuntime, forward_microbatch
 from .parallel.schedules import placement_for
-from .parallel.zero import ShardedDataParallel
+from .parallel.zero import sharded_data_parallel
 from .preemption import StopOnSignal, process_group_store
 
 class NonFiniteLoss(ConfigError):
@@ -70,7 +70,7 @@ def default_data_parallel(chunks):
     bucketed reduce-scatter (``--dp-impl``, ``--zero1``)."""
     def build(params, comm: Comm, layout: ParallelConfig):
         if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
-            return ShardedDataParallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
+            return sharded_data_parallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
         return make_data_parallel(params, comm, layout)
     return build
 
@@ -84,8 +84,8 @@ def default_optimizer(chunks):
         if not layout.zero1:
             return AdamW(params, train, dp.comm)
         if layout.zero >= 2:  # ZeRO-2/3's data-parallel object gathers its own units
-            return ShardedAdamW(dp, train)
-        return ShardedAdamW(dp, train, gather=ParamGather(dp, [pt for c in chunks for pt in gather_points(c)]))
+            return sharded_optimizer(dp, train)
+        return sharded_optimizer(dp, train, [pt for c in chunks for pt in gather_points(c)])
     return build
 
 

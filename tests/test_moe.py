@@ -77,7 +77,6 @@ def test_analysis_counts_the_built_model():
 @pytest.mark.parametrize("model,layout,msg", [
     (GELU_MOE.replace(experts=0), ParallelConfig(ep=2), "--ep 2 splits experts"),
     (GELU_MOE.replace(experts=6), ParallelConfig(ep=4), "cannot be split over --ep 4"),
-    (GELU_MOE, ParallelConfig(ep=2, dp=2, zero=1), "--zero 1 with --ep is not supported"),
     (GELU_MOE, ParallelConfig(cp=2), "drop --cp"),
     (GELU_MOE, ParallelConfig(tp=4, tp_mode="2d"), "1-D tensor parallelism only"),
     (GELU_MOE, ParallelConfig(tp=2, dp=2, zero=3), "router's gradient"),
@@ -135,8 +134,9 @@ def _run_layout(comm, model, layout, train):
                      and r["phase"] in ("bwd", "optim") and r["axis"] == ax) for ax in ("dp", "dp_ep")}
     expert = sum(p.numel() for p in tr.params if p.requires_grad and "ep" not in p.shard.data_axes)
     dense = sum(p.numel() for p in tr.params if p.requires_grad and "ep" in p.shard.data_axes)
+    parts = [(d.axis, d.numel) for d in getattr(tr.dp, "parts", [tr.dp])] if layout.zero else None
     mine = dict(rank=grid.rank, coord=vars(grid.coord()), a2a=a2a, calls=calls, grads=grads,
-                expert=expert, dense=dense, layers=[m.layer for m in tr.moe])
+                expert=expert, dense=dense, layers=[m.layer for m in tr.moe], zero_parts=parts)
     everyone = c.gather_object(mine)
     full = gather_full(tr)
     if grid.rank != 0:
@@ -165,9 +165,15 @@ def _check(res, model, layout, train):
         # dense gradients over ep x dp ('dp_ep'), experts over dp only ('dp'), each exactly once per step
         dense_axis = "dp_ep" if layout.ep > 1 else "dp"
         want = {"dp": 0, "dp_ep": 0}
-        want[dense_axis] += 8 * r["dense"] * train.steps
-        if layout.dp > 1:
-            want["dp"] += 8 * r["expert"] * train.steps
+        if layout.zero:  # each group's padded flat buffer reduce-scattered, and its norm's one all-reduce
+            size = {"dp": layout.dp, "dp_ep": layout.dp * layout.ep}
+            for axis, numel in r["zero_parts"]:
+                want[axis] += 8 * (numel + 1) * train.steps if size[axis] > 1 else 0
+            assert len(r["zero_parts"]) == 2  # dense and experts: two groups
+        else:
+            want[dense_axis] += 8 * r["dense"] * train.steps
+            if layout.dp > 1:
+                want["dp"] += 8 * r["expert"] * train.steps
         assert r["grads"] == want, (what, r["rank"], r["grads"], want)
 
 
@@ -180,6 +186,7 @@ CASES_2 = [
     (LLAMA_MOE.replace(experts=8), ParallelConfig(ep=2), TRAIN.replace(microbatches=2)),
     (GELU_MOE.replace(capacity_factor=1.0, router="sigmoid"), ParallelConfig(ep=2), TRAIN),
     (LLAMA_MOE.replace(aux_loss=0.0, bias_update=0.01, shared_experts=1), ParallelConfig(ep=2), TRAIN),
+    (GELU_MOE, ParallelConfig(ep=2, zero=3), TRAIN),
 ]
 CASES_4 = [
     (LLAMA_MOE, ParallelConfig(ep=4), TRAIN),
@@ -187,6 +194,8 @@ CASES_4 = [
     (LLAMA_MOE, ParallelConfig(ep=2, tp=2, sp=True), TRAIN),
     (GELU_MOE.replace(capacity_factor=1.0), ParallelConfig(ep=2, tp=2), TRAIN),
     (LLAMA_MOE, ParallelConfig(ep=2, pp=2), TRAIN.replace(microbatches=2)),
+    (LLAMA_MOE, ParallelConfig(ep=2, dp=2, zero=1), TRAIN),
+    (GELU_MOE, ParallelConfig(ep=2, dp=2, zero=3), TRAIN),
 ]
 
 

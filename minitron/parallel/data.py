@@ -68,7 +68,7 @@ The interface every implementation offers the training loop and the pipeline run
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 
@@ -170,9 +170,10 @@ class BucketedDataParallel(FlatShards):
     """
 
     def __init__(self, params, comm: Comm, bucket_mb: float = 4.0, shard: bool = False,
-                 overlap: bool = True):
-        self.axis = grad_axis(comm)
+                 overlap: bool = True, axis: str | None = None):
+        self.axis = axis or grad_axis(comm)  # ZeRO-1 of one data group (GroupedData): that group's
         self.comm, self.d, self.rank = comm, comm.size(self.axis), comm.index(self.axis)
+        self.replicas = comm.size(grad_axis(comm))  # every gradient is a mean over all data replicas
         self.shard = shard
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
@@ -277,7 +278,7 @@ class BucketedDataParallel(FlatShards):
         """Start bucket `b`'s collective (asynchronous): all-reduce, or with ZeRO-1 the
         reduce-scatter into ``shard_grad``; pre-scaled by 1/d."""
         flat = self.grad_buffer[b.start:b.end]
-        flat.div_(self.d)  # pre-scale over every data replica: the sum of the scaled gradients is the mean
+        flat.div_(self.replicas)  # pre-scale over every data replica: the sum of the scaled gradients is the mean
         if self.shard:
             out = self.shard_grad[b.start // self.d:b.end // self.d]
             work = self.comm.reduce_scatter(flat, b.axis, out=out, async_op=True)
@@ -427,7 +428,7 @@ class ShardedAdamW:
         self.steps = 0
         segs = dp.segments()
         self._decay = _merge((a, b) for p, a, b, _ in segs if p.dim() >= 2)
-        self._counted = _merge((a, b) for p, a, b, _ in segs if owns_copy(p, self.comm))
+        self._counted = _merge((a, b) for p, a, b, _ in segs if owns_copy(p, self.comm, sharded=True))
         self._no_decay = _complement(self._decay, n)
         self._step = torch.zeros((), dtype=torch.float32, device=like.device)  # read by the fused kernel
 
@@ -447,21 +448,28 @@ class ShardedAdamW:
         """Every parameter whole and current, to be read or overwritten (checkpoints)."""
         self.gather.materialize()
 
-    def grad_norm(self) -> torch.Tensor:
-        """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
+    def grad_sq(self) -> torch.Tensor:
+        """The squared norm of every gradient this optimizer steps, over all ranks: the
+        shards summed over the data group, tp and pp (and ep for experts, split over it)."""
         g = self.dp.shard_grad
         sq = sum_of_squares((g[a:b] for a, b in self._counted), g.device)
-        for axis in (self.dp.axis, "tp", "pp"):
+        over_ep = () if "ep" in self.dp.axis.split("_") else ("ep",)
+        for axis in (self.dp.axis, "tp", "pp", *over_ep):
             self.comm.all_reduce(sq, axis)
-        return sq.sqrt()
+        return sq
+
+    def grad_norm(self) -> torch.Tensor:
+        """The exact global gradient norm, from the shards (a 0-dim device tensor)."""
+        return self.grad_sq().sqrt()
 
     @torch.no_grad()
-    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
+    def step(self, lr: float, max_norm: float = 0.0, norm: torch.Tensor | None = None) -> torch.Tensor:
         """Clip, step the shard, launch the parameters' all-gather (the next forward or
-        ``wait_params()`` completes it); returns the gradient norm."""
+        ``wait_params()`` completes it); returns the gradient norm (`norm`: the global one,
+        given by a :class:`GroupedOptimizer`)."""
         self.wait_params()  # reads param_buffer and overwrites the shard being sent
         g, p = self.dp.shard_grad, self.shard_param
-        norm = self.grad_norm()
+        norm = self.grad_norm() if norm is None else norm
         if max_norm > 0:
             g.mul_(clip_coef(norm, max_norm).to(g.dtype))
         self.dp.read_param_shard(p)  # current values (they may have been loaded)
@@ -505,12 +513,103 @@ class ShardedAdamW:
         self.steps = int(max(steps)) if steps else 0
 
 
+# --- ZeRO over several data groups (expert parallelism: dense over ep × dp, experts over dp) -------
+def by_data_group(params, comm: Comm) -> dict:
+    """{data group: its parameters}, the dense group first (``param_axis``)."""
+    groups: dict = {grad_axis(comm): []}
+    for p in params:
+        groups.setdefault(param_axis(p, comm), []).append(p)
+    return {a: ps for a, ps in groups.items() if ps}
+
+
+class GroupedData:
+    """One ZeRO synchroniser per data group, driven as one: dense parameters sharded over
+    every data replica, experts over the replicas that hold the same experts. Each part
+    keeps its own flat buffers, buckets and hooks; their collectives are on different
+    groups, each issued in the same order by every member."""
+
+    def __init__(self, parts):
+        self.parts, self.comm, self.shard = list(parts), parts[0].comm, True
+        self.params = [p for d in self.parts for p in d.params]
+
+    def zero_grad(self) -> None:
+        for d in self.parts:
+            d.zero_grad()
+
+    @contextmanager
+    def microbatch(self, last: bool):
+        with ExitStack() as stack:
+            for d in self.parts:
+                stack.enter_context(d.microbatch(last))
+            yield
+
+    def finish(self) -> None:
+        for d in self.parts:
+            d.finish()
+
+    def materialize(self) -> None:
+        for d in self.parts:
+            if hasattr(d, "materialize"):
+                d.materialize()
+
+
+class GroupedOptimizer:
+    """ZeRO's sharded AdamW of each data group (:class:`GroupedData`'s parts), clipped by one
+    global norm: the groups' squared norms summed (the optimizer protocol of ``minitron.optim``)."""
+
+    def __init__(self, parts):
+        self.parts = list(parts)
+
+    @torch.no_grad()
+    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
+        for o in self.parts:
+            o.wait_params()
+        norm = sum(o.grad_sq() for o in self.parts).sqrt()
+        for o in self.parts:
+            o.step(lr, max_norm, norm=norm)
+        return norm
+
+    def wait_params(self) -> None:
+        for o in self.parts:
+            o.wait_params()
+
+    def materialize(self) -> None:
+        for o in self.parts:
+            o.materialize()
+
+    def state_tensors(self) -> list:
+        return [t for o in self.parts for t in o.state_tensors()]
+
+    def state_bytes(self) -> int:
+        return sum(o.state_bytes() for o in self.parts)
+
+    def export_param_state(self) -> dict:
+        return {k: v for o in self.parts for k, v in o.export_param_state().items()}
+
+    def import_param_state(self, states: dict) -> None:
+        for o in self.parts:
+            o.import_param_state({p: states[p] for p in o.dp.params if p in states})
+
+
+def sharded_optimizer(dp, train: TrainConfig, points=None):
+    """ZeRO's optimizer for `dp` (one synchroniser or a :class:`GroupedData`): ``ShardedAdamW``
+    per part; with ZeRO-1 (`points`: where forwards wait) each part's all-gather overlaps
+    the next forward (``ParamGather``)."""
+    def one(d):
+        return ShardedAdamW(d, train, gather=ParamGather(d, points) if points is not None else None)
+    return GroupedOptimizer([one(d) for d in dp.parts]) if isinstance(dp, GroupedData) else one(dp)
+
+
 def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
     """The gradient synchroniser chosen by `--dp-impl` (and `--zero1`)."""
     if comm.size(grad_axis(comm)) == 1:
         return NaiveDataParallel(params, comm)
     overlap = layout.dp_impl == "bucketed"
     if layout.zero1:
+        groups = by_data_group([p for p in unique_params(params) if p.requires_grad], comm)
+        if len(groups) > 1:
+            return GroupedData([BucketedDataParallel(ps, comm, layout.bucket_mb, shard=True, overlap=overlap, axis=a)
+                                for a, ps in groups.items()])
         return BucketedDataParallel(params, comm, layout.bucket_mb, shard=True, overlap=overlap)
     if overlap:
         return BucketedDataParallel(params, comm, layout.bucket_mb)

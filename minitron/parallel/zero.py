@@ -42,7 +42,7 @@ import torch
 from .buckets import plan_units
 from ..comm import Comm
 from ..optim import unique_params
-from .data import FlatShards, grad_axis, param_axis
+from .data import FlatShards, GroupedData, by_data_group, grad_axis, param_axis
 
 
 class ShardedDataParallel(FlatShards):
@@ -66,8 +66,9 @@ class ShardedDataParallel(FlatShards):
         self.comm, self.stage, self.shard = comm, stage, True
         self.axis = axis or grad_axis(comm)
         axes = {param_axis(p, comm) for _, ps, _ in units for p in ps}
-        if axis is None and axes - {self.axis}:  # experts split over ep: another data group
+        if axes - {self.axis}:  # experts split over ep: another data group (see sharded_data_parallel)
             raise ValueError(f"ZeRO-{stage} shards every unit over one data group, not {sorted(axes)}")
+        self.replicas = comm.size(grad_axis(comm))  # every gradient is a mean over all data replicas
         self.d, self.rank = comm.size(self.axis), comm.index(self.axis)
         chunk, chunks = -1, []
         for _, _, kind in units:  # each chunk starts with its root (even one with no parameters)
@@ -297,7 +298,7 @@ class ShardedDataParallel(FlatShards):
     def _reduce(self, u: int) -> None:
         staging, self._staging[u] = self._staging[u], None
         self._pending[u] = len(self.units[u][1])
-        staging.div_(self.d)  # pre-scale: the sum of the scaled gradients is the mean
+        staging.div_(self.replicas)  # pre-scale: the sum of the scaled gradients is the mean
         out = torch.empty(self.buckets[u].numel // self.d, dtype=staging.dtype, device=staging.device)
         work = self.comm.reduce_scatter(staging, self.axis, out=out, async_op=True)
         self._in_flight.append((u, work, staging, out))
