@@ -40,9 +40,10 @@ import math
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, statistics_bytes
 from .calls import (NORM_BYTES, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
-from .context_parallel import cp_comm_items
+from . import dry_run
 from .flops import recompute_policy
-from .params import activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank
+from .params import (activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank,
+                     rank_chunks)
 from .summa import summa_comm_items
 from .zero import zero_calls
 
@@ -141,30 +142,11 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         if calls and nbytes:
             items.append({"what": what, "axis": axis, "op": op, "calls": calls, "bytes": exact_bytes(nbytes)})
 
-    # tensor parallel
+    # tensor and context parallel: read off the model's own forward and backward (a dry
+    # run, analysis/dry_run.py), then the sums of its replicated gradients
+    items += [it for it in dry_run.model_calls(model, parallel, b, m, rank_chunks(model, parallel, pp_rank), e)
+              if it["calls"]]
     if t > 1:
-        for op, nbytes in tp_layer_bytes(tokens, b, t, sp, parallel.recompute, ea).items():
-            per_call = x / t if op == "all_gather" else x
-            add("transformer layers", "tp", op, round(m * n_layers * nbytes / per_call), m * n_layers * nbytes)
-        if first:
-            add("vocab-parallel embedding (forward g)", "tp", "all_reduce", m, m * x)
-            if sp:
-                add("sequence split after embedding (backward)", "tp", "all_gather", m, m * x / t)
-        if last:
-            if sp:
-                add("output layer input (forward)", "tp", "all_gather", m, m * x / t)
-                add("output layer input shard, re-gathered (backward)", "tp", "all_gather", m, m * x / t)
-                add("output layer input (backward)", "tp", "reduce_scatter", m, m * x)
-            else:
-                add("output layer input (backward f)", "tp", "all_reduce", m, m * x)
-            # in fp32 at least: bf16 logits are cast up first (as Megatron does)
-            add("vocab-parallel cross-entropy (max, target, sum exp)", "tp", "all_reduce",
-                3 * m, 3 * m * b * s * statistics_bytes(ea))
-        if sp:
-            n_rep = _replicated_elements(model, n_layers, first, last)
-            calls = 6 * n_layers + (2 if last else 0)
-            add("replicated parameter gradients (sequence parallel)", "tp", "all_reduce",
-                calls, n_rep * e)
         add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)
     if parallel.scatter_gather and t > 1 and not sp and p > 1:
         recvs = p2p_counts(model, parallel, pp_rank)[1]
@@ -182,9 +164,6 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     # p = 1: nothing crosses a wire)
     if model.tied_embeddings and p > 1 and (first or last):
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
-
-    # context parallel: the ring of K, V (and dK, dV)
-    items += cp_comm_items(model, parallel, train, pp_rank, ea)
 
     # data parallel (with context parallelism: over the d·N ranks of the 'dp_cp' axis)
     n = params_on_rank(model, parallel, pp_rank)

@@ -216,18 +216,90 @@ def dry_trace(model: ModelConfig, layout: Any, micro_batch: int, rank: int = 0, 
               layer_ids=None, first: bool = True, last: bool = True) -> CommTrace:
     """The calls one microbatch's forward and backward make on rank `rank` of `layout`'s
     tensor and context axes (one pipeline chunk: `layer_ids`, `first`, `last`), recorded
-    by a dry run: the tensor-parallel and context-parallel traffic, by axis and op."""
+    by a dry run: the tensor-parallel and context-parallel traffic, by axis and op.
+    `bytes_per_el`: the parameters' dtype; under ``precision='bf16'`` the step runs as the
+    Trainer runs it, in autocast with bf16 activations on the wire."""
     lay = as_layout(layout)
     trace = CommTrace()
     with FakeTensorMode():
         ctx = dry_context(_shape_only(lay), rank, _DTYPES[bytes_per_el], trace)
+        if lay.precision == "bf16":
+            ctx.comm.wire_dtype = torch.bfloat16
         stage = GPT(model, ctx, layer_ids=layer_ids, first=first, last=last)
         stage.train()
         s = model.seq_len // lay.cp
         x = torch.zeros(micro_batch, s, dtype=torch.long) if first else _hidden_input(stage, ctx, micro_batch)
         targets = torch.zeros(micro_batch, s, dtype=torch.long) if last else None
-        with ctx.comm.in_phase("fwd"):
+        with ctx.comm.in_phase("fwd"), ctx.autocast():
             out = stage(x, targets, (0, 0))
         with ctx.comm.in_phase("bwd"):
             out.backward(None if last else torch.ones_like(out))
     return trace
+
+
+# --------------------------------------------------------------------------------------
+# The tensor- and context-parallel calls of a step, read off the model
+# --------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=2048)
+def _part_calls(model: ModelConfig, layout: ParallelConfig, b: int, e: int, i: int | None,
+                first: bool, last: bool) -> tuple[tuple[str, str, int, int], ...]:
+    """(axis, op, calls, bytes) of one microbatch's forward and backward through block `i`
+    (None: no block) with the ends `first`/`last`, on tensor rank 0."""
+    trace = dry_trace(model, layout, b, 0, e, [] if i is None else [i], first, last)
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in trace.records:
+        acc = out.setdefault((r["axis"], r["op"]), [0, 0])
+        acc[0] += 1
+        acc[1] += r["bytes"]
+    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in sorted(out.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _grad_sync_calls(model: ModelConfig, layout: ParallelConfig, i: int | None, first: bool, last: bool,
+                     e: int) -> tuple[tuple[str, str, int, int], ...]:
+    """(axis, op, calls, bytes) of summing the replicated gradients of block `i` (None: no
+    block) and the ends `first`/`last` (``ShardInfo.grad_sync``: norms and biases under
+    sequence parallelism, replicated key/value heads, the tied embedding), read off their
+    parameters: one all-reduce per parameter and axis (``optim.sync_replicated_grads``)."""
+    with FakeTensorMode():
+        stage = GPT(model, dry_context(layout, dtype=_DTYPES[e]), layer_ids=[] if i is None else [i],
+                    first=first, last=last)
+        out: dict[tuple[str, str], list[int]] = {}
+        for p in {id(p): p for p in stage.parameters()}.values():
+            for axis in p.shard.grad_sync:
+                acc = out.setdefault((axis, "all_reduce"), [0, 0])
+                acc[0] += 1
+                acc[1] += p.numel() * e
+    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in sorted(out.items()))
+
+
+def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int, chunks,
+                bytes_per_el: int = 4) -> list[dict]:
+    """The calls that one pipeline rank's model chunks make in one step, read off the model:
+    the forward and backward of `microbatches` microbatches through every block and end
+    (the tensor- and context-parallel collectives, recomputation's replays included), then
+    the sums of replicated gradients. `chunks`: (layer ids, first, last) of each chunk the
+    rank holds; `bytes_per_el`: the parameters' dtype. Items ``{what, axis, op, calls,
+    bytes}`` as :func:`analysis.comm.comm_items` lists them; the axes the model does not
+    speak (pipeline, data, the tied embedding's sum) are not here. Blocks of one kind send
+    the same, so one of each kind is run."""
+    lay = _shape_only(as_layout(layout))
+    m, e, items = microbatches, bytes_per_el, []
+
+    def add(what: str, calls, times: int) -> None:
+        for axis, op, n, nbytes in calls:
+            if axis != "embed":  # the tied embedding's sum crosses stages: analysis.comm counts it
+                items.append({"what": what, "axis": axis, "op": op, "calls": times * n, "bytes": times * nbytes})
+
+    for ids, first, last in chunks:
+        kinds: dict[object, list[int]] = {}
+        for i in ids:  # dense blocks are all alike; a MoE block is its own kind
+            kinds.setdefault(i if model.is_moe_block(i) else "dense", []).append(i)
+        for same in kinds.values():
+            add("transformer layers", _part_calls(model, lay, micro_batch, e, same[0], False, False), m * len(same))
+            add("replicated parameter gradients", _grad_sync_calls(model, lay, same[0], False, False, e), len(same))
+        if first or last:
+            what = " and ".join(w for w, held in (("embedding", first), ("output layer and loss", last)) if held)
+            add(what, _part_calls(model, lay, micro_batch, e, None, first, last), m)
+            add("replicated parameter gradients", _grad_sync_calls(model, lay, None, first, last, e), 1)
+    return items

@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import dry_run
+from ..parallel.schedules import placement_for
 from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
                       holds_ends, stage_placement)
 
@@ -56,6 +57,7 @@ __all__ = [
     "params_given_layers",
     "local_layer_params",
     "params_per_rank",
+    "rank_chunks",
 ]
 
 
@@ -218,6 +220,18 @@ def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     for c, n in enumerate(chunk_layers(model, layout)):
         out[stage_placement(c, p)[0]] += n
     return out
+
+
+def rank_chunks(model: ModelConfig, layout: Any, pp_rank: int) -> list[tuple[list[int], bool, bool]]:
+    """(layer ids, first, last) of each model chunk pipeline rank `pp_rank` holds, in its
+    chunk order: where the schedule's placement (loop or V) puts the virtual stages."""
+    _, p, v, _ = layout_degrees(layout)
+    stages, start = [], 0
+    for n in chunk_layers(model, layout):
+        stages.append(list(range(start, start + n)))
+        start += n
+    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
+    return [(stages[s], s == 0, s == len(stages) - 1) for s in (where.stage(pp_rank, c) for c in range(v))]
 
 
 def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
