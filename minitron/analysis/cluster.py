@@ -21,7 +21,32 @@ does in one iteration, each priced by the part of the machine that limits it:
 * **data-parallel all-reduce** of the gradients (2 bytes each), overlapped with the
   backward pass of the last microbatch for a fraction ``DP_OVERLAP`` of its time when
   the software buckets it, after the pipeline flush otherwise;
-* the **optimizer step**, memory-bound over the local parameters.
+* the **optimizer step**, memory-bound over the local parameters (over its shard with
+  the distributed optimizer, ``zero=1``).
+
+The blocks of today's models and the parallelism they are trained with (the H100 era):
+
+* **grouped-query attention** — the QKV product is h × (q + 2·kv) wide on one rank, with q
+  = heads·d/t and kv = kv_heads·d/t, at least one whole kv head (replicated on t/kv ranks
+  when t > kv heads, never more: :func:`attention_widths`); **SwiGLU** — three matrices
+  (gate and up as one product of 2f, down);
+* **mixtures of experts** — the router, the shared experts, and the E/ep routed experts a
+  rank holds, each a product on k·T·ep/(t·E) token rows; the dispatch and combine
+  all-to-alls forward and backward, on the critical path, over NVLink inside a node and
+  the network cards across (:func:`_alltoall_s`); with ``moe_imbalance`` the busiest rank
+  receives (1 + it) × the balanced share of routed tokens, in compute and in bytes;
+* **context parallelism** (``cp``) — each rank's s/cp queries against the causal
+  sequence; ``ring`` passes the kv heads' K, V once around forward and K, V, dK, dV
+  backward, hidden under the attention products up to DP_OVERLAP of them; ``allgather``
+  moves the same bytes exposed; ``a2a`` (Ulysses) swaps sequence for head shards of q, k,
+  v and the output, exposed. Flash attention skips the masked half of causal attention;
+* **FSDP / ZeRO-3** (``zero=3``) — every microbatch all-gathers each layer's weights
+  forward and backward and reduce-scatters its gradients, prefetched under the compute
+  (hidden up to DP_OVERLAP of it); **HSDP** (``fsdp_shard``) shards over a group and
+  all-reduces the shards across replicas once per step;
+* **FP8 matmuls** (a software option) — the linears at the cluster's FP8 peak;
+* the **V schedules** (ZB-V, DualPipe-V) — their bubble from the stage's F, B and W
+  times, as :func:`~minitron.analysis.bubble.bubble_fraction` gives it.
 
 The software (a :class:`~minitron.analysis.software.Software`; default
 ``megatron-2019``, the calibration's) is an argument like the hardware; :func:`~minitron.analysis.explain.explain` lists the
@@ -72,6 +97,13 @@ GPT-3 175B on 384/768/1536 GPUs 155/150/140 TFLOP/s (published 153/149/141), and
 the 1T model on 3072 GPUs the planner's best layout is PTD-P's (t = 8 inside a node,
 p = 64 across nodes) under every software preset. Use it to compare
 layouts and to reason about where time goes, not as a substitute for measuring.
+
+H100 era (``h100-dgx``, ``megatron-core-2024`` software; ``benchmarks/RESULTS.md``): two
+constants fitted on one run each (:data:`H100_GEMM_MAX_EFFICIENCY`,
+:data:`H100_FP8_GEMM_MAX_EFFICIENCY`; ``published.H100_FITTING_RUNS``); on the 16 other
+published runs (``published.H100_RUNS``) the 10 dense ones are within 8.4 % at the median
+and 21.3 % at worst; of the 6 MoE runs the two token-dropping ones are within 5 %, the four
+dropless ones of newer software 27–117 % off.
 """
 from __future__ import annotations
 

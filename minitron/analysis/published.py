@@ -1,8 +1,14 @@
 """Published training runs and the cluster model's predictions of them, side by side.
 
-None of these figures was used to fit the model: its constants come from Megatron-LM
-2019 on V100s alone (:mod:`.cluster`). What moves the predictions from one system to the
-next is the software stack (:mod:`.software`), described from the papers, not tuned.
+None of the A100-era figures was used to fit the model: its constants come from
+Megatron-LM 2019 on V100s alone (:mod:`.cluster`). What moves the predictions from one
+system to the next is the software stack (:mod:`.software`), described from the papers,
+not tuned. The H100 era adds two fitted constants, each fitted on one published run
+listed in :data:`H100_FITTING_RUNS` and never among the validation runs
+:data:`H100_RUNS`: Llama-family dense models (NeMo 24.07 and Megatron-Bridge tables on
+DGX-H100, the Llama 3 paper's Table 4) and Qwen3 mixtures of experts (Megatron-Bridge),
+with FSDP, context and expert parallelism and FP8, compared in tokens/s per GPU (the
+Llama 3 rows in model TFLOP/s per GPU).
 
 * PTD-P (Narayanan et al. 2021) Table 1: GPT models of 1.7B–1T parameters on DGX A100s,
   sequence 2048, vocabulary 51200, full recomputation, at the published (t, p, global
@@ -30,7 +36,8 @@ from ..config import ModelConfig
 from .cluster import PlannedLayout, predict
 from .software import Software, get_software
 
-__all__ = ["PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
+__all__ = ["H100_RUNS", "H100_FITTING_RUNS", "h100_era_model", "h100_run_prediction", "h100_comparison",
+           "PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
            "gpt3_175b", "gpt_530b", "ptdp_table1_comparison", "gpt3_175b_comparison",
            "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains",
            "PTDP_VS_ZERO3", "BIAN_2021_SPEEDUPS"]
