@@ -68,6 +68,16 @@ RS_BODY = '''    shard = torch.empty(grad.numel() // d, dtype=grad.dtype)
     comm.reduce_scatter(grad, "dp", out=shard)
     return shard / d'''
 GATHER = 'comm.all_gather(mine, "dp", out=param)'
+# a reduce_scatter_grads that finds the engine's buckets and runs their reduce-scatter
+ENGINE_ZERO1 = '''import gc, importlib, sys
+def reduce_scatter_grads(comm, grad):
+    D = {data}
+    dp, b = next((o, b) for o in gc.get_objects() if isinstance(o, D.BucketedDataParallel) for b in o.buckets
+                 if o.grad_buffer[b.start:b.end].data_ptr() == grad.data_ptr())
+    D.BucketedDataParallel.start_bucket(dp, b)
+    dp._handles.pop().wait()
+    return dp.shard_grad[b.start // dp.d:b.end // dp.d].clone()
+'''
 
 
 # --- before any rank starts -------------------------------------------------------------------
@@ -152,6 +162,26 @@ def one_f_one_b(p, m, rank):
     looping = 'def one_f_one_b(p, m, rank):\n    while True:\n        pass\n'
     assert check_one_f_one_b(looping, timeout=1)["message"].startswith(
         "your code did not finish within 1 s (an endless loop?): it was at one_f_one_b, line ")
+
+
+def test_1f1b_larger_shapes_and_the_engines_generators():
+    """What the old checker (p <= 6, m <= 10, and a screen of names) let through: a warm-up
+    capped at what small pipelines need, a steady phase capped at 10 microbatches, and the
+    engine's own 1F1B reached through importlib, sys.modules or a built __import__."""
+    capped = ONE_F_ONE_B.replace("warmup = min(p - rank - 1, m)", "warmup = min(p - rank - 1, m, 5)")
+    assert check_one_f_one_b(capped)["message"] == (
+        "p=8, m=16: your bubble fraction is 1.6875, 1F1B's is (p-1)/m = 0.4375: a rank idles waiting for work it "
+        "could have had: begin with p-r-1 warm-up forwards, then alternate one forward and one backward")
+    short = ONE_F_ONE_B.replace("for k in range(m - warmup):", "for k in range(min(m - warmup, 10)):")
+    assert check_one_f_one_b(short)["message"].startswith("p=8, m=16: your schedule cannot run: ")
+    body = "    return [a for a in S.make_schedule('1f1b', p, 1, m).actions[rank] if a.op in 'FB']\n"
+    for how, module in (("importlib", "importlib.import_module('minitron.parallel' + '.schedules')"),
+                        ("sys.modules", "sys.modules['minitron.parallel.' + 'schedules']"),
+                        ("__import__", "__import__('minitron.parallel.' + 'schedules', fromlist=['x'])")):
+        source = f"import importlib, sys\ndef one_f_one_b(p, m, rank):\n    S = {module}\n" + body
+        assert check_one_f_one_b(source)["message"].startswith(
+            "your code runs the engine's own minitron.parallel.schedules.make_schedule (from line 4 of your "
+            "code: `return [a for a in S.make_schedule("), how
 
 
 def test_build_schedule_is_the_engines_1f1b():
@@ -256,6 +286,15 @@ def test_zero1_on_4_ranks_in_one_launch():
     return grad[r * k:(r + 1) * k] / d'''),
         "one-sided": ZERO1.replace(GATHER, "if r == 0: " + GATHER),
         "raises": ZERO1.replace('    d = comm.size("dp")\n    shard', '    d = comm.size("dp")\n    d.shard\n    shard'),
+        # what the old checker did not name
+        "double 1/d": ZERO1.replace("    comm.reduce_scatter(grad,", "    grad.div_(d)\n    comm.reduce_scatter(grad,"),
+        "twice the mean": ZERO1.replace("return shard / d", "return shard * 2 / d"),
+        # the engine's own bucket reduce-scatter reached past the screen
+        **{f"engine by {how}": ENGINE_ZERO1.format(data=data) + ZERO1.split("def update_params")[0].replace(
+            "def reduce_scatter_grads", "def unused") + "def update_params" + ZERO1.split("def update_params")[1]
+           for how, data in (("importlib", "importlib.import_module('minitron.parallel.' + 'data')"),
+                             ("sys.modules", "sys.modules['minitron.parallel' + '.data']"),
+                             ("__import__", "__import__('minitron.parallel.' + 'data', fromlist=['x'])"))},
     }
     res = dict(zip(cases, check_zero1_all(list(cases.values()), timeout=15)))
     assert res["reference"]["ok"], res["reference"]
@@ -270,13 +309,23 @@ def test_zero1_on_4_ranks_in_one_launch():
         "it holds only this rank's own gradient: reduce (sum) over the data-parallel ranks")
     assert msg["next rank's slice"].startswith(where) and msg["next rank's slice"].endswith(
         "it is rank 1's slice of the mean: rank r owns elements [r*n/d, (r+1)*n/d) of the bucket")
-    assert msg["all-reduce"].startswith("your data-parallel calls in one step: all_reduce x")
+    assert msg["all-reduce"].startswith("your data-parallel calls in step 0: all_reduce x")
     assert "ZeRO-1's (analysis.data_parallel.dp_calls): reduce_scatter x" in msg["all-reduce"]
     assert msg["all-reduce"].endswith("an all-reduce of the gradients moves twice a reduce-scatter's bytes on the "
                                       "wire, and each rank needs only its shard")
-    assert msg["one-sided"].startswith("a rank waited past the timeout for a collective or a message its "
-                                       "peers never posted")
+    # a timeout on the waiting rank, or (on a loaded machine, when its peers gave up first) a lost peer
+    assert msg["one-sided"].startswith(("a rank waited past the timeout for a collective or a message its "
+                                        "peers never posted", "a rank lost its peers")), msg["one-sided"]
     assert "update_params, line 14 of your code: `if r == 0: comm.all_gather" in msg["one-sided"]
     assert msg["raises"] == ("AttributeError: 'int' object has no attribute 'shard' in reduce_scatter_grads, line 4 "
                              "of your code: `d.shard`")
+    assert msg["double 1/d"].startswith(where) and msg["double 1/d"].endswith(
+        "it is the mean divided by d = 4 once more (1/d²): divide the sum by d once, before or after the "
+        "reduce-scatter, not both")
+    assert msg["twice the mean"].startswith(where) and msg["twice the mean"].endswith(
+        "it is 2× the mean: the reduce-scatter sums the d = 4 ranks' gradients; divide by d once")
+    for how in ("importlib", "sys.modules", "__import__"):
+        assert msg[f"engine by {how}"].startswith("your code runs the engine's own minitron.parallel.data."
+                                                  "BucketedDataParallel.start_bucket (from line 6 of your code"), \
+            msg[f"engine by {how}"]
     assert all("\n" not in m and "Traceback" not in m for m in msg.values())

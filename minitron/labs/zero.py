@@ -16,7 +16,7 @@ The checker trains a tiny GPT on `dp` gloo ranks (float64, 2 steps of 2 microbat
 several buckets) with these in place of the engine's reduce-scatter and sharded step, and
 checks, in this order: each returned gradient shard against the true mean (computed
 aside); the parameter bucket identical on every rank after ``update_params``; the data-
-parallel calls of one step, traced, against ``analysis.data_parallel.dp_calls`` (op, phase,
+parallel calls of every step, traced, against ``analysis.data_parallel.dp_calls`` (op, phase,
 count, bytes); the optimizer state held per rank against ``model_state_bytes``
 (2·ceil(n/d)·e); losses and parameters against the single-device model.
 
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.data import BucketedDataParallel, ShardedAdamW
-from .runner import LabError, call, load, run_sources, training_verdict, versus_one_device
+from .runner import LabError, Tripwire, call, load, run_sources, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
@@ -73,6 +73,12 @@ def _diagnose(got, grad, full_mean, d: int, r: int) -> str:
     mine = slice(r * k, (r + 1) * k)
     if _close(got, full_mean[mine] * d):
         return "it is the sum over the ranks, not the mean: divide by d (before or after the reduce-scatter)"
+    if _close(got, full_mean[mine] / d):
+        return (f"it is the mean divided by d = {d} once more (1/d²): divide the sum by d once, before or after "
+                f"the reduce-scatter, not both")
+    scale = float(got.abs().sum() / full_mean[mine].abs().sum().clamp_min(1e-300))
+    if abs(scale - 1) > 1e-9 and _close(got, full_mean[mine] * scale):
+        return f"it is {scale:.4g}× the mean: the reduce-scatter sums the d = {d} ranks' gradients; divide by d once"
     for j in range(d):
         if j != r and _close(got, full_mean[j * k:(j + 1) * k]):
             return (f"it is rank {j}'s slice of the mean: rank r owns elements [r*n/d, (r+1)*n/d) "
@@ -157,6 +163,18 @@ class _LabZeroOne(ShardedAdamW):
         return 0.0
 
 
+def _watch() -> Tripwire:
+    """The engine's own ZeRO, watched while the learner's run trains: its sharded optimizers
+    (all of :mod:`minitron.parallel.zero`), the bucket reduce-scatter and the sharded step
+    that the lab's buckets and optimizer replace."""
+    from ..parallel import zero
+
+    return Tripwire({"minitron.parallel.zero": zero,
+                     "minitron.parallel.data.BucketedDataParallel.start_bucket": BucketedDataParallel.start_bucket,
+                     "minitron.parallel.data.ShardedAdamW.step": ShardedAdamW.step,
+                     "minitron.parallel.data.ShardedAdamW.grad_norm": ShardedAdamW.grad_norm})
+
+
 def _calls_summary(calls) -> str:
     return ", ".join(f"{c['op']} x{c['calls']} in {c['phase']} ({c['bytes']} B)" for c in calls) or "none"
 
@@ -165,14 +183,15 @@ def _zero1_job(comm, source: str) -> dict | None:
     from ..analysis.data_parallel import dp_calls, model_state_bytes
     from ..train import Trainer
 
-    ns = load(source, NAMES, {"torch": torch, "adam": adam})
-    d = comm.size("dp")
-    layout = ParallelConfig(dp=d, zero1=True, bucket_mb=BUCKET_MB, device="cpu")
-    tr = Trainer(MODEL, layout, TRAIN, comm,
-                 data_parallel=lambda params, c, lay: _LabBuckets(params, c, lay.bucket_mb, ns["reduce_scatter_grads"]),
-                 optimizer=lambda params, dp, lay, train: _LabZeroOne(dp, ns["update_params"]))
-    opt = tr.optimizer
-    losses = [tr.step(i) for i in range(TRAIN.steps)]
+    with _watch().armed():
+        ns = load(source, NAMES, {"torch": torch, "adam": adam})
+        d = comm.size("dp")
+        layout = ParallelConfig(dp=d, zero1=True, bucket_mb=BUCKET_MB, device="cpu")
+        tr = Trainer(MODEL, layout, TRAIN, comm, data_parallel=lambda params, c, lay: _LabBuckets(
+            params, c, lay.bucket_mb, ns["reduce_scatter_grads"]),
+            optimizer=lambda params, dp, lay, train: _LabZeroOne(dp, ns["update_params"]))
+        opt = tr.optimizer
+        losses = [tr.step(i) for i in range(TRAIN.steps)]
 
     predicted = model_state_bytes(MODEL, layout, TRAIN)
     held = opt.state_bytes()
@@ -181,31 +200,34 @@ def _zero1_job(comm, source: str) -> dict | None:
                        f"2*ceil(n/d)*e = {predicted['optimizer_bytes_zero1']:.0f} (Adam's two moments of this "
                        f"rank's shard only; replicated Adam: {predicted['optimizer_bytes_replicated']:.0f})")
 
-    # the data-parallel calls of step 0 against the closed form (the engine's own ZeRO-1 also
-    # all-reduces the 8-byte gradient norm for clipping, which this lab leaves out)
+    # the data-parallel calls of every step against the closed form (the engine's own ZeRO-1
+    # also all-reduces the 8-byte gradient norm for clipping, which this lab leaves out)
     e = tr.dp.grad_buffer.element_size()
     want = [c for c in dp_calls([p.numel() for p in tr.dp.params], d, "bucketed", zero1=True,
                                 bucket_mb=BUCKET_MB, bytes_per_el=e) if c["op"] != "all_reduce"]
-    seen = defaultdict(lambda: [0, 0])
-    for rec in comm.trace.records:
-        if rec["axis"] == "dp" and rec["step"] == 0:
-            seen[rec["op"], rec["phase"]][0] += 1
-            seen[rec["op"], rec["phase"]][1] += rec["bytes"]
-    got = [{"op": op, "phase": ph, "calls": n, "bytes": nb} for (op, ph), (n, nb) in seen.items()]
-    key = lambda c: (c["op"], c["phase"])  # noqa: E731
-    if sorted(got, key=key) != sorted(want, key=key):
-        reduces = {c["phase"] for c in got if c["op"] == "all_reduce"}
-        hint = (": an all-reduce of the gradients moves twice a reduce-scatter's bytes on the wire, and "
-                "each rank needs only its shard" if "bwd" in reduces else
-                ": ZeRO-1 needs no all-reduce after backward, each rank steps its own shard and one "
-                "all-gather shares them" if reduces else "")
-        raise LabError(f"your data-parallel calls in one step: {_calls_summary(got)}; ZeRO-1's "
-                       f"(analysis.data_parallel.dp_calls): {_calls_summary(want)}{hint}")
+    for step in range(TRAIN.steps):
+        seen = defaultdict(lambda: [0, 0])
+        for rec in comm.trace.records:
+            if rec["axis"] == "dp" and rec["step"] == step:
+                seen[rec["op"], rec["phase"]][0] += 1
+                seen[rec["op"], rec["phase"]][1] += rec["bytes"]
+        got = [{"op": op, "phase": ph, "calls": n, "bytes": nb} for (op, ph), (n, nb) in seen.items()]
+        key = lambda c: (c["op"], c["phase"])  # noqa: E731
+        if step == 0:
+            calls = got
+        if sorted(got, key=key) != sorted(want, key=key):
+            reduces = {c["phase"] for c in got if c["op"] == "all_reduce"}
+            hint = (": an all-reduce of the gradients moves twice a reduce-scatter's bytes on the wire, and "
+                    "each rank needs only its shard" if "bwd" in reduces else
+                    ": ZeRO-1 needs no all-reduce after backward, each rank steps its own shard and one "
+                    "all-gather shares them" if reduces else "")
+            raise LabError(f"your data-parallel calls in step {step}: {_calls_summary(got)}; ZeRO-1's "
+                           f"(analysis.data_parallel.dp_calls): {_calls_summary(want)}{hint}")
 
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN.replace(microbatches=TRAIN.microbatches * d))
     if res is None:
         return None
-    res.update(calls=got, optimizer_bytes=held, optimizer_bytes_replicated=predicted["optimizer_bytes_replicated"])
+    res.update(calls=calls, optimizer_bytes=held, optimizer_bytes_replicated=predicted["optimizer_bytes_replicated"])
     return training_verdict(res, "ZeRO-1", f"your ZeRO-1 trains exactly like the single-device model on {d} "
                             f"data-parallel ranks, moving what dp_calls predicts and keeping 1/{d} of Adam's "
                             f"state", TOL)
