@@ -19,8 +19,8 @@ LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
 def _wrong(right):
     if isinstance(right, tuple):
         return "certainly not this"
-    if isinstance(right, list):
-        return [x + 1 for x in right]
+    if isinstance(right, (list, frozenset)):
+        return [x + 1 for x in sorted(right)]
     return float(right) * 1.5 + 1
 
 
@@ -41,7 +41,9 @@ def test_each_check_grades_right_and_wrong(qid, capsys):
 def test_answers_are_forgiving_about_form():
     assert quiz.grade("04.f_backward", "All_Reduce")[0]
     assert quiz.grade("00.dp_group", (1, 3))[0]
-    assert not quiz.grade("00.dp_group", [3, 1])[0]
+    assert quiz.grade("00.dp_group", [3, 1])[0]          # a group is a set: any order
+    assert not quiz.grade("00.dp_group", [1, 3, 3])[0] and not quiz.grade("00.dp_group", "13")[0]
+    assert quiz.grade("09.chunks", [6, 1])[0] and not quiz.grade("09.chunks", [1, 5])[0]
     assert quiz.grade("02.bubble_1f1b", "0.4375")[0]
     assert not quiz.grade("02.bubble_1f1b", "three eighths")[0]
     with pytest.raises(KeyError, match="no question"):

@@ -1,0 +1,352 @@
+"""The lessons agree with themselves and with their graded questions.
+
+1. Every graded question is answered *from its lesson*: a witness reads the figure a learner
+   would take from the lesson's stored outputs (or its stated formula, applied as the lesson
+   applies it to its own case) and the quiz must accept it. Where a lesson warns against a
+   tempting answer (PTD-P's 163 TFLOP/s as MFU, the warm-up count as "forwards before the first
+   backward") the quiz must refuse it.
+2. Numbers a lesson's prose states about its own stored outputs equal those outputs.
+
+Reads the notebooks only (no kernel, no ranks): fast.
+"""
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from minitron.course import quiz
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cells(lesson: str) -> list[dict]:
+    (path,) = (ROOT / "lessons").glob(f"{lesson}_*.ipynb")
+    return json.loads(path.read_text())["cells"]
+
+
+def outputs(lesson: str) -> str:
+    """Every stored text output of a lesson, in order."""
+    text = []
+    for c in _cells(lesson):
+        for o in c.get("outputs", []):
+            t = o.get("text") or o.get("data", {}).get("text/plain") or ""
+            text.append("".join(t))
+    return "\n".join(text)
+
+
+def prose(lesson: str) -> str:
+    return "\n".join("".join(c["source"]) for c in _cells(lesson) if c["cell_type"] == "markdown")
+
+
+def out(lesson: str, pattern: str, group=1) -> str:
+    m = re.search(pattern, outputs(lesson), re.M)
+    assert m, f"lesson {lesson}: no stored output matches {pattern!r}"
+    return m.group(group)
+
+
+def num(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+# --- the witnesses: what each lesson shows -> the answer to its question ----------------
+def _all_reduce_sum():
+    befores = [num(x) for x in re.findall(r"rank \d: \[([\d.]+)\]\s+-> \[[\d.]+\]",
+                                          out("00", r"all_reduce\n((?:  rank.*\n)+)"))]
+    after = num(out("00", r"all_reduce\n  rank 0: \[[\d.]+\]\s+-> \[([\d.]+)\]"))
+    assert after == sum(befores)                    # the lesson's all-reduce leaves the sum
+    return sum(range(1, 9))                        # ... of the question's 1..8
+
+
+def _ring_steps():
+    trace = out("00", r"rank 0's messages, from its trace:\n((?:  .*\n?)+)")
+    steps = {(ph, st) for ph, st in re.findall(r"(reduce-scatter|all-gather)\s+step (\d+): send", trace)}
+    p = 4
+    assert len(steps) == 2 * (p - 1)                # the lesson's 4-rank ring
+    return 2 * (8 - 1)
+
+
+def _ring_bytes():
+    sent, buf = (num(x) for x in re.search(r"rank 0: sent (\d+) B; formula .* \* (\d+) B",
+                                           outputs("00")).groups())
+    return 8e6 * sent / buf                         # the same share 2(p-1)/p at p = 4
+
+
+def _latency_word():
+    alpha = num(out("00", r"alpha = (\d+) us per step")) * 1e-6
+    beta = num(out("00", r"beta = ([\d.]+) GB/s")) * 1e9
+    p, n = 4, 1024
+    return "alpha" if 2 * (p - 1) * alpha > 2 * (p - 1) / p * n / beta else "beta"
+
+
+def _dp_group_of_1():
+    groups = json.loads(out("00", r"^dp groups: (\[\[.*\]\])$"))
+    return next(g for g in groups if 1 in g)
+
+
+def _zero_table(stage: int, d: int) -> float:
+    row = out("01", rf"^ZeRO stage {stage}\s+([\d.]+\s+[\d.]+\s+[\d.]+)$").split()
+    return dict(zip((1, 8, 64), map(float, row)))[d]
+
+
+def _gpus_175b():
+    untied = num(out("01", r"^\s+gpt3-175b\s+96\s+12288\s+96\s+[\d,]+\s+[\d,]+\s+([\d,]+)$"))
+    return math.ceil(untied * 18 / 80e9)
+
+
+def _bubble(kind: str) -> float:
+    return num(out("02", rf"^\s+{kind}\s+[\d.]+\s+([\d.]+)$"))
+
+
+def _warmup_plus_one():
+    row = re.search(r"^\s+0\s+(\d+)\s+(\d+)\s+(\d+)\s+B0", outputs("02"), re.M)
+    formula, warmup, before_b = (int(x) for x in row.groups())
+    assert formula == warmup == (4 - 0 - 1) * 2 + (2 - 1) * 4 and before_b == warmup + 1  # p=4, v=2
+    return (8 - 0 - 1) * 2 + (2 - 1) * 8 + 1
+
+
+def _gpipe_stash():
+    stash = json.loads(out("02", r"gpipe p=4 v=1 m=8\n(?:.*\n)*?bubble fraction [\d.]+, peak stashed per rank (\[.*\])"))
+    assert stash == [8] * 4                         # GPipe keeps all m = 8
+    return 16
+
+
+def _ring_share_03():
+    grad, sent = (num(x) for x in re.search(r"gpt-1.3b\s+([\d.]+) GiB\s+8\s+([\d.]+) GiB", outputs("03")).groups())
+    assert math.isclose(sent / grad, 2 * (8 - 1) / 8, rel_tol=0.01)   # the table: 2(d-1)/d of the buffer
+    return 4 * 2 * (8 - 1) / 8                      # ... of the question's 4 GB
+
+
+def _zero1_over_allreduce():
+    z, a = (num(x) for x in re.search(r"ring wire bytes per rank: ZeRO-1 ([\d,]+), all-reduce ([\d,]+)",
+                                      outputs("03")).groups())
+    return z / a
+
+
+def _zero1_d8():
+    return num(out("03", r"^mixed precision, ZeRO-1\s+[\d.]+\s+[\d.]+\s+([\d.]+)"))
+
+
+def _cube_copies():
+    return int(out("05", r"^(\d+) copies \(plane cube_i x cube_k\)\s+attn.qkv.bias"))
+
+
+def _cube_devices():
+    ranks = re.findall(r"^\s+\d+\s+\d+\s+0\s+0\s+\(\d, \d, \d\)$", outputs("05"), re.M)
+    assert len(ranks) == 2 ** 3
+    return 4 ** 3
+
+
+def _cube_min_batch():
+    rows = re.findall(r"^\s+\d\s+\(\d, \d, \d\)\s+sequence (\d), feature slice", outputs("05"), re.M)
+    assert len(set(rows)) == 2 ** 2                 # q = 2: the batch over q^2 ranks, a sequence each
+    return 3 ** 2
+
+
+def _linear_collectives():
+    return len(re.findall(r"^qkv: .*(?:fwd|bwd)\s+cube_", outputs("05"), re.M))
+
+
+def _naive_outputs():
+    naive = out("05", r"naive:\n((?:.*\n)+?)  largest")
+    return sum(1 for row in re.findall(r"^\s+\d\s+\(.*\)\s+[\d,]+\s+[\d,]+\s+([\d,]+)", naive, re.M) if num(row) > 0)
+
+
+def _fewest_bytes():
+    rows = re.findall(r"^\s+(1d|2d|2\.5d|3d)\s+\{.*?\}\s+([\d,]+) MiB", outputs("05"), re.M)
+    return min(rows, key=lambda r: num(r[1]))[0]
+
+
+def _rank_111():
+    row = re.search(r"^\s+(\d+)\s+1\s+1\s+1$", outputs("06"), re.M)
+    return int(row.group(1))
+
+
+def _checkpoints_96():
+    return int(out("06", r"l = 96: .*best c = (\d+)"))
+
+
+def _hfu_over_mfu():
+    consts = re.findall(r"^\s+gpt-1.3b\s+(none|full)\s+[\d,.]+\s+[\d.]+\s+([\d.]+)$", outputs("07"), re.M)
+    c = dict(consts)
+    return num(c["full"]) / num(c["none"])          # ignoring the logit layer: the leading constants
+
+
+def _mfu_1t():
+    return num(out("07", r"MFU ([\d.]+)%")) / 100
+
+
+def _flops_per_token():
+    return num(out("07", r"gpt-1.3b, s = 2048: ([\d.]+) GFLOP per token"))
+
+
+def _chunks_rank1():
+    pos = json.loads(out("09", r"^rank 1: positions (\[.*?\])"))
+    c = 4                                           # 32 positions, 2N = 8 chunks of 4
+    return sorted({x // c for x in pos})
+
+
+def _ring_messages():
+    total = int(out("09", r"rank 0's ring messages in one step: (\d+)"))
+    layers, directions = 2, 2                       # the lesson's 2-layer GPT; sends and receives
+    return total // layers // directions
+
+
+WITNESSES = {
+    "00.all_reduce": _all_reduce_sum,
+    "00.ring_steps": _ring_steps,
+    "00.ring_bytes": _ring_bytes,
+    "00.latency_bound": _latency_word,
+    "00.dp_group": _dp_group_of_1,
+    "01.bytes_per_param": lambda: _zero_table(0, 1),
+    "01.gpus_175b": _gpus_175b,
+    "01.zero3_d128": lambda: _zero_table(3, 8) * 8 / 128,        # stage 3: 16/d
+    "01.full_recompute": lambda: num(out("01", r"^\s+full\s+False\s+([\d.]+)")),
+    "02.bubble_1f1b": lambda: _bubble("1f1b") * 8 / 16 * (8 - 1) / (4 - 1),   # (p-1)/m from p=4, m=8
+    "02.bubble_interleaved": lambda: _bubble("interleaved") * 8 / 16 * (8 - 1) / (4 - 1),
+    "02.stash_gpipe": _gpipe_stash,
+    "02.warmup": _warmup_plus_one,
+    "03.ring_wire": _ring_share_03,
+    "03.zero1_over_allreduce": _zero1_over_allreduce,
+    "03.zero1_bytes": _zero1_d8,
+    "04.f_backward": lambda: re.search(r"f's (all-reduce) is needed", outputs("04")).group(1),
+    "04.allreduces_per_layer": lambda: int(out("04", r"tp: per layer traced all_reduce (\d+) x")),
+    "04.ce_allreduces": lambda: {"three": 3}[out("04", r"^(three) all-reduces:")],
+    "04.max_t": lambda: int(re.search(r"DGX A100 servers of (\d+)", prose("04")).group(1)),
+    "05.devices": _cube_devices,
+    "05.vector_copies": _cube_copies,
+    "05.min_batch": _cube_min_batch,
+    "05.linear_collectives": _linear_collectives,
+    "05.naive_output_ranks": _naive_outputs,
+    "05.fewest_bytes_64": _fewest_bytes,
+    "06.rank_of": _rank_111,
+    "06.gpus_1t": lambda: 8 * 64 * int(out("06", r"^\s+8\s+64\s+(\d+)\s+1\s+1\s+[\d.]+")),
+    "06.bubble_dp": lambda: num(out("06", r"^\s+8\s+8\s+[\d.]+\s+([\d.]+)$")),
+    "06.checkpoints": _checkpoints_96,
+    "06.zero3_state_gb": lambda: 16 * num(out("01", r"^\s+gpt3-175b\s+96\s+12288\s+96\s+[\d,]+\s+[\d,]+\s+([\d,]+)$"))
+    / 1536 / 1e9,
+    "07.hfu_over_mfu": _hfu_over_mfu,
+    "07.mfu": _mfu_1t,
+    "07.flops_per_token": _flops_per_token,
+    # lesson 8 states its efficiencies as formulas (weak t1/tn, strong t1/(n tn)) and checks
+    # them on its table; the witness applies the stated formulas to the question's times
+    "08.weak_efficiency": lambda: _stated(
+        "08", r"efficiency is \$t_1 / t_n\$", 10 / 12.5),
+    "08.strong_efficiency": lambda: _stated(
+        "08", r"efficiency is \$t_1 / \(n\\,t_n\)\$", 10 / (4 * 4)),
+    "08.oversubscription": lambda: 8 / 2,
+    "08.bubble_pp2": lambda: _bubble("1f1b") * 8 / 2 * (2 - 1) / (4 - 1),
+    "09.chunks": _chunks_rank1,
+    "09.lse": lambda: _stated("09", r"L' = \\log\\left\(e\^\{L\} \+ e\^\{L_b\}\\right\)", math.log(2 * math.exp(2))),
+    "09.ring_messages": _ring_messages,
+    "09.message_mib": lambda: 2 * 1 * (32768 / 8) * 2048 * 2 / 2**20,   # 2·b·(s/N)·(h/t), 2 bytes
+}
+
+
+def _stated(lesson: str, formula: str, value):
+    assert re.search(formula, prose(lesson)), f"lesson {lesson} no longer states {formula!r}"
+    return value
+
+
+# The lessons whose questions are witnessed here (a new lesson adds its witnesses and its number).
+WITNESSED = ("00", "01", "02", "03", "04", "05", "06", "07", "08", "09")
+
+
+def test_every_question_has_a_witness():
+    asked = {q for lesson in WITNESSED for q in quiz.questions(lesson)}
+    assert set(WITNESSES) == asked, \
+        "each graded question needs a witness read from its lesson (tests/test_lesson_prose.py)"
+
+
+@pytest.mark.parametrize("qid", sorted(WITNESSES))
+def test_quiz_accepts_what_the_lesson_shows(qid):
+    witness = WITNESSES[qid]()
+    assert quiz.grade(qid, witness)[0], f"{qid}: the lesson shows {witness!r}, the quiz refuses it"
+
+
+@pytest.mark.parametrize("qid, tempting", [
+    ("07.mfu", 163 / 312),                           # the HFU: PTD-P counted with Eq. 3
+    ("02.warmup", (8 - 0 - 1) * 2 + (2 - 1) * 8),    # the warm-up alone, not the forwards before B
+    ("01.full_recompute", 48.0 / 8),                 # what one rank holds under sequence parallelism
+    ("00.dp_group", [1, 2]),
+])
+def test_quiz_refuses_what_the_lesson_warns_against(qid, tempting):
+    assert not quiz.grade(qid, tempting)[0]
+
+
+def test_set_answers_in_any_order():
+    for qid in ("00.dp_group", "09.chunks"):
+        right = sorted(quiz.QUESTIONS[qid].answer())
+        assert quiz.grade(qid, right)[0] and quiz.grade(qid, right[::-1])[0] and quiz.grade(qid, tuple(right))[0]
+        assert not quiz.grade(qid, right + right[:1])[0] and not quiz.grade(qid, right[:1])[0]
+
+
+# --- what the prose says about the lesson's own outputs --------------------------------
+def said(lesson: str, pattern: str) -> list[float]:
+    """The numbers a lesson's prose states (the groups of `pattern`)."""
+    m = re.search(pattern, prose(lesson), re.S)
+    assert m, f"lesson {lesson}: the prose no longer says {pattern!r}"
+    return [num(x) for x in m.groups()]
+
+
+def shown(lesson: str, pattern: str) -> list[float]:
+    """The numbers a lesson's stored outputs show (the groups of `pattern`)."""
+    m = re.search(pattern, outputs(lesson), re.M)
+    assert m, f"lesson {lesson}: no stored output matches {pattern!r}"
+    return [num(x) for x in m.groups()]
+
+
+def _cube_vs_1d():
+    ratio, = shown("05", r"cube / 1-D = ([\d.]+)")
+    calls = shown("05", r"in (\d+) calls; 1-D \(t = 8\) [\d,]+ in (\d+) calls")
+    return (said("05", r"the cube moves about (\d+)% less than 1-D would — but in (\d+)\s+collectives\s+instead of (\d+)"),
+            [round(100 * (1 - ratio))] + calls, 1)
+
+
+def _work_09():
+    works = [int(x) for x in re.findall(r"contiguous split: work\s+(\d+)\)", outputs("09"))]
+    return (said("09", r"the same work, (\d+) pairs, where a contiguous split ranges from (\d+) to (\d+)"),
+            shown("09", r"^rank 0: .*work (\d+)\s+\(") + [min(works), max(works)], 0)
+
+
+def _speedup_530b():
+    model, paper = shown("07", r"speed-up, selective \+ sp over full: model ([\d.]+)×, paper ([\d.]+)×")
+    return said("07", r"raises MFU by (\d+)% in the paper and (\d+)% in the model"), \
+        [round(100 * (paper - 1)), round(100 * (model - 1))], 1
+
+
+CLAIMS = {
+    # lesson 1: the paper's training times; what selective recomputation + sp saves
+    "01 training days": lambda: (said("01", r"About (\d+) and (\d+) days, the paper's numbers"),
+                                 shown("01", r"-> ([\d.]+) days\n.*-> ([\d.]+) days"), 0.5),
+    "01 activations cut": lambda: (said("01", r"cuts the activations by (\d+)×"),
+                                   [round(shown("01", r"^\s+none\s+False\s+([\d.]+)")[0]
+                                          / shown("01", r"^\s+selective\s+True\s+([\d.]+)")[0])], 0),
+    # lesson 2: the warm-up experiment (vs 1F1B's bubble) and the interleaved stash
+    "02 warm-up bubbles": lambda: (
+        said("02", r"the\s+bubble grows from ([\d.]+) to ([\d.]+) — worse than no interleaving at all \(([\d.]+)\)"),
+        shown("02", r"^Megatron: .*ok\s+([\d.]+)\s+\d+$") + shown("02", r"^one fewer .*\s([\d.]+)\s+\d+$")
+        + [_bubble("1f1b")], 0.0051),
+    "02 stash": lambda: (said("02", r"\(([\d.]+) instead of (\d+) stages' worth here\)"),
+                         shown("02", r"interleaved rank 0, in stages: ([\d.]+)") + [4], 0),
+    # lesson 5: the cube against 1-D on the traced layer
+    "05 cube vs 1-D": _cube_vs_1d,
+    # lesson 7: the MFU and its ceiling in the stored run, HFU of the 1.3B, the 530B comparison
+    "07 mfu stored": lambda: (said("07", r"([\d.]+) in the run stored\s+above —"),
+                              shown("07", r"^\s+mfu\s+([\d.]+)$"), 0.005),
+    "07 ceiling stored": lambda: (said("07", r"and ([\d.]+) in the run stored above\s+\(where the MFU reached ([\d.]+)\)"),
+                                  shown("07", r"^\s+mfu_ceiling\s+([\d.]+)$") + shown("07", r"^\s+mfu\s+([\d.]+)$"), 0.005),
+    "07 1.3B HFU": lambda: (said("07", r"for the 1.3B model, (\d+)% MFU is\s+(\d+)% HFU"),
+                            [40, round(40 * shown("07", r"^ gpt-1.3b\s+full\s+[\d,.]+\s+([\d.]+)")[0])], 0),
+    "07 530B speed-up": _speedup_530b,
+    # lesson 9: the balanced chunks
+    "09 work": _work_09,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_prose_states_what_the_outputs_show(name):
+    stated, stored, tol = CLAIMS[name]()
+    assert len(stated) == len(stored) and all(abs(a - b) <= tol for a, b in zip(stated, stored)), \
+        f"{name}: the prose says {stated}, the stored outputs show {stored}"
