@@ -138,6 +138,7 @@ class ParallelConfig:
     pp: int = 1
     vpp: int = 1
     cp: int = 1  # context parallel: the sequence split over cp ranks, ring attention
+    cp_mode: str = "ring"  # attention under --cp: "ring" (K, V passed around) or "a2a" (Ulysses: heads over cp)
     ep: int = 1  # expert parallel: the experts split over ep ranks, which also split the batch (like dp)
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
@@ -257,6 +258,7 @@ POSITIONS = ("learned", "rope")
 ROUTERS = ("softmax", "sigmoid")
 MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS}
 RECOMPUTE = ("none", "selective", "full")
+CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023) or all-to-all (Ulysses)
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
 # gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -540,6 +542,15 @@ def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> Non
           f"--cp composes with 1-D tensor parallelism only: use --tp-mode 1d or drop --cp")
     _need(model.dropout == 0.0,
           f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
+    _need(layout.cp_mode in CP_MODES, f"unknown --cp-mode '{layout.cp_mode}': use {' or '.join(CP_MODES)}")
+    if layout.cp_mode == "a2a":  # Ulysses: this rank's heads (after --tp) split over the cp ranks
+        heads, kv = model.heads // layout.tp, max(1, model.n_kv_heads // layout.tp)
+        _need(heads % layout.cp == 0,
+              f"--cp-mode a2a splits each tensor rank's {heads} heads over --cp {layout.cp}: "
+              f"pick --heads a multiple of tp*cp = {layout.tp * layout.cp} or use --cp-mode ring")
+        _need(kv % layout.cp == 0 or layout.cp % kv == 0,
+              f"--cp-mode a2a cannot split or replicate {kv} key/value heads per tensor rank over --cp {layout.cp}: "
+              f"pick --kv-heads so that it divides or is divided by --cp, or use --cp-mode ring")
 
 
 def validate_kv_heads(model: ModelConfig, layout: ParallelConfig) -> None:

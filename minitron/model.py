@@ -24,7 +24,7 @@ from .context import Context
 from .moe import MoE
 from .parallel import cube, summa
 from .parallel import tensor as tp
-from .parallel.context_parallel import local_positions
+from .parallel.context_parallel import local_positions, ulysses_attention
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 
@@ -135,7 +135,9 @@ class Attention(nn.Module):
         context parallelism, ring attention over the context group (its keys and values
         travel; parallel/context_parallel.py)."""
         q, k, v = self.split_heads(qkv)
-        if self.ctx.layout.cp > 1:
+        if self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "a2a":
+            y = ulysses_attention(q, k, v, self.ctx.comm)  # heads over the context ranks (Ulysses)
+        elif self.ctx.layout.cp > 1:
             y = self.layers.ring_attention(q, k, v, self.ctx.comm)
         elif self.training and self.drop.p > 0:
             s, group = q.shape[-2], q.shape[1] // k.shape[1]

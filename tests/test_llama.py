@@ -33,6 +33,8 @@ FOUR = ([(_kv(n), ParallelConfig(tp=4)) for n in (1, 2, 4)]  # t = 4 > kv for kv
         + [(_kv(1), ParallelConfig(dp=2, tp=2, sp=True)),
            (_kv(1), ParallelConfig(tp=2, cp=2)),  # ring x tp, each kv head replicated on both tp ranks
            (_kv(2), ParallelConfig(dp=2, cp=2)),
+           (_kv(1), ParallelConfig(dp=2, cp=2, cp_mode="a2a")),  # Ulysses, the kv head sent to both ranks
+           (_kv(2), ParallelConfig(tp=2, cp=2, cp_mode="a2a")),  # Ulysses x tp: one kv head per rank each way
            (_kv(2).replace(layers=4), ParallelConfig(dp=2, pp=2, vpp=2, schedule="interleaved")),
            (_kv(2), ParallelConfig(dp=4, zero=3)),
            (_kv(2), ParallelConfig(tp=4, tp_mode="2d"))])
@@ -100,13 +102,30 @@ def _check_oracle(results, cases):
 @pytest.mark.multirank
 def test_llama_layouts_on_four_ranks_equal_one_device(four):
     """verify --dtype float64 (1e-9): tp4 with kv 1, 2, 4; tp4 + sp; tp2 with kv 1, 2, 4 (x dp2);
-    tp2 + sp; ring cp2 x tp2 with a replicated kv head; cp2; pp2 interleaved; ZeRO-3; 2-D tp4."""
+    tp2 + sp; ring cp2 x tp2 with a replicated kv head; cp2; all-to-all cp2 (and x tp2);
+    pp2 interleaved; ZeRO-3; 2-D tp4."""
     _check_oracle(four, FOUR)
 
 
 @pytest.mark.multirank
 def test_llama_dp_tp_pp_on_eight_ranks_equals_one_device(eight):
     _check_oracle(eight, EIGHT)
+
+
+@pytest.mark.multirank
+def test_context_parallel_bytes_equal_the_formulas(four):
+    """The 'cp' axis of a traced step: the ring passes only the kv heads (2·b·(s/N)·kv_t·d per
+    message) and Ulysses' all-to-alls move b·(s/N)·d·(2·nh_t + 2·kv_sent) per pass."""
+    from minitron.analysis.calls import bytes_by_axis
+    from minitron.analysis.context_parallel import cp_comm_items
+
+    for i, (model, layout) in enumerate(FOUR):
+        if layout.cp == 1:
+            continue
+        for rank, r in four.items():
+            got = r[i][2].get("cp")
+            want = bytes_by_axis(cp_comm_items(model, layout, _train(layout), r[i][1], 8))["cp"]
+            assert got == want, (layout.describe(), layout.cp_mode, rank, got, want)
 
 
 def _analysis_mismatches(results, cases) -> list:

@@ -21,6 +21,16 @@ microbatch:
   (in the compute dtype: fp32 at least);
 * recomputation (selective or full) runs the forward ring once more, in the backward.
 
+Grouped-query attention: only the rank's key/value heads travel (kv/t of them, or the one
+kv head a rank holds when t > kv), ``2·b·(s/N)·kv_t·d`` elements per message.
+
+The all-to-all (``--cp-mode a2a``, Ulysses) moves no K, V around a ring: per layer and
+microbatch two all-to-alls of Q and of K, V (stacked) turn the sequence shard into a head
+shard and one turns the output back; the backward mirrors the three (gradients), and
+recomputation repeats the forward's. Call bytes (the whole tensor, the block a rank keeps
+included) ``b·(s/N)·d·(2·nh_t + 2·kv_sent)`` per pass, nh_t = heads/t, kv_sent = kv_t or N
+when N > kv_t (each kv head replicated to the ranks of its queries): :func:`a2a_comm_items`.
+
 Wire bytes equal call bytes here: each point-to-point message crosses one link once.
 Against sequence parallelism's collectives this is ``(N−1)/N`` of the K and V of the
 whole sequence per direction, but it overlaps the block computations (each hop is
@@ -36,13 +46,45 @@ from .flops import recompute_policy
 from .memory import memory_on_rank
 from .params import layers_on_rank, layout_get, local_model
 
-__all__ = ["cp_message_elements", "cp_comm_items", "cp_activation_table"]
+__all__ = ["cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table"]
+
+
+def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
+    """Key/value heads a tensor rank holds: kv/t, or 1 when t > kv (replicated)."""
+    return max(1, model.n_kv_heads // tp)
 
 
 def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> int:
-    """Elements of one ring message: K and V of the rank's s/N tokens on its h/t
-    hidden columns (its heads), ``2·b·(s/N)·(h/t)``."""
-    return 2 * micro_batch * (model.seq_len // cp) * (model.hidden // tp)
+    """Elements of one ring message: K and V of the rank's s/N tokens on its key/value
+    heads, ``2·b·(s/N)·kv_t·d`` (``2·b·(s/N)·(h/t)`` with every head a kv head)."""
+    return 2 * micro_batch * (model.seq_len // cp) * kv_heads_per_rank(model, tp) * model.head_dim
+
+
+def a2a_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> dict:
+    """Elements of the three all-to-alls of one layer's forward under ``--cp-mode a2a``:
+    ``{"q": b·(s/N)·nh_t·d, "kv": 2·b·(s/N)·kv_sent·d, "out": b·(s/N)·nh_t·d}``."""
+    tok = micro_batch * (model.seq_len // cp) * model.head_dim
+    kv = kv_heads_per_rank(model, tp)
+    return {"q": tok * model.heads // tp, "kv": 2 * tok * max(kv, cp), "out": tok * model.heads // tp}
+
+
+def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
+                   act_bytes: int = 4) -> list[dict]:
+    """Ulysses' all-to-alls on the 'cp' axis of a rank of pipeline stage `pp_rank` in one
+    step (``{what, axis, op, calls, bytes}``): per layer and microbatch the forward's three
+    (Q, K and V, the output), the backward's three, and the forward's again under recomputation."""
+    n = int(layout_get(parallel, "cp", 1) or 1)
+    if n == 1:
+        return []
+    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    m = train.microbatches
+    b = train.global_batch // (d * m)
+    passes = 3 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 2
+    per_layer = m * layers_on_rank(model, parallel, pp_rank) * passes
+    el = a2a_elements(model, b, t, n)
+    return [{"what": "all-to-all attention (Ulysses): Q, K and V to heads, the output back, and their gradients",
+             "axis": "cp", "op": "all_to_all", "calls": 3 * per_layer,
+             "bytes": per_layer * sum(el.values()) * act_bytes}]
 
 
 def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -54,6 +96,8 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     n = int(layout_get(parallel, "cp", 1) or 1)
     if n == 1:
         return []
+    if layout_get(parallel, "cp_mode", "ring") == "a2a":
+        return a2a_comm_items(model, parallel, train, pp_rank, act_bytes)
     t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
     m = train.microbatches
     b = train.global_batch // (d * m)

@@ -257,3 +257,89 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=k.shape[1] != q.shape[1])
     return _RingAttention.apply(q, k, v, comm, combine)
+
+
+# --- all-to-all (Ulysses) -------------------------------------------------------------------------
+# DeepSpeed-Ulysses (Jacobs et al. 2023, §3.1): instead of passing keys and values around a
+# ring, one all-to-all turns this rank's sequence shard of every (local) head into the
+# whole sequence of 1/N of the heads; attention is then the single-device computation on
+# those heads, and a second all-to-all turns its output back into the sequence shard.
+# Tokens keep the ring's placement (chunks r and 2N−1−r), so everything outside
+# attention is the same for both modes; the gathered sequence is put in order locally.
+# Per layer and microbatch each rank sends (all_to_all's call bytes: the whole tensor,
+# its own block included) Q, K and V and receives the output: forward
+# ``b·(s/N)·d·(2·nh + 2·kv_sent)`` elements (nh, kv: the rank's query and kv heads after
+# tensor parallelism; kv_sent = kv, or N when N > kv and each kv head is replicated to
+# the N/kv ranks of its queries), and the same again in the backward for the gradients
+# (``analysis.context_parallel.a2a_comm_items``).
+
+
+def _natural_order(n: int, c: int, device) -> torch.Tensor:
+    """Positions, in the gathered order (rank 0's chunks 0 and 2N−1, rank 1's 1 and 2N−2,
+    ...), of the tokens of the natural order: ``gathered[:, :, order]`` is the sequence."""
+    gathered = torch.cat([torch.arange(a * c, (a + 1) * c) for r in range(n) for a in chunk_ids(n, r)])
+    return torch.argsort(gathered).to(device)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """[b, H, s/N, d] (this rank's tokens of H heads) -> [b, H/N, s, d] (every token of its
+    H/N heads, in gathered order); backward the inverse all-to-all."""
+
+    @staticmethod
+    def forward(fctx, x, comm):
+        fctx.comm = comm
+        return _seq_to_heads(x, comm)
+
+    @staticmethod
+    def backward(fctx, dy):
+        return _heads_to_seq(dy, fctx.comm), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    """The inverse of :class:`_SeqToHeads`: [b, H/N, s, d] -> [b, H, s/N, d]."""
+
+    @staticmethod
+    def forward(fctx, y, comm):
+        fctx.comm = comm
+        return _heads_to_seq(y, comm)
+
+    @staticmethod
+    def backward(fctx, dx):
+        return _seq_to_heads(dx, fctx.comm), None
+
+
+def _seq_to_heads(x, comm):
+    n = comm.size(AXIS)
+    b, h, s, d = x.shape
+    blocks = x.reshape(b, n, h // n, s, d).transpose(0, 1).contiguous()  # head block j goes to rank j
+    got = comm.all_to_all(blocks, AXIS, activation=True)  # [n (source rank), b, h/n, s/N, d]
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
+
+
+def _heads_to_seq(y, comm):
+    n = comm.size(AXIS)
+    b, h, s, d = y.shape
+    blocks = y.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4).contiguous()  # sequence block j to rank j
+    got = comm.all_to_all(blocks, AXIS, activation=True)  # [n (source: its heads), b, h, s/N, d]
+    return got.transpose(0, 1).reshape(b, n * h, s // n, d)
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Causal attention of this context rank's tokens (q [b, nh, 2c, d], k, v [b, kv, 2c, d]:
+    chunks r and 2N−1−r) by all-to-all (Ulysses): heads split over the 'cp' axis during
+    attention. With kv < N (and N a multiple of kv) each kv head is sent to the N/kv
+    ranks holding its queries (its gradient summed back by the backward's all-to-all)."""
+    n = comm.size(AXIS)
+    if n == 1:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=k.shape[1] != q.shape[1])
+    kv = torch.stack([k, v])  # one all-to-all for both: [2, b, kv, 2c, d] -> [2b, kv, 2c, d]
+    if kv.shape[2] < n:  # too few kv heads to split: each one to the ranks of its query heads
+        kv = kv.repeat_interleave(n // kv.shape[2], dim=2)
+    order = _natural_order(n, q.shape[-2] // 2, q.device)
+    qh = _SeqToHeads.apply(q, comm)[:, :, order]
+    kvh = _SeqToHeads.apply(kv.flatten(0, 1), comm)[:, :, order].unflatten(0, (2, -1))
+    y = torch.nn.functional.scaled_dot_product_attention(qh, kvh[0], kvh[1], is_causal=True,
+                                                         enable_gqa=kvh.shape[2] != qh.shape[1])
+    return _HeadsToSeq.apply(y[:, :, torch.argsort(order)], comm)
+

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import (MODEL_CHOICES, ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
+from ..config import (CP_MODES, MODEL_CHOICES, ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
                      preset, validate, validate_model)
 from .preflight import PLOT_TYPES, check_output_file, check_outputs, finite_positive, inputs_of
 
@@ -49,6 +49,8 @@ def add_layout_args(ap):
         g.add_argument(f"--{k}", type=int, default=1)
     g.add_argument("--cp", type=int, default=1,
                    help="context parallel: the sequence split over cp ranks (ring attention)")
+    g.add_argument("--cp-mode", default="ring", choices=CP_MODES,
+                   help="attention under --cp: ring (keys and values passed around) or a2a (Ulysses all-to-all)")
     g.add_argument("--ep", type=int, default=1,
                    help="expert parallel: the experts of --experts split over ep ranks, which also split the batch")
     g.add_argument("--tp-mode", default="1d",
@@ -123,6 +125,7 @@ def layout_from(args) -> ParallelConfig:
     except ValueError:
         raise ConfigError(f"--stage-layers '{args.stage_layers}' must be comma-separated integers, e.g. 1,3") from None
     return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
+                          cp_mode=getattr(args, "cp_mode", "ring"),
                           tp_mode=args.tp_mode, tp_depth=args.tp_depth, sp=args.sp, schedule=args.schedule, zero1=args.zero1, zero=args.zero,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,

@@ -1,0 +1,104 @@
+"""minitron's Llama against `transformers.LlamaForCausalLM`: one training step on one device,
+the same config, weights and batch, the two alternating round by round (paired ratios).
+
+    .venv/bin/python benchmarks/bench_llama.py --model llama-small --rounds 20
+    .venv/bin/python benchmarks/bench_llama.py --smoke      # llama-tiny, one round (the tests)
+
+A step is forward, backward, global-norm clipping and AdamW on both sides (minitron's
+``Trainer.step``; transformers' model with ``torch.optim.AdamW`` and ``clip_grad_norm_``,
+SDPA attention). Prints the markdown block RESULTS.md records (``--json``: the summary);
+the ratio is minitron / transformers (below 1: minitron faster).
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import checkout_commit, cpu_name, paired_ratio, publish  # noqa: E402
+
+from minitron import hf  # noqa: E402
+from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
+from minitron.train import Trainer  # noqa: E402
+
+
+def transformers_twin(tr, cfg, lr: float, weight_decay: float):
+    """transformers' LlamaForCausalLM holding `tr`'s weights, and its AdamW."""
+    import transformers
+
+    keep = {k: v for k, v in hf.llama_config(cfg, torch.float32).items() if k not in ("architectures", "dtype")}
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**keep, attn_implementation="sdpa"))
+    full = {p.shard.name: p.detach().clone() for p in tr.params}
+    model.load_state_dict(hf.to_hf(full, cfg), strict=True)
+    model.train()
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-small")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default="", help="append the markdown to this file (e.g. benchmarks/RESULTS.md)")
+    ap.add_argument("--smoke", action="store_true", help="llama-tiny, one round after one warm-up")
+    args = ap.parse_args()
+    if args.smoke:
+        args.model, args.rounds, args.warmup, args.global_batch, args.out = "llama-tiny", 1, 1, 4, ""
+    torch.set_num_threads(args.threads)
+    cfg = preset(args.model)
+    if cfg.positions != "rope":
+        raise SystemExit(f"bench_llama.py: --model {args.model} is not a Llama (choose llama-tiny, llama-small)")
+    train = TrainConfig(global_batch=args.global_batch, lr=1e-3, warmup=0, min_lr=1e-3, progress=False,
+                        eval_every=0, weight_decay=0.1, clip=1.0)
+    tr = Trainer(cfg, ParallelConfig(device="cpu"), train)
+    theirs, opt = transformers_twin(tr, cfg, train.lr, train.weight_decay)
+
+    def hf_step(i):
+        x, y = tr.local_batch(i)
+        loss = F.cross_entropy(theirs(x).logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), train.clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    times = {"minitron": [], "transformers": []}
+    runs = {"minitron": tr.step, "transformers": hf_step}
+    first = {}
+    for i in range(args.warmup + args.rounds):
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # neither always goes first
+        for k in order:
+            t0 = time.perf_counter()
+            loss = runs[k](i)
+            if i >= args.warmup:
+                times[k].append(time.perf_counter() - t0)
+            first.setdefault(k, loss)
+    # the same model and batch: the first losses agree (float32 rounding), or the race is unfair
+    if abs(first["minitron"] - first["transformers"]) > 1e-4:
+        raise SystemExit(f"bench_llama.py: first losses differ ({first}): the two models are not the same")
+    r = paired_ratio(times["minitron"], times["transformers"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    summary = {"model": cfg.name, "global_batch": args.global_batch, "threads": args.threads, "rounds": args.rounds,
+               "minitron_step_s": med["minitron"], "transformers_step_s": med["transformers"], "first_losses": first,
+               "minitron_over_transformers": r, "commit": checkout_commit(), "cpu": cpu_name(),
+               "date": time.strftime("%Y-%m-%d")}
+    cmd = " ".join(["python", "benchmarks/bench_llama.py"] + sys.argv[1:])
+    md = (f"\n### Llama training step: minitron vs transformers.LlamaForCausalLM ({summary['date']})\n\n"
+          f"`{cmd}` on {summary['cpu']}, {args.threads} thread(s), commit {summary['commit']}; "
+          f"{cfg.name} (h {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, {cfg.n_kv_heads} kv heads, "
+          f"ffn {cfg.ffn_hidden}, s {cfg.seq_len}), global batch {args.global_batch}, {args.rounds} alternating rounds.\n\n"
+          f"| | median step (s) |\n|---|---|\n| minitron | {med['minitron']:.4f} |\n"
+          f"| transformers | {med['transformers']:.4f} |\n\n"
+          f"minitron / transformers: paired median **{r['paired_median']:.3f}**, ratio of medians "
+          f"{r['ratio_of_medians']:.3f}.\n")
+    publish(md, summary, args.json, args.out)
+
+
+if __name__ == "__main__":
+    main()
