@@ -33,7 +33,7 @@ Llama 3 rows in model TFLOP/s per GPU).
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .cluster import PlannedLayout, predict
+from .cluster import PlannedLayout, get_cluster, predict
 from .software import Software, get_software
 
 __all__ = ["H100_RUNS", "H100_FITTING_RUNS", "h100_era_model", "h100_run_prediction", "h100_comparison",
@@ -262,15 +262,9 @@ def h100_run_prediction(run: tuple, cluster: str = "h100-dgx", software: str | S
     layout = PlannedLayout(tp=t, pp=p, dp=n // (t * p * cp), vpp=v, microbatch_size=mb, cp=cp, ep=ep, zero=zero,
                            cp_kind=cp_kind, sp=t > 1)
     pred = predict(model, layout, batch, cluster, software=sw, head_dim=head_dim, moe_imbalance=moe_imbalance)
-    value = pred.breakdown["tokens_per_s_per_gpu"] if unit == "tokens/s" else pred.breakdown["mfu"] * \
-        get_cluster_peak(cluster) / 1e12
-    return layout, pred, value
-
-
-def get_cluster_peak(cluster: str) -> float:
-    from .cluster import get_cluster
-
-    return get_cluster(cluster).peak_flops
+    if unit == "tokens/s":
+        return layout, pred, pred.breakdown["tokens_per_s_per_gpu"]
+    return layout, pred, pred.breakdown["mfu"] * get_cluster(cluster).peak_flops / 1e12  # model TFLOP/s
 
 
 def h100_comparison(runs: list | None = None, **kw) -> list[dict]:
