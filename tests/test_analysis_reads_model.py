@@ -13,10 +13,10 @@ from minitron.comm import read_trace
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig
 from minitron.tools.testing import last_json, run_cli
 
-MODEL = dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, seq_len=16, vocab=70,
+MODEL = dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, seq_len=16, vocab=258,
              norm="rmsnorm", activation="swiglu", positions="rope", bias=False)
 FLAGS = ["--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--ffn", "48", "--seq-len", "16",
-         "--vocab", "70", "--norm", "rmsnorm", "--activation", "swiglu", "--positions", "rope", "--no-bias"]
+         "--vocab", "258", "--norm", "rmsnorm", "--activation", "swiglu", "--positions", "rope", "--no-bias"]
 LAYOUTS = {  # name: (layout, flags)
     "tp2.sp": (dict(tp=2, sp=True), ["--tp", "2", "--sp"]),
     "cp2": (dict(cp=2), ["--cp", "2"]),
