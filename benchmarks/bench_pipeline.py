@@ -14,6 +14,12 @@ hits both alike; the median over the steps is reported. Results go to
 benchmarks/pipeline.md (command, machine, date).
 
     python benchmarks/bench_pipeline.py --model small --global-batch 16 --microbatches 4 8 --steps 20
+
+With ``--timeline FILE`` it instead reads a ``minitron train --timeline`` file and sets each
+rank's measured idle time beside the simulator's for the same schedule replayed with the
+measured durations (`timeline_vs_simulation`):
+
+    python benchmarks/bench_pipeline.py --timeline t.jsonl --schedule zb-v --pp 2 --vpp 2 --microbatches 8
 """
 from __future__ import annotations
 
@@ -110,6 +116,45 @@ def bench_job(comm, model, cases, global_batch, steps, warmup):
 SCHEDULES = {"1f1b": 1, "interleaved": 2}  # schedule -> chunks per rank
 
 
+def timeline_vs_simulation(records, kind: str, p: int, v: int, m: int) -> list[dict]:
+    """Per step and pipeline rank of a ``minitron train --timeline`` file: the measured idle
+    time (the step's span over all ranks minus the rank's compute) beside the simulator's,
+    which replays the same schedule with each action's *measured* duration and free
+    communication: the idle the dependencies alone cost. The difference is time spent
+    waiting for messages and, with more ranks than cores, for a core."""
+    from minitron.parallel.schedules import make_schedule, simulate
+
+    s = make_schedule(kind, p, v, m)
+    out = []
+    for step in sorted({r["step"] for r in records}):
+        recs = [r for r in records if r["step"] == step]
+        dur = {(r["rank"], r["op"], r["mb"], r["chunk"]): r["end"] - r["start"] for r in recs}
+        span = max(r["end"] for r in recs) - min(r["start"] for r in recs)
+        sim = simulate(s, lambda rank, a: dur[(rank, a.op, a.mb, a.chunk)])
+        for rank in range(p):
+            busy = sum(d for key, d in dur.items() if key[0] == rank)
+            out.append({"step": step, "rank": rank, "busy_s": busy, "measured_idle_s": span - busy,
+                        "simulated_idle_s": sim.idle[rank], "span_s": span, "simulated_span_s": sim.makespan})
+    return out
+
+
+def _timeline_report(path: str, kind: str, p: int, v: int, m: int) -> str:
+    """`timeline_vs_simulation` of a timeline file as a markdown table (the first step, which
+    includes warm-up, left out)."""
+    from minitron.viz.pipeline import load_timeline
+
+    rows = [r for r in timeline_vs_simulation(load_timeline(path), kind, p, v, m) if r["step"] > 0]
+    lines = ["| step | rank | compute ms | idle measured ms | idle simulated ms (measured durations) "
+             "| step span measured / simulated ms |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['step']} | {r['rank']} | {1e3 * r['busy_s']:.1f} | {1e3 * r['measured_idle_s']:.1f} "
+                     f"| {1e3 * r['simulated_idle_s']:.1f} | {1e3 * r['span_s']:.1f} / {1e3 * r['simulated_span_s']:.1f} |")
+    tot = {k: sum(r[k] for r in rows) for k in ("busy_s", "measured_idle_s", "simulated_idle_s")}
+    lines.append(f"\nAll steps and ranks: compute {1e3 * tot['busy_s']:.0f} ms, idle measured "
+                 f"{1e3 * tot['measured_idle_s']:.0f} ms, simulated {1e3 * tot['simulated_idle_s']:.0f} ms.")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="small")
@@ -123,7 +168,16 @@ def main(argv=None):
                     help="results file to write ('' for none)")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny model, one step of each case, no results file (what the tests run)")
+    ap.add_argument("--timeline", default="",
+                    help="instead: compare a `minitron train --timeline` file with the simulator "
+                         "(--schedule, --pp, --vpp, one --microbatches)")
+    ap.add_argument("--schedule", default="zb-v")
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--vpp", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.timeline:
+        print(_timeline_report(args.timeline, args.schedule, args.pp, args.vpp, args.microbatches[0]))
+        return
     unknown = [k for k in args.schedules if k not in SCHEDULES]
     if unknown:
         sys.exit(f"unknown schedule {', '.join(unknown)}: choose from {', '.join(SCHEDULES)}")

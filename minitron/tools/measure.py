@@ -34,7 +34,10 @@ class _Packed:
     __slots__ = ("t", "__weakref__")
 
     def __init__(self, t):
-        self.t = t
+        # detached: a saved *output* would otherwise point back at the node saving it (node ->
+        # this -> tensor -> grad_fn = node), a cycle through C++ that only a backward without
+        # retain_graph breaks; zb-h1's and the V schedules' split backward retains the graph
+        self.t = t.detach()
 
 
 class SavedBytes:
