@@ -151,6 +151,10 @@ QUESTIONS: dict[str, Question] = {
         lambda: _forwards_before_first_backward(8, 2, 16, 0),
         "rank 0 first runs its (p − r − 1)·2 + (v − 1)·p warm-up forwards (p = 8, v = 2, r = 0); "
         "the steady state then starts with a forward, and only after it the first backward."),
+    "02.zbv_idle": Question(
+        lambda: _A().bubble_time("zb-v", 8, 16, 2, 2, 2, 2),  # stage times: two chunks of 1
+        "with F = B = W ZB-V idles only while the pipeline fills: the last rank's first "
+        "forward starts p − 1 chunk-forwards late."),
     # --- lesson 3: data parallelism ----------------------------------------------------
     "03.ring_wire": Question(
         lambda: _A().ring_allreduce_wire_bytes(4e9, 8) / 1e9,
