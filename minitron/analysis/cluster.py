@@ -113,6 +113,7 @@ from typing import Any
 from ..config import ModelConfig
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
+from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
@@ -545,8 +546,10 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # the critical path; the busiest rank moves (1 + imbalance) times the balanced share
     ep_layer = 0.0
     if model.experts and ep > 1:
-        nbytes = model.top_k * b * model.seq_len // cp / t * model.hidden * 2 * (1 + moe_imbalance)
-        ep_layer = 2 * (replay + 1) * _alltoall_s(nbytes, ep, c)
+        # the traced bytes of the four calls (dispatch, combine, both backward) for the
+        # T/t tokens this rank routes (analysis/experts.py), one call's worth at a time
+        per_call = balanced_all_to_all_bytes(model, b * model.seq_len // cp // t, 2) / 4 * (1 + moe_imbalance)
+        ep_layer = 2 * (replay + 1) * _alltoall_s(per_call, ep, c)
     layers = rank_layers(model, {"pp": p, "vpp": v})
     kinds = (*LINEAR_KINDS, "attention", "elementwise")
     stages = []
