@@ -282,13 +282,36 @@ def element_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
-    """Model FLOPs of one training step of `global_batch` sequences, recomputation not
-    counted (Korthikanti et al. 2022; PTD-P Eq. 3 with 72 and V/(12·l·h)):
-    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``. A 4h MLP and the unpadded vocabulary, as
-    the papers count. The engine logs model FLOPs/s with it; ``analysis.flops`` builds on it."""
-    B, s, l, h, V = global_batch, model.seq_len, model.layers, model.hidden, model.vocab
-    return 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str = "none",
+                         head_dim: int | None = None, causal: bool = False) -> float:
+    """FLOPs of one training step of `global_batch` sequences of any block this config
+    describes — the one model-FLOPs formula of the engine and the analysis. Matmuls only
+    (biases and norms are not counted, as the papers do not).
+
+    Per token and layer, forward: QKV ``2h(q + 2kv)`` and output ``2qh`` with q = heads·d
+    and kv = kv_heads·d (d = `head_dim`, default h/heads: grouped-query attention shrinks
+    K and V); the attention core ``4·s·q`` (halved when `causal` counts only the unmasked
+    half); an MLP of width f ``4hf`` (GELU: two matrices) or ``6hf`` (SwiGLU: gate, up,
+    down); a mixture of experts only its *active* experts, ``(top_k + shared)·(4 or 6)·h·f_e``,
+    and the router ``2hE``. The logit layer ``2hV``. Training is 3× the forward; 4× for the
+    layers under full recomputation (`recompute`), selective adds the attention core once.
+
+    For GPT-2 shapes (multi-head, GELU 4h, dense) and no recomputation this is the model
+    FLOPs of Korthikanti et al. 2022, ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, and with
+    full recomputation PTD-P Eq. 3 (96 for 72); the tests check both.
+    """
+    B, s, h, V = global_batch, model.seq_len, model.hidden, model.vocab
+    d = head_dim or model.head_dim
+    q, kv = model.heads * d, model.n_kv_heads * d
+    mats = 3 if model.activation == "swiglu" else 2
+    attn = 2 * h * (q + 2 * kv) + 2 * q * h
+    core = 4 * s * q * (0.5 if causal else 1.0)
+    dense = 2 * mats * h * model.ffn_hidden
+    moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
+    layers = sum(attn + core + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    passes = {"none": 3, "selective": 3, "full": 4}[recompute]
+    extra = model.layers * core if recompute == "selective" else 0.0
+    return B * s * (passes * layers + extra + 3 * 2 * h * V)
 
 
 # --------------------------------------------------------------------------------------

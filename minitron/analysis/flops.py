@@ -107,32 +107,11 @@ def recompute_policy(recompute) -> str:
 
 def transformer_flops_per_iteration(model: ModelConfig, global_batch: int, recompute: str | bool = "none",
                                     head_dim: int | None = None, causal: bool = False) -> float:
-    """FLOPs of one training iteration of any block :class:`ModelConfig` describes:
-    grouped-query attention, SwiGLU or GeLU MLPs, mixtures of experts (the *active*
-    experts only: top-k routed plus the shared ones, and the router).
-
-    Per token and layer, forward: QKV ``2h(q + 2kv)`` and output ``2qh`` with q = heads·d
-    and kv = kv_heads·d (d = `head_dim`, default h/heads); the attention core ``4·s·q``
-    (halved when `causal` counts only the unmasked half); an MLP of width f ``4hf``
-    (GeLU: two matrices) or ``6hf`` (SwiGLU: gate, up, down); a MoE block
-    ``(top_k + shared)·(4 or 6)·h·f_e + 2hE``. The logit layer ``2hV``. Training is 3×
-    the forward (4× for the layers under full recomputation; selective adds the
-    attention core once more). Biases and norms are not counted, as the papers do not.
-
-    For GPT-2 shapes (multi-head, GeLU 4h MLP, dense) this is PTD-P Eq. 3 exactly
-    (``recompute="full"``) and the model FLOPs ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``
+    """FLOPs of one training iteration of any block :class:`ModelConfig` describes
+    (grouped-query attention, SwiGLU or GELU MLPs, the active experts of a mixture), with
+    `recompute` as a policy name or a bool: the engine's one formula,
+    :func:`minitron.config.model_flops_per_step`, whose docstring derives it. For GPT-2
+    shapes it is PTD-P Eq. 3 (``recompute="full"``) and Korthikanti's model FLOPs
     (``"none"``); tests/test_throughput_model.py checks both.
     """
-    rc = recompute_policy(recompute)
-    B, s, h, V = global_batch, model.seq_len, model.hidden, model.vocab
-    d = head_dim or model.head_dim
-    q, kv = model.heads * d, model.n_kv_heads * d
-    mats = 3 if model.activation == "swiglu" else 2
-    attn = 2 * h * (q + 2 * kv) + 2 * q * h
-    core = 4 * s * q * (0.5 if causal else 1.0)
-    dense = 2 * mats * h * model.ffn_hidden
-    moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
-    layers = sum(attn + core + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
-    passes = {"none": 3, "selective": 3, "full": 4}[rc]
-    extra = model.layers * core if rc == "selective" else 0.0
-    return B * s * (passes * layers + extra + 3 * 2 * h * V)
+    return model_flops_per_step(model, global_batch, recompute_policy(recompute), head_dim, causal)
