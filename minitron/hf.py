@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from . import hf_moe
 from .config import LLAMA, ConfigError, ModelConfig
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -67,7 +68,11 @@ def family_problem(cfg: ModelConfig) -> str:
     if is_llama(cfg):
         want = {"norm": "rmsnorm", "activation": "swiglu", "bias": False}
         bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
-        return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}" if bad else ""
+        if bad:
+            return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}"
+        return hf_moe.moe_problem(cfg) if cfg.experts else ""  # Mixtral: a Llama with experts
+    if cfg.experts:
+        return "experts are written in Mixtral's format, a Llama's (rotary positions, RMSNorm, SwiGLU, no biases)"
     want = {"norm": "layernorm", "bias": True, "kv_heads": cfg.heads if cfg.kv_heads else 0}
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
     bad += ["activation swiglu"] if cfg.activation == "swiglu" else []
@@ -126,11 +131,12 @@ def llama_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
                     (f"{b}.attn.kv.weight", f"{a}.k_proj.weight,{a}.v_proj.weight", "join:kv")]
         else:
             attn = [(f"{b}.attn.qkv.weight", f"{a}.q_proj.weight,{a}.k_proj.weight,{a}.v_proj.weight", "join:qkv")]
+        mlp = hf_moe.block_rows(cfg, i) if cfg.is_moe_block(i) else [
+            (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
+            (f"{b}.mlp.fc2.weight", f"{h}.mlp.down_proj.weight", "copy")]
         rows += [(f"{b}.ln1.weight", f"{h}.input_layernorm.weight", "copy"), *attn,
                  (f"{b}.attn.proj.weight", f"{a}.o_proj.weight", "copy"),
-                 (f"{b}.ln2.weight", f"{h}.post_attention_layernorm.weight", "copy"),
-                 (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
-                 (f"{b}.mlp.fc2.weight", f"{h}.mlp.down_proj.weight", "copy")]
+                 (f"{b}.ln2.weight", f"{h}.post_attention_layernorm.weight", "copy"), *mlp]
     rows.append(("ln_f.weight", "model.norm.weight", "copy"))
     if not cfg.tied_embeddings:
         rows.append(("lm_head.weight", "lm_head.weight", "copy"))
@@ -158,8 +164,9 @@ def to_hf(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
     if is_llama(cfg):
         out = {}
         for mine, theirs, kind in llama_name_map(cfg):
-            names = theirs.split(",")
-            parts = _split(full[mine], len(names), _join_heads(kind, cfg)) if kind.startswith("join") else [full[mine]]
+            names = [n for n in theirs.split(",") if n]
+            parts = (_split(full[mine], len(names), _join_heads(kind, cfg)) if kind.startswith("join")
+                     else hf_moe.to_hf(full[mine], kind, cfg))
             out.update({n: p.contiguous().clone() for n, p in zip(names, parts)})
         return out
     out = {}
@@ -181,8 +188,9 @@ def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
     if is_llama(cfg):
         out = {}
         for mine, theirs, kind in llama_name_map(cfg):
-            parts = [state[n] for n in theirs.split(",")]
-            out[mine] = (_join(parts, _join_heads(kind, cfg)) if kind.startswith("join") else parts[0]).contiguous()
+            parts = [state[n] for n in theirs.split(",") if n]
+            out[mine] = (_join(parts, _join_heads(kind, cfg)) if kind.startswith("join")
+                         else hf_moe.from_hf(parts, kind, cfg)).contiguous()
         return out
     out = {}
     for mine, theirs, kind in name_map(cfg):
@@ -227,7 +235,7 @@ def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
             "tie_word_embeddings": cfg.tied_embeddings, "initializer_range": 0.02,
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-            "dtype": str(dtype).removeprefix("torch.")}
+            "dtype": str(dtype).removeprefix("torch."), **(hf_moe.config_fields(cfg) if cfg.experts else {})}
 
 
 def _rope(c: dict, where) -> tuple[float, str]:
@@ -280,8 +288,10 @@ def read_config(hf_dir: str) -> dict:
     except json.JSONDecodeError:
         raise ConfigError(f"{d / CONFIG} is not valid JSON: save the model again") from None
     arch = c.get("model_type")
-    if arch in LLAMA_TYPES:
+    if arch in LLAMA_TYPES + hf_moe.MIXTRAL_TYPES:
         _check_llama(c, d / CONFIG)
+        if arch in hf_moe.MIXTRAL_TYPES:
+            hf_moe.model_fields(c, d / CONFIG)
         return c
     if arch != "gpt2":
         raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) and Llama "
@@ -303,6 +313,8 @@ def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None 
     c = read_config(hf_dir)
     if c.get("model_type") in LLAMA_TYPES:
         return _llama_model_config(c, hf_dir, seq_len, dropout)
+    if c.get("model_type") in hf_moe.MIXTRAL_TYPES:  # a Llama with experts
+        return _llama_model_config(c, hf_dir, seq_len, dropout).replace(**hf_moe.model_fields(c, hf_dir))
     n_pos = int(c.get("n_positions", 1024))
     if seq_len is not None and not 0 < seq_len <= n_pos:
         raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's {n_pos} positions: use {n_pos} or less")
@@ -333,7 +345,7 @@ def check_model(hf_dir: str, cfg: ModelConfig) -> None:
     """Raise ConfigError unless model `cfg` is the one stored in `hf_dir` (same shapes)."""
     stored = model_config(hf_dir, cfg.seq_len, cfg.dropout)
     for k in ("layers", "hidden", "heads", "n_kv_heads", "vocab", "ffn_hidden", "tied_embeddings", "activation",
-              "positions", "norm"):
+              "positions", "norm", "experts", "top_k"):
         if getattr(stored, k) != getattr(cfg, k):
             raise ConfigError(f"--init-from {hf_dir} holds a model with {k} {getattr(stored, k)}, "
                               f"not {getattr(cfg, k)}: drop the model flags and let the checkpoint decide")
@@ -400,8 +412,9 @@ def llama_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         out.update({f"model.layers.{i}.input_layernorm.weight": (h,),
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,),
                     f"{a}.q_proj.weight": (cfg.heads * d, h), f"{a}.k_proj.weight": (cfg.n_kv_heads * d, h),
-                    f"{a}.v_proj.weight": (cfg.n_kv_heads * d, h), f"{a}.o_proj.weight": (h, cfg.heads * d),
-                    f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
+                    f"{a}.v_proj.weight": (cfg.n_kv_heads * d, h), f"{a}.o_proj.weight": (h, cfg.heads * d)})
+        out.update(hf_moe.shapes(cfg, i) if cfg.is_moe_block(i) else {
+            f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
     return out
 
 
@@ -434,4 +447,4 @@ def save(hf_dir: str, full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
     (d / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
     return {"dir": str(d), "tensors": len(state), "params": sum(t.numel() for t in state.values()),
             "dtype": str(dtype).removeprefix("torch."),
-            "class": "LlamaForCausalLM" if is_llama(cfg) else "GPT2LMHeadModel"}
+            "class": hf_config(cfg, dtype)["architectures"][0]}

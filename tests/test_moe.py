@@ -177,8 +177,28 @@ def _check(res, model, layout, train):
         assert r["grads"] == want, (what, r["rank"], r["grads"], want)
 
 
-def _job(comm, cases):
-    return [_run_layout(comm, m, lay, tr) for m, lay, tr in cases]
+def _hf_logits(comm, hf_dir, layout):
+    """`--init-from` a Mixtral directory into `layout`; each data replica runs its own row of
+    a fixed batch; rank 0 returns {row: logits} (the vocabulary gathered over tp)."""
+    from minitron.grid import ProcessGrid
+    from minitron.hf import model_config
+    from minitron.train import Trainer
+
+    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, ep=layout.ep, rank=comm.grid.rank).build_groups()
+    c = Comm(grid)
+    model = model_config(hf_dir, seq_len=16)
+    tr = Trainer(model, layout, TRAIN.replace(init_from=hf_dir, global_batch=layout.data_replicas), c)
+    row = grid.data_index()
+    x = torch.randint(0, model.vocab, (layout.data_replicas, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        logits = c.all_gather(tr.model.eval()(x[row:row + 1]), "tp", dim=-1)[..., :model.vocab]
+    got = c.gather_object((row, logits) if grid.coord().tp == 0 else None)
+    return None if got is None else dict(g for g in got if g is not None)
+
+
+def _job(comm, cases, hf_dir=None, hf_layouts=()):
+    return ([_run_layout(comm, m, lay, tr) for m, lay, tr in cases],
+            [_hf_logits(comm, hf_dir, lay) for lay in hf_layouts])
 
 
 CASES_2 = [
@@ -199,12 +219,24 @@ CASES_4 = [
 ]
 
 
+HF_LAYOUTS = {2: [ParallelConfig(ep=2)], 4: [ParallelConfig(ep=2, tp=2)]}
+
+
 @pytest.mark.multirank
 @pytest.mark.parametrize("world,cases", [(2, CASES_2), (4, CASES_4)], ids=["2ranks", "4ranks"])
-def test_expert_parallel_layouts_equal_one_device(world, cases):
-    res = run_on_ranks(_job, ParallelConfig(dp=world), cases)[0]
+def test_expert_parallel_layouts_equal_one_device(world, cases, tmp_path):
+    hf_model = _mixtral(tmp_path / "mixtral")
+    res, hf = run_on_ranks(_job, ParallelConfig(dp=world), cases, str(tmp_path / "mixtral"), HF_LAYOUTS[world])[0]
     for r, (m, lay, tr) in zip(res, cases):
         _check(r, m, lay, tr)
+    # --init-from a transformers Mixtral: the logits of every row, in ep2 and ep2 x tp2
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = hf_model(x).logits
+    for rows in hf:
+        assert sorted(rows) == [0, 1]
+        for r, logits in rows.items():
+            assert float((logits[0] - want[r]).abs().max()) <= TOL * float(want.abs().max())
     capped = [r for r, (m, _, _) in zip(res, cases) if m.capacity_factor]
     assert capped and all(any(s["dropped"] > 0 for s in r["routing"]) for r in capped)  # tokens were dropped
 
@@ -245,3 +277,75 @@ def test_report_shows_load_balance_and_a_planted_collapse():
     assert "ROUTING COLLAPSE: expert 0" in text and "load balance of the experts" in text
     rep, text = _report_of(GELU_MOE, plant=False)  # the same model trained as it starts: no collapse
     assert not any(lay["collapsed"] for lay in rep["routing"]["layers"]) and "COLLAPSE" not in text
+
+
+# --------------------------------------------------------------------------------------
+# Hugging Face: a transformers Mixtral in and out
+# --------------------------------------------------------------------------------------
+def _mixtral(path, float32_parts: bool = False):
+    """A random transformers Mixtral in float64, saved to `path`. Its router's softmax and its
+    RMSNorms compute in float32 whatever the model's dtype (guards for bf16); unless
+    `float32_parts`, those modules are swapped for ones computing in the model's dtype, so
+    that float64 logits can agree to 1e-9 (the same weights, the same formulas)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers.models.mixtral.modeling_mixtral import MixtralRMSNorm, MixtralTopKRouter
+
+    class Float64Norm(MixtralRMSNorm):
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    class Float64Router(MixtralTopKRouter):
+        def forward(self, hidden_states):
+            logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+            top, idx = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+            return logits, top / top.sum(-1, keepdim=True), idx
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
+                        experts_implementation="eager")
+    model = MixtralForCausalLM(cfg).double().eval()
+    model.save_pretrained(str(path))
+    if not float32_parts:
+        def swap(owner, name, new):
+            new.load_state_dict(getattr(owner, name).state_dict())
+            setattr(owner, name, new.double())
+        for layer in model.model.layers:
+            swap(layer.mlp, "gate", Float64Router(cfg))
+            swap(layer, "input_layernorm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
+            swap(layer, "post_attention_layernorm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
+        swap(model.model, "norm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
+    return model
+
+
+def test_mixtral_in_and_out(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import MixtralForCausalLM
+
+    from minitron import Trainer
+    from minitron.checkpoint import gather_full
+    from minitron.hf import load_full, model_config, save
+
+    hf_model = _mixtral(tmp_path / "in")
+    model = model_config(str(tmp_path / "in"), seq_len=16)
+    assert (model.experts, model.top_k, model.n_kv_heads, model.activation) == (4, 2, 2, "swiglu")
+    tr = Trainer(model, ParallelConfig(), TRAIN.replace(init_from=str(tmp_path / "in")))
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want, got = hf_model(x).logits, tr.model.eval()(x)
+    assert float((got - want).abs().max()) <= TOL * float(want.abs().max())
+    with torch.no_grad():  # transformers' own float32 router and norms: agreement to float32's rounding
+        own = _mixtral(tmp_path / "own", float32_parts=True)(x).logits
+    assert float((got - own).abs().max()) <= 1e-6 * float(own.abs().max())
+    # export: the same tensors, loadable by transformers, and back into minitron unchanged
+    full = {k: v["param"] for k, v in gather_full(tr).items()}
+    info = save(str(tmp_path / "out"), full, model)
+    assert info["class"] == "MixtralForCausalLM"
+    a, b = load_file(str(tmp_path / "in" / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    again = load_full(str(tmp_path / "out"), model)
+    assert all(torch.equal(again[k]["param"], full[k]) for k in full)
+    back = MixtralForCausalLM.from_pretrained(str(tmp_path / "out"), experts_implementation="eager").double().eval()
+    with torch.no_grad():
+        assert torch.equal(back(x).logits, own)

@@ -18,7 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "minitron"
 
 ENGINE_LAYERS = [
     {"config", "grid"},
-    {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "corpus"},
+    {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "hf_moe", "corpus"},
     {"context"},
     {"parallel"},
     {"moe"},

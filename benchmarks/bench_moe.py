@@ -1,0 +1,117 @@
+"""minitron's mixture of experts against `transformers.MixtralForCausalLM`: one training step
+on one device, the same config, weights and batch, the two alternating round by round
+(paired ratios).
+
+    .venv/bin/python benchmarks/bench_moe.py --model llama-small --experts 8 --rounds 20
+    .venv/bin/python benchmarks/bench_moe.py --smoke      # moe-tiny, one round (the tests)
+
+The model is a Llama preset whose MLPs become E SwiGLU experts, top-2 (Mixtral's block).
+A step is forward, backward, global-norm clipping and AdamW on both sides (minitron's
+``Trainer.step``, dropless, with its Switch balancing loss; transformers' model with its
+own load-balancing loss (``output_router_logits``), ``torch.optim.AdamW`` and
+``clip_grad_norm_``, SDPA attention, its default experts implementation). Prints the
+markdown block RESULTS.md records (``--json``: the summary); the ratio is minitron /
+transformers (below 1: minitron faster).
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import checkout_commit, cpu_name, paired_ratio, publish  # noqa: E402
+
+from minitron import hf  # noqa: E402
+from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
+from minitron.train import Trainer  # noqa: E402
+
+
+def transformers_twin(tr, cfg, lr: float, weight_decay: float):
+    """transformers' MixtralForCausalLM holding `tr`'s weights (written by minitron's export
+    in Mixtral's file format and read by transformers, which fuses the experts), and its AdamW."""
+    import tempfile
+
+    import transformers
+
+    full = {p.shard.name: p.detach().clone() for p in tr.params}
+    with tempfile.TemporaryDirectory() as d:
+        hf.save(d, full, cfg)
+        model = transformers.MixtralForCausalLM.from_pretrained(d, attn_implementation="sdpa", dtype=torch.float32)
+    model.train()
+    return model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-small", help="a Llama preset (its MLPs become experts)")
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default="", help="append the markdown to this file (e.g. benchmarks/RESULTS.md)")
+    ap.add_argument("--smoke", action="store_true", help="moe-tiny, one round after one warm-up")
+    args = ap.parse_args()
+    if args.smoke:
+        args.model, args.experts, args.rounds, args.warmup, args.global_batch, args.out = "moe-tiny", 4, 1, 1, 4, ""
+    torch.set_num_threads(args.threads)
+    cfg = preset(args.model)
+    if cfg.positions != "rope":
+        raise SystemExit(f"bench_moe.py: --model {args.model} is not Llama-shaped (choose llama-tiny, llama-small)")
+    cfg = cfg.replace(experts=args.experts, top_k=args.top_k, name=f"{cfg.name}-{args.experts}x")
+    train = TrainConfig(global_batch=args.global_batch, lr=1e-3, warmup=0, min_lr=1e-3, progress=False,
+                        eval_every=0, weight_decay=0.1, clip=1.0)
+    tr = Trainer(cfg, ParallelConfig(device="cpu"), train)
+    theirs, opt = transformers_twin(tr, cfg, train.lr, train.weight_decay)
+
+    def hf_step(i):
+        x, y = tr.local_batch(i)
+        out = theirs(x, output_router_logits=True)
+        loss = F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+        (loss + cfg.aux_loss * out.aux_loss).backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), train.clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    times = {"minitron": [], "transformers": []}
+    runs = {"minitron": tr.step, "transformers": hf_step}
+    first = {}
+    for i in range(args.warmup + args.rounds):
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # neither always goes first
+        for k in order:
+            t0 = time.perf_counter()
+            loss = runs[k](i)
+            if i >= args.warmup:
+                times[k].append(time.perf_counter() - t0)
+            first.setdefault(k, loss)
+    # the same model and batch: the first language-model losses agree, or the race is unfair
+    if abs(first["minitron"] - first["transformers"]) > 1e-4:
+        raise SystemExit(f"bench_moe.py: first losses differ ({first}): the two models are not the same")
+    r = paired_ratio(times["minitron"], times["transformers"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    summary = {"model": cfg.name, "experts": cfg.experts, "top_k": cfg.top_k, "global_batch": args.global_batch,
+               "threads": args.threads, "rounds": args.rounds, "minitron_step_s": med["minitron"],
+               "transformers_step_s": med["transformers"], "first_losses": first,
+               "minitron_over_transformers": r, "commit": checkout_commit(), "cpu": cpu_name(),
+               "date": time.strftime("%Y-%m-%d")}
+    cmd = " ".join(["python", "benchmarks/bench_moe.py"] + sys.argv[1:])
+    md = (f"\n### MoE training step: minitron vs transformers.MixtralForCausalLM ({summary['date']})\n\n"
+          f"`{cmd}` on {summary['cpu']}, {args.threads} thread(s), commit {summary['commit']}; "
+          f"{cfg.name} (h {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, {cfg.n_kv_heads} kv heads, "
+          f"{cfg.experts} experts of ffn {cfg.moe_ffn_hidden}, top-{cfg.top_k}, s {cfg.seq_len}), global batch "
+          f"{args.global_batch}, {args.rounds} alternating rounds.\n\n"
+          f"| | median step (s) |\n|---|---|\n| minitron | {med['minitron']:.4f} |\n"
+          f"| transformers | {med['transformers']:.4f} |\n\n"
+          f"minitron / transformers: paired median **{r['paired_median']:.3f}**, ratio of medians "
+          f"{r['ratio_of_medians']:.3f}.\n")
+    publish(md, summary, args.json, args.out)
+
+
+if __name__ == "__main__":
+    main()
