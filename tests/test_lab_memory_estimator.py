@@ -55,6 +55,18 @@ def test_refused_before_any_rank_starts():
     assert "return a dict with the keys params_bytes" in check_memory_estimator(malformed)["message"]
 
 
+@pytest.mark.parametrize("module", ["importlib.import_module('minitron.' + 'analysis')",
+                                    "sys.modules['minitron.' + 'analysis.memory']",
+                                    "__import__('minitron.' + 'analysis', fromlist=['x'])"])
+def test_the_engines_estimate_is_refused_whatever_the_route(module):
+    """Before any rank starts: the estimate runs in this process, watched."""
+    source = (f"import importlib, sys\ndef estimate(model, layout, train, stage):\n    A = {module}\n"
+              "    return A.memory_on_rank(model, layout, train, stage)\n")
+    res = check_memory_estimator(source, measured={})
+    assert res["message"].startswith("your code runs the engine's own minitron.analysis.memory (from line 4 of "
+                                     "your code: `return A.memory_on_rank(model, layout, train, stage)`)"), res
+
+
 @pytest.mark.multirank
 def test_reference_meets_the_measurement_and_mistakes_get_one_line():
     measured = measure()

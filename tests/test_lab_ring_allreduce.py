@@ -1,7 +1,8 @@
 """Lab 0's checker (``minitron.labs.ring_allreduce``): the reference ring passes, the usual
 mistakes each get their own line.
 
-A syntax error is found before any rank starts; everything else runs on 4 gloo ranks, all
+A syntax error is found before any rank starts; everything else runs on 5 gloo ranks (rings
+of 4, 5, 3 and 2), all
 the sources in as few launches as their outcomes allow (a deadlock leaves the ranks out
 of step: the cases after it get a fresh launch).
 """
@@ -93,11 +94,23 @@ def test_reference_passes_and_mistakes_get_one_line():
         "sends never waited for": broken("        h.wait()\n", "", broken("        h.wait()\n", "")),
         "receive first (deadlock)": broken("        h = send(chunks[out], nxt)\n        recv(buf, prv)\n",
                                            "        recv(buf, prv)\n        h = send(chunks[out], nxt)\n"),
+        # what the old checker (4 ranks only) let through
+        "steps hard-wired to 4 ranks": REFERENCE.replace("for s in range(n - 1):", "for s in range(3):"),
+        # the engine's (or torch's) all-reduce, reached past the screen
+        **{f"engine by {how}": ("import importlib, sys\ndef ring_allreduce(x, rank, n, send, recv):\n"
+                                f"    D = {module}\n    y = x.clone()\n    D.all_reduce(y)\n"
+                                "    return y\n")
+           for how, module in (("importlib", "importlib.import_module('torch.' + 'distributed')"),
+                               ("sys.modules", "sys.modules['torch.distributed']"),
+                               ("__import__", "__import__('torch.' + 'distributed', fromlist=['x'])"))},
+        "process group": ("def ring_allreduce(x, rank, n, send, recv):\n    y = x.clone()\n"
+                          "    send.__self__.group.allreduce([y]).wait()\n    return y\n"),
     }
     got = dict(zip(cases, check_ring_allreduce_all(list(cases.values()), timeout=15)))
     for name in ("reference", "sends never waited for"):  # the checker waits for every send at the end
         assert got[name]["ok"], (name, got[name])
-    assert "2(n − 1) = 6 rounds" in got["reference"]["message"]
+    assert got["reference"]["message"].startswith("your ring_allreduce equals all_reduce on rings of 4, 5, 3, 2 "
+                                                  "ranks")
     want = {
         "stub": "ring_allreduce is not written yet (still `raise NotImplementedError`): fill in",
         "naive all-to-one": "rank 0 sent 3003 elements for N = 1001 on 4 ranks, 2.00x what a ring sends, "
@@ -107,6 +120,11 @@ def test_reference_passes_and_mistakes_get_one_line():
         "uneven sizes forgotten": "returned 1000 elements for N = 1001 on n = 4 ranks: 4 does not divide 1001",
         "torch.chunk": "IndexError: list index out of range in ring_allreduce, line",
         "receive first (deadlock)": "waited 5 s in recv for a message from rank",
+        "steps hard-wired to 4 ranks": "your ring_allreduce ran 3 steps per phase on n = 5 ranks (N = 1001): each "
+                                       "phase takes n − 1 = 4 steps, whatever n is",
+        **{f"engine by {how}": "your code runs the engine's own torch.distributed (from line 5 of your code: "
+                               "`D.all_reduce(y)`)" for how in ("importlib", "sys.modules", "__import__")},
+        "process group": "your code runs the engine's own torch.distributed (from line 3 of your code",
     }
     for name, words in want.items():
         res = got[name]

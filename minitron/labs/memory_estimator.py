@@ -27,7 +27,7 @@ layout, the stage, by how much and what that layout asks for.
 from __future__ import annotations
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, validate
-from .runner import LabError, call, deadline, describe, fail, load, screen
+from .runner import LabError, Tripwire, call, deadline, describe, fail, load, screen
 
 NAME = "estimate"
 MODEL = ModelConfig(layers=4, hidden=32, heads=4, seq_len=32, vocab=256, dropout=0.1, name="lab")
@@ -141,6 +141,20 @@ def _verdict(estimates: dict, measured: dict) -> dict:
                        f"{ACT_TOL:.0%} of the measured activations on every stage"}
 
 
+def _watch() -> Tripwire:
+    """The engine's own estimates (every module of :mod:`minitron.analysis`) and its
+    measurement, watched while the learner's estimate runs."""
+    import importlib
+    import pkgutil
+
+    from .. import analysis
+    from ..tools import measure as measuring
+
+    modules = {f"minitron.analysis.{m.name}": importlib.import_module(f"minitron.analysis.{m.name}")
+               for m in pkgutil.iter_modules(analysis.__path__)}
+    return Tripwire({"minitron.analysis": analysis, **modules, "minitron.tools.measure": measuring})
+
+
 def check_memory_estimator(source: str, measured: dict | None = None, timeout: float = 60) -> dict:
     """Lab 1: compare `estimate(model, layout, train, stage)` defined in `source` with the
     bytes measured on real ranks (:func:`measure`, or `measured` from an earlier call) in
@@ -150,8 +164,8 @@ def check_memory_estimator(source: str, measured: dict | None = None, timeout: f
     the code does not compile, raises or runs past `timeout` seconds."""
     try:
         screen(source, (NAME,), FORBIDDEN)
-        fn = load(source, (NAME,))[NAME]
-        with deadline(timeout):
+        with deadline(timeout), _watch().armed():
+            fn = load(source, (NAME,))[NAME]
             estimates = _estimates(fn, MODEL, TRAIN)
     except Exception as e:  # LabError, or the alarm of an endless loop
         return fail(describe(e, f"your {NAME}"))

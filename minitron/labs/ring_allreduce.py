@@ -22,11 +22,14 @@ message functions the checker provides (they count what is sent):
   ``wait()`` returns when `t` may be changed again;
 * ``recv(buf, frm)`` returns when `buf` holds the message rank `frm` sent.
 
-On 4 gloo ranks the checker runs it on flat tensors of several sizes, all but one of
-which 4 does not divide, in float64 and float32, and compares each rank's result with the engine's
-``all_reduce`` exactly (rank r's tensor is 2^r times a vector of small integers, so
+On rings of 4, 5, 3 and 2 gloo ranks (one launch of 5: each ring is the first n ranks,
+odd counts among them) the checker runs it on flat tensors of several sizes, most of which
+n does not divide, in float64 and float32, and compares each rank's result with the sum
+all-reduce gives, exactly (rank r's tensor is 2^r times a vector of small integers, so
 every sum is exact in either dtype, and each element of a wrong result tells which
-ranks' values it holds). It then counts the rank's messages, 2(n − 1), and their
+ranks' values it holds). While the learner's function runs, any communication but the
+given `send` and `recv` (the engine's collectives, lesson 0's, torch.distributed's, its
+process groups) is refused (:class:`~minitron.labs.runner.Tripwire`). It then counts the rank's messages, 2(n − 1), and their
 elements, 2(n − 1)/n · N within the two elements by which uneven chunks differ. A wrong
 result is diagnosed (the all-gather phase missing, the remainder of an uneven N
 forgotten, a rank's value counted twice or missing); a rank that waits for a message
@@ -45,12 +48,14 @@ import torch.distributed as dist
 
 from ..analysis import ring_allreduce_wire_bytes
 from ..config import ParallelConfig
-from .runner import LabError, agree, call, load, run_sources
+from .runner import LabError, Tripwire, agree, call, load, run_sources
 
 NAME = "ring_allreduce"
-RANKS = 4
+RANKS = 5  # the launch: rings of every size in RINGS run on its first n ranks
 # (N, dtype): none divisible by 4 but the last; 6 leaves torch.chunk only 3 chunks
 SIZES = ((1001, torch.float64), (6, torch.float64), (4099, torch.float32), (12, torch.float64))
+# (n, sizes): rings of odd and even sizes, so that nothing hard-wired to one count passes
+RINGS = ((4, SIZES), (5, SIZES), (3, SIZES[:2] + ((7, torch.float64),)), (2, ((1001, torch.float64),)))
 # lesson 0's ring (the engine's own answer) and the library's collectives
 FORBIDDEN = ("minitron.course.collectives", "torch.distributed.all_reduce", "minitron.comm")
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
@@ -220,14 +225,27 @@ def _check_traffic(sent: list[int], N: int, esize: int, n: int, rank: int) -> st
     return ""
 
 
-def _run_one(comm, fn, msgs: Messages, N: int, dtype: torch.dtype) -> str:
-    """Run the learner's ring on this rank's coded tensor of N elements: '' or the problem."""
-    n, r = comm.size("dp"), comm.index("dp")
+def watch() -> Tripwire:
+    """All communication but the `send` and `recv` the learner is given: the engine's
+    collectives, lesson 0's ring, torch.distributed and its C++ process groups."""
+    from ..course import collectives
+    from .. import comm
+
+    return Tripwire({"minitron.comm": comm, "minitron.course.collectives": collectives,
+                     "torch.distributed": dist.distributed_c10d},
+                    allowed=(Messages.send, Messages.recv, _Sent.wait), communication=True)
+
+
+def _run_one(comm, fn, msgs: Messages, n: int, N: int, dtype: torch.dtype) -> str:
+    """Run the learner's ring of the first n ranks on this rank's coded tensor of N
+    elements: '' or the problem."""
+    r = comm.index("dp")
     x, w = coded_input(N, dtype, r)
-    want = comm.all_reduce(x.clone(), "dp")  # the engine's all-reduce: the oracle
+    want = w * float(2 ** n - 1)  # the sum of 2^q·w over the ring's ranks q: exact
     msgs.start()
     try:
-        got = call(f"your {NAME}", fn, x.clone(), r, n, msgs.send, msgs.recv)
+        with watch().armed():
+            got = call(f"your {NAME}", fn, x.clone(), r, n, msgs.send, msgs.recv)
     except LabError:
         if msgs.problem:  # what went wrong first
             return msgs.problem
@@ -245,24 +263,35 @@ def _run_one(comm, fn, msgs: Messages, N: int, dtype: torch.dtype) -> str:
         return (f"your {NAME} returned a {got.dtype} tensor of shape {list(got.shape)} for a {x.dtype} input of "
                 f"shape {list(x.shape)} (N = {N}): return the sum in the input's shape and dtype")
     if not torch.equal(got, want):
-        return diagnose(got, w, n, r) or f"rank {r}'s result differs from all_reduce (N = {N})"
+        steps = len(msgs.sent) / 2
+        if steps != n - 1 and len(msgs.sent) % 2 == 0:
+            return (f"your {NAME} ran {steps:g} steps per phase on n = {n} ranks (N = {N}): each phase takes n − 1 "
+                    f"= {n - 1} steps, whatever n is (is the count written for one number of ranks?)")
+        return diagnose(got, w, n, r) or f"rank {r}'s result differs from all_reduce (N = {N}, n = {n})"
     return _check_traffic(msgs.sent, N, x.element_size(), n, r)
 
 
 def _job(comm, source: str, timeout: float) -> dict:
     case = next(_CASE)
     ranks = comm.grid.axis_ranks("dp")
-    msgs = Messages(dist.new_group(ranks), list(range(len(ranks))), max(3.0, timeout / 3))
-    fn = load(source, (NAME,), {"torch": torch})[NAME]
-    for i, (N, dtype) in enumerate(SIZES):
-        try:
-            problem = _run_one(comm, fn, msgs, N, dtype)
-        except LabError as e:  # the learner's code raised or returned a malformed value
-            problem = str(e)
-        agree(comm, f"ring/{case}/{i}", problem, timeout)
-    n = comm.size("dp")
-    return {"ok": True, "message": f"your {NAME} equals all_reduce on {n} ranks for N = "
-            f"{', '.join(str(N) for N, _ in SIZES)} in 2(n − 1) = {2 * (n - 1)} rounds of 2(n − 1)/n·N elements"}
+    r = comm.index("dp")
+    # a group per ring and per case: a message left unmatched cannot meet another's
+    groups = {n: dist.new_group(ranks[:n]) for n, _ in RINGS if n <= len(ranks)}
+    with watch().armed():
+        fn = load(source, (NAME,), {"torch": torch})[NAME]
+    for n, sizes in RINGS:
+        if n > len(ranks):
+            continue
+        msgs = Messages(groups[n], list(range(n)), max(3.0, timeout / 3))
+        for i, (N, dtype) in enumerate(sizes):
+            try:
+                problem = _run_one(comm, fn, msgs, n, N, dtype) if r < n else ""
+            except LabError as e:  # the learner's code raised or returned a malformed value
+                problem = str(e)
+            agree(comm, f"ring/{case}/{n}/{i}", problem, timeout)
+    rings = [n for n, _ in RINGS if n <= len(ranks)]
+    return {"ok": True, "message": f"your {NAME} equals all_reduce on rings of {', '.join(map(str, rings))} ranks "
+            f"for N = {', '.join(str(N) for N, _ in SIZES)} and others, in 2(n − 1) rounds of 2(n − 1)/n·N elements"}
 
 
 def check_ring_allreduce_all(sources: list[str], ranks: int = RANKS, timeout: float = 60) -> list[dict]:

@@ -230,14 +230,26 @@ class Tripwire:
                 self.codes.update(dict.fromkeys(_codes(obj), name))
         self.allowed = set().union(*(_codes(a) for a in allowed)) if allowed else set()
         self.communication = communication
+        self.c10d = self._c10d_builtins() if communication else set()
         self.seen = ""  # the first piece that ran: its name, and where in the learner's code
+
+    @staticmethod
+    def _c10d_builtins() -> set:
+        """The ids of the C++ functions of torch.distributed's process groups, stores and
+        work handles (a profile hook sees a pybind11 method as its function, not bound)."""
+        import torch._C._distributed_c10d as c10d
+
+        found = set()
+        for name in dir(c10d):
+            obj = getattr(c10d, name)
+            members = vars(obj).values() if isinstance(obj, type) else [obj]
+            found.update(id(getattr(m, "__func__", m)) for m in members
+                         if callable(getattr(m, "__func__", m)) and not isinstance(m, type))
+        return found
 
     def _c10d(self, frame, event, arg) -> bool:
         if event == "c_call":
-            import torch._C._distributed_c10d as c10d
-
-            owner = getattr(arg, "__self__", None)
-            return isinstance(owner, (c10d.ProcessGroup, c10d.Backend, c10d.Store, c10d.Work))
+            return id(arg) in self.c10d
         if event == "call" and frame.f_code.co_filename.endswith(os.path.join("torch", "_ops.py")):
             op = frame.f_locals.get("self")
             return "c10d" in str(getattr(op, "_qualified_op_name", getattr(op, "_name", "")))
