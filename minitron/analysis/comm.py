@@ -40,7 +40,7 @@ import math
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, statistics_bytes
 from .calls import (NORM_BYTES, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
-from . import dry_run
+from .dry_run import model_calls
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank,
                      rank_chunks)
@@ -144,7 +144,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
 
     # tensor and context parallel: read off the model's own forward and backward (a dry
     # run, analysis/dry_run.py), then the sums of its replicated gradients
-    items += [it for it in dry_run.model_calls(model, parallel, b, m, rank_chunks(model, parallel, pp_rank), e)
+    items += [it for it in model_calls(model, parallel, b, m, rank_chunks(model, parallel, pp_rank), e)
               if it["calls"]]
     if t > 1:
         add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)

@@ -132,7 +132,7 @@ from typing import Any
 
 from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from ..parallel.schedules import placement_for
-from . import dry_run
+from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_degrees, layout_get, local_model,
@@ -402,9 +402,9 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
 def _dry_run_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[float, float, float, float]:
     """(one block's saved bytes, what its backward rebuilds on top, the embedding's, the
     head and loss's), read off the model by a dry run (float32/float64 training: exact)."""
-    return (dry_run.block_saved_bytes(model, layout, b, e), dry_run.block_rebuilt_bytes(model, layout, b, e),
-            dry_run.ends_saved_bytes(model, layout, b, e, first=True, last=False),
-            dry_run.ends_saved_bytes(model, layout, b, e, first=False, last=True))
+    return (block_saved_bytes(model, layout, b, e), block_rebuilt_bytes(model, layout, b, e),
+            ends_saved_bytes(model, layout, b, e, first=True, last=False),
+            ends_saved_bytes(model, layout, b, e, first=False, last=True))
 
 
 # the items of saved_bytes_per_layer saved before the attention core (the rest come after it)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dry_run
+from .dry_run import block_params, ends_params
 from ..parallel.schedules import placement_for
 from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
                       holds_ends, stage_placement)
@@ -180,7 +180,7 @@ def local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
     architecture knob counted as built. For GPT-2 shapes it equals the table above —
     1-D ``(2h) + (3h²+3h)/t + (h²/t + h) + (2h) + (fh+f)/t + (hf/t + h)``, the cube
     ``(4h²+2hf)/q³ + (9h+f)/q``, SUMMA ``(4h²+2hf)/q² + (9h+f)/q`` — as the tests check."""
-    return dry_run.block_params(model, {"tp": tp, "tp_mode": tp_mode})
+    return block_params(model, {"tp": tp, "tp_mode": tp_mode})
 
 
 def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: int = 0) -> int:
@@ -208,9 +208,9 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
     first, last = pp_rank == 0, holds_ends(pp_rank, p, v)[1]
     n = n_layers * local_layer_params(model, t, mode)
     if p * v == 1:  # one chunk holds both ends (a tied embedding once)
-        return n + dry_run.ends_params(model, lay, first, last)
+        return n + ends_params(model, lay, first, last)
     # chunk 0's embedding; the last chunk's norm and output layer (or its copy of a tied wte)
-    return n + dry_run.ends_params(model, lay, first, False) + dry_run.ends_params(model, lay, False, last)
+    return n + ends_params(model, lay, first, False) + ends_params(model, lay, False, last)
 
 
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
