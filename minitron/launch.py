@@ -6,7 +6,12 @@
 * Otherwise `--nproc N` starts N local ranks with `torch.distributed.launcher`
   (the engine behind `torch.distributed.run`), standalone c10d rendezvous.
 
-Collectives get a timeout, so a dead peer ends the run with an error, never a hang.
+Collectives get a timeout, so a dead peer ends the run with an error, never a hang. Local
+ranks are also watched from the launcher (:class:`Watchdog`): a rank that dies ends the
+others at once (they would otherwise sit in a collective, and the elastic agent gives
+them 30 s), and a rank that stops answering (SIGSTOP, a hung device, a swapped-out
+machine: no heartbeat) is ended once its peers have given up on it, so that the run ends
+with one line naming it instead of the launcher waiting for it forever.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .comm import Comm, CommTrace
 from .grid import ProcessGrid
@@ -150,12 +156,134 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     die_with(launcher, scratch)  # its thread keeps STOP_SIGNALS blocked: they reach the main thread
     log = SignalLog().install() if stop_on_signal else None
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork server started
-    (Path(scratch) / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    rank = int(os.environ.get("RANK", 0))
+    _heartbeat(Path(scratch) / f"rank{rank}.beat")
+    (Path(scratch) / f"rank{rank}.pid").write_text(str(os.getpid()))
     early = Path(scratch) / "signal"
     if early.exists():  # the launcher was signalled before this rank had left its pid
         sig = int(early.read_text() or signal.SIGTERM)
         log(sig) if log is not None else os.kill(os.getpid(), sig)
-    return fn(*args)
+    out = fn(*args)
+    (Path(scratch) / f"rank{rank}.done").touch()  # returned: its silence from now on is not a hang
+    return out
+
+
+HEARTBEAT_S = 0.5  # how often a local rank shows it is alive (a file's mtime; Watchdog reads it)
+
+
+def _heartbeat(path: Path) -> None:
+    """A daemon thread that touches `path` every HEARTBEAT_S: it runs while the rank's
+    process runs (also while its main thread waits in a collective), and stops when the
+    process is stopped (SIGSTOP), killed, or wedged without releasing the interpreter."""
+    path.touch()
+
+    def beat():
+        while True:
+            time.sleep(HEARTBEAT_S)
+            try:
+                os.utime(path)
+            except OSError:
+                return  # the launcher removed its scratch folder: the run is over
+
+    threading.Thread(target=beat, name="minitron-heartbeat", daemon=True).start()
+
+
+class Watchdog:
+    """The launcher's eye on its local ranks (a thread; `start`, then `stop`).
+
+    * A rank whose process is gone without having returned (killed, crashed) ends the
+      others at once (SIGKILL): they would wait in a collective until its timeout, then
+      the elastic agent's 30 s grace. `lost` names it.
+    * A rank without a heartbeat for `quiet_s` once another rank has returned (its peers
+      gave up on it: a collective timed out), or for `timeout_s` + `quiet_s` in any case,
+      is stopped, hung or swapped out: it is ended (SIGKILL) and named in `lost`.
+
+    A stop of the whole process group (Ctrl-Z) stops the watchdog too: a pause in its own
+    loop resets what it has seen, so a resumed run is not taken for a hung one."""
+
+    def __init__(self, scratch: str, timeout_s: float, quiet_s: float = 5.0, period_s: float = 0.25):
+        self.scratch, self.timeout_s, self.quiet_s, self.period_s = Path(scratch), timeout_s, quiet_s, period_s
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="minitron-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _ranks(self) -> dict[int, int]:
+        out = {}
+        for f in self.scratch.glob("rank*.pid"):
+            try:
+                out[int(f.stem[4:])] = int(f.read_text())
+            except (ValueError, OSError):
+                pass  # being written
+        return out
+
+    def _run(self) -> None:
+        seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
+        last = time.monotonic()
+        while not self._stop.wait(self.period_s):
+            now = time.monotonic()
+            if now - last > 4 * self.period_s + 1:  # we were stopped ourselves: start over
+                seen = {}
+            last = now
+            ranks = self._ranks()
+            done = {r for r in ranks if (self.scratch / f"rank{r}.done").exists()}
+            dead, silent = [], {}
+            for r, pid in sorted(ranks.items()):
+                if r in done:
+                    continue
+                if not _alive(pid) or _zombie(pid):
+                    dead.append(r)
+                    continue
+                try:
+                    mtime = (self.scratch / f"rank{r}.beat").stat().st_mtime
+                except OSError:
+                    continue
+                if seen.get(r, (None,))[0] != mtime:
+                    seen[r] = (mtime, now)
+                silent[r] = now - seen[r][1]
+            # a peer that gave up on a silent rank (its collective timed out) may end first:
+            # the silent one is the cause
+            quiet = {r: t for r, t in silent.items() if t > self.timeout_s + self.quiet_s or
+                     ((done or dead) and t > (self.quiet_s if not dead else 3.0))}
+            if quiet:
+                r = max(quiet, key=quiet.get)
+                self._end(ranks, f"rank {r} stopped answering (no heartbeat for {quiet[r]:.0f} s: stopped, hung "
+                                 f"or swapped out; pid {ranks[r]})")
+                return
+            if dead:
+                self._end(ranks, f"rank {dead[0]} died (pid {ranks[dead[0]]} ended without returning)")
+                return
+
+    def _end(self, ranks: dict[int, int], why: str) -> None:
+        self.lost = why
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+class RankLost(ChildFailedError):
+    """The run ended because the Watchdog found a rank dead or silent: `lost` names it
+    (the agent's failures are kept, as in any ChildFailedError)."""
+
+    def __init__(self, lost: str, failed: ChildFailedError):
+        super().__init__(failed.name, failed.failures)
+        self.lost = lost
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _start_fork_server() -> None:
@@ -211,11 +339,13 @@ def _quiet_agent_logs() -> dict:
 
 
 def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
-                 stop_on_signal: bool = False) -> dict:
+                 stop_on_signal: bool = False, timeout_s: float = 300) -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
     Returns {rank: return value}. SIGTERM/SIGINT to the launcher are passed on to the
     ranks; with `stop_on_signal` the ranks note them instead of dying (a training loop
-    then stops at a step boundary with a checkpoint).
+    then stops at a step boundary with a checkpoint). A rank that dies or stops
+    answering ends the run (:class:`Watchdog`; `timeout_s`: the ranks' collective
+    timeout) with a ConfigError naming it.
 
     `forkserver`: a clean single-threaded server imports torch and minitron once, and
     every rank is forked from it — fast like `fork`, but without inheriting the locks of
@@ -224,7 +354,6 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     import multiprocessing as mp
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
@@ -251,14 +380,18 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
             signal.signal(s, forward)
         if early is not None and early.signal:
             forward(signal.Signals[early.signal], None)  # as the handler is called: (signum, frame)
+    watchdog = Watchdog(log_dir, timeout_s).start()
     try:
         return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
-    except ChildFailedError:
+    except ChildFailedError as e:
         if forward.received:  # the ranks ended because we passed a signal on: say that
             sig = signal.Signals(forward.received[0])
             raise SignalException(f"the launcher got {sig.name}", sigval=sig) from None
+        if watchdog.lost:
+            raise RankLost(watchdog.lost, e) from None
         raise
     finally:
+        watchdog.stop()
         for logger, level in quiet.items():
             logger.setLevel(level)
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -20,6 +20,9 @@ import numpy as np
 from .config import ConfigError
 from .data import read_text_source, sidecar_path
 
+# The largest vocabulary `minitron tokenize` trains: 16x the largest in common use (~256k);
+# the tokenizers library aborts in native code when asked for counts near 2^32.
+MAX_VOCAB = 1 << 22
 CHUNK_LINES = 4096  # lines per encode_batch item: the library encodes items in parallel
 
 
@@ -48,8 +51,12 @@ def tokenize(source: str, out_path: str, vocab_size: int = 4096, tokenizer: str 
     out = Path(out_path)
     if out.suffix != ".bin":
         raise ConfigError(f"--out {out_path} must end in .bin: e.g. --out {out.with_suffix('.bin')}")
-    if not tokenizer and not 257 <= vocab_size <= 2**32:
+    if not tokenizer and vocab_size < 257:
         raise ConfigError(f"--vocab {vocab_size} must be at least 257 (the 256 byte values and one merge)")
+    if not tokenizer and vocab_size > MAX_VOCAB:
+        raise ConfigError(f"--vocab {vocab_size} is more than the {MAX_VOCAB:,} trained here (the largest "
+                          f"vocabularies in use have about 256,000 tokens; the library aborts far below 2^32): "
+                          f"ask for fewer")
     tk = _tokenizers()
     data, _ = read_text_source(source)
     text = data.decode("utf-8")

@@ -1,7 +1,8 @@
 """Settings for every test session, and its hygiene check.
 
 A session must clean up after itself: no `torchelastic_*` folder (the elastic agent's
-scratch space) and no new /dev/shm entry (shared memory, named semaphores) may outlive
+scratch space), no `minitron_ranks_*` or `minitron-lab-*` folder (the launcher's and a lab
+checker's) and no new /dev/shm entry (shared memory, named semaphores) may outlive
 it. The session gets a temporary folder of its own (TMPDIR, for the ranks and commands it
 starts too), so what is found there is its own even while other sessions run beside it;
 a /dev/shm entry counts when it is new and no live process maps or holds it (nor, for a
@@ -23,6 +24,10 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SHM = Path("/dev/shm")
+# what a launch leaves in the temporary folder when it does not clean up: the elastic agent's
+# scratch space, minitron's launcher folder (pids, heartbeats; removed by the launcher, or by
+# its ranks when the launcher is killed) and a lab checker's result folder
+SCRATCH_LEFTOVERS = ("torchelastic_*", "minitron_ranks_*", "minitron-lab-*")
 _STATE = pytest.StashKey[dict]()
 
 
@@ -53,11 +58,11 @@ def _shm_in_use() -> set[str]:
 
 
 def leftovers(scratch: Path, shm_before: set[str], grace_s: float = 10) -> list[str]:
-    """What a session left behind: torchelastic_* folders in its temporary folder, and
+    """What a session left behind: launch folders (SCRATCH_LEFTOVERS) in its temporary folder, and
     /dev/shm entries that appeared since `shm_before` and that no live process uses, still
     there after `grace_s` seconds (a multiprocessing program's resource tracker unlinks its
     semaphores as the program ends: a command that is just ending is given that time)."""
-    found = sorted(str(p) for p in scratch.glob("torchelastic_*"))
+    found = sorted(str(p) for pattern in SCRATCH_LEFTOVERS for p in scratch.glob(pattern))
     end = time.monotonic() + grace_s
     while True:
         shm = (_shm_entries() - shm_before) - _shm_in_use()

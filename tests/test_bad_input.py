@@ -164,6 +164,23 @@ CASES = [
     (["tokenize", "--data", "{text}", "--out", "{dir}/out.txt"], "unknown file type '.txt'"),
     (["tokenize", "--data", "{dir}/in.bin", "--out", "{dir}/in.bin"], "is an input of this run"),
     (["tokenize", "--data", "{text}", "--out", "{file}/x.bin"], "cannot write into"),
+    # --- work that would not end, native aborts ---
+    (["bench", "--bench-steps", "100000"], "--bench-steps 100000 is more than the 1000"),
+    (["bench", "--warmup-steps", "5000"], "--warmup-steps 5000 is more than the 1000"),
+    (["sample", "--ckpt-dir", "{ckpt}", "--tokens", "10000000"], "more than the 100,000 sampled here"),
+    (["sample", "--ckpt-dir", "{ckpt}", "--temperature", "nan"], "--temperature must be a positive finite"),
+    (["sample", "--ckpt-dir", "{ckpt}", "--temperature", "inf"], "--temperature must be a positive finite"),
+    (["tokenize", "--data", "{text}", "--out", "{dir}/v.bin", "--vocab", str(2**32)], "more than the 4,194,304"),
+    (["tokenize", "--data", "{text}", "--out", "{dir}/v.bin", "--vocab", str(2**60)], "more than the 4,194,304"),
+    # --- checkpoints as inputs and outputs ---
+    (["check-ckpt", "{dir}/no_such_ckpt"], "does not exist"),
+    (["check-ckpt", "{folder}"], "holds no checkpoint"),
+    (["export", "--ckpt-dir", "{ckpt}", "--hf", "{ckpt}/latest"], "is a file: name a folder"),
+    (["export", "--ckpt-dir", "{ckpt}", "--hf", "{dir}"], "already holds other files"),
+    (TRAIN + ["--metrics", "{ckpt}/latest"], "inside the checkpoint folder"),
+    (TRAIN + ["--trace", "{ckpt}/step_0000002/meta.json"], "inside the checkpoint folder"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--seed", "5"], "--seed 5 (the checkpoint's is 1234)"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--global-batch", "8"], "--allow-resume-change"),
 ]
 
 
@@ -249,6 +266,27 @@ def test_launcher_environment(capsys, monkeypatch):
     assert main(TRAIN + ["--steps", "1", "--nproc", "2", "--dp", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "not a task started by srun" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"RANK": "5", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}, "RANK=5 is outside WORLD_SIZE=2"),
+    ({"RANK": "-1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}, "RANK=-1 is outside"),
+    ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK='one' is not a number"),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}, "SLURM_PROCID=3 is outside SLURM_NTASKS=2"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+      "MASTER_PORT": "29999"}, "LOCAL_RANK=4 is outside LOCAL_WORLD_SIZE=2"),
+])
+def test_launcher_numbers_outside_the_world(capsys, monkeypatch, env, words):
+    """A launcher environment whose rank lies outside its world (or is no number) is one line
+    at once, not C++ stack frames from the rendezvous after 24 s."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+              "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(TRAIN + ["--steps", "1", "--nproc", "2", "--dp", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err, err
 
 
 @pytest.mark.multirank

@@ -332,3 +332,31 @@ def test_a_fifo_as_data_is_refused_at_once(tmp_path, capsys):
     refused(capsys, TRAIN + ["--steps", "1", "--data", tmp_path / "tok.bin"], "not a regular file")
     refused(capsys, TRAIN + ["--steps", "1", "--metrics", fifo], "not a regular file")
     assert time.monotonic() - t < 60
+
+
+# --- exit codes --------------------------------------------------------------------------------
+def test_two_ctrl_c_exit_with_the_code_printed(tmp_path):
+    """Ctrl-C stops the run at a step boundary with a checkpoint; a second Ctrl-C right after
+    the command printed its exit code (while the interpreter winds down) does not turn the
+    75 it printed into death by SIGINT."""
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "minitron", *TRAIN, "--steps", "100000", "--ckpt-dir", str(ck),
+                             "--ckpt-every", "1000", "--metrics", str(m)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        end = time.monotonic() + 240
+        while not (m.exists() and m.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < end, proc.stderr.read()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        line = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)  # the second Ctrl-C
+        rest = proc.stderr.read()
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert line.startswith("minitron: stopped by SIGINT after step ") and line.strip().endswith("(exit code 75)"), \
+        line + rest
+    assert proc.returncode == 75 and not rest.strip(), (proc.returncode, rest)

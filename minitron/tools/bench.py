@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..analysis.flops import hardware_flops_per_iteration
-from ..config import ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step
 from ..context import TORCH_DTYPES
 from ..data import batch
 from ..train import Trainer
@@ -65,6 +65,20 @@ class MatmulProbe:
 
     def __call__(self, _step=None):
         torch.mm(self.a, self.b, out=self.out)
+
+
+# A benchmark's timed and warm-up steps: a few dozen give a steady mean; past this bound a
+# typo (an extra zero or three) would keep the machine busy for hours.
+MAX_BENCH_STEPS = 1000
+
+
+def check_counts(bench_steps: int, warmup_steps: int) -> None:
+    """--bench-steps and --warmup-steps within MAX_BENCH_STEPS (a ConfigError otherwise)."""
+    for flag, n in (("--bench-steps", bench_steps), ("--warmup-steps", warmup_steps)):
+        if n > MAX_BENCH_STEPS:
+            raise ConfigError(f"{flag} {n} is more than the {MAX_BENCH_STEPS} a benchmark needs (each step is timed "
+                              f"{'twice: minitron and plain PyTorch' if flag == '--bench-steps' else 'as warm-up'}): "
+                              f"use 10 to 100")
 
 
 def probe_dtype(layout: ParallelConfig, train: TrainConfig) -> torch.dtype:

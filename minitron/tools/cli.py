@@ -211,9 +211,11 @@ def run_ranks(job, model, layout, train, corpus, extra=None):
     else:
         try:
             results = launch.launch_local(_rank_main, (job, model, layout, train, corpus, extra), world,
-                                          stop_on_signal=job is _train_job)
+                                          stop_on_signal=job is _train_job, timeout_s=(extra or {}).get("timeout", 300))
         except SignalException as e:
             raise Interrupted(e.sigval) from None
+        except launch.RankLost as e:  # the launcher's watchdog: a rank died or stopped answering
+            raise ConfigError(f"{e.lost}; the other ranks were ended (MINITRON_DEBUG=1 shows their messages)") from None
         except ChildFailedError as e:
             rank, failure = e.get_first_failure()
             how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
@@ -274,7 +276,9 @@ def _train_job(comm, model, layout, train, corpus, extra):
 def cmd_train(args) -> int:
     """`minitron train`, holding --ckpt-dir's lock (checkpoint.FolderLock) from its checks to its end."""
     from ..checkpoint import FolderLock
+    from .preflight import check_rank_numbers
 
+    check_rank_numbers(os.environ)  # reporting() reads them
     with FolderLock(args.ckpt_dir if reporting() else "") as lock:
         return _train_command(args, lock)
 
@@ -480,6 +484,9 @@ def cmd_bench(args) -> int:
     if args.bench_steps < 1 or args.warmup_steps < 0 or args.threads < 0:
         raise ConfigError("--bench-steps must be at least 1, --warmup-steps and --threads at least 0 "
                           f"(got {args.bench_steps}, {args.warmup_steps}, {args.threads})")
+    from .bench import check_counts
+
+    check_counts(args.bench_steps, args.warmup_steps)
     corpus = check_data(model, train)
     preflight(model, layout, train)
     if args.threads:
@@ -938,8 +945,10 @@ def main(argv=None) -> int:
         print(f"minitron: error: {type(e).__name__}: {first} (MINITRON_DEBUG=1 prints the traceback)", file=sys.stderr)
         return 1
     finally:
-        if log is not None:
+        if log is not None and argv is not None:  # called from Python: give the caller its handlers back
             log.restore()
+        # as the program (argv None) the SignalLog stays: a signal after the command has said its exit code
+        # (a second Ctrl-C) is noted, not fatal, so the code printed is the code returned
 
 
 if __name__ == "__main__":

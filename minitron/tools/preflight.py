@@ -28,6 +28,7 @@ def check_environment(layout: ParallelConfig) -> None:
         flag = "--device cuda" if layout.device == "cuda" else "--backend nccl"
         raise ConfigError(f"{flag} needs a CUDA GPU and this machine has none: drop it (CPU ranks use gloo)")
     env = os.environ
+    check_rank_numbers(env)
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_ID" not in env \
             and "RANK" not in env:
         # the batch script itself (task 0 of the allocation): its peers would never come
@@ -38,6 +39,23 @@ def check_environment(layout: ParallelConfig) -> None:
         if missing:
             raise ConfigError(f"RANK and WORLD_SIZE are set but {' and '.join(missing)} not: export them "
                               f"(the host and port of rank 0), or start the ranks with torchrun")
+
+
+def check_rank_numbers(env) -> None:
+    """The launcher's numbers are integers and a rank lies inside its world (a rank past
+    the world size waits in the rendezvous, then ends in C++ stack frames)."""
+    for rank_key, world_key in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+                                ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        given = {k: env[k] for k in (rank_key, world_key) if k in env}
+        for k, v in given.items():
+            if not v.strip().lstrip("-").isdigit():
+                raise ConfigError(f"the launcher's {k}={v[:40]!r} is not a number: fix the environment "
+                                  f"(or start the ranks with torchrun / srun)")
+        if len(given) == 2:
+            rank, world = int(given[rank_key]), int(given[world_key])
+            if world < 1 or not 0 <= rank < world:
+                raise ConfigError(f"the launcher's {rank_key}={rank} is outside {world_key}={world} (ranks are "
+                                  f"0..{max(world, 1) - 1}): fix the environment (or start the ranks with torchrun / srun)")
 
 
 def available_memory_bytes() -> int | None:

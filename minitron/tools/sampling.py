@@ -15,6 +15,10 @@ from ..config import ConfigError, ModelConfig, TrainConfig
 from ..data import ByteCorpus, TokenFile, load_corpus
 
 
+# Tokens one `minitron sample` generates: a long text, not a typo's hours of forward passes.
+MAX_TOKENS = 100_000
+
+
 class TokenizerCodec:
     """encode/decode through a Hugging Face `tokenizer.json` (the `tokenizers` package)."""
 
@@ -98,10 +102,13 @@ def sample_text(args) -> str:
     """`minitron sample`'s text: load, check, generate (all before printing anything)."""
     from ..train import sample
 
-    if args.temperature <= 0:
-        raise ConfigError(f"--temperature must be positive (got {args.temperature})")
+    if not args.temperature > 0 or args.temperature == float("inf"):
+        raise ConfigError(f"--temperature must be a positive finite number (got {args.temperature})")
     if args.top_k < 1 or args.tokens < 1:
         raise ConfigError("--top-k and --tokens must be at least 1")
+    if args.tokens > MAX_TOKENS:
+        raise ConfigError(f"--tokens {args.tokens} is more than the {MAX_TOKENS:,} sampled here (one forward pass per "
+                          f"token: hours on a CPU): ask for fewer, or sample several times")
     gpt, cfg = load_model(args.ckpt_dir, args.init_from, args.dtype)
     codec = codec_for(cfg, args.tokenizer, args.data, args.init_from)
     text = sample(gpt, args.prompt, args.tokens, args.seed, codec, args.temperature, args.top_k)
