@@ -175,9 +175,11 @@ class MLP(nn.Module):
     or SwiGLU ``fc2(silu(gate·x) ∘ (up·x))`` (Shazeer 2020; Llama).
 
     SwiGLU's gate and up are one column-parallel linear ``fc`` [2f, h] whose rows are
-    interleaved, [unit j][gate|up]: row 2j is gate unit j, row 2j+1 up unit j, so any
-    contiguous slice of rows (a tensor rank's, a grid column's) holds matching pairs,
-    whatever the number of ranks; one matmul, one communication."""
+    stored interleaved, [unit j][gate|up]: row 2j is gate unit j, row 2j+1 up unit j, so
+    any contiguous slice of rows (a tensor rank's, a grid column's) holds matching pairs,
+    whatever the number of ranks; one matmul, one communication. The linear computes with
+    its local rows regrouped [gate rows | up rows] (``parts=2``), so the two halves of its
+    output are contiguous blocks."""
 
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
@@ -185,13 +187,14 @@ class MLP(nn.Module):
         self.swiglu = cfg.activation == "swiglu"
         self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"  # GPT-2's gelu_new
         width = 2 * cfg.ffn_hidden if self.swiglu else cfg.ffn_hidden
-        self.fc = layers.linear_in(f"{name}.fc", cfg.hidden, width, ctx, **_bias(cfg))
+        self.fc = layers.linear_in(f"{name}.fc", cfg.hidden, width, ctx, **_bias(cfg),
+                                   **({"parts": 2} if self.swiglu else {}))
         self.fc2 = layers.linear_out(f"{name}.fc2", cfg.ffn_hidden, cfg.hidden, ctx,
                                      0.02 / math.sqrt(2 * cfg.layers), **_bias(cfg))
 
     def activation(self, y):
         if self.swiglu:
-            gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+            gate, up = y.chunk(2, dim=-1)  # this rank's gate units, then the same units' up
             return F.silu(gate) * up
         return F.gelu(y, approximate=self.approximate)
 

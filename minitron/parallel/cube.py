@@ -73,7 +73,7 @@ from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .context_parallel import ring_attention
 from .random import draw
-from .tensor import gather, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
+from .tensor import gather, grouped_rows, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 I, J, K = "cube_i", "cube_j", "cube_k"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -123,10 +123,11 @@ class Linear3D(nn.Module):
     """
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, placement: Placement,
-                 std: float = 0.02, skip_bias_add: bool = False, bias: bool = True):
+                 std: float = 0.02, skip_bias_add: bool = False, bias: bool = True, parts: int = 1):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
         self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add or not bias
+        self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
         a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
         rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
@@ -137,8 +138,8 @@ class Linear3D(nn.Module):
         pl = self.placement
         x = gather(x, self.comm, pl.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
         w = gather(self.weight, self.comm, I, 1, param=True)  # [d_out/q, d_in/q]: rows a, columns c
-        y = reduce_scatter(F.linear(x, w), self.comm, pl.c, BATCH)  # [b/q², s, d_out/q]
-        return y if self.skip_bias_add else y + self.bias
+        y = reduce_scatter(F.linear(x, grouped_rows(w, self.parts)), self.comm, pl.c, BATCH)  # [b/q², s, d_out/q]
+        return y if self.skip_bias_add else y + grouped_rows(self.bias, self.parts)
 
 
 class ShardedLayerNormFn(torch.autograd.Function):
@@ -348,8 +349,8 @@ def layers(*, linear=Linear3D) -> SimpleNamespace:
     along a and W along i and reduce-scatters along c; its backward the mirror)."""
     return grid_namespace(
         "3d",
-        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0: linear(
-            name, d_in, d_out, ctx, FIRST, std, **bias_keywords(bias)),
+        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0, parts=1: linear(
+            name, d_in, d_out, ctx, FIRST, std, **bias_keywords(bias), **({"parts": parts} if parts > 1 else {})),
         linear_out=lambda name, d_in, d_out, ctx, std=0.02, bias=True: linear(
             name, d_in, d_out, ctx, SECOND, std, skip_bias_add=True, **bias_keywords(bias)),
         layer_norm=lambda name, h, ctx, kind="layernorm", eps=1e-5, bias=True: LayerNorm3D(

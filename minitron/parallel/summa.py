@@ -70,7 +70,7 @@ from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .cube import MeanOverAxes, bias_keywords, grid_namespace, sharded_norm
 from .random import draw
-from .tensor import reduce_scatter, vocab_parallel_cross_entropy, wants_grad
+from .tensor import grouped_rows, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -213,9 +213,10 @@ class LinearSumma(nn.Module):
     pair, to read the same in every layout)."""
 
     def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02,
-                 skip_bias_add: bool = False, bias: bool = True):
+                 skip_bias_add: bool = False, bias: bool = True, parts: int = 1):
         super().__init__()
         self.comm, self.skip_bias_add = ctx.comm, skip_bias_add or not bias
+        self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
         q, r, c, _ = grid_of(ctx.comm)
         rows, cols = shard_slice(d_out, q, c), shard_slice(d_in, q, r)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std,
@@ -224,8 +225,9 @@ class LinearSumma(nn.Module):
                                **replicated_over(ctx, COL, DEP)) if bias else None
 
     def forward(self, x):
-        y = summa_linear(x, self.weight, self.comm)
-        return y if self.skip_bias_add else y + self.bias
+        # every rank of a grid column holds the same rows: regrouping each block keeps them aligned
+        y = summa_linear(x, grouped_rows(self.weight, self.parts), self.comm)
+        return y if self.skip_bias_add else y + grouped_rows(self.bias, self.parts)
 
 
 class LayerNormSumma(nn.Module):
@@ -337,8 +339,8 @@ def layers(*, linear=LinearSumma) -> SimpleNamespace:
     (``LinearSumma``'s signature): the engine's by default, a learner's in a lab."""
     return grid_namespace(
         "2d",
-        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0: linear(
-            name, d_in, d_out, ctx, std, **bias_keywords(bias)),
+        linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0, parts=1: linear(
+            name, d_in, d_out, ctx, std, **bias_keywords(bias), **({"parts": parts} if parts > 1 else {})),
         linear_out=lambda name, d_in, d_out, ctx, std=0.02, bias=True: linear(
             name, d_in, d_out, ctx, std, skip_bias_add=True, **bias_keywords(bias)),
         layer_norm=lambda name, h, ctx, kind="layernorm", eps=1e-5, bias=True: LayerNormSumma(
