@@ -8,6 +8,9 @@ one line naming what is wrong}``:
 * it does not compile              -> the line and the parser's complaint (no rank starts)
 * it uses the engine's own piece   -> :func:`refuse_engine_copy`: which one, and the line
   (no rank starts; every checker lists its engine names in ``FORBIDDEN``)
+* it runs the engine's own piece   -> :class:`Tripwire`: whatever the route (importlib,
+  sys.modules, a module's globals, a subclass), seen when the piece's code starts while
+  the learner's code is armed; which one, and the line of the learner's code
 * a function is still the stub     -> which ones are not written yet (no rank starts)
 * it raises                        -> which of your functions, the exception, the line
 * it returns something malformed   -> the lab's own check (a :class:`LabError`)
