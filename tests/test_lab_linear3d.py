@@ -38,6 +38,17 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
                                 .replace(DW, DW.replace("xg.flatten(0, -2), I", "xg.flatten(0, -2)).t(), I")
                                          .replace("reduce_scatter(", "reduce_scatter((")),
                                 "not x @ w"),
+    # the engine's own differentiable collectives, reached past the screen
+    **{f"engine by {how}": ("import importlib, sys\nclass Linear3DFunction:\n    @staticmethod\n"
+                            "    def apply(x, weight, comm, a, c):\n"
+                            f"        T = {module}\n"
+                            "        return T.reduce_scatter(F.linear(T.gather(x, comm, a, 0), T.gather(weight, comm, "
+                            "I, 1, param=True)), comm, c, 0)\n",
+                            "your code runs the engine's own minitron.parallel.tensor._AllGather (from line 6 of "
+                            "your code")
+       for how, module in (("importlib", "importlib.import_module('minitron.parallel.' + 'tensor')"),
+                           ("sys.modules", "sys.modules['minitron.parallel' + '.tensor']"),
+                           ("__import__", "__import__('minitron.parallel.' + 'tensor', fromlist=['x'])"))},
 }
 
 
@@ -51,4 +62,5 @@ def test_reference_passes_and_each_mistake_gets_its_own_line():
         words = MISTAKES[name][1]
         assert not res["ok"], name
         assert "\n" not in res["message"] and words in res["message"], (name, res["message"])
-        assert not any(w in res["message"] for n, (_, w) in MISTAKES.items() if n != name), (name, res["message"])
+        assert not any(w in res["message"] for n, (_, w) in MISTAKES.items() if n != name and w != words), \
+            (name, res["message"])

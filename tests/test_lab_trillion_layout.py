@@ -54,3 +54,28 @@ def test_questions_are_graded_against_the_engine():
     assert grade_question("bubble_1f1b", 63 / 512)[0]
     assert grade_question("tp_within_node", 8)[0] and not grade_question("tp_within_node", 16)[0]
     assert grade_question("states_gb", ...)[1].startswith("no answer yet")
+
+
+@pytest.mark.parametrize("module", ["importlib.import_module('minitron.analysis.' + 'planner')",
+                                    "sys.modules['minitron.analysis' + '.planner']",
+                                    "__import__('minitron.analysis.' + 'planner', fromlist=['x'])"])
+def test_the_planner_is_refused_whatever_the_route(module):
+    source = f"import importlib, sys\ndef choose_layout():\n    P = {module}\n    return P.plan(None, 0, 0, None)[0]\n"
+    res = check_trillion_layout(source)
+    assert res["message"].startswith("your code runs the engine's own minitron.analysis.planner (from line 4 of "
+                                     "your code: `return P.plan(None, 0, 0, None)[0]`)"), res
+
+
+def test_every_question_counts_in_the_verdict():
+    """What the old checker let through: a layout that passes with questions unanswered or
+    answered wrong (check_question only printed)."""
+    right = {qid: QUESTIONS[qid].answer() for qid in ("tp_within_node", "states_gb", "bubble_1f1b",
+                                                       "bubble_interleaved")}
+    res = check_trillion_layout(layout(vpp=2), answers=right)
+    assert res["ok"] and res["message"].endswith("; the 4 questions are answered right"), res
+    res = check_trillion_layout(layout(vpp=2), answers={**right, "bubble_1f1b": ...})
+    assert res["message"] == ("your layout passes, but question 'bubble_1f1b' has no answer yet: replace ... in its "
+                              "cell with your answer")
+    res = check_trillion_layout(layout(vpp=2), answers={**right, "bubble_interleaved": 63 / 512})
+    assert not res["ok"] and res["message"].startswith(
+        "your layout passes, but your answer to question 'bubble_interleaved' (0.123046875) is wrong — with v chunks")

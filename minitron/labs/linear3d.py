@@ -36,7 +36,7 @@ from ..analysis.cube import linear_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..context import shard_slice
 from ..parallel import cube
-from .runner import LabError, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
+from .runner import LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=2, hidden=16, heads=4, seq_len=8, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, progress=False,
@@ -46,6 +46,10 @@ TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # (batch, sequence, d_in, d_out): a square one (a transposed weight block still runs) and a wide one
 SHAPES = [(4, 3, 8, 8), (8, 2, 8, 16)]
 NAMES = ("Linear3DFunction",)
+# the engine's own 3-D linear and the differentiable collectives it is made of: not an answer
+FORBIDDEN = ("minitron.parallel.cube.Linear3D", "minitron.parallel.tensor.gather",
+             "minitron.parallel.tensor.reduce_scatter", "minitron.parallel.tensor._AllGather",
+             "minitron.parallel.tensor._ReduceScatter")
 DIRECTION = {"fwd": "forward", "bwd": "backward"}
 _CASE = itertools.count()  # the case number in this launch: the same on every rank (agree's keys)
 
@@ -110,9 +114,10 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and bool((a - b).abs().max() <= 1e-10 * b.abs().max().clamp_min(1e-30))
 
 
-def _unit(comm, fn, placement, shape, case: int) -> None:
+def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
     """One linear on `placement` against F.linear on the gathered tensors; raises LabError
-    on every rank (the first rank's problem) when something is wrong."""
+    on every rank (the first rank's problem) when something is wrong (`watch`: armed
+    while the learner's forward and backward run)."""
     b, s, d_in, d_out = shape
     g = torch.Generator().manual_seed(1234 + d_in * d_out)
     X = torch.randn(b, s, d_in, generator=g, dtype=torch.float64)
@@ -126,8 +131,12 @@ def _unit(comm, fn, placement, shape, case: int) -> None:
     w = W[wr][:, wc].clone().requires_grad_()
     bias = B[yc].clone().requires_grad_()
     comm.trace.records.clear()
-    with comm.in_phase("fwd"):
-        y = call("Linear3DFunction.forward", fn.apply, x, w, comm, placement.a, placement.c)
+    try:
+        with comm.in_phase("fwd"), watch.armed():
+            y = call("Linear3DFunction.forward", fn.apply, x, w, comm, placement.a, placement.c)
+    except LabError as e:  # through the ranks' agreement: a rank whose code raised alone still reports
+        agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", str(e), 60)
+    agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", "", 60)
     where = f"placement (a, c) = ({placement.a}, {placement.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
     problem = _calls_problem(comm, placement, "fwd", shape, 8)
     want_y = F.linear(X, W)[yr][..., yc]
@@ -141,9 +150,13 @@ def _unit(comm, fn, placement, shape, case: int) -> None:
                    f"[d_out/q, d_in/q] (torch's [out, in]), so the local product is F.linear(x, w), not x @ w")
     agree(comm, f"linear3d/{case}/fwd-{placement.a}-{shape}", problem, 60)
     comm.trace.records.clear()
-    with comm.in_phase("bwd"):
-        out = y + bias
-        call("Linear3DFunction.backward", out.backward, dY[yr][..., yc])
+    try:
+        with comm.in_phase("bwd"), watch.armed():
+            out = y + bias
+            call("Linear3DFunction.backward", out.backward, dY[yr][..., yc])
+    except LabError as e:
+        agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", str(e), 60)
+    agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", "", 60)
     problem = _calls_problem(comm, placement, "bwd", shape, 8)
     checks = (("input", x.grad, Xr.grad[xr][..., xc], "reduce-scatter the gathered input gradient along a"),
               ("weight", w.grad, Wr.grad[wr][:, wc], "the gathered weight gradient holds this rank's batch "
@@ -173,14 +186,21 @@ def _unit(comm, fn, placement, shape, case: int) -> None:
 def _job(comm, source: str, timeout: float) -> dict | None:
     from ..train import Trainer
 
+    from ..parallel import tensor
+
     case = next(_CASE)
-    fn = load(source, NAMES, learner_namespace())["Linear3DFunction"]
+    engine_linear = {"minitron.parallel.cube.Linear3D.forward": cube.Linear3D.forward}
+    units = Tripwire({**engine_linear, "minitron.parallel.tensor._AllGather": tensor._AllGather,
+                      "minitron.parallel.tensor._ReduceScatter": tensor._ReduceScatter})
+    with units.armed():
+        fn = load(source, NAMES, learner_namespace())["Linear3DFunction"]
     for placement in (cube.FIRST, cube.SECOND):
         for shape in SHAPES:
-            _unit(comm, fn, placement, shape, case)
+            _unit(comm, fn, placement, shape, case, units)
     comm.trace.records.clear()
-    tr = Trainer(MODEL, LAYOUT, TRAIN, comm, layers=cube.layers(linear=learner_linear(fn)))
-    losses = [tr.step(i) for i in range(TRAIN.steps)]
+    with Tripwire(engine_linear).armed():  # the model's other layers use the engine's collectives
+        tr = Trainer(MODEL, LAYOUT, TRAIN, comm, layers=cube.layers(linear=learner_linear(fn)))
+        losses = [tr.step(i) for i in range(TRAIN.steps)]
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
     verdict = training_verdict(res, "3-D linear", "your 3-D linear issues the analysis' three collectives in "
                                "each direction, equals F.linear and autograd on both placements, and trains a GPT "
@@ -193,7 +213,7 @@ def _job(comm, source: str, timeout: float) -> dict | None:
 
 def check_linear3d_all(sources: list, timeout: float = 90) -> list[dict]:
     """`check_linear3d` of several sources in as few launches of 8 ranks as their outcomes allow."""
-    return run_sources(_job, LAYOUT, sources, timeout, timeout)
+    return run_sources(_job, LAYOUT, sources, timeout, timeout, forbidden=FORBIDDEN, names=NAMES)
 
 
 def check_linear3d(source: str, timeout: float = 90) -> dict:

@@ -35,7 +35,7 @@ import math
 from ..analysis import bubble_fraction, get_cluster, memory_estimate, params_per_rank, plan, predict
 from ..analysis.published import PTDP_TABLE1, ptdp_model
 from ..course.quiz import Question
-from .runner import LabError, call, fail, load, screen
+from .runner import LabError, Tripwire, call, fail, load, screen
 
 NAME = "choose_layout"
 KEYS = ("tp", "pp", "dp", "vpp", "microbatch_size")
@@ -144,19 +144,43 @@ def judge(lay: dict, cluster: str = CLUSTER, software: str = SOFTWARE) -> dict:
                        f"{best['iteration_s']:.1f} s)"}
 
 
-def check_trillion_layout(source: str, cluster: str = CLUSTER, software: str = SOFTWARE) -> dict:
+def _watch() -> Tripwire:
+    """The planner (and the sweep that runs it), watched while the learner's function runs."""
+    from ..analysis import planner
+    from ..tools import sweep
+
+    return Tripwire({"minitron.analysis.planner": planner, "minitron.tools.sweep": sweep})
+
+
+def check_trillion_layout(source: str, cluster: str = CLUSTER, software: str = SOFTWARE,
+                          answers: dict | None = None) -> dict:
     """Lab 6: judge the layout `choose_layout()` (defined in `source`) returns for the 1T
     model of PTD-P Table 1 on its 3072 GPUs of `cluster`: valid, fits in memory, predicted
-    iteration within ``MARGIN`` of the planner's best. Returns {"ok", "message", ...} with
-    one line naming the first problem (also when the code does not compile, raises or is
-    still the stub). Needs no ranks: the judge is the engine's throughput model."""
+    iteration within ``MARGIN`` of the planner's best; then `answers` (the notebook's
+    ``ANSWERS``: question id -> number), each of :data:`ASKED` graded like
+    :func:`check_question` (every question the lab asks counts in its verdict). Returns
+    {"ok", "message", ...} with one line naming the first problem (also when the code does
+    not compile, raises, is still the stub or reaches the planner, or a question is
+    unanswered or wrong). Needs no ranks: the judge is the engine's throughput model."""
     try:
         screen(source, (NAME,), FORBIDDEN)
-        fn = load(source, (NAME,))[NAME]
-        lay = _read(call(f"your {NAME}", fn))
+        with _watch().armed():
+            fn = load(source, (NAME,))[NAME]
+            lay = _read(call(f"your {NAME}", fn))
     except LabError as e:
         return fail(str(e))
-    return judge(lay, cluster, software)
+    verdict = judge(lay, cluster, software)
+    if not verdict["ok"] or answers is None:
+        return verdict
+    for qid in ASKED:
+        if qid not in answers or answers[qid] is Ellipsis:
+            return {**verdict, "ok": False, "message": f"your layout passes, but question {qid!r} has no answer yet: "
+                                                       f"replace ... in its cell with your answer"}
+        right, said = grade_question(qid, answers[qid])
+        if not right:
+            return {**verdict, "ok": False, "message": f"your layout passes, but your answer to question {qid!r} "
+                                                       f"({answers[qid]!r}) is {said}"}
+    return {**verdict, "message": verdict["message"] + f"; the {len(ASKED)} questions are answered right"}
 
 
 # --- the questions ------------------------------------------------------------------------------
@@ -186,6 +210,10 @@ QUESTIONS: dict[str, Question] = {
         "1F1B; full recomputation keeps each layer's input only), in GB: memory_estimate(...)['total_bytes'].",
         rel_tol=0.05),
 }
+
+
+# the questions the notebook asks (graded with the layout: check_trillion_layout(..., answers=ANSWERS))
+ASKED = ("tp_within_node", "states_gb", "bubble_1f1b", "bubble_interleaved")
 
 
 def grade_question(question_id: str, answer) -> tuple[bool, str]:
