@@ -61,6 +61,14 @@ class SignalLog:
             self._saved[sig] = signal.signal(sig, self)
         return self
 
+    def ignore_from_now(self) -> None:
+        """Ignore these signals from here on (SIG_IGN), for a program that has decided (and
+        printed) its exit code: Python restores the default handlers while it finalizes,
+        so a signal then would still end it with 128 + the signal instead."""
+        for name in SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        self._saved = {}
+
     def restore(self) -> None:
         """Put back the handlers that `install` replaced."""
         for sig, handler in self._saved.items():

@@ -336,9 +336,9 @@ def test_a_fifo_as_data_is_refused_at_once(tmp_path, capsys):
 
 # --- exit codes --------------------------------------------------------------------------------
 def test_two_ctrl_c_exit_with_the_code_printed(tmp_path):
-    """Ctrl-C stops the run at a step boundary with a checkpoint; a second Ctrl-C right after
-    the command printed its exit code (while the interpreter winds down) does not turn the
-    75 it printed into death by SIGINT."""
+    """Ctrl-C stops the run at a step boundary with a checkpoint; a second Ctrl-C after the
+    command printed its exit code (while the interpreter finalizes, which restores the
+    default handlers) does not turn the 75 it printed into death by SIGINT."""
     ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "minitron", *TRAIN, "--steps", "100000", "--ckpt-dir", str(ck),
                              "--ckpt-every", "1000", "--metrics", str(m)], stdout=subprocess.DEVNULL,
@@ -350,6 +350,7 @@ def test_two_ctrl_c_exit_with_the_code_printed(tmp_path):
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         line = proc.stderr.readline()
+        time.sleep(1.5)  # the command has returned: the interpreter is finalizing (seconds, here)
         proc.send_signal(signal.SIGINT)  # the second Ctrl-C
         rest = proc.stderr.read()
         proc.wait(timeout=120)

@@ -947,8 +947,8 @@ def main(argv=None) -> int:
     finally:
         if log is not None and argv is not None:  # called from Python: give the caller its handlers back
             log.restore()
-        # as the program (argv None) the SignalLog stays: a signal after the command has said its exit code
-        # (a second Ctrl-C) is noted, not fatal, so the code printed is the code returned
+        elif log is not None:  # the program: its exit code is said; a second Ctrl-C must not change it
+            log.ignore_from_now()
 
 
 if __name__ == "__main__":
