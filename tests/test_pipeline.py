@@ -83,6 +83,8 @@ def test_split_backward_equals_backward(tied):
     (["--schedule", "interleaved", "--vpp", "2", "--microbatches", "2"], "pp*vpp = 4 model chunks but only 2 layers"),
     (["--layers", "4", "--stage-layers", "1,2", "--microbatches", "2"], "must be positive and sum to 4"),
     (["--schedule", "zigzag"], "unknown schedule 'zigzag'"),
+    (["--schedule", "zb-v", "--vpp", "3", "--layers", "6", "--microbatches", "2"], "use --vpp 2"),
+    (["--schedule", "dualpipe-v", "--vpp", "2", "--layers", "4", "--microbatches", "2"], "at least 4"),
 ])
 def test_bad_pipeline_input_is_one_line(argv, words):
     code, out, err = run_cli(["train", "--model", "tiny", "--nproc", "2", "--pp", "2", "--global-batch", "12",

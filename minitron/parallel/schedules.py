@@ -531,7 +531,7 @@ def make_schedule(kind: str, p: int, v: int = 1, m: int | None = None) -> Schedu
     if kind in V_SCHEDULES:
         if v != 2 or p < 2:
             raise ValueError(f"{kind} places two chunks per rank in a V (stages r and 2p-1-r) on "
-                             f"p >= 2 ranks, got p={p}, v={v}; use v=2")
+                             f"p >= 2 ranks, got p={p}, v={v}; use v=2 (--vpp 2)")
         least = min_microbatches(kind, p)
         if m < least:
             raise ValueError(f"{kind} needs at least {least} microbatches on p={p} ranks, got m={m}; "
@@ -784,13 +784,21 @@ def _short(s: Schedule, a: Action) -> str:
     return str(a) if s.v > 1 else f"{a.op}{a.mb}"
 
 
+def _row(s: Schedule, rank: int) -> list[str]:
+    """A rank's compute actions, an overlapped F&B pair written as one: F3.c0&B1.c1."""
+    paired = dict(s.overlapped[rank]) if s.overlapped else {}
+    partners = set(paired.values())
+    return [_short(s, a) + (f"&{_short(s, paired[a])}" if a in paired else "")
+            for a in s.compute_actions(rank) if a not in partners]
+
+
 def describe(schedule: Schedule, sim: Simulation | None = None) -> str:
-    """One line per rank with its compute actions, then the bubble and peak stash."""
+    """One line per rank with its compute actions (DualPipe-V's overlapped pairs as F&B),
+    then the bubble and peak stash."""
     sim = simulate(schedule) if sim is None else sim
     s = schedule
     lines = [f"{s.kind} p={s.p} v={s.v} m={s.m}"]
-    lines += [f"rank {r}: " + " ".join(_short(s, a) for a in s.compute_actions(r))
-              for r in range(s.p)]
+    lines += [f"rank {r}: " + " ".join(_row(s, r)) for r in range(s.p)]
     lines.append(f"bubble fraction {sim.bubble_fraction:.4f}, "
                  f"peak stashed per rank {list(sim.peak_stashed)}")
     return "\n".join(lines)
