@@ -331,6 +331,28 @@ class _LayerTime:
         return sum(w for _, _, w in self.parts.values())
 
 
+@dataclass(frozen=True)
+class _StageTime:
+    """One pipeline stage's microbatch: forward, backward input- and weight-gradient
+    seconds, the work by kind (``parts``), and each axis's communication on the critical
+    path (``tp, cp, ep``) and hidden behind computation (``tp_hidden, cp_hidden``)."""
+
+    fwd: float
+    b_in: float
+    b_w: float
+    parts: dict
+    tp: float
+    tp_hidden: float
+    cp: float
+    cp_hidden: float
+    ep: float
+
+    @property
+    def seconds(self) -> float:
+        """The stage's critical path per microbatch (what the slowest stage sets)."""
+        return self.fwd + self.b_in + self.b_w + self.tp + self.cp + self.ep
+
+
 def attention_widths(model: ModelConfig, t: int, head_dim: int | None = None) -> tuple[int, float]:
     """(query width, key/value width) on one tensor rank: ``heads·d/t`` and
     ``kv_heads·d/t``, but at least one whole kv head: with t > kv_heads each kv head is
@@ -526,7 +548,6 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # attention's time is exposed. "allgather" gathers them first (exposed, Llama 3);
     # "a2a" (Ulysses) swaps a sequence shard of q, k, v and the output for a head shard,
     # forward and backward (exposed).
-    cp_mb = cp_hidden_mb = 0.0
     if cp > 1:
         cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
         q_w, kv_w = attention_widths(model, t, head_dim)
@@ -570,13 +591,10 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[sw.tp_overlap] if L.sp else 0.0
         linears = sum(parts[k] for k in LINEAR_KINDS)
         tp_hidden = min(DP_OVERLAP * hideable, linears)
-        cp_tot, cp_hid = n * cp_layer[0], n * cp_layer[1]
-        ep_tot = n_moe * ep_layer
-        exposed = tp_fwd + tp_bwd - tp_hidden + cp_tot - cp_hid + ep_tot
-        stages.append((fwd, b_in, b_w, exposed, parts, tp_fwd + tp_bwd - tp_hidden, tp_hidden,
-                       cp_tot - cp_hid, cp_hid, ep_tot, n, n_moe, first, last))
-    (F, B_in, B_w, comm_mb, parts, tp_mb, tp_hidden_mb, cp_mb, cp_hidden_mb, ep_mb, n_st, n_moe_st,
-     first_st, last_st) = max(stages, key=lambda st: sum(st[:4]))
+        stages.append(_StageTime(fwd, b_in, b_w, parts, tp=tp_fwd + tp_bwd - tp_hidden, tp_hidden=tp_hidden,
+                                 cp=n * (cp_layer[0] - cp_layer[1]), cp_hidden=n * cp_layer[1], ep=n_moe * ep_layer))
+    st = max(stages, key=lambda s_: s_.seconds)
+    F, B_in, B_w, parts = st.fwd, st.b_in, st.b_w, st.parts
 
     # pipeline: one send forward and one backward per chunk per microbatch
     pp_total = 0.0
@@ -626,7 +644,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
             bw_e, lat_e = ring_bw(egroup)
             dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
     fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (F + B)) if sw.dp_overlap else 0.0
-    per_mb = F + B + comm_mb + pp_mb + fsdp_mb - fsdp_hidden_mb
+    per_mb = st.seconds + pp_mb + fsdp_mb - fsdp_hidden_mb
     # zero bubble and the V schedules (ZB-V, DualPipe-V: analysis/bubble.py) split the
     # backward into B (input gradients) and W (weight gradients) and price their bubble
     # from the stage's times; the others' bubble does not depend on them
@@ -663,15 +681,15 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         mem = {**mem, "total_bytes": mem["total_bytes"] - mem["params_bytes"] - mem["grads_bytes"]
                - mem["optimizer_bytes"] + states}
     per_iteration = {k: m * s for k, s in parts.items()}
-    per_iteration.update(tp_comm=m * tp_mb, tp_comm_hidden=m * tp_hidden_mb, pp_comm=m * pp_mb,
-                         pp_comm_hidden=m * pp_hidden, cp_comm=m * cp_mb, cp_comm_hidden=m * cp_hidden_mb,
-                         ep_comm=m * ep_mb, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
+    per_iteration.update(tp_comm=m * st.tp, tp_comm_hidden=m * st.tp_hidden, pp_comm=m * pp_mb,
+                         pp_comm_hidden=m * pp_hidden, cp_comm=m * st.cp, cp_comm_hidden=m * st.cp_hidden,
+                         ep_comm=m * st.ep, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
                          fsdp_comm_hidden=m * fsdp_hidden_mb, bubble=bubble_s, dp_comm=dp_exposed,
                          dp_comm_hidden=hidden, optimizer=opt_s)
-    breakdown = {"compute": m * (F + B), "tp_comm": m * tp_mb, "pp_comm": m * pp_mb,
-                 "cp_comm": m * cp_mb, "ep_comm": m * ep_mb, "fsdp_comm": m * (fsdp_mb - fsdp_hidden_mb),
+    breakdown = {"compute": m * (F + B), "tp_comm": m * st.tp, "pp_comm": m * pp_mb,
+                 "cp_comm": m * st.cp, "ep_comm": m * st.ep, "fsdp_comm": m * (fsdp_mb - fsdp_hidden_mb),
                  "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
-                 "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * tp_hidden_mb,
+                 "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
                  "software": sw.name, "recompute": rc, "parts": per_iteration, "fp8": fp8,
                  "tokens_per_s_per_gpu": global_batch * model.seq_len / (n_gpus * it),
