@@ -96,6 +96,8 @@ def test_reference_passes_and_mistakes_get_one_line():
                                            "        recv(buf, prv)\n        h = send(chunks[out], nxt)\n"),
         # what the old checker (4 ranks only) let through
         "steps hard-wired to 4 ranks": REFERENCE.replace("for s in range(n - 1):", "for s in range(3):"),
+        "neighbours hard-wired to 4 ranks": broken("nxt, prv = (rank + 1) % n, (rank - 1) % n",
+                                                  "nxt, prv = (rank + 1) % 4, (rank - 1) % 4"),
         # the engine's (or torch's) all-reduce, reached past the screen
         **{f"engine by {how}": ("import importlib, sys\ndef ring_allreduce(x, rank, n, send, recv):\n"
                                 f"    D = {module}\n    y = x.clone()\n    D.all_reduce(y)\n"
@@ -122,6 +124,8 @@ def test_reference_passes_and_mistakes_get_one_line():
         "receive first (deadlock)": "waited 5 s in recv for a message from rank",
         "steps hard-wired to 4 ranks": "your ring_allreduce ran 3 steps per phase on n = 5 ranks (N = 1001): each "
                                        "phase takes n − 1 = 4 steps, whatever n is",
+        "neighbours hard-wired to 4 ranks": "rank 0 received from rank 3 on a ring of n = 5 ranks: each rank sends "
+                                            "only to (r + 1) mod n and receives only from (r − 1) mod n, here 4",
         **{f"engine by {how}": "your code runs the engine's own torch.distributed (from line 5 of your code: "
                                "`D.all_reduce(y)`)" for how in ("importlib", "sys.modules", "__import__")},
         "process group": "your code runs the engine's own torch.distributed (from line 3 of your code",

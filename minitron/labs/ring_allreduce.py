@@ -82,12 +82,27 @@ class Messages:
         self.sent: list[int] = []  # elements of each message this rank sent
         self.problem = ""  # the first message that did not fit its receive buffer
         self.posted: list[_Sent] = []  # every send of the run, waited for at its end
+        self.peers: list[tuple[str, int]] = []  # ("send", to) and ("recv", frm) of the run, in order
 
     def start(self) -> None:
         """Forget the previous run's messages."""
         self.sent.clear()
         self.posted.clear()
+        self.peers.clear()
         self.problem = ""
+
+    def stranger(self, rank: int) -> str:
+        """'' when every message of this rank's run went to its next rank and came from its
+        previous one, else the first that did not (a ring talks to its neighbours only)."""
+        n = len(self.ranks)
+        for what, peer in self.peers:
+            want = (rank + 1) % n if what == "send" else (rank - 1) % n
+            if peer != want:
+                way = "sent to" if what == "send" else "received from"
+                return (f"rank {rank} {way} rank {peer} on a ring of n = {n} ranks: each rank sends only to (r + 1) "
+                        f"mod n and receives only from (r − 1) mod n, here {want} (are the neighbours written for "
+                        f"one number of ranks?)")
+        return ""
 
     def finish(self) -> str:
         """Wait for every send of the run (also those whose handle the learner dropped):
@@ -119,6 +134,7 @@ class Messages:
         another chunk can say so instead of the backend aborting on a size mismatch."""
         t, dst = self._tensor("send", t), self._peer("send", to)
         self.sent.append(t.numel())
+        self.peers.append(("send", to))
         header = torch.tensor([t.numel(), t.element_size()], dtype=torch.int64)
         handle = _Sent([dist.isend(header, dst, group=self.group), dist.isend(t, dst, group=self.group)], to,
                        self.wait_s)
@@ -128,6 +144,7 @@ class Messages:
     def recv(self, buf, frm) -> None:
         """Return when `buf` holds the message rank `frm` sent."""
         buf, src = self._tensor("recv", buf), self._peer("recv", frm)
+        self.peers.append(("recv", frm))
         header = torch.zeros(2, dtype=torch.int64)
         try:
             dist.irecv(header, src, group=self.group).wait(datetime.timedelta(seconds=self.wait_s))
@@ -247,12 +264,12 @@ def _run_one(comm, fn, msgs: Messages, n: int, N: int, dtype: torch.dtype) -> st
         with watch().armed():
             got = call(f"your {NAME}", fn, x.clone(), r, n, msgs.send, msgs.recv)
     except LabError:
-        if msgs.problem:  # what went wrong first
-            return msgs.problem
+        if msgs.stranger(r) or msgs.problem:  # what went wrong first
+            return msgs.stranger(r) or msgs.problem
         raise
     problem = msgs.problem or msgs.finish()
     if problem:
-        return problem
+        return msgs.stranger(r) or problem
     if not isinstance(got, torch.Tensor):
         return f"your {NAME} returned {type(got).__name__}: return the summed tensor"
     if got.dim() == 1 and got.numel() == n * (N // n) < N:
@@ -263,6 +280,8 @@ def _run_one(comm, fn, msgs: Messages, n: int, N: int, dtype: torch.dtype) -> st
         return (f"your {NAME} returned a {got.dtype} tensor of shape {list(got.shape)} for a {x.dtype} input of "
                 f"shape {list(x.shape)} (N = {N}): return the sum in the input's shape and dtype")
     if not torch.equal(got, want):
+        if msgs.stranger(r):
+            return msgs.stranger(r)
         steps = len(msgs.sent) / 2
         if steps != n - 1 and len(msgs.sent) % 2 == 0:
             return (f"your {NAME} ran {steps:g} steps per phase on n = {n} ranks (N = {N}): each phase takes n − 1 "
