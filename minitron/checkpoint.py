@@ -254,7 +254,7 @@ def _last_words(root: Path) -> str:
     return f"the last checkpoint, {now}" if now is not None else "an earlier checkpoint (this folder has none)"
 
 
-def _agree(comm, step: int, verdict) -> str:
+def _agree(comm, root: Path, step: int, verdict) -> str:
     """Rank 0's verdict on every rank, through the process group's key-value store (the
     rendezvous' control channel, as preemption.py uses it: no byte of training traffic)."""
     if comm.grid.world == 1:
@@ -262,7 +262,7 @@ def _agree(comm, step: int, verdict) -> str:
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
-    key = f"minitron/save/{step}"
+    key = f"minitron/save/{os.path.realpath(root)}/{step}"
     if comm.grid.rank == 0:
         store.set(key, verdict)
     comm.barrier()
@@ -296,7 +296,7 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
         else:
             _publish(root, tmp, final, step, tr, res["infos"])
             _prune(root, keep_last)
-    verdict = _agree(comm, step, verdict)
+    verdict = _agree(comm, root, step, verdict)
     if verdict != "ok":
         kind, message = verdict.split(":", 1)
         raise (NonFiniteModel if kind == "nonfinite" else ConfigError)(message)

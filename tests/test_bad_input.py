@@ -172,6 +172,10 @@ CASES = [
     (["sample", "--ckpt-dir", "{ckpt}", "--temperature", "inf"], "--temperature must be a positive finite"),
     (["tokenize", "--data", "{text}", "--out", "{dir}/v.bin", "--vocab", str(2**32)], "more than the 4,194,304"),
     (["tokenize", "--data", "{text}", "--out", "{dir}/v.bin", "--vocab", str(2**60)], "more than the 4,194,304"),
+    # --- outputs checked before minutes of measuring ---
+    (["sweep", "--out", "/proc/sweep.jsonl", "--layouts", "dp1"], "--out /proc/sweep.jsonl: cannot write into /proc"),
+    (["sweep", "--measure-machine", "/proc/m.json"], "--measure-machine /proc/m.json: cannot write into /proc"),
+    (["sweep", "--out", "{text}", "--data", "{text}", "--layouts", "dp1"], "is an input of this run"),
     # --- checkpoints as inputs and outputs ---
     (["check-ckpt", "{dir}/no_such_ckpt"], "does not exist"),
     (["check-ckpt", "{folder}"], "holds no checkpoint"),

@@ -720,6 +720,7 @@ def cmd_sweep(args) -> int:
     model = model_from(args)
     validate_model(model)
     if args.measure_machine:
+        _output_path(args.measure_machine, "--measure-machine", (args.machine,))
         prof = sweep.measure_machine(model, args.base_batch)
         prof.save(args.measure_machine)
         print(f"wrote {args.measure_machine}: {prof.cores} cores, one-rank step {prof.step_flops_per_s / 1e9:.2f} "
@@ -735,7 +736,7 @@ def cmd_sweep(args) -> int:
         validate(model, layout, train)
         points.append((layout, train))
     machine = sweep.MachineProfile.load(args.machine) if args.machine else None
-    out = _output_path(args.out) if args.out else None
+    out = _output_path(args.out, "--out", (args.data, args.machine)) if args.out else None
     corpus = check_data(model, TrainConfig(data=args.data))
     one_rank = None
     for layout, train in points:
@@ -760,12 +761,13 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def _output_path(path: str) -> str:
-    """Create the parents of an output file; refuse a folder where a file is meant."""
+def _output_path(path: str, flag: str = "--out", inputs: tuple = ()) -> str:
+    """An output file checked before minutes of measuring (preflight.check_output_file: writable,
+    not an input, not inside a checkpoint folder); a folder where a file is meant refused."""
     target = Path(path)
     if target.is_dir():
-        raise ConfigError(f"--out {path} is a folder: name a file, e.g. {target / 'sweep.jsonl'}")
-    target.parent.mkdir(parents=True, exist_ok=True)
+        raise ConfigError(f"{flag} {path} is a folder: name a file, e.g. {target / 'sweep.jsonl'}")
+    check_output_file(flag, path, list(inputs))
     return str(target)
 
 
