@@ -240,3 +240,20 @@ def test_plan_published_run_explained(capsys):
     assert "FSDP weight all-gathers" in capsys.readouterr().out
     assert main(["plan", "--published", "nope"]) == 2
     assert "unknown published run 'nope'" in capsys.readouterr().err
+
+
+def test_v_schedules_priced_with_the_stage_times():
+    """ZB-V and DualPipe-V (analysis/bubble.py) priced from the slowest stage's F, B, W:
+    smaller bubbles than 1F1B and ZB-H1 on the same layout, and exactly bubble.py's."""
+    from minitron.analysis import bubble_fraction
+    m, sw = PRESETS["llama3-70b"], "megatron-core-2024"
+    got = {}
+    for kind in ("1f1b", "zb-h1", "zb-v", "dualpipe-v"):
+        lay = PlannedLayout(tp=8, pp=8, dp=2, vpp=2 if kind.endswith("-v") else 1, schedule=kind, sp=True)
+        got[kind] = predict(m, lay, 64, "h100-dgx", software=sw, recompute="selective")
+    assert got["zb-v"].bubble_fraction < got["zb-h1"].bubble_fraction < got["1f1b"].bubble_fraction
+    assert got["zb-v"].iteration_s < got["1f1b"].iteration_s
+    pred = got["zb-v"]
+    f, b, w = pred.breakdown["stage_fbw"]
+    mb = pred.breakdown["microbatches"]
+    assert pred.bubble_fraction == pytest.approx(bubble_fraction("zb-v", 8, mb, 2, f, b, w), rel=1e-12)

@@ -509,8 +509,9 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     ``memory_gb_per_gpu`` (mixed-precision,
     :func:`~minitron.analysis.memory.memory_estimate`), ``bubble_fraction``, and the
     ``breakdown`` in seconds, its ``parts`` per kind of work (:func:`explain` reads
-    them), ``mfu`` (model FLOPs, no recomputation counted, over n·bf16 peak·time) and
-    ``tokens_per_s_per_gpu``. Raises ValueError for a layout the model cannot take.
+    them), ``mfu`` (model FLOPs, no recomputation counted, over n·bf16 peak·time),
+    ``tokens_per_s_per_gpu`` and ``stage_fbw``, the slowest stage's forward, input- and
+    weight-gradient seconds per microbatch (what a zero-bubble or V schedule's bubble reads). Raises ValueError for a layout the model cannot take.
     """
     c = get_cluster(cluster)
     sw = get_software(software)
@@ -692,6 +693,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
                  "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
                  "software": sw.name, "recompute": rc, "parts": per_iteration, "fp8": fp8,
+                 "stage_fbw": (F, B_in, B_w),
                  "tokens_per_s_per_gpu": global_batch * model.seq_len / (n_gpus * it),
                  "mfu": mfu_flops / (n_gpus * it * c.peak_flops)}
     return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
