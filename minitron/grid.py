@@ -23,6 +23,7 @@ creates every torch.distributed group, in the same order on every rank.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .config import cube_edge, square_edge
@@ -66,7 +67,14 @@ class ProcessGrid:
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp * self.pp * self.cp * self.ep
+        return math.prod(self.sizes().values())
+
+    @classmethod
+    def for_layout(cls, layout, rank: int = 0) -> "ProcessGrid":
+        """The grid of a ParallelConfig (its degrees and tensor mode), seen from `rank`."""
+        return cls(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, ep=getattr(layout, "ep", 1),
+                   cube=layout.tp_mode == "3d", rank=rank,
+                   summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
 
     @property
     def q(self) -> int:
@@ -79,18 +87,26 @@ class ProcessGrid:
         return square_edge(self.tp // self.summa_depth) if self.summa_depth else 1
 
     # --- pure rank arithmetic -------------------------------------------------
+    def sizes(self) -> dict[str, int]:
+        """The size of each axis of :data:`AXES`, fastest first: the grid is this ordered
+        list of axes, and a rank is its mixed-radix number."""
+        return {a: getattr(self, a) for a in AXES}
+
     def coord(self, rank: int | None = None) -> Coord:
         r = self.rank if rank is None else rank
         if not 0 <= r < self.world:
             raise ValueError(f"rank {r} outside a world of {self.world}")
-        tce = self.tp * self.cp * self.ep
-        return Coord(tp=r % self.tp, dp=(r // tce) % self.dp, pp=r // (tce * self.dp), cp=(r // self.tp) % self.cp,
-                     ep=(r // (self.tp * self.cp)) % self.ep)
+        index = {}
+        for axis, n in self.sizes().items():  # fastest first: the digits of r
+            r, index[axis] = divmod(r, n)
+        return Coord(**index)
 
     def rank_of(self, tp: int = 0, dp: int = 0, pp: int = 0, cp: int = 0, ep: int = 0) -> int:
-        tc = self.tp * self.cp
-        tce = tc * self.ep
-        return tp + self.tp * cp + tc * ep + tce * dp + tce * self.dp * pp
+        index, rank, stride = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}, 0, 1
+        for axis, n in self.sizes().items():
+            rank += index[axis] * stride
+            stride *= n
+        return rank
 
     def data_index(self, rank: int | None = None) -> int:
         """Which share of the global batch this rank's data replica reads: the expert and

@@ -83,8 +83,7 @@ def resolve_device(layout, world: int) -> torch.device:
 def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: bool = False) -> Comm:
     """Join the process group (if world > 1), build the grid's groups, return a Comm."""
     world = env_world() if under_launcher() else 1
-    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cube=layout.tp_mode == "3d", cp=layout.cp, ep=layout.ep,
-                       summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
+    grid = ProcessGrid.for_layout(layout)
     if world > 1:
         slurm_to_torch_env()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", world)))

@@ -92,3 +92,13 @@ def test_published_shapes_cost_nothing():
     m = PRESETS["llama3-405b"]
     h, kvd, f = m.hidden, m.n_kv_heads * m.head_dim, m.ffn_hidden
     assert dry_run.block_params(m, {"tp": 8}) == (2 * h * h + 2 * h * kvd + 3 * h * f) // 8 + 2 * h
+
+
+def test_expert_parallel_params_read_off_the_model():
+    """A mixture of experts on ep ranks: each rank holds E/ep experts of every MoE block."""
+    m = PRESETS["moe-tiny"]
+    for ep in (1, 2, 4):
+        for r in sorted({0, ep - 1}):
+            lay = ParallelConfig(ep=ep, nproc=ep)
+            g = GPT(m, Context(Comm(ProcessGrid(ep=ep, rank=r)), lay, torch.float64))
+            assert params.params_on_rank(m, lay) == sum(p.numel() for p in {id(p): p for p in g.parameters()}.values())

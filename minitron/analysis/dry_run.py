@@ -44,7 +44,8 @@ def as_layout(layout: Any) -> ParallelConfig:
     (the analysis accepts all three); only the fields that shape a rank's model count."""
     if isinstance(layout, ParallelConfig):
         return layout
-    keys = ("tp", "pp", "vpp", "cp", "tp_mode", "tp_depth", "sp", "recompute", "schedule", "stage_layers")
+    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "recompute", "schedule",
+            "stage_layers", "precision")
     get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
     given = {k: get(k) for k in keys if get(k) is not None}
     if "stage_layers" in given:
@@ -55,17 +56,29 @@ def as_layout(layout: Any) -> ParallelConfig:
 def _shape_only(layout: ParallelConfig) -> ParallelConfig:
     """The fields of a layout that decide one rank's modules and saved tensors (the cache
     key: data parallelism, ZeRO and the schedule do not change a block)."""
-    return ParallelConfig(tp=layout.tp, cp=layout.cp, tp_mode=layout.tp_mode, tp_depth=layout.tp_depth,
-                          sp=layout.sp, recompute=layout.recompute, precision=layout.precision,
-                          dropout_rng=layout.dropout_rng)
+    return ParallelConfig(tp=layout.tp, cp=layout.cp, ep=getattr(layout, "ep", 1), tp_mode=layout.tp_mode,
+                          tp_depth=layout.tp_depth, sp=layout.sp, recompute=layout.recompute,
+                          precision=layout.precision, dropout_rng=layout.dropout_rng,
+                          cp_mode=getattr(layout, "cp_mode", "ring"))
+
+
+def _runnable(model: ModelConfig, i: int | None) -> tuple[ModelConfig, int | None]:
+    """The block a dry run can run for block `i`. A mixture of experts routes by the data
+    (how many tokens each expert gets is known only once the router has run), which fake
+    tensors cannot follow: its forward is read off a dense twin of the active width, one
+    MLP of (top_k + shared)·f_e — the expectation under balanced routing, an estimate where
+    the dense figures are exact. (Its parameters are counted exactly, from the block itself;
+    the experts' all-to-all is priced from routing counts in analysis/experts.py.)"""
+    if i is None or not model.is_moe_block(i):
+        return model, i
+    return model.replace(experts=0, ffn=(model.top_k + model.shared_experts) * model.moe_ffn_hidden), 0
 
 
 def dry_context(layout: ParallelConfig, rank: int = 0, dtype: torch.dtype = torch.float32,
                 trace: CommTrace | None = None) -> Context:
     """Rank `rank`'s view of the tensor and context axes of `layout`, with a dry
     communication door (no process group); build and run under ``FakeTensorMode``."""
-    grid = ProcessGrid(tp=layout.tp, cp=layout.cp, cube=layout.tp_mode == "3d", rank=rank,
-                       summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
+    grid = ProcessGrid.for_layout(layout, rank)
     return Context(Comm(grid, trace, dry=True), layout, dtype, CPU)
 
 
@@ -82,7 +95,7 @@ def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
 def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
     holds as many), read from the module built under FakeTensorMode."""
-    return _block_params(model, _shape_only(as_layout(layout)), i if model.experts else 0)
+    return _block_params(model, _shape_only(as_layout(layout)), i if model.is_moe_block(i) else 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -150,7 +163,7 @@ class _Saved:
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, i: int) -> tuple[int, int]:
+def _block_saved(model: ModelConfig, i: int, layout: ParallelConfig, b: int, e: int) -> tuple[int, int]:
     """(held, rebuilt): what one block keeps from its forward to its backward, and the
     most its backward holds on top of that at any moment (recomputation's rebuilt tensors)."""
     with FakeTensorMode():
@@ -179,13 +192,13 @@ def block_saved_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_p
     """Bytes block `i` saves for its backward on one tensor rank of `layout`, for one
     microbatch of `micro_batch` sequences with activations of `bytes_per_el` bytes: its
     own forward run on fake tensors (the layout's recomputation applied)."""
-    return _block_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, i if model.experts else 0)[0]
+    return _block_saved(*_runnable(model, i), _shape_only(as_layout(layout)), micro_batch, bytes_per_el)[0]
 
 
 def block_rebuilt_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
     """The most that block `i`'s backward saves on top of what its forward kept: under
     recomputation the rebuilt part of the block (0 without recomputation)."""
-    return _block_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, i if model.experts else 0)[1]
+    return _block_saved(*_runnable(model, i), _shape_only(as_layout(layout)), micro_batch, bytes_per_el)[1]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -296,7 +309,8 @@ def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches:
         for i in ids:  # dense blocks are all alike; a MoE block is its own kind
             kinds.setdefault(i if model.is_moe_block(i) else "dense", []).append(i)
         for same in kinds.values():
-            add("transformer layers", _part_calls(model, lay, micro_batch, e, same[0], False, False), m * len(same))
+            twin, i = _runnable(model, same[0])
+            add("transformer layers", _part_calls(twin, lay, micro_batch, e, i, False, False), m * len(same))
             add("replicated parameter gradients", _grad_sync_calls(model, lay, same[0], False, False, e), len(same))
         if first or last:
             what = " and ".join(w for w, held in (("embedding", first), ("output layer and loss", last)) if held)

@@ -188,7 +188,7 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     pipeline layout (data-parallel replicas hold the same).
 
     `layout` is a :class:`~minitron.config.ParallelConfig` or a dict with ``tp, pp``
-    and optionally ``vpp, stage_layers, tp_mode``. All tensor ranks of a stage hold
+    and optionally ``vpp, stage_layers, tp_mode, ep, schedule``. All tensor ranks of a stage hold
     the same number of elements (the vocabulary is padded to a multiple of t); the
     `tp_rank` argument is kept for symmetry. With ``tp_mode='3d'`` (t = q³) every rank
     of the cube holds the same count too: matrices and the embeddings split q³ ways,
@@ -197,7 +197,11 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     t, p, v, mode = layout_degrees(layout)
     if not 0 <= pp_rank < p or not 0 <= tp_rank < t:
         raise ValueError(f"rank (pp={pp_rank}, tp={tp_rank}) outside a layout of pp={p}, tp={t}")
-    return params_given_layers(model, t, p, v, mode, pp_rank, layers_on_rank(model, layout, pp_rank))
+    lay = {"tp": t, "tp_mode": mode, "ep": int(layout_get(layout, "ep", 1) or 1)}
+    # every chunk the rank holds, where the schedule's placement puts it (a V puts both ends
+    # on rank 0), block by block (a mixture of experts holds E/ep experts)
+    return sum(sum(block_params(model, lay, i) for i in ids) + ends_params(model, lay, first, last)
+               for ids, first, last in rank_chunks(model, layout, pp_rank))
 
 
 def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,

@@ -241,7 +241,7 @@ def analysed_calls(model: ModelConfig, layout: ParallelConfig, train: TrainConfi
     from ..analysis.comm import comm_items
     from ..grid import ProcessGrid
 
-    grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp)
+    grid = ProcessGrid.for_layout(layout)
     stages = []
     for stage in range(layout.pp):
         calls = []
