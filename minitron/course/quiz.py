@@ -266,6 +266,24 @@ QUESTIONS: dict[str, Question] = {
         lambda: _cp_message_elements(_preset("gpt-1.3b").replace(seq_len=32768), 1, 1, 8) * 2 / 2**20,
         "one message is K and V of the rank's s/N tokens over its h/t columns: 2·b·(s/N)·(h/t) "
         "elements of 2 bytes."),
+    # --- lesson 10: modern blocks under parallelism ----------------------------------------
+    "10.kv_rows": Question(
+        lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 16) * _preset("llama3-70b").head_dim,
+        "a rank holds max(kv/t, 1) whole kv heads: with kv < t one head, replicated, of 2·d rows (k and v)."),
+    "10.kv_copies": Question(
+        lambda: max(1, 16 // _preset("llama3-70b").n_kv_heads),
+        "each kv head is copied onto the t/kv neighbouring ranks that hold its query heads; its "
+        "gradient is summed over exactly those copies."),
+    "10.swiglu_params": Question(
+        lambda: 3 * _preset("llama3-8b").hidden * _preset("llama3-8b").ffn_hidden,
+        "SwiGLU has three h x f matrices: gate, up and down (no biases)."),
+    "10.cp_position": Question(
+        lambda: _chunks(4, 2)[1] * (64 // (2 * 4)),
+        "the sequence is cut into 2N chunks of s/(2N) tokens; rank r's second chunk is 2N − 1 − r."),
+    "10.kv_saved_per_element": Question(
+        lambda: _saved_per_kv_element(),
+        "count the storages autograd keeps: the rotated k, and v's view pinning the whole [k|v] "
+        "projection output."),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
@@ -290,6 +308,20 @@ QUESTIONS: dict[str, Question] = {
 def _cp_message_elements(model, b: int, tp: int, cp: int) -> int:
     from ..analysis.context_parallel import cp_message_elements
     return cp_message_elements(model, b, tp, cp)
+
+
+def _kv_heads_per_rank(model, tp: int) -> int:
+    from ..analysis.context_parallel import kv_heads_per_rank
+    return kv_heads_per_rank(model, tp)
+
+
+def _saved_per_kv_element() -> float:
+    """Elements a Llama block saves per token and key/value element, from the dry run: one
+    kv head fewer on llama-small."""
+    from ..analysis.dry_run import block_saved_bytes
+    m = _preset("llama-small")
+    fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), {}, 1, 4)
+    return (block_saved_bytes(m, {}, 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
 
 
 def _chunks(n: int, r: int) -> tuple[int, int]:
