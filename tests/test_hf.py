@@ -101,7 +101,8 @@ def test_bad_gpt2_checkpoints_get_one_line(tmp_path, capsys):
     assert "vocabulary of 256" in _error(capsys, train + [str(good)])  # bytes vs its 300 tokens
     assert "hidden 32, not 64" in _error(capsys, train + [str(good), "--hidden", "64"])
     assert "exceeds the checkpoint's 40 positions" in _error(capsys, train + [str(good), "--seq-len", "64"])
-    assert "no 'latest'" in _error(capsys, ["export", "--ckpt-dir", str(tmp_path), "--hf", str(tmp_path / "o")])
+    # (the output beside the checkpoint folder, not inside it: preflight refuses that first)
+    assert "no 'latest'" in _error(capsys, ["export", "--ckpt-dir", str(tmp_path), "--hf", str(tmp_path.parent / "o")])
 
 
 @pytest.mark.multirank

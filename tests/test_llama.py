@@ -17,7 +17,8 @@ LLAMA_8 = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, ffn=96, seq_len=
 
 def _train(layout: ParallelConfig) -> TrainConfig:
     m = 2 if layout.pp > 1 else 1
-    pieces = layout.summa_q * layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 1
+    pieces = {"2d": layout.summa_q * layout.tp_depth, "2.5d": layout.summa_q * layout.tp_depth,
+              "3d": layout.cube_q ** 2}.get(layout.tp_mode, 1)  # the grids split the batch
     return TrainConfig(steps=2, global_batch=2 * layout.dp * m * pieces, microbatches=m, dtype="float64",
                        lr=1e-2, warmup=1, eval_every=0, progress=False)
 
@@ -38,7 +39,8 @@ FOUR = ([(_kv(n), ParallelConfig(tp=4)) for n in (1, 2, 4)]  # t = 4 > kv for kv
            (_kv(2).replace(layers=4), ParallelConfig(dp=2, pp=2, vpp=2, schedule="interleaved")),
            (_kv(2), ParallelConfig(dp=4, zero=3)),
            (_kv(2), ParallelConfig(tp=4, tp_mode="2d"))])
-EIGHT = [(_kv(1), ParallelConfig(dp=2, tp=2, pp=2))]
+EIGHT = [(_kv(1), ParallelConfig(dp=2, tp=2, pp=2)),
+         (_kv(2), ParallelConfig(tp=8, tp_mode="3d"))]  # the cube: kv heads split over q = 2
 
 
 def _comm_for(layout: ParallelConfig, rank: int):
@@ -108,7 +110,7 @@ def test_llama_layouts_on_four_ranks_equal_one_device(four):
 
 
 @pytest.mark.multirank
-def test_llama_dp_tp_pp_on_eight_ranks_equals_one_device(eight):
+def test_llama_dp_tp_pp_and_the_cube_on_eight_ranks_equal_one_device(eight):
     _check_oracle(eight, EIGHT)
 
 
