@@ -47,7 +47,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
 
 
 def num(s: str) -> float:
-    return float(s.replace(",", ""))
+    return {"nine": 9.0}.get(s) or float(s.replace(",", ""))
 
 
 # --- the witnesses: what each lesson shows -> the answer to its question ----------------
@@ -207,6 +207,8 @@ WITNESSES = {
     "02.bubble_interleaved": lambda: _bubble("interleaved") * 8 / 16 * (8 - 1) / (4 - 1),
     "02.stash_gpipe": _gpipe_stash,
     "02.warmup": _warmup_plus_one,
+    # the V-schedule table: PP = 16 stages on p = 8 ranks, m = 2p = 16, F = B = W = 1 per chunk
+    "02.zbv_idle": lambda: num(out("02", r"^\s*16(?:\s+[\d.]+){6}\s+([\d.]+)\s+[\d.]+$")),
     "03.ring_wire": _ring_share_03,
     "03.zero1_over_allreduce": _zero1_over_allreduce,
     "03.zero1_bytes": _zero1_d8,
@@ -330,6 +332,10 @@ CLAIMS = {
         + [_bubble("1f1b")], 0.0051),
     "02 stash": lambda: (said("02", r"\(([\d.]+) instead of (\d+) stages' worth here\)"),
                          shown("02", r"interleaved rank 0, in stages: ([\d.]+)") + [4], 0),
+    # lesson 4: Megatron-LM's "a few communication operations", counted in the trace
+    "04 places": lambda: (said("04", r"reductions — (nine) places for any number of layers.*backward: (\d+) places"),
+                          shown("04", r"^\s+tp: \d+ calls in one step .*from (\d+) places")
+                          + shown("04", r"^ tp\+sp: \d+ calls in one step .*from (\d+) places"), 0),
     # lesson 5: the cube against 1-D on the traced layer
     "05 cube vs 1-D": _cube_vs_1d,
     # lesson 7: the MFU and its ceiling in the stored run, HFU of the 1.3B, the 530B comparison
