@@ -294,8 +294,13 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             verdict = ":".join(res)
         else:
-            _publish(root, tmp, final, step, tr, res["infos"])
-            _prune(root, keep_last)
+            try:
+                _publish(root, tmp, final, step, tr, res["infos"])
+                _prune(root, keep_last)
+            except OSError as e:  # meta.json or `latest` refused by the disk: say so on every rank
+                shutil.rmtree(tmp, ignore_errors=True)
+                verdict = (f"disk:rank 0 could not publish the checkpoint in {root} ({e.strerror or type(e).__name__}; "
+                           f"{_free_space(root)}): free some space and resume from the last checkpoint")
     verdict = _agree(comm, root, step, verdict)
     if verdict != "ok":
         kind, message = verdict.split(":", 1)
