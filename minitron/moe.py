@@ -65,15 +65,6 @@ class AttachAux(torch.autograd.Function):
         return g, torch.full_like(aux, fctx.weight), None
 
 
-def activate(y: torch.Tensor, activation: str) -> torch.Tensor:
-    """The MLP's nonlinearity on the first linear's output: GELU (erf or tanh) or SwiGLU on
-    rows interleaved [unit][gate|up], the dense MLP's layout (``model.MLP``)."""
-    if activation == "swiglu":
-        gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
-        return F.silu(gate) * up
-    return F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
-
-
 def route(logits: torch.Tensor, cfg: ModelConfig, bias: torch.Tensor | None = None):
     """Top-k routing of T tokens' router logits [T, E]: returns (scores [T, E], the
     experts [T, k], the gates [T, k]). Ties go to the lower expert index (stable sort)."""
@@ -194,19 +185,35 @@ class MoE(nn.Module):
         return self.layers.enter(x, self.ctx)
 
     def experts_forward(self, rows: torch.Tensor, counts) -> torch.Tensor:
-        """This rank's experts on their rows (grouped by expert, `counts` rows each)."""
-        outs, start = [], 0
-        for j, n in enumerate(counts):
-            x = rows[start:start + n]
-            start += n
-            y = x @ self.fc[j].t()
-            if self.fc_bias is not None:
-                y = y + self.fc_bias[j]
-            y = activate(y, self.cfg.activation) @ self.fc2[j].t()
-            if self.fc2_bias is not None and self.ctx.tp_rank == 0:
-                y = y + self.fc2_bias[j]
-            outs.append(y)
+        """This rank's experts on their rows (grouped by expert, `counts` rows each), one
+        expert at a time: each stacked weight is unbound once, so its backward stacks the
+        experts' gradients once (indexing ``fc[j]`` per expert would build a zero gradient of
+        the whole stack for each). On a CPU this beats padding every expert to the busiest
+        one and two batched matmuls (0.13 s against 0.16 s per layer, llama-small, 8 experts).
+        SwiGLU's interleaved [unit][gate|up] rows are regrouped once into [gate | up]
+        halves, so that the activation reads contiguous memory."""
+        w, b1 = self.fc, self.fc_bias
+        if self.swiglu:
+            w = w.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2)
+            b1 = None if b1 is None else b1.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2)
+        b1 = None if b1 is None else b1.unbind(0)
+        b2 = self.fc2_bias.unbind(0) if self.fc2_bias is not None and self.ctx.tp_rank == 0 else None  # once over tp
+        outs = list(rows.split(list(counts)))
+        ws, w2s = w.unbind(0), self.fc2.unbind(0)
+        for j, x in enumerate(outs):
+            y = x @ ws[j].t()
+            y = self._act(y if b1 is None else y + b1[j])
+            y = y @ w2s[j].t()
+            outs[j] = y if b2 is None else y + b2[j]
         return torch.cat(outs) if outs else rows[:0]
+
+    def _act(self, y):
+        """The MLP kind's nonlinearity: SwiGLU on [gate | up] halves (see experts_forward),
+        or GELU (erf, or GPT-2's tanh approximation)."""
+        if self.swiglu:
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(y, approximate="tanh" if self.cfg.activation == "gelu_tanh" else "none")
 
     def forward(self, x):
         cfg, ctx = self.cfg, self.ctx

@@ -70,6 +70,8 @@ class Dispatch:
         self.send = self.sent_counts.sum(1).tolist()
         self.recv = self.received_counts.sum(1).tolist()
         self.local_counts = self.received_counts.sum(0)
+        if n == 1:
+            return
         # arrival order is (source, expert); regroup as (expert, source)
         starts = torch.cumsum(self.received_counts.flatten(), 0) - self.received_counts.flatten()
         starts = starts.view(n, e_local)
@@ -81,11 +83,15 @@ class Dispatch:
     def dispatch(self, rows: torch.Tensor) -> torch.Tensor:
         """Send `rows` (this rank's, in expert order); return the rows of the local experts,
         grouped by expert (``local_counts`` rows each)."""
+        if self.comm.size(self.axis) == 1:  # one rank holds every expert: the rows stay
+            return rows
         arrived = AllToAll.apply(rows, self.comm, self.axis, self.send, self.recv)
         return arrived[self.perm.to(arrived.device)]
 
     def combine(self, out: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`dispatch`: the local experts' outputs (grouped by expert)
         back to the ranks of their tokens, in each rank's own expert order."""
+        if self.comm.size(self.axis) == 1:
+            return out
         arrival = out[self.inverse.to(out.device)]
         return AllToAll.apply(arrival, self.comm, self.axis, self.recv, self.send)

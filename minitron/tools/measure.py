@@ -142,8 +142,9 @@ def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
     if tr.layout.zero >= 2:
         return loss, _sharded_state_bytes(tr, meter.peak)
     grads = [p.grad for p in tr.params if p.grad is not None]
-    if tr.layout.zero1:
-        flat = [tr.dp.grad_buffer, tr.dp.param_buffer, tr.dp.shard_grad, tr.optimizer.shard_param]
+    if tr.layout.zero1:  # one buffer set per data group under --ep (parallel/data.GroupedData)
+        parts = zip(getattr(tr.dp, "parts", [tr.dp]), getattr(tr.optimizer, "parts", [tr.optimizer]))
+        flat = [t for d, o in parts for t in (d.grad_buffer, d.param_buffer, d.shard_grad, o.shard_param)]
     else:
         flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
     params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
@@ -158,13 +159,15 @@ def _sharded_state_bytes(tr, activations: int) -> dict:
     """ZeRO-2/3 (``parallel/zero.py``): the parameters (stage 3: this rank's shard), the
     gradient shard, AdamW's two moments of the shard; buffers: the peaks of the gathered
     units and of the gradient staging buffers during the step, and stage 2's padding."""
-    dp = tr.dp
-    params = _nbytes([dp.param_shard]) if dp.stage == 3 else _nbytes(tr.params)
-    padding = _nbytes(dp.full) - _nbytes(tr.params) if dp.stage == 2 else 0
-    gathered = dp.peak_gathered_bytes if dp.stage == 3 else 0
-    out = {"params_bytes": params, "grads_bytes": _nbytes([dp.shard_grad]),
+    parts = getattr(tr.dp, "parts", [tr.dp])  # one per data group under --ep (parallel/data.GroupedData)
+    stage, held = parts[0].stage, [p for d in parts for p in d.params]
+    loose = [p for p in tr.params if all(p is not q for q in held)]  # in no unit: a MoE's selection bias
+    params = sum(_nbytes([d.param_shard]) for d in parts) + _nbytes(loose) if stage == 3 else _nbytes(tr.params)
+    padding = sum(_nbytes(d.full) for d in parts) - _nbytes(held) if stage == 2 else 0
+    gathered = sum(d.peak_gathered_bytes for d in parts) if stage == 3 else 0
+    out = {"params_bytes": params, "grads_bytes": sum(_nbytes([d.shard_grad]) for d in parts),
            "optimizer_bytes": _nbytes(tr.optimizer.state_tensors()), "activations_bytes": activations,
-           "buffers_bytes": gathered + dp.peak_staging_bytes + padding}
+           "buffers_bytes": gathered + sum(d.peak_staging_bytes for d in parts) + padding}
     out["total_bytes"] = sum(out.values())
     return out
 
