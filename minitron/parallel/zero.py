@@ -344,3 +344,19 @@ class ShardedDataParallel(FlatShards):
         if self.stage == 3:
             for u in range(len(self.units)):
                 self._free(u)
+
+
+def sharded_data_parallel(units, comm: Comm, stage: int):
+    """ZeRO-2/3 over `units` as ``Trainer`` builds them: one :class:`ShardedDataParallel`, or
+    with expert parallelism one per data group (dense parameters over every data replica,
+    experts over the replicas holding the same experts), each over the units' parameters
+    of its group (a block is then two units, each gathered and freed by its own hooks)."""
+    groups = by_data_group([p for _, ps, _ in units for p in ps], comm)
+    if len(groups) == 1:
+        return ShardedDataParallel(units, comm, stage)
+    parts = []
+    for axis, ps in groups.items():
+        mine = set(ps)
+        parts.append(ShardedDataParallel([(m, [p for p in u if p in mine], k) for m, u, k in units], comm, stage,
+                                         axis=axis))
+    return GroupedData(parts)
