@@ -620,8 +620,11 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # collective prefetched under the compute of the one before (hidden up to
     # DP_OVERLAP of the compute); HSDP shards over fsdp_shard ranks and all-reduces the
     # shards across the replicas once per step.
-    dense_w, expert_w = max((stage_weights(model, t, p, v, r, n, ep, round(n * moe_share), head_dim)
-                             for r, n in enumerate(layers)), key=sum)
+    # the most weights sit on the first or last stage (the embedding, the head) or on the
+    # one with the most layers: only those three are counted
+    heavy = {0, (p * v - 1) % p, max(range(p), key=layers.__getitem__)}
+    dense_w, expert_w = max((stage_weights(model, t, p, v, r, layers[r], ep, round(layers[r] * moe_share), head_dim)
+                             for r in sorted(heavy)), key=sum)
     group, egroup = d * cp, max(t * cp * d // ep, 1)
 
     def ring_bw(span: int) -> tuple[float, float]:  # bandwidth of a data-parallel ring of `span` ranks
