@@ -247,9 +247,14 @@ class PipelineRuntime:
         # where the next (previous) stage of a chunk lives on this rank too (the V's turn on rank
         # p-1), its output (input gradient) is handed over in memory instead of sent
         pl = self.schedule.placement
-        here = lambda s: pl.locate(s)[1] if 0 <= s < pl.num_stages and pl.locate(s)[0] == self.rank else None  # noqa: E731
-        self.local_next = {c: here(pl.stage(self.rank, c) + 1) for c in range(len(self.chunks))}
-        self.local_prev = {c: here(pl.stage(self.rank, c) - 1) for c in range(len(self.chunks))}
+
+        def mine(stage):  # this rank's chunk holding `stage`, or None
+            if 0 <= stage < pl.num_stages and pl.locate(stage)[0] == self.rank:
+                return pl.locate(stage)[1]
+            return None
+
+        self.local_next = {c: mine(pl.stage(self.rank, c) + 1) for c in range(len(self.chunks))}
+        self.local_prev = {c: mine(pl.stage(self.rank, c) - 1) for c in range(len(self.chunks))}
         for c, chunk in enumerate(self.chunks):
             if (chunk.first, chunk.last) != (self.schedule.is_first(self.rank, c), self.schedule.is_last(self.rank, c)):
                 raise ValueError(f"chunk {c} of pipeline rank {self.rank} is not virtual stage "

@@ -756,7 +756,9 @@ def simulate(schedule: Schedule, costs: Costs = None, eager: bool = False
     With the default costs both give the ideal dataflow timeline, so
     bubble_fraction = (makespan - busy) / busy of the busiest rank, PTD-P's t_pb/t_id,
     is exactly (p-1)/m for gpipe and 1f1b, (p-1)/(v*m) for interleaved (per-chunk
-    costs F=1, B=2) and (p-1)/(3m) for zb-h1 when m >= p."""
+    costs F=1, B=2) and (p-1)/(3m) for zb-h1 when m >= p; zb-v idles (p-1)·F per rank
+    (m >= 2p-1) and dualpipe-v 2(p-1)·F, DeepSeek-V3's (PP/2-1)(F&B+B-3W) with PP = 2p,
+    F&B = F+B+W and B the full backward (the V kinds' default costs F = B = W = 1)."""
     costs = default_costs(schedule.kind) if costs is None else costs
     cost = costs if callable(costs) else _overlap_priced(schedule, costs)
     rows = [[] for _ in range(schedule.p)]
