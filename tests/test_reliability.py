@@ -26,7 +26,9 @@ import pytest
 import torch
 
 from minitron.checkpoint import FolderLock, lock_holder
+from minitron.config import PRESETS, ParallelConfig, TrainConfig
 from minitron.tools.cli import main
+from minitron.tools.preflight import check_resume
 from minitron.tools.testing import reseal
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0", "--no-report"]
@@ -178,6 +180,12 @@ def test_resume_notes_the_harmless_changes(run, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "note: resuming with --steps 3 (the checkpoint's is 2)" in err
     assert "note: resuming with --microbatches 2 (the checkpoint's is 1)" in err, err
+    lines = []  # another layout (no ranks started here: the check alone)
+    step = check_resume(str(run / "ck"), "yes", PRESETS["tiny"], TrainConfig(steps=3, global_batch=4, dtype="float64"),
+                        log=lines.append, layout=ParallelConfig(tp=2, dp=2))
+    assert step == 2 and lines == ["minitron: note: resuming with --steps 3 (the checkpoint's is 2)",
+                                   "minitron: note: resuming with the layout dp2.tp2.pp1 (the checkpoint's is "
+                                   "dp1.tp1.pp1; checkpoints are layout-independent)"], lines
 
 
 def test_requeued_job_whose_work_is_done_exits_0(run, tmp_path, capsys):

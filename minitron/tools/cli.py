@@ -1,4 +1,4 @@
-"""`minitron train | verify | schedule | memory | plan | bench | tokenize | sample | export | sweep`:
+"""`minitron train | verify | schedule | memory | plan | bench | tokenize | sample | export | sweep | check-ckpt`:
 the command line.
 
 Every option is checked before any process group starts; bad input prints one line,
@@ -300,7 +300,7 @@ def _train_command(args, lock) -> int:
         lock_ckpt_dir(lock)
     try:
         start = check_resume(train.ckpt_dir, args.resume, model, train, corpus,
-                             args.allow_resume_change) if train.resume else 0
+                             args.allow_resume_change, layout=layout) if train.resume else 0
     except AlreadyDone as done:  # a requeued job preempted in its last step: its work is done
         print(f"minitron: {done}", file=sys.stderr)
         return 0

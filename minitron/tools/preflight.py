@@ -275,7 +275,7 @@ class AlreadyDone(Exception):
 
 
 def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainConfig, corpus=None,
-                 allow_change: bool = False, log=None) -> int:
+                 allow_change: bool = False, log=None, layout: ParallelConfig | None = None) -> int:
     """The step a --resume continues from (0: start afresh, only with --resume auto).
     Refuses a missing checkpoint, a broken one, one of another model, or (plain --resume)
     one already at the last step; with --resume auto that last raises AlreadyDone. Every
@@ -303,6 +303,8 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is at step {meta['step']}, already at "
                           f"{flag} {end}: raise it to train further")
     changed = resume_changes(meta, train, corpus)
+    if layout is not None and meta.get("layout") and meta["layout"] != layout.describe():
+        changed.append(("the layout", f"{meta['layout']}; checkpoints are layout-independent", layout.describe()))
     breaking = [c for c in changed if c[0] in RESUME_EXACT_FLAGS]
     if breaking and not allow_change:
         raise ConfigError(f"--resume: {'; '.join(_says(c) for c in breaking)}: the continued run would not equal "
