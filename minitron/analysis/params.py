@@ -38,7 +38,7 @@ from typing import Any
 from .dry_run import block_params, ends_params
 from ..parallel.schedules import placement_for
 from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
-                      holds_ends, stage_placement)
+                      holds_ends)
 
 __all__ = [
     "layout_get",
@@ -219,10 +219,11 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
 
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     """Transformer layers held by each pipeline rank (all its chunks), rank 0 first."""
-    _, p, _, _ = layout_degrees(layout)
+    _, p, v, _ = layout_degrees(layout)
+    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
     out = [0] * p
     for c, n in enumerate(chunk_layers(model, layout)):
-        out[stage_placement(c, p)[0]] += n
+        out[where.locate(c)[0]] += n
     return out
 
 
