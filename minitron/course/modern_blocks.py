@@ -24,7 +24,7 @@ LLAMA = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, ffn=128, seq_len=6
                     norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
 KV_CASES = (4, 2, 1)  # under --tp 4: one kv head per rank, each on 2 ranks, one on all 4
 CP_MODES = ("ring", "a2a")
-TIMED_STEPS = 3
+TIMED_STEPS = 2
 
 
 def train_config(**kw) -> TrainConfig:

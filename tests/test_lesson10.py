@@ -1,0 +1,61 @@
+"""Lesson 10 (modern blocks under parallelism): every graded question is answered by a figure the
+lesson's own computed cells print, and the lesson's checks hold in its stored outputs (the
+formulas equal the dry run, the traces equal the analysis, the layouts equal one device).
+Fast: reads the stored notebook; no ranks (tests/test_notebooks.py re-runs it under nbval)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from minitron.course import quiz
+
+NB = Path(__file__).resolve().parent.parent / "lessons" / "10_modern_blocks.ipynb"
+
+
+@pytest.fixture(scope="module")
+def out() -> str:
+    cells = json.loads(NB.read_text())["cells"]
+    return "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                   for o in c.get("outputs", []))
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"the lesson's outputs no longer print {pattern!r}"
+    return float(m.group(1).replace(",", ""))
+
+
+WITNESS = {
+    "10.kv_rows": r"t = 16: .*kv rows per rank (\d+)",
+    "10.kv_copies": r"t = 16: .*copies of each (\d+)",
+    "10.swiglu_params": r"SwiGLU MLP 3hf = ([\d,]+)",
+    "10.cp_position": r"rank 2: chunks 2 and 5: positions \d+\.\.\d+ and (\d+)\.\.",
+    "10.kv_saved_per_element": r"one kv head fewer: (\d+) elements per token and key/value element",
+}
+
+
+def test_every_question_of_lesson_10_is_witnessed():
+    assert set(WITNESS) == set(quiz.questions("10"))
+    src = NB.read_text()
+    for qid in WITNESS:
+        assert f'check(\\"{qid}\\", ...)' in src, f"{qid} is not asked in the lesson"
+
+
+@pytest.mark.parametrize("qid", sorted(WITNESS))
+def test_question_answered_by_the_lesson(out, qid):
+    witness = _number(WITNESS[qid], out)
+    assert quiz.grade(qid, witness)[0], (qid, witness, quiz.QUESTIONS[qid].answer())
+    assert not quiz.grade(qid, witness * 1.01 + 1)[0]
+
+
+def test_stored_outputs_show_the_checks_holding(out):
+    assert "worst error over all 24 cases: 0.0 %" in out  # derived saved activations = dry run
+    assert out.count("equal: True") == 5 and "equal: False" not in out  # 3 tp traces, ring, a2a
+    diffs = [float(x) for x in re.findall(r"difference ([\d.e+-]+)\)", out)]
+    assert len(diffs) == 4 and max(diffs[:3]) < 1e-12 and diffs[3] < 1e-6  # tp4 x kv 4, 2, 1; transformers
+    assert "= chunk_ids" in out and "DIFFERENT" not in out
+    assert "global angles = rows of the full table: True" in out
+    # the rotary property the prose states: a shift of both positions keeps the score
+    a, b, c = (float(x) for x in re.search(r"q_5·k_2 = (\S+), q_42·k_39 = (\S+), q_5·k_39 = (\S+)", out).groups())
+    assert a == b and a != c
