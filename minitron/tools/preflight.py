@@ -143,7 +143,7 @@ def checkpoint_folder_of(path: str) -> str | None:
     holds a `latest` pointer or one of the engine's step folders; a step folder holds
     meta.json or shards. Outputs never go there: a metrics file named `latest`, a trace
     over a shard or another run's meta.json would destroy a checkpoint without a word."""
-    from ..checkpoint import LOCK_FILE, STEP_DIR
+    from ..checkpoint import STEP_DIR
 
     here = Path(os.path.realpath(path))
     for folder in [here, *here.parents]:
@@ -151,12 +151,22 @@ def checkpoint_folder_of(path: str) -> str | None:
             if STEP_DIR.fullmatch(folder.name) and folder.is_dir() and \
                     ((folder / "meta.json").exists() or any(folder.glob("rank_*.pt*"))):
                 return str(folder.parent)
-            if folder.is_dir() and ((folder / "latest").is_file() or (folder / LOCK_FILE).is_file()
+            if folder.is_dir() and (_names_a_step(folder / "latest")
                                     or any(STEP_DIR.fullmatch(d.name) and d.is_dir() for d in folder.glob("step_*"))):
                 return str(folder)
         except OSError:
             continue
     return None
+
+
+def _names_a_step(pointer: Path) -> bool:
+    """`pointer` is a checkpoint folder's `latest` (a file naming a step folder)."""
+    from ..checkpoint import STEP_DIR
+
+    try:
+        return pointer.is_file() and bool(STEP_DIR.fullmatch(pointer.read_text(errors="replace")[:64].strip()))
+    except OSError:
+        return False
 
 
 def _not_in_checkpoint(flag: str, path: str, ckpt_dir: str = "") -> None:
