@@ -606,7 +606,7 @@ def cmd_plan(args) -> int:
 
     if args.published:
         return _published_run(args)
-    if not (args.gpus and args.global_batch):
+    if args.gpus is None or args.global_batch is None:  # given as 0 or less: refused below, by name
         raise ConfigError("plan needs --gpus and --global-batch (or --published RUN for a published run)")
     model = model_from(args)
     validate_model(model)
@@ -829,8 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="predict a layout on a cluster, or rank all layouts")
     add_model_args(pl)
-    pl.add_argument("--gpus", type=int, default=0, help="GPUs (ranks with --machine); needed unless --published")
-    pl.add_argument("--global-batch", type=int, default=0, help="sequences per step; needed unless --published")
+    pl.add_argument("--gpus", type=int, default=None, help="GPUs (ranks with --machine); needed unless --published")
+    pl.add_argument("--global-batch", type=int, default=None, help="sequences per step; needed unless --published")
     pl.add_argument("--cluster", default="a100-dgx", help="v100-dgx2, a100-dgx, h100-dgx")
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
