@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, holds_ends, stage_placement
+from ..config import ModelConfig, holds_ends
+from ..parallel.schedules import placement_for
 from .params import chunk_layers, layout_get, params_on_rank
 
 __all__ = ["NORM_BYTES", "ring_allreduce_wire_bytes", "ring_allgather_wire_bytes",
@@ -103,15 +104,18 @@ def dp_bytes_per_step(n_params: int, d: int, zero1: bool = False, bytes_per_el: 
 
 
 def p2p_counts(model: ModelConfig, layout: Any, pp_rank: int) -> tuple[int, int]:
-    """(sends, receives) per microbatch on `pp_rank`, both directions: a chunk c sends
-    forward unless it is the last, receives forward unless it is the first, and the
-    backward mirrors that."""
+    """(sends, receives) per microbatch on `pp_rank`, both directions: stage c sends
+    forward unless it is the last or stage c+1 is on the same rank (the V's turn on rank
+    p−1 hands over in memory), receives forward unless it is the first or stage c−1 is on
+    the same rank, and the backward mirrors that."""
     p = int(layout_get(layout, "pp", 1) or 1)
     chunks = len(chunk_layers(model, layout))
-    mine = [c for c in range(chunks) if stage_placement(c, p)[0] == pp_rank]
-    not_last = sum(c < chunks - 1 for c in mine)
-    not_first = sum(c > 0 for c in mine)
-    return not_last + not_first, not_first + not_last
+    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, chunks // p)
+    rank = [where.locate(c)[0] for c in range(chunks)]
+    mine = [c for c in range(chunks) if rank[c] == pp_rank]
+    to_next = sum(c < chunks - 1 and rank[c + 1] != pp_rank for c in mine)
+    from_prev = sum(c > 0 and rank[c - 1] != pp_rank for c in mine)
+    return to_next + from_prev, from_prev + to_next
 
 
 # --------------------------------------------------------------------------------------
