@@ -25,7 +25,7 @@ EXPLAIN_PARTS = [
     ("experts", "matmul: routed experts and router", "matmul"),
     ("attention", "matmul: attention scores and values", "matmul"),
     ("logits", "matmul: logit layer", "matmul"),
-    ("elementwise", "element-wise kernels (norms, softmax, dropout, GeLU, loss)", "elementwise"),
+    ("elementwise", "element-wise kernels (norms, softmax, dropout, activation, loss)", "elementwise"),
     ("recompute", "recomputed forward", "recompute"),
     ("tp_comm", "tensor-parallel communication, exposed", "communication"),
     ("tp_comm_hidden", "tensor-parallel communication, hidden", "hidden"),
