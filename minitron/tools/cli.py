@@ -705,7 +705,11 @@ def cmd_export(args) -> int:
 
     check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
-    res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
+    try:
+        res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
+    except KeyError as e:  # checksums fine, a tensor missing: written incomplete or forged
+        raise ConfigError(f"checkpoint {args.ckpt_dir} does not match the model its meta.json describes: no {e}; "
+                          f"export another checkpoint") from None
     print(f"wrote {res['dir']}/config.json and model.safetensors ({res['tensors']} tensors, "
           f"{res['params']:,} parameters, {res['dtype']}): "
           f"transformers.{res['class']}.from_pretrained('{res['dir']}') loads it")
