@@ -33,6 +33,7 @@ it is counted on that rank by :func:`params_on_rank` but once by :func:`param_co
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .dry_run import block_params, ends_params
@@ -174,6 +175,7 @@ def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
 # --------------------------------------------------------------------------------------
 # Per rank
 # --------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
 def local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
     """Parameter elements of one transformer layer on one tensor rank (1-D, 2-D or 3-D),
     read off the block built on fake tensors (:mod:`~minitron.analysis.dry_run`): every
@@ -204,6 +206,7 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
                for ids, first, last in rank_chunks(model, layout, pp_rank))
 
 
+@functools.lru_cache(maxsize=65536)
 def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,
                          n_layers: int) -> int:
     """:func:`params_on_rank` once the rank's layer count `n_layers` is known, for the
