@@ -17,6 +17,7 @@ lab                         checker                                     module
 05 the 3-D linear           ``check_linear3d(SOURCE)``                  :mod:`.linear3d`
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
+10a GQA under tp            ``check_gqa(SOURCE)``                       :mod:`.gqa`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -28,6 +29,7 @@ against the single-device model) is :mod:`.runner`.
 from .bucketed_dp import check_bucketed_dp
 from .cross_entropy import check_vocab_parallel_ce
 from .f_and_g import check_f_and_g
+from .gqa import check_gqa
 from .interleaved import check_interleaved
 from .linear3d import check_linear3d
 from .memory_estimator import check_memory_estimator
@@ -41,4 +43,4 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_linear3d", "check_trillion_layout", "check_online_softmax", "LabError"]
+           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "LabError"]
