@@ -153,7 +153,7 @@ def rank_facts(tr, memory: dict | None, trace_records: list[dict]) -> dict:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if tr.ctx.device.type == "cuda":
         rss = torch.cuda.max_memory_allocated(tr.ctx.device)
-    return {"rank": grid.rank, "tp": coord.tp, "cp": coord.cp, "dp": coord.dp, "pp": coord.pp,
+    return {"rank": grid.rank, "tp": coord.tp, "cp": coord.cp, "ep": coord.ep, "dp": coord.dp, "pp": coord.pp,
             "cube": list(grid.cube_coord()) if grid.cube else None, "chunks": chunks,
             "shard": (shard.shard.name.split(".", 3)[-1] + _region(shard)) if shard is not None else "",
             "bytes_per_axis": per_axis, "memory": memory, "process_peak_bytes": rss,
@@ -211,10 +211,14 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
              "layout (tensor fastest, then data, then pipeline; one row per rank):",
              f"  {'rank':>4} {'tp':>3} {'dp':>3} {'pp':>3}  {'layers per chunk':<22} {'its first MLP weight holds':<40}"
              f" {'MiB measured':>12} {'predicted':>9} {'process':>8}"]
+    ep = any(r.get("ep") for r in rep["ranks"])  # expert parallel: the data coordinate is (ep, dp)
+    if ep:
+        lines[-1] = lines[-1].replace(f"{'dp':>3}", f"{'ep,dp':>5}")
     pm = rep.get("predicted_memory") or {}
     for r in sorted(rep["ranks"], key=lambda r: r["rank"]):
         mem = (r["memory"] or {}).get("total_bytes")
-        lines.append(f"  {r['rank']:>4} {r['tp']:>3} {r['dp']:>3} {r['pp']:>3}  {' | '.join(r['chunks']):<22} "
+        data = f"{r['ep']},{r['dp']}" if ep else r["dp"]
+        lines.append(f"  {r['rank']:>4} {r['tp']:>3} {data:>{5 if ep else 3}} {r['pp']:>3}  {' | '.join(r['chunks']):<22} "
                      f"{r['shard']:<40} {_mib(mem):>12} {_mib(pm.get(r['pp'])):>9} "
                      f"{r['process_peak_bytes'] / 2**20:>8.0f}")
     lines.append("  (MiB measured: parameters, gradients, optimizer state, buffers and the peak of saved "
