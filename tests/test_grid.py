@@ -58,3 +58,26 @@ def test_cube_lines(q, dp, pp):
 def test_bad_rank():
     with pytest.raises(ValueError):
         ProcessGrid(tp=2).coord(2)
+
+
+@pytest.mark.parametrize("tp,cp,ep,dp,pp", [(2, 1, 2, 2, 1), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1), (1, 1, 4, 2, 1)])
+def test_expert_axis_in_megatron_core_order(tp, cp, ep, dp, pp):
+    g = ProcessGrid(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp)
+    assert g.world == tp * cp * ep * dp * pp
+    for r in range(g.world):  # rank = tp + tp*cp + tp*cp*ep + tp*cp*ep*dp + ..., tp fastest
+        c = g.coord(r)
+        assert r == c.tp + tp * (c.cp + cp * (c.ep + ep * (c.dp + dp * c.pp)))
+        assert g.rank_of(**vars(c)) == r
+        assert g.data_index(r) == c.ep + ep * c.dp  # the share of the batch it reads
+    assert g.all_groups("ep")[0] == [i * tp * cp for i in range(ep)]
+    # a dense parameter is averaged over cp x ep x dp, an expert over cp x dp
+    dense, expert = g.data_axis(), g.data_axis(("dp", "cp"))
+    assert dense == "dp" + ("_cp" if cp > 1 else "") + "_ep" and expert == ("dp_cp" if cp > 1 else "dp")
+    assert set(g.data_groups()) == {dense} | ({expert} if expert != "dp" else set())
+    for r in range(g.world):
+        c = g.coord(r)
+        same = {k: v for k, v in vars(c).items() if k in ("tp", "pp")}
+        group = g.axis_ranks(dense, r)
+        assert len(group) == cp * ep * dp and all({k: getattr(g.coord(x), k) for k in same} == same for x in group)
+        assert sorted(group) == group  # fastest-first axes: rank order
+    assert ProcessGrid(dp=2).data_axis() == "dp" and ProcessGrid(cp=2).data_axis() == "dp_cp"
