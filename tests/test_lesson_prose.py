@@ -9,6 +9,7 @@
 
 Reads the notebooks only (no kernel, no ranks): fast.
 """
+import functools
 import json
 import math
 import re
@@ -21,11 +22,13 @@ from minitron.course import quiz
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def _cells(lesson: str) -> list[dict]:
     (path,) = (ROOT / "lessons").glob(f"{lesson}_*.ipynb")
     return json.loads(path.read_text())["cells"]
 
 
+@functools.cache
 def outputs(lesson: str) -> str:
     """Every stored text output of a lesson, in order."""
     text = []
@@ -36,6 +39,7 @@ def outputs(lesson: str) -> str:
     return "\n".join(text)
 
 
+@functools.cache
 def prose(lesson: str) -> str:
     return "\n".join("".join(c["source"]) for c in _cells(lesson) if c["cell_type"] == "markdown")
 
