@@ -284,6 +284,21 @@ QUESTIONS: dict[str, Question] = {
         lambda: _saved_per_kv_element(),
         "count the storages autograd keeps: the rotated k, and v's view pinning the whole [k|v] "
         "projection output."),
+    # --- lesson 11: mixture of experts and expert parallelism ------------------------------
+    "11.mixtral_active": Question(
+        lambda: _active_params(_preset("mixtral-8x7b")) / 1e9,
+        "every dense weight plus, in each MoE block, the router and k = 2 of the 8 experts: the "
+        "total less 6 experts per layer.", rel_tol=1e-2),
+    "11.capacity": Question(
+        lambda: _capacity(_preset("mixtral-8x7b").replace(capacity_factor=1.25), 4096),
+        "C = ceil(k·T·cf/E) with k = 2, E = 8."),
+    "11.collapsed_aux": Question(
+        lambda: _collapsed_aux(8),
+        "α·E·Σ f_i·P_i with f = P = 1 on one expert and 0 elsewhere is α·E."),
+    "11.a2a_mib": Question(
+        lambda: _balanced_a2a(_preset("mixtral-8x7b"), 4096, 2) / 2**20,
+        "dispatch and combine, forward and backward: 4 passes of T·k rows of h elements, plus the "
+        "E int64 counts: 8E + 2(S + R)·h·b with S = R = T·k."),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
@@ -303,6 +318,36 @@ QUESTIONS: dict[str, Question] = {
         "nn.Linear stores its weight as [out_features, in_features]: splitting the output features "
         "splits the weight's rows."),
 }
+
+
+def _active_params(model) -> int:
+    """Active parameters: the built model's count (the dry run) less, per MoE block, the
+    E − k experts a token does not use and the selection bias (it only picks)."""
+    from ..analysis.dry_run import model_params
+    from ..analysis.experts import moe_blocks, moe_layer_params
+    one = moe_layer_params(model)["experts"] // model.experts
+    return model_params(model) - len(moe_blocks(model)) * ((model.experts - model.top_k) * one + model.experts)
+
+
+def _capacity(model, tokens: int) -> int:
+    from ..moe import capacity
+    return capacity(model, tokens)
+
+
+def _collapsed_aux(experts: int) -> float:
+    """The balancing loss / α of top-1 routing with every token on expert 0 at score 1."""
+    import torch
+    from ..config import ModelConfig
+    from ..moe import balancing_loss
+    cfg = ModelConfig(experts=experts, top_k=1, aux_loss=1.0)
+    scores = torch.zeros(16, experts, dtype=torch.float64)
+    scores[:, 0] = 1.0
+    return float(balancing_loss(scores, torch.zeros(16, 1, dtype=torch.long), cfg))
+
+
+def _balanced_a2a(model, tokens: int, dtype_bytes: int) -> float:
+    from ..analysis.experts import balanced_all_to_all_bytes
+    return balanced_all_to_all_bytes(model, tokens, dtype_bytes)
 
 
 def _cp_message_elements(model, b: int, tp: int, cp: int) -> int:

@@ -1,0 +1,63 @@
+"""Lesson 11 (mixture of experts and expert parallelism): every graded question is answered by
+a figure the lesson's own computed cells print, and the lesson's checks hold in its stored
+outputs (ep2 equals one device, the traced all-to-all equals the formula from the counts, the
+loss-free bias balances a collapsed router). Fast: reads the stored notebook; no ranks
+(tests/test_notebooks.py re-runs it under nbval)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from minitron.course import quiz
+
+NB = Path(__file__).resolve().parent.parent / "lessons" / "11_mixture_of_experts.ipynb"
+
+
+@pytest.fixture(scope="module")
+def out() -> str:
+    cells = json.loads(NB.read_text())["cells"]
+    return "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                   for o in c.get("outputs", []))
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"the lesson's outputs no longer print {pattern!r}"
+    return float(m.group(1).replace(",", ""))
+
+
+WITNESS = {
+    "11.mixtral_active": r"mixtral-8x7b active ([\d.]+)B\n",
+    "11.capacity": r"Mixtral 4096 tokens, cf 1.25: C = (\d+)",
+    "11.collapsed_aux": r"fully collapsed, top-1: L/α = ([\d.]+)",
+    "11.a2a_mib": r"balanced all-to-all, mixtral, 4096 tokens, bf16: ([\d.]+) MiB",
+}
+
+
+def test_every_question_of_lesson_11_is_witnessed():
+    assert set(WITNESS) == set(quiz.questions("11"))
+    src = NB.read_text()
+    for qid in WITNESS:
+        assert f'check(\\"{qid}\\", ...)' in src, f"{qid} is not asked in the lesson"
+
+
+@pytest.mark.parametrize("qid", sorted(WITNESS))
+def test_question_answered_by_the_lesson(out, qid):
+    witness = _number(WITNESS[qid], out)
+    assert quiz.grade(qid, witness)[0], (qid, witness, quiz.QUESTIONS[qid].answer())
+    assert not quiz.grade(qid, witness * 1.05 + 1)[0]
+
+
+def test_stored_outputs_show_the_checks_holding(out):
+    assert out.count("-> equal: True") == 2 and "equal: False" not in out  # both ep ranks' traces
+    assert _number(r"one device: .*\(max difference ([\d.e+-]+)\)", out) <= 1e-9
+    # the collapsed router is visible, and the loss-free bias brings it near balance
+    collapsed = _number(r"collapsed router : .*busiest/mean ([\d.]+)", out)
+    settled = _number(r"after 200 updates: busiest/mean ([\d.]+)", out)
+    assert collapsed > 2 and settled < 1.2
+    # Mixtral beside its published sizes: within 1 %
+    for what in ("total", "active"):
+        assert abs(_number(rf"mixtral-8x7b {what}: .*\(error ([+-][\d.]+) %\)", out)) < 1
+    # the FLOPs formula decomposed: 6·N_active + attention core − lookup = the formula
+    assert _number(r"model FLOPs per token: ([\d.]+) GFLOP", out) == _number(r"lookup [\d.]+ = ([\d.]+) GFLOP", out)
