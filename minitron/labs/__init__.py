@@ -17,6 +17,7 @@ lab                         checker                                     module
 05 the 3-D linear           ``check_linear3d(SOURCE)``                  :mod:`.linear3d`
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
+09b Ulysses' all-to-all     ``check_ulysses(SOURCE)``                   :mod:`.ulysses`
 10a GQA under tp            ``check_gqa(SOURCE)``                       :mod:`.gqa`
 ==========================  ==========================================  =================
 
@@ -39,8 +40,10 @@ from .ring_allreduce import check_ring_allreduce
 from .runner import LabError
 from .seq_parallel import check_all_gather_linear
 from .trillion_layout import check_trillion_layout
+from .ulysses import check_ulysses
 from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "LabError"]
+           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses",
+           "LabError"]
