@@ -227,6 +227,7 @@ HF_LAYOUTS = {2: [ParallelConfig(ep=2)], 4: [ParallelConfig(ep=2, tp=2)]}
 def test_expert_parallel_layouts_equal_one_device(world, cases, tmp_path):
     hf_model = _mixtral(tmp_path / "mixtral")
     res, hf = run_on_ranks(_job, ParallelConfig(dp=world), cases, str(tmp_path / "mixtral"), HF_LAYOUTS[world])[0]
+    assert len(res) == len(cases) and len(hf) == len(HF_LAYOUTS[world])
     for r, (m, lay, tr) in zip(res, cases):
         _check(r, m, lay, tr)
     # --init-from a transformers Mixtral: the logits of every row, in ep2 and ep2 x tp2
