@@ -2,8 +2,8 @@
 biases) on every layout: the oracle (float64, 1e-9) with kv_heads < heads, including
 tensor parallelism wider than the key/value heads (each kv head replicated on the ranks
 holding its queries), sequence and context parallelism (rotary angles of the tokens'
-global positions), pipeline, ZeRO-3 and the 2-D grid; the traced bytes of each against
-the analysis; rotary positions against transformers' rotate-half convention."""
+global positions), pipeline, ZeRO-3, the 2-D grid and the cube; the traced bytes of each
+against the analysis; rotary positions against transformers' rotate-half convention."""
 import pytest
 import torch
 
@@ -147,12 +147,9 @@ def _analysis_mismatches(results, cases) -> list:
 
 
 @pytest.mark.multirank
-@pytest.mark.xfail(strict=True, reason="on 2026-11-27 the 1-D, cp (ring and a2a) and pp layouts match; ZeRO-3's "
-                                       "dp bytes, the 2-D grid's (analysis/summa.py) and the cube's (comm_items "
-                                       "raises) do not read the Llama block yet")
 def test_llama_traced_bytes_equal_the_analysis(four, eight):
-    """A traced step of each layout equals comm_bytes_per_step per axis and operation.
-    Strict xfail: when the analysis reads the model, this passes and the mark must go."""
+    """A traced step of each layout equals comm_bytes_per_step per axis and operation (the
+    analysis reads the model: replicated kv heads, Ulysses, ZeRO-3, the 2-D grid, the cube)."""
     bad = _analysis_mismatches(four, FOUR) + _analysis_mismatches(eight, EIGHT)
     for b in bad[:6]:
         print(b)
