@@ -61,7 +61,7 @@ def test_balancing_loss_is_switch_formula():
 
 
 def test_analysis_counts_the_built_model():
-    for cfg in (GELU_MOE, GELU_MOE.replace(layers=3, moe_every=2, shared_experts=1, top_k=1, experts=8)):
+    for cfg in (GELU_MOE, GELU_MOE.replace(layers=3, moe_every=2, shared_experts=1, top_k=1, experts=8), LLAMA_MOE):
         gpt = GPT(cfg)
         assert total_params(cfg) == num_params(gpt)
         moe = [m for m in gpt.modules() if isinstance(m, MoE)]
@@ -71,6 +71,8 @@ def test_analysis_counts_the_built_model():
     # Mixtral 8x7B: the MoE part is 8 SwiGLU experts of 3·h·f and a router per layer
     mix = PRESETS["mixtral-8x7b"]
     assert moe_layer_params(mix)["experts"] == 8 * 3 * 4096 * 14336
+    # Mixtral's paper: 46.7B parameters, 12.9B active per token
+    assert round(total_params(mix) / 1e9, 1) == 46.7 and round(active_params(mix) / 1e9, 1) == 12.9
     assert balanced_all_to_all_bytes(GELU_MOE, 16, 8) == 4 * 8 + 2 * (32 + 32) * 32 * 8
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from ..config import INDEX_BYTES, ModelConfig
-from .params import param_count
+from ..config import INDEX_BYTES, ModelConfig, ParallelConfig
+from .params import params_on_rank
 
 
 # --- parameters ----------------------------------------------------------------------------
@@ -44,11 +44,10 @@ def moe_blocks(cfg: ModelConfig) -> list[int]:
 
 
 def total_params(cfg: ModelConfig) -> int:
-    """Every parameter element of the model (the selection bias included): the dense
-    model's count (``analysis.params.param_count``) with each MoE block's MLP swapped."""
-    n = len(moe_blocks(cfg))
-    dense = param_count(cfg.replace(experts=0))
-    return dense - n * mlp_params(cfg, cfg.ffn_hidden) + n * sum(moe_layer_params(cfg).values())
+    """Every parameter element of the model (the selection bias included): the one-device
+    count of ``analysis.params.params_on_rank`` (which reads the model's blocks, experts
+    included)."""
+    return params_on_rank(cfg, ParallelConfig())
 
 
 def active_params(cfg: ModelConfig) -> int:
