@@ -7,8 +7,6 @@ import json
 import pytest
 
 from minitron.analysis import comm as C
-from minitron.analysis import dry_run
-from minitron.analysis.calls import NORM_BYTES
 from minitron.comm import read_trace
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig
 from minitron.tools.testing import last_json, run_cli
@@ -38,13 +36,7 @@ def _by_axis(records) -> dict:
 def _analysis(layout: ParallelConfig, rank_pp: int) -> dict:
     model, train = ModelConfig(**MODEL), TrainConfig(global_batch=GLOBAL_BATCH, microbatches=MICROBATCHES,
                                                       dtype="float64")
-    if layout.tp_mode == "1d":
-        return C.comm_bytes_per_step(model, layout, train, rank_pp)
-    # the 2-D grid and the cube: the model's own calls, and the gradient norm's on the tensor group
-    b = GLOBAL_BATCH // (layout.dp * MICROBATCHES)
-    out = _by_axis(dry_run.model_calls(model, layout, b, MICROBATCHES, [(list(range(model.layers)), True, True)], 8))
-    out.setdefault("tp", {})["all_reduce"] = NORM_BYTES
-    return out
+    return C.comm_bytes_per_step(model, layout, train, rank_pp)
 
 
 @pytest.mark.multirank

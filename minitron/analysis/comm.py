@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, statistics_bytes
-from .calls import (NORM_BYTES, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
+from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
-from .dry_run import model_calls
+from .dry_run import boundary_elements, embedding_elements, model_calls
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank,
                      rank_chunks)
@@ -118,11 +118,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     gradients over the tensor group; the gradient norm for clipping is one 8-byte
     all-reduce on the tensor and pipeline axes.
     """
-    if layout_get(parallel, "tp_mode", "1d") in ("2d", "2.5d"):  # SUMMA and Tesseract: analysis/summa.py
-        return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
-    if layout_get(parallel, "tp_mode", "1d") == "3d" and parallel.tp > 1:
-        raise ValueError("per-call volumes are modelled for 1-D tensor parallelism: for the 3-D cube "
-                         "use cube_linear_elements or tensor_parallel_comparison")
+    mode = layout_get(parallel, "tp_mode", "1d")
+    if mode in ("2d", "2.5d", "3d") and parallel.tp > 1:
+        return _grid_comm_items(model, parallel, train, pp_rank, dtype_bytes)
     e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
     ea = act_bytes or activation_element_bytes(parallel, e)
     t, p, d = parallel.tp, parallel.pp, parallel.dp
@@ -178,6 +176,28 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over the dp shards too
         add("gradient norm", dp_axis, "all_reduce", 1, NORM_BYTES)
     return items
+
+
+def _grid_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int,
+                     dtype_bytes: int | None) -> list[dict]:
+    """:func:`comm_items` on the 2-D / 2.5-D grid and the 3-D cube: the grid's calls read
+    off the model (the SUMMA products' broadcasts and reduces, the cube's gathers and
+    reduce-scatters, the sums of vectors replicated on its lines), then the pipeline, the
+    tied embedding and data parallelism. zb-h1's split backward on the grid issues its
+    weight-gradient products apart, which a dry run's one backward does not show: there
+    the grid's closed form (analysis/summa.py) counts them."""
+    if parallel.tp_mode in ("2d", "2.5d") and parallel.pp > 1 and parallel.schedule == "zb-h1":
+        return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
+    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
+    ea = activation_element_bytes(parallel, e)
+    m = train.microbatches
+    b = train.global_batch // (parallel.dp * m)
+    step = StepCalls()
+    for it in model_calls(model, parallel, b, m, rank_chunks(model, parallel, pp_rank), e):
+        step.add(it["what"], it["axis"], it["op"], it["calls"], it["bytes"])
+    step.add_outside_grid(model, parallel, pp_rank, m, boundary_elements(model, parallel, b) * ea,
+                          embedding_elements(model, parallel) * e, e)
+    return step.items()
 
 
 def comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,

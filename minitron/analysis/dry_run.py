@@ -23,6 +23,7 @@ these figures for GPT-2 shapes.
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from typing import Any
 
@@ -317,3 +318,28 @@ def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches:
             add(what, _part_calls(model, lay, micro_batch, e, None, first, last), m)
             add("replicated parameter gradients", _grad_sync_calls(model, lay, None, first, last, e), 1)
     return items
+
+
+@functools.lru_cache(maxsize=1024)
+def _boundary(model: ModelConfig, layout: ParallelConfig, b: int) -> int:
+    with FakeTensorMode():
+        return math.prod(GPT(model, dry_context(layout), layer_ids=[], first=False, last=False).boundary_shape(b))
+
+
+def boundary_elements(model: ModelConfig, layout: Any, micro_batch: int) -> int:
+    """Elements of the hidden states one rank sends to the next pipeline stage for one
+    microbatch, as the layout's layer namespace shapes them (a sequence shard under --sp,
+    a block of batch and hidden on the grid and the cube)."""
+    return _boundary(model, _shape_only(as_layout(layout)), micro_batch)
+
+
+@functools.lru_cache(maxsize=1024)
+def _embedding(model: ModelConfig, layout: ParallelConfig) -> int:
+    with FakeTensorMode():
+        return _count(GPT(model, dry_context(layout), layer_ids=[], first=True, last=False).wte)
+
+
+def embedding_elements(model: ModelConfig, layout: Any) -> int:
+    """Elements of the token embedding's shard on one rank (what a tied embedding's
+    gradient sum between the first and the last stage moves)."""
+    return _embedding(model, _shape_only(as_layout(layout)))

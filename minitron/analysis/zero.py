@@ -29,7 +29,8 @@ from __future__ import annotations
 from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
 from ..parallel.buckets import plan_units
 from .calls import NORM_BYTES, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
-from .params import chunk_layers, layout_degrees, local_layer_params, padded_vocab, params_on_rank
+from .dry_run import block_params, ends_params
+from .params import layout_degrees, params_on_rank, rank_chunks
 
 __all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_buffer_bytes",
            "zero_wire_bytes"]
@@ -38,21 +39,17 @@ __all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_b
 def zero_units(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0) -> list[dict]:
     """The units of a rank of pipeline stage `pp_rank`, in the engine's order:
     ``[{"kind": "root" | "block", "numel": n}, ...]`` (1-D tensor parallelism; a chunk with
-    no embedding, norm or head has no root unit)."""
-    t, p, v, mode = layout_degrees(parallel)
-    h = model.hidden
-    emb = padded_vocab(model, t) // t * h
-    layer = local_layer_params(model, t, mode)
-    counts = chunk_layers(model, parallel)
+    no embedding, norm or head has no root unit). Each unit's size is read off the model
+    (:mod:`~minitron.analysis.dry_run`): for GPT-2 a block is ``4h² + 2hf + 9h + f`` over t
+    and the root the embeddings (V_pad·h/t + s·h), the final norm (2h) and the head."""
+    t, _, _, mode = layout_degrees(parallel)
+    lay = {"tp": t, "tp_mode": mode}
     units = []
-    for c in range(pp_rank, p * v, p):  # this rank's chunks, in order
-        first, last = c == 0, c == p * v - 1
-        root = (emb + model.seq_len * h if first else 0) + (2 * h if last else 0)
-        if last and not (model.tied_embeddings and first):
-            root += emb  # lm_head (or the last chunk's copy of a tied wte)
+    for ids, first, last in rank_chunks(model, parallel, pp_rank):  # this rank's chunks, in order
+        root = ends_params(model, lay, first, last)
         if root:
             units.append({"kind": "root", "numel": root})
-        units += [{"kind": "block", "numel": layer} for _ in range(counts[c])]
+        units += [{"kind": "block", "numel": block_params(model, lay, i)} for i in ids]
     return units
 
 
