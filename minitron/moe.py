@@ -43,7 +43,7 @@ from torch import nn
 from .config import ModelConfig
 from .context import Context, make_param, shard_slice
 from .parallel import tensor as tp
-from .parallel.experts import Dispatch, local_experts
+from .parallel.experts import local_experts, token_dispatch
 
 EXPERT_DATA_AXES = ("dp", "cp")  # an expert's copies: not over ep, which splits the experts
 
@@ -166,7 +166,7 @@ class MoE(nn.Module):
         E = self.cfg.experts
         self.routed = torch.zeros(E, dtype=torch.float64)  # choices per expert, before capacity
         self.kept = torch.zeros(E, dtype=torch.float64)  # choices an expert took (after capacity)
-        self.dispatches: list[tuple[list, list, list]] = []  # per forward: (E counts sent, send, recv)
+        self.dispatches: list[tuple[list, list]] = []  # per forward: (E counts sent, rows sent to each ep rank)
 
     @torch.no_grad()
     def update_bias(self, routed: torch.Tensor) -> None:
@@ -223,24 +223,20 @@ class MoE(nn.Module):
         scores, experts, gates = route(tokens @ self.router.t(), cfg,
                                        self.score_bias if cfg.bias_update else None)
         keep = keep_mask(experts, cfg)
-        # permute: the kept (token, choice) pairs sorted by expert, token order within one
-        choice = experts.flatten()
-        kept = keep.flatten().nonzero().squeeze(1)
-        order = kept[torch.sort(choice[kept], stable=True).indices]
-        counts = torch.bincount(choice[kept], minlength=cfg.experts)
-        plan = Dispatch(counts, ctx.comm)
-        out_rows = plan.combine(self.experts_forward(plan.dispatch(tokens[order // cfg.top_k]),
-                                                     plan.local_counts.tolist()))
-        # un-permute: each token gets the gate-weighted sum of its experts' outputs
-        y = torch.zeros_like(tokens).index_add(0, order // cfg.top_k, out_rows * gates.flatten()[order, None])
+        # permute, dispatch, the local experts, combine, un-permute (parallel/experts.py); a layer
+        # namespace may bring its own of the same contract (a lab's, through Trainer(layers=...))
+        dispatch = getattr(self.layers, "token_dispatch", token_dispatch)
+        y = dispatch(tokens, experts, gates, keep, cfg.experts, ctx.comm, self.experts_forward)
         y = self.layers.leave(y.view(b, s, h), ctx)
         if self.training and torch.is_grad_enabled() and cfg.aux_loss:
             aux = balancing_loss(scores, experts, cfg)
             y = AttachAux.apply(y, aux, 1.0 / (ctx.microbatches * ctx.tp))
         if self.training and ctx.comm.phase == "fwd":  # a training forward (not a recompute's rerun)
+            choice = experts.flatten()
+            counts = torch.bincount(choice[keep.flatten()], minlength=cfg.experts)
             self.routed += torch.bincount(choice, minlength=cfg.experts).double().cpu()
             self.kept += counts.double().cpu()
-            self.dispatches.append((counts.tolist(), plan.send, plan.recv))
+            self.dispatches.append((counts.tolist(), counts.view(ctx.comm.size("ep"), -1).sum(1).tolist()))
         if self.shared is not None:
             y = y + self.shared(x)
         return y

@@ -95,3 +95,21 @@ class Dispatch:
             return out
         arrival = out[self.inverse.to(out.device)]
         return AllToAll.apply(arrival, self.comm, self.axis, self.recv, self.send)
+
+
+def token_dispatch(tokens: torch.Tensor, experts: torch.Tensor, gates: torch.Tensor, keep: torch.Tensor,
+                   num_experts: int, comm: Comm, run_experts) -> torch.Tensor:
+    """One MoE layer's tokens through their experts and back (steps 1–5 above): `tokens`
+    [T, h], the chosen `experts` and their `gates` [T, k], `keep` [T, k] (the choices within
+    capacity), E = `num_experts` (ep rank r holds E/ep of them); `run_experts(rows, counts)` runs this rank's E/ep experts on rows grouped by
+    local expert. Returns [T, h]: each token's gate-weighted sum of its kept experts' outputs.
+    A layer namespace may carry its own ``token_dispatch`` of this contract (lab 11a)."""
+    k = experts.shape[1]
+    # permute: the kept (token, choice) pairs sorted by expert, token order within one
+    choice = experts.flatten()
+    kept = keep.flatten().nonzero().squeeze(1)
+    order = kept[torch.sort(choice[kept], stable=True).indices]
+    plan = Dispatch(torch.bincount(choice[kept], minlength=num_experts), comm)
+    out_rows = plan.combine(run_experts(plan.dispatch(tokens[order // k]), plan.local_counts.tolist()))
+    # un-permute: each token gets the gate-weighted sum of its experts' outputs
+    return torch.zeros_like(tokens).index_add(0, order // k, out_rows * gates.flatten()[order, None])

@@ -1,0 +1,136 @@
+"""Lab 11a's checker (``minitron.labs.dispatch``): the reference passes inside the engine
+(--ep 2 --dp 2 and --ep 4 against one device, float64), the usual mistakes each get their own
+line, the engine's own dispatch is refused by any route.
+
+The stub, a syntax error and the engine's module named in the source are refused before any
+rank starts; everything else runs on 4 gloo ranks, all the sources in one launch (the mistakes
+are found by the unit checks, before any training)."""
+import pytest
+
+from minitron.labs.dispatch import check_dispatch, check_dispatch_all
+
+REFERENCE = '''
+def permute(experts, keep, num_experts):
+    choice = experts.flatten()
+    kept = keep.flatten().nonzero().flatten()
+    order = kept[torch.sort(choice[kept], stable=True).indices]
+    return order, torch.bincount(choice[kept], minlength=num_experts)
+
+
+def exchange_counts(counts, comm):
+    n = comm.size("ep")
+    return comm.all_to_all(counts, "ep").view(n, -1)
+
+
+class AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, comm, send, recv):
+        ctx.comm, ctx.send, ctx.recv = comm, send, recv
+        return comm.all_to_all(x, "ep", send, recv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.comm.all_to_all(grad.contiguous(), "ep", ctx.recv, ctx.send), None, None, None
+
+
+def all_to_all(x, comm, send, recv):
+    return AllToAll.apply(x, comm, send, recv)
+
+
+def dispatch_tokens(tokens, experts, gates, keep, num_experts, comm, run_experts):
+    k, n = experts.shape[1], comm.size("ep")
+    order, counts = permute(experts, keep, num_experts)
+    received = exchange_counts(counts, comm)
+    send = counts.view(n, -1).sum(1).tolist()
+    recv = received.sum(1).tolist()
+    arrived = all_to_all(tokens[order // k], comm, send, recv)
+    # arrival is (source, expert); the experts want (expert, source)
+    starts = (torch.cumsum(received.flatten(), 0) - received.flatten()).view(received.shape)
+    perm = torch.cat([torch.arange(int(starts[s, j]), int(starts[s, j] + received[s, j]))
+                      for j in range(received.shape[1]) for s in range(n)])
+    out = run_experts(arrived[perm], received.sum(0).tolist())
+    back = all_to_all(out[torch.argsort(perm)], comm, recv, send)
+    return torch.zeros_like(tokens).index_add(0, order // k, back * gates.flatten()[order, None])
+'''
+
+STUB = '''
+def permute(experts, keep, num_experts):
+    raise NotImplementedError  # your code here
+
+
+def exchange_counts(counts, comm):
+    raise NotImplementedError  # your code here
+
+
+class AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, comm, send, recv):
+        raise NotImplementedError  # your code here
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError  # your code here
+
+
+def all_to_all(x, comm, send, recv):
+    return AllToAll.apply(x, comm, send, recv)
+
+
+def dispatch_tokens(tokens, experts, gates, keep, num_experts, comm, run_experts):
+    raise NotImplementedError  # your code here
+'''
+
+
+def broken(old: str, new: str, source: str = REFERENCE) -> str:
+    assert old in source, old
+    return source.replace(old, new, 1)
+
+
+def test_syntax_error_stub_and_engine_copy_need_no_ranks():
+    res = check_dispatch(broken("def permute(experts, keep, num_experts):", "def permute(experts, keep, num_experts)"))
+    assert res["ok"] is False and res["message"].startswith("your code does not compile: expected ':'")
+    assert check_dispatch(STUB)["message"] == (
+        "permute, exchange_counts, AllToAll.forward, AllToAll.backward and dispatch_tokens are not written yet "
+        "(still `raise NotImplementedError`): fill in the `# your code here` lines in SOURCE")
+    msg = check_dispatch("from minitron.parallel.experts import token_dispatch\n" + REFERENCE)["message"]
+    assert msg.startswith("your code uses the engine's own") and "minitron.parallel.experts" in msg, msg
+
+
+@pytest.mark.multirank
+def test_reference_passes_and_mistakes_get_one_line():
+    cases = {
+        "reference": REFERENCE,
+        "counts not exchanged": broken('return comm.all_to_all(counts, "ep").view(n, -1)', "return counts.view(n, -1)"),
+        "keep ignored": broken("kept = keep.flatten().nonzero().flatten()",
+                               "kept = torch.arange(keep.numel())"),
+        "not sorted by expert": broken("order = kept[torch.sort(choice[kept], stable=True).indices]", "order = kept"),
+        "backward splits not swapped": broken('"ep", ctx.recv, ctx.send)', '"ep", ctx.send, ctx.recv)'),
+        "arrival not regrouped (wrong split order)": broken("out = run_experts(arrived[perm]", "out = run_experts(arrived"),
+        "combine without un-permute": broken(
+            "return torch.zeros_like(tokens).index_add(0, order // k, back * gates.flatten()[order, None])",
+            "return torch.zeros_like(tokens).index_add(0, torch.sort(order // k).values, back * gates.flatten()[order, None])"),
+        "no gate weighting": broken("back * gates.flatten()[order, None]", "back"),
+        # the engine's own dispatch reached past the screen
+        "engine by importlib": "import importlib\n" + broken(
+            "    k, n = experts.shape[1], comm.size(\"ep\")\n",
+            "    return importlib.import_module('minitron.parallel.' + 'experts').token_dispatch(tokens, experts, gates,"
+            " keep, num_experts, comm, run_experts)\n"),
+    }
+    res = dict(zip(cases, check_dispatch_all(list(cases.values()), timeout=60)))
+    ref = res.pop("reference")
+    assert ref["ok"], ref["message"]
+    assert ref["max_loss_abs_diff"] <= 1e-9 and ref["max_param_rel_diff"] <= 1e-9
+    want = {
+        "counts not exchanged": "the counts were not exchanged",
+        "keep ignored": "also those dropped by the capacity",
+        "not sorted by expert": "not grouped by expert",
+        "backward splits not swapped": "split sizes swapped",
+        "arrival not regrouped (wrong split order)": "regroup them by local expert",
+        "combine without un-permute": "un-permute them",
+        "no gate weighting": "multiply each by its gate",
+        "engine by importlib": "the engine's own minitron.parallel.experts",
+    }
+    for name, verdict in res.items():
+        assert not verdict["ok"], name
+        assert want[name] in verdict["message"] and "\n" not in verdict["message"], (name, verdict["message"])
+    assert len({v["message"] for v in res.values()}) == len(res)  # each its own line
