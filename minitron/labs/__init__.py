@@ -19,6 +19,8 @@ lab                         checker                                     module
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 09b Ulysses' all-to-all     ``check_ulysses(SOURCE)``                   :mod:`.ulysses`
 10a GQA under tp            ``check_gqa(SOURCE)``                       :mod:`.gqa`
+10b rotary under cp         ``check_rope_cp(SOURCE)``                   :mod:`.rope_cp`
+11a token dispatch          ``check_dispatch(SOURCE)``                  :mod:`.dispatch`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -29,6 +31,7 @@ against the single-device model) is :mod:`.runner`.
 """
 from .bucketed_dp import check_bucketed_dp
 from .cross_entropy import check_vocab_parallel_ce
+from .dispatch import check_dispatch
 from .f_and_g import check_f_and_g
 from .gqa import check_gqa
 from .interleaved import check_interleaved
@@ -37,6 +40,7 @@ from .memory_estimator import check_memory_estimator
 from .online_softmax import check_online_softmax
 from .pipeline import check_one_f_one_b
 from .ring_allreduce import check_ring_allreduce
+from .rope_cp import check_rope_cp
 from .runner import LabError
 from .seq_parallel import check_all_gather_linear
 from .trillion_layout import check_trillion_layout
@@ -45,5 +49,5 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses",
-           "LabError"]
+           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses", "check_rope_cp",
+           "check_dispatch", "LabError"]
