@@ -278,7 +278,7 @@ class Comm:
         self._record("all_to_all", axis, w)
         rows = sum(recv_splits) if recv_splits is not None else w.shape[0]
         out = torch.empty((rows, *w.shape[1:]), dtype=w.dtype, device=w.device)
-        if not getattr(self, "dry", False):
+        if not self.dry:
             dist.all_to_all_single(out, w.contiguous(), None if recv_splits is None else list(recv_splits),
                                    None if send_splits is None else list(send_splits), group=self.group(axis))
         return out.to(t.dtype)

@@ -40,7 +40,9 @@ import math
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends, statistics_bytes
 from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
-from .dry_run import boundary_elements, embedding_elements, model_calls
+from ..grid import ProcessGrid
+from .dry_run import boundary_elements, embedding_elements, model_calls, params_by_data_axes
+from .experts import balanced_all_to_all_bytes
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_get, local_model, padded_vocab, params_on_rank,
                      rank_chunks)
@@ -126,7 +128,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     t, p, d = parallel.tp, parallel.pp, parallel.dp
     v, sp = parallel.vpp, parallel.sp
     m = train.microbatches
-    b = train.global_batch // (d * m)
+    b = train.global_batch // (parallel.data_replicas * m)
     cp = int(layout_get(parallel, "cp", 1) or 1)
     tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
     s, h = tokens.seq_len, model.hidden
@@ -163,16 +165,30 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     if model.tied_embeddings and p > 1 and (first or last):
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
 
-    # data parallel (with context parallelism: over the d·N ranks of the 'dp_cp' axis)
-    n = params_on_rank(model, parallel, pp_rank)
-    dp_axis = "dp_cp" if cp > 1 else "dp"
+    # experts: each MoE block's token dispatch and combine over 'ep' (routing is data: the
+    # expected bytes of balanced routing, analysis/experts.py; a trace holds the routed ones)
+    ep = int(layout_get(parallel, "ep", 1) or 1)
+    moe_blocks = sum(model.is_moe_block(i) for ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in ids)
+    if ep > 1 and moe_blocks:
+        tokens = b * s // (t if sp else 1)
+        add("expert dispatch and combine (balanced routing: expected)", "ep", "all_to_all", 5 * m * moe_blocks,
+            m * moe_blocks * balanced_all_to_all_bytes(model, tokens, ea))
+        add("gradient norm", "ep", "all_reduce", 1, NORM_BYTES)
+
+    # data parallel: each parameter's gradient over its own data axes ('dp', 'dp_cp' with
+    # context parallelism, 'dp_ep' for a dense weight under expert parallelism)
+    grid = ProcessGrid.for_layout(parallel)
+    dp_axis = grid.data_axis()
     if layout_get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
         for c in zero_calls(model, parallel, train, pp_rank, e, d * cp):
             what = {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"], "parameters")
             add(f"{what} ({c['phase']})", dp_axis, c["op"], c["calls"], c["bytes"])
         return items
-    for op, nbytes in dp_bytes_per_step(n, d * cp, parallel.zero1, e).items():
-        add("gradients" if op != "all_gather" else "updated parameter shards", dp_axis, op, 1, nbytes)
+    for axes, n in params_by_data_axes(model, parallel, rank_chunks(model, parallel, pp_rank)).items():
+        degree = math.prod(grid.sizes()[a] for a in axes)
+        for op, nbytes in dp_bytes_per_step(n, degree, parallel.zero1, e).items():
+            add("gradients" if op != "all_gather" else "updated parameter shards", grid.data_axis(axes), op, 1,
+                nbytes)
     if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over the dp shards too
         add("gradient norm", dp_axis, "all_reduce", 1, NORM_BYTES)
     return items

@@ -343,3 +343,29 @@ def embedding_elements(model: ModelConfig, layout: Any) -> int:
     """Elements of the token embedding's shard on one rank (what a tied embedding's
     gradient sum between the first and the last stage moves)."""
     return _embedding(model, _shape_only(as_layout(layout)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _by_data_axes(model: ModelConfig, layout: ParallelConfig, i: int | None, first: bool, last: bool) -> tuple:
+    with FakeTensorMode():
+        stage = GPT(model, dry_context(layout), layer_ids=[] if i is None else [i], first=first, last=last)
+        out: dict[tuple, int] = {}
+        for p in {id(p): p for p in stage.parameters()}.values():
+            if p.requires_grad:  # (a router's selection bias moves by counts, not by a gradient)
+                out[p.shard.data_axes] = out.get(p.shard.data_axes, 0) + p.numel()
+    return tuple(sorted(out.items()))
+
+
+def params_by_data_axes(model: ModelConfig, layout: Any, chunks) -> dict[tuple, int]:
+    """A rank's trained parameter elements grouped by the data axes their gradients are averaged
+    over (``ShardInfo.data_axes``: a dense weight over dp, cp and ep, an expert over dp and
+    cp only), for the chunks ``(layer ids, first, last)`` it holds."""
+    lay, out = _shape_only(as_layout(layout)), {}
+    for ids, first, last in chunks:
+        parts = [(i if model.is_moe_block(i) else 0, False, False) for i in ids] + [(None, first, last)]
+        for i, f, l in parts:
+            if i is None and not (f or l):
+                continue
+            for axes, n in _by_data_axes(model, lay, i, f, l):
+                out[axes] = out.get(axes, 0) + n
+    return out

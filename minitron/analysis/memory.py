@@ -455,10 +455,10 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     cp = int(layout_get(parallel, "cp", 1) or 1)
     n = params_on_rank(model, parallel, pp_rank)
     shard = math.ceil(n / (d * cp)) if layout_get(parallel, "zero1", False) else n  # (ZeRO over dp_cp)
-    m = train.microbatches
-    if train.global_batch % (d * m):
-        raise ValueError(f"global batch {train.global_batch} is not divisible by dp*microbatches = {d}*{m}")
-    b = train.global_batch // (d * m)
+    m, replicas = train.microbatches, int(layout_get(parallel, "ep", 1) or 1) * d  # (ep ranks read other rows too)
+    if train.global_batch % (replicas * m):
+        raise ValueError(f"global batch {train.global_batch} is not divisible by ep*dp*microbatches = {replicas}*{m}")
+    b = train.global_batch // (replicas * m)
     # context parallelism: activations of s/N tokens, and the position indices of the rank's
     # two chunks that the embedding saves, read off the dry run of the layout
     tokens, lay = local_model(model, cp), parallel
