@@ -115,6 +115,10 @@ def test_reference_passes_and_mistakes_get_one_line():
             "    k, n = experts.shape[1], comm.size(\"ep\")\n",
             "    return importlib.import_module('minitron.parallel.' + 'experts').token_dispatch(tokens, experts, gates,"
             " keep, num_experts, comm, run_experts)\n"),
+        "checker by sys.modules": "import sys\n" + broken(
+            "    k, n = experts.shape[1], comm.size(\"ep\")\n",
+            "    vars(sys.modules['minitron.labs.' + 'dispatch'])['_want' + '_y'](tokens, experts, gates, keep)\n"
+            "    k, n = experts.shape[1], comm.size(\"ep\")\n"),
     }
     res = dict(zip(cases, check_dispatch_all(list(cases.values()), timeout=60)))
     ref = res.pop("reference")
@@ -129,6 +133,7 @@ def test_reference_passes_and_mistakes_get_one_line():
         "combine without un-permute": "un-permute them",
         "no gate weighting": "multiply each by its gate",
         "engine by importlib": "the engine's own minitron.parallel.experts",
+        "checker by sys.modules": "the engine's own minitron.labs.dispatch",
     }
     for name, verdict in res.items():
         assert not verdict["ok"], name
