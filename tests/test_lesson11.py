@@ -51,7 +51,7 @@ def test_question_answered_by_the_lesson(out, qid):
 
 def test_stored_outputs_show_the_checks_holding(out):
     assert out.count("-> equal: True") == 2 and "equal: False" not in out  # both ep ranks' traces
-    assert _number(r"one device: .*\(max difference ([\d.e+-]+)\)", out) <= 1e-9
+    assert "(max difference below 1e-12: True)" in out
     # the collapsed router is visible, and the loss-free bias brings it near balance
     collapsed = _number(r"collapsed router : .*busiest/mean ([\d.]+)", out)
     settled = _number(r"after 200 updates: busiest/mean ([\d.]+)", out)
