@@ -141,7 +141,8 @@ class Attention(nn.Module):
             y = self.layers.ring_attention(q, k, v, self.ctx.comm)
         elif self.training and self.drop.p > 0:
             s, group = q.shape[-2], q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # query head i on kv head i // G
+            if group > 1:  # query head i on kv head i // G (repeat_interleave copies even for 1)
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
             y = self.drop(att.softmax(dim=-1), key) @ v

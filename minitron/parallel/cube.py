@@ -63,7 +63,6 @@ With q = 1 every collective is a no-op and these layers are the single-device on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -71,9 +70,10 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
-from .context_parallel import ring_attention
+from .layers import Layers, grid_layers
+from .ops import (MeanOverAxes, bias_keywords, gather, grouped_rows, reduce_scatter, sharded_norm,
+                  vocab_parallel_cross_entropy)
 from .random import draw
-from .tensor import gather, grouped_rows, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 I, J, K = "cube_i", "cube_j", "cube_k"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -142,77 +142,6 @@ class Linear3D(nn.Module):
         return y if self.skip_bias_add else y + grouped_rows(self.bias, self.parts)
 
 
-class ShardedLayerNormFn(torch.autograd.Function):
-    """LayerNorm over a hidden dimension split along `axis` (n features in all).
-
-    Forward: one all-reduce of (Σx, Σx²) per token; backward: one all-reduce of
-    (Σg, Σg·x̂) with g = dy·w, for the input gradient only (the weight and bias gradients
-    are local sums: zb-h1's W pass, which asks for them alone, sends nothing). Saves x̂
-    and 1/σ only."""
-
-    @staticmethod
-    def forward(fctx, x, weight, bias, comm, axis, n, eps):
-        stats = torch.cat([x.sum(-1, keepdim=True), (x * x).sum(-1, keepdim=True)], dim=-1)
-        comm.all_reduce(stats, axis)
-        mean = stats[..., :1] / n
-        rstd = torch.rsqrt(stats[..., 1:] / n - mean * mean + eps)
-        xhat = (x - mean) * rstd
-        fctx.save_for_backward(xhat, rstd, weight)
-        fctx.comm, fctx.axis, fctx.n = comm, axis, n
-        return xhat * weight + bias if bias is not None else xhat * weight
-
-    @staticmethod
-    def backward(fctx, dy):
-        xhat, rstd, weight = fctx.saved_tensors
-        rows = tuple(range(dy.dim() - 1))
-        dw = (dy * xhat).sum(rows) if wants_grad(fctx, 1) else None
-        db = dy.sum(rows) if wants_grad(fctx, 2) else None
-        dx = None
-        if wants_grad(fctx, 0):
-            g = dy * weight
-            sums = torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], dim=-1)
-            fctx.comm.all_reduce(sums, fctx.axis)
-            dx = rstd * (g - sums[..., :1] / fctx.n - xhat * (sums[..., 1:] / fctx.n))
-        return dx, dw, db, None, None, None, None
-
-
-class ShardedRMSNormFn(torch.autograd.Function):
-    """RMSNorm over a hidden dimension split along `axis` (n features in all): forward one
-    all-reduce of Σx² per token, backward one of Σ(g·x̂) (g = dy·w), for the input
-    gradient only. ``dx = rstd·(g − x̂·Σ(g·x̂)/n)``. 16-bit inputs in float32."""
-
-    @staticmethod
-    def forward(fctx, x, weight, comm, axis, n, eps):
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        ss = (xf * xf).sum(-1, keepdim=True)
-        comm.all_reduce(ss, axis)
-        rstd = torch.rsqrt(ss / n + eps)
-        xhat = xf * rstd
-        fctx.save_for_backward(xhat, rstd, weight)
-        fctx.comm, fctx.axis, fctx.n, fctx.dtype = comm, axis, n, x.dtype
-        return weight * xhat.to(x.dtype)
-
-    @staticmethod
-    def backward(fctx, dy):
-        xhat, rstd, weight = fctx.saved_tensors
-        rows = tuple(range(dy.dim() - 1))
-        dw = (dy * xhat.to(dy.dtype)).sum(rows) if wants_grad(fctx, 1) else None
-        dx = None
-        if wants_grad(fctx, 0):
-            g = (dy * weight).to(xhat.dtype)
-            s = (g * xhat).sum(-1, keepdim=True)
-            fctx.comm.all_reduce(s, fctx.axis)
-            dx = (rstd * (g - xhat * (s / fctx.n))).to(fctx.dtype)
-        return dx, dw, None, None, None, None
-
-
-def sharded_norm(x, weight, bias, comm, axis: str, n: int, eps: float, rms: bool):
-    """LayerNorm (``rms`` False) or RMSNorm of x whose n hidden features are split along `axis`."""
-    if rms:
-        return ShardedRMSNormFn.apply(x, weight, comm, axis, n, eps)
-    return ShardedLayerNormFn.apply(x, weight, bias, comm, axis, n, eps)
-
-
 class LayerNorm3D(nn.Module):
     """LayerNorm (or RMSNorm: ``kind="rmsnorm"``, weight only) of an activation in placement
     (a, c): hidden slice c; weight and bias ``[h/q]`` replicated on the (i, a) plane."""
@@ -230,26 +159,6 @@ class LayerNorm3D(nn.Module):
 
     def forward(self, x):
         return sharded_norm(x, self.weight, self.bias, self.comm, self.placement.c, self.h, self.eps, self.rms)
-
-
-class MeanOverAxes(torch.autograd.Function):
-    """Mean of one scalar per batch piece over `axes` (the cube's (i, k) plane, the SUMMA
-    grid's column and depth): forward one scalar all-reduce per axis; backward 1/n (every
-    rank backpropagates the same global loss)."""
-
-    @staticmethod
-    def forward(fctx, x, comm, axes):
-        out = x.detach().clone()
-        n = 1
-        for axis in axes:
-            comm.all_reduce(out, axis)
-            n *= comm.size(axis)
-        fctx.n = n
-        return out / n
-
-    @staticmethod
-    def backward(fctx, dy):
-        return dy / fctx.n, None, None
 
 
 class Embedding3D(nn.Module):
@@ -338,16 +247,12 @@ def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tupl
     return (micro_batch // (q * q), seq_len, h // q)
 
 
-def _identity(x, ctx):
-    return x
-
-
-def layers(*, linear=Linear3D) -> SimpleNamespace:
+def layers(*, linear=Linear3D) -> Layers:
     """The cube's layer namespace. `linear`: the 3-D linear module, called as
     ``linear(name, d_in, d_out, ctx, placement, std, skip_bias_add=...)`` (``Linear3D``'s
     signature): the engine's by default, a learner's in a lab (its forward all-gathers X
     along a and W along i and reduce-scatters along c; its backward the mirror)."""
-    return grid_namespace(
+    return grid_layers(
         "3d",
         linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0, parts=1: linear(
             name, d_in, d_out, ctx, FIRST, std, **bias_keywords(bias), **({"parts": parts} if parts > 1 else {})),
@@ -357,26 +262,6 @@ def layers(*, linear=Linear3D) -> SimpleNamespace:
             name, h, ctx, FIRST, eps, kind, bias),
         embedding=Embedding3D, position=position_embedding, boundary_shape=boundary_shape,
         keep_mask=keep_mask)
-
-
-def bias_keywords(bias: bool) -> dict:
-    """The linear's keywords for ``bias``: none when it has one (a learner's linear in a lab
-    keeps the engine's signature), ``bias=False`` otherwise."""
-    return {} if bias else {"bias": False}
-
-
-def grid_namespace(name: str, *, linear_in, linear_out, layer_norm, embedding, position, boundary_shape,
-                   keep_mask) -> SimpleNamespace:
-    """A layer namespace for a layout whose activations are distributed everywhere (the cube,
-    the SUMMA grid): there is no tensor-parallel region to enter or leave, and the output
-    layer computes its logits and loss itself. Context parallelism composes with 1-D only,
-    so `ring_attention` is never called here."""
-    return SimpleNamespace(
-        name=name, linear_in=linear_in, linear_out=linear_out, enter=_identity, leave=_identity,
-        layer_norm=layer_norm, embedding=embedding, position=position, scatter=_identity,
-        logits=lambda x, head, ctx: head.logits(x),
-        loss=lambda logits, targets, head, ctx: head.loss(logits, targets),
-        boundary_shape=boundary_shape, keep_mask=keep_mask, ring_attention=ring_attention)
 
 
 LAYERS = layers()

@@ -41,7 +41,7 @@ the hidden slice c they act on and replicated over the column and the depth; eac
 sees other rows of the batch, so their gradients are summed over both.
 
 **LayerNorm** sums ``x`` and ``x²`` over the local hidden slice and all-reduces the two
-statistics along the row (``cube.ShardedLayerNormFn``, the same function as on the cube).
+statistics along the row (``ops.ShardedLayerNormFn``, the same function as on the cube).
 
 **Embedding and output layer.** ``wte [V', h]`` (V' = V padded to a multiple of q) is
 split like a weight: vocabulary rows r, hidden slice c. The lookup is the product
@@ -60,7 +60,6 @@ With q = d = 1 every collective is a no-op and these are the single-device layer
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +67,10 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
-from .cube import MeanOverAxes, bias_keywords, grid_namespace, sharded_norm
+from .layers import Layers, grid_layers
+from .ops import (MeanOverAxes, bias_keywords, grouped_rows, reduce_scatter, sharded_norm, vocab_parallel_cross_entropy,
+                  wants_grad)
 from .random import draw
-from .tensor import grouped_rows, reduce_scatter, vocab_parallel_cross_entropy, wants_grad
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
 BATCH = 0  # activations are [b, s, h]: the batch (whole sequences) is dim 0
@@ -333,11 +333,11 @@ def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tupl
     return (micro_batch // (q * depth), seq_len, h // q)
 
 
-def layers(*, linear=LinearSumma) -> SimpleNamespace:
+def layers(*, linear=LinearSumma) -> Layers:
     """The SUMMA grid's layer namespace (2-D and 2.5-D). `linear`: the SUMMA linear
     module, called as ``linear(name, d_in, d_out, ctx, std, skip_bias_add=...)``
     (``LinearSumma``'s signature): the engine's by default, a learner's in a lab."""
-    return grid_namespace(
+    return grid_layers(
         "2d",
         linear_in=lambda name, d_in, d_out, ctx, std=0.02, bias=True, blocks=0, parts=1: linear(
             name, d_in, d_out, ctx, std, **bias_keywords(bias), **({"parts": parts} if parts > 1 else {})),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,9 @@ from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
+from .layers import Layers
+from .ops import (_AllGather, _ReduceScatter, _VocabParallelCrossEntropy, gather, grouped_rows,  # noqa: F401 (a lab watches them here)
+                  reduce_scatter, vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
 SEQ = 1  # the sequence dimension of [b, s, h] hidden states
@@ -62,47 +64,6 @@ class _G(torch.autograd.Function):
     @staticmethod
     def backward(fctx, dy):
         return dy, None
-
-
-class _AllGather(torch.autograd.Function):
-    """All-gather along `axis` on dimension `dim` forward; reduce-scatter the gradient
-    backward (the 3-D cube's gathers; sequence parallelism's f is fused into the linear
-    it feeds, `_AllGatherLinear`). A parameter (`param`) and its gradient travel in
-    the master dtype, an activation in the wire dtype."""
-
-    @staticmethod
-    def forward(fctx, x, comm, axis, dim, param):
-        fctx.comm, fctx.axis, fctx.dim, fctx.param = comm, axis, dim, param
-        return comm.all_gather(x, axis, dim, activation=not param)
-
-    @staticmethod
-    def backward(fctx, dy):
-        return fctx.comm.reduce_scatter(dy, fctx.axis, fctx.dim, activation=not fctx.param), None, None, None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    """Reduce-scatter along `axis` on dimension `dim` forward; all-gather the gradient
-    backward (sequence parallelism's g; the 3-D cube's output reduction)."""
-
-    @staticmethod
-    def forward(fctx, x, comm, axis, dim):
-        fctx.comm, fctx.axis, fctx.dim = comm, axis, dim
-        return comm.reduce_scatter(x, axis, dim, activation=True)
-
-    @staticmethod
-    def backward(fctx, dy):
-        return fctx.comm.all_gather(dy.contiguous(), fctx.axis, fctx.dim, activation=True), None, None, None
-
-
-def gather(x, comm, axis: str, dim: int, param: bool = False):
-    """Differentiable all-gather of `x` along `axis` on dimension `dim`; `param`: x is a
-    parameter (its gradient's reduce-scatter is a gradient reduction: master dtype)."""
-    return _AllGather.apply(x, comm, axis, dim, param)
-
-
-def reduce_scatter(x, comm, axis: str, dim: int):
-    """Differentiable reduce-scatter of `x` along `axis` on dimension `dim`."""
-    return _ReduceScatter.apply(x, comm, axis, dim)
 
 
 class _SplitSeq(torch.autograd.Function):
@@ -145,24 +106,6 @@ def leave_region(x, ctx: Context, ops: Ops | None = None):
     if ctx.tp == 1:
         return x
     return reduce_scatter(x, ctx.comm, "tp", SEQ) if ctx.layout.sp else (ops or OPS).g.apply(x, ctx.comm)
-
-
-def wants_grad(fctx, i: int) -> bool:
-    """Does the running backward pass want the gradient of input `i` of this node?
-
-    Usually whenever the input requires one. But zb-h1 (``pipeline.py``) runs a node
-    twice: B asks only for the input gradient, W only for the weight gradients, and
-    only the engine knows which edges it follows this time (the question torch's own
-    ``register_multi_grad_hook`` asks it). F.linear's backward skips the rest by itself;
-    a Function written in Python must ask, or it would do (and communicate) both twice.
-    """
-    node, _ = fctx.next_functions[i]
-    if node is None:  # needs no gradient at all
-        return False
-    try:
-        return torch._C._will_engine_execute_node(node)
-    except RuntimeError:  # raised only for a leaf that autograd.grad() returns: wanted
-        return True
 
 
 class _AllGatherLinear(torch.autograd.Function):
@@ -208,18 +151,6 @@ def all_gather_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
 def scatter_sequence(x, ctx: Context):
     """Replicated [b, s, h] -> this rank's sequence shard (used after the embedding)."""
     return _SplitSeq.apply(x, ctx.comm) if ctx.tp > 1 and ctx.layout.sp else x
-
-
-def grouped_rows(t, parts: int):
-    """A weight's (or bias') rows stored interleaved, [unit][part] (SwiGLU's [gate|up] pairs:
-    any contiguous slice holds whole units), regrouped [part][unit] for the matmul, so that
-    each part of the output is one contiguous block: ``y.chunk(parts, -1)`` is then each
-    part with unit-stride rows, the fast path of the elementwise kernels that follow (read
-    interleaved, silu and its backward are ~10x slower on a CPU). A copy of the local rows
-    per forward; autograd moves the gradient back to the stored order."""
-    if parts == 1 or t is None:
-        return t
-    return t.unflatten(0, (-1, parts)).transpose(0, 1).flatten(0, 1)
 
 
 def kv_share_axis(share: int, t: int) -> str:
@@ -362,48 +293,6 @@ class VocabParallelEmbedding(nn.Module):
         return self.ops.g.apply(out, self.ctx.comm)
 
 
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Cross-entropy over logits split by vocabulary, without gathering them
-    (Megatron: all-reduce the max, the target logit and the sum of exponentials)."""
-
-    @staticmethod
-    def forward(fctx, logits, target, start, vocab, comm, axis="tp"):
-        # logits: [N, V/t] local slice covering vocabulary ids [start, start + V/t)
-        logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-        n_local = logits.shape[-1]
-        valid = torch.arange(start, start + n_local, device=logits.device) < vocab
-        logits = logits.masked_fill(~valid, float("-inf"))  # padded ids never count
-        lmax = logits.max(dim=-1).values
-        comm.all_reduce(lmax, axis, op="max")
-        shifted = logits - lmax.unsqueeze(-1)
-        local_t = target - start
-        mine = (local_t >= 0) & (local_t < n_local)
-        rows = torch.arange(target.shape[0], device=logits.device)
-        # where(), not `* mine`: a clamped index may hit a padded id (-inf · 0 = nan)
-        tlogit = torch.where(mine, shifted[rows, local_t.clamp(0, n_local - 1)], 0.0)
-        comm.all_reduce(tlogit, axis)
-        exp = shifted.exp()
-        sumexp = exp.sum(dim=-1)
-        comm.all_reduce(sumexp, axis)
-        softmax = exp / sumexp.unsqueeze(-1)
-        fctx.save_for_backward(softmax, local_t.clamp(0, n_local - 1), mine)
-        return sumexp.log() - tlogit  # per-token loss
-
-    @staticmethod
-    def backward(fctx, dloss):
-        softmax, local_t, mine = fctx.saved_tensors
-        grad = softmax.clone()
-        rows = torch.arange(grad.shape[0], device=grad.device)
-        grad[rows, local_t] -= mine.to(grad.dtype)
-        return grad * dloss.unsqueeze(-1), None, None, None, None, None
-
-
-def vocab_parallel_cross_entropy(logits, target, start: int, vocab: int, comm, axis: str = "tp"):
-    """Per-token loss from vocabulary-split logits [N, V/t] (start = this rank's first id),
-    the vocabulary split over `axis` ('tp'; the 3-D cube uses 'cube_j')."""
-    return _VocabParallelCrossEntropy.apply(logits, target, start, vocab, comm, axis)
-
-
 # --- the layer namespace the model is written against (see model.py) ------------------
 def position_embedding(name: str, seq_len: int, h: int, ctx: Context, std: float = 0.01):
     """wpe [s, h], replicated; used before the sequence is split, so its gradient is
@@ -442,7 +331,10 @@ def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: boo
     full = list(shape)
     full[split_dim] *= t
     n = shape[split_dim]
-    return draw(ctx.seed, site, key, full, p, device).narrow(split_dim, r * n, n).contiguous()
+    # a copy of this rank's part, always: a view (what .contiguous() returns when the part is
+    # already contiguous, e.g. one sequence) would keep the whole mask alive while saved
+    return draw(ctx.seed, site, key, full, p, device).narrow(split_dim, r * n, n).clone(
+        memory_format=torch.contiguous_format)
 
 
 def boundary_shape(micro_batch: int, seq_len: int, h: int, ctx: Context) -> tuple:
@@ -454,13 +346,13 @@ OPS = Ops(f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_V
 
 
 def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_VocabParallelCrossEntropy,
-           combine=online_softmax_combine) -> SimpleNamespace:
+           combine=online_softmax_combine) -> Layers:
     """The 1-D layer namespace built from these operators: the engine's by default; a lab
     passes a learner's f, g (Megatron-LM Fig. 3), fused all-gather linear (--sp), vocabulary-
     parallel cross-entropy, or online-softmax `combine` (ring attention under --cp, which
     composes with 1-D only) and hands the namespace to ``Trainer(..., layers=...)``."""
     ops = Ops(f, g, all_gather_linear, vocab_cross_entropy)
-    return SimpleNamespace(
+    return Layers(
         name="1d",
         linear_in=partial(ColumnParallelLinear, ops=ops),  # the first linear of a pair: output features split
         linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
