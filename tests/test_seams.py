@@ -136,6 +136,16 @@ def test_engine_layers_import_downwards():
     assert not bad, "an engine layer imports a higher one: " + ", ".join(bad)
 
 
+TENSOR_MODES = {"minitron.parallel.tensor", "minitron.parallel.summa", "minitron.parallel.cube"}
+
+
+def test_no_tensor_parallel_mode_imports_a_sibling():
+    """What the 1-D, 2-D and 3-D modes share lives in parallel/ops.py and parallel/layers.py."""
+    assert TENSOR_MODES <= set(MODULES)
+    bad = [f"{m} -> {d}" for m in sorted(TENSOR_MODES) for d in sorted(EDGES[m]) if d in TENSOR_MODES - {m}]
+    assert not bad, "a tensor-parallel mode imports a sibling mode: " + ", ".join(bad)
+
+
 def _module_aliases(tree: ast.AST) -> set[str]:
     """Names bound to modules in a file (`import x`, `from . import y`, `import a.b as c`)."""
     names = set()
