@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issue 8's GPU figures on one GPU (H100 or H200), in one go: the machine, a correctness
-# check of the CUDA path against the CPU, then `minitron bench` of a ~1.3B GPT at
-# sequence 2048 in bf16, eager and compiled, each with a profile of what limits it.
+# The GPU figures on one GPU (H100 or H200), in one go: the machine, a correctness check of
+# the CUDA path against the CPU, `minitron bench` of a ~1.3B GPT at sequence 2048 in bf16,
+# eager and compiled, each with a profile of what limits it, and a Llama 3 8B-shaped
+# training run (its blocks, 4 of its 32 layers: a whole 8B model's 16 bytes of state per
+# parameter would not fit one GPU) with tokens/s and MFU against the datasheet.
 # Run from the repository root on a GPU node:  bash benchmarks/gpu.sh [OUTDIR]
 # (PYTHONPATH=. lets it run from a checkout without installing; torch, einops and tqdm
 # must be importable). Copy the JSON figures into RESULTS.md with the date and machine.
@@ -44,4 +46,20 @@ for name in ("bench_eager", "bench_compiled"):
           + f"; MFU if only matmuls and attention took time: {r['mfu_ceiling']:.3f}")
     for p in r["profile"][:8]:
         print(f"    {p['share']:6.1%}  {p['kind']:>13}  {p['op'][:70]}")
+EOF
+
+# 3. A Llama 3 8B-shaped run: h 4096, ffn 14336 (SwiGLU), 32 heads over 8 kv heads, rotary
+# positions (θ 500,000), RMSNorm, vocabulary 128,256; 4 of its 32 layers at sequence 4096,
+# bf16 autocast. Model FLOPs from config.model_flops_per_step (GQA and SwiGLU counted).
+LLAMA=(train --model llama3-8b --layers 4 --seq-len 4096 --precision bf16 --global-batch 8 --microbatches 8
+       --steps 12 --log-every 4 --eval-every 0 --sample 0 --no-progress --metrics "$OUT/llama3_8b_shape.jsonl")
+$PY -m minitron "${LLAMA[@]}" | tee "$OUT/llama3_8b_shape.txt"
+$PY - "$OUT" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(f"{sys.argv[1]}/llama3_8b_shape.jsonl") if '"tokens_per_s"' in line]
+rows = rows[len(rows) // 3:]  # past the first steps (allocator, kernels' first calls)
+tps = statistics.median(r["tokens_per_s"] for r in rows)
+flops = statistics.median(r["model_flops_per_s"] for r in rows)
+print(f"llama3-8b-shaped (4 layers, s 4096, bf16): {tps:,.0f} tokens/s, {flops / 1e12:.0f} TFLOP/s, "
+      f"MFU {flops / 989e12:.3f} of the H100 SXM's dense bf16 989 TFLOP/s")
 EOF
