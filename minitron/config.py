@@ -78,6 +78,16 @@ class ModelConfig:
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
 
+    def __repr__(self) -> str:
+        """GPT-2's fields always, then only the knobs set away from GPT-2's block (a Llama
+        block or a mixture of experts reads as what it changes)."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name in _GPT2_FIELDS or getattr(self, f.name) != f.default]
+        return f"ModelConfig({', '.join(shown)})"
+
+
+_GPT2_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "tied_embeddings", "dropout", "activation",
+                "name")
 
 # The Llama family's block: RMSNorm, SwiGLU, rotary positions, no biases, untied head.
 LLAMA = dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)

@@ -265,7 +265,7 @@ def _part_calls(model: ModelConfig, layout: ParallelConfig, b: int, e: int, i: i
         acc = out.setdefault((r["axis"], r["op"]), [0, 0])
         acc[0] += 1
         acc[1] += r["bytes"]
-    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in sorted(out.items()))
+    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in out.items())  # in the order first called
 
 
 @functools.lru_cache(maxsize=1024)
