@@ -205,13 +205,16 @@ def load_corpus(path: str = "") -> ByteCorpus | TokenFile:
     return ByteCorpus(data, name)
 
 
-def check_corpus(corpus, seq_len: int, vocab: int | None = None) -> None:
-    """The corpus fits the model: enough tokens for `seq_len`, ids within `vocab`."""
+def check_corpus(corpus, seq_len: int, vocab: int | None = None, held_out: bool = True) -> None:
+    """The corpus fits the model: enough tokens for `seq_len`, ids within `vocab`.
+    `held_out`: `corpus` is the held-out tenth that ``split()`` keeps for evaluation (the
+    part that runs short first), and the message says so."""
     if vocab is not None and vocab < corpus.vocab:
         raise ConfigError(f"--vocab {vocab} is smaller than the corpus' {corpus.vocab} token ids: "
                           f"use {corpus.vocab} or more")
     if len(corpus) < 2 * (seq_len + 1) * 10:
-        raise ConfigError(f"the corpus has only {len(corpus)} tokens, too few for --seq-len {seq_len}: "
+        part = "the held-out tenth of the corpus (for evaluation)" if held_out else "the corpus"
+        raise ConfigError(f"{part} has only {len(corpus)} tokens, too few for --seq-len {seq_len}: "
                           f"give more text or a shorter sequence")
 
 

@@ -106,6 +106,7 @@ CASES = [
     (TRAIN + ["--data", "{tokens}", "--vocab", "300", "--tp", "2", "--nproc", "2"], "holds token id 399"),
     (TRAIN + ["--data", "{tokens}", "--vocab", "200"], "smaller than the corpus' 300"),
     # --- output paths: checked before training, never an input ---
+    (TRAIN + ["--data", "{text}", "--seq-len", "200"], "the held-out tenth of the corpus (for evaluation) has only"),
     (TRAIN + ["--data", "{text}", "--metrics", "{text}"], "is an input of this run"),
     (TRAIN + ["--data", "{text}", "--trace", "{text}"], "is an input of this run"),
     (TRAIN + ["--data", "{tokens}", "--vocab", "400", "--metrics", "{dir}/tokens.json"], "is an input of this run"),
