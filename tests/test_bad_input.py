@@ -107,6 +107,7 @@ CASES = [
     (TRAIN + ["--data", "{tokens}", "--vocab", "200"], "smaller than the corpus' 300"),
     # --- output paths: checked before training, never an input ---
     (TRAIN + ["--data", "{text}", "--seq-len", "200"], "the held-out tenth of the corpus (for evaluation) has only"),
+    (["sweep", "--layouts", "dp3", "--base-batch", "4", "--series", "strong"], "the series' global batch 4 (--base-batch 4)"),
     (TRAIN + ["--data", "{text}", "--metrics", "{text}"], "is an input of this run"),
     (TRAIN + ["--data", "{text}", "--trace", "{text}"], "is an input of this run"),
     (TRAIN + ["--data", "{tokens}", "--vocab", "400", "--metrics", "{dir}/tokens.json"], "is an input of this run"),

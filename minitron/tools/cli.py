@@ -737,7 +737,12 @@ def cmd_sweep(args) -> int:
         layout = sweep.parse_layout(spec)
         layout = dataclasses.replace(layout, backend=args.backend)
         train = sweep.point_config(model, layout, args.series, args.base_batch, args.steps + args.warmup + 1, args.microbatches)
-        validate(model, layout, train)
+        try:
+            validate(model, layout, train)
+        except ConfigError as e:  # a sweep sets the global batch from --base-batch: name that flag
+            batch = (f"the series' global batch {train.global_batch} (--base-batch {args.base_batch}"
+                     + (f" × {layout.world} ranks)" if args.series == "weak" else ")"))
+            raise ConfigError(f"layout {spec}: " + str(e).replace(f"--global-batch {train.global_batch}", batch)) from None
         points.append((layout, train))
     machine = sweep.MachineProfile.load(args.machine) if args.machine else None
     out = _output_path(args.out, "--out", (args.data, args.machine)) if args.out else None
