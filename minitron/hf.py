@@ -247,12 +247,28 @@ def _rope(c: dict, where) -> tuple[float, str]:
     return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
 
 
+def _positive_ints(c: dict, required, optional, where) -> None:
+    """Each of `required` (and each of `optional` that is set) a positive integer, or one line
+    naming the field (a malformed config.json must not surface as Python's own error)."""
+    for k in (*required, *optional):
+        v = c.get(k)
+        if v is None and k in optional:
+            continue
+        if k not in c:
+            raise ConfigError(f"{where} has no '{k}': it is not a complete config; save the model with "
+                              f"save_pretrained or `minitron export --hf`")
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ConfigError(f"{where} has {k} = {v!r}: it must be a positive integer; save the model again")
+
+
 def _check_llama(c: dict, where) -> None:
     """A Llama config.json minitron computes exactly, or one line saying what it lacks."""
     for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
         if k not in c:
             raise ConfigError(f"{where} has no '{k}': it is not a complete Llama config; save the model with "
                               f"save_pretrained or `minitron export --hf`")
+    _positive_ints(c, ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"),
+                   ("num_key_value_heads", "max_position_embeddings", "head_dim"), where)
     _, kind = _rope(c, where)
     if kind != "default":
         raise ConfigError(f"{where} has a rope scaling of type '{kind}': minitron's rotary positions have no "
@@ -285,8 +301,10 @@ def read_config(hf_dir: str) -> dict:
                               f"save_pretrained (safetensors) or `minitron export --hf {hf_dir}`")
     try:
         c = json.loads((d / CONFIG).read_text())
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise ConfigError(f"{d / CONFIG} is not valid JSON: save the model again") from None
+    if not isinstance(c, dict):
+        raise ConfigError(f"{d / CONFIG} is not a JSON object of settings: save the model again")
     arch = c.get("model_type")
     if arch in LLAMA_TYPES + hf_moe.MIXTRAL_TYPES:
         _check_llama(c, d / CONFIG)
@@ -296,11 +314,12 @@ def read_config(hf_dir: str) -> dict:
     if arch != "gpt2":
         raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) and Llama "
                           f"(model_type llama) checkpoints only")
+    _positive_ints(c, ("n_embd", "n_layer", "n_head", "vocab_size"), ("n_positions", "n_inner"), d / CONFIG)
     act = c.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise ConfigError(f"{d / CONFIG} uses activation '{act}': minitron has {', '.join(ACTIVATIONS)}")
     eps = c.get("layer_norm_epsilon", 1e-5)
-    if abs(eps - LAYER_NORM_EPS) > 1e-12:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or abs(eps - LAYER_NORM_EPS) > 1e-12:
         raise ConfigError(f"{d / CONFIG} has layer_norm_epsilon {eps}: minitron's LayerNorm uses {LAYER_NORM_EPS}")
     if c.get("scale_attn_by_inverse_layer_idx") or not c.get("scale_attn_weights", True) or c.get("add_cross_attention"):
         raise ConfigError(f"{d / CONFIG} changes GPT-2's attention (scale_attn_* / add_cross_attention): "

@@ -98,6 +98,16 @@ def test_bad_gpt2_checkpoints_get_one_line(tmp_path, capsys):
     (wrong / "config.json").write_text(json.dumps({**c, "n_embd": 64}))
     (wrong / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
     assert "do not belong together" in _error(capsys, train + [str(wrong)])
+    for i, (bad, says) in enumerate([({**c, "n_embd": "big"}, "n_embd = 'big': it must be a positive integer"),
+                                     ({**c, "n_layer": -2}, "n_layer = -2: it must be a positive integer"),
+                                     ({k: v for k, v in c.items() if k != "n_head"}, "has no 'n_head'"),
+                                     ([1, 2], "is not a JSON object"),
+                                     ({**c, "layer_norm_epsilon": "x"}, "has layer_norm_epsilon x")]):
+        malformed = tmp_path / f"malformed{i}"  # a config.json that must not surface as Python's own error
+        malformed.mkdir()
+        (malformed / "config.json").write_text(json.dumps(bad))
+        (malformed / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
+        assert says in _error(capsys, train + [str(malformed)])
     assert "vocabulary of 256" in _error(capsys, train + [str(good)])  # bytes vs its 300 tokens
     assert "hidden 32, not 64" in _error(capsys, train + [str(good), "--hidden", "64"])
     assert "exceeds the checkpoint's 40 positions" in _error(capsys, train + [str(good), "--seq-len", "64"])
