@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import checkout_commit, cpu_name, paired_ratio, publish  # noqa: E402
+from harness import alternate_rounds, checkout_commit, cpu_name, paired_ratio, publish  # noqa: E402
 
 from minitron import hf  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
@@ -68,20 +68,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
-    times = {"minitron": [], "transformers": []}
-    runs = {"minitron": tr.step, "transformers": hf_step}
-    first = {}
-    for i in range(args.warmup + args.rounds):
-        order = list(runs) if i % 2 == 0 else list(runs)[::-1]  # neither always goes first
-        for k in order:
-            t0 = time.perf_counter()
-            loss = runs[k](i)
-            if i >= args.warmup:
-                times[k].append(time.perf_counter() - t0)
-            first.setdefault(k, loss)
-    # the same model and batch: the first losses agree (float32 rounding), or the race is unfair
-    if abs(first["minitron"] - first["transformers"]) > 1e-4:
-        raise SystemExit(f"bench_llama.py: first losses differ ({first}): the two models are not the same")
+    times, first = alternate_rounds({"minitron": tr.step, "transformers": hf_step}, args.warmup, args.rounds,
+                                    "bench_llama.py")
     r = paired_ratio(times["minitron"], times["transformers"])
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     summary = {"model": cfg.name, "global_batch": args.global_batch, "threads": args.threads, "rounds": args.rounds,

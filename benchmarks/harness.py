@@ -171,3 +171,22 @@ def predicted(model, layout, train) -> dict:
     for it in items:  # bytes summed over `calls` calls of equal size
         wire += it["calls"] * wire_bytes({**it, "bytes": it["bytes"] / it["calls"]}, sizes.get(it["axis"], 1))
     return {"comm": bytes_by_axis_op(items), "wire": wire, "acts": acts, "params": e * params_on_rank(model, layout)}
+
+
+def alternate_rounds(runs: dict, warmup: int, rounds: int, script: str, tolerance: float = 1e-4) -> tuple[dict, dict]:
+    """Time each of `runs` ({name: step(i) -> loss}) for `rounds` rounds after `warmup`,
+    alternating which goes first so neither always does; returns (times per name, first
+    loss per name). The two sides train the same model on the same batch: their first losses
+    must agree within `tolerance`, or the race is unfair and `script` stops saying so."""
+    times, first = {k: [] for k in runs}, {}
+    for i in range(warmup + rounds):
+        for k in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+            t0 = time.perf_counter()
+            loss = runs[k](i)
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+            first.setdefault(k, loss)
+    a, b = list(first.values())[:2]
+    if abs(a - b) > tolerance:
+        raise SystemExit(f"{script}: first losses differ ({first}): the two models are not the same")
+    return times, first
