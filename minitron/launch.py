@@ -256,8 +256,10 @@ class Watchdog:
                 self._end(ranks, f"rank {r} stopped answering (no heartbeat for {quiet[r]:.0f} s: stopped, hung "
                                  f"or swapped out; pid {ranks[r]})")
                 return
-            if dead:
-                self._end(ranks, f"rank {dead[0]} died (pid {ranks[dead[0]]} ended without returning)")
+            if dead:  # a peer that lost its connection to the dead rank may end in the same poll:
+                # the one a signal ended (SIGKILL, the OOM killer) is the cause
+                r = next((r for r in dead if _ended_by_signal(ranks[r])), dead[0])
+                self._end(ranks, f"rank {r} died (pid {ranks[r]} ended without returning)")
                 return
 
     def _end(self, ranks: dict[int, int], why: str) -> None:
@@ -276,6 +278,16 @@ class RankLost(ChildFailedError):
     def __init__(self, lost: str, failed: ChildFailedError):
         super().__init__(failed.name, failed.failures)
         self.lost = lost
+
+
+def _ended_by_signal(pid: int) -> bool:
+    """Whether the (not yet reaped) process `pid` was ended by a signal: the exit status in
+    /proc/PID/stat's 52nd field, as wait() reports it (its low 7 bits: the signal)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return len(fields) >= 50 and int(fields[-1]) & 0x7F != 0
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _zombie(pid: int) -> bool:
