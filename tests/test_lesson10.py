@@ -2,22 +2,20 @@
 lesson's own computed cells print, and the lesson's checks hold in its stored outputs (the
 formulas equal the dry run, the traces equal the analysis, the layouts equal one device).
 Fast: reads the stored notebook; no ranks (tests/test_notebooks.py re-runs it under nbval)."""
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from minitron.course import quiz
+from test_lesson_prose import outputs
 
 NB = Path(__file__).resolve().parent.parent / "lessons" / "10_modern_blocks.ipynb"
 
 
 @pytest.fixture(scope="module")
 def out() -> str:
-    cells = json.loads(NB.read_text())["cells"]
-    return "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
-                   for o in c.get("outputs", []))
+    return outputs("10")  # the stored-output reader of test_lesson_prose, which covers lessons 00-09
 
 
 def _number(pattern: str, text: str) -> float:

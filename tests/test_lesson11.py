@@ -3,22 +3,20 @@ a figure the lesson's own computed cells print, and the lesson's checks hold in 
 outputs (ep2 equals one device, the traced all-to-all equals the formula from the counts, the
 loss-free bias balances a collapsed router). Fast: reads the stored notebook; no ranks
 (tests/test_notebooks.py re-runs it under nbval)."""
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from minitron.course import quiz
+from test_lesson_prose import outputs
 
 NB = Path(__file__).resolve().parent.parent / "lessons" / "11_mixture_of_experts.ipynb"
 
 
 @pytest.fixture(scope="module")
 def out() -> str:
-    cells = json.loads(NB.read_text())["cells"]
-    return "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
-                   for o in c.get("outputs", []))
+    return outputs("11")  # the stored-output reader of test_lesson_prose, which covers lessons 00-09
 
 
 def _number(pattern: str, text: str) -> float:
