@@ -162,7 +162,11 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     if early.exists():  # the launcher was signalled before this rank had left its pid
         sig = int(early.read_text() or signal.SIGTERM)
         log(sig) if log is not None else os.kill(os.getpid(), sig)
-    out = fn(*args)
+    try:
+        out = fn(*args)
+    except BaseException:  # its own error, most often a peer's loss seen in a collective: not the cause
+        (Path(scratch) / f"rank{rank}.raised").touch()
+        raise
     (Path(scratch) / f"rank{rank}.done").touch()  # returned: its silence from now on is not a hang
     return out
 
@@ -257,8 +261,10 @@ class Watchdog:
                                  f"or swapped out; pid {ranks[r]})")
                 return
             if dead:  # a peer that lost its connection to the dead rank may end in the same poll:
-                # the one a signal ended (SIGKILL, the OOM killer) is the cause
-                r = next((r for r in dead if _ended_by_signal(ranks[r])), dead[0])
+                # the cause left no error of its own (a peer raises when it loses it), and of those
+                # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped)
+                unexplained = [r for r in dead if not (self.scratch / f"rank{r}.raised").exists()] or dead
+                r = next((r for r in unexplained if _ended_by_signal(ranks[r])), unexplained[0])
                 self._end(ranks, f"rank {r} died (pid {ranks[r]} ended without returning)")
                 return
 
