@@ -1,5 +1,3 @@
-import sys
+from .tools.cli import entry
 
-from .tools.cli import main
-
-sys.exit(main())
+entry()

@@ -962,5 +962,22 @@ def main(argv=None) -> int:
             log.ignore_from_now()
 
 
+def entry() -> None:
+    """The `minitron` program (also `python -m minitron`): run main() and exit with its code.
+
+    A rank that torchrun or srun started ends with os._exit once main() has returned (its
+    process group already destroyed): the interpreter's finalisation is skipped, where a C++
+    thread of the process group that is still joinable calls std::terminate and turns a
+    finished run's exit 0 into 134 (seen under srun, task 1, after the report was written)."""
+    from .. import launch
+
+    code = main()
+    if launch.under_launcher():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
