@@ -16,13 +16,12 @@ transformers (below 1: minitron faster).
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import alternate_rounds, checkout_commit, cpu_name, paired_ratio, publish  # noqa: E402
+from harness import race_versus_transformers  # noqa: E402
 
 from minitron import hf  # noqa: E402
 from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
@@ -79,26 +78,11 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
-    times, first = alternate_rounds({"minitron": tr.step, "transformers": hf_step}, args.warmup, args.rounds,
-                                    "bench_moe.py")
-    r = paired_ratio(times["minitron"], times["transformers"])
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    summary = {"model": cfg.name, "experts": cfg.experts, "top_k": cfg.top_k, "global_batch": args.global_batch,
-               "threads": args.threads, "rounds": args.rounds, "minitron_step_s": med["minitron"],
-               "transformers_step_s": med["transformers"], "first_losses": first,
-               "minitron_over_transformers": r, "commit": checkout_commit(), "cpu": cpu_name(),
-               "date": time.strftime("%Y-%m-%d")}
-    cmd = " ".join(["python", "benchmarks/bench_moe.py"] + sys.argv[1:])
-    md = (f"\n### MoE training step: minitron vs transformers.MixtralForCausalLM ({summary['date']})\n\n"
-          f"`{cmd}` on {summary['cpu']}, {args.threads} thread(s), commit {summary['commit']}; "
-          f"{cfg.name} (h {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, {cfg.n_kv_heads} kv heads, "
-          f"{cfg.experts} experts of ffn {cfg.moe_ffn_hidden}, top-{cfg.top_k}, s {cfg.seq_len}), global batch "
-          f"{args.global_batch}, {args.rounds} alternating rounds.\n\n"
-          f"| | median step (s) |\n|---|---|\n| minitron | {med['minitron']:.4f} |\n"
-          f"| transformers | {med['transformers']:.4f} |\n\n"
-          f"minitron / transformers: paired median **{r['paired_median']:.3f}**, ratio of medians "
-          f"{r['ratio_of_medians']:.3f}.\n")
-    publish(md, summary, args.json, args.out)
+    race_versus_transformers(tr, hf_step, args, "bench_moe.py", "MoE training step: minitron vs "
+                             "transformers.MixtralForCausalLM",
+                             f"{cfg.name} (h {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, {cfg.n_kv_heads} "
+                             f"kv heads, {cfg.experts} experts of ffn {cfg.moe_ffn_hidden}, top-{cfg.top_k}, s "
+                             f"{cfg.seq_len})", {"model": cfg.name, "experts": cfg.experts, "top_k": cfg.top_k})
 
 
 if __name__ == "__main__":

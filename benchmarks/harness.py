@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -190,3 +191,26 @@ def alternate_rounds(runs: dict, warmup: int, rounds: int, script: str, toleranc
     if abs(a - b) > tolerance:
         raise SystemExit(f"{script}: first losses differ ({first}): the two models are not the same")
     return times, first
+
+
+def race_versus_transformers(tr, hf_step, args, script: str, title: str, shape: str, about: dict) -> None:
+    """Race minitron's ``tr.step`` against transformers' `hf_step` on one device
+    (:func:`alternate_rounds`, args.warmup and args.rounds) and publish the markdown block and
+    the summary RESULTS.md records: `title` heads it, `shape` describes the model, `about`
+    leads the summary; the ratio is minitron / transformers (below 1: minitron faster)."""
+    times, first = alternate_rounds({"minitron": tr.step, "transformers": hf_step}, args.warmup, args.rounds, script)
+    r = paired_ratio(times["minitron"], times["transformers"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    summary = {**about, "global_batch": args.global_batch, "threads": args.threads, "rounds": args.rounds,
+               "minitron_step_s": med["minitron"], "transformers_step_s": med["transformers"], "first_losses": first,
+               "minitron_over_transformers": r, "commit": checkout_commit(), "cpu": cpu_name(),
+               "date": time.strftime("%Y-%m-%d")}
+    cmd = " ".join(["python", f"benchmarks/{script}"] + sys.argv[1:])
+    md = (f"\n### {title} ({summary['date']})\n\n"
+          f"`{cmd}` on {summary['cpu']}, {args.threads} thread(s), commit {summary['commit']}; "
+          f"{shape}, global batch {args.global_batch}, {args.rounds} alternating rounds.\n\n"
+          f"| | median step (s) |\n|---|---|\n| minitron | {med['minitron']:.4f} |\n"
+          f"| transformers | {med['transformers']:.4f} |\n\n"
+          f"minitron / transformers: paired median **{r['paired_median']:.3f}**, ratio of medians "
+          f"{r['ratio_of_medians']:.3f}.\n")
+    publish(md, summary, args.json, args.out)

@@ -7,6 +7,7 @@ before any rank starts; everything else runs on 4 gloo ranks, all the sources in
 import pytest
 
 from minitron.labs.gqa import check_gqa, check_gqa_all
+from planted import assert_each_named
 
 REFERENCE = '''
 def kv_rows(kv_heads, head_rows, t, r):
@@ -95,9 +96,4 @@ def test_reference_passes_and_mistakes_get_one_line():
         "engine by importlib": "runs the engine's own minitron.optim.sync_replicated_grads",
         "checker by sys.modules": "runs the engine's own minitron.labs.gqa",
     }
-    messages = set()
-    for name, text in want.items():
-        assert got[name]["ok"] is False and text in got[name]["message"], (name, got[name])
-        assert "\n" not in got[name]["message"]
-        messages.add(got[name]["message"])
-    assert len(messages) == len(want)
+    assert_each_named(got, want)

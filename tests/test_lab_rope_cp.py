@@ -4,6 +4,7 @@ positions and rotation are refused by any route. One 4-rank launch."""
 import pytest
 
 from minitron.labs.rope_cp import check_rope_cp, check_rope_cp_all
+from planted import assert_each_named
 
 REFERENCE = '''
 def positions(n_local, cp, r):
@@ -68,9 +69,4 @@ def test_reference_passes_and_mistakes_get_one_line():
         "chunks swapped": "the right positions in another order",
         "engine by sys.modules": "runs the engine's own minitron.model.rotate",
     }
-    messages = set()
-    for name, text in want.items():
-        assert got[name]["ok"] is False and text in got[name]["message"], (name, got[name])
-        assert "\n" not in got[name]["message"]
-        messages.add(got[name]["message"])
-    assert len(messages) == len(want)
+    assert_each_named(got, want)

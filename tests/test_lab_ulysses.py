@@ -4,6 +4,7 @@ their own line, the engine's own re-layouts are refused by any route. One 4-rank
 import pytest
 
 from minitron.labs.ulysses import check_ulysses, check_ulysses_all
+from planted import assert_each_named
 
 REFERENCE = '''
 def seq_to_heads(x, comm):
@@ -76,9 +77,4 @@ def test_reference_passes_and_mistakes_get_one_line():
         "wrong shape": "want [b, H/N, N·s_loc, d]",
         "engine by importlib": "runs the engine's own minitron.parallel.context_parallel._seq_to_heads",
     }
-    messages = set()
-    for name, text in want.items():
-        assert got[name]["ok"] is False and text in got[name]["message"], (name, got[name])
-        assert "\n" not in got[name]["message"]
-        messages.add(got[name]["message"])
-    assert len(messages) == len(want)
+    assert_each_named(got, want)

@@ -3,14 +3,11 @@ lesson's own computed cells print, and the lesson's checks hold in its stored ou
 formulas equal the dry run, the traces equal the analysis, the layouts equal one device).
 Fast: reads the stored notebook; no ranks (tests/test_notebooks.py re-runs it under nbval)."""
 import re
-from pathlib import Path
 
 import pytest
 
 from minitron.course import quiz
-from test_lesson_prose import outputs
-
-NB = Path(__file__).resolve().parent.parent / "lessons" / "10_modern_blocks.ipynb"
+from test_lesson_prose import assert_every_question_asked, num, out as matched, outputs
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +15,8 @@ def out() -> str:
     return outputs("10")  # the stored-output reader of test_lesson_prose, which covers lessons 00-09
 
 
-def _number(pattern: str, text: str) -> float:
-    m = re.search(pattern, text)
-    assert m, f"the lesson's outputs no longer print {pattern!r}"
-    return float(m.group(1).replace(",", ""))
+def _number(pattern: str, _out: str) -> float:
+    return num(matched("10", pattern))
 
 
 WITNESS = {
@@ -34,10 +29,7 @@ WITNESS = {
 
 
 def test_every_question_of_lesson_10_is_witnessed():
-    assert set(WITNESS) == set(quiz.questions("10"))
-    src = NB.read_text()
-    for qid in WITNESS:
-        assert f'check(\\"{qid}\\", ...)' in src, f"{qid} is not asked in the lesson"
+    assert_every_question_asked("10", WITNESS)
 
 
 @pytest.mark.parametrize("qid", sorted(WITNESS))

@@ -4,14 +4,11 @@ outputs (ep2 equals one device, the traced all-to-all equals the formula from th
 loss-free bias balances a collapsed router). Fast: reads the stored notebook; no ranks
 (tests/test_notebooks.py re-runs it under nbval)."""
 import re
-from pathlib import Path
 
 import pytest
 
 from minitron.course import quiz
-from test_lesson_prose import outputs
-
-NB = Path(__file__).resolve().parent.parent / "lessons" / "11_mixture_of_experts.ipynb"
+from test_lesson_prose import assert_every_question_asked, num, out as matched, outputs
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +16,8 @@ def out() -> str:
     return outputs("11")  # the stored-output reader of test_lesson_prose, which covers lessons 00-09
 
 
-def _number(pattern: str, text: str) -> float:
-    m = re.search(pattern, text)
-    assert m, f"the lesson's outputs no longer print {pattern!r}"
-    return float(m.group(1).replace(",", ""))
+def _number(pattern: str, _out: str) -> float:
+    return num(matched("11", pattern))
 
 
 WITNESS = {
@@ -34,10 +29,7 @@ WITNESS = {
 
 
 def test_every_question_of_lesson_11_is_witnessed():
-    assert set(WITNESS) == set(quiz.questions("11"))
-    src = NB.read_text()
-    for qid in WITNESS:
-        assert f'check(\\"{qid}\\", ...)' in src, f"{qid} is not asked in the lesson"
+    assert_every_question_asked("11", WITNESS)
 
 
 @pytest.mark.parametrize("qid", sorted(WITNESS))

@@ -54,6 +54,14 @@ def num(s: str) -> float:
     return {"nine": 9.0}.get(s) or float(s.replace(",", ""))
 
 
+def assert_every_question_asked(lesson: str, qids) -> None:
+    """`qids` are exactly the lesson's graded questions, and the lesson asks each in a cell."""
+    assert set(qids) == set(quiz.questions(lesson))
+    code = "\n".join("".join(c["source"]) for c in _cells(lesson) if c["cell_type"] == "code")
+    for qid in qids:
+        assert f'check("{qid}", ...)' in code, f"{qid} is not asked in lesson {lesson}"
+
+
 # --- the witnesses: what each lesson shows -> the answer to its question ----------------
 def _all_reduce_sum():
     befores = [num(x) for x in re.findall(r"rank \d: \[([\d.]+)\]\s+-> \[[\d.]+\]",

@@ -39,7 +39,8 @@ import torch
 
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel import experts as engine_experts
-from .runner import LabError, Tripwire, agree, call, run_sources, training_verdict, versus_one_device
+from .runner import (LabError, Tripwire, agree, call, run_sources, training_verdict, verdict_over_runs,
+                     versus_one_device)
 
 NAMES = ("permute", "exchange_counts", "all_to_all", "dispatch_tokens")
 FORBIDDEN = ("minitron.parallel.experts", "minitron.labs.dispatch")
@@ -298,14 +299,8 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         verdicts.append((layout.describe(), training_verdict(res, "dispatch_tokens", "", TOL)))
     if comm.grid.rank != 0:
         return None
-    for what, verdict in verdicts:
-        if not verdict["ok"]:
-            verdict["message"] = f"{what}: {verdict['message']}"
-            return verdict
-    worst = max((v for _, v in verdicts), key=lambda v: v["max_param_rel_diff"])
-    worst["message"] = ("your token dispatch trains exactly like the single-device model (--ep 2 --dp 2, and "
-                        "--ep 4 with tokens dropped by the capacity)")
-    return worst
+    return verdict_over_runs(verdicts, "your token dispatch trains exactly like the single-device model (--ep 2 "
+                                       "--dp 2, and --ep 4 with tokens dropped by the capacity)")
 
 
 def load_source(source: str) -> dict:

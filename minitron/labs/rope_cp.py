@@ -40,7 +40,8 @@ import torch
 from .. import model as model_module
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel import context_parallel, tensor
-from .runner import LabError, Tripwire, agree, call, load, run_sources, train_swapped, training_verdict
+from .runner import (LabError, Tripwire, agree, call, load, run_sources, train_swapped, training_verdict,
+                     verdict_over_runs)
 
 NAMES = ("positions", "rope")
 MODEL = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=32, vocab=256, name="lab-rope",
@@ -181,17 +182,11 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         layers = SimpleNamespace(**{**vars(tensor.layers()),
                                     "ring_attention": lambda q, k, v, cm, lab=lab: _attention(q, k, v, cm, lab)})
         res = train_swapped(c, MODEL, layout, TRAIN, layers=layers)
-        verdicts.append(((cp, tp), training_verdict(res, "positions and rope", "", TOL)))
+        verdicts.append((f"--cp {cp} --tp {tp}", training_verdict(res, "positions and rope", "", TOL)))
     if comm.grid.rank != 0:
         return None
-    for (cp, tp), verdict in verdicts:
-        if not verdict["ok"]:
-            verdict["message"] = f"--cp {cp} --tp {tp}: {verdict['message']}"
-            return verdict
-    worst = max((v for _, v in verdicts), key=lambda v: v["max_param_rel_diff"])
-    worst["message"] = ("your positions and rope train exactly like the single-device model (--cp 4, and --cp 2 "
-                        "--tp 2: ring attention on rotated q and k)")
-    return worst
+    return verdict_over_runs(verdicts, "your positions and rope train exactly like the single-device model (--cp 4, "
+                                       "and --cp 2 --tp 2: ring attention on rotated q and k)")
 
 
 def check_rope_cp_all(sources: list[str], timeout: float = 90) -> list[dict]:

@@ -642,6 +642,19 @@ def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-
     return {"ok": ok, "message": msg, **res}
 
 
+def verdict_over_runs(verdicts: list[tuple[str, dict]], passed: str) -> dict:
+    """One verdict for a lab that trains on several layouts (rank 0's `training_verdict`s,
+    each with its layout's flags): the first that failed, its message led by those flags;
+    else the worst of them (the largest parameter difference) saying `passed`."""
+    for flags, verdict in verdicts:
+        if not verdict["ok"]:
+            verdict["message"] = f"{flags}: {verdict['message']}"
+            return verdict
+    worst = max((v for _, v in verdicts), key=lambda v: v["max_param_rel_diff"])
+    worst["message"] = passed
+    return worst
+
+
 def versus_one_device(comm, tr, losses, model, train) -> dict | None:
     """:func:`minitron.tools.verify.versus_one_device`: the trainer's run against the
     single-device model (rank 0 gets the comparison, the other ranks None)."""

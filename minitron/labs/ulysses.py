@@ -34,7 +34,7 @@ from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import chunk_ids
 from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped,
-                     training_verdict)
+                     training_verdict, verdict_over_runs)
 
 NAMES = ("seq_to_heads", "heads_to_seq")
 MODEL = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=16, vocab=256, name="lab-ulysses",
@@ -172,17 +172,11 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         layers = SimpleNamespace(**{**vars(tensor.layers()),
                                     "ring_attention": lambda q, k, v, _comm, lab=lab: _attention(q, k, v, lab)})
         res = train_swapped(c, MODEL, layout, TRAIN, layers=layers)
-        verdicts.append(((cp, tp), training_verdict(res, "seq_to_heads and heads_to_seq", "", TOL)))
+        verdicts.append((f"--cp {cp} --tp {tp}", training_verdict(res, "seq_to_heads and heads_to_seq", "", TOL)))
     if comm.grid.rank != 0:
         return None
-    for (cp, tp), verdict in verdicts:
-        if not verdict["ok"]:
-            verdict["message"] = f"--cp {cp} --tp {tp}: {verdict['message']}"
-            return verdict
-    worst = max((v for _, v in verdicts), key=lambda v: v["max_param_rel_diff"])
-    worst["message"] = ("your seq_to_heads and heads_to_seq train exactly like the single-device model "
-                        "(Ulysses attention under --cp 4, and --cp 2 --tp 2)")
-    return worst
+    return verdict_over_runs(verdicts, "your seq_to_heads and heads_to_seq train exactly like the single-device "
+                                       "model (Ulysses attention under --cp 4, and --cp 2 --tp 2)")
 
 
 def check_ulysses_all(sources: list[str], timeout: float = 90) -> list[dict]:
