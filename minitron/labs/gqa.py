@@ -41,18 +41,15 @@ import torch
 import torch.nn.functional as F
 
 from .. import optim
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig
 from ..context import make_param
 from ..parallel import tensor
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped,
-                     training_verdict, verdict_over_runs)
+from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, describe_calls, load, run_sources,
+                     traced, train_swapped, training_verdict, verdict_over_runs)
 
 NAMES = ("kv_rows", "sum_kv_grad")
-# a Llama block with 8 query heads of d = 6 (the lab's sizes are not the lesson's)
-MODEL = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=16, vocab=256, name="lab-gqa",
-                    norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
-TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False, eval_every=0,
-                    sample_tokens=0)
+MODEL = LAB_LLAMA.replace(name="lab-gqa")
+TRAIN = TWO_FLOAT64_STEPS
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 WORLD = 4
 # (tp, kv heads) trained on the 4 ranks: one head replicated on all, each on a pair, two per rank (tp2 x dp2)

@@ -38,17 +38,14 @@ from types import SimpleNamespace
 import torch
 
 from .. import model as model_module
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig
 from ..parallel import context_parallel, tensor
-from .runner import (LabError, Tripwire, agree, call, load, run_sources, train_swapped, training_verdict,
-                     verdict_over_runs)
+from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, load, run_sources, train_swapped,
+                     training_verdict, verdict_over_runs)
 
 NAMES = ("positions", "rope")
-MODEL = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=32, vocab=256, name="lab-rope",
-                    norm="rmsnorm", activation="swiglu", positions="rope", rope_base=500.0, bias=False,
-                    tied_embeddings=False)
-TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False, eval_every=0,
-                    sample_tokens=0)
+MODEL = LAB_LLAMA.replace(seq_len=32, rope_base=500.0, name="lab-rope")
+TRAIN = TWO_FLOAT64_STEPS
 TOL = 1e-9
 WORLD = 4
 RUNS = ((4, 1), (2, 2))  # (cp, tp)

@@ -62,6 +62,16 @@ import uuid
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
+from ..config import ModelConfig, TrainConfig
+
+# The labs that train a small Llama inside the engine (09b, 10a, 10b): its block, at the labs'
+# sizes (not a lesson's: 8 query heads of d = 6, 2 kv heads), and its run: 2 float64 steps,
+# judged against the single-device model at minitron.tools.verify.TOLERANCE (1e-9).
+LAB_LLAMA = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=16, vocab=256, name="lab-llama",
+                        norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
+TWO_FLOAT64_STEPS = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
+                                eval_every=0, sample_tokens=0)
+
 YOUR_CODE = "<your code>"  # the file name of the learner's source in tracebacks
 SETUP_TIMEOUT = 120  # s: joining the process group on a loaded machine
 # which failure explains a case best (lower first): a finding about your code, then a

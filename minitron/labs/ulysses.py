@@ -30,17 +30,15 @@ from types import SimpleNamespace
 
 import torch
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig
 from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import chunk_ids
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped,
-                     training_verdict, verdict_over_runs)
+from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, describe_calls, load, run_sources,
+                     traced, train_swapped, training_verdict, verdict_over_runs)
 
 NAMES = ("seq_to_heads", "heads_to_seq")
-MODEL = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=16, vocab=256, name="lab-ulysses",
-                    norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
-TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False, eval_every=0,
-                    sample_tokens=0)
+MODEL = LAB_LLAMA.replace(name="lab-ulysses")
+TRAIN = TWO_FLOAT64_STEPS
 TOL = 1e-9
 WORLD = 4
 RUNS = ((4, 1), (2, 2))  # (cp, tp) trained on the 4 ranks
