@@ -48,7 +48,7 @@ $(BROWSER_STAMP): scripts/install_browser.sh
 
 # The whole test suite (what CI runs).
 test: $(STAMP) $(BROWSER_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not multirank and not browser and not slurm"
