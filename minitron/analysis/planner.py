@@ -1,4 +1,5 @@
-"""Choosing a layout: enumerate (t, p, d, v, b), drop what does not fit, rank the rest.
+"""Choosing a layout: enumerate (t, p, cp, d, v, b, schedule, FSDP), drop what does not
+fit, rank the rest, say why.
 
 PTD-P's rules of thumb (Narayanan et al. 2021, §3) come out of the throughput model
 rather than being written in:
@@ -10,19 +11,45 @@ rather than being written in:
 * data parallelism for the rest;
 * a microbatch size that balances matrix-multiply efficiency against the bubble.
 
+Beyond PTD-P, where the software runs them (:class:`~minitron.analysis.software.Software`'s
+``schedules, context_parallel, fsdp``), the planner also searches
+
+* the zero-bubble and V schedules (ZB-V, DualPipe-V: exactly two chunks per rank in a V,
+  at least p, resp. 2p, microbatches), which win where the bubble is a large share;
+* context parallelism (the sequence split over cp ranks: ring, all-to-all) for long
+  sequences — from :data:`CP_MIN_SEQUENCE` tokens, in chunks of at least
+  :data:`CP_MIN_CHUNK` (a shorter sequence's activations fit without it, and its
+  attention is too short to hide the K/V exchange behind);
+* FSDP / ZeRO-3 (and HSDP within a node) where memory demands it: a layout whose model
+  states do not fit at the requested ZeRO stage is tried again with its weights
+  sharded, and those layouts are ranked only when no layout fits without FSDP. Sharding
+  the weights all-gathers every layer's weights each microbatch, forward and backward;
+  the throughput model counts them hidden behind compute up to its overlap constant and
+  does not count the prefetched weights in memory, so where both fit the planner keeps
+  the layout that needs no per-microbatch weight traffic, and its reasons say what the
+  best FSDP layout was predicted to do (``fsdp=True`` ranks them all together).
+
 :func:`plan` enumerates every layout that divides the GPUs and the model, estimates
 its memory with :func:`~minitron.analysis.memory.memory_estimate` (mixed precision,
 2-byte activations, the chosen recomputation), drops those that exceed the GPU's
-memory, and sorts the rest by the throughput predicted by
-:func:`~minitron.analysis.cluster.predict`.
+memory, sorts the rest by the throughput predicted by
+:func:`~minitron.analysis.cluster.predict`, and gives each returned layout its
+``reasons``: why its schedule, context parallelism and sharding, each against the
+best layout without (or with) it.
 """
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..config import V_SCHEDULES, ModelConfig, min_microbatches
 from .cluster import Cluster, get_cluster, predict
 from .software import Software, get_software
 
-__all__ = ["plan", "valid_layouts"]
+__all__ = ["plan", "valid_layouts", "CP_MIN_SEQUENCE", "CP_MIN_CHUNK"]
+
+# Context parallelism is searched for sequences of at least this many tokens, split in
+# chunks of at least CP_MIN_CHUNK (Llama 3 trained its 8k stage without it and its
+# 128k stage with cp = 16: 8k-token chunks; Grattafiori et al. 2024, §3.3.1)
+CP_MIN_SEQUENCE = 8192
+CP_MIN_CHUNK = 4096
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,19 +64,50 @@ def _powers_of_two_upto(n: int) -> list[int]:
     return out
 
 
+def _schedules_for(model: ModelConfig, p: int, m: int, schedules, vpp, max_vpp: int) -> list[tuple[str, int]]:
+    """(schedule, v) pairs that apply to p stages and m microbatches."""
+    if p == 1:
+        return [("1f1b", 1)] if vpp in (None, 1) else []
+    out = []
+    for kind in schedules:
+        if kind in ("1f1b", "gpipe", "zb-h1"):
+            vs = [1]
+        elif kind == "interleaved":
+            vs = range(2, max_vpp + 1)
+        elif kind in V_SCHEDULES:
+            vs = [2]  # a V: stages r and 2p-1-r on rank r
+        else:
+            continue
+        for v in vs:
+            if vpp and v != vpp:
+                continue
+            if v > 1 and model.layers % (p * v):
+                continue
+            if m < min_microbatches(kind, p):
+                continue
+            out.append((kind, v))
+    return out
+
+
 def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster,
                   tp=None, pp=None, vpp=None, microbatch_size=None, max_vpp: int = 8,
-                  max_microbatch: int = 16, ep=None) -> list[dict]:
-    """Every (tp, pp, dp, vpp, microbatch_size) the planner considers.
+                  max_microbatch: int = 16, ep=None, cp=None, schedules=("1f1b", "interleaved"),
+                  cp_kinds=("ring",)) -> list[dict]:
+    """Every (tp, cp, pp, dp, vpp, microbatch_size, schedule, ep) the planner considers.
 
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
-    MLP width and the GPU count; p: divides gpus/t and is at most the layer count;
-    d = gpus/(t·p); b divides global_batch/d (at most `max_microbatch`); v > 1 only
-    with p > 1, layers divisible by p·v and at least p microbatches (the interleaved
-    schedule runs any m ≥ p in groups of at least p). Keyword arguments fix a degree.
+    MLP width and the GPU count; cp: 1, or (sequences of at least CP_MIN_SEQUENCE
+    tokens) a power of two leaving chunks of at least CP_MIN_CHUNK, one layout per kind
+    of `cp_kinds` (all-to-all only where the heads split over t·cp); p: divides
+    gpus/(t·cp) and is at most the layer count; d = gpus/(t·cp·p); b divides
+    global_batch/d (at most `max_microbatch`); the schedules of `schedules` that apply:
+    1F1B (and zb-h1) with v = 1, interleaved with v > 1, the V schedules with v = 2, each
+    with layers divisible by p·v and at least its minimum microbatches
+    (:func:`minitron.config.min_microbatches`). Keyword arguments fix a degree.
     """
     c = get_cluster(cluster)
     out = []
+    s = model.seq_len
     tps = [tp] if tp else [t for t in _powers_of_two_upto(c.gpus_per_node) if gpus % t == 0]
     for t in tps:
         if model.heads % t or model.hidden % t or model.ffn_hidden % t or gpus % t:
@@ -57,44 +115,143 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
         kv = model.n_kv_heads
         if t > kv and t % kv:  # a kv head is split over whole ranks, or replicated t/kv times
             continue
-        for p in ([pp] if pp else _divisors(gpus // t)):
-            if p > model.layers or (gpus // t) % p:
+        if cp:
+            cps = [cp]
+        else:
+            cps = [1] + [k for k in _powers_of_two_upto(s // CP_MIN_CHUNK)
+                         if k > 1 and s >= CP_MIN_SEQUENCE]
+        for k in cps:
+            if (gpus // t) % k or (k > 1 and s % (2 * k)):  # 2·cp chunks: each rank a front and a back one
                 continue
-            d = gpus // (t * p)
-            if global_batch % d:
-                continue
-            for b in ([microbatch_size] if microbatch_size else _divisors(global_batch // d)):
-                if b > max_microbatch or (global_batch // d) % b:
+            kinds = [ck for ck in cp_kinds if ck != "a2a" or model.heads % (t * k) == 0] if k > 1 else ["ring"]
+            for p in ([pp] if pp else _divisors(gpus // (t * k))):
+                if p > model.layers or (gpus // (t * k)) % p:
                     continue
-                m = global_batch // (d * b)
-                vs = [vpp] if vpp else range(1, max_vpp + 1)
-                for v in vs:
-                    if v > 1 and (p == 1 or model.layers % (p * v) or m < p):
+                d = gpus // (t * k * p)
+                if global_batch % d:
+                    continue
+                for b in ([microbatch_size] if microbatch_size else _divisors(global_batch // d)):
+                    if b > max_microbatch or (global_batch // d) % b:
                         continue
-                    # expert parallelism (MoE only): a power of two dividing the experts
-                    # and the tp·dp ranks, up to 64
-                    eps = ([ep] if ep else [e for e in _powers_of_two_upto(min(model.experts, t * d, 64))
-                                            if model.experts % e == 0]) if model.experts else [1]
-                    for e in eps:
-                        out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b, "ep": e})
+                    m = global_batch // (d * b)
+                    for kind, v in _schedules_for(model, p, m, schedules, vpp, max_vpp):
+                        # expert parallelism (MoE only): a power of two dividing the experts
+                        # and the tp·cp·dp ranks, up to 64
+                        eps = ([ep] if ep else [e for e in _powers_of_two_upto(min(model.experts, t * k * d, 64))
+                                                if model.experts % e == 0]) if model.experts else [1]
+                        for ck in kinds:
+                            for e in eps:
+                                out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b, "ep": e,
+                                            "cp": k, "cp_kind": ck, "schedule": kind})
+    return out
+
+
+def _fsdp_shards(t: int, group: int, gpus_per_node: int) -> list[int]:
+    """FSDP over all dp·cp ranks (0), and HSDP over the ranks of one node when that is
+    fewer: sharding over an intermediate count crosses nodes as the full one does but
+    keeps more states, so the model never prefers it."""
+    node = gpus_per_node // t
+    return [0] + ([node] if 1 < node < group and group % node == 0 else [])
+
+
+def _kinds(lay: dict) -> list[str]:
+    """What a layout has or lacks, as the reasons compare them."""
+    return ["any", "v" if lay["schedule"] in V_SCHEDULES else "not_v", "cp" if lay["cp"] > 1 else "no_cp",
+            "fsdp" if lay["zero"] == 3 else "no_fsdp"]
+
+
+def _describe(e: dict) -> str:
+    cp = f" cp={e['cp']} ({e['cp_kind']})" if e["cp"] > 1 else ""
+    ep = f" ep={e['ep']}" if e["ep"] > 1 else ""
+    z = (f", FSDP" + (f" over {e['fsdp_shard']}" if e["fsdp_shard"] else "")) if e["zero"] == 3 else ""
+    return (f"t={e['tp']} p={e['pp']}{cp} d={e['dp']}{ep} v={e['vpp']} b={e['microbatch_size']} "
+            f"{e['schedule']}{z}")
+
+
+def _versus(e: dict, alt: dict | None, smallest: float | None, without: str, cap_gb: float) -> str:
+    """`e` against `alt`, the best layout `without` (or: none fits, the smallest's memory)."""
+    if alt is None:
+        return (f"no layout {without} fits" + (f" (the smallest needs {smallest:.0f} GB per GPU of "
+                                               f"{cap_gb:.0f})" if smallest else ""))
+    gain = e["tflops_per_gpu"] / alt["tflops_per_gpu"] - 1
+    return (f"the best layout {without} ({_describe(alt)}: {alt['tflops_per_gpu']:.0f} TFLOP/s, bubble "
+            f"{alt['bubble_fraction']:.1%}, {alt['memory_gb_per_gpu']:.0f} GB) is {abs(gain):.1%} "
+            f"{'slower' if gain >= 0 else 'faster'}")
+
+
+def _reasons(e: dict, best: dict, smallest: dict, model: ModelConfig, sw_searched: dict,
+             cap_gb: float, zero: int) -> dict:
+    """Why `e`'s schedule, context parallelism and sharding: each against the fastest
+    fitting layout that differs in it (`best`, by what it has or lacks). Keys ``schedule,
+    cp, fsdp`` (only the axes searched)."""
+    out = {}
+    v_kinds = [k for k in sw_searched["schedules"] if k in V_SCHEDULES]
+    if not v_kinds and e["pp"] > 1:
+        out["schedule"] = (f"{e['schedule']}: bubble {e['bubble_fraction']:.1%}; V schedules (zb-v, dualpipe-v) "
+                           f"not searched: the software does not run them")
+    if v_kinds:
+        is_v = e["schedule"] in V_SCHEDULES
+        if is_v:
+            out["schedule"] = (f"{e['schedule']} (two chunks per rank in a V): bubble {e['bubble_fraction']:.1%} "
+                               f"of the ideal time in {e['memory_gb_per_gpu']:.0f} GB per GPU; "
+                               + _versus(e, best.get("not_v"),
+                                         smallest.get("not_v"), "without a V schedule", cap_gb))
+        elif e["pp"] == 1:
+            out["schedule"] = "no pipeline (p = 1): no bubble for a V schedule to remove"
+        else:
+            out["schedule"] = (f"{e['schedule']}: bubble {e['bubble_fraction']:.1%}; "
+                               + _versus(e, best.get("v"), smallest.get("v"), "with a V schedule", cap_gb))
+    if sw_searched["cp"]:
+        s = model.seq_len
+        if e["cp"] > 1:
+            out["cp"] = (f"cp = {e['cp']} ({e['cp_kind']}): the {s}-token sequence in {s // e['cp']}-token chunks; "
+                         + _versus(e, best.get("no_cp"), smallest.get("no_cp"), "without cp", cap_gb))
+        elif s < CP_MIN_SEQUENCE:
+            out["cp"] = f"no cp: a {s}-token sequence is short (context parallelism is searched from {CP_MIN_SEQUENCE})"
+        else:
+            out["cp"] = "no cp: " + _versus(e, best.get("cp"), smallest.get("cp"), "with cp", cap_gb)
+    if sw_searched["fsdp"]:
+        alt = best.get("fsdp_alt")
+        if e["zero"] == 3:
+            g = e["fsdp_shard"] or e["dp"] * e["cp"]
+            out["fsdp"] = (f"FSDP (ZeRO-3{', HSDP' if e['fsdp_shard'] else ''}, weights sharded over {g} ranks): "
+                           f"at ZeRO-{zero} this layout needs {e['unsharded_gb']:.0f} GB per GPU of {cap_gb:.0f}, "
+                           f"sharded {e['memory_gb_per_gpu']:.0f} GB; "
+                           + _versus(e, best.get("no_fsdp"), smallest.get("no_fsdp"), "without FSDP",
+                                     cap_gb))
+        else:
+            out["fsdp"] = (f"no FSDP: the model states fit at ZeRO-{zero} ({e['memory_gb_per_gpu']:.0f} GB per GPU "
+                           f"of {cap_gb:.0f}), with no weight all-gathers per layer and microbatch")
+            if sw_searched["fsdp"] == "needed" and alt is not None:
+                gain = alt["tflops_per_gpu"] / e["tflops_per_gpu"] - 1
+                out["fsdp"] += (f"; FSDP is ranked only where nothing fits without it (the best FSDP layout, "
+                                f"{_describe(alt)}, would be {abs(gain):.1%} {'faster' if gain >= 0 else 'slower'} "
+                                f"if its all-gathers hide as the model assumes)")
     return out
 
 
 def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster, seq_len: int | None = None,
          recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
          microbatch_size=None, top: int | None = None, software: str | Software | None = None,
-         zero: int = 0, ep=None) -> list[dict]:
+         zero: int = 0, ep=None, cp=None, schedules=None, cp_kinds=None,
+         fsdp: bool | str | None = None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
-    Each entry: ``tp, pp, dp, vpp, microbatch_size, sp, schedule`` and the prediction's
-    ``tflops_per_gpu, iteration_s, memory_gb_per_gpu, bubble_fraction``. `seq_len`
-    overrides the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with
-    fp32 gradient accumulation); `tp, pp, vpp, microbatch_size` fix a degree;
-    `software` is the stack the layouts run (a :class:`~minitron.analysis.software.Software`
-    or a preset name, see :func:`~minitron.analysis.cluster.predict`); layouts with t > 1
-    are sequence parallel when the software is. `zero`: 1 prices Megatron's distributed
-    optimizer (0 by default, PTD-P's). A mixture of experts is also laid out over an
-    expert-parallel degree ``ep`` (a key of each entry; `ep` fixes it).
+    Each entry: ``tp, pp, cp, cp_kind, dp, vpp, microbatch_size, ep, sp, schedule, zero,
+    fsdp_shard``, the prediction's ``tflops_per_gpu, iteration_s, memory_gb_per_gpu,
+    bubble_fraction``, and ``reasons`` (a dict: ``schedule, cp, fsdp``, for the axes
+    searched) saying why against the best layout that differs there. `seq_len` overrides
+    the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with fp32 gradient
+    accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree; `software` is the
+    stack the layouts run (a :class:`~minitron.analysis.software.Software` or a preset
+    name, see :func:`~minitron.analysis.cluster.predict`); layouts with t > 1 are
+    sequence parallel when the software is. The pipeline schedules, context-parallel
+    kinds and FSDP searched are the software's (``schedules, context_parallel, fsdp``)
+    unless `schedules`, `cp_kinds`, `fsdp` say otherwise. `zero`: 1 prices Megatron's
+    distributed optimizer (0 by default, PTD-P's); a layout that does not fit at that
+    stage is tried again with FSDP (zero 3, and HSDP within a node): `fsdp` ``"needed"``
+    (the default where the software shards weights) ranks those only when no layout fits
+    without FSDP, ``True`` ranks them with the others, ``False`` tries none.
 
     Raises ValueError (one line) for an unknown cluster, fixed degrees that do not
     divide the GPU count, or a model that fits no layout.
@@ -105,29 +262,71 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
         model = model.replace(seq_len=seq_len)
     if gpus < 1:
         raise ValueError(f"need at least one GPU (got {gpus})")
-    fixed = (tp or 1) * (pp or 1)
+    fixed = (tp or 1) * (pp or 1) * (cp or 1)
     if gpus % fixed:
-        raise ValueError(f"tp*pp = {tp or 1}*{pp or 1} = {fixed} does not divide {gpus} GPUs: "
+        raise ValueError(f"tp*pp*cp = {tp or 1}*{pp or 1}*{cp or 1} = {fixed} does not divide {gpus} GPUs: "
                          f"pick degrees whose product divides the GPU count")
     if tp and (model.heads % tp or model.hidden % tp):
         raise ValueError(f"tp = {tp} does not divide {model.heads} heads and hidden {model.hidden}")
-    entries, smallest = [], None
-    for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep):
-        kind = "interleaved" if lay["vpp"] > 1 else "1f1b"
-        lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1, "zero": zero}
+    schedules = tuple(sw.schedules if schedules is None else schedules)
+    cp_kinds = tuple(sw.context_parallel if cp_kinds is None else cp_kinds)
+    if "ring" in cp_kinds:  # the same bytes as the ring, none hidden: never faster in the model
+        cp_kinds = tuple(k for k in cp_kinds if k != "allgather")
+    fsdp = ("needed" if sw.fsdp else False) if fsdp is None else fsdp
+    if fsdp not in (False, True, "needed"):
+        raise ValueError(f"fsdp must be False, True or 'needed' (got {fsdp!r})")
+    fsdp = fsdp if zero != 3 else False
+    search_cp = bool(cp_kinds) or bool(cp and cp > 1)
+    cap = c.memory_bytes / 1e9
+    entries, sharded, smallest = [], [], {}
+
+    def note_too_big(lay, gb):  # the smallest memory of what did not fit, by what it has or lacks
+        for key in _kinds(lay):
+            smallest[key] = min(smallest.get(key, gb), gb)
+
+    def priced(lay):
         pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
                        software=sw)
-        smallest = pred.memory_gb_per_gpu if smallest is None else min(smallest, pred.memory_gb_per_gpu)
-        if pred.memory_gb_per_gpu * 1e9 > c.memory_bytes:
+        return {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
+                "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
+
+    n_layouts = 0
+    for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
+                             schedules=schedules, cp_kinds=cp_kinds or ("ring",)):
+        n_layouts += 1
+        lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1, "zero": zero, "fsdp_shard": 0}
+        e = priced(lay)
+        if e["memory_gb_per_gpu"] <= cap:
+            entries.append(e)
             continue
-        entries.append({**lay, "schedule": kind, "tflops_per_gpu": pred.tflops_per_gpu,
-                        "iteration_s": pred.iteration_s, "memory_gb_per_gpu": pred.memory_gb_per_gpu,
-                        "bubble_fraction": pred.bubble_fraction})
+        note_too_big(lay, e["memory_gb_per_gpu"])
+        if not fsdp or lay["dp"] * lay["cp"] == 1:
+            continue
+        # the model states do not fit at this ZeRO stage: shard the weights too
+        for shard in _fsdp_shards(lay["tp"], lay["dp"] * lay["cp"], c.gpus_per_node):
+            e3 = priced({**lay, "zero": 3, "fsdp_shard": shard})
+            if e3["memory_gb_per_gpu"] <= cap:
+                sharded.append({**e3, "unsharded_gb": e["memory_gb_per_gpu"]})
+            else:
+                smallest["any"] = min(smallest["any"], e3["memory_gb_per_gpu"])
+    sharded.sort(key=lambda e: -e["tflops_per_gpu"])
+    if fsdp is True or not entries:
+        entries += sharded
     if not entries:
-        if smallest is None:
+        if not n_layouts:
             raise ValueError(f"no layout of {gpus} GPUs divides this model and a global batch of "
                              f"{global_batch}: change the GPU count or the batch")
         raise ValueError(f"the model fits no layout of {gpus} {c.gpu} GPUs: the smallest needs "
-                         f"{smallest:.1f} GB per GPU of {c.memory_bytes / 1e9:.0f} GB; add GPUs")
+                         f"{smallest['any']:.1f} GB per GPU of {cap:.0f} GB; add GPUs")
     entries.sort(key=lambda e: -e["tflops_per_gpu"])
-    return entries[:top] if top else entries
+    searched = {"schedules": schedules, "cp": search_cp, "fsdp": fsdp}
+    best = {"fsdp_alt": sharded[0]} if sharded else {}
+    for e in entries:  # the fastest of each kind
+        for key in _kinds(e):
+            best.setdefault(key, e)
+    out = entries[:top] if top else entries
+    for e in out:
+        e["reasons"] = _reasons(e, best, smallest, model, searched, cap, zero)
+    for e in entries + sharded:
+        e.pop("unsharded_gb", None)
+    return out

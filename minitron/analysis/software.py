@@ -51,7 +51,12 @@ kernels are itemised both ways):
   on the FP8 tensor cores (Transformer Engine, torchao float8) at the cluster's FP8 peak
   and its own achievable fraction, with 1-byte operands; the attention products, the
   element-wise kernels and the communication stay 16-bit. A cluster without an FP8 peak
-  ignores it.
+  ignores it;
+* **schedules, context_parallel, fsdp** — what the system can run beyond PTD-P's
+  layouts: its pipeline schedules (PTD-P's 1F1B and interleaved; the zero-bubble and V
+  schedules where it splits the backward into input and weight gradients), its
+  context-parallel kinds, and whether it shards weights (FSDP / ZeRO-3). Only the
+  planner reads them (it searches what the system runs); ``predict`` prices any layout.
 
 How much of a collective an overlap hides is the one overlap constant of the cluster
 model, ``DP_OVERLAP``, fitted on Megatron-LM 2019's data-parallel figure; no constant is
@@ -103,6 +108,11 @@ class Software:
     pp_overlap: bool = False
     precision: str = "fp16"
     fp8: bool = False
+    # what the system runs beyond PTD-P's layouts (the planner searches these; `predict`
+    # prices any layout it is given): pipeline schedules, context-parallel kinds, FSDP
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    context_parallel: tuple[str, ...] = ()
+    fsdp: bool = False
 
     def __post_init__(self):
         for field, value, allowed in (("attention", self.attention, ATTENTIONS),
@@ -168,12 +178,14 @@ SOFTWARE: dict[str, Software] = {
         "recomputation, distributed optimizer, tensor-, data-, pipeline- and context-parallel "
         "communication overlapped", attention="flash", fused_bias_gelu=True, fused_bias_dropout_add=True,
         no_transposes=True, recompute="none", sequence_parallel=True, dp_overlap=True, tp_overlap="all",
-        pp_overlap=True, precision="bf16"),
+        pp_overlap=True, precision="bf16", context_parallel=("ring", "allgather", "a2a"), fsdp=True),
     "minitron": Software(
         "minitron", "minitron on GPUs: flash attention (scaled_dot_product_attention), unfused "
         "element-wise kernels (eager PyTorch), bucketed data-parallel all-reduce overlapped "
         "with backward, blocking tensor- and pipeline-parallel communication",
-        attention="flash", recompute="none", dp_overlap=True, precision="bf16"),
+        attention="flash", recompute="none", dp_overlap=True, precision="bf16",
+        schedules=("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"), context_parallel=("ring", "a2a"),
+        fsdp=True),
 }
 
 
