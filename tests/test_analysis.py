@@ -14,7 +14,7 @@ from minitron.analysis.published import PTDP_TABLE1  # PTD-P Table 1, one copy (
 from minitron.analysis import (CLUSTERS, PlannedLayout, activation_bytes_per_layer, bubble_fraction,
                                chunk_layers, comm_bytes_per_step, comm_items, cube_linear_elements,
                                distributed_optimizer_bytes_per_param, dp_bytes_per_step,
-                               flops_per_iteration, get_cluster, hardware_flops_per_iteration,
+                               flops_per_iteration, get_cluster, get_software, hardware_flops_per_iteration,
                                korthikanti_activation_bytes_per_layer, layer_forward_flops,
                                logit_forward_flops, matmul_efficiency, memory_estimate,
                                memory_on_rank, memory_per_rank, model_flops_per_iteration,
@@ -459,6 +459,81 @@ def test_planner_errors():
         plan(PRESETS["ptdp-1t"], 8, 8, "a100-dgx")
     assert set(CLUSTERS) == {"v100-dgx2", "a100-dgx", "h100-dgx"}
     assert get_cluster("h100-dgx").gpus_per_node == 8
+
+
+# the H100 stack, and the same stack if it also ran the V schedules (as torch.distributed.pipelining does)
+_MC = "megatron-core-2024"
+_MC_V = get_software(_MC).replace(schedules=("1f1b", "interleaved", "zb-v", "dualpipe-v"))
+
+
+def _gain_said(reason: str, alt: dict, top: dict) -> None:
+    """The reason names `alt` and the gain of `top` over it, as computed."""
+    assert f"{alt['tflops_per_gpu']:.0f} TFLOP/s" in reason
+    assert f"{top['tflops_per_gpu'] / alt['tflops_per_gpu'] - 1:.1%} slower" in reason
+
+
+def test_planner_picks_a_v_schedule_where_the_bubble_matters():
+    """GPT-3 175B on 1,024 H100 with a batch of 512: p = 16, m = 32, the bubble is a share
+    worth removing and two chunks per rank fit: ZB-V wins over the best PTD-P schedule,
+    and its reason says by how much. Where there is no pipeline (Llama 3 8B on 64 GPUs)
+    or the software runs no V schedule, none is picked."""
+    kw = dict(software=_MC_V, recompute="selective", zero=1, cp=1)
+    top = plan(PRESETS["gpt3-175b"], 1024, 512, "h100-dgx", top=1, **kw)[0]
+    alt = plan(PRESETS["gpt3-175b"], 1024, 512, "h100-dgx", top=1, **{**kw, "schedules": ("1f1b", "interleaved")})[0]
+    assert top["schedule"] in ("zb-v", "dualpipe-v") and top["vpp"] == 2 and top["pp"] > 1
+    assert top["memory_gb_per_gpu"] <= 80 and top["tflops_per_gpu"] > alt["tflops_per_gpu"]
+    assert top["bubble_fraction"] <= alt["bubble_fraction"]
+    _gain_said(top["reasons"]["schedule"], alt, top)
+    small = plan(PRESETS["llama3-8b"], 64, 256, "h100-dgx", top=1, **kw)[0]
+    assert small["pp"] == 1 and small["schedule"] == "1f1b" and "no pipeline" in small["reasons"]["schedule"]
+    assert plan(PRESETS["gpt3-175b"], 1024, 512, "h100-dgx", top=1,
+                **{**kw, "software": _MC})[0]["schedule"] not in ("zb-v", "dualpipe-v")
+    # a V schedule needs exactly two chunks per rank and p (ZB-V) or 2p (DualPipe-V) microbatches
+    for e in plan(PRESETS["gpt3-175b"], 1024, 512, "h100-dgx", **kw):
+        if e["schedule"] in ("zb-v", "dualpipe-v"):
+            m = 512 // (e["dp"] * e["microbatch_size"])
+            assert e["vpp"] == 2 and m >= (2 if e["schedule"] == "dualpipe-v" else 1) * e["pp"]
+
+
+def test_planner_picks_cp_for_long_sequences_only():
+    """Llama 3 405B on 16,384 H100: at 128k tokens no layout fits without context
+    parallelism and the planner splits the sequence (Llama 3 used cp = 16); at 8k it keeps
+    chunks of at least 4,096 tokens; below 8,192 tokens it never picks cp, and the model
+    agrees where asked (cp = 2 forced is slower for Mixtral at 4k and GPT-3 at 2k)."""
+    from minitron.analysis.planner import CP_MIN_CHUNK, CP_MIN_SEQUENCE
+    m, kw = PRESETS["llama3-405b"], dict(software=_MC, recompute="selective", zero=1)
+    long = plan(m, 16384, 128, "h100-dgx", seq_len=131072, top=1, **kw)[0]
+    assert long["cp"] >= 8 and "no layout without cp fits" in long["reasons"]["cp"]
+    with pytest.raises(ValueError, match="fits no layout"):
+        plan(m, 16384, 128, "h100-dgx", seq_len=131072, cp=1, fsdp=False, **kw)
+    eight = plan(m, 16384, 2048, "h100-dgx", top=1, **kw)[0]
+    assert 8192 // eight["cp"] >= CP_MIN_CHUNK
+    for name, gpus, batch in (("mixtral-8x7b", 256, 1024), ("gpt3-175b", 1024, 1536)):
+        model = PRESETS[name]
+        assert model.seq_len < CP_MIN_SEQUENCE
+        best = plan(model, gpus, batch, "h100-dgx", top=1, **kw)[0]
+        assert best["cp"] == 1 and "is short" in best["reasons"]["cp"]
+        assert plan(model, gpus, batch, "h100-dgx", top=1, cp=2, **kw)[0]["tflops_per_gpu"] < best["tflops_per_gpu"]
+
+
+def test_planner_picks_fsdp_only_when_states_do_not_fit_otherwise():
+    """Llama 3 70B on 64 H100 without pipelining: no layout's model states fit unsharded,
+    so the planner shards them (FSDP); with pipelining allowed they fit, and it does not.
+    The reason states the unsharded layout's memory, as predicted."""
+    m, kw = PRESETS["llama3-70b"], dict(software=_MC, recompute="selective")
+    with pytest.raises(ValueError, match="fits no layout"):
+        plan(m, 64, 64, "h100-dgx", pp=1, fsdp=False, **kw)
+    top = plan(m, 64, 64, "h100-dgx", pp=1, top=1, **kw)[0]
+    assert top["zero"] == 3 and top["memory_gb_per_gpu"] <= 80
+    twin = predict(m, {**top, "zero": 0, "fsdp_shard": 0}, 64, "h100-dgx", **kw)
+    assert twin.memory_gb_per_gpu > 80
+    assert f"needs {twin.memory_gb_per_gpu:.0f} GB per GPU" in top["reasons"]["fsdp"]
+    assert "no layout without FSDP fits" in top["reasons"]["fsdp"]
+    free = plan(m, 64, 64, "h100-dgx", top=3, **kw)
+    assert all(e["zero"] == 0 for e in free) and free[0]["reasons"]["fsdp"].startswith("no FSDP")
+    # fsdp=True ranks the sharded layouts with the others; PTD-P's software searches none
+    assert any(e["zero"] == 3 for e in plan(m, 64, 64, "h100-dgx", fsdp=True, **kw))
+    assert all(e["zero"] == 0 for e in plan(PRESETS["gpt-1.3b"], 8, 64, "a100-dgx", software="ptdp-2021"))
 
 
 @pytest.mark.multirank

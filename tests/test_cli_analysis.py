@@ -29,6 +29,23 @@ def test_plan_layout_and_candidates(capsys):
     assert best["tp"] == 8 and best["pp"] >= 32  # PTD-P used t=8, p=64
 
 
+def test_plan_prints_why_the_best_layout(capsys):
+    """The table shows cp, the schedule and the ZeRO stage; the best layout's reasons
+    follow, one line per axis searched, as the planner states them."""
+    from minitron.analysis import plan
+    from minitron.config import PRESETS
+    argv = ["plan", "--model", "llama3-70b", "--gpus", "1024", "--global-batch", "512", "--cluster", "h100-dgx",
+            "--software", "megatron-core-2024", "--zero", "1", "--recompute", "selective", "--top", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    best = plan(PRESETS["llama3-70b"], 1024, 512, "h100-dgx", software="megatron-core-2024", zero=1,
+                recompute="selective", top=1)[0]
+    assert out[1].split()[:9] == ["t", "p", "cp", "d", "v", "b", "ep", "schedule", "zero"]
+    assert out[2].split()[:9] == [str(best[k]) for k in ("tp", "pp", "cp", "dp", "vpp", "microbatch_size", "ep",
+                                                         "schedule", "zero")]
+    assert [line for line in out if line.startswith("why ")] == [f"why {k}: {v}" for k, v in best["reasons"].items()]
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--gpus", "1000", "--tp", "8", "--pp", "16"], "does not divide 1000 GPUs"),
     (["--gpus", "8", "--cluster", "tpu-pod"], "unknown cluster 'tpu-pod'"),

@@ -639,15 +639,14 @@ def cmd_plan(args) -> int:
                    "sp": sw.sequence_parallel and args.tp > 1,  # as the planner does
                    "cp": args.cp, "cp_kind": args.cp_kind, "ep": args.ep or 1, "zero": args.zero,
                    "fsdp_shard": args.fsdp_shard}
-            pred = predict(model, lay, args.global_batch, args.cluster, software=sw)
+            pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
                    "breakdown": pred.breakdown}
         else:
-            if args.cp > 1:
-                raise ValueError("--cp prices one layout: give it with --tp and --pp (the search keeps cp = 1)")
             out = {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
-                                      software=sw, zero=args.zero, ep=args.ep or None,
+                                      software=sw, zero=args.zero, ep=args.ep or None, recompute=args.recompute,
+                                      cp=args.cp if args.cp > 1 else None,
                                       **{k: v for k, v in fixed.items() if v})}
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -662,12 +661,15 @@ def cmd_plan(args) -> int:
         return 0
     rows = out.get("candidates", [out])
     print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
-    print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} "
-          f"{'bubble':>7}")
+    print(f"{'t':>3} {'p':>4} {'cp':>3} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'schedule':>11} {'zero':>4} "
+          f"{'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
     for r in rows:
-        print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} {r.get('ep', 1):>3} "
-              f"{r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} {r['memory_gb_per_gpu']:>8.1f} "
-              f"{r['bubble_fraction']:>7.3f}")
+        print(f"{r['tp']:>3} {r['pp']:>4} {r.get('cp', 1):>3} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
+              f"{r.get('ep', 1):>3} {r.get('schedule') or ('interleaved' if r['vpp'] > 1 else '1f1b'):>11} "
+              f"{r.get('zero', 0):>4} {r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} "
+              f"{r['memory_gb_per_gpu']:>8.1f} {r['bubble_fraction']:>7.3f}")
+    for axis, why in rows[0].get("reasons", {}).items():  # why the best layout's schedule, cp, sharding
+        print(f"why {axis}: {why}")
     if args.explain:
         print(f"\none iteration, part by part:\n{format_explain(pred)}")
     if args.plot:
@@ -844,7 +846,9 @@ def build_parser() -> argparse.ArgumentParser:
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
     pl.add_argument("--top", type=int, default=10)
-    pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (with --tp and --pp)")
+    pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (1: searched for long sequences)")
+    pl.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
+                    help="activation recomputation (default: the software's)")
     pl.add_argument("--cp-kind", default="ring", choices=("ring", "allgather", "a2a"),
                     help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses)")
     pl.add_argument("--ep", type=int, default=0, help="expert-parallel ranks of a MoE model (0: search)")
