@@ -238,6 +238,7 @@ WITNESSES = {
     "06.gpus_1t": lambda: 8 * 64 * int(out("06", r"^\s+8\s+64\s+(\d+)\s+1\s+1\s+[\d.]+")),
     "06.bubble_dp": lambda: num(out("06", r"^\s+8\s+8\s+[\d.]+\s+([\d.]+)$")),
     "06.checkpoints": _checkpoints_96,
+    "06.microbatch_b512": lambda: int(out("06", r"^B = 512: best b = (\d+)")),
     "06.zero3_state_gb": lambda: 16 * num(out("01", r"^\s+gpt3-175b\s+96\s+12288\s+96\s+[\d,]+\s+[\d,]+\s+([\d,]+)$"))
     / 1536 / 1e9,
     "07.hfu_over_mfu": _hfu_over_mfu,
@@ -284,6 +285,7 @@ def test_quiz_accepts_what_the_lesson_shows(qid):
     ("02.warmup", (8 - 0 - 1) * 2 + (2 - 1) * 8),    # the warm-up alone, not the forwards before B
     ("01.full_recompute", 48.0 / 8),                 # what one rank holds under sequence parallelism
     ("00.dp_group", [1, 2]),
+    ("06.microbatch_b512", 1),                       # the optimum at B = 128, not at 512
 ])
 def test_quiz_refuses_what_the_lesson_warns_against(qid, tempting):
     assert not quiz.grade(qid, tempting)[0]
@@ -350,6 +352,20 @@ CLAIMS = {
                           + shown("04", r"^ tp\+sp: \d+ calls in one step .*from (\d+) places"), 0),
     # lesson 5: the cube against 1-D on the traced layer
     "05 cube vs 1-D": _cube_vs_1d,
+    # lesson 6: PTD-P's microbatch-size takeaway in the simulator (91B, t = p = 8)
+    "06 microbatch": lambda: (
+        said("06", r"At \$B = 512\$ the simulator finds the paper's optimum, \$b = (\d+)\$ \(([\d.]+) TFLOP/s per GPU,\s+"
+                   r"against ([\d.]+) at \$b = 1\$ and ([\d.]+) at \$b = 8\$\); at \$B = 128\$ the optimum moves down to\s+"
+                   r"\$b = (\d+)\$: .*?doubles the\s+bubble to ([\d.]+)%"),
+        shown("06", r"^B = 512: best b = (\d+) \(([\d.]+) TFLOP") + shown("06", r"^ 1  512\s+[\d.]+\s+[\d.]+\s+([\d.]+)")
+        + shown("06", r"^ 8   64\s+[\d.]+\s+[\d.]+\s+([\d.]+)") + shown("06", r"^B = 128: best b = (\d+)")
+        + [100 * shown("06", r"^ 2   64\s+[\d.]+\s+([\d.]+)")[0]], 0.051),
+    # lesson 6: the planner's H100 answers as the prose states them
+    "06 cp gain": lambda: (said("06", r"the best layout\s+without cp is ([\d.]+)% slower"),
+                           shown("06", r"^  cp: cp = 2 .* is ([\d.]+)% slower"), 0),
+    "06 V bubbles": lambda: (said("06", r"already cut the bubble to ([\d.]+)%,\s+and ZB-V with its two chunks leaves ([\d.]+)%"),
+                             [100 * x for x in shown("06", r"^  t=4 p= 2 cp=2 ring d= 64 v=8 b=1 interleaved .*bubble ([\d.]+)")
+                              + shown("06", r"^  t=4 p= 2 cp=2 ring d= 64 v=2 b=1 zb-v .*bubble ([\d.]+)")], 0.051),
     # lesson 7: the MFU and its ceiling in the stored run, HFU of the 1.3B, the 530B comparison
     "07 mfu stored": lambda: (said("07", r"([\d.]+) in the run stored\s+above —"),
                               shown("07", r"^\s+mfu\s+([\d.]+)$"), 0.005),

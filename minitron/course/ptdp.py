@@ -9,7 +9,9 @@ of b sequences and p pipeline stages, the time of one batch through a pipeline i
 where t_f(b) and t_b(b) are the forward and backward time of one microbatch on one stage.
 Larger b uses the hardware better (t(b)/b falls) but makes fewer microbatches and so a
 larger bubble (p − 1 of them). :func:`time_microbatch` measures t_f and t_b on the engine's
-own GPT; :func:`pipeline_batch_time` evaluates the formula.
+own GPT; :func:`pipeline_batch_time` evaluates the formula; :func:`microbatch_sweep`
+times it on a GPU cluster in the engine's schedule simulator, for PTD-P's 91B model of
+Fig. 16 (:data:`GPT_91B`).
 
 Activation checkpoint spacing (§3.5): a stage of l layers that keeps c checkpoints (the
 input of every (l/c)-th layer) and, during the backward, rebuilds one segment of l/c
@@ -63,6 +65,48 @@ def pipeline_batch_time(global_batch: int, b: int, p: int, t_f: float, t_b: floa
     """PTD-P §3.4: ``(B/b + p − 1) · (t_f(b) + t_b(b))``, the time of a batch of B
     sequences in microbatches of b through p stages."""
     return (global_batch / b + p - 1) * (t_f + t_b)
+
+
+# PTD-P's 91B GPT of Fig. 16 (§5): the paper gives 91 billion parameters, (t, p) = (8, 8) on
+# 64 A100s, not the shape; this one (h = 10240 and 80 heads as its 76.1B, 72 layers: 9
+# per stage) has 91.2B by Eq. 2
+GPT_91B = ModelConfig(layers=72, hidden=10240, heads=80, seq_len=2048, vocab=51200, name="gpt-91b")
+
+
+def microbatch_sweep(model: ModelConfig, global_batch: int, sizes=(1, 2, 4, 8), tp: int = 8, pp: int = 8,
+                     dp: int = 1, cluster="a100-dgx", software="ptdp-2021") -> list[dict]:
+    """Takeaway 3 on a GPU cluster, timed in the engine's schedule simulator: for each
+    microbatch size b, the cluster model's time of one microbatch on the slowest stage
+    (its matrix multiplies at b's efficiency, kernels, tensor-parallel and pipeline
+    communication; :func:`minitron.analysis.cluster.predict`) costs the forward and
+    backward of the engine's own 1F1B schedule of m = B/(d·b) microbatches on p stages,
+    and :func:`minitron.parallel.schedules.simulate` times it. Returns per b: ``b, m,
+    per_sequence_s`` (a microbatch's forward and backward over b), ``bubble`` (the
+    simulator's), ``iteration_s`` (the simulated makespan plus the data-parallel and
+    optimizer time), ``formula_s`` (the same from the cluster model's closed form),
+    ``tflops_per_gpu`` (Eq. 3) and ``memory_gb``."""
+    from ..analysis.cluster import PlannedLayout, predict
+    from ..analysis.flops import flops_per_iteration
+    from ..parallel.schedules import make_schedule, simulate
+
+    rows = []
+    for b in sizes:
+        if global_batch % (dp * b):
+            continue
+        pred = predict(model, PlannedLayout(tp=tp, pp=pp, dp=dp, microbatch_size=b), global_batch, cluster,
+                       software=software)
+        bd = pred.breakdown
+        m = bd["microbatches"]
+        f, b_in, b_w = bd["stage_fbw"]
+        per_mb = (bd["compute"] + bd["tp_comm"] + bd["pp_comm"]) / m  # one microbatch through the stage
+        fwd = per_mb * f / (f + b_in + b_w)
+        sim = simulate(make_schedule("1f1b", pp, m=m), {"F": fwd, "B": per_mb - fwd, "W": 0})
+        it = sim.makespan + bd["dp_comm_exposed"] + bd["optimizer"]
+        rows.append({"b": b, "m": m, "per_sequence_s": per_mb / b, "bubble": sim.bubble_fraction,
+                     "iteration_s": it, "formula_s": pred.iteration_s,
+                     "tflops_per_gpu": flops_per_iteration(model, global_batch, recompute=True)
+                     / (tp * pp * dp * it) / 1e12, "memory_gb": pred.memory_gb_per_gpu})
+    return rows
 
 
 # --------------------------------------------------------------------------------------

@@ -36,6 +36,13 @@ class Question:
     rel_tol: float = 1e-3
 
 
+def _best_microbatch(global_batch: int) -> int:
+    """Lesson 6: the microbatch size of PTD-P's 91B model with the most TFLOP/s in the
+    engine's simulator (minitron.course.ptdp.microbatch_sweep)."""
+    from .ptdp import GPT_91B, microbatch_sweep
+    return max(microbatch_sweep(GPT_91B, global_batch), key=lambda r: r["tflops_per_gpu"])["b"]
+
+
 def _A():
     from .. import analysis
     return analysis
@@ -221,6 +228,10 @@ QUESTIONS: dict[str, Question] = {
     "06.zero3_state_gb": Question(
         lambda: 16 * _A().param_count(_preset("gpt3-175b")) / 1536 / 1e9,
         "ZeRO-3 shards all 16 bytes per parameter over the d GPUs: 16·Ψ/d.", rel_tol=1e-2),
+    "06.microbatch_b512": Question(
+        lambda: _best_microbatch(512),
+        "compare the TFLOP/s column at B = 512: a larger b runs each sequence a little faster "
+        "but leaves fewer microbatches, and the bubble (p − 1)/m grows with b."),
     # --- lesson 7: performance -----------------------------------------------------------
     "07.hfu_over_mfu": Question(
         lambda: 96 / 72,

@@ -661,13 +661,13 @@ def cmd_plan(args) -> int:
         return 0
     rows = out.get("candidates", [out])
     print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
-    print(f"{'t':>3} {'p':>4} {'cp':>3} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'schedule':>11} {'zero':>4} "
-          f"{'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} {'bubble':>7}")
+    print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} "
+          f"{'bubble':>7} {'cp':>3} {'schedule':>11} {'zero':>4}")
     for r in rows:
-        print(f"{r['tp']:>3} {r['pp']:>4} {r.get('cp', 1):>3} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} "
-              f"{r.get('ep', 1):>3} {r.get('schedule') or ('interleaved' if r['vpp'] > 1 else '1f1b'):>11} "
-              f"{r.get('zero', 0):>4} {r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} "
-              f"{r['memory_gb_per_gpu']:>8.1f} {r['bubble_fraction']:>7.3f}")
+        print(f"{r['tp']:>3} {r['pp']:>4} {r['dp']:>5} {r['vpp']:>3} {r['microbatch_size']:>3} {r.get('ep', 1):>3} "
+              f"{r['tflops_per_gpu']:>12.1f} {r['iteration_s']:>9.2f} {r['memory_gb_per_gpu']:>8.1f} "
+              f"{r['bubble_fraction']:>7.3f} {r.get('cp', 1):>3} "
+              f"{r.get('schedule') or ('interleaved' if r['vpp'] > 1 else '1f1b'):>11} {r.get('zero', 0):>4}")
     for axis, why in rows[0].get("reasons", {}).items():  # why the best layout's schedule, cp, sharding
         print(f"why {axis}: {why}")
     if args.explain:
