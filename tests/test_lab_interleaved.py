@@ -44,7 +44,13 @@ def zb_h1(p, m, rank):
     return acts + [Action("W", k) for k in range(w, m)]
 '''
 
+V_STAGE = '''
+def v_stage(p, rank, chunk):
+    return rank if chunk == 0 else 2 * p - 1 - rank
+'''
+
 WARMUP = "* groups[0], m * v)"
+V = "rank if chunk == 0 else 2 * p - 1 - rank"
 MISTAKES = {  # name: (source, words the one-line message must contain)
     "warm-up one too many": (INTERLEAVED.replace(WARMUP, "* groups[0] + 1, m * v)"), "one forward too many"),
     "warm-up one too few": (INTERLEAVED.replace(WARMUP, "* groups[0] - 1, m * v)"), "one forward too few"),
@@ -62,6 +68,20 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
                                            "6 forwards too few"),
     "zb-h1 without deferred W": (INTERLEAVED + ZB_H1.replace("if k >= rank:", "if True:").replace(
         "k - rank", "k").replace("range(w, m)", "range(m, m)"), "your zb_h1"),
+    # right on the run's m = 4 and the notebook's m = 8, multiples of p: caught where p does not divide m
+    "warm-up right only when p divides m": (INTERLEAVED.replace(WARMUP, "* p, m * v)"),
+                                            "right only when p divides m"),
+    # the stretch: the V placement
+    "loop placement where the V is wanted": (INTERLEAVED + V_STAGE.replace(V, "chunk * p + rank"),
+                                             "the loop placement of interleaving"),
+    "V chunks swapped": (INTERLEAVED + V_STAGE.replace(V, "2 * p - 1 - rank if chunk == 0 else rank"),
+                         "chunks swapped"),
+    "2p - r": (INTERLEAVED + V_STAGE.replace("2 * p - 1 - rank", "2 * p - rank"), "one too high (an off-by-one"),
+    "2p - 2 - r": (INTERLEAVED + V_STAGE.replace("2 * p - 1 - rank", "2 * p - 2 - rank"),
+                   "one too low (an off-by-one"),
+    "V upside down": (INTERLEAVED + V_STAGE.replace(V, "p - 1 - rank if chunk == 0 else p + rank"), "upside down"),
+    "V written for 2 ranks": (INTERLEAVED + V_STAGE.replace(V, "[[0, 3], [1, 2]][rank % 2][chunk]"),
+                              "p=3: ranks hold [(0, 3), (1, 2), (0, 3)], stage 0 is held 2 times"),
 }
 
 
@@ -99,9 +119,40 @@ def test_the_engines_own_schedule_is_refused():
                                          "(from line 4 of your code"), (how, res["message"])
 
 
+def test_the_engines_own_placement_is_refused():
+    """The V placement's stretch: the engine's Placement (and placement_for) by the screen, and
+    when it runs, by three routes."""
+    res = check_interleaved(INTERLEAVED + "from minitron.parallel.schedules import Placement\n" + V_STAGE)
+    assert res["message"].startswith("your code uses the engine's own minitron.parallel.schedules.Placement"), res
+    body = "def v_stage(p, rank, chunk):\n    return {module}.{call}.stage(rank, chunk)\n"
+    for how, module in (("importlib", "importlib.import_module('minitron.parallel' + '.schedules')"),
+                        ("sys.modules", "sys.modules['minitron.parallel.' + 'schedules']"),
+                        ("__import__", "__import__('minitron.parallel.' + 'schedules', fromlist=['x'])")):
+        for call, piece in (("Placement('v', p, 2)", "Placement"), ("placement_for('zb-v', p, 2)", "placement_for")):
+            res = check_interleaved("import importlib, sys\n" + INTERLEAVED + body.format(module=module, call=call))
+            assert res["message"].startswith(f"your code runs the engine's own minitron.parallel.schedules.{piece} "
+                                             "(from line 23 of your code"), (how, res["message"])
+
+
 @pytest.mark.multirank
-def test_reference_passes_with_the_stretch_part():
-    res = check_interleaved(INTERLEAVED + ZB_H1)
+def test_reference_passes_with_the_stretch_parts():
+    """Both stretch parts graded; the V placement's ZB-V trains in the same launch of ranks."""
+    res = check_interleaved(INTERLEAVED + ZB_H1 + V_STAGE)
     assert res["ok"], res["message"]
     assert res["bubble_fraction"] == pytest.approx(3 / 16) and res["zb_h1"] == "passed"
     assert res["messages"] > res["messages_1f1b"]
+    assert res["v_placement"] == "passed" and "the V placement passed" in res["message"]
+    # ZB-V on the learner's placement idles Qi et al.'s (p-1)*T_F/2 per rank, T_F = 2 (F = 1 a chunk)
+    assert res["zb_v"]["idle"] == [3.0] * 4 and res["zb_v"]["idle_formula"] == 3.0
+
+
+def test_zb_v_runs_on_the_learners_placement():
+    """The run's ZB-V reads the learner's table (not the engine's Placement) and, being the V,
+    places the engine's messages: none at the V's turn on rank p-1."""
+    from minitron.labs.interleaved import YourPlacement, _v_check
+    from minitron.parallel.schedules import make_schedule
+
+    problem, numbers, run = _v_check(lambda p, rank, chunk: rank if chunk == 0 else 2 * p - 1 - rank)
+    assert problem == "" and numbers["p"] == 4
+    assert isinstance(run.placement, YourPlacement) and run.placement.table() == ((0, 3), (1, 2))
+    assert run.actions == make_schedule("zb-v", 2, 2, 4).actions

@@ -22,19 +22,29 @@ Optional (a stretch part, graded when defined): ``zb_h1(p, m, rank)``, ZB-H1 (Qi
 2024): the backward split into B (input gradient) and W (weight gradient); its bubble
 must be the analysis' (p−1)(T_F+T_B−T_W)/(m(T_F+T_B+T_W)) with F = B = W = 1.
 
+Optional (a second stretch part, graded when defined): ``v_stage(p, rank, chunk)``, the V
+placement of ZB-V and DualPipe-V (rank r holds stages r and 2p−1−r): every (rank, chunk)
+for p up to 8 against the engine's :class:`~minitron.parallel.schedules.Placement` (the
+loop placement, swapped chunks, an off-by-one in 2p−1−r, a V upside down named); then the
+engine's ZB-V is laid out on the learner's placement (its messages placed by it),
+validated and simulated for several (p, m): its idle time per rank must be Qi et al.'s
+(p−1)·T_F/2 (`analysis.bubble.v_bubble`, m ≥ 2p−1); and it trains on 2 ranks in the same
+launch as the interleaved run, float64, against the single-device model.
+
     result = check_interleaved(SOURCE)   # {"ok", "message", "bubble_fraction", ...}
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 from collections import Counter
+from contextlib import nullcontext
+from dataclasses import dataclass
+from numbers import Integral
 
-from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank
+from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank, v_bubble
 from ..analysis.comm import comm_items
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel.schedules import (Action, Schedule, ScheduleError, _with_comms, _with_timed_comms, num_warmup,
-                                  simulate, validate)
+from ..parallel.schedules import (Action, Placement, Schedule, ScheduleError, _with_comms, _with_timed_comms,
+                                  interleaved_groups, make_schedule, num_warmup, simulate, validate)
 from .pipeline import GENERATORS
 from .runner import LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
@@ -49,7 +59,12 @@ SHAPES = [(4, 2, 8)] + [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in
 ZB_SHAPES = [(4, 8)] + [(p, m) for p in (1, 2, 3, 4) for m in (p, p + 1, 2 * p) if (p, m) != (4, 8)] + [(6, 13),
                                                                                                           (8, 16)]
 # the engine's own schedules (the microbatch groups, a helper the lesson shows, stay allowed)
-FORBIDDEN = tuple(f"minitron.parallel.schedules.{n}" for n in GENERATORS if n != "interleaved_groups")
+# and its stage placements (the stretch's answer)
+FORBIDDEN = tuple(f"minitron.parallel.schedules.{n}" for n in GENERATORS if n != "interleaved_groups") + (
+    "minitron.parallel.schedules.Placement", "minitron.parallel.schedules.placement_for")
+RUN_V = ParallelConfig(pp=2, vpp=2, schedule="zb-v", device="cpu")  # the stretch's run, on v_stage's placement
+V_PS = (2, 3, 4, 5, 6, 8)  # every (rank, chunk) of these pipelines
+V_SHAPES = [(4, 8), (2, 2), (2, 3), (3, 3), (3, 5), (4, 7), (5, 9), (6, 13), (8, 16)]  # (p, m), m >= p
 ZB_COSTS = dict(t_f=1.0, t_b=1.0, t_w=1.0)  # simulate's default costs for zb-h1
 
 
@@ -145,6 +160,11 @@ def _warmup(rows: list[list[Action]], kind: str, p: int, v: int, m: int) -> str:
                     f"one: with v = {v} chunks the rank must first put the first group of {g} microbatches "
                     f"through its other chunks and wait for the round trip, {need}, then one forward and one "
                     f"backward at a time: else its backwards wait and the bubble grows (PTD-P §2.2.2)")
+        if v > 1 and g != p and got == min((p - r - 1) * 2 + (v - 1) * p + 1, m * v):
+            return (f"rank {r} runs {got} forwards before its first backward, not {want}: your warm-up counts "
+                    f"the first group as p = {p} microbatches, right only when p divides m; here m = {m} runs "
+                    f"in groups {interleaved_groups(p, m)}, so the first group holds g = {g} and the warm-up "
+                    f"is {need}")
         how = "one forward too many" if got == want + 1 else "one forward too few" if got == want - 1 else \
             f"{abs(got - want)} forwards too {'many' if got > want else 'few'}"
         return (f"rank {r} runs {got} forwards before its first backward, {how}: it needs {need}, "
@@ -239,6 +259,123 @@ def _zb_check(fn) -> str:
     return ""
 
 
+# --- the stretch: the V placement ---------------------------------------------------------------
+@dataclass(frozen=True)
+class YourPlacement(Placement):
+    """The V placement as the learner's ``v_stage`` gave it, tabulated: the engine's
+    schedule machinery (messages, validation, the runtime) reads it through
+    :meth:`stage` and :meth:`locate` as it reads its own."""
+    stages: tuple = ()
+
+    def stage(self, rank: int, chunk: int) -> int:
+        return self.stages[rank][chunk]
+
+    def locate(self, stage: int) -> tuple[int, int]:
+        return next((r, c) for r, row in enumerate(self.stages) for c, s in enumerate(row) if s == stage)
+
+
+@dataclass(frozen=True)
+class PlacedSchedule(Schedule):
+    """A Schedule that runs on a given placement (the learner's) instead of its kind's."""
+    placed: Placement | None = None
+
+    @property
+    def placement(self) -> Placement:
+        return self.placed
+
+
+def v_table(fn, p: int, watch: Tripwire | None = None) -> tuple[tuple[int, int], ...]:
+    """((fn(p, r, 0), fn(p, r, 1)) for every rank r), each an int; LabError otherwise
+    (also when `watch` saw the engine's own placement run)."""
+    rows = []
+    for r in range(p):
+        row = []
+        for c in (0, 1):
+            try:
+                with watch.armed() if watch is not None else nullcontext():
+                    got = fn(p, r, c)
+            except LabError:
+                raise
+            except Exception as e:
+                raise LabError(f"your v_stage: {describe(e)}") from None
+            if not isinstance(got, Integral) or isinstance(got, bool):
+                raise LabError(f"your v_stage(p={p}, rank={r}, chunk={c}) returned {type(got).__name__} "
+                               f"{got!r:.40}: return the global stage, an int in 0..{2 * p - 1}")
+            row.append(int(got))
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def _v_diagnose(p: int, got: tuple) -> str:
+    """'' when `got` is the V placement of p ranks, else the mistake, named."""
+    want = Placement("v", p, 2).table()
+    if got == want:
+        return ""
+    head = f"your v_stage: p={p}: ranks hold {list(got)}, "
+    if got == Placement("loop", p, 2).table():
+        return (head + f"the loop placement of interleaving (stage chunk*p + rank): in the V the model goes "
+                f"down the ranks through chunk 0 and comes back up through chunk 1, so rank r holds stages r "
+                f"and 2p-1-r: {list(want)}")
+    if got == tuple((b, a) for a, b in want):
+        return (head + "chunks swapped: chunk 0 is the way down (stage r), chunk 1 the way back up "
+                "(stage 2p-1-r); the runtime runs a microbatch through chunk 0 first")
+    if all(g[0] == r for r, g in enumerate(got)):
+        off = {g[1] - w[1] for g, w in zip(got, want)}
+        if len(off) == 1 and 0 not in off:
+            d = off.pop()
+            return (head + f"chunk 1 {'one too high' if d == 1 else 'one too low' if d == -1 else f'{d:+d} off'} "
+                    f"(an off-by-one in 2p-1-r): the stages are 0..2p-1 = 0..{2 * p - 1}, chunk 1 of rank 0 "
+                    f"holds the last one, {2 * p - 1}, and rank p-1 the two middle ones, {p - 1} and {p}")
+    if got == tuple((p - 1 - r, p + r) for r in range(p)):
+        return (head + "the V upside down: the first stage (the embedding) and the last (the loss) share "
+                "rank 0, at the top of the V, and rank p-1 holds the two middle stages p-1 and p")
+    held = Counter(s for row in got for s in row)
+    missing = [s for s in range(2 * p) if held[s] != 1]
+    if missing:
+        s = missing[0]
+        return head + (f"stage {s} is held {held[s]} times: each of the 2p = {2 * p} stages sits on exactly "
+                       f"one (rank, chunk)")
+    r, c = next((r, c) for r in range(p) for c in (0, 1) if got[r][c] != want[r][c])
+    return head + f"rank {r} chunk {c} holds stage {got[r][c]}, the V gives it {want[r][c]} (2p-1-r for chunk 1)"
+
+
+def v_schedule(pl: Placement, m: int) -> Schedule:
+    """The engine's ZB-V on placement `pl`: its compute orders (which do not depend on the
+    placement), with every message placed by `pl` (who sends to whom, and where no message
+    is needed because the next stage is on the same rank)."""
+    p = pl.p
+    engine = make_schedule("zb-v", p, 2, m)
+    orders = [[(a,) for a in engine.compute_actions(r)] for r in range(p)]
+    return PlacedSchedule("zb-v", p, 2, m, _with_timed_comms("zb-v", p, 2, m, orders, pl), placed=pl)
+
+
+def _v_check(fn) -> tuple[str, dict, Schedule | None]:
+    """('', the numbers, ZB-V on the learner's placement for the run) when `fn` is the V
+    placement for every p of V_PS and the engine's ZB-V laid out on it validates with
+    Qi et al.'s idle time; else (the first problem, {}, None)."""
+    watch, tables = _watch(), {}
+    for p in V_PS:
+        tables[p] = v_table(fn, p, watch)
+        problem = _v_diagnose(p, tables[p])
+        if problem:
+            return problem, {}, None
+    numbers = {}
+    for p, m in V_SHAPES:
+        pl = YourPlacement("v", p, 2, stages=tables[p] if p in tables else v_table(fn, p, watch))
+        try:
+            sim = simulate(validate(v_schedule(pl, m)))  # F = B = W = 1 a chunk: a stage's T_F = 2
+        except ScheduleError as e:
+            return f"your v_stage: ZB-V on your placement, p={p}, m={m}, cannot run: {e}", {}, None
+        want = v_bubble("zb-v", p, t_f=2.0)
+        if m >= 2 * p - 1 and any(abs(i - want) > 1e-9 for i in sim.idle):
+            return (f"your v_stage: ZB-V on your placement, p={p}, m={m}: ranks idle {list(sim.idle)}, "
+                    f"Qi et al.'s (p-1)*T_F/2 = {want:g}"), {}, None
+        if not numbers:
+            numbers = {"p": p, "m": m, "idle": list(sim.idle), "idle_formula": want,
+                       "bubble_fraction": sim.bubble_fraction}
+    return "", numbers, v_schedule(YourPlacement("v", RUN_V.pp, 2, stages=tables[RUN_V.pp]), TRAIN.microbatches)
+
+
 # --- the run on real ranks ----------------------------------------------------------------------
 def _messages(layout: ParallelConfig, rank: int) -> int:
     """Pipeline sends per step of pipeline rank `rank` (minitron.analysis.comm)."""
@@ -249,13 +386,14 @@ def _messages(layout: ParallelConfig, rank: int) -> int:
 def _pipeline_job(comm, schedule: Schedule) -> dict | None:
     from ..train import Trainer
 
-    tr = Trainer(MODEL, RUN, TRAIN, comm, schedule=schedule)
+    layout = RUN_V if schedule.kind == "zb-v" else RUN  # the stretch's ZB-V on the learner's V placement
+    tr = Trainer(MODEL, layout, TRAIN, comm, schedule=schedule)
     losses = [tr.step(i) for i in range(TRAIN.steps)]
     rank = comm.index("pp")
     sends = len(comm.trace.select(axis="pp", op="send", step=0))
-    if sends != _messages(RUN, rank):
-        raise LabError(f"pipeline rank {rank} sent {sends} messages in a step, the analysis says "
-                       f"{_messages(RUN, rank)}")
+    if sends != _messages(layout, rank):
+        raise LabError(f"{schedule.kind}: pipeline rank {rank} sent {sends} messages in a step, the analysis "
+                       f"says {_messages(layout, rank)}")
     res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
     if res is not None:
         res["messages"] = sends
@@ -264,12 +402,13 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
 
 def check_interleaved(source: str, timeout: float = 60) -> dict:
     """Lab 02b: the interleaved 1F1B schedule `interleaved_1f1b(p, v, m, rank)` defined in
-    `source` (and, optionally, ZB-H1's `zb_h1(p, m, rank)`): validated for a grid of
-    (p, v, m), its bubble and peak stash compared with the analysis, then run by the
+    `source` (and, optionally, ZB-H1's `zb_h1(p, m, rank)`): validated for a grid of (p, v, m), its bubble and peak stash compared with the analysis, then run by the
     pipeline runtime on 2 gloo ranks with 2 chunks each (float64, 2 steps, 4 microbatches)
     against the single-device model. Returns {"ok", "message", "bubble_fraction",
-    "peak_stashed", "messages", "messages_1f1b", "zb_h1", "max_loss_abs_diff",
-    "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem."""
+    "peak_stashed", "messages", "messages_1f1b", "zb_h1", "v_placement", "zb_v",
+    "max_loss_abs_diff", "max_param_rel_diff"}, or {"ok": False, "message"} naming the first
+    problem. Optionally `v_stage(p, rank, chunk)`, the V placement: the engine's ZB-V laid out
+    on it, validated, simulated (idle vs Qi et al.'s) and run in the same launch of ranks."""
     try:
         with deadline(timeout):
             screen(source, ("interleaved_1f1b",), FORBIDDEN)
@@ -283,19 +422,32 @@ def check_interleaved(source: str, timeout: float = 60) -> dict:
                 if problem:
                     return fail(problem)
                 zb = "passed"
+            vee, v_numbers, v_run = "not attempted (optional)", {}, None
+            if callable(ns.get("v_stage")):
+                problem, v_numbers, v_run = _v_check(ns["v_stage"])
+                if problem:
+                    return fail(problem)
             schedule = validate(build_schedule(ns["interleaved_1f1b"], RUN.pp, RUN.vpp, TRAIN.microbatches))
     except Exception as e:  # LabError, LabTimeout, ScheduleError, or a surprise in the checker itself
         return fail(describe(e))
-    res = run_cases(_pipeline_job, ParallelConfig(pp=RUN.pp, device="cpu"), [(schedule,)], timeout)[0]
-    if "message" in res:  # a failure of the run
-        return res
-    ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
+    cases = [(schedule,)] + ([(v_run,)] if v_run is not None else [])  # one launch of ranks for both
+    runs = run_cases(_pipeline_job, ParallelConfig(pp=RUN.pp, device="cpu"), cases, timeout)
+    for res, what in zip(runs, ("", "your v_stage: ZB-V on your placement: ")):
+        if "message" in res:  # a failure of the run
+            return {**res, "message": what + res["message"]}
+    res = runs[0]
+    exact = [r["max_loss_abs_diff"] <= TOL and r["max_param_rel_diff"] <= TOL for r in runs]
+    if v_run is not None and exact[1]:
+        vee = "passed"
     plain = _messages(ParallelConfig(pp=RUN.pp, device="cpu"), 0)
+    stretch = " and ".join(n for n, done in (("ZB-H1", zb), ("the V placement", vee)) if done == "passed")
+    bad = next((i for i, e in enumerate(exact) if not e), None)
     msg = (f"your interleaved 1F1B is valid for {len(SHAPES)} shapes (p, v, m), has (p-1)/(v*m) bubble and the "
            f"analysis' stash, and trains on {RUN.pp} ranks x {RUN.vpp} chunks exactly like the single-device "
-           f"model" + ("; ZB-H1 passed too" if zb == "passed" else "") if ok else
-           f"your schedule validates but training on {RUN.pp} ranks differs from the single-device model "
-           f"(loss by {res['max_loss_abs_diff']:.3g}, {res['worst_param']} by {res['max_param_rel_diff']:.3g})")
-    return {"ok": ok, "message": msg, **numbers, "messages": res["messages"], "messages_1f1b": plain,
-            "zb_h1": zb, "max_loss_abs_diff": res["max_loss_abs_diff"],
+           f"model" + (f"; {stretch} passed too" if stretch else "") if bad is None else
+           f"{('your schedule', 'ZB-V on your v_stage placement')[bad]} validates but training on {RUN.pp} ranks "
+           f"differs from the single-device model (loss by {runs[bad]['max_loss_abs_diff']:.3g}, "
+           f"{runs[bad]['worst_param']} by {runs[bad]['max_param_rel_diff']:.3g})")
+    return {"ok": bad is None, "message": msg, **numbers, "messages": res["messages"], "messages_1f1b": plain,
+            "zb_h1": zb, "v_placement": vee, "zb_v": v_numbers, "max_loss_abs_diff": res["max_loss_abs_diff"],
             "max_param_rel_diff": res["max_param_rel_diff"]}
