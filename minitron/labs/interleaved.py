@@ -339,6 +339,19 @@ def _v_diagnose(p: int, got: tuple) -> str:
     return head + f"rank {r} chunk {c} holds stage {got[r][c]}, the V gives it {want[r][c]} (2p-1-r for chunk 1)"
 
 
+def v_placement(fn, p: int) -> YourPlacement:
+    """The placement `fn(p, rank, chunk)` gives p ranks (`fn` may be the source text defining
+    ``v_stage``), the engine's own placement watched while it runs; LabError naming the
+    mistake when it is not the V."""
+    if isinstance(fn, str):
+        fn = load(fn, ("v_stage",), {"Action": Action})["v_stage"]
+    table = v_table(fn, p, _watch())
+    problem = _v_diagnose(p, table)
+    if problem:
+        raise LabError(problem)
+    return YourPlacement("v", p, 2, stages=table)
+
+
 def v_schedule(pl: Placement, m: int) -> Schedule:
     """The engine's ZB-V on placement `pl`: its compute orders (which do not depend on the
     placement), with every message placed by `pl` (who sends to whom, and where no message
