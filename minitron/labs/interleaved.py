@@ -415,7 +415,8 @@ def _pipeline_job(comm, schedule: Schedule) -> dict | None:
 
 def check_interleaved(source: str, timeout: float = 60) -> dict:
     """Lab 02b: the interleaved 1F1B schedule `interleaved_1f1b(p, v, m, rank)` defined in
-    `source` (and, optionally, ZB-H1's `zb_h1(p, m, rank)`): validated for a grid of (p, v, m), its bubble and peak stash compared with the analysis, then run by the
+    `source` (and, optionally, ZB-H1's `zb_h1(p, m, rank)`): validated for a grid of
+    (p, v, m), its bubble and peak stash compared with the analysis, then run by the
     pipeline runtime on 2 gloo ranks with 2 chunks each (float64, 2 steps, 4 microbatches)
     against the single-device model. Returns {"ok", "message", "bubble_fraction",
     "peak_stashed", "messages", "messages_1f1b", "zb_h1", "v_placement", "zb_v",
