@@ -346,6 +346,7 @@ class _StageTime:
     cp: float
     cp_hidden: float
     ep: float
+    ep_hidden: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -441,17 +442,35 @@ def _allreduce_s(nbytes: float, n: int, bw: float, latency: float) -> float:
     return 2 * (n - 1) * latency + ring_allreduce_wire_bytes(nbytes, n) / (bw * COMM_BW_FRACTION)
 
 
-def _alltoall_s(nbytes: float, n: int, c: Cluster) -> float:
+def _alltoall_s(nbytes: float, n: int, c: Cluster, inter_share: float = 1.0) -> float:
     """All-to-all among n consecutive ranks, each sending (n−1)/n of its `nbytes`: the
     part for ranks of its own node over NVLink, the rest over the GPU's network card
-    (inter_bw/G), both at once; one latency step per peer node and one inside."""
+    (inter_bw/G), both at once; one latency step per peer node and one inside.
+    `inter_share`: the fraction of the cross-node bytes that travel (a node-aware
+    dispatcher's, :func:`_node_dedup_share`)."""
     if n == 1:
         return 0.0
     G = c.gpus_per_node
     inside = min(n, G)
     intra = nbytes * (inside - 1) / n / (c.intra_bw * COMM_BW_FRACTION)
-    inter = nbytes * (n - inside) / n / (c.inter_bw / G * COMM_BW_FRACTION)
+    inter = inter_share * nbytes * (n - inside) / n / (c.inter_bw / G * COMM_BW_FRACTION)
     return c.intra_latency + (n // G) * c.inter_latency + max(intra, inter)
+
+
+def _node_dedup_share(model: ModelConfig, ep: int, c: Cluster) -> float:
+    """Cross-node bytes of a node-aware dispatch over those of a plain all-to-all, for
+    balanced routing (top-k of E experts uniformly, as a force-balanced benchmark routes):
+    a plain all-to-all sends each of the k copies whose expert sits on another node,
+    k·(ep−G)/ep per token; a node-aware one sends a token once to each of the other
+    N − 1 nodes that holds any of its k experts, (N−1)·(1 − C(E − E/N, k)/C(E, k))."""
+    from math import comb
+
+    G, E, k = c.gpus_per_node, model.experts, model.top_k
+    if ep <= G:
+        return 1.0
+    nodes = ep // G
+    hit = 1 - comb(E - E // nodes, k) / comb(E, k)
+    return (nodes - 1) * hit / (k * (ep - G) / ep)
 
 
 def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_layers: int, ep: int = 1,
@@ -571,7 +590,8 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         # the traced bytes of the four calls (dispatch, combine, both backward) for the
         # T/t tokens this rank routes (analysis/experts.py), one call's worth at a time
         per_call = balanced_all_to_all_bytes(model, b * model.seq_len // cp // t, 2) / 4 * (1 + moe_imbalance)
-        ep_layer = 2 * (replay + 1) * _alltoall_s(per_call, ep, c)
+        ep_layer = 2 * (replay + 1) * _alltoall_s(per_call, ep, c, _node_dedup_share(model, ep, c) if
+                                                   sw.ep_node_dedup else 1.0)
     layers = rank_layers(model, {"pp": p, "vpp": v})
     kinds = (*LINEAR_KINDS, "attention", "elementwise")
     stages = []
@@ -592,8 +612,15 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[sw.tp_overlap] if L.sp else 0.0
         linears = sum(parts[k] for k in LINEAR_KINDS)
         tp_hidden = min(DP_OVERLAP * hideable, linears)
+        # with the software's expert-parallel overlap (Megatron-Core's
+        # overlap_moe_expert_parallel_comm) a microbatch's forward all-to-alls run under
+        # another's backward compute and the reverse, hidden up to DP_OVERLAP of the
+        # stage's compute, as every other overlap here
+        ep_s = n_moe * ep_layer
+        ep_hidden = min(ep_s, DP_OVERLAP * (fwd + b_in + b_w)) if sw.ep_overlap else 0.0
         stages.append(_StageTime(fwd, b_in, b_w, parts, tp=tp_fwd + tp_bwd - tp_hidden, tp_hidden=tp_hidden,
-                                 cp=n * (cp_layer[0] - cp_layer[1]), cp_hidden=n * cp_layer[1], ep=n_moe * ep_layer))
+                                 cp=n * (cp_layer[0] - cp_layer[1]), cp_hidden=n * cp_layer[1], ep=ep_s - ep_hidden,
+                                 ep_hidden=ep_hidden))
     st = max(stages, key=lambda s_: s_.seconds)
     F, B_in, B_w, parts = st.fwd, st.b_in, st.b_w, st.parts
 
@@ -687,7 +714,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     per_iteration = {k: m * s for k, s in parts.items()}
     per_iteration.update(tp_comm=m * st.tp, tp_comm_hidden=m * st.tp_hidden, pp_comm=m * pp_mb,
                          pp_comm_hidden=m * pp_hidden, cp_comm=m * st.cp, cp_comm_hidden=m * st.cp_hidden,
-                         ep_comm=m * st.ep, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
+                         ep_comm=m * st.ep, ep_comm_hidden=m * st.ep_hidden, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
                          fsdp_comm_hidden=m * fsdp_hidden_mb, bubble=bubble_s, dp_comm=dp_exposed,
                          dp_comm_hidden=hidden, optimizer=opt_s)
     breakdown = {"compute": m * (F + B), "tp_comm": m * st.tp, "pp_comm": m * pp_mb,

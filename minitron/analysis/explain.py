@@ -32,6 +32,7 @@ EXPLAIN_PARTS = [
     ("cp_comm", "context-parallel K/V exchange, exposed", "communication"),
     ("cp_comm_hidden", "context-parallel K/V exchange, hidden", "hidden"),
     ("ep_comm", "expert-parallel all-to-all, exposed", "communication"),
+    ("ep_comm_hidden", "expert-parallel all-to-all, hidden", "hidden"),
     ("fsdp_comm", "FSDP weight all-gathers and reduce-scatters, exposed", "communication"),
     ("fsdp_comm_hidden", "FSDP weight all-gathers and reduce-scatters, hidden", "hidden"),
     ("pp_comm", "pipeline sends, exposed", "communication"),

@@ -36,7 +36,7 @@ from ..config import ModelConfig
 from .cluster import PlannedLayout, get_cluster, predict
 from .software import Software, get_software
 
-__all__ = ["H100_RUNS", "H100_FITTING_RUNS", "h100_era_model", "h100_run_prediction", "h100_comparison",
+__all__ = ["H100_RUNS", "H100_FITTING_RUNS", "H100_RUN_SOFTWARE", "H100_RUNS_FIRST_16", "h100_era_model", "h100_run_prediction", "h100_comparison",
            "PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
            "gpt3_175b", "gpt_530b", "ptdp_table1_comparison", "gpt3_175b_comparison",
            "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains",
@@ -237,6 +237,42 @@ H100_RUNS = [
     ("bridge-qwen3-235b-a22b-2602", "qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1633,
      "tokens/s", BRIDGE_2602),
 ]
+# Later Megatron-Bridge containers, the same tables (performance-summary-archive.md, DGX-H100,
+# FP8, force-balanced and dropless): the 26.02.01 patch release ran Qwen3 30B-A3B on the very
+# layout of the 26.02 row (pp 2, vp 12, ep 8, GBS 1024, MBS 1) at 9,058 tokens/s instead of
+# 5,113, and the 26.04 release on pp 1, ep 16 with HybridEP (the recipe's
+# moe_flex_dispatcher_backend="hybridep", no all-to-all overlap).
+BRIDGE_260201 = ("Megatron-Bridge performance summary archive, NeMo 26.02.01 container, DGX-H100 "
+                 "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+BRIDGE_2604 = ("Megatron-Bridge performance summary archive, NeMo 26.04 container, DGX-H100 "
+               "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+H100_RUNS += [
+    ("bridge-qwen3-30b-a3b-260201", "qwen3-30b-a3b", 4096, 16, 1024, 1, 1, 2, 1, 12, 8, 1, "ring", True, 9058,
+     "tokens/s", BRIDGE_260201),
+    ("bridge-qwen3-235b-a22b-260201", "qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1611,
+     "tokens/s", BRIDGE_260201),
+    ("bridge-qwen3-30b-a3b-2604-ep16", "qwen3-30b-a3b", 4096, 16, 1024, 1, 1, 1, 1, 1, 16, 1, "ring", True, 8901,
+     "tokens/s", BRIDGE_2604),
+    ("bridge-qwen3-235b-a22b-2604", "qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1686,
+     "tokens/s", BRIDGE_2604),
+]
+# The 16 runs reported before the expert-parallel overlap was modelled (the before/after
+# comparison of benchmarks/RESULTS.md reads them).
+H100_RUNS_FIRST_16 = tuple(r[0] for r in H100_RUNS[:16])
+# What each run's recipe states beyond the megatron-core-2024 preset (Software fields).
+# moe_a2a_overlap=True (Megatron-Core's overlap_moe_expert_parallel_comm: one microbatch's
+# all-to-alls under another's compute) is in the Bridge's H100 Qwen3 presets
+# (scripts/performance/configs/qwen/qwen3_workload_base_configs.py, QWEN3_30B_A3B_ and
+# QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*, from the 25.11 container's recipes, Dec 2025, on;
+# the 26.04 235B recipe src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py keeps it,
+# the 26.04 30B one on ep 16 sets it False). The 25.09 token-dropping runs came from
+# scripts/performance/run_script.py of Oct 2025, which does not set it.
+H100_RUN_SOFTWARE = {rid: {"ep_overlap": True} for rid in (
+    "bridge-qwen3-30b-a3b", "bridge-qwen3-30b-a3b-2602", "bridge-qwen3-235b-a22b", "bridge-qwen3-235b-a22b-2602",
+    "bridge-qwen3-30b-a3b-260201", "bridge-qwen3-235b-a22b-260201", "bridge-qwen3-235b-a22b-2604")}
+# the 26.04 30B recipe (perf_recipes/qwen/h100/qwen3_moe.py, fp8cs): moe_token_dispatcher_type
+# "flex" with moe_flex_dispatcher_backend "hybridep" (node-aware), moe_a2a_overlap False
+H100_RUN_SOFTWARE["bridge-qwen3-30b-a3b-2604-ep16"] = {"ep_node_dedup": True}
 # The runs the two H100 constants of minitron.analysis.cluster were fitted on: never
 # reported as validation. Same fields.
 H100_FITTING_RUNS = [
@@ -258,7 +294,7 @@ def h100_run_prediction(run: tuple, cluster: str = "h100-dgx", software: str | S
     (_, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, _, unit, _) = run
     model, head_dim = h100_era_model(name)
     model = model.replace(seq_len=seq)
-    sw = get_software(software).replace(fp8=fp8)
+    sw = get_software(software).replace(fp8=fp8, **H100_RUN_SOFTWARE.get(run[0], {}))
     layout = PlannedLayout(tp=t, pp=p, dp=n // (t * p * cp), vpp=v, microbatch_size=mb, cp=cp, ep=ep, zero=zero,
                            cp_kind=cp_kind, sp=t > 1)
     pred = predict(model, layout, batch, cluster, software=sw, head_dim=head_dim, moe_imbalance=moe_imbalance)

@@ -108,6 +108,13 @@ class Software:
     pp_overlap: bool = False
     precision: str = "fp16"
     fp8: bool = False
+    # Megatron-Core's overlap_moe_expert_parallel_comm (the Bridge recipes' moe_a2a_overlap):
+    # one microbatch's dispatch/combine all-to-alls run under another's compute
+    ep_overlap: bool = False
+    # a node-aware dispatcher (DeepEP's normal kernels, Megatron's HybridEP flex backend):
+    # a token crosses the network once per remote node that holds any of its k experts and
+    # fans out over NVLink there, instead of once per expert
+    ep_node_dedup: bool = False
     # what the system runs beyond PTD-P's layouts (the planner searches these; `predict`
     # prices any layout it is given): pipeline schedules, context-parallel kinds, FSDP
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
