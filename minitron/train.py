@@ -120,7 +120,7 @@ class Trainer:
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
         self.layers = layers or layers_for(layout)
-        self.chunks = self._build_chunks()
+        self.chunks = self._build_chunks(schedule)
         if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager
             for c in self.chunks:
                 for block in c.blocks.values():
@@ -143,13 +143,14 @@ class Trainer:
         self.last_moe = None  # the last step's routing (routing_step), with MoE layers
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
-    def _build_chunks(self) -> list[GPT]:
+    def _build_chunks(self, schedule=None) -> list[GPT]:
         """This rank's model chunks: one unless the schedule has several per rank, each
         the stage its placement gives it (the interleaved loop of PTD-P §2.2.2, or the V of
-        zb-v and dualpipe-v: stages r and 2p-1-r)."""
+        zb-v and dualpipe-v: stages r and 2p-1-r); a schedule handed in brings its own."""
         pp, pp_rank = self.layout.pp, self.comm.index("pp")
         stages = stage_layers(self.mcfg, self.layout)
-        placement = placement_for(self.layout.schedule if pp > 1 else "1f1b", pp, self.layout.vpp)
+        placement = (schedule.placement if schedule is not None and pp > 1 else
+                     placement_for(self.layout.schedule if pp > 1 else "1f1b", pp, self.layout.vpp))
         chunks = []
         for c in range(self.layout.vpp):
             s = placement.stage(pp_rank, c)
