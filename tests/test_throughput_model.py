@@ -179,10 +179,13 @@ def test_h100_runs_validated_and_fitting_runs_apart(capsys):
             print(f"  {tag}{r['run']:<28} {r['published']:>7} {r['unit']:<8} {r['predicted']:9.1f} {r['ratio'] - 1:+7.1%}")
     assert not {r["run"] for r in fit} & {r["run"] for r in rows}
     assert all(abs(r["ratio"] - 1) < 0.02 for r in fit)  # what the two constants were fitted to
+    from minitron.analysis.cluster import H100_FP8_GEMM_MAX_EFFICIENCY, H100_GEMM_MAX_EFFICIENCY
+    bf16, fp8 = P.fit_h100_constants()  # and they are what those two runs give, nothing else
+    assert (round(bf16, 3), round(fp8, 3)) == (H100_GEMM_MAX_EFFICIENCY, H100_FP8_GEMM_MAX_EFFICIENCY)
     assert len(rows) >= 10 and sum(r["moe"] for r in rows) >= 3 and sum(r["cp"] > 1 for r in rows) >= 2
     dense = [abs(r["ratio"] - 1) for r in rows if not r["moe"]]
-    # what the model reaches on the dense runs (the MoE runs are reported, not all bounded)
-    assert statistics.median(dense) <= 0.10 and max(dense) <= 0.22
+    # the bound on the dense runs (the MoE runs are reported, not all bounded)
+    assert statistics.median(dense) <= 0.10 and max(dense) <= 0.20
     # Qwen3 235B-A22B on 256 H100 (ep 32 across four nodes): with the all-to-all overlap its
     # recipes state from 25.11 on, and without it for the 25.09 run, every row within 10 %
     big = [r for r in rows if r["model"] == "qwen3-235b-a22b"]

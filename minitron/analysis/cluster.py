@@ -138,13 +138,15 @@ GRAD_BYTES = 2                  # gradients all-reduced in fp16/bf16
 # of minitron.analysis.published (H100_FITTING_RUNS lists them):
 #   bf16: Llama 3 405B on 8,192 H100 (Grattafiori et al. 2024, Table 4, first row:
 #         TP 8, PP 16, DP 64, 32 sequences of 8,192 per DP rank, 430 TFLOP/s per GPU;
-#         the interleaving degree is not stated, we take v = 2)         -> 0.664
+#         the interleaving degree is not stated, we take v = 2)         -> 0.615
 #   fp8:  GPT-3 5B on 64 H100, FP8 (NeMo 24.07 performance summary, DGX-H100: TP 1,
-#         GBS 2048, MBS 4, s 2048, 22,521 tokens/s per GPU)             -> 0.545
+#         GBS 2048, MBS 4, s 2048, 22,521 tokens/s per GPU)             -> 0.497
+# (minitron.analysis.published.fit_h100_constants re-derives both; they were 0.664 and
+# 0.545 while flash attention was priced on the bytes of the s×s scores it never writes.)
 # (cuBLAS reaches about 0.75 of the bf16 peak on large square GEMMs; a training run's
 # GEMMs sustain less: thinner shapes, power and clock limits, concurrent communication.)
-H100_GEMM_MAX_EFFICIENCY = 0.664
-H100_FP8_GEMM_MAX_EFFICIENCY = 0.545
+H100_GEMM_MAX_EFFICIENCY = 0.615
+H100_FP8_GEMM_MAX_EFFICIENCY = 0.497
 
 
 @dataclass(frozen=True)
@@ -405,9 +407,20 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
     causal = 0.5 if sw.attention == "flash" else 1.0
     heads = b * (q // d)
     att_f = att_b = 0.0
-    for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
-        x, y, z = _gemm_s(*mm, c, count=heads)
-        att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
+    if sw.attention == "flash":
+        # one fused kernel (Dao et al. 2022): the s×s scores stay on chip, so its HBM
+        # traffic is Q, K, V and the output, not the score matrix — priced on the same
+        # smooth roofline as a GEMM with that intensity (far above the ridge: it runs at
+        # the GEMM ceiling, as FlashAttention-3 reports on H100, Shah et al. 2024)
+        flops = 2 * 2 * (s / cp) * (s * causal) * d * heads
+        intensity = flops / (e * heads * d * (2 * s / cp + 2 * s))
+        eff = c.gemm_e_max * intensity / (intensity + c.gemm_e_max * c.ridge)
+        att_f = flops / (c.peak_flops * eff)
+        att_b = 2 * att_f
+    else:
+        for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
+            x, y, z = _gemm_s(*mm, c, count=heads)
+            att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
     att_b *= sw.attention_backward_ratio / 2    # flash attention recomputes QKᵀ backward
     parts["attention"] = (att_f, att_b, 0.0)
     # Element-wise bytes, from the software's kernel inventory (see software.py): per

@@ -36,7 +36,7 @@ from ..config import ModelConfig
 from .cluster import PlannedLayout, get_cluster, predict
 from .software import Software, get_software
 
-__all__ = ["H100_RUNS", "H100_FITTING_RUNS", "H100_RUN_SOFTWARE", "H100_RUNS_FIRST_16", "h100_era_model", "h100_run_prediction", "h100_comparison",
+__all__ = ["fit_h100_constants", "H100_RUNS", "H100_FITTING_RUNS", "H100_RUN_SOFTWARE", "H100_RUNS_FIRST_16", "h100_era_model", "h100_run_prediction", "h100_comparison",
            "PTDP_TABLE1", "PTDP_GPT3_175B", "KORTHIKANTI_530B_MFU", "PTDP_FUSION_GAINS", "ptdp_model",
            "gpt3_175b", "gpt_530b", "ptdp_table1_comparison", "gpt3_175b_comparison",
            "korthikanti_530b_comparison", "interleaving_gains", "scatter_gather_gains", "fusion_gains",
@@ -316,3 +316,24 @@ def h100_comparison(runs: list | None = None, **kw) -> list[dict]:
                      "predicted": value, "ratio": value / published, "source": source,
                      "memory_gb": pred.memory_gb_per_gpu})
     return rows
+
+
+def fit_h100_constants() -> tuple[float, float]:
+    """Re-derive the two fitted H100 constants of :mod:`.cluster` from their fitting runs
+    (:data:`H100_FITTING_RUNS`, in order): the bf16 GEMM ceiling that makes the Llama 3
+    405B row predict its 430 TFLOP/s, then, with it, the FP8 ceiling that makes NeMo's
+    GPT-3 5B predict its 22,521 tokens/s (bisection; a prediction rises with its ceiling)."""
+    from dataclasses import replace
+
+    base = get_cluster("h100-dgx")
+
+    def solve(run, field, fixed):
+        lo, hi = 0.2, 1.0
+        for _ in range(24):
+            mid = (lo + hi) / 2
+            value = h100_run_prediction(run, cluster=replace(base, **{field: mid}, **fixed))[2]
+            lo, hi = (mid, hi) if value < run[14] else (lo, mid)
+        return (lo + hi) / 2
+
+    bf16 = solve(H100_FITTING_RUNS[0], "gemm_max_efficiency", {})
+    return bf16, solve(H100_FITTING_RUNS[1], "fp8_gemm_max_efficiency", {"gemm_max_efficiency": bf16})
