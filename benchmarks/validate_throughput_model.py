@@ -77,10 +77,15 @@ def h100_tables() -> None:
     print("\nSources:")
     for src in dict.fromkeys(r["source"] for r in rows):
         print(f"- {src}")
+    first = [r for r in rows if r["run"] in P.H100_RUNS_FIRST_16]
     for label, sel in (("all", rows), ("dense", [r for r in rows if not r["moe"]]),
-                       ("MoE", [r for r in rows if r["moe"]])):
+                       ("MoE", [r for r in rows if r["moe"]]), ("the first 16 runs, all", first),
+                       ("the first 16 runs, MoE", [r for r in first if r["moe"]])):
         err = [abs(r["ratio"] - 1) for r in sel]
         print(f"\n{label} ({len(sel)} runs): median |error| {statistics.median(err):.1%}, worst {max(err):.1%}")
+    print("\nSoftware beyond megatron-core-2024, as each run's recipe states it:")
+    for rid, opts in P.H100_RUN_SOFTWARE.items():
+        print(f"- {rid}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
 
 
 if __name__ == "__main__":
