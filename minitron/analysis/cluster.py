@@ -34,12 +34,16 @@ The blocks of today's models and the parallelism they are trained with (the H100
   rank holds, each a product on k·T·ep/(t·E) token rows; the dispatch and combine
   all-to-alls forward and backward, on the critical path, over NVLink inside a node and
   the network cards across (:func:`_alltoall_s`); with ``moe_imbalance`` the busiest rank
-  receives (1 + it) × the balanced share of routed tokens, in compute and in bytes;
+  receives (1 + it) × the balanced share of routed tokens, in compute and in bytes; with
+  the software's ``ep_overlap`` they hide under another microbatch's compute (up to
+  DP_OVERLAP of it), with ``ep_node_dedup`` (DeepEP, HybridEP) a token crosses to each
+  remote node once (:func:`_node_dedup_share`);
 * **context parallelism** (``cp``) — each rank's s/cp queries against the causal
   sequence; ``ring`` passes the kv heads' K, V once around forward and K, V, dK, dV
   backward, hidden under the attention products up to DP_OVERLAP of them; ``allgather``
   moves the same bytes exposed; ``a2a`` (Ulysses) swaps sequence for head shards of q, k,
-  v and the output, exposed. Flash attention skips the masked half of causal attention;
+  v and the output, exposed. Flash attention skips the masked half of causal attention
+  and keeps the scores on chip: priced on the roofline of its Q, K, V, O traffic;
 * **FSDP / ZeRO-3** (``zero=3``) — every microbatch all-gathers each layer's weights
   forward and backward and reduce-scatters its gradients, prefetched under the compute
   (hidden up to DP_OVERLAP of it); **HSDP** (``fsdp_shard``) shards over a group and
@@ -98,12 +102,13 @@ the 1T model on 3072 GPUs the planner's best layout is PTD-P's (t = 8 inside a n
 p = 64 across nodes) under every software preset. Use it to compare
 layouts and to reason about where time goes, not as a substitute for measuring.
 
-H100 era (``h100-dgx``, ``megatron-core-2024`` software; ``benchmarks/RESULTS.md``): two
-constants fitted on one run each (:data:`H100_GEMM_MAX_EFFICIENCY`,
-:data:`H100_FP8_GEMM_MAX_EFFICIENCY`; ``published.H100_FITTING_RUNS``); on the 16 other
-published runs (``published.H100_RUNS``) the 10 dense ones are within 8.4 % at the median
-and 21.3 % at worst; of the 6 MoE runs the two token-dropping ones are within 5 %, the four
-dropless ones of newer software 27–117 % off.
+H100 era (``h100-dgx``, ``megatron-core-2024`` software plus what each run's recipe
+states; ``benchmarks/RESULTS.md``): two constants fitted on one run each
+(:data:`H100_GEMM_MAX_EFFICIENCY`, :data:`H100_FP8_GEMM_MAX_EFFICIENCY`;
+``published.H100_FITTING_RUNS``, ``published.fit_h100_constants``); on the 20 other
+published runs (``published.H100_RUNS``) the 10 dense ones are within 5.9 % at the median
+and 16.3 % at worst, the five Qwen3-235B-A22B runs within 4.1 %, and the five
+Qwen3-30B-A3B runs 19–215 % over-predicted (a thin MoE layer's fixed costs, not modelled).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Megatron-LM 2019 on V100s alone (:mod:`.cluster`). What moves the predictions fr
 system to the next is the software stack (:mod:`.software`), described from the papers,
 not tuned. The H100 era adds two fitted constants, each fitted on one published run
 listed in :data:`H100_FITTING_RUNS` and never among the validation runs
-:data:`H100_RUNS`: Llama-family dense models (NeMo 24.07 and Megatron-Bridge tables on
+:data:`H100_RUNS` (:func:`fit_h100_constants` re-derives them; what a run's recipe states
+beyond the preset, such as the expert all-to-all overlap, is in :data:`H100_RUN_SOFTWARE`): Llama-family dense models (NeMo 24.07 and Megatron-Bridge tables on
 DGX-H100, the Llama 3 paper's Table 4) and Qwen3 mixtures of experts (Megatron-Bridge),
 with FSDP, context and expert parallelism and FP8, compared in tokens/s per GPU (the
 Llama 3 rows in model TFLOP/s per GPU).

@@ -52,6 +52,10 @@ kernels are itemised both ways):
   and its own achievable fraction, with 1-byte operands; the attention products, the
   element-wise kernels and the communication stay 16-bit. A cluster without an FP8 peak
   ignores it;
+* **ep_overlap, ep_node_dedup** — the expert-parallel all-to-all: hidden under another
+  microbatch's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``), and sent
+  once per remote node rather than once per expert (DeepEP, HybridEP); both off in every
+  preset, set per published run where its recipe states them;
 * **schedules, context_parallel, fsdp** — what the system can run beyond PTD-P's
   layouts: its pipeline schedules (PTD-P's 1F1B and interleaved; the zero-bubble and V
   schedules where it splits the backward into input and weight gradients), its
