@@ -8,7 +8,8 @@ refused before any rank starts; the rest shares one launch of 2 ranks (three lay
 import pytest
 
 from minitron.analysis import memory_on_rank
-from minitron.labs.memory_estimator import ACT_TOL, LAYOUTS, MODEL, TRAIN, check_memory_estimator, measure
+from minitron.labs.memory_estimator import (ACT_TOL, GENERAL, GENERAL_LAYOUTS, GENERAL_TRAIN, LAYOUTS, MODEL, TRAIN,
+                                           check_memory_estimator, counted, measure)
 
 REFERENCE = '''
 def estimate(model, layout, train, stage):
@@ -67,6 +68,14 @@ def test_the_engines_estimate_is_refused_whatever_the_route(module):
                                      "your code: `return A.memory_on_rank(model, layout, train, stage)`)"), res
 
 
+def test_the_general_sizes_are_what_they_claim():
+    """A vocabulary that needs padding on t = 3, m < p: what the old sizes could not tell apart."""
+    assert GENERAL.vocab % GENERAL_LAYOUTS["--tp 3 --sp"][0].tp
+    lay = GENERAL_LAYOUTS["--tp 2 --pp 3 --sp"][0]
+    assert GENERAL_TRAIN.microbatches < lay.pp
+    assert sorted(counted()["--tp 2 --pp 3 --sp"]) == [0, 1, 2]
+
+
 @pytest.mark.multirank
 def test_reference_meets_the_measurement_and_mistakes_get_one_line():
     measured = measure()
@@ -81,6 +90,7 @@ def test_reference_meets_the_measurement_and_mistakes_get_one_line():
         for k in ("params_bytes", "grads_bytes", "optimizer_bytes"):
             assert row[f"{k} est"] == row[f"{k} measured"]
         assert abs(row["activations_bytes est"] / row["activations_bytes measured"] - 1) <= ACT_TOL
+    assert {row["model"] for row in ok["rows"]} == {MODEL.name, GENERAL.name}
     cases = {
         "parameters not divided by t": (
             broken("layer = 2 * h + 3 * h * h // t + 3 * h // t + h * h // t + h + 2 * h + f * h // t + f // t "
@@ -97,6 +107,32 @@ def test_reference_meets_the_measurement_and_mistakes_get_one_line():
         "sequence parallelism ignored outside": (
             broken("outside = (4 * e + 2) * sbh / ts", "outside = (4 * e + 2) * sbh"),
             "activations_bytes on --tp 2 --sp, stage 0: your estimate"),
+    }
+    layer = ("layer = 2 * h + 3 * h * h // t + 3 * h // t + h * h // t + h + 2 * h + f * h // t + f // t "
+             "+ h * f // t + h")
+    cases |= {  # what the old fixed sizes (V = 256 on t = 2, m > p) or the old 5 % let through, and omissions
+        "vocabulary unpadded": (
+            broken("Vp = -(-V // t) * t", "Vp = V"),
+            "params_bytes on --tp 3 --sp of a 6-layer GPT with h = 48, vocabulary 257, m = 2, stage 0: your estimate "
+            "268416, the engine counts 268800 (1.00x; must agree exactly): you count the vocabulary unpadded: the "
+            "embedding and the output layer hold it padded to a multiple of t (257 → 258 rows, 86 per rank)"),
+        "attention's dropout mask forgotten (4 %)": (
+            broken("(2 * e + 1) * a * s * s * b / t", "2 * e * a * s * s * b / t"),
+            "activations_bytes on --dp 2, stage 0: your estimate 443392, measured 463140 (0.96x; must agree within "
+            "1.5%): you leave out the attention's dropout mask"),
+        "p - stage in flight when m < p": (
+            broken("stash = min(p - stage, m)", "stash = p - stage"),
+            "activations_bytes on --tp 2 --pp 3 --sp of a 6-layer GPT with h = 48, vocabulary 257, m = 2, stage 0: "
+            "your estimate 1938816, the engine counts 1299744 (1.49x; must agree within 1.5%): you keep p − stage = 3 "
+            "microbatches in flight, but there are only m = 2: 1F1B keeps min(p − stage, m)"),
+        "biases left out": (
+            broken(layer, "layer = 2 * h + 3 * h * h // t + h * h // t + 2 * h + f * h // t + h * f // t"),
+            "params_bytes on --dp 2, stage 0: your estimate 268544, measured 273152 (0.98x; must agree exactly): you "
+            "leave out the biases"),
+        "LayerNorms left out": (
+            broken(layer, "layer = 3 * h * h // t + 3 * h // t + h * h // t + h + f * h // t + f // t + h * f // t + h"),
+            "params_bytes on --dp 2, stage 0: your estimate 271104, measured 273152 (0.99x; must agree exactly): you "
+            "leave out the LayerNorms' weights and biases"),
     }
     for name, (source, words) in cases.items():
         res = check_memory_estimator(source, measured=measured)

@@ -20,7 +20,7 @@ float64 blocks of one attention problem against full softmax attention:
    rescaling must be by differences of log-sum-exps, never by e^L itself.
 
 A wrong number is diagnosed against the usual mistakes (outputs added or averaged, the
-log-sum-exps added or maxed, an input changed in place). The ranks agree on the first problem found; otherwise the
+log-sum-exps added or maxed, one maximum for all the queries, an input changed in place). The ranks agree on the first problem found; otherwise the
 function is swapped into the engine, a tiny GPT trains with ``--cp 2`` (every rank
 combining its ring's blocks with it) for 2 float64 steps, and rank 0 compares it with the
 single-device model.
@@ -132,6 +132,10 @@ def _unit_check(fn) -> str:
     first, second = big.block(*BLOCKS[0]), big.block(BLOCKS[1][0], BLOCKS[2][1])
     got, want = _combine(fn, first, second), big.full()
     if not (_close(got[0], want[0]) and _close(got[1], want[1])):
+        if bool(torch.isneginf(got[1]).any()) and bool(torch.isfinite(want[1]).all()):
+            return (f"with scores around {float(first[1].max()):.0f} your lse is -inf for some queries: one maximum "
+                    f"over all the queries (lse.max()) leaves e^(L - max) = 0 for those far below it; rescale each "
+                    f"query by its own, e^(L - L'), with L' from torch.logaddexp")
         if not all(bool(torch.isfinite(t).all()) for t in got):
             return (f"with scores around {float(first[1].max()):.0f} your {NAME} gives inf or nan: e^L overflows; "
                     f"rescale by differences, e^(L - L'), with L' from torch.logaddexp")
