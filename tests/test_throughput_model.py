@@ -214,6 +214,14 @@ def test_expert_parallel_overlap_and_node_aware_dispatch():
     a = predict(q, lay, 64, "h100-dgx", software=sw, head_dim=128).breakdown["parts"]["ep_comm"]
     b = predict(q, lay, 64, "h100-dgx", software=sw.replace(ep_node_dedup=True), head_dim=128)
     assert b.breakdown["parts"]["ep_comm"] < a / 3
+    # FP8 casts: element-wise work that a bf16 run does not do, more with current scaling
+    # (an amax pass first: 6 bytes per element against delayed scaling's 4)
+    m = PRESETS["llama3-8b"]
+    ew = {k: predict(m, PlannedLayout(dp=8), 16, "h100-dgx", software=s_).breakdown["parts"]["elementwise"]
+          for k, s_ in (("bf16", sw), ("delayed", sw.replace(fp8=True)),
+                        ("current", sw.replace(fp8=True, fp8_scaling="current")))}
+    assert ew["bf16"] < ew["delayed"] < ew["current"]
+    assert ew["current"] - ew["bf16"] == pytest.approx(1.5 * (ew["delayed"] - ew["bf16"]), rel=1e-9)
 
 
 def test_new_dimensions_price_what_they_should():

@@ -274,6 +274,13 @@ H100_RUN_SOFTWARE = {rid: {"ep_overlap": True} for rid in (
 # the 26.04 30B recipe (perf_recipes/qwen/h100/qwen3_moe.py, fp8cs): moe_token_dispatcher_type
 # "flex" with moe_flex_dispatcher_backend "hybridep" (node-aware), moe_a2a_overlap False
 H100_RUN_SOFTWARE["bridge-qwen3-30b-a3b-2604-ep16"] = {"ep_node_dedup": True}
+# FP8 with current scaling: the 25.11 table's "FP8-CS", and the Bridge's H100 FP8 presets
+# after it (QWEN3_*_H100_FP8_CS_*, the *_h100_fp8cs_config recipes). NeMo 24.07 and the
+# 25.09 run script (scripts/performance/run_script.py, --fp8_recipe default "ds") ran
+# delayed scaling, the preset's default.
+for _r in H100_RUNS:
+    if _r[16] in (BRIDGE_2511, BRIDGE_2602, BRIDGE_260201, BRIDGE_2604) and _r[13]:
+        H100_RUN_SOFTWARE[_r[0]] = {**H100_RUN_SOFTWARE.get(_r[0], {}), "fp8_scaling": "current"}
 # The runs the two H100 constants of minitron.analysis.cluster were fitted on: never
 # reported as validation. Same fields.
 H100_FITTING_RUNS = [

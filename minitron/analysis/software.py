@@ -50,8 +50,9 @@ kernels are itemised both ways):
 * **fp8** — the linears' matrix multiplies (and the experts', and the logit layer's) run
   on the FP8 tensor cores (Transformer Engine, torchao float8) at the cluster's FP8 peak
   and its own achievable fraction, with 1-byte operands; the attention products, the
-  element-wise kernels and the communication stay 16-bit. A cluster without an FP8 peak
-  ignores it;
+  element-wise kernels and the communication stay 16-bit; each linear's input and output
+  gradient are cast (and transposed) to FP8, 4 bytes per element moved with ``fp8_scaling``
+  "delayed", 6 with "current" (an amax pass first). A cluster without an FP8 peak ignores it;
 * **ep_overlap, ep_node_dedup** — the expert-parallel all-to-all: hidden under another
   microbatch's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``), and sent
   once per remote node rather than once per expert (DeepEP, HybridEP); both off in every
@@ -77,6 +78,7 @@ ATTENTIONS = ("unfused", "fused-softmax", "flash")
 TP_OVERLAPS = ("none", "backward", "all")
 PRECISIONS = ("fp16", "bf16")
 RECOMPUTES = ("none", "selective", "full")
+FP8_SCALINGS = ("delayed", "current")
 
 # (forward, backward) passes over the b·a·s²/t attention matrix (2-byte elements; a
 # 1-byte mask is half a pass), by attention kind. Unfused forward: scale (read, write),
@@ -112,6 +114,9 @@ class Software:
     pp_overlap: bool = False
     precision: str = "fp16"
     fp8: bool = False
+    # how FP8 scales are found: "delayed" (from an amax history, Transformer Engine's and
+    # NeMo 2024's default) or "current" (a pass over each tensor first)
+    fp8_scaling: str = "delayed"
     # Megatron-Core's overlap_moe_expert_parallel_comm (the Bridge recipes' moe_a2a_overlap):
     # one microbatch's dispatch/combine all-to-alls run under another's compute
     ep_overlap: bool = False
@@ -129,7 +134,8 @@ class Software:
         for field, value, allowed in (("attention", self.attention, ATTENTIONS),
                                       ("tp_overlap", self.tp_overlap, TP_OVERLAPS),
                                       ("precision", self.precision, PRECISIONS),
-                                      ("recompute", self.recompute, RECOMPUTES)):
+                                      ("recompute", self.recompute, RECOMPUTES),
+                                      ("fp8_scaling", self.fp8_scaling, FP8_SCALINGS)):
             if value not in allowed:
                 raise ValueError(f"software '{self.name}': {field} must be one of "
                                  f"{', '.join(allowed)} (got '{value}')")
