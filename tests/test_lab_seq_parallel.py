@@ -81,6 +81,9 @@ def test_reference_passes_and_mistakes_get_one_line():
         "no re-gather": broken('x_full = comm.all_gather(x, "tp", dim=1)', "x_full = x"),
         "dW from own tokens": broken("dw = dy.flatten(0, 1).t() @ x_full.flatten(0, 1)",
                                      'dw = dy.chunk(comm.size("tp"), dim=1)[comm.index("tp")].flatten(0, 1).t() @ x.flatten(0, 1)'),
+        # a mean where autograd sums: what a batch of one (b = 1) lets through
+        "dW averaged over the batch": broken("dw = dy.flatten(0, 1).t() @ x_full.flatten(0, 1)",
+                                             "dw = (dy.transpose(1, 2) @ x_full).mean(0)"),
         "no bias grad": broken("db = dy.sum((0, 1)) if ctx.has_bias else None", "db = None"),
         "bias grad always": broken("db = dy.sum((0, 1)) if ctx.has_bias else None", "db = dy.sum((0, 1))"),
         "gathers batch": broken('F.linear(comm.all_gather(x, "tp", dim=1)', 'F.linear(comm.all_gather(x, "tp")'),
@@ -125,6 +128,9 @@ def test_reference_passes_and_mistakes_get_one_line():
         "of your code: `dw = dy.flatten(0, 1).t() @ x_full.flatten(0, 1)` — dW = dYᵀ·X needs X for the whole "
         "sequence: all-gather the saved shard again (comm.all_gather(x, 'tp', dim=1))")
     assert msg["dW from own tokens"].startswith("your weight gradient uses only this rank's sequence shard of X")
+    assert msg["dW averaged over the batch"] == (
+        "your weight gradient is autograd's divided by 2, a mean over the batch (b = 2): the loss already averages, "
+        "so dW = dYᵀ·X sums over every token of the gathered X")
     assert msg["no bias grad"] == ("your backward returns None for the bias gradient: return dY summed over the "
                                    "batch and the sequence, dY.sum((0, 1)) (None only when bias is None)")
     assert msg["bias grad always"] == ("called with bias=None (as the output layer calls it) your backward returns "

@@ -25,7 +25,7 @@ input X [b, s, h], weight W [d, h], bias and upstream gradient, against autograd
 4. with ``bias=None`` (the output layer calls it so) it returns None for db.
 
 A wrong number is diagnosed against the usual mistakes (dX not summed over the ranks or
-left whole, dW from this rank's tokens only, no bias gradient). The ranks agree on the
+left whole, dW from this rank's tokens only or a mean where the sum is, no bias gradient). The ranks agree on the
 first problem found (through the rendezvous store) and all stop there; otherwise the
 class is swapped into the engine, a tiny GPT trains with ``--tp 4 --sp`` for 2 float64
 steps, and rank 0 compares it with the single-device model.
@@ -221,6 +221,10 @@ def _check_backward(data: _Data, got, calls, bias: bool = True) -> str:
         return (f"your weight gradient uses only this rank's sequence shard of X (and of dY): dW = dYᵀ·X sums "
                 f"over every token, so all-gather the saved shard again in backward (comm.all_gather(x, 'tp', "
                 f"dim=1))")
+    for n, over in ((B, f"the batch (b = {B})"), (B * S_LOCAL * t, f"every token (b·s = {B * S_LOCAL * t})")):
+        if _close(dw * n, data.dw):
+            return (f"your weight gradient is autograd's divided by {n}, a mean over {over}: the loss already "
+                    f"averages, so dW = dYᵀ·X sums over every token of the gathered X")
     if not _close(dw, data.dw):
         return (f"your weight gradient on tp rank {r} differs from autograd's by "
                 f"{float((dw - data.dw).abs().max()):.3g}: dW = dYᵀ·X with X all-gathered again")
