@@ -48,7 +48,9 @@ The blocks of today's models and the parallelism they are trained with (the H100
   forward and backward and reduce-scatters its gradients, prefetched under the compute
   (hidden up to DP_OVERLAP of it); **HSDP** (``fsdp_shard``) shards over a group and
   all-reduces the shards across replicas once per step;
-* **FP8 matmuls** (a software option) — the linears at the cluster's FP8 peak;
+* **FP8 matmuls** (a software option) — the linears at the cluster's FP8 peak, their
+  inputs and output gradients cast (and transposed) element-wise, with delayed or current
+  scaling;
 * the **V schedules** (ZB-V, DualPipe-V) — their bubble from the stage's F, B and W
   times, as :func:`~minitron.analysis.bubble.bubble_fraction` gives it.
 
@@ -106,9 +108,10 @@ H100 era (``h100-dgx``, ``megatron-core-2024`` software plus what each run's rec
 states; ``benchmarks/RESULTS.md``): two constants fitted on one run each
 (:data:`H100_GEMM_MAX_EFFICIENCY`, :data:`H100_FP8_GEMM_MAX_EFFICIENCY`;
 ``published.H100_FITTING_RUNS``, ``published.fit_h100_constants``); on the 20 other
-published runs (``published.H100_RUNS``) the 10 dense ones are within 5.9 % at the median
-and 16.3 % at worst, the five Qwen3-235B-A22B runs within 4.1 %, and the five
-Qwen3-30B-A3B runs 19–215 % over-predicted (a thin MoE layer's fixed costs, not modelled).
+published runs (``published.H100_RUNS``) the 10 dense ones are within 6.2 % at the median
+and 16.3 % at worst, the five Qwen3-235B-A22B runs within 2.9 %, the token-dropping
+Qwen3-30B-A3B run +11 %, and its four dropless runs 26–173 % over-predicted (costs of a
+thin dropless MoE layer the model does not have, and two rows of a slow container).
 """
 from __future__ import annotations
 
@@ -145,9 +148,10 @@ GRAD_BYTES = 2                  # gradients all-reduced in fp16/bf16
 #         TP 8, PP 16, DP 64, 32 sequences of 8,192 per DP rank, 430 TFLOP/s per GPU;
 #         the interleaving degree is not stated, we take v = 2)         -> 0.615
 #   fp8:  GPT-3 5B on 64 H100, FP8 (NeMo 24.07 performance summary, DGX-H100: TP 1,
-#         GBS 2048, MBS 4, s 2048, 22,521 tokens/s per GPU)             -> 0.497
+#         GBS 2048, MBS 4, s 2048, 22,521 tokens/s per GPU)             -> 0.575
 # (minitron.analysis.published.fit_h100_constants re-derives both; they were 0.664 and
-# 0.545 while flash attention was priced on the bytes of the s×s scores it never writes.)
+# 0.545 while flash attention was priced on the bytes of the s×s scores it never writes
+# and the FP8 casts were not priced apart.)
 # (cuBLAS reaches about 0.75 of the bf16 peak on large square GEMMs; a training run's
 # GEMMs sustain less: thinner shapes, power and clock limits, concurrent communication.)
 H100_GEMM_MAX_EFFICIENCY = 0.615
