@@ -38,6 +38,17 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
                                 .replace(DW, DW.replace("xg.flatten(0, -2), I", "xg.flatten(0, -2)).t(), I")
                                          .replace("reduce_scatter(", "reduce_scatter((")),
                                 "not x @ w"),
+    # a face of the cube for another: the weight gathered over c, the output's partial sums scattered over a
+    "weight gathered along c, not i": (LINEAR3D.replace("comm.all_gather(weight, I, 1)", "comm.all_gather(weight, c, 1)"),
+                                       "the weight all-gather goes along cube_k instead of cube_i"),
+    "output scattered along a, not c": (LINEAR3D.replace("comm.reduce_scatter(F.linear(xg, wg), c, 0)",
+                                                         "comm.reduce_scatter(F.linear(xg, wg), a, 0)"),
+                                        "the output reduce-scatter goes along cube_j instead of cube_k"),
+    # the weight gradient scattered over its rows: right calls and bytes, the block transposed
+    "weight gradient scattered on dim 0": (LINEAR3D.replace(DW, DW.replace(", I, 1)", ", I, 0)")),
+                                           "your backward returns a weight gradient of shape [2, 4], the weight "
+                                           "block's is [4, 2] [d_out/q, d_in/q²]: reduce-scatter the gathered weight "
+                                           "gradient along i on dim 1"),
     # the engine's own differentiable collectives, reached past the screen
     **{f"engine by {how}": ("import importlib, sys\nclass Linear3DFunction:\n    @staticmethod\n"
                             "    def apply(x, weight, comm, a, c):\n"

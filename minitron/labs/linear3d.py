@@ -26,6 +26,7 @@ The checker runs on 8 gloo ranks (q = 2) in one launch:
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
 
 import torch
@@ -110,6 +111,26 @@ def _calls_problem(comm, placement, phase: str, shape, e: int) -> str:
     return f"{where}: extra calls {yours}: the 3-D linear has three in each direction"
 
 
+# autograd's refusal of a gradient whose shape is not its input's (index 0: x, 1: the weight)
+_BAD_GRAD = re.compile(r"invalid gradient at index ([01]) - got \[([\d, ]*)\] but expected shape compatible with "
+                       r"\[([\d, ]*)\]")
+_GRAD_FIX = {"0": ("input", "[b/q², s, d_in/q]", "reduce-scatter the gathered input gradient along a on dim 0 (the "
+                   "batch rows), where the forward gathered x"),
+             "1": ("weight", "[d_out/q, d_in/q²]", "reduce-scatter the gathered weight gradient along i on dim 1 "
+                   "(the input columns), where the forward gathered the weight")}
+
+
+def _named_gradient_shape(where: str, message: str) -> str:
+    """autograd's refusal of a gradient of the wrong shape said as the block it should be,
+    or `message` unchanged."""
+    bad = _BAD_GRAD.search(message)
+    if not bad:
+        return message
+    name, block, fix = _GRAD_FIX[bad.group(1)]
+    return (f"{where}: your backward returns a {name} gradient of shape [{bad.group(2)}], the {name} block's is "
+            f"[{bad.group(3)}] {block}: {fix}")
+
+
 def _close(a, b) -> bool:
     return a.shape == b.shape and bool((a - b).abs().max() <= 1e-10 * b.abs().max().clamp_min(1e-30))
 
@@ -155,7 +176,7 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
             out = y + bias
             call("Linear3DFunction.backward", out.backward, dY[yr][..., yc])
     except LabError as e:
-        agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", str(e), 60)
+        agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", _named_gradient_shape(where, str(e)), 60)
     agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", "", 60)
     problem = _calls_problem(comm, placement, "bwd", shape, 8)
     checks = (("input", x.grad, Xr.grad[xr][..., xc], "reduce-scatter the gathered input gradient along a"),
