@@ -44,6 +44,8 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
     "output scattered along a, not c": (LINEAR3D.replace("comm.reduce_scatter(F.linear(xg, wg), c, 0)",
                                                          "comm.reduce_scatter(F.linear(xg, wg), a, 0)"),
                                         "the output reduce-scatter goes along cube_j instead of cube_k"),
+    "weight gathered on dim 0": (LINEAR3D.replace("comm.all_gather(weight, I, 1)", "comm.all_gather(weight, I, 0)"),
+                                 "gathered on the wrong dim? x [b/q², s, d_in/q] is gathered along a on dim 0"),
     # the weight gradient scattered over its rows: right calls and bytes, the block transposed
     "weight gradient scattered on dim 0": (LINEAR3D.replace(DW, DW.replace(", I, 1)", ", I, 0)")),
                                            "your backward returns a weight gradient of shape [2, 4], the weight "

@@ -156,7 +156,12 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
         with comm.in_phase("fwd"), watch.armed():
             y = call("Linear3DFunction.forward", fn.apply, x, w, comm, placement.a, placement.c)
     except LabError as e:  # through the ranks' agreement: a rank whose code raised alone still reports
-        agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", str(e), 60)
+        said = str(e)
+        if "shapes cannot be multiplied" in said:  # a block gathered on the wrong dim
+            said += (f" — gathered on the wrong dim? x [b/q², s, d_in/q] is gathered along a on dim 0 (the batch) into "
+                     f"[b/q, s, d_in/q], the weight [d_out/q, d_in/q²] along i on dim 1 (its input columns) into "
+                     f"[d_out/q, d_in/q]")
+        agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", said, 60)
     agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", "", 60)
     where = f"placement (a, c) = ({placement.a}, {placement.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
     problem = _calls_problem(comm, placement, "fwd", shape, 8)
