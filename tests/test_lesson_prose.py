@@ -234,6 +234,7 @@ WITNESSES = {
     "05.linear_collectives": _linear_collectives,
     "05.naive_output_ranks": _naive_outputs,
     "05.fewest_bytes_64": _fewest_bytes,
+    "05.overlap_bound": lambda: num(out("05", r"overlap can hide at most ([\d.]+)% of the layer")) / 100,
     "06.rank_of": _rank_111,
     "06.gpus_1t": lambda: 8 * 64 * int(out("06", r"^\s+8\s+64\s+(\d+)\s+1\s+1\s+[\d.]+")),
     "06.bubble_dp": lambda: num(out("06", r"^\s+8\s+8\s+[\d.]+\s+([\d.]+)$")),
@@ -352,6 +353,29 @@ CLAIMS = {
                           + shown("04", r"^ tp\+sp: \d+ calls in one step .*from (\d+) places"), 0),
     # lesson 5: the cube against 1-D on the traced layer
     "05 cube vs 1-D": _cube_vs_1d,
+    # lesson 5: why the cost model's 3-D speed-ups are not Bian et al.'s; overlap, mixed precision, losses
+    "05 bian errors": lambda: (
+        said("05", r"within about a fifth \(\+(\d+)%\), but\s+overstates the gain over 1-D more than twofold \(\+(\d+)%\)"),
+        shown("05", r"^  longhorn: 3-D over 2d: .*error \+(\d+)%") + shown("05", r"^  longhorn: 3-D over 1d: .*error \+(\d+)%"), 0),
+    "05 why 5.07": lambda: (
+        said("05", r"1-D sends ([\d.]+)× the cube's, and its layer is ([\d.]+)× slower.*?gives ([\d.]+)×.*?\(4×\s+"
+                   r"the bandwidth still gives ([\d.]+)×\).*?about\s+(\d+) ms per layer.*?about\s+(\d+) ms brings.*?"
+                   r"with (\d+) ms, 2-D\s+would be ([\d.]+)×; with (\d+) ms, 1-D would be ([\d.]+)×"),
+        shown("05", r"^\s+1d\s+[\d.]+%\s+([\d.]+)\s+[\d.]+\s+([\d.]+)$")
+        + shown("05", r"^perfect overlap in every scheme: 3-D over 1-D ([\d.]+)x")
+        + shown("05", r"^4x the InfiniBand bandwidth:\s+3-D over 1-D ([\d.]+)x")
+        + shown("05", r"over 1d \(2.32x\) (\d+) ms, over 2d \(1.57x\) (\d+) ms")
+        + shown("05", r"^  with\s+(\d+) ms added to every scheme: 3-D over 1-D 2.32x, over 2-D ([\d.]+)x")
+        + shown("05", r"^  with\s+(\d+) ms added to every scheme: 3-D over 1-D ([\d.]+)x, over 2-D 1.57x"), 0.005),
+    "05 overlap and precision": lambda: (
+        said("05", r"this linear's traffic here \((\d+)%\)") + said("05", r"anything behind — ([\d.]+)% of the layer")
+        + said("05", r"layer takes ([\d.]+)× as long\)"),
+        shown("05", r"= (\d+)% of its wire bytes") + shown("05", r"hide at most ([\d.]+)% of the layer")
+        + shown("05", r"3-D layer \d+ ms \(x([\d.]+)\)"), 0),
+    "05 loses to 2.5-D": lambda: (
+        said("05", r"With 4 sequences per step the cube is ([\d.]+)× faster than 2.5-D; from 16 on it is slower\s+"
+                   r"\(([\d.]+)×, then ([\d.]+)× at 64\)"),
+        [x for n in (4, 16, 64) for x in shown("05", rf"^\s+{n}\s+\d+\s+\d+\s+\d+\s+3-D over 2.5-D ([\d.]+)x")], 0),
     # lesson 6: PTD-P's microbatch-size takeaway in the simulator (91B, t = p = 8)
     "06 microbatch": lambda: (
         said("06", r"At \$B = 512\$ the simulator finds the paper's optimum, \$b = (\d+)\$ \(([\d.]+) TFLOP/s per GPU,\s+"

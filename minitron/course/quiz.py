@@ -83,6 +83,15 @@ def _fewest_bytes_scheme(devices: int) -> str:
     return min(rows, key=lambda r: r["layer_wire_bytes"])["scheme"]
 
 
+def _cube_overlap_bound(devices: int) -> float:
+    """Lesson 5: the largest share of the cube layer's time (Bian et al.'s 64 Longhorn GPUs,
+    the cost model) that overlapping communication with computation could hide: its compute."""
+    from ..analysis.tp_schemes import project_tp_schemes
+    from .tp_schemes import BIAN_SHAPE
+    r = next(r for r in project_tp_schemes(*BIAN_SHAPE, devices) if r["scheme"] == "3d")
+    return r["compute_s"] / r["layer_s"]
+
+
 def _checkpoints(name: str, micro_batch: int, layers: int, tp: int) -> int:
     from .ptdp import checkpoint_spacing
     return checkpoint_spacing(_preset(name), micro_batch, layers, tp=tp)["best_c"]
@@ -210,6 +219,10 @@ QUESTIONS: dict[str, Question] = {
         lambda: (_fewest_bytes_scheme(64),),
         "compare the 'sent per microbatch' column of section 6: activations shrink with the "
         "grid, and the cube splits them over all three axes."),
+    "05.overlap_bound": Question(
+        lambda: _cube_overlap_bound(64),
+        "overlap hides communication behind computation, so it can hide at most the compute "
+        "time: compare the layer's compute with its total.", rel_tol=0.05),  # the lesson prints 3.6%
     # --- lesson 6: PTD-P -----------------------------------------------------------------
     "06.rank_of": Question(
         lambda: _grid(tp=2, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
