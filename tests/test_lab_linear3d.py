@@ -39,7 +39,8 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
                                          .replace("reduce_scatter(", "reduce_scatter((")),
                                 "not x @ w"),
     # a face of the cube for another: the weight gathered over c, the output's partial sums scattered over a
-    "weight gathered along c, not i": (LINEAR3D.replace("comm.all_gather(weight, I, 1)", "comm.all_gather(weight, c, 1)"),
+    "weight gathered along c, not i": (LINEAR3D.replace("comm.all_gather(weight, I, 1)",
+                                                        "comm.all_gather(weight, c, 1)"),
                                        "the weight all-gather goes along cube_k instead of cube_i"),
     "output scattered along a, not c": (LINEAR3D.replace("comm.reduce_scatter(F.linear(xg, wg), c, 0)",
                                                          "comm.reduce_scatter(F.linear(xg, wg), a, 0)"),

@@ -130,7 +130,8 @@ def test_reference_meets_the_measurement_and_mistakes_get_one_line():
             "params_bytes on --dp 2, stage 0: your estimate 268544, measured 273152 (0.98x; must agree exactly): you "
             "leave out the biases"),
         "LayerNorms left out": (
-            broken(layer, "layer = 3 * h * h // t + 3 * h // t + h * h // t + h + f * h // t + f // t + h * f // t + h"),
+            broken(layer, "layer = 3 * h * h // t + 3 * h // t + h * h // t + h + f * h // t + f // t "
+                          "+ h * f // t + h"),
             "params_bytes on --dp 2, stage 0: your estimate 271104, measured 273152 (0.99x; must agree exactly): you "
             "leave out the LayerNorms' weights and biases"),
     }

@@ -20,10 +20,10 @@ float64 blocks of one attention problem against full softmax attention:
    rescaling must be by differences of log-sum-exps, never by e^L itself.
 
 A wrong number is diagnosed against the usual mistakes (outputs added or averaged, the
-log-sum-exps added or maxed, one maximum for all the queries, an input changed in place). The ranks agree on the first problem found; otherwise the
-function is swapped into the engine, a tiny GPT trains with ``--cp 2`` (every rank
-combining its ring's blocks with it) for 2 float64 steps, and rank 0 compares it with the
-single-device model.
+log-sum-exps added or maxed, one maximum for all the queries, an input changed in place).
+The ranks agree on the first problem found; otherwise the function is swapped into the
+engine, a tiny GPT trains with ``--cp 2`` (every rank combining its ring's blocks with
+it) for 2 float64 steps, and rank 0 compares it with the single-device model.
 
     result = check_online_softmax(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
 """
