@@ -585,6 +585,33 @@ def test_traced_bytes_of_a_bf16_run_equal_the_analysis(tmp_path):
 
 
 @pytest.mark.multirank
+def test_traced_bytes_under_a_v_placement_equal_the_analysis(tmp_path, schedule="zb-v"):
+    """tp2 + sp × pp2 under a V schedule, one step traced, every rank: the first stage and
+    the last share pipeline rank 0 (the embedding's, the head's and the loss's collectives
+    are all rank 0's), and each rank's bytes equal comm_bytes_per_step for its stage."""
+    from minitron.comm import read_trace
+    from minitron.tools.testing import run_cli
+
+    trace = tmp_path / "t.jsonl"
+    code, _, err = run_cli(["train", "--model", "tiny", "--layers", "4", "--nproc", "4", "--tp", "2", "--sp",
+                            "--pp", "2", "--vpp", "2", "--schedule", schedule, "--global-batch", "4",
+                            "--microbatches", "4", "--steps", "1", "--eval-every", "0", "--sample", "0",
+                            "--no-progress", "--no-report", "--trace", str(trace)])
+    assert code == 0, err[-2000:]
+    records = read_trace(trace)
+    model = PRESETS["tiny"].replace(layers=4)
+    layout = ParallelConfig(tp=2, sp=True, pp=2, vpp=2, schedule=schedule)
+    for rank, pp_rank in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        got: dict = {}
+        for r in records:
+            if r["rank"] == rank and r["phase"] != "log":
+                ops = got.setdefault(r["axis"], {})
+                ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
+        want = comm_bytes_per_step(model, layout, TrainConfig(global_batch=4, microbatches=4), pp_rank=pp_rank)
+        assert got == want, (schedule, rank, got, want)
+
+
+@pytest.mark.multirank
 def test_traced_bytes_of_a_bfloat16_dtype_run_equal_the_analysis(tmp_path):
     """--dtype bfloat16 (parameters and gradients in bf16, not mixed precision), dp2 · tp2,
     one step traced: the gradient all-reduces move 2-byte elements, as

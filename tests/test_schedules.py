@@ -235,3 +235,15 @@ def test_timeline_plots_from_simulation_and_measurement(tmp_path):
     ax = viz.plot_timeline(viz.load_timeline(tmp_path / "t.jsonl"),
                            ax=Figure().add_subplot(), title="measured")
     assert len(ax.patches) == len(measured) and ax.get_xlim()[0] == 0
+
+
+def test_the_ideal_bubble_states_its_formula():
+    """What the run report prints: the ideal bubble of every kind and the formula it gives,
+    evaluated at the same p, v, m (T_F = T_B = T_W where the kind splits the backward)."""
+    from minitron.analysis import ideal_bubble
+
+    for kind in KINDS:
+        for p, m in ((2, 4), (4, 8), (4, 9), (8, 16)):
+            v = 2 if kind in ("interleaved", *V_SCHEDULES) else 1
+            value, formula = ideal_bubble(kind, p, m, v)
+            assert value == pytest.approx(eval(formula, {}, {"p": p, "v": v, "m": m}), rel=1e-12), (kind, p, m)

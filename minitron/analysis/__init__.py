@@ -13,7 +13,7 @@
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
 """
-from .bubble import bubble_fraction, bubble_time, peak_stashed_microbatches, stashed_on_rank
+from .bubble import bubble_fraction, bubble_time, ideal_bubble, peak_stashed_microbatches, stashed_on_rank
 from .cluster import CLUSTERS, Cluster, PlannedLayout, Prediction, get_cluster, matmul_efficiency, predict
 from .calls import (dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes,
                     ring_reduce_scatter_wire_bytes)
@@ -46,7 +46,7 @@ __all__ = [
     "tp_layer_bytes", "pp_boundary_bytes", "dp_bytes_per_step", "comm_items", "comm_bytes_per_step",
     "cube_linear_elements", "summa_linear_elements", "one_d_layer_elements", "tensor_parallel_comparison",
     # bubble
-    "bubble_fraction", "bubble_time", "peak_stashed_microbatches", "stashed_on_rank",
+    "bubble_fraction", "bubble_time", "ideal_bubble", "peak_stashed_microbatches", "stashed_on_rank",
     # cluster, planner
     "Cluster", "CLUSTERS", "PlannedLayout", "Prediction", "get_cluster", "matmul_efficiency", "predict",
     "plan", "valid_layouts",

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from ..config import SCHEDULES, V_SCHEDULES
 
-__all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "first_group", "peak_stashed_microbatches",
+__all__ = ["SCHEDULES", "bubble_fraction", "bubble_time", "first_group", "ideal_bubble", "peak_stashed_microbatches",
            "stashed_on_rank", "v_bubble"]
 
 
@@ -76,6 +76,22 @@ def bubble_fraction(kind: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b
     if kind in V_SCHEDULES:
         return v_bubble(kind, p, t_f, t_b, t_w) / (m * (t_f + t_b + t_w))
     return (p - 1) / m
+
+
+# The bubble on an ideal machine as the report and the schedule command state it: a backward
+# twice the forward, split into equal halves B and W where the schedule splits it (Qi et al.'s
+# T_F = T_B = T_W), so the fraction depends on p, v and m only.
+IDEAL_BUBBLE = {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v*m)", "zb-h1": "(p-1)/(3*m)",
+                "zb-v": "(p-1)/(6*m)", "dualpipe-v": "(p-1)/(3*m)"}
+
+
+def ideal_bubble(kind: str, p: int, m: int, v: int = 1) -> tuple[float, str]:
+    """(bubble fraction, its formula in p, v, m) of `kind` on an ideal machine: the backward
+    twice the forward, T_B = T_W = T_F where the schedule splits it (zb-h1 and the V
+    schedules; their paper's assumption), one T_B = 2T_F step otherwise."""
+    split = kind == "zb-h1" or kind in V_SCHEDULES
+    costs = (1.0, 1.0, 1.0) if split else (1.0, 2.0, 0.0)
+    return bubble_fraction(kind, p, m, v, *costs), IDEAL_BUBBLE[kind]
 
 
 def v_bubble(kind: str, p: int, t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0,

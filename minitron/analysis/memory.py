@@ -130,12 +130,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
-from ..parallel.schedules import placement_for
+from ..config import INDEX_BYTES, V_SCHEDULES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
-from .params import (activation_element_bytes, layers_on_rank, layout_degrees, layout_get, local_model,
+from .params import (activation_element_bytes, last_stage_rank, layers_on_rank, layout_degrees, layout_get, local_model,
                      padded_vocab, params_given_layers, params_on_rank, rank_layers)
 from .zero import zero_buffer_bytes, zero_state_bytes
 
@@ -283,12 +282,6 @@ def _schedule(layout: Any) -> tuple[str, int, int]:
     return kind, p, v
 
 
-def _last_rank(kind: str, p: int, v: int) -> int:
-    """The pipeline rank of the last stage (the head and the loss): p-1 in the loop, rank 0
-    in the V of zb-v and dualpipe-v (the schedule's placement)."""
-    return placement_for(kind, p, v).locate(p * v - 1)[0]
-
-
 def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
                              pp_rank: int = 0, bytes_per_el: int = 2, mask_bytes: int = 1,
                              dropout: bool | None = None, recompute: str | None = None,
@@ -319,7 +312,7 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
                   - activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop))
     if pp_rank == 0 and drop:  # dropout mask of the embedding output
         total += in_flight * mask_bytes * s * b * h / (t if sp else 1)
-    if pp_rank == _last_rank(kind, p, v):  # final LayerNorm input, output-layer input, fp32 softmax
+    if pp_rank == last_stage_rank(kind, p, v):  # final LayerNorm input, output-layer input, fp32 softmax
         logits_in_flight = m if kind == "gpipe" else 1
         vocab = padded_vocab(model, t) // t
         total += logits_in_flight * (2 * e * s * b * h / (t if sp else 1)  # (shards under sp, §4.3)
@@ -393,7 +386,7 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     held = in_flight * layers_on_rank(model, layout, pp_rank) * held_per_layer
     if pp_rank == 0:
         held += in_flight * embedding
-    if pp_rank != _last_rank(kind, p, v):
+    if pp_rank != last_stage_rank(kind, p, v):
         return held + max(0.0, rebuilt)
     heads_in_flight = m if kind == "gpipe" else 1
     return held + (heads_in_flight - 1) * last + max(last, rebuilt)
@@ -563,14 +556,17 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
         raise ValueError(f"global batch {global_batch} is not divisible by dp*microbatch_size = {d}*{b}")
     m = global_batch // (d * b)
     t, _, v, mode = layout_degrees(layout)
+    kind = _schedule(layout)[0]
     layers = rank_layers(model, layout)
-    # Layers and microbatches in flight never grow with the rank under an even split,
-    # so the first and the last stage bound the others; check them all otherwise.
-    check = range(p) if layout_get(layout, "stage_layers", ()) else sorted({0, p - 1})
+    # Layers and microbatches in flight never grow with the rank in the loop placement under
+    # an even split, so the first and the last stage bound the others; check them all
+    # otherwise (a V stashes the most on its middle ranks).
+    even_loop = not layout_get(layout, "stage_layers", ()) and kind not in V_SCHEDULES
+    check = sorted({0, p - 1}) if even_loop else range(p)
     no_dp = {**_as_dict(layout), "dp": 1}
     ranks = []
     for r in check:
-        n = params_given_layers(model, t, p, v, mode, r, layers[r])
+        n = params_given_layers(model, t, p, v, mode, r, layers[r], kind)
         acts = activation_bytes_on_rank(model, layout, b, m, r, act_bytes, 1, dropout, recompute,
                                         _n_layers=layers[r])
         ranks.append(_assemble(2 * n, (bytes_per_param - 14) * n, 12 * n, acts,

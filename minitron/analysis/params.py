@@ -38,8 +38,8 @@ from typing import Any
 
 from .dry_run import block_params, ends_params
 from ..parallel.schedules import placement_for
-from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge, stage_layer_counts,
-                      holds_ends)
+from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge,
+                      stage_layer_counts)
 
 __all__ = [
     "layout_get",
@@ -206,13 +206,20 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
                for ids, first, last in rank_chunks(model, layout, pp_rank))
 
 
+def last_stage_rank(kind: str, p: int, v: int = 1) -> int:
+    """The pipeline rank of the last stage (the final norm, the head and the loss): p-1 in
+    the loop, rank 0 in the V of zb-v and dualpipe-v (the schedule's placement)."""
+    return placement_for(kind or "1f1b", p, v).locate(p * v - 1)[0]
+
+
 @functools.lru_cache(maxsize=65536)
 def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, pp_rank: int,
-                         n_layers: int) -> int:
+                         n_layers: int, kind: str = "1f1b") -> int:
     """:func:`params_on_rank` once the rank's layer count `n_layers` is known, for the
-    degrees (t, p, v, mode) of :func:`layout_degrees` (the planner calls this often)."""
+    degrees (t, p, v, mode) of :func:`layout_degrees` and the schedule `kind` that places
+    the stages (the planner calls this often)."""
     lay = {"tp": t, "tp_mode": mode}
-    first, last = pp_rank == 0, holds_ends(pp_rank, p, v)[1]
+    first, last = pp_rank == 0, pp_rank == last_stage_rank(kind, p, v)
     n = n_layers * local_layer_params(model, t, mode)
     if p * v == 1:  # one chunk holds both ends (a tied embedding once)
         return n + ends_params(model, lay, first, last)
@@ -246,5 +253,6 @@ def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
     """The largest exact local parameter count over the ranks of a layout
     (see :func:`params_on_rank`)."""
     t, p, v, mode = layout_degrees(layout)
-    return max(params_given_layers(model, t, p, v, mode, r, n)
+    kind = str(layout_get(layout, "schedule", "1f1b") or "1f1b")
+    return max(params_given_layers(model, t, p, v, mode, r, n, kind)
                for r, n in enumerate(rank_layers(model, layout)))

@@ -195,8 +195,8 @@ def predictions(model, layout, train) -> dict:
     except Exception:
         pass
     if layout.pp > 1:
-        out["predicted_bubble"] = analysis.bubble_fraction(layout.schedule, layout.pp, train.microbatches,
-                                                           layout.vpp)
+        out["predicted_bubble"], out["bubble_formula"] = analysis.ideal_bubble(layout.schedule, layout.pp,
+                                                                               train.microbatches, layout.vpp)
     return out
 
 
@@ -237,7 +237,7 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
     if rep.get("predicted_bubble") is not None:
         measured = f"{b['measured']:.3f} (median of {b['steps']} steps)" if b else "not measured"
         lines.append(f"pipeline bubble (idle / compute time): measured {measured}, "
-                     f"predicted {rep['predicted_bubble']:.3f} = (p-1)/(v*m) for an ideal machine; "
+                     f"predicted {rep['predicted_bubble']:.3f} = {rep.get('bubble_formula', '')} for an ideal machine; "
                      f"the measured one also counts waiting for messages and, with more ranks than cores, "
                      f"for a core")
     moe = rep.get("routing")
