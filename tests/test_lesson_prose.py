@@ -245,6 +245,8 @@ WITNESSES = {
     "07.hfu_over_mfu": _hfu_over_mfu,
     "07.mfu": _mfu_1t,
     "07.flops_per_token": _flops_per_token,
+    "07.fusion_passes": lambda: num(out("07", r"passes over memory of bias\+GeLU: unfused (\d+)"))
+    / num(out("07", r"passes over memory of bias\+GeLU: unfused \d+, fused (\d+)")),
     # lesson 8 states its efficiencies as formulas (weak t1/tn, strong t1/(n tn)) and checks
     # them on its table; the witness applies the stated formulas to the question's times
     "08.weak_efficiency": lambda: _stated(
@@ -398,6 +400,16 @@ CLAIMS = {
     "07 1.3B HFU": lambda: (said("07", r"for the 1.3B model, (\d+)% MFU is\s+(\d+)% HFU"),
                             [40, round(40 * shown("07", r"^ gpt-1.3b\s+full\s+[\d,.]+\s+([\d.]+)")[0])], 0),
     "07 530B speed-up": _speedup_530b,
+    # lesson 7: fusion, kernel by kernel (the stored run's ratios, passes and rates)
+    "07 fusion stored": lambda: (
+        said("07", r"ratio of\s+passes \(([\d.]+) and ([\d.]+)\)\. In the run stored above fusion bought ([\d.]+)× for bias \+ GeLU and\s+"
+                   r"\*lost\* for bias \+ dropout \+ add \(([\d.]+)×\)\. The fused GeLU kernel moves its bytes at ([\d.]+) GB/s,\s+"
+                   r"far below the ([\d.]+) GB/s"),
+        [x for chain in (r"bias\+GeLU", r"bias\+dropout\+add")
+         for x in shown("07", rf"^\s+{chain}\s+\[.*?\]\s+\d+ µs\s+\d+ µs\s+[\d.]+\s+\d+ / \d+ = ([\d.]+)")]
+        + [x for chain in (r"bias\+GeLU", r"bias\+dropout\+add")
+           for x in shown("07", rf"^\s+{chain}\s+\[.*?\]\s+\d+ µs\s+\d+ µs\s+([\d.]+)")]
+        + shown("07", r"^\s+bias\+GeLU\s+\[.*\s([\d.]+)$") + shown("07", r"this thread copies at ([\d.]+) GB/s"), 0),
     # lesson 9: the balanced chunks
     "09 work": _work_09,
 }

@@ -259,6 +259,10 @@ QUESTIONS: dict[str, Question] = {
         lambda: _model_flops_per_token("gpt-1.3b") / 1e9,
         "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
         rel_tol=0.1),
+    "07.fusion_passes": Question(
+        lambda: (2 + 2) / 2,
+        "count the passes over memory: each eager kernel reads its input and writes its output "
+        "(x + b, then GeLU: four); the fused kernel reads x once and writes once (two)."),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
         lambda: 10 / 12.5,
