@@ -58,6 +58,15 @@ def combine(out, lse, out_b, lse_b):
         "one max for all queries": broken("new = torch.logaddexp(lse, lse_b)",
                                           "m = torch.maximum(lse.max(), lse_b.max())\n"
                                           "    new = m + torch.log(torch.exp(lse - m) + torch.exp(lse_b - m))"),
+        # accepted by the checker's old cases (one attention layout, scores of one scale merged in one order):
+        # rescaled relative to the block's L_b alone, exact until the running L is 709 above it
+        "rescaled relative to L_b": broken("new = torch.logaddexp(lse, lse_b)",
+                                           "new = lse_b + torch.log1p(torch.exp(lse - lse_b))"),
+        # dimensions counted from the front: fits [b, h, s, d], not grouped-query [b, kv, G, s, d]
+        "unsqueeze(3)": REFERENCE.replace(".unsqueeze(-1)", ".unsqueeze(3)"),
+        # caught before too, but as e^L overflowing: rescaled relative to the running L alone
+        "rescaled relative to L": broken("new = torch.logaddexp(lse, lse_b)",
+                                         "new = lse + torch.log1p(torch.exp(lse_b - lse))"),
         "a tuple of one": broken("), new", "),"),
         "raises": broken("new = torch.logaddexp(lse, lse_b)", "new = torch.logaddexp(lse)"),
         # what the old checker called a wrong fold of three blocks
@@ -85,6 +94,10 @@ def combine(out, lse, out_b, lse_b):
         "lse maxed": "your lse is max(L, L_b), the larger block's alone",
         "overflows": "gives inf or nan: e^L overflows",
         "one max for all queries": "your lse is -inf for some queries: one maximum over all the queries (lse.max())",
+        "rescaled relative to L_b": "gives inf or nan when L exceeds L_b by 835: you rescale relative to L_b alone",
+        "unsqueeze(3)": "on grouped-query blocks out [b, kv, G, sq, d], lse [b, kv, G, sq] your combine fails: it "
+                        "counts dimensions from the front",
+        "rescaled relative to L": "gives inf or nan when L_b exceeds L by 835: you rescale relative to L alone",
         "a tuple of one": "returned tuple of 1: return the pair (out, lse)",
         "raises": "TypeError: logaddexp() missing 1 required positional arguments: \"other\" in combine, line 3 of your code",
         "in place": "your combine changed its input out in place: return new tensors",
@@ -98,3 +111,4 @@ def combine(out, lse, out_b, lse_b):
         res = got[name]
         assert not res["ok"] and words in res["message"] and "\n" not in res["message"], (name, res)
     assert RULE in got["outputs added"]["message"]
+    assert "e^L overflows" not in got["rescaled relative to L"]["message"]

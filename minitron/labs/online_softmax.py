@@ -16,11 +16,16 @@ float64 blocks of one attention problem against full softmax attention:
    returned is a pair of the inputs' shapes);
 2. three blocks folded in either order give full attention (the combination is exact
    and order-free);
-3. scores around +1000 (log-sum-exps that overflow ``exp``) still give it: the
-   rescaling must be by differences of log-sum-exps, never by e^L itself.
+3. scores around +1000 (log-sum-exps that overflow ``exp``) still give it, the two blocks
+   merged in either order (one side's log-sum-exp hundreds above the other's): the
+   rescaling must be by differences from L' = log(e^L + e^{L_b}), never by e^L itself nor
+   relative to one side alone;
+4. blocks of grouped-query attention, [b, kv, G, sq, d] (five dimensions, as the engine
+   passes them when there are fewer key/value heads than query heads), give it too.
 
 A wrong number is diagnosed against the usual mistakes (outputs added or averaged, the
-log-sum-exps added or maxed, one maximum for all the queries, an input changed in place).
+log-sum-exps added or maxed, one maximum for all the queries, a rescaling relative to one
+side alone, dimensions counted from the front, an input changed in place).
 The ranks agree on the first problem found; otherwise the function is swapped into the
 engine, a tiny GPT trains with ``--cp 2`` (every rank combining its ring's blocks with
 it) for 2 float64 steps, and rank 0 compares it with the single-device model.
@@ -56,13 +61,15 @@ def _close(a, b) -> bool:
 
 
 class _Problem:
-    """Queries [2, 3, 6, 4] and 12 keys and values; `big` scales the scores to ~1000."""
+    """Queries [2, 3, 6, 4] and 12 keys and values; `big` scales the scores to ~1000;
+    `heads` = (kv, G) gives grouped-query blocks [2, kv, G, 6, 4] (the engine's layout when
+    key/value heads are shared)."""
 
-    def __init__(self, big: bool = False):
+    def __init__(self, big: bool = False, heads: tuple = (3,)):
         g = torch.Generator().manual_seed(7)
-        self.q = torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) * (60.0 if big else 1.0)
-        self.k = torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64) * (6.0 if big else 1.0)
-        self.v = torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64)
+        self.q = torch.randn(2, *heads, 6, 4, generator=g, dtype=torch.float64) * (60.0 if big else 1.0)
+        self.k = torch.randn(2, *heads, 12, 4, generator=g, dtype=torch.float64) * (6.0 if big else 1.0)
+        self.v = torch.randn(2, *heads, 12, 4, generator=g, dtype=torch.float64)
 
     def block(self, a: int, b: int):
         """(O_b, L_b) of keys [a, b): the engine's block attention, not the learner's."""
@@ -129,18 +136,56 @@ def _unit_check(fn) -> str:
             return (f"three blocks folded {order} differ from full attention by "
                     f"{float((acc[0] - full[0]).abs().max()):.3g}: the combination must be exact in any order, {RULE}")
     big = _Problem(big=True)
-    first, second = big.block(*BLOCKS[0]), big.block(BLOCKS[1][0], BLOCKS[2][1])
-    got, want = _combine(fn, first, second), big.full()
+    early, late = big.block(*BLOCKS[0]), big.block(BLOCKS[1][0], BLOCKS[2][1])
+    # both orders: the running L hundreds above the block's L_b, and below it (a one-sided
+    # rescaling, e^(L_b - L) or e^(L - L_b), overflows in one of them)
+    for first, second in ((early, late), (late, early)):
+        got, want = _combine(fn, first, second), big.full()
+        if not (_close(got[0], want[0]) and _close(got[1], want[1])):
+            if bool(torch.isneginf(got[1]).any()) and bool(torch.isfinite(want[1]).all()):
+                return (f"with scores around {float(first[1].max()):.0f} your lse is -inf for some queries: one "
+                        f"maximum over all the queries (lse.max()) leaves e^(L - max) = 0 for those far below it; "
+                        f"rescale each query by its own, e^(L - L'), with L' from torch.logaddexp")
+            if not all(bool(torch.isfinite(t).all()) for t in got):
+                return _non_finite(fn, got, first, second)
+            return _diagnose(got, want, first, second)
+    grouped = _Problem(heads=(2, 3))  # [b, kv, G, sq, d]: five dimensions
+    b1, b2 = grouped.block(*BLOCKS[0]), grouped.block(BLOCKS[1][0], BLOCKS[2][1])
+    try:
+        got = _combine(fn, b1, b2)
+    except LabError as e:
+        return _FRONT if "size of tensor" in str(e) else str(e)
+    want = grouped.full()
     if not (_close(got[0], want[0]) and _close(got[1], want[1])):
-        if bool(torch.isneginf(got[1]).any()) and bool(torch.isfinite(want[1]).all()):
-            return (f"with scores around {float(first[1].max()):.0f} your lse is -inf for some queries: one maximum "
-                    f"over all the queries (lse.max()) leaves e^(L - max) = 0 for those far below it; rescale each "
-                    f"query by its own, e^(L - L'), with L' from torch.logaddexp")
-        if not all(bool(torch.isfinite(t).all()) for t in got):
-            return (f"with scores around {float(first[1].max()):.0f} your {NAME} gives inf or nan: e^L overflows; "
-                    f"rescale by differences, e^(L - L'), with L' from torch.logaddexp")
-        return _diagnose(got, want, first, second)
+        return f"{_FRONT}: yours differs from attention over both blocks by {float((got[0] - want[0]).abs().max()):.3g}"
     return ""
+
+
+_FRONT = (f"on grouped-query blocks out [b, kv, G, sq, d], lse [b, kv, G, sq] your {NAME} fails: it counts "
+          "dimensions from the front (unsqueeze(3), [:, :, :, None]), which fits 4-D blocks only; count from the end, "
+          "unsqueeze(-1)")
+
+
+def _non_finite(fn, got, first, second) -> str:
+    """Why `fn` gave inf or nan on log-sum-exps around +1000: e^L itself overflows (it also
+    does when L and L_b are equal), or it rescales relative to one side alone (then only
+    when the other side is hundreds above it)."""
+    shift = float(first[1].max())
+    o, l = first
+    try:
+        level = _combine(fn, (o, l.clone()), (o, l.clone()))  # L = L_b around +1000: only e^L overflows
+    except LabError:
+        level = (o, l)
+    if not all(bool(torch.isfinite(t).all()) for t in level):
+        return (f"with scores around {shift:.0f} your {NAME} gives inf or nan: e^L overflows; "
+                f"rescale by differences, e^(L - L'), with L' from torch.logaddexp")
+    bad = ~(torch.isfinite(got[1]) & torch.isfinite(got[0]).all(-1))  # the queries that overflowed
+    gap = (second[1] - first[1])[bad] if bool(bad.any()) else second[1] - first[1]  # L_b - L there
+    up = float(gap.flatten()[gap.abs().argmax()])
+    side, other = ("L", "L_b") if up > 0 else ("L_b", "L")
+    return (f"your {NAME} gives inf or nan when {other} exceeds {side} by {abs(up):.0f}: you rescale relative to "
+            f"{side} alone (e^({other} - {side}) overflows past 709); rescale relative to "
+            f"L' = torch.logaddexp(L, L_b), never below either side")
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:
@@ -167,7 +212,8 @@ def check_online_softmax_all(sources: list[str], cp: int = 2, timeout: float = 6
 
 def check_online_softmax(source: str, cp: int = 2, timeout: float = 60) -> dict:
     """Lab 09: check the function `combine` defined in `source` on `cp` gloo ranks against
-    full softmax attention (two blocks, three in either order, scores around +1000), then
+    full softmax attention (two blocks, three in either order, scores around +1000 in either
+    order, grouped-query blocks of five dimensions), then
     train a tiny GPT with it in place of the engine's (``--cp``, float64, 2 steps) and
     compare with the single-device model. Returns {"ok", "message", "max_loss_abs_diff",
     "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem, also when
