@@ -164,8 +164,9 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
         log(sig) if log is not None else os.kill(os.getpid(), sig)
     try:
         out = fn(*args)
-    except BaseException:  # its own error, most often a peer's loss seen in a collective: not the cause
-        (Path(scratch) / f"rank{rank}.raised").touch()
+    except BaseException as e:  # its own error, most often a peer's loss seen in a collective
+        first = (str(e).strip().splitlines() or [""])[0]
+        (Path(scratch) / f"rank{rank}.raised").write_text(f"{type(e).__name__}: {first}")
         raise
     (Path(scratch) / f"rank{rank}.done").touch()  # returned: its silence from now on is not a hang
     return out
@@ -268,6 +269,22 @@ class Watchdog:
                 self._end(ranks, f"rank {r} died (pid {ranks[r]} ended without returning)")
                 return
 
+    def cause_of_failure(self) -> str | None:
+        """The dead rank to name when the elastic agent reported a failure first (its poll can
+        see a peer's error exit before the killed rank's own): one rank that ended without
+        returning or raising, while every rank that raised had only lost a peer. None when
+        that is not so (a rank's own error is the agent's to report)."""
+        ranks = self._ranks()
+        raised = {r: (self.scratch / f"rank{r}.raised") for r in ranks}
+        raised = {r: f.read_text() for r, f in raised.items() if f.exists()}
+        if not raised or not all(any(s in text for s in PEER_LOST) for text in raised.values()):
+            return None
+        silent = [r for r in sorted(ranks) if r not in raised and not (self.scratch / f"rank{r}.done").exists()
+                  and (not _alive(ranks[r]) or _zombie(ranks[r]))]
+        if len(silent) != 1:
+            return None
+        return f"rank {silent[0]} died (pid {ranks[silent[0]]} ended without returning)"
+
     def _end(self, ranks: dict[int, int], why: str) -> None:
         self.lost = why
         for pid in ranks.values():
@@ -275,6 +292,10 @@ class Watchdog:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# What gloo's collectives raise on a rank whose peer is gone (its connection reset or closed).
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
 class RankLost(ChildFailedError):
@@ -404,8 +425,9 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
         if forward.received:  # the ranks ended because we passed a signal on: say that
             sig = signal.Signals(forward.received[0])
             raise SignalException(f"the launcher got {sig.name}", sigval=sig) from None
-        if watchdog.lost:
-            raise RankLost(watchdog.lost, e) from None
+        lost = watchdog.lost or watchdog.cause_of_failure()
+        if lost:
+            raise RankLost(lost, e) from None
         raise
     finally:
         watchdog.stop()
