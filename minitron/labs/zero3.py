@@ -234,8 +234,8 @@ class _LabTrainer(Trainer):
         self._unit_factory, self._built = unit, []
         super().__init__(*args, data_parallel=self._zero3, **kw)
 
-    def _build_chunks(self):
-        self._built = super()._build_chunks()
+    def _build_chunks(self, schedule=None):
+        self._built = super()._build_chunks(schedule)
         return self._built
 
     def _zero3(self, params, comm, layout):
