@@ -147,6 +147,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _rank_file(scratch, rank: int, kind: str) -> Path:
+    """What a local rank leaves in the launcher's scratch folder for the Watchdog: its pid,
+    beat (the heartbeat's mtime), raised (its error's first line), done (it returned)."""
+    return Path(scratch) / f"rank{rank}.{kind}"
+
+
 def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     """A local rank: watch the launcher, leave its pid for the launcher's signal
     forwarding, then run `fn(*args)`. With `stop_on_signal`, SIGTERM/SIGINT are noted
@@ -156,8 +162,8 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
     log = SignalLog().install() if stop_on_signal else None
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the fork server started
     rank = int(os.environ.get("RANK", 0))
-    _heartbeat(Path(scratch) / f"rank{rank}.beat")
-    (Path(scratch) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    _heartbeat(_rank_file(scratch, rank, "beat"))
+    _rank_file(scratch, rank, "pid").write_text(str(os.getpid()))
     early = Path(scratch) / "signal"
     if early.exists():  # the launcher was signalled before this rank had left its pid
         sig = int(early.read_text() or signal.SIGTERM)
@@ -166,9 +172,9 @@ def _rank_of(launcher: int, scratch: str, stop_on_signal: bool, fn, *args):
         out = fn(*args)
     except BaseException as e:  # its own error, most often a peer's loss seen in a collective
         first = (str(e).strip().splitlines() or [""])[0]
-        (Path(scratch) / f"rank{rank}.raised").write_text(f"{type(e).__name__}: {first}")
+        _rank_file(scratch, rank, "raised").write_text(f"{type(e).__name__}: {first}")
         raise
-    (Path(scratch) / f"rank{rank}.done").touch()  # returned: its silence from now on is not a hang
+    _rank_file(scratch, rank, "done").touch()  # returned: its silence from now on is not a hang
     return out
 
 
@@ -237,16 +243,16 @@ class Watchdog:
                 seen = {}
             last = now
             ranks = self._ranks()
-            done = {r for r in ranks if (self.scratch / f"rank{r}.done").exists()}
+            done = {r for r in ranks if _rank_file(self.scratch, r, "done").exists()}
             dead, silent = [], {}
             for r, pid in sorted(ranks.items()):
                 if r in done:
                     continue
-                if not _alive(pid) or _zombie(pid):
+                if _gone(pid):
                     dead.append(r)
                     continue
                 try:
-                    mtime = (self.scratch / f"rank{r}.beat").stat().st_mtime
+                    mtime = _rank_file(self.scratch, r, "beat").stat().st_mtime
                 except OSError:
                     continue
                 if seen.get(r, (None,))[0] != mtime:
@@ -264,9 +270,9 @@ class Watchdog:
             if dead:  # a peer that lost its connection to the dead rank may end in the same poll:
                 # the cause left no error of its own (a peer raises when it loses it), and of those
                 # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped)
-                unexplained = [r for r in dead if not (self.scratch / f"rank{r}.raised").exists()] or dead
+                unexplained = [r for r in dead if not _rank_file(self.scratch, r, "raised").exists()] or dead
                 r = next((r for r in unexplained if _ended_by_signal(ranks[r])), unexplained[0])
-                self._end(ranks, f"rank {r} died (pid {ranks[r]} ended without returning)")
+                self._end(ranks, _died(r, ranks[r]))
                 return
 
     def cause_of_failure(self) -> str | None:
@@ -275,15 +281,13 @@ class Watchdog:
         returning or raising, while every rank that raised had only lost a peer. None when
         that is not so (a rank's own error is the agent's to report)."""
         ranks = self._ranks()
-        raised = {r: (self.scratch / f"rank{r}.raised") for r in ranks}
-        raised = {r: f.read_text() for r, f in raised.items() if f.exists()}
+        files = {r: _rank_file(self.scratch, r, "raised") for r in ranks}
+        raised = {r: f.read_text() for r, f in files.items() if f.exists()}
         if not raised or not all(any(s in text for s in PEER_LOST) for text in raised.values()):
             return None
-        silent = [r for r in sorted(ranks) if r not in raised and not (self.scratch / f"rank{r}.done").exists()
-                  and (not _alive(ranks[r]) or _zombie(ranks[r]))]
-        if len(silent) != 1:
-            return None
-        return f"rank {silent[0]} died (pid {ranks[silent[0]]} ended without returning)"
+        silent = [r for r in sorted(ranks) if r not in raised and not _rank_file(self.scratch, r, "done").exists()
+                  and _gone(ranks[r])]
+        return _died(silent[0], ranks[silent[0]]) if len(silent) == 1 else None
 
     def _end(self, ranks: dict[int, int], why: str) -> None:
         self.lost = why
@@ -315,6 +319,15 @@ def _ended_by_signal(pid: int) -> bool:
         return len(fields) >= 50 and int(fields[-1]) & 0x7F != 0
     except (OSError, ValueError, IndexError):
         return False
+
+
+def _died(rank: int, pid: int) -> str:
+    return f"rank {rank} died (pid {pid} ended without returning)"
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (reaped, or a zombie its parent has not reaped yet)."""
+    return not _alive(pid) or _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
