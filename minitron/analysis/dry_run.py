@@ -118,6 +118,23 @@ def model_params(model: ModelConfig, layout: Any = None) -> int:
     return ends_params(model, lay, True, True) + sum(block_params(model, lay, i) for i in range(model.layers))
 
 
+@functools.lru_cache(maxsize=1024)
+def _named_params(model: ModelConfig, layout: ParallelConfig, ids: tuple[int, ...], first: bool,
+                  last: bool) -> tuple[tuple[str, int], ...]:
+    with FakeTensorMode():
+        stage = GPT(model, dry_context(layout), layer_ids=list(ids), first=first, last=last)
+        return tuple((name, p.numel()) for name, p in stage.named_parameters())
+
+
+def named_params(model: ModelConfig, layout: Any, chunks) -> list[tuple[str, int]]:
+    """(name, local elements) of every parameter a rank holds on one tensor rank of `layout`
+    (``blocks.3.attn.qkv.bias``, ``ln_f.weight``, ...), for the chunks ``(layer ids, first,
+    last)`` it holds (:func:`~minitron.analysis.params.rank_chunks`), read from the modules
+    built under FakeTensorMode; a last chunk's copy of a tied ``wte`` is listed again."""
+    lay = _shape_only(as_layout(layout))
+    return [named for ids, first, last in chunks for named in _named_params(model, lay, tuple(ids), first, last)]
+
+
 class _Packed:
     """What a saved-tensor hook keeps: when autograd lets go of it, its storage's count drops."""
 

@@ -148,11 +148,25 @@ def _estimates(fn, model, train, layouts) -> dict:
     return out
 
 
+def _vectors(model: ModelConfig, layout: ParallelConfig, stage: int) -> tuple[int, int, int]:
+    """(norms, final norm, other biases): the local elements of the LayerNorms' weights and
+    biases (the final one's apart) and of the linear layers' biases on a rank of `stage`,
+    read from the engine's own model of that stage (its modules built on fake tensors)."""
+    from ..analysis.dry_run import named_params
+    from ..analysis.params import rank_chunks
+
+    named = named_params(model, layout, rank_chunks(model, layout, stage))
+    # the model names its norms ln1, ln2 (each block) and ln_f (the last stage)
+    norm = {name: n for name, n in named if name.rpartition(".")[0].split(".")[-1].startswith("ln")}
+    return (sum(norm.values()), sum(n for name, n in norm.items() if name.startswith("ln_f.")),
+            sum(n for name, n in named if name.endswith(".bias") and name not in norm))
+
+
 def _mistake(k: str, mine: float, want: float, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
              stage: int) -> str:
     """The usual mistake that accounts for `mine` instead of `want` (component `k` on
     `stage`), or '' when none does."""
-    h, f, s, a, t, p = model.hidden, model.ffn_hidden, model.seq_len, model.heads, layout.tp, layout.pp
+    h, s, a, t, p = model.hidden, model.seq_len, model.heads, layout.tp, layout.pp
     e = 8 if train.dtype == "float64" else 4
     first, last = stage == 0, stage == p - 1
     if k in STATES and layout.precision == "bf16" and 2 * mine == want:
@@ -162,13 +176,13 @@ def _mistake(k: str, mine: float, want: float, model: ModelConfig, layout: Paral
     if k in STATES:
         missing = (want - mine) / (2 * e if k == "optimizer_bytes" else e)  # parameters
         vp, tables = pad_vocab(model.vocab, t), first + last
+        norms, final, biases = _vectors(model, layout, stage)
         known = [
             ((vp // t - model.vocab / t) * h * tables, (vp // t - model.vocab // t) * h * tables,
              f"you count the vocabulary unpadded: the embedding and the output layer hold it padded to a multiple "
              f"of t ({model.vocab} → {vp} rows, {vp // t} per rank)"),
-            (layers * (3 * h // t + h + f // t + h),) * 2 + (
-                "you leave out the biases: QKV's and fc's split over t, the projection's and fc2's replicated",),
-            (layers * 4 * h, layers * 4 * h + 2 * h * last,
+            (biases, "you leave out the biases: QKV's and fc's split over t, the projection's and fc2's replicated"),
+            (norms - final, norms,
              "you leave out the LayerNorms' weights and biases (two per layer, and the final one on the last stage)"),
         ]
         for *amounts, what in known:
