@@ -136,38 +136,46 @@ def named_params(model: ModelConfig, layout: Any, chunks) -> list[tuple[str, int
 
 
 class _Packed:
-    """What a saved-tensor hook keeps: when autograd lets go of it, its storage's count drops."""
+    """What a saved-tensor pack hook hands autograd: freed when autograd drops it."""
+
+    __slots__ = ("t", "__weakref__")
 
     def __init__(self, t):
-        self.t = t
+        # detached: a saved *output* would otherwise point back at the node saving it (node ->
+        # this -> tensor -> grad_fn = node), a cycle through C++ that only a backward without
+        # retain_graph breaks; zb-h1's and the V schedules' split backward retains the graph
+        self.t = t.detach()
 
 
-class _Saved:
-    """The bytes autograd keeps saved and alive, one count per storage however many
-    tensors view it (the parameters' excluded), and their peak since :meth:`reset_peak`.
-    A fake tensor's storage has no address, so a storage is known by its identity."""
+class SavedBytes:
+    """The bytes saved for the backward and alive, one count per storage however many
+    tensors view it (the parameters' storages excluded), and their peak since creation or
+    :meth:`reset_peak`: the dry run's count on fake tensors and the measured step's on real
+    ones (``tools/measure.py``).
+
+    Every saved tensor is wrapped (pack hook); when autograd releases it (its node ran, or
+    the graph went) the wrapper dies and its storage's count drops. A storage is known by
+    its identity, not its address: a fake tensor's storage has none, and ZeRO-3 frees and
+    re-allocates a parameter's. ``hold``/``release`` add other owners (the pipeline stash).
+    """
 
     def __init__(self, params):
         self.exclude = {p.untyped_storage()._cdata for p in params}
-        self.alive: dict[int, list] = {}  # storage -> [bytes, holders]
+        self.alive: dict[int, list] = {}  # storage -> [bytes, owners]
         self.now = self.peak = 0
+        self._held: dict = {}
 
-    def pack(self, t):
-        packed = _Packed(t)
+    def _add(self, t) -> int | None:
         st = t.untyped_storage()
         key = st._cdata
-        if key not in self.exclude:
-            entry = self.alive.setdefault(key, [st.nbytes(), 0])
-            if entry[1] == 0:
-                self.now += entry[0]
-                self.peak = max(self.peak, self.now)
-            entry[1] += 1
-            weakref.finalize(packed, self._drop, key)
-        return packed
-
-    @staticmethod
-    def unpack(packed):
-        return packed.t
+        if key in self.exclude:
+            return None
+        entry = self.alive.setdefault(key, [st.nbytes(), 0])
+        if entry[1] == 0:  # a storage counts once, however many tensors view it
+            self.now += entry[0]
+            self.peak = max(self.peak, self.now)
+        entry[1] += 1
+        return key
 
     def _drop(self, key: int) -> None:
         entry = self.alive[key]
@@ -175,6 +183,24 @@ class _Saved:
         if entry[1] == 0:
             self.now -= entry[0]
             del self.alive[key]
+
+    def pack(self, t):
+        packed = _Packed(t)
+        key = self._add(t)
+        if key is not None:
+            weakref.finalize(packed, self._drop, key)
+        return packed
+
+    @staticmethod
+    def unpack(packed):
+        return packed.t
+
+    def hold(self, key, tensors) -> None:
+        self._held[key] = [k for k in (self._add(t) for t in tensors if t is not None and t.numel()) if k is not None]
+
+    def release(self, key) -> None:
+        for k in self._held.pop(key, []):
+            self._drop(k)
 
     def reset_peak(self) -> None:
         self.peak = self.now
@@ -189,7 +215,7 @@ def _block_saved(model: ModelConfig, i: int, layout: ParallelConfig, b: int, e: 
         stage = GPT(model, ctx, layer_ids=[i], first=False, last=False)  # runs the block as training does
         stage.train()
         x = _hidden_input(stage, ctx, b)
-        counter = _Saved(stage.parameters())
+        counter = SavedBytes(stage.parameters())
         ctx.saved_tensors = (counter.pack, counter.unpack)  # what recomputation saves again
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             y = stage(x, None, (0, 0))
@@ -227,7 +253,7 @@ def _ends_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, firs
         stage.train()
         s = model.seq_len // layout.cp
         x = torch.zeros(b, s, dtype=torch.long) if first else _hidden_input(stage, ctx, b)
-        counter = _Saved(stage.parameters())
+        counter = SavedBytes(stage.parameters())
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             out = stage(x, torch.zeros(b, s, dtype=torch.long) if last else None, (0, 0))
             return counter.now

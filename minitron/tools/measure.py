@@ -12,7 +12,8 @@ from a real :class:`~minitron.train.Trainer` step instead of formulas.
   gradients. The pipeline's send/receive tensors (in ``memory_on_rank``'s estimate) are
   communication buffers and are not measured;
 * activations_bytes: the peak over the step of the bytes saved for the backward and
-  still alive (saved-tensor hooks; parameters excluded; one count per storage), together
+  still alive (saved-tensor hooks counted by :class:`minitron.analysis.dry_run.SavedBytes`,
+  the dry run's meter; parameters excluded; one count per storage), together
   with the pipeline stash (the stage inputs of the microbatches in flight). A
   recomputed region (``--recompute``) holds its inputs, and during its backward what
   its recomputation saves again (``Trainer.step(saved_tensors=)`` hands the meter's
@@ -22,76 +23,9 @@ From a notebook: ``run_on_ranks(memory_job, layout, model, layout, train)``.
 """
 from __future__ import annotations
 
-import weakref
 from contextlib import nullcontext
 
-import torch
-
-
-class _Packed:
-    """What a saved-tensor pack hook hands autograd: freed when autograd drops it."""
-
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        # detached: a saved *output* would otherwise point back at the node saving it (node ->
-        # this -> tensor -> grad_fn = node), a cycle through C++ that only a backward without
-        # retain_graph breaks; zb-h1's and the V schedules' split backward retains the graph
-        self.t = t.detach()
-
-
-class SavedBytes:
-    """The bytes saved for the backward and alive, one count per storage, and their peak.
-
-    Every saved tensor is wrapped (pack hook); when autograd releases it (its node ran,
-    or the graph went) the wrapper dies and the storage's count drops. Storages of the
-    parameters are excluded. ``hold``/``release`` add other owners (the pipeline stash).
-    """
-
-    def __init__(self, params):
-        self.exclude = {p.untyped_storage().data_ptr() for p in params}
-        # ZeRO-3 frees and re-allocates parameter storage: its identity (not its address) stays
-        self.exclude_storages = {p.untyped_storage()._cdata for p in params}
-        self.alive: dict[int, list] = {}  # storage pointer -> [bytes, owners]
-        self.now = self.peak = 0
-        self._held: dict = {}
-
-    def _add(self, t) -> int | None:
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr == 0 or ptr in self.exclude or st._cdata in self.exclude_storages:
-            return None
-        entry = self.alive.setdefault(ptr, [st.nbytes(), 0])
-        if entry[1] == 0:  # a storage counts once, however many tensors view it
-            self.now += entry[0]
-            self.peak = max(self.peak, self.now)
-        entry[1] += 1
-        return ptr
-
-    def _drop(self, ptr: int) -> None:
-        entry = self.alive[ptr]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.now -= entry[0]
-            del self.alive[ptr]
-
-    def pack(self, t):
-        packed = _Packed(t)
-        ptr = self._add(t)
-        if ptr is not None:
-            weakref.finalize(packed, self._drop, ptr)
-        return packed
-
-    @staticmethod
-    def unpack(packed):
-        return packed.t
-
-    def hold(self, key, tensors) -> None:
-        self._held[key] = [p for p in (self._add(t) for t in tensors if t is not None and t.numel()) if p]
-
-    def release(self, key) -> None:
-        for ptr in self._held.pop(key, []):
-            self._drop(ptr)
+from ..analysis.dry_run import SavedBytes
 
 
 def stash_observer(meter: SavedBytes):
