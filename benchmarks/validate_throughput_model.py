@@ -9,7 +9,9 @@ Nothing is timed: these are the model's predictions (minitron.analysis.published
 by side with the papers' figures, for the software presets of minitron.analysis.software.
 The H100-era table (Llama-family dense models and mixtures of experts, FSDP, context and
 expert parallelism, FP8) lists the two runs the H100 constants were fitted on apart from
-the runs it validates on, each with its source.
+the runs it validates on, each with its source, then the B200 run the dropless MoE
+layer's host time was fitted on, and the configurations several releases published (how
+far apart the software alone puts them).
 """
 from __future__ import annotations
 
@@ -86,6 +88,16 @@ def h100_tables() -> None:
     print("\nSoftware beyond megatron-core-2024, as each run's recipe states it:")
     for rid, opts in P.H100_RUN_SOFTWARE.items():
         print(f"- {rid}: {', '.join(f'{k}={v}' for k, v in opts.items())}")
+    host_s, gpu_share = P.fit_dropless_moe_host_s()
+    print(f"\nHost fitting run (DROPLESS_MOE_HOST_S; a B200 run, not validation): {P.HOST_FITTING_RUN[-1]}, "
+          f"{P.HOST_FITTING_RUN[-2]} tokens/s per GPU -> {host_s * 1e3:.2f} ms per layer per microbatch; "
+          f"the model's GPU time for it is {gpu_share:.2f} of that")
+    print("\nConfigurations published by several releases (the same model, GPUs, layout, batch, precision and "
+          "routing; any single prediction's worst |error| on a group is at least the last column):\n")
+    print("| model | runs | published | spread | least worst error |\n|---|---|---|---|---|")
+    for g in P.release_spread():
+        print(f"| {g['model']} | {', '.join(g['runs'])} | {', '.join(map(str, g['values']))} | {g['spread']:.2f}x | "
+              f"{g['least_worst_error']:.1%} |")
 
 
 if __name__ == "__main__":

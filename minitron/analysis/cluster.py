@@ -51,6 +51,9 @@ The blocks of today's models and the parallelism they are trained with (the H100
 * **FP8 matmuls** (a software option) — the linears at the cluster's FP8 peak, their
   inputs and output gradients cast (and transposed) element-wise, with delayed or current
   scaling;
+* **the host** — with the software's ``moe_host_s`` a stage takes at least the host's
+  time to issue its MoE layers, per microbatch (:data:`DROPLESS_MOE_HOST_S`): a thin
+  expert layer at a small microbatch is launch-bound, not compute-bound;
 * the **V schedules** (ZB-V, DualPipe-V) — their bubble from the stage's F, B and W
   times, as :func:`~minitron.analysis.bubble.bubble_fraction` gives it.
 
@@ -107,11 +110,13 @@ layouts and to reason about where time goes, not as a substitute for measuring.
 H100 era (``h100-dgx``, ``megatron-core-2024`` software plus what each run's recipe
 states; ``benchmarks/RESULTS.md``): two constants fitted on one run each
 (:data:`H100_GEMM_MAX_EFFICIENCY`, :data:`H100_FP8_GEMM_MAX_EFFICIENCY`;
-``published.H100_FITTING_RUNS``, ``published.fit_h100_constants``); on the 20 other
-published runs (``published.H100_RUNS``) the 10 dense ones are within 6.2 % at the median
-and 16.3 % at worst, the five Qwen3-235B-A22B runs within 2.9 %, the token-dropping
-Qwen3-30B-A3B run +11 %, and its four dropless runs 26–173 % over-predicted (costs of a
-thin dropless MoE layer the model does not have, and two rows of a slow container).
+``published.H100_FITTING_RUNS``, ``published.fit_h100_constants``) and the host's time
+per dropless MoE layer on a B200 run (:data:`DROPLESS_MOE_HOST_S`,
+``published.fit_dropless_moe_host_s``). On the 30 other published runs
+(``published.H100_RUNS``) the median error is 8.5 %; 28 are within 16.3 %; two dropless
+Qwen3-30B-A3B rows are not (+162 % for 25.11, +87 % for 26.02, whose very configuration
+the 26.02.01 release ran 1.77x faster: no single prediction can come within 27.8 % of
+both, ``published.release_spread``).
 """
 from __future__ import annotations
 
@@ -131,7 +136,7 @@ from .software import Software, get_software
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
            "predict", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
-           "DP_OVERLAP"]
+           "DP_OVERLAP", "DROPLESS_MOE_HOST_S"]
 
 # ---- calibrated constants (fitted only to the Megatron-LM 2019 figures) -----------------
 GEMM_MAX_EFFICIENCY = 0.85      # fraction of peak a large fp16 GEMM reaches (cuBLAS)
@@ -156,6 +161,21 @@ GRAD_BYTES = 2                  # gradients all-reduced in fp16/bf16
 # GEMMs sustain less: thinner shapes, power and clock limits, concurrent communication.)
 H100_GEMM_MAX_EFFICIENCY = 0.615
 H100_FP8_GEMM_MAX_EFFICIENCY = 0.575
+
+# ---- the host's time per dropless MoE layer (software, not the GPU) -------------------
+# Megatron-Core's dropless MoE layer issues hundreds of small kernels per microbatch and
+# reads its token counts back to the host to size the expert buffers; at a microbatch of
+# one 4,096-token sequence a thin expert layer (Qwen3-30B-A3B: h 2048, 128 experts of
+# 768) is done on the GPU before the host has issued the next. Fitted on one run that is
+# not an H100 run, so on none the H100 runs are validated on:
+#   Qwen3-30B-A3B on 8 DGX-B200 GPUs, FP8, MBS 1, EP 8, PP 1, 48 layers, dropless,
+#   9,691 tokens/s per GPU (Megatron-Bridge performance summary archive, NeMo 26.02
+#   container): 4,096 tokens / 9,691 tokens/s / 48 layers                  -> 8.8 ms
+# taking the run to be host-bound: the same table's B300 at MBS 8 ran 3.0x faster per
+# GPU, and this model's GPU time for the microbatch on an H100, over the B200's 2.27x FP8
+# peak, is 0.36 of it (published.fit_dropless_moe_host_s re-derives both). The
+# host time does not grow with the microbatch: a larger one hides it.
+DROPLESS_MOE_HOST_S = 0.0088
 
 
 @dataclass(frozen=True)
@@ -358,11 +378,23 @@ class _StageTime:
     cp_hidden: float
     ep: float
     ep_hidden: float = 0.0
+    host: float = 0.0  # the host's seconds to issue the stage's MoE layers (Software.moe_host_s)
+
+    @property
+    def gpu_seconds(self) -> float:
+        """The GPU's critical path per microbatch: compute and exposed communication."""
+        return self.fwd + self.b_in + self.b_w + self.tp + self.cp + self.ep
+
+    @property
+    def host_wait(self) -> float:
+        """Seconds per microbatch the GPU waits for the host to issue its kernels."""
+        return max(self.host - self.gpu_seconds, 0.0)
 
     @property
     def seconds(self) -> float:
-        """The stage's critical path per microbatch (what the slowest stage sets)."""
-        return self.fwd + self.b_in + self.b_w + self.tp + self.cp + self.ep
+        """The stage's critical path per microbatch (what the slowest stage sets): its
+        GPU time, or the host's time to issue it where that is longer."""
+        return self.gpu_seconds + self.host_wait
 
 
 def attention_widths(model: ModelConfig, t: int, head_dim: int | None = None) -> tuple[int, float]:
@@ -661,7 +693,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         ep_hidden = min(ep_s, DP_OVERLAP * (fwd + b_in + b_w)) if sw.ep_overlap else 0.0
         stages.append(_StageTime(fwd, b_in, b_w, parts, tp=tp_fwd + tp_bwd - tp_hidden, tp_hidden=tp_hidden,
                                  cp=n * (cp_layer[0] - cp_layer[1]), cp_hidden=n * cp_layer[1], ep=ep_s - ep_hidden,
-                                 ep_hidden=ep_hidden))
+                                 ep_hidden=ep_hidden, host=n_moe * sw.moe_host_s))
     st = max(stages, key=lambda s_: s_.seconds)
     F, B_in, B_w, parts = st.fwd, st.b_in, st.b_w, st.parts
 
@@ -757,10 +789,12 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     per_iteration.update(tp_comm=m * st.tp, tp_comm_hidden=m * st.tp_hidden, pp_comm=m * pp_mb,
                          pp_comm_hidden=m * pp_hidden, cp_comm=m * st.cp, cp_comm_hidden=m * st.cp_hidden,
                          ep_comm=m * st.ep, ep_comm_hidden=m * st.ep_hidden, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
-                         fsdp_comm_hidden=m * fsdp_hidden_mb, bubble=bubble_s, dp_comm=dp_exposed,
+                         fsdp_comm_hidden=m * fsdp_hidden_mb, host_wait=m * st.host_wait, bubble=bubble_s,
+                         dp_comm=dp_exposed,
                          dp_comm_hidden=hidden, optimizer=opt_s)
     breakdown = {"compute": m * (F + B), "tp_comm": m * st.tp, "pp_comm": m * pp_mb,
                  "cp_comm": m * st.cp, "ep_comm": m * st.ep, "fsdp_comm": m * (fsdp_mb - fsdp_hidden_mb),
+                 "host_wait": m * st.host_wait,
                  "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
                  "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,

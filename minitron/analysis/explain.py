@@ -5,7 +5,8 @@ piece; :func:`explain` lays those pieces out as rows — the matrix multiplies b
 (the four linears of a layer, the attention products, the logit layer), the element-wise
 kernels, the recomputed forward, each parallel axis's communication (tensor, context,
 expert, FSDP, pipeline, data) (what stays on the
-critical path, and what the software hides behind computation), the pipeline bubble and
+critical path, and what the software hides behind computation), the time the GPU waits
+for the host to issue its kernels, the pipeline bubble and
 the optimizer step — with their seconds and their share of the iteration. The exposed
 rows add up to the iteration time; hidden communication is shown for information and
 takes no share.
@@ -39,6 +40,7 @@ EXPLAIN_PARTS = [
     ("pp_comm_hidden", "pipeline sends, hidden", "hidden"),
     ("dp_comm", "data-parallel gradient reduction, exposed", "communication"),
     ("dp_comm_hidden", "data-parallel gradient reduction, hidden", "hidden"),
+    ("host_wait", "waiting for the host to issue kernels (launch-bound MoE layers)", "host"),
     ("bubble", "pipeline bubble", "bubble"),
     ("optimizer", "optimizer step", "optimizer"),
 ]

@@ -34,7 +34,7 @@ Llama 3 rows in model TFLOP/s per GPU).
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .cluster import PlannedLayout, get_cluster, predict
+from .cluster import DROPLESS_MOE_HOST_S, PlannedLayout, get_cluster, predict
 from .software import Software, get_software
 
 __all__ = ["fit_h100_constants", "H100_RUNS", "H100_FITTING_RUNS", "H100_RUN_SOFTWARE", "H100_RUNS_FIRST_16", "h100_era_model", "h100_run_prediction", "h100_comparison",
@@ -257,6 +257,31 @@ H100_RUNS += [
     ("bridge-qwen3-235b-a22b-2604", "qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True, 1686,
      "tokens/s", BRIDGE_2604),
 ]
+# Later releases of the configurations above (the same archive, DGX-H100, FP8): Llama 3
+# 70B at GBS 256 and Llama 3.1 405B at GBS 1,536 (the 25.11 rows ran 128 and 512), and
+# Qwen3 at the 26.04 layouts. A row per release: the spread between releases of one
+# configuration is what the tables' software changes alone (release_spread).
+BRIDGE_2604_01 = ("Megatron-Bridge performance summary archive, NeMo 26.04.01 container, DGX-H100 "
+                  "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+BRIDGE_2606 = ("Megatron-Bridge performance summary archive, NeMo 26.06 container, DGX-H100 "
+               "(docs/performance-summary-archive.md; MoE force-balanced, dropless)")
+# (model, seq, GPUs, batch, MBS, tp, pp, cp, vpp, ep, zero, cp kind, FP8) of each configuration
+_LLAMA3_70B_GBS256 = ("llama3-70b", 8192, 64, 256, 1, 4, 8, 1, 5, 1, 1, "ring", True)
+_LLAMA31_405B_GBS1536 = ("llama3-405b", 8192, 1024, 1536, 1, 8, 8, 2, 8, 1, 1, "ring", True)
+_QWEN3_30B_EP16 = ("qwen3-30b-a3b", 4096, 16, 1024, 1, 1, 1, 1, 1, 16, 1, "ring", True)
+_QWEN3_235B_GBS8192 = ("qwen3-235b-a22b", 4096, 256, 8192, 1, 2, 8, 1, 4, 32, 1, "ring", True)
+H100_RUNS += [(rid, *config, value, "tokens/s", source) for rid, config, value, source in (
+    ("bridge-llama3-70b-2602", _LLAMA3_70B_GBS256, 1621, BRIDGE_2602),
+    ("bridge-llama31-405b-cp2-2602", _LLAMA31_405B_GBS1536, 311, BRIDGE_2602),
+    ("bridge-llama3-70b-260201", _LLAMA3_70B_GBS256, 1639, BRIDGE_260201),
+    ("bridge-llama3-70b-2604", _LLAMA3_70B_GBS256, 1633, BRIDGE_2604),
+    ("bridge-llama3-70b-260401", _LLAMA3_70B_GBS256, 1664, BRIDGE_2604_01),
+    ("bridge-llama31-405b-cp2-260401", _LLAMA31_405B_GBS1536, 328, BRIDGE_2604_01),
+    ("bridge-qwen3-30b-a3b-260401-ep16", _QWEN3_30B_EP16, 8960, BRIDGE_2604_01),
+    ("bridge-qwen3-235b-a22b-260401", _QWEN3_235B_GBS8192, 1712, BRIDGE_2604_01),
+    ("bridge-llama31-405b-cp2-2606", _LLAMA31_405B_GBS1536, 326, BRIDGE_2606),
+    ("bridge-qwen3-30b-a3b-2606-ep16", _QWEN3_30B_EP16, 8826, BRIDGE_2606),
+)]
 # The 16 runs reported before the expert-parallel overlap was modelled (the before/after
 # comparison of benchmarks/RESULTS.md reads them).
 H100_RUNS_FIRST_16 = tuple(r[0] for r in H100_RUNS[:16])
@@ -270,17 +295,29 @@ H100_RUNS_FIRST_16 = tuple(r[0] for r in H100_RUNS[:16])
 # scripts/performance/run_script.py of Oct 2025, which does not set it.
 H100_RUN_SOFTWARE = {rid: {"ep_overlap": True} for rid in (
     "bridge-qwen3-30b-a3b", "bridge-qwen3-30b-a3b-2602", "bridge-qwen3-235b-a22b", "bridge-qwen3-235b-a22b-2602",
-    "bridge-qwen3-30b-a3b-260201", "bridge-qwen3-235b-a22b-260201", "bridge-qwen3-235b-a22b-2604")}
-# the 26.04 30B recipe (perf_recipes/qwen/h100/qwen3_moe.py, fp8cs): moe_token_dispatcher_type
+    "bridge-qwen3-30b-a3b-260201", "bridge-qwen3-235b-a22b-260201", "bridge-qwen3-235b-a22b-2604",
+    "bridge-qwen3-235b-a22b-260401")}
+# the 30B recipes on ep 16 from 26.04 on (perf_recipes/qwen/h100/qwen3_moe.py, fp8cs; the
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 of v0.4.0 to v0.5.0): moe_token_dispatcher_type
 # "flex" with moe_flex_dispatcher_backend "hybridep" (node-aware), moe_a2a_overlap False
-H100_RUN_SOFTWARE["bridge-qwen3-30b-a3b-2604-ep16"] = {"ep_node_dedup": True}
+for _rid in ("bridge-qwen3-30b-a3b-2604-ep16", "bridge-qwen3-30b-a3b-260401-ep16", "bridge-qwen3-30b-a3b-2606-ep16"):
+    H100_RUN_SOFTWARE[_rid] = {"ep_node_dedup": True}
 # FP8 with current scaling: the 25.11 table's "FP8-CS", and the Bridge's H100 FP8 presets
 # after it (QWEN3_*_H100_FP8_CS_*, the *_h100_fp8cs_config recipes). NeMo 24.07 and the
 # 25.09 run script (scripts/performance/run_script.py, --fp8_recipe default "ds") ran
 # delayed scaling, the preset's default.
+# Every Bridge MoE run from 25.11 on is dropless (the tables' footnote): its layers take at
+# least the host's DROPLESS_MOE_HOST_S each per microbatch (fitted on a B200 run:
+# fit_dropless_moe_host_s). The 25.09 runs dropped tokens: no host time is known for them.
+_DROPLESS_SOURCES = (BRIDGE_2511, BRIDGE_2602, BRIDGE_260201, BRIDGE_2604, BRIDGE_2604_01, BRIDGE_2606)
 for _r in H100_RUNS:
-    if _r[16] in (BRIDGE_2511, BRIDGE_2602, BRIDGE_260201, BRIDGE_2604) and _r[13]:
-        H100_RUN_SOFTWARE[_r[0]] = {**H100_RUN_SOFTWARE.get(_r[0], {}), "fp8_scaling": "current"}
+    _opts = H100_RUN_SOFTWARE.get(_r[0], {})
+    if _r[16] in _DROPLESS_SOURCES and _r[13]:
+        _opts = {**_opts, "fp8_scaling": "current"}
+    if _r[16] in _DROPLESS_SOURCES and h100_era_model(_r[1])[0].experts:
+        _opts = {**_opts, "moe_host_s": DROPLESS_MOE_HOST_S}
+    if _opts:
+        H100_RUN_SOFTWARE[_r[0]] = _opts
 # The runs the two H100 constants of minitron.analysis.cluster were fitted on: never
 # reported as validation. Same fields.
 H100_FITTING_RUNS = [
@@ -345,3 +382,59 @@ def fit_h100_constants() -> tuple[float, float]:
 
     bf16 = solve(H100_FITTING_RUNS[0], "gemm_max_efficiency", {})
     return bf16, solve(H100_FITTING_RUNS[1], "fp8_gemm_max_efficiency", {"gemm_max_efficiency": bf16})
+
+
+# The run DROPLESS_MOE_HOST_S was fitted on (a B200, so never an H100 validation run):
+# (model, seq, GPUs, MBS, EP, PP, tokens/s per GPU, source), and the B200's dense FP8
+# peak over the H100's (4.5 over 1.979 PFLOP/s, the DGX B200 and DGX H100 datasheets).
+HOST_FITTING_RUN = ("qwen3-30b-a3b", 4096, 8, 1, 8, 1, 9691,
+                    "Megatron-Bridge performance summary archive, NeMo 26.02 container, DGX-B200, FP8 (MXFP8), "
+                    "MBS 1, EP 8, dropless")
+B200_OVER_H100_FP8_PEAK = 4.5e15 / 1.979e15
+
+
+def fit_dropless_moe_host_s() -> tuple[float, float]:
+    """(host seconds per MoE layer per microbatch, GPU share) from :data:`HOST_FITTING_RUN`.
+
+    Taken to be host-bound, the run spends seq·MBS / (tokens/s per GPU) per microbatch on
+    its layers; the host seconds are that over the layers one GPU runs (PP 1: all). The
+    GPU share checks the assumption: this model's GPU time for the same microbatch on an
+    H100 (FP8, the layout's all-to-alls included, no host limit), over the B200's FP8
+    peak ratio, as a fraction of that time. Well under 1: the GPU was not the limit."""
+    name, seq, gpus, mb, ep, pp, tokens_per_s, _ = HOST_FITTING_RUN
+    model, head_dim = h100_era_model(name)
+    model = model.replace(seq_len=seq)
+    per_microbatch = seq * mb / tokens_per_s
+    host_s = per_microbatch / (model.layers // pp)
+    sw = get_software(H100_SOFTWARE).replace(fp8=True, fp8_scaling="current")
+    layout = PlannedLayout(pp=pp, dp=gpus // pp, ep=ep, microbatch_size=mb)
+    pred = predict(model, layout, gpus // pp * mb * 64, "h100-dgx", software=sw, head_dim=head_dim)
+    gpu_s = pred.iteration_s / pred.breakdown["microbatches"] / B200_OVER_H100_FP8_PEAK
+    return host_s, gpu_s / per_microbatch
+
+
+def _configuration(run: tuple) -> tuple:
+    """What the tables state of a run, and so all a model of the hardware and the layout
+    is given: model, seq, GPUs, batch, MBS, tp, pp, cp, vpp, ep, zero, cp kind, FP8, and
+    whether its MoE layers were dropless."""
+    return (*run[1:14], run[16] in _DROPLESS_SOURCES and bool(h100_era_model(run[1])[0].experts))
+
+
+def release_spread(runs: list | None = None) -> list[dict]:
+    """Configurations published by more than one release (default :data:`H100_RUNS`): the
+    same model, GPUs, layout, batch, precision and routing (:func:`_configuration`), so the
+    same prediction from any model of what the tables state. For each: its runs, the lowest and highest published figure,
+    and the least worst |error| any single prediction P can have on them,
+    (hi − lo)/(hi + lo), at P = 2·lo·hi/(lo + hi) (there P/lo − 1 = 1 − P/hi)."""
+    groups: dict = {}
+    for run in (H100_RUNS if runs is None else runs):
+        groups.setdefault(_configuration(run), []).append(run)
+    out = []
+    for config, members in groups.items():
+        if len(members) < 2:
+            continue
+        values = [r[14] for r in members]
+        lo, hi = min(values), max(values)
+        out.append({"model": config[0], "runs": [r[0] for r in members], "values": values, "low": lo, "high": hi,
+                    "spread": hi / lo, "least_worst_error": (hi - lo) / (hi + lo)})
+    return out

@@ -57,6 +57,13 @@ kernels are itemised both ways):
   microbatch's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``), and sent
   once per remote node rather than once per expert (DeepEP, HybridEP); both off in every
   preset, set per published run where its recipe states them;
+* **moe_host_s** — seconds the host (the Python framework and the kernel launches it
+  issues) takes to issue one mixture-of-experts layer's forward and backward for one
+  microbatch, whatever its size. A GPU finishes a thin expert layer faster than that at
+  a small microbatch, and then waits: the stage takes the longer of its GPU time and
+  its host time. 0 (every preset): the host is never the limit; set per published run
+  (a dropless Megatron-Core layer, whose dispatcher reads the token counts back to the
+  host to size its buffers: ``cluster.DROPLESS_MOE_HOST_S``);
 * **schedules, context_parallel, fsdp** — what the system can run beyond PTD-P's
   layouts: its pipeline schedules (PTD-P's 1F1B and interleaved; the zero-bubble and V
   schedules where it splits the backward into input and weight gradients), its
@@ -124,6 +131,8 @@ class Software:
     # a token crosses the network once per remote node that holds any of its k experts and
     # fans out over NVLink there, instead of once per expert
     ep_node_dedup: bool = False
+    # host seconds to issue one MoE layer's forward and backward per microbatch (0: never the limit)
+    moe_host_s: float = 0.0
     # what the system runs beyond PTD-P's layouts (the planner searches these; `predict`
     # prices any layout it is given): pipeline schedules, context-parallel kinds, FSDP
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
@@ -139,6 +148,8 @@ class Software:
             if value not in allowed:
                 raise ValueError(f"software '{self.name}': {field} must be one of "
                                  f"{', '.join(allowed)} (got '{value}')")
+        if self.moe_host_s < 0:
+            raise ValueError(f"software '{self.name}': moe_host_s must be at least 0 seconds (got {self.moe_host_s})")
 
     @property
     def attention_matrix_passes(self) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 One horizontal bar per prediction, split into the parts of
 :func:`minitron.analysis.explain` in seconds: matrix multiplies by kind in blues,
 element-wise work and recomputation in greens, exposed communication in oranges, the
-bubble in red, the optimizer in grey. Hidden communication is drawn as a hatched bar
+GPU waiting for its host in purple, the bubble in red, the optimizer in grey. Hidden communication is drawn as a hatched bar
 beside it: time that overlaps computation and so costs nothing. Several predictions
 (software stacks or layouts) share one axis to be compared.
 """
@@ -21,7 +21,8 @@ PART_COLORS = {
     "tp_comm": "#e6550d", "pp_comm": "#fd8d3c", "dp_comm": "#fdae6b", "bubble": "#c44e52",
     "optimizer": "#8c8c8c", "tp_comm_hidden": "#e6550d", "pp_comm_hidden": "#fd8d3c",
     "dp_comm_hidden": "#fdae6b", "experts": "#2171b5", "cp_comm": "#d94801", "cp_comm_hidden": "#d94801",
-    "ep_comm": "#a63603", "fsdp_comm": "#fdd0a2", "fsdp_comm_hidden": "#fdd0a2",
+    "ep_comm": "#a63603", "ep_comm_hidden": "#a63603", "fsdp_comm": "#fdd0a2", "fsdp_comm_hidden": "#fdd0a2",
+    "host_wait": "#756bb1",
 }
 
 
