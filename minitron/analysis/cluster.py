@@ -775,7 +775,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     mem = memory_estimate(model.replace(seq_len=model.seq_len // cp),
                           {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
                            "sp": L.sp, "schedule": kind}, global_batch,
-                          bytes_per_param=bytes_per_param, recompute=rc)
+                          bytes_per_param=bytes_per_param, recompute=rc, flash=sw.attention == "flash")
     if not gpt or L.zero or cp > 1:
         # model states from this rank's own weights (experts included, the activation
         # estimate is the GPT block's): 2-byte weights and gradients whole, the rest

@@ -285,13 +285,16 @@ def _schedule(layout: Any) -> tuple[str, int, int]:
 def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
                              pp_rank: int = 0, bytes_per_el: int = 2, mask_bytes: int = 1,
                              dropout: bool | None = None, recompute: str | None = None,
-                             _n_layers: int | None = None) -> float:
+                             _n_layers: int | None = None, flash: bool = False) -> float:
     """Peak activation bytes on pipeline rank `pp_rank` (any tensor rank): stashed
     microbatches × layers held × :func:`activation_bytes_per_layer`, the embedding and
     logit terms, and one layer's working set under recomputation.
 
     `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers`` (a
-    ParallelConfig or a dict; `recompute` overrides the layout's).
+    ParallelConfig or a dict; `recompute` overrides the layout's). `flash`: the attention
+    is a flash kernel (Dao et al. 2022), which never writes the a·s² scores: it saves the
+    rows' log-sum-exp and recomputes the scores block by block on chip in its backward, so
+    a layer keeps what selective recomputation keeps and none is rebuilt in memory.
     """
     t = int(layout_get(layout, "tp", 1) or 1)
     # the 3-D cube (and the 2-D/2.5-D grid) splits every activation over its ranks, like
@@ -303,13 +306,13 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     s, b, h = model.seq_len, micro_batch, model.hidden
     e = bytes_per_el
     drop = model.dropout > 0 if dropout is None else dropout
-    per_layer = activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop)
+    whole = "selective" if flash else "none"  # what a layer saves when nothing is recomputed
+    per_layer = activation_bytes_per_layer(model, b, t, sp, whole if rc == "none" else rc, e, mask_bytes, drop)
     in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
     n_layers = layers_on_rank(model, layout, pp_rank) if _n_layers is None else _n_layers
     total = in_flight * n_layers * per_layer
     if rc != "none":  # one layer rebuilt for its backward
-        total += (activation_bytes_per_layer(model, b, t, sp, "none", e, mask_bytes, drop)
-                  - activation_bytes_per_layer(model, b, t, sp, rc, e, mask_bytes, drop))
+        total += activation_bytes_per_layer(model, b, t, sp, whole, e, mask_bytes, drop) - per_layer
     if pp_rank == 0 and drop:  # dropout mask of the embedding output
         total += in_flight * mask_bytes * s * b * h / (t if sp else 1)
     if pp_rank == last_stage_rank(kind, p, v):  # final LayerNorm input, output-layer input, fp32 softmax
@@ -540,14 +543,16 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
 # Mixed-precision estimate for large models (the planner's)
 # --------------------------------------------------------------------------------------
 def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_per_param: float = 16,
-                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True) -> dict:
+                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True,
+                    flash: bool = False) -> dict:
     """Bytes per GPU for mixed-precision training at scale, the maximum over stages.
 
     `layout` gives ``tp, pp, dp, vpp, microbatch_size`` (and optionally ``sp, schedule,
     stage_layers``). Model states: 2-byte parameters, 12 bytes of fp32 master weights
     and Adam moments, and ``bytes_per_param − 14`` bytes of gradients (2 for the
     ZeRO paper's 16, 6 for 20 with fp32 accumulation). Activations: Korthikanti Table 2
-    with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy.
+    with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy; with
+    `flash` attention no a·s² term (:func:`activation_bytes_on_rank`).
     """
     d = int(layout_get(layout, "dp", 1) or 1)
     b = int(layout_get(layout, "microbatch_size", 1) or 1)
@@ -568,7 +573,7 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
     for r in check:
         n = params_given_layers(model, t, p, v, mode, r, layers[r], kind)
         acts = activation_bytes_on_rank(model, layout, b, m, r, act_bytes, 1, dropout, recompute,
-                                        _n_layers=layers[r])
+                                        _n_layers=layers[r], flash=flash)
         ranks.append(_assemble(2 * n, (bytes_per_param - 14) * n, 12 * n, acts,
                                _buffers(model, no_dp, b, act_bytes, n, 2)))
     return _max_over_ranks(ranks)
