@@ -43,6 +43,15 @@ def _best_microbatch(global_batch: int) -> int:
     return max(microbatch_sweep(GPT_91B, global_batch), key=lambda r: r["tflops_per_gpu"])["b"]
 
 
+def _host_wait_pct(run_id: str) -> float:
+    """Lesson 11: the per cent of a published H100 run's predicted iteration the GPU waits
+    for its host (minitron.analysis.published)."""
+    from ..analysis import published as P
+    run = next(r for r in P.H100_RUNS if r[0] == run_id)
+    pred = P.h100_run_prediction(run)[1]
+    return 100 * pred.breakdown["parts"]["host_wait"] / pred.iteration_s
+
+
 def _A():
     from .. import analysis
     return analysis
@@ -327,6 +336,10 @@ QUESTIONS: dict[str, Question] = {
         lambda: _balanced_a2a(_preset("mixtral-8x7b"), 4096, 2) / 2**20,
         "dispatch and combine, forward and backward: 4 passes of T·k rows of h elements, plus the "
         "E int64 counts: 8E + 2(S + R)·h·b with S = R = T·k."),
+    "11.host_wait_pct": Question(
+        lambda: _host_wait_pct("bridge-qwen3-30b-a3b-2606-ep16"),
+        "the prediction's part 'host_wait' over its iteration time, in per cent: per microbatch the host "
+        "needs 48 layers × 8.8 ms, and the GPU waits for what its own work does not cover.", rel_tol=1e-2),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
