@@ -276,3 +276,23 @@ def _check_timeline_v(path, p, m, kind):
     for (stage, mb, step), x in f.items():
         if stage > 0:
             assert x["start"] >= f[(stage - 1, mb, step)]["end"] - 1e-3
+
+
+def _plain_pp2_job(comm, cases, steps):
+    from test_pipeline import _parity_job
+    return _parity_job(comm, cases, steps, "")
+
+
+@pytest.mark.multirank
+def test_v_schedules_on_plain_pp2_equal_one_device():
+    """ZB-V and DualPipe-V on two ranks with nothing else (no dp, no tp), m in {p, 2p, 2p+1}
+    where allowed: each against one device in float64 (1e-9), with its p2p trace and posting
+    order (one launch of 2 ranks)."""
+    from test_pipeline import _check_parity_and_trace
+    four = ModelConfig(layers=4, hidden=16, heads=2, seq_len=16, vocab=256)
+    cases = [(four, ParallelConfig(pp=2, vpp=2, schedule=k), m)
+             for k, ms in (("zb-v", (2, 4, 5)), ("dualpipe-v", (4, 5))) for m in ms]
+    out = run_on_ranks(_plain_pp2_job, ParallelConfig(pp=2), cases, 2)
+    _check_parity_and_trace(out)
+    assert len(out[0]) == len(cases)
+
