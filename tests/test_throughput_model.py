@@ -322,8 +322,11 @@ def test_plan_published_run_explained(capsys):
     out = capsys.readouterr().out
     assert "published 292 tokens/s" in out and "context-parallel K/V exchange, hidden" in out
     assert main(["plan", "--published", "bridge-qwen3-235b-a22b", "--explain"]) == 0
-    moe = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("expert-parallel all-to-all"))
+    out = capsys.readouterr().out
+    moe = next(line for line in out.splitlines() if line.startswith("expert-parallel all-to-all"))
     assert float(moe.split()[-2]) > 0
+    # the software options its recipe states are printed with it
+    assert "software: megatron-core-2024, ep_overlap=True, fp8_scaling=current, moe_host_s=0.0088" in out
     assert main(["plan", "--model", "llama3-8b", "--cluster", "h100-dgx", "--gpus", "8", "--global-batch", "16",
                  "--tp", "1", "--pp", "1", "--zero", "3", "--fp8", "--software", "megatron-core-2024",
                  "--explain"]) == 0

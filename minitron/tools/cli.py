@@ -589,13 +589,18 @@ def _published_run(args) -> int:
     layout, pred, value = P.h100_run_prediction(run)
     if args.json:
         print(json.dumps({"run": run[0], "published": run[14], "unit": run[15], "predicted": value,
-                          "source": run[16], "breakdown": pred.breakdown}))
+                          "source": run[16], "software": {"preset": P.H100_SOFTWARE,
+                                                          **P.H100_RUN_SOFTWARE.get(run[0], {})},
+                          "breakdown": pred.breakdown}))
         return 0
     print(f"{run[0]}: {run[1]}, sequence {run[2]}, {run[3]} GPUs of h100-dgx, global batch {run[4]}, "
           f"t={layout.tp} p={layout.pp} cp={layout.cp} v={layout.vpp} ep={layout.ep} d={layout.dp} "
           f"b={layout.microbatch_size}{' FSDP' if layout.zero == 3 else ''}{' FP8' if run[13] else ''}")
     print(f"published {run[14]} {run[15]} per GPU, predicted {value:.1f} ({value / run[14] - 1:+.1%}); "
           f"source: {run[16]}")
+    options = P.H100_RUN_SOFTWARE.get(run[0], {})
+    print(f"software: {P.H100_SOFTWARE}" + "".join(f", {k}={v}" for k, v in options.items())
+          + " (beyond the preset, as the run's recipe and table state)" * bool(options))
     if args.explain:
         print(f"\none iteration, part by part:\n{format_explain(pred)}")
     return 0
