@@ -32,6 +32,12 @@ def test_alpha_beta_pricing():
     # a group of 4 measured at 2: three ring steps instead of one, each moving half the bytes
     assert prof.call_seconds("all_reduce", 4, 1000) == pytest.approx(3e-4 + 3 * 0.5 * 1e-6)
     assert prof.call_seconds("recv", 2, 1000) == pytest.approx(5e-5 + 2e-6)
+    # a group of 4 measured with 4 ranks on 2 cores ran at half speed: its fit is taken back
+    # to a core per rank (predict_step slows it again by the layout's own world / cores)
+    fits = {"all_reduce": {4: [2e-4, 1e-9]}}
+    assert MachineProfile("m", 2, 1e9, "tiny", fits).call_seconds("all_reduce", 4, 1000) == pytest.approx(
+        (2e-4 + 1e-6) / 2)
+    assert MachineProfile("m", 4, 1e9, "tiny", fits).call_seconds("all_reduce", 4, 1000) == pytest.approx(2e-4 + 1e-6)
 
 
 PROFILE = MachineProfile("m", 2, 1e9, "tiny", {op: {2: [1e-4, 1e-9], 4: [3e-4, 1e-9]} for op in

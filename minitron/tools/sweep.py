@@ -26,8 +26,10 @@ The **prediction** of a point (:func:`predict_step`), for the slowest rank:
   ``world / cores`` when there are more ranks than cores (they take turns on a core),
   stretched by the pipeline bubble ``(p − 1)/(v·m)`` when there is a pipeline;
 * communication: every call the traced step made, priced with the α–β fit of its
-  operation and group size, never overlapped (gloo runs the collective on the caller's
-  core, and there is no spare core to hide it on).
+  operation and group size (taken back to a core per rank where the group was measured
+  with more ranks than cores), slowed by ``world / cores`` like the compute, never
+  overlapped (gloo runs the collective on the caller's core, and there is no spare core
+  to hide it on).
 """
 from __future__ import annotations
 
@@ -82,15 +84,18 @@ class MachineProfile:
                               f"write one with `minitron sweep --measure-machine {path}`") from None
 
     def call_seconds(self, op: str, n: int, nbytes: int) -> float:
-        """α + β·bytes for one call; a group size that was not measured takes the nearest one
-        measured, scaled by the ring's steps ((n−1) of them, twice for all-reduce)."""
+        """α + β·bytes for one call with a core per rank; a group size that was not measured
+        takes the nearest one measured, scaled by the ring's steps ((n−1) of them, twice for
+        all-reduce). A group measured with more ranks than cores ran oversubscribed: its fit
+        is divided by that factor here, which :func:`predict_step` applies for the layout."""
         fits = self.links.get("send" if op in ("send", "recv") else op)
         if not fits:
             return 0.0
         near = min(fits, key=lambda k: (abs(k - n), k))
         alpha, beta = fits[near]
         scale = (n - 1) / (near - 1) if near > 1 and n > 1 else 1.0
-        return scale * alpha + scale * (near / n if op != "send" else 1.0) * beta * nbytes
+        measured_oversubscribed = max(1.0, near / self.cores)
+        return (scale * alpha + scale * (near / n if op != "send" else 1.0) * beta * nbytes) / measured_oversubscribed
 
 
 def parse_layout(spec: str) -> ParallelConfig:
