@@ -310,11 +310,18 @@ for _rid in ("bridge-qwen3-30b-a3b-2604-ep16", "bridge-qwen3-30b-a3b-260401-ep16
 # least the host's DROPLESS_MOE_HOST_S each per microbatch (fitted on a B200 run:
 # fit_dropless_moe_host_s). The 25.09 runs dropped tokens: no host time is known for them.
 _DROPLESS_SOURCES = (BRIDGE_2511, BRIDGE_2602, BRIDGE_260201, BRIDGE_2604, BRIDGE_2604_01, BRIDGE_2606)
+
+
+def _dropless_moe(run: tuple) -> bool:
+    """Whether a run trained a mixture of experts without dropping tokens (its table says so)."""
+    return run[16] in _DROPLESS_SOURCES and bool(h100_era_model(run[1])[0].experts)
+
+
 for _r in H100_RUNS:
     _opts = H100_RUN_SOFTWARE.get(_r[0], {})
     if _r[16] in _DROPLESS_SOURCES and _r[13]:
         _opts = {**_opts, "fp8_scaling": "current"}
-    if _r[16] in _DROPLESS_SOURCES and h100_era_model(_r[1])[0].experts:
+    if _dropless_moe(_r):
         _opts = {**_opts, "moe_host_s": DROPLESS_MOE_HOST_S}
     if _opts:
         H100_RUN_SOFTWARE[_r[0]] = _opts
@@ -331,6 +338,15 @@ H100_FITTING_RUNS = [
 # communication, no recomputation at these batch sizes). The Llama 3 paper does not
 # state its interleaving degree: v = 2 for its three rows, chosen with the fitting row.
 H100_SOFTWARE = "megatron-core-2024"
+
+
+def h100_run(run_id: str) -> tuple:
+    """The published H100-era run (validation or fitting) with this id; KeyError naming the
+    ids there are otherwise."""
+    runs = {r[0]: r for r in H100_RUNS + H100_FITTING_RUNS}
+    if run_id not in runs:
+        raise KeyError(f"unknown published run '{run_id}': choose one of {', '.join(runs)}")
+    return runs[run_id]
 
 
 def h100_run_prediction(run: tuple, cluster: str = "h100-dgx", software: str | Software = H100_SOFTWARE,
@@ -386,11 +402,11 @@ def fit_h100_constants() -> tuple[float, float]:
 
 # The run DROPLESS_MOE_HOST_S was fitted on (a B200, so never an H100 validation run):
 # (model, seq, GPUs, MBS, EP, PP, tokens/s per GPU, source), and the B200's dense FP8
-# peak over the H100's (4.5 over 1.979 PFLOP/s, the DGX B200 and DGX H100 datasheets).
+# peak (4.5 PFLOP/s, the DGX B200 datasheet; the H100's is h100-dgx's fp8_peak_flops).
 HOST_FITTING_RUN = ("qwen3-30b-a3b", 4096, 8, 1, 8, 1, 9691,
                     "Megatron-Bridge performance summary archive, NeMo 26.02 container, DGX-B200, FP8 (MXFP8), "
                     "MBS 1, EP 8, dropless")
-B200_OVER_H100_FP8_PEAK = 4.5e15 / 1.979e15
+B200_FP8_PEAK_FLOPS = 4.5e15
 
 
 def fit_dropless_moe_host_s() -> tuple[float, float]:
@@ -409,7 +425,8 @@ def fit_dropless_moe_host_s() -> tuple[float, float]:
     sw = get_software(H100_SOFTWARE).replace(fp8=True, fp8_scaling="current")
     layout = PlannedLayout(pp=pp, dp=gpus // pp, ep=ep, microbatch_size=mb)
     pred = predict(model, layout, gpus // pp * mb * 64, "h100-dgx", software=sw, head_dim=head_dim)
-    gpu_s = pred.iteration_s / pred.breakdown["microbatches"] / B200_OVER_H100_FP8_PEAK
+    h100_over_b200 = get_cluster("h100-dgx").fp8_peak_flops / B200_FP8_PEAK_FLOPS
+    gpu_s = pred.iteration_s / pred.breakdown["microbatches"] * h100_over_b200
     return host_s, gpu_s / per_microbatch
 
 
@@ -417,7 +434,7 @@ def _configuration(run: tuple) -> tuple:
     """What the tables state of a run, and so all a model of the hardware and the layout
     is given: model, seq, GPUs, batch, MBS, tp, pp, cp, vpp, ep, zero, cp kind, FP8, and
     whether its MoE layers were dropless."""
-    return (*run[1:14], run[16] in _DROPLESS_SOURCES and bool(h100_era_model(run[1])[0].experts))
+    return (*run[1:14], _dropless_moe(run))
 
 
 def release_spread(runs: list | None = None) -> list[dict]:

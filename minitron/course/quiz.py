@@ -47,8 +47,7 @@ def _host_wait_pct(run_id: str) -> float:
     """Lesson 11: the per cent of a published H100 run's predicted iteration the GPU waits
     for its host (minitron.analysis.published)."""
     from ..analysis import published as P
-    run = next(r for r in P.H100_RUNS if r[0] == run_id)
-    pred = P.h100_run_prediction(run)[1]
+    pred = P.h100_run_prediction(P.h100_run(run_id))[1]
     return 100 * pred.breakdown["parts"]["host_wait"] / pred.iteration_s
 
 

@@ -582,10 +582,10 @@ def _published_run(args) -> int:
     from ..analysis import format_explain
     from ..analysis import published as P
 
-    runs = {r[0]: r for r in P.H100_RUNS + P.H100_FITTING_RUNS}
-    if args.published not in runs:
-        raise ConfigError(f"unknown published run '{args.published}': choose one of {', '.join(runs)}")
-    run = runs[args.published]
+    try:
+        run = P.h100_run(args.published)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
     layout, pred, value = P.h100_run_prediction(run)
     if args.json:
         print(json.dumps({"run": run[0], "published": run[14], "unit": run[15], "predicted": value,
