@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from . import dcp_format
 from .config import ConfigError
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
@@ -59,7 +60,8 @@ def is_step_dir(path: Path) -> bool:
     path = Path(path)
     if not (STEP_DIR.fullmatch(path.name) and path.is_dir() and not path.is_symlink()):
         return False
-    return all(SHARD_FILE.fullmatch(f.name) or f.name == "meta.json" for f in path.iterdir())
+    return all(SHARD_FILE.fullmatch(f.name) or dcp_format.DCP_FILE.fullmatch(f.name) or f.name == "meta.json"
+               for f in path.iterdir())
 
 
 def _region(p):
@@ -224,6 +226,23 @@ def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
         pass  # rank 0 finds no summary and reports this rank
 
 
+def _write_dcp(tmp: Path, rank: int, shards: dict, fqns: dict, world: int) -> None:
+    """`_write_shard` for the DCP format (``--ckpt-format dcp``): every rank takes part in
+    DCP's collective save, then writes its summary (its files' checksums) or the reason the
+    save failed."""
+    side = tmp / f"rank_{rank:05d}.json"
+    try:
+        info = {**dcp_format.write(tmp, rank, shards, fqns, world), **_shard_summary(shards)}
+    except Exception as e:  # DCP wraps a rank's OSError (a full disk) in a CheckpointException
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        info = {"error": f"rank {rank} could not write its part of the DCP checkpoint into {tmp} ({why}; "
+                         f"{_free_space(tmp)})"}
+    try:
+        side.write_text(json.dumps(info))
+    except OSError:
+        pass
+
+
 def _verdict(tmp: Path, world: int, step: int, lr: float) -> tuple[str, str] | dict:
     """Rank 0, after every rank has written: the files' summaries, or (kind, message) when
     the checkpoint must not be published (a rank that could not write, a non-finite model)."""
@@ -285,7 +304,11 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
     comm.barrier()
-    _write_shard(tmp, rank, export_state(tr.params, tr.optimizer))
+    if tr.tcfg.ckpt_format == "dcp":
+        _write_dcp(tmp, rank, export_state(tr.params, tr.optimizer), dcp_format.module_names(tr.chunks),
+                   comm.grid.world)
+    else:
+        _write_shard(tmp, rank, export_state(tr.params, tr.optimizer))
     comm.barrier()
     verdict = "ok"
     if rank == 0:
@@ -318,15 +341,26 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, tr, infos: list[dict
                       "data_tokens": len(tr.train_data) if hasattr(tr, "train_data") else None,
                       "steps": tc.steps, "microbatches": tc.microbatches},
             "optimizer_state": "all" if all(i["records"] == i["with_state"] for i in infos) else "partial",
-            "files": {i["file"]: {"sha256": i["sha256"], "bytes": i["bytes"]} for i in infos}}
+            "ckpt_format": tc.ckpt_format, "files": _files(infos),
+            **({"dcp_keys": infos[0]["dcp_keys"]} if "dcp_keys" in infos[0] else {})}
     for r in range(len(infos)):
         (tmp / f"rank_{r:05d}.json").unlink(missing_ok=True)
+    (tmp / ".metadata.tmp").unlink(missing_ok=True)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if latest(str(root)) == final:  # saving the step `latest` names: never let it dangle
         _point_latest(root, tmp.name)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _point_latest(root, final.name)
+
+
+def _files(infos: list[dict]) -> dict:
+    """meta.json's {file: {sha256, bytes}} from the ranks' summaries (one shard file each,
+    or a rank's DCP files)."""
+    out = {}
+    for i in infos:
+        out.update(i["files"] if "files" in i else {i["file"]: {"sha256": i["sha256"], "bytes": i["bytes"]}})
+    return out
 
 
 # The run's settings that a resume must keep for the continued run to equal an uninterrupted
@@ -372,6 +406,9 @@ def check(path, verify_data: bool = True) -> dict:
             and isinstance(meta.get("model"), dict) and meta["step"] >= 0 and meta["world"] >= 1):
         raise ConfigError(f"checkpoint {meta_file} lacks a valid step, world or model: it was edited or "
                           f"damaged; resume from another checkpoint")
+    if meta.get("ckpt_format") == "dcp":
+        _check_dcp(path, meta, verify_data)
+        return meta
     files = sorted(path.glob("rank_*.pt"))
     if len(files) != meta.get("world"):
         raise ConfigError(f"checkpoint {path} has {len(files)} shard files, expected {meta.get('world')}: "
@@ -397,6 +434,57 @@ def check(path, verify_data: bool = True) -> dict:
             raise ConfigError(f"checkpoint {path} is missing shards of '{name}': it is incomplete, resume "
                               f"from another checkpoint")
     return meta
+
+
+def _check_dcp(path: Path, meta: dict, verify_data: bool) -> None:
+    """`check` for a DCP step folder: every DCP file present and equal to its checksum, the
+    chunks of every tensor tiling it exactly once, optimizer state whole, values finite."""
+    sums = meta.get("files")
+    files = sorted(f.name for f in path.iterdir() if dcp_format.DCP_FILE.fullmatch(f.name))
+    if not isinstance(sums, dict) or sorted(sums) != files or ".metadata" not in files:
+        raise ConfigError(f"checkpoint {path} does not hold the DCP files its meta.json lists "
+                          f"({len(files)} found, {len(sums) if isinstance(sums, dict) else 0} listed): it is "
+                          f"incomplete or was edited; resume from another checkpoint")
+    for name in files:
+        f, want = path / name, sums[name]
+        if not isinstance(want, dict) or f.stat().st_size != want.get("bytes") or _sha256(f) != want.get("sha256"):
+            raise ConfigError(f"checkpoint file {f} does not match its checksum in meta.json: it was damaged or "
+                              f"replaced; resume from another checkpoint")
+    layout = dcp_format.check_tiling(path, dcp_format.read_metadata(path))
+    stored = sum(sums[n]["bytes"] for n in files)
+    need = sum(math.prod(size) * torch.empty((), dtype=dt).element_size() for size, dt in layout.values())
+    if need > stored:
+        raise ConfigError(f"checkpoint {path} declares {need:,} bytes of tensors in {stored:,} bytes of files: "
+                          f"it was edited or damaged; resume from another checkpoint")
+    if verify_data:
+        _check_full(path, dcp_format.load_full(path, _dcp_keys(path, meta)), meta.get("optimizer_state") == "all")
+
+
+def _dcp_keys(path: Path, meta: dict | None = None) -> dict:
+    """A DCP checkpoint's {FQN: engine name} from its meta.json."""
+    if meta is None:
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            raise ConfigError(f"checkpoint {path} has no readable meta.json: resume from another") from None
+    keys = meta.get("dcp_keys")
+    if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items()):
+        raise ConfigError(f"checkpoint {path}/meta.json lacks the DCP key names (dcp_keys): it was edited; "
+                          f"resume from another checkpoint")
+    return keys
+
+
+def _check_full(path: Path, full: dict, all_state: bool) -> None:
+    """A DCP checkpoint's assembled tensors: optimizer state whole where the run had it, all finite."""
+    for name, rec in full.items():
+        has = [k for k in STATE_KEYS + ("step",) if k in rec]
+        if has and len(has) != 3 or (all_state and not has):
+            raise ConfigError(f"checkpoint {path}: '{name}' lacks optimizer state: it is incomplete, resume from "
+                              f"another checkpoint")
+        for k in ("param",) + STATE_KEYS:
+            if k in rec and rec[k].is_floating_point() and not bool(torch.isfinite(rec[k]).all()):
+                raise ConfigError(f"checkpoint {path} holds non-finite values in '{name}' ({k}): the model had "
+                                  f"diverged when it was saved; resume from an earlier checkpoint")
 
 
 def _count(want) -> str:
@@ -461,7 +549,9 @@ def check_model(meta: dict, m, where: str = "the checkpoint") -> None:
 
 
 def load_full(path) -> dict:
-    """Assemble the full state of checkpoint folder `path`."""
+    """Assemble the full state of checkpoint folder `path` (either format)."""
+    if dcp_format.is_dcp(Path(path)):
+        return dcp_format.load_full(Path(path), _dcp_keys(Path(path)))
     return assemble(_load(f) for f in sorted(Path(path).glob("rank_*.pt")))
 
 

@@ -216,6 +216,9 @@ class ParallelConfig:
         return s
 
 
+CKPT_FORMATS = ("minitron", "dcp")  # checkpoint.py's own shard files; DCP (dcp_format.py)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200
@@ -232,6 +235,7 @@ class TrainConfig:
     ckpt_dir: str = ""
     ckpt_every: int = 0
     keep_last: int = 0  # keep only the newest K checkpoints (0: all)
+    ckpt_format: str = "minitron"  # "dcp": torch.distributed.checkpoint's files (dcp_format.py)
     stop_at: int = 0  # stop after this step (a time-limited job), checkpointing first
     resume: bool = False
     metrics: str = ""
@@ -627,6 +631,8 @@ def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
           f"--stop-at {train.stop_at} is past --steps {train.steps}: stop earlier or train more steps")
     _need(not train.resume or bool(train.ckpt_dir),
           "--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
+    _need(train.ckpt_format in CKPT_FORMATS,
+          f"unknown --ckpt-format '{train.ckpt_format}': choose one of {', '.join(CKPT_FORMATS)}")
     _need(not (train.ckpt_every or train.keep_last) or bool(train.ckpt_dir),
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
     _need(not train.timeline or layout.pp > 1,

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import (CP_MODES, MODEL_CHOICES, ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
+from ..config import (CKPT_FORMATS, CP_MODES, MODEL_CHOICES, ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, SCHEDULES,
                      preset, validate, validate_model)
 from .preflight import PLOT_TYPES, check_output_file, check_outputs, finite_positive, inputs_of
 
@@ -292,7 +292,8 @@ def _train_command(args, lock) -> int:
 
     train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
-                   sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last)
+                   sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last,
+                   ckpt_format=args.ckpt_format)
     validate(model, layout, train)
     corpus = check_data(model, train)
     if train.ckpt_dir:  # checked, then locked before anything reads or deletes it
@@ -805,6 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="resume although a setting that the continued run's equality with an uninterrupted "
                          "one depends on (--seed, --global-batch, --data, --dtype, --lr) differs from the checkpoint's")
     tr.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
+    tr.add_argument("--ckpt-format", default="minitron", choices=CKPT_FORMATS,
+                    help="the files of each checkpoint: minitron's own shards, or dcp "
+                         "(torch.distributed.checkpoint, read by torchtitan and by dcp.load into a plain module); "
+                         "--resume reads either")
     tr.add_argument("--stop-at", type=int, default=0, help="stop after this step (and checkpoint), as a "
                     "time-limited job would; resume later with --resume")
     tr.add_argument("--metrics", default="", help="JSON lines of step metrics")
