@@ -12,7 +12,7 @@ from minitron.analysis import comm_bytes_per_step
 from minitron.analysis.comm import bytes_by_axis
 from minitron.analysis.context_parallel import cp_comm_items, window_chunk_reach, window_ring_items
 from minitron.analysis.dry_run import dry_trace
-from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
+from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, element_bytes, validate
 from minitron.model import rotary_angles
 from minitron.parallel.context_parallel import chunk_reach, window_mask
 from minitron.rope import rope_frequencies
@@ -123,8 +123,9 @@ def _cp_bytes(records) -> dict:
 
 
 def _formula(model, layout, train, cp_rank) -> dict:
-    return {op: b for op, b in bytes_by_axis(window_ring_items(model, layout, train, cp_rank)).get("cp", {}).items()
-            if b}
+    """The windowed ring's bytes of context rank `cp_rank` (activations in the training dtype)."""
+    items = window_ring_items(model, layout, train, cp_rank, act_bytes=element_bytes(train.dtype))
+    return {op: b for op, b in bytes_by_axis(items).get("cp", {}).items() if b}
 
 
 @pytest.mark.parametrize("n, window, pattern", [(2, 5, ""), (4, 9, "LG")])
