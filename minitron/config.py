@@ -340,13 +340,30 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     q, kv = model.heads * d, model.n_kv_heads * d
     mats = 3 if model.activation == "swiglu" else 2
     attn = 2 * h * (q + 2 * kv) + 2 * q * h
-    core = 4 * s * q * (0.5 if causal else 1.0)
     dense = 2 * mats * h * model.ffn_hidden
     moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
-    layers = sum(attn + core + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    cores = [attention_core_flops(model, i, q, causal) for i in range(model.layers)]
+    layers = sum(attn + cores[i] + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    core = sum(cores) / model.layers
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = model.layers * core if recompute == "selective" else 0.0
     return B * s * (passes * layers + extra + 3 * 2 * h * V)
+
+
+def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = False) -> float:
+    """Forward FLOPs per token of block `i`'s attention core, softmax(QKᵀ)V, with query
+    width `q` = heads·d: ``4·s·q`` (QKᵀ and PV, 2·d each per query-key pair and head),
+    halved when `causal` counts only the unmasked half. A sliding window W (``window_of``)
+    runs only the block pairs in reach, in blocks of β (``window_block``: the largest
+    divisor of s not above W): ``4·q·β²·P/s`` for the P block pairs — about 2·W, not s,
+    keys per query, whatever `causal` says (the blocks are what runs)."""
+    s, w = model.seq_len, model.window_of(i)
+    if not w:
+        return 4 * s * q * (0.5 if causal else 1.0)
+    beta = max(b for b in range(1, min(s, w) + 1) if s % b == 0)
+    n, ahead = s // beta, -(-(w - 1) // beta)
+    pairs = sum(min(a, ahead) + 1 for a in range(n))  # query block a meets key blocks a − ahead .. a
+    return 4 * q * beta * beta * pairs / s
 
 
 # --------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from .moe import MoE
 from .parallel import cube, summa
 from .parallel import tensor as tp
 from .context import make_param
-from .parallel.context_parallel import local_positions, ulysses_attention, window_mask
+from .parallel.context_parallel import blockwise_window_attention, local_positions, ulysses_attention, window_mask
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 from .rope import default_inv_freq, rope_frequencies
@@ -167,10 +167,8 @@ class Attention(nn.Module):
                 causal = causal.masked_fill(window_mask(s, s, 0, 0, self.window, q.device), float("-inf"))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
             y = self.drop(att.softmax(dim=-1), key) @ v
-        elif self.window:  # keys in reach: True where a query may attend
-            s = q.shape[-2]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=~window_mask(s, s, 0, 0, self.window, q.device),
-                                               enable_gqa=self.grouped)
+        elif self.window:  # only the blocks of keys in reach (its FLOPs are a window's, not s²)
+            y = blockwise_window_attention(q, k, v, self.window)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         return rearrange(y, "b nh s d -> b s (nh d)")

@@ -91,6 +91,25 @@ def test_windowed_model_masks_beyond_the_window_only():
     assert not torch.allclose(short[:, 5:], full[:, 5:], atol=1e-3)
 
 
+@pytest.mark.parametrize("window, kv", [(5, 2), (8, 4), (3, 1), (32, 2)])
+def test_flops_formula_equals_the_matmuls_a_windowed_step_runs(window, kv):
+    """One device's windowed layers run only the blocks in reach (plain matmuls): PyTorch's
+    FlopCounterMode over a training step's forward and backward equals model_flops_per_step
+    exactly, below the global model's (a window as long as the sequence: one block, equal)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from minitron.config import model_flops_per_step
+    from minitron.model import GPT
+
+    model = LLAMA.replace(window=window, kv_heads=kv)
+    x, y = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
+    with FlopCounterMode(display=False) as counter:
+        GPT(model).train()(x, y).backward()
+    assert counter.get_total_flops() == model_flops_per_step(model, 2)
+    glob = model_flops_per_step(model.replace(window=0), 2)
+    assert model_flops_per_step(model, 2) < glob if window < model.seq_len else model_flops_per_step(model, 2) == glob
+
+
 @pytest.mark.parametrize("model, layout, words", [
     (LLAMA.replace(window=33), ParallelConfig(), "--window 33 is larger than --seq-len 32"),
     (LLAMA.replace(rope_scaling="ntk"), ParallelConfig(), "unknown --rope-scaling 'ntk'"),

@@ -104,16 +104,16 @@ def block_attention(q, k, v, scale: float, causal: bool, mask: torch.Tensor | No
     """Attention of queries `q` [.., sq, d] on one block of keys and values [.., sk, d]:
     the block's output O_b, normalised within the block, and the log-sum-exp L_b of
     each query's scores (the statistics the online softmax combines). `mask` (True: not
-    seen) instead of the causal triangle; a query that sees no key of the block gets
-    O_b = 0 and L_b = −∞, which the combination weighs 0."""
+    seen) instead of the causal triangle, filled with the dtype's lowest finite value: a
+    query that sees no key of the block gets L_b at that value, which the combination
+    weighs exactly 0 (and autograd differentiates without a NaN)."""
     s = (q @ k.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
     if mask is not None:
-        s = s.masked_fill(mask, float("-inf"))
+        s = s.masked_fill(mask, torch.finfo(s.dtype).min)
     lse = torch.logsumexp(s, dim=-1)
-    finite = lse if mask is None else lse.masked_fill(torch.isinf(lse), 0.0)
-    return torch.exp(s - finite.unsqueeze(-1)) @ v, lse
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
 
 def combine(out, lse, out_b, lse_b):
@@ -130,7 +130,7 @@ def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bo
     if causal:
         s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
     if mask is not None:
-        s = s.masked_fill(mask, float("-inf"))
+        s = s.masked_fill(mask, torch.finfo(s.dtype).min)
     p = torch.exp(s - lse.unsqueeze(-1))
     dv = p.transpose(-2, -1) @ dout
     ds = p * (dout @ v.transpose(-2, -1) - delta.unsqueeze(-1))
@@ -287,6 +287,39 @@ def chunk_reach(n: int, src: int, slot: int, c: int, window: int) -> int:
     b = chunk_ids(n, src)[slot]
     return max(j for j in range(n) if any(pair_kind(a, b, c, window) != "none"
                                           for a in chunk_ids(n, (src + j) % n)))
+
+
+def window_block(s: int, window: int) -> int:
+    """The block of :func:`blockwise_window_attention`: the largest divisor of s not above
+    the window (a query block then reaches its own key block and the one before)."""
+    return max(b for b in range(1, min(s, window) + 1) if s % b == 0)
+
+
+def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal sliding-window attention of a whole sequence (q [b, nh, s, d], k, v [b, kv,
+    s, d]) in blocks of ``window_block(s, W)`` tokens: each query block meets only the key
+    blocks in reach (:func:`pair_kind`), combined by the online softmax, so the work is
+    about 2·W·s query-key pairs instead of s² (Beltagy et al. 2020; Mistral). Plain
+    matmuls, differentiated by autograd: the one-device kernel of a windowed layer, whose
+    FLOPs PyTorch's ``FlopCounterMode`` counts (``config.attention_core_flops``)."""
+    s, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    c = window_block(s, window)
+    ahead = -(-(window - 1) // c)  # key blocks before a query block that the window reaches
+    qg, kv = _grouped_q(q, k.shape[1]), _grouped_kv(torch.stack([k, v]), q.shape[1])
+    outs = []
+    for a in range(s // c):
+        acc = None
+        for b in range(max(0, a - ahead), a + 1):
+            kind = pair_kind(a, b, c, window)
+            if kind == "none":
+                continue
+            mask = window_mask(c, c, a * c, b * c, window, q.device) if kind == "masked" else None
+            blk = block_attention(qg[..., a * c:(a + 1) * c, :], kv[0, ..., b * c:(b + 1) * c, :],
+                                  kv[1, ..., b * c:(b + 1) * c, :], scale, causal=False, mask=mask)
+            acc = blk if acc is None else combine(*acc, *blk)
+        outs.append(acc[0])
+    y = torch.cat(outs, dim=-2)
+    return y.flatten(1, 2) if y.dim() == 5 else y
 
 
 def _reaching(n: int, src: int, c: int, window: int, past: int) -> list[int]:
