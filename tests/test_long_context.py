@@ -2,7 +2,7 @@
 windows (transformers' mask, a pattern of layers), bad input in one line, the windowed
 ring's bytes equal to the formula (dry run on every context rank) and fewer than the
 whole ring's, and on real ranks the oracle (float64 vs one device) for each knob on tp2
-and cp2 (ring and a2a) and a window on cp4 ring and tp2+sp, traced bytes = analysis."""
+and cp2 (ring and a2a) and a window on cp4 ring, cp2 a2a and tp2+sp, traced bytes = analysis."""
 from __future__ import annotations
 
 import pytest
@@ -125,6 +125,16 @@ def test_bad_input_is_one_line(model, layout, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+def test_export_refuses_the_knobs_it_cannot_write_in_one_line():
+    from minitron.tools.cli import check_exportable
+
+    check_exportable(LLAMA)  # a plain Llama exports
+    for model in (KNOBS, WINDOW, LLAMA.replace(qkv_bias=True)):
+        with pytest.raises(ConfigError) as e:
+            check_exportable(model)
+        assert "export cannot write" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_bad_rope_scaling_from_the_command_line_before_any_rank():
     code, out, err = run_cli(["verify", "--nproc", "2", "--tp", "2", "--model", "llama-tiny",
                               "--rope-scaling", "ntk"], timeout=120)
@@ -171,6 +181,7 @@ VERIFY = [  # (name, model, layout): each new knob on tp2 and cp2 (ring and a2a)
     ("knobs cp2 ring", KNOBS_LLAMA3, ParallelConfig(cp=2, dp=2)),
     ("knobs cp2 a2a", KNOBS.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
     ("window cp4 ring", WINDOW, ParallelConfig(cp=4)),
+    ("window cp2 a2a", WINDOW.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
     ("window cp2 tp2 sp", WINDOW.replace(window_layers=""), ParallelConfig(cp=2, tp=2, sp=True)),
     ("window tp2 sp", WINDOW, ParallelConfig(tp=2, sp=True, dp=2)),
 ]
@@ -216,7 +227,7 @@ def test_knobs_and_windows_equal_one_device_and_the_analysis_on_four_ranks():
         want = comm_bytes_per_step(model, layout, _verify_train(layout))
         for rank, r in results.items():
             _, cp_rank, got = r[name]
-            if model.window and layout.cp > 1:  # the context ranks differ: the formula of each
+            if model.window and layout.cp > 1 and layout.cp_mode == "ring":  # the ranks differ: the formula of each
                 assert got.pop("cp") == _formula(model, layout, _verify_train(layout), cp_rank), (name, rank)
                 assert got == {a: ops for a, ops in want.items() if a != "cp"}, (name, rank, got, want)
             else:
