@@ -53,6 +53,19 @@ class ModelConfig:
     aux_loss: float = 0.01  # α of the load-balancing loss α·E·Σ f_i·P_i (Switch Transformer); 0 off
     bias_update: float = 0.0  # γ of DeepSeek-V3's auxiliary-loss-free balancing; 0 off
     capacity_factor: float = 0.0  # 0: dropless; else ⌈k·tokens·cf/E⌉ tokens per expert, the rest dropped
+    # --- long context and the Hugging Face families (Qwen2/3, Mistral, Llama 3.1) ---
+    head_width: int = 0  # a head's width d; 0 means hidden/heads (Qwen3 and others set it apart)
+    qkv_bias: bool = False  # biases on the Q, K, V projections even without --bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head's d of q and k, before the rotation (Qwen3, OLMoE)
+    window: int = 0  # sliding-window attention: a query sees its `window` latest keys (itself included); 0 off
+    window_layers: str = ""  # pattern of L (windowed) and G (global) repeated over the layers; "" every layer
+    rope_scaling: str = ""  # "" (none), "llama3" (Llama 3.1) or "yarn" (Peng et al. 2023), as transformers
+    rope_factor: float = 8.0  # the context's scale factor of llama3 / yarn
+    rope_original_context: int = 8192  # original_max_position_embeddings: the pre-training context
+    rope_low_freq: float = 1.0  # llama3's low_freq_factor
+    rope_high_freq: float = 4.0  # llama3's high_freq_factor
+    rope_beta_fast: float = 32.0  # yarn's beta_fast (extrapolation boundary)
+    rope_beta_slow: float = 1.0  # yarn's beta_slow (interpolation boundary)
 
     @property
     def ffn_hidden(self) -> int:
@@ -60,7 +73,19 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """A head's width d: ``head_width``, or hidden/heads."""
+        return self.head_width or self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """The queries' width heads·d (the attention output's, before the projection)."""
+        return self.heads * self.head_dim
+
+    def window_of(self, i: int) -> int:
+        """The sliding window of block `i` (0: global attention): ``window`` where the
+        repeated ``window_layers`` pattern reads L (every block without a pattern)."""
+        pattern = self.window_layers or "L"
+        return self.window if pattern[i % len(pattern)] == "L" else 0
 
     @property
     def n_kv_heads(self) -> int:
@@ -319,13 +344,30 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     q, kv = model.heads * d, model.n_kv_heads * d
     mats = 3 if model.activation == "swiglu" else 2
     attn = 2 * h * (q + 2 * kv) + 2 * q * h
-    core = 4 * s * q * (0.5 if causal else 1.0)
     dense = 2 * mats * h * model.ffn_hidden
     moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
-    layers = sum(attn + core + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    cores = [attention_core_flops(model, i, q, causal) for i in range(model.layers)]
+    layers = sum(attn + cores[i] + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    core = sum(cores) / model.layers
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = model.layers * core if recompute == "selective" else 0.0
     return B * s * (passes * layers + extra + 3 * 2 * h * V)
+
+
+def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = False) -> float:
+    """Forward FLOPs per token of block `i`'s attention core, softmax(QKᵀ)V, with query
+    width `q` = heads·d: ``4·s·q`` (QKᵀ and PV, 2·d each per query-key pair and head),
+    halved when `causal` counts only the unmasked half. A sliding window W (``window_of``)
+    runs only the block pairs in reach, in blocks of β (``window_block``: the largest
+    divisor of s not above W): ``4·q·β²·P/s`` for the P block pairs — about 2·W, not s,
+    keys per query, whatever `causal` says (the blocks are what runs)."""
+    s, w = model.seq_len, model.window_of(i)
+    if not w:
+        return 4 * s * q * (0.5 if causal else 1.0)
+    beta = max(b for b in range(1, min(s, w) + 1) if s % b == 0)
+    n, ahead = s // beta, -(-(w - 1) // beta)
+    pairs = sum(min(a, ahead) + 1 for a in range(n))  # query block a meets key blocks a − ahead .. a
+    return 4 * q * beta * beta * pairs / s
 
 
 # --------------------------------------------------------------------------------------
@@ -406,7 +448,7 @@ def _need(cond: bool, msg: str) -> None:
 def validate_model(model: ModelConfig) -> None:
     for k in ("layers", "hidden", "heads", "seq_len", "vocab"):
         _need(getattr(model, k) > 0, f"--{k.replace('_', '-')} must be positive (got {getattr(model, k)})")
-    _need(model.hidden % model.heads == 0,
+    _need(model.hidden % model.heads == 0 or model.head_width > 0,
           f"hidden size {model.hidden} is not divisible by {model.heads} heads: pick --hidden a multiple of --heads")
     _need(0.0 <= model.dropout < 1.0, f"dropout must be in [0, 1) (got {model.dropout})")
     _need(model.ffn >= 0, f"--ffn must be positive, or 0 for 4*hidden (got {model.ffn})")
@@ -420,6 +462,7 @@ def validate_model(model: ModelConfig) -> None:
     _need(model.positions in POSITIONS, f"unknown --positions '{model.positions}': choose one of {', '.join(POSITIONS)}")
     _need(model.positions != "rope" or model.head_dim % 2 == 0,
           f"rotary positions turn pairs of a head's {model.head_dim} dimensions: pick hidden/heads even")
+    validate_long_context(model)
     _need(model.rope_base > 1 and math.isfinite(model.rope_base), f"--rope-base must be above 1 (got {model.rope_base})")
     _need(model.kv_heads >= 0, f"--kv-heads must be positive, or 0 for every head (got {model.kv_heads})")
     _need(model.heads % model.n_kv_heads == 0,
@@ -434,6 +477,38 @@ def validate_model(model: ModelConfig) -> None:
         _need(model.router in ROUTERS, f"unknown --router '{model.router}': choose one of {', '.join(ROUTERS)}")
         _need(model.aux_loss >= 0 and model.bias_update >= 0 and model.capacity_factor >= 0,
               "--aux-loss, --bias-update and --capacity-factor must be 0 (off) or positive")
+
+
+ROPE_SCALINGS = ("llama3", "yarn")  # transformers' ROPE_INIT_FUNCTIONS kinds minitron computes (rope.py)
+
+
+def validate_long_context(model: ModelConfig) -> None:
+    """The head width, the sliding window and its layer pattern, and rope scaling."""
+    _need(model.head_width >= 0, f"--head-width must be positive, or 0 for hidden/heads (got {model.head_width})")
+    _need(model.window >= 0, f"--window must be positive, or 0 for global attention (got {model.window})")
+    _need(model.window <= model.seq_len,
+          f"--window {model.window} is larger than --seq-len {model.seq_len}: pick a window of at most the sequence")
+    _need(set(model.window_layers) <= {"L", "G"},
+          f"--window-layers '{model.window_layers}' must be a pattern of L (windowed) and G (global), e.g. LG")
+    _need(not model.window_layers or model.window > 0, "--window-layers needs --window: give the window's size")
+    _need(model.rope_scaling in ("", *ROPE_SCALINGS),
+          f"unknown --rope-scaling '{model.rope_scaling}': choose one of {', '.join(ROPE_SCALINGS)} (or none)")
+    if model.rope_scaling:
+        _need(model.positions == "rope", f"--rope-scaling {model.rope_scaling} scales rotary positions: add --positions rope")
+        _need(model.rope_factor >= 1 and model.rope_original_context >= 1,
+              f"--rope-factor must be at least 1 and --rope-original-context positive "
+              f"(got {model.rope_factor}, {model.rope_original_context})")
+        _need(model.rope_high_freq > model.rope_low_freq > 0 and model.rope_beta_fast > model.rope_beta_slow > 0,
+              "--rope-high-freq must exceed --rope-low-freq and --rope-beta-fast --rope-beta-slow, all positive")
+
+
+def validate_head_layout(model: ModelConfig, layout: ParallelConfig) -> None:
+    """The head width apart from hidden/heads, the QKV biases and the q/k norms are written
+    for 1-D tensor parallelism (the 2-D and 3-D grids split hidden and heads·d alike)."""
+    custom = model.head_width or model.qkv_bias or model.qk_norm
+    _need(not custom or layout.tp_mode == "1d" or layout.tp == 1,
+          f"--head-width, --qkv-bias and --qk-norm compose with 1-D tensor parallelism only: "
+          f"use --tp-mode 1d (got {layout.tp_mode})")
 
 
 def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | None = None) -> None:
@@ -499,6 +574,7 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
               f"--sp splits the sequence: --seq-len {model.seq_len} must be divisible by --tp {layout.tp}")
     _need(not layout.sp or layout.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
     validate_kv_heads(model, layout)
+    validate_head_layout(model, layout)
     if layout.cp > 1:
         validate_context_parallel(model, layout)
     if model.experts or layout.ep > 1:

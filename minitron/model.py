@@ -24,9 +24,11 @@ from .context import Context
 from .moe import MoE
 from .parallel import cube, summa
 from .parallel import tensor as tp
-from .parallel.context_parallel import local_positions, ulysses_attention
+from .context import make_param
+from .parallel.context_parallel import blockwise_window_attention, local_positions, ulysses_attention, window_mask
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
+from .rope import default_inv_freq, rope_frequencies
 
 
 def layers_for(layout: ParallelConfig):
@@ -47,19 +49,22 @@ def layers_for(layout: ParallelConfig):
     return tp.LAYERS
 
 
-def rotary_angles(positions, head_dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_angles(positions, head_dim: int, base: float, device, cfg: ModelConfig | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [s, head_dim] of the rotary angles p·θ_i, θ_i = base^(−2i/d) (Su et al.
     2021, Eq. 15), for the *global* positions `positions` of this rank's tokens (chunks r
     and 2N−1−r under context parallelism): every split of the sequence rotates a token by
     the angle of its own position. In Hugging Face's layout (each angle on dimensions i
     and i + d/2, ``emb = cat(freqs, freqs)``) and, as ``LlamaRotaryEmbedding``, computed
-    in float32 whatever the model's dtype, so that a Llama checkpoint's logits agree."""
+    in float32 whatever the model's dtype, so that a Llama checkpoint's logits agree.
+    With `cfg`, its frequencies (scaled by ``rope_scaling``: ``rope.rope_frequencies``),
+    cos and sin multiplied by the scaling's attention factor (YaRN)."""
     if isinstance(positions, slice):
         positions = torch.arange(positions.start, positions.stop)
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq, factor = rope_frequencies(cfg) if cfg is not None else (default_inv_freq(head_dim, base), 1.0)
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1).to(device)
-    return emb.cos(), emb.sin()
+    return emb.cos() * factor, emb.sin() * factor
 
 
 def rotate(x, cos, sin):
@@ -94,22 +99,33 @@ class Attention(nn.Module):
     per layer than a fused QKV); the names stay the same in every layout.
 
     Rotary positions (``positions="rope"``) rotate q and k after the projection, by the
-    angles of the tokens' global positions (:func:`rotary_angles`)."""
+    angles of the tokens' global positions (:func:`rotary_angles`).
 
-    def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers):
+    Long-context and family knobs: a head width d apart from h/heads (the projections are
+    h -> heads·d and heads·d -> h); biases on Q, K, V only (``qkv_bias``, Qwen2); RMSNorm
+    over each head's d of q and k before the rotation (``qk_norm``, Qwen3: weights [d],
+    copied on every tensor rank, whose gradients are partial sums over its heads, so
+    summed over 'tp'); a sliding `window` (Mistral: a query sees its `window` latest keys)."""
+
+    def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers, window: int = 0):
         super().__init__()
-        h, std, d = cfg.hidden, 0.02, cfg.head_dim
-        self.head_dim, self.ctx, self.layers = d, ctx, layers
+        h, std, d, qw = cfg.hidden, 0.02, cfg.head_dim, cfg.q_width
+        self.head_dim, self.ctx, self.layers, self.window = d, ctx, layers, window
         self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
+        self.rope_cfg = cfg if cfg.rope_scaling else None
         self.grouped = cfg.n_kv_heads < cfg.heads
+        qkv_bias = {} if cfg.bias or cfg.qkv_bias else {"bias": False}
         if self.grouped:
-            self.q = layers.linear_in(f"{name}.q", h, cfg.heads * d, ctx, std, **_bias(cfg))
-            self.kv = layers.linear_in(f"{name}.kv", h, 2 * cfg.n_kv_heads * d, ctx, std, **_bias(cfg),
+            self.q = layers.linear_in(f"{name}.q", h, qw, ctx, std, **qkv_bias)
+            self.kv = layers.linear_in(f"{name}.kv", h, 2 * cfg.n_kv_heads * d, ctx, std, **qkv_bias,
                                        blocks=cfg.n_kv_heads)
         else:
-            self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * h, ctx, std, **_bias(cfg))
-        self.proj = layers.linear_out(f"{name}.proj", h, h, ctx, std / math.sqrt(2 * cfg.layers), **_bias(cfg))
+            self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * qw, ctx, std, **qkv_bias)
+        self.proj = layers.linear_out(f"{name}.proj", qw, h, ctx, std / math.sqrt(2 * cfg.layers), **_bias(cfg))
         self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, layers.keep_mask, inside=True)  # per-rank stream
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = HeadNorm(f"{name}.q_norm", d, ctx, cfg.norm_eps), HeadNorm(
+                f"{name}.k_norm", d, ctx, cfg.norm_eps)
 
     def split_heads(self, x):
         """The projections' output [b, s, ·] -> q [b, nh, s, d], k and v [b, kv, s, d] (this
@@ -120,11 +136,13 @@ class Attention(nn.Module):
             k, v = rearrange(kv, "b s (nkv two d) -> two b nkv s d", two=2, d=self.head_dim)
         else:
             q, k, v = rearrange(x, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
+        if hasattr(self, "q_norm"):  # Qwen3: each head's q and k normalised, then rotated
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_base is not None:
             # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
             # under --sp the column-parallel linear has gathered the whole sequence
             pos = local_positions(q.shape[-2], self.ctx.comm)
-            cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device)
+            cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device, self.rope_cfg)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v
 
@@ -133,19 +151,24 @@ class Attention(nn.Module):
         With dropout the core is written out, so that the mask comes from our streams
         (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
         context parallelism, ring attention over the context group (its keys and values
-        travel; parallel/context_parallel.py)."""
+        travel; parallel/context_parallel.py). A sliding window masks the keys beyond it."""
         q, k, v = self.split_heads(qkv)
+        win = {"window": self.window} if self.window else {}
         if self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "a2a":
-            y = ulysses_attention(q, k, v, self.ctx.comm)  # heads over the context ranks (Ulysses)
+            y = ulysses_attention(q, k, v, self.ctx.comm, **win)  # heads over the context ranks (Ulysses)
         elif self.ctx.layout.cp > 1:
-            y = self.layers.ring_attention(q, k, v, self.ctx.comm)
+            y = self.layers.ring_attention(q, k, v, self.ctx.comm, **win)
         elif self.training and self.drop.p > 0:
             s, group = q.shape[-2], q.shape[1] // k.shape[1]
             if group > 1:  # query head i on kv head i // G (repeat_interleave copies even for 1)
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+            if self.window:
+                causal = causal.masked_fill(window_mask(s, s, 0, 0, self.window, q.device), float("-inf"))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
             y = self.drop(att.softmax(dim=-1), key) @ v
+        elif self.window:  # only the blocks of keys in reach (its FLOPs are a window's, not s²)
+            y = blockwise_window_attention(q, k, v, self.window)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         return rearrange(y, "b nh s d -> b s (nh d)")
@@ -158,6 +181,20 @@ class Attention(nn.Module):
         else:
             y = self.core(qkv, key)
         return add_bias(self.layers.leave(self.proj(y), self.ctx), self.proj)
+
+
+class HeadNorm(nn.Module):
+    """RMSNorm over each head's d dimensions (Qwen3's q_norm, k_norm), weight [d]: copied on
+    every tensor rank, each copy's gradient a partial sum over the rank's heads, so summed
+    over 'tp' (``ShardInfo.grad_sync``) before the optimizer step."""
+
+    def __init__(self, name: str, d: int, ctx: Context, eps: float):
+        super().__init__()
+        copies = {"replicas": ("tp",), "grad_sync": ("tp",)} if ctx.tp > 1 else {}
+        self.weight, self.eps = make_param(f"{name}.weight", (d,), (), ctx, kind="ones", **copies), eps
+
+    def forward(self, x):
+        return tp.rms_norm(x, self.weight, self.eps)
 
 
 def _bias(cfg: ModelConfig) -> dict:
@@ -213,7 +250,7 @@ class Block(nn.Module):
     def __init__(self, i: int, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
         self.ln1 = norm(f"blocks.{i}.ln1", cfg, ctx, layers)
-        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers)
+        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers, window=cfg.window_of(i))
         self.ln2 = norm(f"blocks.{i}.ln2", cfg, ctx, layers)
         # a mixture of experts in place of the MLP where the config says so (moe.py)
         self.mlp = MoE(f"blocks.{i}.mlp", cfg, ctx, layers, MLP) if cfg.is_moe_block(i) else MLP(

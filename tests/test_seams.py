@@ -4,7 +4,7 @@ no module patches another.
 Every `import` and `from ... import` is parsed, function-level ones included (a lazy
 import is still a dependency). The engine's layers, lowest first:
 
-    config, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus
+    config, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
     → context → parallel/ → model → train
 
 and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
@@ -18,7 +18,8 @@ PKG = Path(__file__).resolve().parents[1] / "minitron"
 
 ENGINE_LAYERS = [
     {"config", "grid"},
-    {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "hf_moe", "corpus"},
+    {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "hf_moe", "corpus",
+     "rope"},
     {"context"},
     {"parallel"},
     {"moe"},

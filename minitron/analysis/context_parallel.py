@@ -31,6 +31,13 @@ recomputation repeats the forward's. Call bytes (the whole tensor, the block a r
 included) ``b·(s/N)·d·(2·nh_t + 2·kv_sent)`` per pass, nh_t = heads/t, kv_sent = kv_t or N
 when N > kv_t (each kv head replicated to the ranks of its queries): :func:`a2a_comm_items`.
 
+Sliding windows (``--window W``): a chunk of c = s/(2N) tokens is seen only by the query
+chunks within ⌈(W−1)/c⌉ chunks after it, so it travels only to the farthest rank holding
+one of them (its reach, :func:`window_chunk_reach`) and its dK, dV go straight home from
+there; every message carries the chunks that reach further, ``2·b·c·kv_t·d`` elements
+each, and fewer chunks make fewer bytes (:func:`window_ring_items`, per context rank: the
+ranks differ).
+
 Wire bytes equal call bytes here: each point-to-point message crosses one link once.
 Against sequence parallelism's collectives this is ``(N−1)/N`` of the K and V of the
 whole sequence per direction, but it overlaps the block computations (each hop is
@@ -44,9 +51,10 @@ from typing import Any
 from ..config import ModelConfig
 from .flops import recompute_policy
 from .memory import memory_on_rank
-from .params import layers_on_rank, layout_get, local_model
+from .params import layers_on_rank, layout_get, local_model, rank_chunks
 
-__all__ = ["cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table"]
+__all__ = ["cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table",
+           "window_chunk_reach", "window_ring_items"]
 
 
 def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
@@ -88,7 +96,7 @@ def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
 
 
 def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
-                  act_bytes: int = 4) -> list[dict]:
+                  act_bytes: int = 4, cp_rank: int = 0) -> list[dict]:
     """The ring's calls on the 'cp' axis of a rank of pipeline stage `pp_rank` in one
     step, as ``analysis.comm.comm_items`` lists them: ``{what, axis, op, calls, bytes}``.
     `act_bytes` is the element size of activations on the wire (K and V); the dK, dV
@@ -98,6 +106,8 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
         return []
     if layout_get(parallel, "cp_mode", "ring") == "a2a":
         return a2a_comm_items(model, parallel, train, pp_rank, act_bytes)
+    if model.window:
+        return window_ring_items(model, parallel, train, cp_rank, pp_rank, act_bytes)
     t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
     m = train.microbatches
     b = train.global_batch // (d * m)
@@ -140,3 +150,68 @@ def _replace(layout: Any, **kw) -> Any:
     if isinstance(layout, dict):
         return {**layout, **kw}
     return dataclasses.replace(layout, **kw)
+
+
+# --- the ring under a sliding window -------------------------------------------------------------
+def window_chunk_reach(n: int, c: int, window: int) -> dict[tuple[int, int], int]:
+    """Ring steps each chunk travels under a causal window of `window` keys, by (owner
+    rank o, slot k: 0 its early chunk o, 1 its late chunk 2N−1−o): chunk b is seen by the
+    query chunks b .. b + ⌈(W−1)/c⌉, held by rank a (a < N) or 2N−1−a, which the chunk
+    reaches after (holder − o) mod N steps; it travels to the farthest of them."""
+    ahead = -(-(window - 1) // c)
+    out = {}
+    for o in range(n):
+        for k, b in enumerate((o, 2 * n - 1 - o)):
+            holders = [a if a < n else 2 * n - 1 - a for a in range(b, min(2 * n - 1, b + ahead) + 1)]
+            out[(o, k)] = max((h - o) % n for h in holders)
+    return out
+
+
+def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
+    """Chunks per message of context rank r in one layer: K, V sent and received at each
+    hop of a ring pass, the backward's accumulators sent and received (zero-chunk
+    messages are not sent)."""
+    far = lambda o, past: sum(reach[(o, k)] > past for k in (0, 1))  # noqa: E731
+    kv_send = [far((r - i) % n, i) for i in range(n - 1)]
+    kv_recv = [far((r - 1 - i) % n, i) for i in range(n - 1)]
+    acc_send, acc_recv = [], []
+    for i in range(1, n):
+        src = (r - i) % n
+        onward, held = far(src, i), sum(reach[(src, k)] >= i for k in (0, 1))
+        acc_send += [onward, held - onward]  # to the next rank; home to src
+        acc_recv += [far((r - 1 - i) % n, i), sum(reach[(r, k)] == i for k in (0, 1))]
+    return {name: [x for x in v if x] for name, v in
+            (("kv_send", kv_send), ("kv_recv", kv_recv), ("acc_send", acc_send), ("acc_recv", acc_recv))}
+
+
+def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: int = 0, pp_rank: int = 0,
+                      act_bytes: int = 4) -> list[dict]:
+    """The ring's calls on the 'cp' axis of context rank `cp_rank` of pipeline stage `pp_rank`
+    in one step when the model has a sliding window: its windowed layers pass the chunks
+    the window reaches (:func:`window_chunk_reach`), its global layers (``window_layers``)
+    the whole ring of :func:`cp_comm_items`. ``{what, axis, op, calls, bytes}``."""
+    n = int(layout_get(parallel, "cp", 1) or 1)
+    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    m = train.microbatches
+    b = train.global_batch // (d * m)
+    c = model.seq_len // (2 * n)
+    chunk = 2 * b * c * kv_heads_per_rank(model, t) * model.head_dim
+    forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+    ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
+    whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
+    totals = {key: [0, 0] for key in whole}
+    for i in ids:
+        w = model.window_of(i)
+        hops = _window_hops(n, cp_rank, window_chunk_reach(n, c, w)) if w else whole
+        for key, msgs in hops.items():
+            passes = (forwards + 1) if key.startswith("kv") else 1
+            totals[key][0] += m * passes * len(msgs)
+            totals[key][1] += m * passes * sum(msgs) * chunk
+    items = []
+    for op in ("send", "recv"):
+        kv, acc = totals[f"kv_{op}"], totals[f"acc_{op}"]
+        items.append({"what": "ring attention under a sliding window: the K, V chunks it reaches", "axis": "cp",
+                      "op": op, "calls": kv[0], "bytes": kv[1] * act_bytes})
+        items.append({"what": "ring attention under a sliding window: dK, dV accumulated, sent home", "axis": "cp",
+                      "op": op, "calls": acc[0], "bytes": acc[1] * max(act_bytes, 4)})
+    return items

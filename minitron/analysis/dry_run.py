@@ -350,8 +350,8 @@ def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches:
 
     for ids, first, last in chunks:
         kinds: dict[object, list[int]] = {}
-        for i in ids:  # dense blocks are all alike; a MoE block is its own kind
-            kinds.setdefault(i if model.is_moe_block(i) else "dense", []).append(i)
+        for i in ids:  # dense blocks of one window are all alike; a MoE block is its own kind
+            kinds.setdefault(i if model.is_moe_block(i) else ("dense", model.window_of(i)), []).append(i)
         for same in kinds.values():
             twin, i = _runnable(model, same[0])
             add("transformer layers", _part_calls(twin, lay, micro_batch, e, i, False, False), m * len(same))

@@ -47,6 +47,7 @@ as each rank's loss is the mean over its own s/N tokens of each sequence.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -91,13 +92,26 @@ def _causal_mask(sq: int, sk: int, device) -> torch.Tensor:
     return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(1)
 
 
-def block_attention(q, k, v, scale: float, causal: bool):
+def window_mask(sq: int, sk: int, q0: int, k0: int, window: int, device=None) -> torch.Tensor:
+    """True where a query may not see a key under a causal sliding window (Mistral;
+    transformers' ``sliding_window_overlay``): queries at positions q0.. and keys at k0..
+    of the sequence; query p sees key j iff p − window < j ≤ p."""
+    dist = (torch.arange(q0, q0 + sq, device=device)[:, None] - torch.arange(k0, k0 + sk, device=device)[None, :])
+    return (dist < 0) | (dist >= window)
+
+
+def block_attention(q, k, v, scale: float, causal: bool, mask: torch.Tensor | None = None):
     """Attention of queries `q` [.., sq, d] on one block of keys and values [.., sk, d]:
     the block's output O_b, normalised within the block, and the log-sum-exp L_b of
-    each query's scores (the statistics the online softmax combines)."""
+    each query's scores (the statistics the online softmax combines). `mask` (True: not
+    seen) instead of the causal triangle, filled with the dtype's lowest finite value: a
+    query that sees no key of the block gets L_b at that value, which the combination
+    weighs exactly 0 (and autograd differentiates without a NaN)."""
     s = (q @ k.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(mask, torch.finfo(s.dtype).min)
     lse = torch.logsumexp(s, dim=-1)
     return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
@@ -109,12 +123,14 @@ def combine(out, lse, out_b, lse_b):
     return (torch.exp(lse - new).unsqueeze(-1) * out + torch.exp(lse_b - new).unsqueeze(-1) * out_b), new
 
 
-def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bool):
+def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bool, mask=None):
     """Gradients (dQ, dK, dV) of one block pair, from the *final* log-sum-exp `lse` and
     delta = rowsum(dO ∘ O) (flash attention's backward: P is recomputed, never kept)."""
     s = (q @ k.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_causal_mask(s.shape[-2], s.shape[-1], s.device), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(mask, torch.finfo(s.dtype).min)
     p = torch.exp(s - lse.unsqueeze(-1))
     dv = p.transpose(-2, -1) @ dout
     ds = p * (dout @ v.transpose(-2, -1) - delta.unsqueeze(-1))
@@ -246,16 +262,252 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine) -> torch.Tensor:
+# --- the ring under a sliding window ------------------------------------------------------------
+# With a window of W keys a query chunk sees only the chunks within W tokens before it, so
+# each of a rank's two chunks travels only as far as the last rank whose queries reach it
+# (its *reach*, in ring steps) and then stops: fewer hops of K and V (forward and backward),
+# block pairs out of the window skipped (no FLOPs), and the gradient accumulator of a chunk
+# sent straight home from the last rank that used it (the whole ring's last hop, when the
+# chunk went all the way round). Without a window every chunk goes all the way
+# (:class:`_RingAttention`). Which pairs a chunk reaches is integer arithmetic on chunk
+# indices, so a dry run on fake tensors follows it.
+def pair_kind(a: int, b: int, c: int, window: int) -> str:
+    """How query chunk `a` sees key chunk `b` (chunks of c tokens) under a causal window of
+    `window` keys: 'none' (no pair in reach), 'full' (every pair) or 'masked'."""
+    near, far = (a - b) * c - (c - 1), (a - b) * c + (c - 1)  # the least and largest query-key distance
+    if far < 0 or near >= window:
+        return "none"
+    return "full" if near >= 0 and far < window else "masked"
+
+
+@functools.lru_cache(maxsize=4096)
+def chunk_reach(n: int, src: int, slot: int, c: int, window: int) -> int:
+    """The last ring step at which a rank needs chunk `slot` (0: early, 1: late) of rank
+    `src`'s keys and values: the rank src + j holds it at step j."""
+    b = chunk_ids(n, src)[slot]
+    return max(j for j in range(n) if any(pair_kind(a, b, c, window) != "none"
+                                          for a in chunk_ids(n, (src + j) % n)))
+
+
+def window_block(s: int, window: int) -> int:
+    """The block of :func:`blockwise_window_attention`: the largest divisor of s not above
+    the window (a query block then reaches its own key block and the one before)."""
+    return max(b for b in range(1, min(s, window) + 1) if s % b == 0)
+
+
+def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal sliding-window attention of a whole sequence (q [b, nh, s, d], k, v [b, kv,
+    s, d]) in blocks of ``window_block(s, W)`` tokens: each query block meets only the key
+    blocks in reach (:func:`pair_kind`), combined by the online softmax, so the work is
+    about 2·W·s query-key pairs instead of s² (Beltagy et al. 2020; Mistral). Plain
+    matmuls, differentiated by autograd: the one-device kernel of a windowed layer, whose
+    FLOPs PyTorch's ``FlopCounterMode`` counts (``config.attention_core_flops``)."""
+    s, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    c = window_block(s, window)
+    ahead = -(-(window - 1) // c)  # key blocks before a query block that the window reaches
+    qg, kv = _grouped_q(q, k.shape[1]), _grouped_kv(torch.stack([k, v]), q.shape[1])
+    outs = []
+    for a in range(s // c):
+        acc = None
+        for b in range(max(0, a - ahead), a + 1):
+            kind = pair_kind(a, b, c, window)
+            if kind == "none":
+                continue
+            mask = window_mask(c, c, a * c, b * c, window, q.device) if kind == "masked" else None
+            blk = block_attention(qg[..., a * c:(a + 1) * c, :], kv[0, ..., b * c:(b + 1) * c, :],
+                                  kv[1, ..., b * c:(b + 1) * c, :], scale, causal=False, mask=mask)
+            acc = blk if acc is None else combine(*acc, *blk)
+        outs.append(acc[0])
+    y = torch.cat(outs, dim=-2)
+    return y.flatten(1, 2) if y.dim() == 5 else y
+
+
+def _reaching(n: int, src: int, c: int, window: int, past: int) -> list[int]:
+    """The slots of rank src's chunks whose reach is beyond step `past`."""
+    return [k for k in (0, 1) if chunk_reach(n, src, k, c, window) > past]
+
+
+def _select(msg: torch.Tensor, held: list[int], want: list[int], c: int) -> torch.Tensor:
+    """The chunks `want` of a message holding the chunks `held` (one after the other)."""
+    if want == held:
+        return msg
+    return torch.cat([msg[..., held.index(k) * c:(held.index(k) + 1) * c, :] for k in want], dim=-2).contiguous()
+
+
+def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, c: int, window: int):
+    """Step `step`'s hop: send on the chunks of the held message that reach further,
+    receive those of the previous rank's; returns (buffer, its chunks, handles)."""
+    n, r = comm.size(AXIS), comm.index(AXIS)
+    send, recv = _reaching(n, (r - step) % n, c, window, step), _reaching(n, (r - 1 - step) % n, c, window, step)
+    ops, buf = [], None
+    if send:
+        ops.append(("send", _select(msg, held, send, c), (r + 1) % n))
+    if recv:
+        buf = like.new_empty((*like.shape[:-2], len(recv) * c, like.shape[-1]))
+        ops.append(("recv", buf, (r - 1) % n))
+    return buf, recv, comm.p2p(ops, AXIS)
+
+
+def _window_pairs(comm: Comm, src: int, held: list[int], c: int, window: int, device):
+    """(query slot, index of the key chunk in the message, mask or None) of each block pair
+    in reach between this rank's query chunks and rank src's held key chunks."""
+    n, r = comm.size(AXIS), comm.index(AXIS)
+    out = []
+    for idx, k in enumerate(held):
+        b = chunk_ids(n, src)[k]
+        for qa, a in enumerate(chunk_ids(n, r)):
+            kind = pair_kind(a, b, c, window)
+            if kind != "none":
+                out.append((qa, idx, window_mask(c, c, a * c, b * c, window, device) if kind == "masked" else None))
+    return out
+
+
+def _halves(t: torch.Tensor, c: int) -> list[torch.Tensor]:
+    """The two chunks (early, late) of a rank's local sequence, along dim −2."""
+    return [t[..., :c, :], t[..., c:, :]]
+
+
+class _WindowRing(torch.autograd.Function):
+    """Ring attention under a causal sliding window: each chunk of keys and values travels
+    only to the ranks whose queries it reaches (see the section above)."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, comm: Comm, window: int, combine=combine):
+        n, r = comm.size(AXIS), comm.index(AXIS)
+        dtype, cd = q.dtype, _compute_dtype(q)
+        c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):
+            msg, held = _grouped_kv(torch.stack([k, v]), q.shape[1]), [0, 1]
+            like, qs = msg, _halves(_grouped_q(q, k.shape[1]).to(cd), c)
+            acc: list = [None, None]
+            for i in range(n):
+                src = (r - i) % n
+                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, c, window) if i < n - 1 else (None, [], [])
+                for qa, idx, mask in _window_pairs(comm, src, held, c, window, q.device):
+                    kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
+                    o, lse = block_attention(qs[qa], kc, vc, scale, causal=False, mask=mask)
+                    acc[qa] = (o, lse) if acc[qa] is None else combine(*acc[qa], o, lse)
+                _wait(handles)
+                msg, held = nxt, nxt_held
+            out, lse = torch.cat([acc[0][0], acc[1][0]], dim=-2), torch.cat([acc[0][1], acc[1][1]], dim=-1)
+            out = out.flatten(1, 2) if out.dim() == 5 else out
+            out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+        fctx.comm, fctx.window = comm, window
+        fctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(fctx, dout):
+        q, k, v, out, lse = fctx.saved_tensors
+        comm, window = fctx.comm, fctx.window
+        n, r = comm.size(AXIS), comm.index(AXIS)
+        dtype, cd = q.dtype, _compute_dtype(q)
+        c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):
+            heads = q.shape[1]
+            dout, q, out = (_grouped_q(t, k.shape[1]) for t in (dout.to(cd), q.to(cd), out))
+            delta = (dout * out.to(cd)).sum(-1)
+            qs, douts = _halves(q, c), _halves(dout, c)
+            lses, deltas = [lse[..., :c], lse[..., c:]], [delta[..., :c], delta[..., c:]]
+            dq = [torch.zeros_like(t) for t in qs]
+            msg, held = _grouped_kv(torch.stack([k, v]), heads), [0, 1]
+            like, ring = msg, _AccumulatorRing(comm, c, window)
+            for i in range(n):
+                src = (r - i) % n
+                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, c, window) if i < n - 1 else (None, [], [])
+                grads = {s_: torch.zeros((2, *like.shape[1:-2], c, like.shape[-1]), dtype=cd, device=q.device)
+                         for s_ in held}
+                for qa, idx, mask in _window_pairs(comm, src, held, c, window, q.device):
+                    kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
+                    dq_b, dk, dv = block_attention_backward(qs[qa], kc, vc, douts[qa], lses[qa], deltas[qa],
+                                                            scale, causal=False, mask=mask)
+                    dq[qa] += dq_b
+                    grads[held[idx]][0] += dk
+                    grads[held[idx]][1] += dv
+                ring.step(i, held, grads)
+                _wait(handles)
+                msg, held = nxt, nxt_held
+            own = ring.finish()
+            dq = torch.cat(dq, dim=-2)
+            if dq.dim() == 5:
+                dq, own = dq.flatten(1, 2), own.squeeze(3)
+        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None, None
+
+
+class _AccumulatorRing:
+    """The dK, dV of each visiting chunk in the windowed ring's backward: started on the
+    first rank the chunk visits, passed on with it while it travels, and sent home to its
+    owner from the last rank that used it. One per backward call (no state kept after)."""
+
+    def __init__(self, comm: Comm, c: int, window: int):
+        self.comm, self.c, self.window = comm, c, window
+        self.own = self.incoming = None
+        self.home: list = []
+        self.handles: list = []
+
+    def step(self, i: int, held: list[int], grads: dict) -> None:
+        """Step `i`: this rank's gradients `grads` of the held chunks (its own at step 0)."""
+        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        if i == 0:
+            self.own = torch.cat([grads[0], grads[1]], dim=-2)
+            return
+        _wait(self.handles)
+        if self.incoming is not None:  # what the ranks before us added to these chunks
+            for s_, part in zip(self.incoming[1], _split(self.incoming[0], self.c)):
+                grads[s_] += part
+        src = (r - i) % n
+        onward = _reaching(n, src, self.c, self.window, i)
+        homeward = [s_ for s_ in held if s_ not in onward]
+        ops = []
+        for peer, slots in (((r + 1) % n, onward), (src, homeward)):
+            if slots:
+                ops.append(("send", torch.cat([grads[s_] for s_ in slots], dim=-2).contiguous(), peer))
+        self.incoming = self._receive(ops, i, self.own)
+        self.handles = self.comm.p2p(ops, AXIS)
+
+    def _receive(self, ops: list, i: int, like: torch.Tensor):
+        """Post-to-be receives of step i: the previous rank's onward accumulators (returned,
+        for step i+1) and this rank's own chunks whose last user sends them home now."""
+        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        ring = _reaching(n, (r - 1 - i) % n, self.c, self.window, i)
+        mine = [s_ for s_ in (0, 1) if chunk_reach(n, r, s_, self.c, self.window) == i]
+        bufs = []
+        for peer, slots in (((r - 1) % n, ring), ((r + i) % n, mine)):
+            buf = like.new_empty((*like.shape[:-2], len(slots) * self.c, like.shape[-1])) if slots else None
+            if slots:
+                ops.append(("recv", buf, peer))
+            bufs.append((buf, slots))
+        if mine:
+            self.home.append(bufs[1])
+        return bufs[0] if ring else None
+
+    def finish(self) -> torch.Tensor:
+        """This rank's own dK, dV [2, .., 2c, d]: its own share plus every visitor's."""
+        _wait(self.handles)
+        for buf, slots in self.home:
+            for s_, part in zip(slots, _split(buf, self.c)):
+                self.own[..., s_ * self.c:(s_ + 1) * self.c, :] += part
+        return self.own
+
+
+def _split(t: torch.Tensor, c: int) -> list[torch.Tensor]:
+    return list(t.split(c, dim=-2))
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine,
+                   window: int = 0) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
     keys and values [b, kv, 2c, d] of every rank of the 'cp' axis (each holding chunks r
     and 2N−1−r of the sequence; kv < nh: grouped-query attention, query head i on kv head
     i // (nh/kv), and only the kv heads travel). Equal to full causal attention on the
     whole sequence, sliced. `combine`: the online-softmax combination of the forward (a
-    lab passes a learner's)."""
+    lab passes a learner's). A sliding `window`: the ring of :class:`_WindowRing`, which
+    passes only the chunks the window reaches."""
     if comm.size(AXIS) == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=k.shape[1] != q.shape[1])
+    if window:
+        return _WindowRing.apply(q, k, v, comm, window, combine)
     return _RingAttention.apply(q, k, v, comm, combine)
 
 
@@ -324,11 +576,12 @@ def _heads_to_seq(y, comm):
     return got.transpose(0, 1).reshape(b, n * h, s // n, d)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm) -> torch.Tensor:
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0) -> torch.Tensor:
     """Causal attention of this context rank's tokens (q [b, nh, 2c, d], k, v [b, kv, 2c, d]:
     chunks r and 2N−1−r) by all-to-all (Ulysses): heads split over the 'cp' axis during
     attention. With kv < N (and N a multiple of kv) each kv head is sent to the N/kv
-    ranks holding its queries (its gradient summed back by the backward's all-to-all)."""
+    ranks holding its queries (its gradient summed back by the backward's all-to-all).
+    A sliding `window` masks the gathered sequence as on one device."""
     n = comm.size(AXIS)
     if n == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -339,7 +592,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
     order = _natural_order(n, q.shape[-2] // 2, q.device)
     qh = _SeqToHeads.apply(q, comm)[:, :, order]
     kvh = _SeqToHeads.apply(kv.flatten(0, 1), comm)[:, :, order].unflatten(0, (2, -1))
-    y = torch.nn.functional.scaled_dot_product_attention(qh, kvh[0], kvh[1], is_causal=True,
+    s = qh.shape[-2]
+    mask = {"attn_mask": ~window_mask(s, s, 0, 0, window, q.device)} if window else {"is_causal": True}
+    y = torch.nn.functional.scaled_dot_product_attention(qh, kvh[0], kvh[1], **mask,
                                                          enable_gqa=kvh.shape[2] != qh.shape[1])
     return _HeadsToSeq.apply(y[:, :, torch.argsort(order)], comm)
 

@@ -705,6 +705,17 @@ def cmd_sample(args) -> int:
     return 0
 
 
+def check_exportable(cfg: ModelConfig) -> None:
+    """The long-context and family knobs (head width, QKV biases, q/k norms, windows, rope
+    scaling) have no Hugging Face family in ``hf.py`` yet: a checkpoint using them is
+    refused in one line rather than written as a GPT-2 or Llama that computes otherwise."""
+    knobs = [f"--{k.replace('_', '-')}" for k in ("head_width", "qkv_bias", "qk_norm", "window", "rope_scaling")
+             if getattr(cfg, k)]
+    if knobs:
+        raise ConfigError(f"this checkpoint's model uses {', '.join(knobs)}, which export cannot write as GPT-2 or "
+                          f"Llama yet: export a model without them")
+
+
 def cmd_export(args) -> int:
     from ..hf import save
     from .sampling import model_from_checkpoint
@@ -713,6 +724,7 @@ def cmd_export(args) -> int:
 
     check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
+    check_exportable(cfg)
     try:
         res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
     except KeyError as e:  # checksums fine, a tensor missing: written incomplete or forged
