@@ -107,16 +107,35 @@ def model_from(args) -> ModelConfig:
 
 
 def model_from_hf(args) -> ModelConfig:
-    """The model of --init-from's GPT-2 or Llama directory; --seq-len may shorten its context, other
-    model flags must agree with it."""
-    from ..hf import check_model, check_weights, model_config
+    """The model of --init-from's GPT-2, Llama or Mixtral directory, checked like the engine's
+    own before any rank starts (``hf.model_config``, names, shapes and values of the files);
+    --seq-len may shorten its context, the model flags that do not change the loaded model
+    apply, any other that differs is refused (``hf.apply_flags``)."""
+    from ..hf import apply_flags, check_values, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "ffn")
-             if getattr(args, k, None) is not None}
-    check_model(args.init_from, model.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
-    check_weights(args.init_from, model)  # names and shapes from the file's header, before any rank starts
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
+             if getattr(args, f.name, None) is not None and f.name not in ("name", "seq_len")}
+    if getattr(args, "tied", False):
+        given["tied_embeddings"] = True
+    check_weights(args.init_from, model)  # names and shapes from the files' headers, before anything is built
+    model = apply_flags(args.init_from, model, given)
+    check_values(args.init_from, model)
     return model
+
+
+def allowed_model_changes(spec: str, resume: bool) -> tuple[str, ...]:
+    """The fields of --allow-model-change FIELD[,FIELD] (ModelConfig's names, dashes or
+    underscores); one line naming an unknown field, or the flag without --resume."""
+    names = tuple(dict.fromkeys(x.strip().replace("-", "_") for x in spec.split(",") if x.strip()))
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise ConfigError(f"--allow-model-change {spec}: no model field {', '.join(unknown)}; the fields are "
+                          f"{', '.join(fields)}")
+    if names and not resume:
+        raise ConfigError("--allow-model-change changes the model a --resume continues: add --resume, or drop it")
+    return names
 
 
 def layout_from(args) -> ParallelConfig:
@@ -292,7 +311,8 @@ def _train_command(args, lock) -> int:
 
     train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
-                   sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last)
+                   sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last,
+                   allow_model_change=allowed_model_changes(args.allow_model_change, bool(args.resume)))
     validate(model, layout, train)
     corpus = check_data(model, train)
     if train.ckpt_dir:  # checked, then locked before anything reads or deletes it
@@ -705,13 +725,16 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from ..hf import save
+    from ..hf import export_problem, save
     from .sampling import model_from_checkpoint
 
     from .preflight import check_export_dir
 
     check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
+    problem = export_problem(cfg)
+    if problem:
+        raise ConfigError(f"cannot export {args.ckpt_dir} to Hugging Face: {problem}")
     try:
         res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
     except KeyError as e:  # checksums fine, a tensor missing: written incomplete or forged
@@ -804,6 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--allow-resume-change", action="store_true",
                     help="resume although a setting that the continued run's equality with an uninterrupted "
                          "one depends on (--seed, --global-batch, --data, --dtype, --lr) differs from the checkpoint's")
+    tr.add_argument("--allow-model-change", default="", metavar="FIELD[,FIELD]",
+                    help="resume into a model whose FIELDs (e.g. positions,norm) differ from the checkpoint's: "
+                         "parameters it lacks are initialised afresh, those it no longer has are dropped (both named)")
     tr.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
     tr.add_argument("--stop-at", type=int, default=0, help="stop after this step (and checkpoint), as a "
                     "time-limited job would; resume later with --resume")
