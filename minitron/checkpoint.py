@@ -18,8 +18,9 @@ Nothing wrong is published or loaded without a word:
   shards' structure (regions inside their tensor, all of a tensor covered, optimizer state
   complete) and that every parameter is finite before anything is assembled
   (``minitron check-ckpt`` runs it on a folder without training);
-* a save whose model is not finite, or that a rank could not write (a full disk), is not
-  published: its `.tmp` folder is removed and every rank raises the same one-line error;
+* a save whose model is not finite, or that a rank could not write (a full disk, a file
+  larger than the machine's file-size limit), is not published: its `.tmp` folder is
+  removed and every rank raises the same one-line error naming the cause;
 * `latest` must name a step folder inside the checkpoint folder;
 * :class:`FolderLock` keeps a second run out of a folder that a run is writing; the lock is
   the kernel's (``flock``), so it dies with its process, and a lock file left by a killed run
@@ -28,6 +29,7 @@ Nothing wrong is published or loaded without a word:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import io
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import socket
 from pathlib import Path
@@ -227,6 +230,13 @@ def _free_space(path: Path) -> str:
         return "free space unknown"
 
 
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (RLIMIT_FSIZE, ``ulimit -f``), None when
+    unlimited. Past it a write fails with EFBIG (Python ignores SIGXFSZ, which would kill it)."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
     """Write this rank's shard file and its summary (checksum, size, finiteness), or, when
     the disk refuses, the reason (a summary with "error"), so that rank 0 can say which rank
@@ -240,12 +250,18 @@ def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
         info = {"file": part.name, "sha256": _sha256(part), "bytes": part.stat().st_size, **_shard_summary(shards)}
     except (OSError, RuntimeError) as e:  # torch's writer wraps the file's OSError in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__ if isinstance(e.__context__, OSError) else None
-        if cause is None and not isinstance(e, OSError) and "inline_container" not in str(e):
+        if cause is None and not isinstance(e, OSError) and not any(w in str(e) for w in ("inline_container", "resize")):
             raise
         Path(str(part) + ".part").unlink(missing_ok=True)
         part.unlink(missing_ok=True)
         why = cause.strerror if cause is not None and cause.strerror else "a write failed"
-        info = {"error": f"rank {rank} could not write its shard into {tmp} ({why}; {_free_space(tmp)})"}
+        limit = file_size_limit()
+        if limit is not None and (cause is not None and cause.errno == errno.EFBIG or "resize" in str(e)):
+            info = {"error": f"rank {rank} could not write its shard into {tmp}: it is larger than this machine's "
+                             f"file-size limit (ulimit -f: {limit:,} bytes)",
+                    "fix": "raise the limit (ulimit -f unlimited) and resume from the last checkpoint"}
+        else:
+            info = {"error": f"rank {rank} could not write its shard into {tmp} ({why}; {_free_space(tmp)})"}
     try:
         side.write_text(json.dumps(info))
     except OSError:
@@ -264,8 +280,8 @@ def _verdict(tmp: Path, world: int, step: int, lr: float) -> tuple[str, str] | d
                             f"space (or point --ckpt-dir elsewhere) and resume from the last checkpoint")
     for info in infos:
         if "error" in info:
-            return "disk", (f"{info['error']}: free some space (or point --ckpt-dir elsewhere) and resume from "
-                            f"the last checkpoint")
+            return "disk", f"{info['error']}: " + info.get("fix", "free some space (or point --ckpt-dir elsewhere) "
+                                                                  "and resume from the last checkpoint")
     for r, info in enumerate(infos):
         if info["nonfinite"]:
             return "nonfinite", (f"the parameters are not finite after step {step} ('{info['nonfinite']}' on rank "
