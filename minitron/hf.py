@@ -275,8 +275,8 @@ def _check_types(c: dict, where) -> None:
     """Every field of FIELD_TYPES that is set has its JSON type, and those of POSITIVE are
     positive finite numbers; else one line naming the field and its value."""
     words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer"}
-    fields = {**c, **{f"rope_parameters.{k}": v for k, v in (c.get("rope_parameters") or {}).items()
-                      if isinstance(c.get("rope_parameters"), dict)}}
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    fields = {**c, **{f"rope_parameters.{k}": v for k, v in rope.items()}}
     for k, v in fields.items():
         kind = FIELD_TYPES.get(k.removeprefix("rope_parameters."))
         if kind is None or v is None:
