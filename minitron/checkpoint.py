@@ -553,7 +553,7 @@ def model_changes(saved: dict, m) -> list[tuple[str, object, object]]:
 def model_flag(name: str, value) -> str:
     """The command-line spelling of model field `name` = `value` (``--positions learned``)."""
     if name == "tied_embeddings":
-        return "--tied" if value else "(untied: no --tied)"
+        return "--tied" if value else "no --tied"
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):
         return flag if value else "--no-" + flag[2:]
