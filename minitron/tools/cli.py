@@ -124,20 +124,6 @@ def model_from_hf(args) -> ModelConfig:
     return model
 
 
-def allowed_model_changes(spec: str, resume: bool) -> tuple[str, ...]:
-    """The fields of --allow-model-change FIELD[,FIELD] (ModelConfig's names, dashes or
-    underscores); one line naming an unknown field, or the flag without --resume."""
-    names = tuple(dict.fromkeys(x.strip().replace("-", "_") for x in spec.split(",") if x.strip()))
-    fields = [f.name for f in dataclasses.fields(ModelConfig)]
-    unknown = [n for n in names if n not in fields]
-    if unknown:
-        raise ConfigError(f"--allow-model-change {spec}: no model field {', '.join(unknown)}; the fields are "
-                          f"{', '.join(fields)}")
-    if names and not resume:
-        raise ConfigError("--allow-model-change changes the model a --resume continues: add --resume, or drop it")
-    return names
-
-
 def layout_from(args) -> ParallelConfig:
     try:
         stage = tuple(int(x) for x in args.stage_layers.split(",") if x.strip())
@@ -306,8 +292,8 @@ def _train_command(args, lock) -> int:
     model, layout = model_from(args), layout_from(args)
     from ..checkpoint import latest
     from ..preemption import EXIT_PREEMPTED, installed_log
-    from .preflight import (AlreadyDone, check_output_dir, check_outputs, check_resume, inputs_of, lock_ckpt_dir,
-                            prepare_ckpt_dir, trim_metrics)
+    from .preflight import (AlreadyDone, allowed_model_changes, check_output_dir, check_outputs, check_resume,
+                            inputs_of, lock_ckpt_dir, prepare_ckpt_dir, trim_metrics)
 
     train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,

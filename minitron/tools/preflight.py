@@ -9,6 +9,7 @@ output paths, and the checkpoint a `--resume` would continue.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -325,6 +326,20 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
     for c in changed:
         (log or _stderr)(f"minitron: note: resuming with {_says(c)}")
     return int(meta["step"])
+
+
+def allowed_model_changes(spec: str, resume: bool) -> tuple[str, ...]:
+    """The fields of --allow-model-change FIELD[,FIELD] (ModelConfig's names, dashes or
+    underscores); one line naming an unknown field, or the flag without --resume."""
+    names = tuple(dict.fromkeys(x.strip().replace("-", "_") for x in spec.split(",") if x.strip()))
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise ConfigError(f"--allow-model-change {spec}: no model field {', '.join(unknown)}; the fields are "
+                          f"{', '.join(fields)}")
+    if names and not resume:
+        raise ConfigError("--allow-model-change changes the model a --resume continues: add --resume, or drop it")
+    return names
 
 
 def model_tensor_shapes(model: ModelConfig) -> dict[str, list[int]]:
