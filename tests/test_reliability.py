@@ -273,12 +273,11 @@ def test_a_nonfinite_model_is_never_published(tmp_path, capsys, lr):
     assert main(["check-ckpt", str(ck)]) == 0
 
 
-@pytest.mark.parametrize("limit", [100_000, 300_000])
-def test_a_file_size_limit_is_named_as_the_machines(run, tmp_path, limit):
+def test_a_file_size_limit_is_named_as_the_machines(run, tmp_path):
     """A file-size limit (RLIMIT_FSIZE, `ulimit -f`) smaller than a shard: the save fails with
     EFBIG (Python ignores SIGXFSZ); one line names the limit and how to raise it (not a full
     disk: the disk has room), no step_N.tmp is left, `latest` still names a sound checkpoint."""
-    ck = Path(damaged(run, tmp_path, lambda s: None))
+    ck, limit = Path(damaged(run, tmp_path, lambda s: None)), 100_000
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
@@ -292,6 +291,23 @@ def test_a_file_size_limit_is_named_as_the_machines(run, tmp_path, limit):
         lines[0] and "ulimit -f unlimited" in lines[0] and "free some space" not in lines[0], lines[0]
     assert sorted(x.name for x in ck.iterdir()) == ["latest", "step_0000001", "step_0000002"], list(ck.iterdir())
     assert (ck / "latest").read_text() == "step_0000002" and main(["check-ckpt", str(ck)]) == 0
+
+
+@pytest.mark.parametrize("limit", [4096, 300_000])
+def test_the_shard_writer_names_a_file_size_limit(tmp_path, limit):
+    """The shard writer itself under two limits (set in this process around the one write):
+    the limit in bytes and how to raise it, no partial shard left."""
+    from minitron.checkpoint import _verdict, _write_shard
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+    try:
+        _write_shard(tmp_path, 0, {"w": {"param": torch.zeros(200_000), "full_shape": [200_000], "region": [[0, 200_000]]}})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    kind, message = _verdict(tmp_path, 1, 3, 0.1)
+    assert kind == "disk" and f"this machine's file-size limit (ulimit -f: {limit:,} bytes)" in message, message
+    assert "ulimit -f unlimited" in message and not list(tmp_path.glob("*.pt*")), message
 
 
 # --- the lock --------------------------------------------------------------------------------
@@ -399,9 +415,8 @@ def moe_run(tmp_path_factory):
 def test_resume_compares_the_whole_model(run, tmp_path, capsys, flags, named, fix):
     """Every field of the description that differs is named with both values, with the flags
     that give the checkpoint's model and the flag that allows exactly those fields."""
-    ck = damaged(run, tmp_path, lambda s: None)
-    refused(capsys, TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"] + flags,
-            "holds another model", named, fix, "--allow-model-change")
+    refused(capsys, TRAIN + ["--steps", "3", "--ckpt-dir", run / "ck", "--resume", "--dtype", "float64"] + flags,
+            "holds another model", named, fix, "--allow-model-change")  # refused: the folder is left as it was
 
 
 @pytest.mark.parametrize("flags,named", [
@@ -512,6 +527,19 @@ def _split_over_ep(step, region_of=None):
     reseal(step)
 
 
+def test_check_ckpt_and_resume_accept_an_ep2_checkpoint_that_tiles(moe_run, tmp_path):
+    """An ep2-shaped checkpoint (dense tensors replicated, experts split): check-ckpt passes,
+    resume accepts it and assembles the same tensors as the one-rank checkpoint."""
+    sound = tmp_path / "sound"
+    shutil.copytree(moe_run / "ck", sound)
+    _split_over_ep(sound / "step_0000001")
+    assert main(["check-ckpt", str(sound)]) == 0
+    whole, split = _params_of(moe_run / "ck" / "step_0000001"), _params_of(sound / "step_0000001")
+    assert sorted(whole) == sorted(split) and all(torch.equal(whole[k], split[k]) for k in whole)
+    assert main([str(a) for a in TRAIN + ["--model", "moe-tiny", "--steps", "2", "--resume", "--dtype", "float64",
+                                          "--ckpt-dir", sound]]) == 0
+
+
 @pytest.mark.parametrize("name,region_of,words", [
     ("rank 1 duplicates rank 0's region", lambda n, r, lo, hi: (0, 2) if "fc2" in n and r == 1 else (lo, hi),
      "is missing shards of 'blocks.0.mlp.experts.fc2.weight' ("),
@@ -521,20 +549,14 @@ def _split_over_ep(step, region_of=None):
     ("every expert tensor duplicated", lambda n, r, lo, hi: (2, 4), "is missing shards of"),
 ])
 def test_check_ckpt_verifies_the_shards_tile_every_tensor(moe_run, tmp_path, capsys, name, region_of, words):
-    """check-ckpt passes exactly what resume accepts: an ep2-shaped checkpoint whose regions
-    tile every tensor (replicas of the dense ones included) passes both; one whose shards
-    leave a gap or overlap (checksums rewritten) is refused by both, naming the tensor."""
-    sound, bad = tmp_path / "sound", tmp_path / "bad"
-    for d, how in ((sound, None), (bad, region_of)):
-        shutil.copytree(moe_run / "ck", d)
-        _split_over_ep(d / "step_0000001", how)
-    base = TRAIN + ["--model", "moe-tiny", "--steps", "2", "--resume", "--dtype", "float64", "--ckpt-dir"]
-    assert main(["check-ckpt", str(sound)]) == 0
-    assert main([str(a) for a in base + [sound]]) == 0
-    whole, split = _params_of(moe_run / "ck" / "step_0000001"), _params_of(sound / "step_0000001")
-    assert sorted(whole) == sorted(split) and all(torch.equal(whole[k], split[k]) for k in whole)
+    """check-ckpt passes exactly what resume accepts: shards that leave a gap or overlap
+    (checksums rewritten) are refused by both, naming the tensor and the regions."""
+    bad = tmp_path / "bad"
+    shutil.copytree(moe_run / "ck", bad)
+    _split_over_ep(bad / "step_0000001", region_of)
     capsys.readouterr()
     assert main(["check-ckpt", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "BAD step_0000001" in out and words in out, out
-    refused(capsys, base + [bad], words)
+    refused(capsys, TRAIN + ["--model", "moe-tiny", "--steps", "2", "--resume", "--dtype", "float64", "--ckpt-dir", bad],
+            words)
