@@ -18,8 +18,9 @@ Nothing wrong is published or loaded without a word:
   shards' structure (regions inside their tensor, all of a tensor covered, optimizer state
   complete) and that every parameter is finite before anything is assembled
   (``minitron check-ckpt`` runs it on a folder without training);
-* a save whose model is not finite, or that a rank could not write (a full disk), is not
-  published: its `.tmp` folder is removed and every rank raises the same one-line error;
+* a save whose model is not finite, or that a rank could not write (a full disk, a file
+  larger than the machine's file-size limit), is not published: its `.tmp` folder is
+  removed and every rank raises the same one-line error naming the cause;
 * `latest` must name a step folder inside the checkpoint folder;
 * :class:`FolderLock` keeps a second run out of a folder that a run is writing; the lock is
   the kernel's (``flock``), so it dies with its process, and a lock file left by a killed run
@@ -27,6 +28,8 @@ Nothing wrong is published or loaded without a word:
 """
 from __future__ import annotations
 
+import dataclasses
+import errno
 import fcntl
 import hashlib
 import io
@@ -34,6 +37,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import socket
 from pathlib import Path
@@ -108,9 +112,9 @@ def assemble(shard_dicts) -> dict:
                 slot["step"] = rec["step"]
             slot.setdefault("regions", set()).add(tuple(map(tuple, rec["region"])))
     for name, slot in full.items():
-        n = sum(_numel(r) for r in slot.pop("regions"))
-        if n < slot["param"].numel():
-            raise ConfigError(f"checkpoint is missing shards of '{name}': it is incomplete, save it again")
+        problem = tiling_problem(name, list(slot["param"].shape), slot.pop("regions"))
+        if problem:
+            raise ConfigError(f"checkpoint {problem}: it is damaged, save it again or resume from another")
     return full
 
 
@@ -121,19 +125,46 @@ def _numel(region) -> int:
     return n
 
 
-def import_state(params, opt, full: dict) -> None:
+def tiling_problem(name: str, shape, regions) -> str:
+    """'' when the distinct `regions` of tensor `name` tile its `shape` exactly once (a
+    replica writes the same region again, which is no overlap), else what is wrong: two
+    regions that overlap, or the elements no region covers. Resume (:func:`assemble`) and
+    :func:`check` (``minitron check-ckpt``) ask this one question, so they accept the same."""
+    boxes = sorted({tuple(map(tuple, r)) for r in regions})
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if all(max(x0, y0) < min(x1, y1) for (x0, x1), (y0, y1) in zip(a, b)):
+                return (f"has overlapping shards of '{name}' (regions {_box(a)} and {_box(b)} share elements; "
+                        f"the shards must tile it exactly once)")
+    n, total = sum(_numel(r) for r in boxes), math.prod(shape)
+    if n < total:
+        return f"is missing shards of '{name}' ({total - n:,} of its {total:,} elements in no shard)"
+    return ""
+
+
+def _box(region) -> str:
+    return "[" + ", ".join(f"{a}:{b}" for a, b in region) + "]"
+
+
+def import_state(params, opt, full: dict, fresh_ok: bool = False) -> None:
     """Load full tensors into this rank's shards (and into optimizer `opt`'s state,
-    when the checkpoint has it and `opt` is not None)."""
+    when the checkpoint has it and `opt` is not None). A parameter the checkpoint lacks, or
+    holds in another shape, is refused; with `fresh_ok` (a model change the user allowed,
+    named before the ranks started) it keeps its fresh initial value and fresh state."""
     missing = [p.shard.name for p in params if p.shard.name not in full]
-    if missing:
-        raise ConfigError(f"checkpoint does not match the model: no '{missing[0]}' "
-                          f"(was it saved with other --layers/--hidden/--tied?)")
+    if missing and not fresh_ok:
+        raise ConfigError(f"checkpoint does not match the model: it has no '{missing[0]}' "
+                          f"({len(missing)} tensor(s) missing): use the model it was saved with")
     if opt is not None:
         opt.materialize()  # a pending gather would overwrite what is loaded
     opt_state = {}
     for p in params:
-        info, rec = p.shard, full[p.shard.name]
+        info, rec = p.shard, full.get(p.shard.name)
+        if rec is None:
+            continue
         if list(rec["param"].shape) != list(info.full_shape):
+            if fresh_ok:
+                continue
             raise ConfigError(f"checkpoint shape of '{info.name}' is {list(rec['param'].shape)}, the model's "
                               f"is {list(info.full_shape)}: use the model options it was saved with")
         with torch.no_grad():
@@ -201,6 +232,13 @@ def _free_space(path: Path) -> str:
         return "free space unknown"
 
 
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (RLIMIT_FSIZE, ``ulimit -f``), None when
+    unlimited. Past it a write fails with EFBIG (Python ignores SIGXFSZ, which would kill it)."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
     """Write this rank's shard file and its summary (checksum, size, finiteness), or, when
     the disk refuses, the reason (a summary with "error"), so that rank 0 can say which rank
@@ -214,12 +252,18 @@ def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
         info = {"file": part.name, "sha256": _sha256(part), "bytes": part.stat().st_size, **_shard_summary(shards)}
     except (OSError, RuntimeError) as e:  # torch's writer wraps the file's OSError in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__ if isinstance(e.__context__, OSError) else None
-        if cause is None and not isinstance(e, OSError) and "inline_container" not in str(e):
+        if cause is None and not isinstance(e, OSError) and not any(w in str(e) for w in ("inline_container", "resize")):
             raise
         Path(str(part) + ".part").unlink(missing_ok=True)
         part.unlink(missing_ok=True)
         why = cause.strerror if cause is not None and cause.strerror else "a write failed"
-        info = {"error": f"rank {rank} could not write its shard into {tmp} ({why}; {_free_space(tmp)})"}
+        limit = file_size_limit()
+        if limit is not None and (cause is not None and cause.errno == errno.EFBIG or "resize" in str(e)):
+            info = {"error": f"rank {rank} could not write its shard into {tmp}: it is larger than this machine's "
+                             f"file-size limit (ulimit -f: {limit:,} bytes)",
+                    "fix": "raise the limit (ulimit -f unlimited) and resume from the last checkpoint"}
+        else:
+            info = {"error": f"rank {rank} could not write its shard into {tmp} ({why}; {_free_space(tmp)})"}
     try:
         side.write_text(json.dumps(info))
     except OSError:
@@ -255,8 +299,8 @@ def _verdict(tmp: Path, world: int, step: int, lr: float) -> tuple[str, str] | d
                             f"space (or point --ckpt-dir elsewhere) and resume from the last checkpoint")
     for info in infos:
         if "error" in info:
-            return "disk", (f"{info['error']}: free some space (or point --ckpt-dir elsewhere) and resume from "
-                            f"the last checkpoint")
+            return "disk", f"{info['error']}: " + info.get("fix", "free some space (or point --ckpt-dir elsewhere) "
+                                                                  "and resume from the last checkpoint")
     for r, info in enumerate(infos):
         if info["nonfinite"]:
             return "nonfinite", (f"the parameters are not finite after step {step} ('{info['nonfinite']}' on rank "
@@ -336,7 +380,7 @@ def _publish(root: Path, tmp: Path, final: Path, step: int, tr, infos: list[dict
     """Rank 0: meta.json (checksums, the model, the run's settings), then the renames."""
     tc = tr.tcfg
     meta = {"format": FORMAT, "step": step, "world": tr.comm.grid.world, "layout": tr.layout.describe(),
-            "model": tr.mcfg.__dict__, "seed": tc.seed,
+            "model": model_record(tr.mcfg), "seed": tc.seed,
             "train": {**{k: getattr(tc, k) for k in RESUME_EXACT if k != "data_tokens"},
                       "data_tokens": len(tr.train_data) if hasattr(tr, "train_data") else None,
                       "steps": tc.steps, "microbatches": tc.microbatches},
@@ -389,11 +433,12 @@ def latest(ckpt_dir: str) -> Path | None:
     return path
 
 
-def check(path, verify_data: bool = True) -> dict:
+def check(path, verify_data: bool = True, tensor_shapes: dict | None = None) -> dict:
     """Open every file of checkpoint folder `path`; raise ConfigError if any is bad.
     Returns its meta. Run before any process group starts. Verifies each shard file's
-    SHA-256 and size against meta.json, and (`verify_data`) the shards' structure and
-    that every tensor is finite, without assembling anything."""
+    SHA-256 and size against meta.json, and (`verify_data`) the shards' structure, that
+    they tile every tensor exactly once (:func:`tiling_problem`) and that every tensor is
+    finite, without assembling anything; `tensor_shapes` (a dict) receives {name: full shape}."""
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.exists():
@@ -429,10 +474,13 @@ def check(path, verify_data: bool = True) -> dict:
         shards = _load(f, data)
         if verify_data:
             _check_shards(f, shards, meta.get("optimizer_state") == "all", shapes, covered)
-    for name, n in covered.items():
-        if n < math.prod(shapes[name]):
-            raise ConfigError(f"checkpoint {path} is missing shards of '{name}': it is incomplete, resume "
-                              f"from another checkpoint")
+    for name, regions in covered.items():
+        problem = tiling_problem(name, shapes[name], regions)
+        if problem:
+            raise ConfigError(f"checkpoint {path} {problem}: it is damaged or incomplete; resume from another "
+                              f"checkpoint")
+    if tensor_shapes is not None:
+        tensor_shapes.update(shapes)
     return meta
 
 
@@ -495,8 +543,8 @@ def _count(want) -> str:
 def _check_shards(f: Path, shards, all_state: bool, shapes: dict, covered: dict) -> None:
     """The structure of one shard file: every record's region inside its full shape and the
     shape of its tensors, optimizer state whole (both moments and the step, or none), the
-    same full shape in every file, every value finite. `covered` sums the regions per name
-    (so that nothing larger than the shards is ever allocated from a crafted full shape)."""
+    same full shape in every file, every value finite. `covered` collects the regions per
+    name (their tiling is checked without allocating anything from a crafted full shape)."""
     def bad(why):
         return ConfigError(f"checkpoint file {f} does not hold valid minitron shards ({why}): it was "
                            f"replaced or damaged; resume from another checkpoint")
@@ -526,26 +574,107 @@ def _check_shards(f: Path, shards, all_state: bool, shapes: dict, covered: dict)
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise ConfigError(f"checkpoint file {f} holds non-finite values in '{name}' ({k}): the model had "
                                   f"diverged when it was saved; resume from an earlier checkpoint")
-        covered[name] = covered.get(name, 0) + math.prod(size)
+        covered.setdefault(name, []).append(region)
 
 
-def check_model(meta: dict, m, where: str = "the checkpoint") -> None:
-    """The model in checkpoint `meta` has the shape of `m`; else a ConfigError naming
-    the options that differ (a checkpoint of another model must not load, then be
-    overwritten, without a word). Dropout may change between runs."""
-    saved = meta.get("model", {})
-    mine = dict(m.__dict__)
-    saved = {**saved, "ffn": saved.get("ffn") or 4 * saved.get("hidden", 0)}
-    mine["ffn"] = mine.get("ffn") or 4 * mine["hidden"]
-    keys = ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "tied_embeddings", "activation")
-    diff = [k for k in keys if k in saved and k in mine and saved[k] != mine[k]
-            and not (k == "ffn" and not meta["model"].get("ffn") and not m.ffn)]  # both 4*hidden
-    if diff:
-        def opts(d):
-            return " ".join(f"--{k.replace('_', '-')} {d[k]}" if k != "tied_embeddings" else
-                            ("--tied" if d[k] else "(untied)") for k in diff)
-        raise ConfigError(f"{where} holds a model with {opts(saved)}, this run has {opts(mine)}: "
-                          f"use the model options it was saved with, or another --ckpt-dir")
+# --- the model description (ModelConfig, every field) ----------------------------------
+# Fields that change neither a parameter nor the function the parameters compute: a resume
+# may change them freely (dropout regularises training; the name is a label).
+MODEL_FREE = ("name", "dropout")
+# Fields that mean nothing without experts (a dense model has no router), or without rotary
+# positions; they are compared only where they act.
+ONLY_WITH_EXPERTS = ("top_k", "moe_ffn", "shared_experts", "moe_every", "router", "aux_loss", "bias_update",
+                     "capacity_factor", "gate_norm")
+ONLY_WITH_ROPE = ("rope_base",)
+# 0 means "the default size": compared by the size it stands for
+EFFECTIVE = {"ffn": "ffn_hidden", "kv_heads": "n_kv_heads", "moe_ffn": "moe_ffn_hidden"}
+UNKNOWN = "(a field this minitron does not know)"
+
+
+def _plain(v):
+    """A value as meta.json holds it (tuples become lists), for comparisons after a round trip."""
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def model_record(m) -> dict:
+    """The whole model description for meta.json: every field of ModelConfig."""
+    return {f.name: _plain(getattr(m, f.name)) for f in dataclasses.fields(m)}
+
+
+def model_from_record(saved: dict):
+    """The ModelConfig a checkpoint's record describes. A field the record lacks (written
+    before the field existed) is the field's default: a new field's default is the model
+    minitron built before it had the field. Fields this minitron does not know are ignored
+    here (:func:`model_changes` names them)."""
+    from .config import ModelConfig
+
+    known = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known}
+    return ModelConfig(**kw)
+
+
+def _effective(m, name: str):
+    if name in ONLY_WITH_EXPERTS and not m.experts or name in ONLY_WITH_ROPE and m.positions != "rope":
+        return None
+    if name == "gate_norm" and (m.top_k > 1 or m.router == "sigmoid"):
+        return "always"  # "auto" renormalises there too: the same gates
+    return _plain(getattr(m, EFFECTIVE.get(name, name)))
+
+
+def model_changes(saved: dict, m) -> list[tuple[str, object, object]]:
+    """(field, the checkpoint's value, model `m`'s) for every field of the description that
+    differs, generic over ``dataclasses.fields(ModelConfig)`` (a new field is compared
+    without a word here). Sizes compare by what they stand for (ffn 0 = 4·hidden); fields
+    that do not act (a dense model's top-k, learned positions' rope base) are not compared;
+    a field the record has and this minitron does not know is named as a change."""
+    try:
+        old = model_from_record(saved)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"the checkpoint's model description is not valid ({e}): it was edited; "
+                          f"resume from another checkpoint") from None
+    out = [(f.name, _effective(old, f.name), _effective(m, f.name)) for f in dataclasses.fields(m)]
+    out = [c for c in out if c[1] != c[2] and None not in c[1:]]  # one side inactive: its cause is named
+    known = {f.name for f in dataclasses.fields(m)}
+    return out + [(k, v, UNKNOWN) for k, v in saved.items() if k not in known]
+
+
+def model_flag(name: str, value) -> str:
+    """The command-line spelling of model field `name` = `value` (``--positions learned``)."""
+    if name == "tied_embeddings":
+        return "--tied" if value else "no --tied"
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value}"
+
+
+def says_changes(changes) -> str:
+    """'positions learned -> rope, norm layernorm -> rmsnorm' (the checkpoint's first)."""
+    return ", ".join(f"{k} {was} -> {now}" for k, was, now in changes)
+
+
+def check_model(meta: dict, m, where: str = "the checkpoint", allow=()) -> list[tuple]:
+    """The model in checkpoint `meta` is model `m`, field by field (:func:`model_changes`);
+    else one ConfigError naming every field that differs with both values, and the flags
+    that give the checkpoint's model. Fields in MODEL_FREE may differ; fields in `allow`
+    (--allow-model-change) too. Returns the changes it let through (to be named)."""
+    changes = model_changes(meta.get("model", {}), m)
+    refused = [c for c in changes if c[0] not in MODEL_FREE and c[0] not in allow]
+    if refused:
+        fix = " ".join(model_flag(k, was) for k, was, now in refused if now != UNKNOWN and was is not None)
+        raise ConfigError(f"{where} holds another model ({says_changes(refused)}): use its model flags"
+                          f"{' (' + fix + ')' if fix else ''}, another --ckpt-dir, or --allow-model-change "
+                          f"{','.join(k for k, _, _ in refused)} to change it (parameters it lacks are "
+                          f"initialised afresh, those it no longer has are dropped)")
+    return changes
+
+
+def parameter_changes(saved: dict, model: dict) -> dict:
+    """{"dropped": [...], "fresh": [...], "reshaped": [...]}: the checkpoint's tensors
+    (`saved`, name -> full shape) against a model's (`model`): those the model no longer
+    has, those it has and the checkpoint lacks, those whose shape changed."""
+    return {"dropped": sorted(set(saved) - set(model)), "fresh": sorted(set(model) - set(saved)),
+            "reshaped": sorted(k for k in set(saved) & set(model) if list(saved[k]) != list(model[k]))}
 
 
 def load_full(path) -> dict:
@@ -561,8 +690,9 @@ def load_latest(ckpt_dir: str, tr) -> int:
     if path is None:
         return 0
     meta = check(path, verify_data=False)  # checksums: the structure was checked before the ranks started
-    check_model(meta, tr.mcfg, f"checkpoint {path}")
-    import_state(tr.params, tr.optimizer, load_full(path))
+    allow = tuple(getattr(tr.tcfg, "allow_model_change", ()))
+    check_model(meta, tr.mcfg, f"checkpoint {path}", allow)  # preflight named what an allowed change drops
+    import_state(tr.params, tr.optimizer, load_full(path), fresh_ok=bool(allow))
     tr.step_idx = meta["step"]
     return meta["step"]
 

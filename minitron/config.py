@@ -66,6 +66,9 @@ class ModelConfig:
     rope_high_freq: float = 4.0  # llama3's high_freq_factor
     rope_beta_fast: float = 32.0  # yarn's beta_fast (extrapolation boundary)
     rope_beta_slow: float = 1.0  # yarn's beta_slow (interpolation boundary)
+    # the gates: "auto" renormalises the chosen scores when k > 1 or sigmoid (Switch's top-1 keeps its
+    # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1)
+    gate_norm: str = "auto"
 
     @property
     def ffn_hidden(self) -> int:
@@ -272,6 +275,7 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 1  # read the loss back from the device every N steps (GPU: > 1 avoids syncs)
     init_from: str = ""  # a GPT-2 directory (Hugging Face format) whose weights start the run
+    allow_model_change: tuple = ()  # model fields a --resume may change (--allow-model-change)
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -295,7 +299,8 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("softmax", "sigmoid")
-MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS}
+GATE_NORMS = ("auto", "always")  # ModelConfig.gate_norm
+MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS, "gate_norm": GATE_NORMS}
 RECOMPUTE = ("none", "selective", "full")
 CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023) or all-to-all (Ulysses)
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
@@ -475,6 +480,8 @@ def validate_model(model: ModelConfig) -> None:
               "--moe-ffn and --shared-experts must be 0 or positive")
         _need(1 <= model.moe_every <= model.layers, f"--moe-every {model.moe_every} must be in 1..--layers {model.layers}")
         _need(model.router in ROUTERS, f"unknown --router '{model.router}': choose one of {', '.join(ROUTERS)}")
+        _need(model.gate_norm in GATE_NORMS,
+              f"unknown --gate-norm '{model.gate_norm}': choose one of {', '.join(GATE_NORMS)}")
         _need(model.aux_loss >= 0 and model.bias_update >= 0 and model.capacity_factor >= 0,
               "--aux-loss, --bias-update and --capacity-factor must be 0 (off) or positive")
 

@@ -80,7 +80,10 @@ def param_seed(seed: int, name: str) -> int:
 
 
 def init_full(name: str, shape, std: float, ctx: Context, kind: str = "normal") -> torch.Tensor:
-    """The full (unsharded) initial value of parameter `name`, from its own RNG stream."""
+    """The full (unsharded) initial value of parameter `name`, from its own RNG stream
+    (on the meta device, only its shape: the model's description without its values)."""
+    if torch.device(ctx.device).type == "meta":
+        return torch.empty(shape, dtype=ctx.dtype, device="meta")
     if kind == "zeros":
         return torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)
     if kind == "ones":

@@ -33,17 +33,31 @@ Nothing is downloaded: the directory must be on disk.
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import torch
 
 from . import hf_moe
-from .config import LLAMA, ConfigError, ModelConfig
+from .config import LLAMA, ConfigError, ModelConfig, validate_model
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+INDEX = "model.safetensors.index.json"  # a sharded save_pretrained: {"weight_map": {tensor: shard file}}
 # GPT-2's activation names -> minitron's (the exact erf GeLU, or its tanh approximation)
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-LAYER_NORM_EPS = 1e-5  # minitron's LayerNorm epsilon (parallel/tensor.py, parallel/cube.py)
+# The config.json fields minitron reads beyond the sizes, and the JSON type each must have
+# (null is read as absent): a wrong type is named, never Python's own exception text.
+FIELD_TYPES = {"tie_word_embeddings": bool, "attention_bias": bool, "mlp_bias": bool, "scale_attn_weights": bool,
+               "scale_attn_by_inverse_layer_idx": bool, "add_cross_attention": bool, "reorder_and_upcast_attn": bool,
+               "rms_norm_eps": float, "layer_norm_epsilon": float, "rope_theta": float, "router_aux_loss_coef": float,
+               "router_jitter_noise": float, "hidden_act": str, "activation_function": str, "rope_parameters": dict,
+               "rope_scaling": dict, "num_local_experts": int, "num_experts_per_tok": int, "sliding_window": int,
+               "pretraining_tp": int}
+POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")  # an epsilon or a rotary base of 0 or less
+# Buffers some writers save beside the weights that minitron computes itself: GPT-2's causal
+# mask (attn.bias, attn.masked_bias) and Llama's rotary frequencies (from rope_theta).
+DERIVED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 LLAMA_TYPES = ("llama",)  # model_type of the Llama family's config.json
@@ -77,6 +91,25 @@ def family_problem(cfg: ModelConfig) -> str:
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
     bad += ["activation swiglu"] if cfg.activation == "swiglu" else []
     return f"a GPT-2 (learned positions) needs LayerNorm, a GELU MLP, biases and every head, not {', '.join(bad)}" if bad else ""
+
+
+def export_problem(cfg: ModelConfig) -> str:
+    """'' when the family's config.json holds all of `cfg`, else what it cannot express:
+    :func:`family_problem`'s reasons, then, generic over every field of ModelConfig, any
+    field that would come back otherwise when the written config.json is read again (a
+    field added to the engine is refused until a family writes it)."""
+    from .checkpoint import model_changes, model_record
+
+    problem = family_problem(cfg)
+    if problem:
+        return problem
+    c = hf_config(cfg, torch.float32)
+    back = config_model(check_config(c, Path(cfg.name) / CONFIG), cfg.name, cfg.seq_len, cfg.dropout)
+    lost = [ch for ch in model_changes(model_record(back), cfg) if ch[0] not in ("name", "dropout")]
+    if lost:
+        return (f"{c['architectures'][0]}'s config.json cannot express "
+                + ", ".join(f"{k} {now} (it would load as {was})" for k, was, now in lost))
+    return ""
 
 
 # --- names and layouts ----------------------------------------------------------------
@@ -216,7 +249,7 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "vocab_size": cfg.vocab, "n_positions": cfg.seq_len, "n_embd": cfg.hidden,
             "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.ffn_hidden,
             "activation_function": {"gelu": "gelu", "gelu_tanh": "gelu_new"}[cfg.activation],
-            "layer_norm_epsilon": LAYER_NORM_EPS, "tie_word_embeddings": cfg.tied_embeddings,
+            "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": cfg.tied_embeddings,
             "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
             "reorder_and_upcast_attn": False, "initializer_range": 0.02,
@@ -236,6 +269,24 @@ def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "tie_word_embeddings": cfg.tied_embeddings, "initializer_range": 0.02,
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
             "dtype": str(dtype).removeprefix("torch."), **(hf_moe.config_fields(cfg) if cfg.experts else {})}
+
+
+def _check_types(c: dict, where) -> None:
+    """Every field of FIELD_TYPES that is set has its JSON type, and those of POSITIVE are
+    positive finite numbers; else one line naming the field and its value."""
+    words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer"}
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+    fields = {**c, **{f"rope_parameters.{k}": v for k, v in rope.items()}}
+    for k, v in fields.items():
+        kind = FIELD_TYPES.get(k.removeprefix("rope_parameters."))
+        if kind is None or v is None:
+            continue
+        ok = isinstance(v, kind) if kind in (bool, str, dict) else not isinstance(v, bool) and (
+            isinstance(v, int) if kind is int else isinstance(v, (int, float)) and math.isfinite(v))
+        if not ok:
+            raise ConfigError(f"{where} has {k} = {json.dumps(v)[:40]}: it must be {words[kind]}; save the model again")
+        if k.removeprefix("rope_parameters.") in POSITIVE and v <= 0:
+            raise ConfigError(f"{where} has {k} = {v}: it must be positive; save the model again")
 
 
 def _rope(c: dict, where) -> tuple[float, str]:
@@ -296,15 +347,24 @@ def read_config(hf_dir: str) -> dict:
     if not d.is_dir():
         raise ConfigError(f"--init-from {hf_dir} is not a directory: give a folder with {CONFIG} and {WEIGHTS}")
     for f in (CONFIG, WEIGHTS):
-        if not (d / f).is_file():
-            raise ConfigError(f"--init-from {hf_dir} has no {f}: save the model there with "
-                              f"save_pretrained (safetensors) or `minitron export --hf {hf_dir}`")
+        if not (d / f).is_file() and not (f == WEIGHTS and (d / INDEX).is_file()):
+            raise ConfigError(f"--init-from {hf_dir} has no {f}" + (f" (nor {INDEX} with its shards)" if f == WEIGHTS
+                              else "") + f": save the model there with save_pretrained (safetensors) or "
+                              f"`minitron export --hf {hf_dir}`")
     try:
         c = json.loads((d / CONFIG).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ConfigError(f"{d / CONFIG} is not valid JSON: save the model again") from None
     if not isinstance(c, dict):
         raise ConfigError(f"{d / CONFIG} is not a JSON object of settings: save the model again")
+    return check_config(c, d / CONFIG)
+
+
+def check_config(c: dict, where) -> dict:
+    """A family's config.json (as a dict), checked: the family known, every size a positive
+    integer, every typed field of its type, nothing minitron does not compute."""
+    _check_types(c, where)
+    d = Path(str(where)).parent
     arch = c.get("model_type")
     if arch in LLAMA_TYPES + hf_moe.MIXTRAL_TYPES:
         _check_llama(c, d / CONFIG)
@@ -318,9 +378,6 @@ def read_config(hf_dir: str) -> dict:
     act = c.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise ConfigError(f"{d / CONFIG} uses activation '{act}': minitron has {', '.join(ACTIVATIONS)}")
-    eps = c.get("layer_norm_epsilon", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or abs(eps - LAYER_NORM_EPS) > 1e-12:
-        raise ConfigError(f"{d / CONFIG} has layer_norm_epsilon {eps}: minitron's LayerNorm uses {LAYER_NORM_EPS}")
     if c.get("scale_attn_by_inverse_layer_idx") or not c.get("scale_attn_weights", True) or c.get("add_cross_attention"):
         raise ConfigError(f"{d / CONFIG} changes GPT-2's attention (scale_attn_* / add_cross_attention): "
                           f"minitron has only the standard 1/sqrt(d) causal self-attention")
@@ -328,8 +385,18 @@ def read_config(hf_dir: str) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2 or Llama directory; `seq_len` may shorten the context."""
-    c = read_config(hf_dir)
+    """The minitron ModelConfig of a GPT-2 or Llama directory; `seq_len` may shorten the context.
+    It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
+    cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
+    try:
+        validate_model(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{Path(hf_dir) / CONFIG} describes a model minitron cannot build: {e}") from None
+    return cfg
+
+
+def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
+    """The ModelConfig of a checked config.json `c` (of directory `hf_dir`)."""
     if c.get("model_type") in LLAMA_TYPES:
         return _llama_model_config(c, hf_dir, seq_len, dropout)
     if c.get("model_type") in hf_moe.MIXTRAL_TYPES:  # a Llama with experts
@@ -340,9 +407,9 @@ def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None 
     h = int(c["n_embd"])
     return ModelConfig(layers=int(c["n_layer"]), hidden=h, heads=int(c["n_head"]), seq_len=seq_len or n_pos,
                        vocab=int(c["vocab_size"]), ffn=int(c.get("n_inner") or 4 * h),
-                       tied_embeddings=bool(c.get("tie_word_embeddings", True)),
+                       tied_embeddings=c.get("tie_word_embeddings") is not False,
                        dropout=dropout or 0.0, activation=ACTIVATIONS[c.get("activation_function", "gelu_new")],
-                       name=Path(hf_dir).name or "gpt2")
+                       norm_eps=float(c.get("layer_norm_epsilon") or 1e-5), name=Path(hf_dir).name or "gpt2")
 
 
 def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
@@ -355,19 +422,32 @@ def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: floa
     return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
                        kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
                        seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
-                       norm_eps=float(c.get("rms_norm_eps", 1e-6)), rope_base=_rope(c, hf_dir)[0],
+                       norm_eps=float(c.get("rms_norm_eps") or 1e-6), rope_base=_rope(c, hf_dir)[0],
                        dropout=dropout or 0.0, name=Path(hf_dir).name or "llama",
-                       **{**LLAMA, "tied_embeddings": bool(c.get("tie_word_embeddings", False))})
+                       **{**LLAMA, "tied_embeddings": c.get("tie_word_embeddings") is True})
 
 
-def check_model(hf_dir: str, cfg: ModelConfig) -> None:
-    """Raise ConfigError unless model `cfg` is the one stored in `hf_dir` (same shapes)."""
-    stored = model_config(hf_dir, cfg.seq_len, cfg.dropout)
-    for k in ("layers", "hidden", "heads", "n_kv_heads", "vocab", "ffn_hidden", "tied_embeddings", "activation",
-              "positions", "norm", "experts", "top_k"):
-        if getattr(stored, k) != getattr(cfg, k):
-            raise ConfigError(f"--init-from {hf_dir} holds a model with {k} {getattr(stored, k)}, "
-                              f"not {getattr(cfg, k)}: drop the model flags and let the checkpoint decide")
+# Model fields a run may set over an --init-from directory: they change neither the loaded
+# parameters nor the function they compute (dropout and the balancing loss's weight act in
+# training only; the name is a label). Every other field the directory decides.
+INIT_APPLIES = ("name", "dropout", "aux_loss")
+
+
+def apply_flags(hf_dir: str, stored: ModelConfig, given: dict) -> ModelConfig:
+    """Model `stored` (of `hf_dir`) with the model flags `given` ({field: value}) applied:
+    those of INIT_APPLIES are; any other that differs from the directory's is refused in
+    one line naming each such field with both values (never silently ignored)."""
+    from .checkpoint import model_changes, model_flag, model_record
+
+    wanted = stored.replace(**given)
+    changes = [c for c in model_changes(model_record(stored), wanted) if c[0] not in INIT_APPLIES]
+    if changes:
+        said = ", ".join(f"{k} {was}, not {now}" for k, was, now in changes)
+        flags = " ".join(model_flag(k, now).split(" ")[0] for k, _, now in changes)
+        raise ConfigError(f"--init-from {hf_dir} holds a model with {said}: the directory decides these; drop "
+                          f"{flags} (only --{', --'.join(f.replace('_', '-') for f in INIT_APPLIES[1:])} and a "
+                          f"shorter --seq-len apply to it)")
+    return wanted
 
 
 def _stored_name(name: str, names) -> str:
@@ -375,46 +455,155 @@ def _stored_name(name: str, names) -> str:
     return name if name in names or name.startswith("lm_head.") else name.removeprefix("transformer.")
 
 
-def check_weights(hf_dir: str, cfg: ModelConfig) -> None:
-    """Every tensor model `cfg` needs is in `hf_dir`'s safetensors with the right shape;
-    reads only the file's header, so it is cheap before any rank starts."""
+def weight_files(hf_dir: str) -> dict[str, Path]:
+    """{tensor name: the safetensors file holding it}: model.safetensors, or the shards a
+    sharded save_pretrained lists in model.safetensors.index.json (its "weight_map")."""
+    d = Path(hf_dir)
+    if (d / WEIGHTS).is_file() or not (d / INDEX).is_file():
+        return {name: d / WEIGHTS for name in _header(d / WEIGHTS)}
+    try:
+        wmap = json.loads((d / INDEX).read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        wmap = None
+    if not isinstance(wmap, dict) or not all(isinstance(f, str) and Path(f).name == f for f in wmap.values()):
+        raise ConfigError(f"{d / INDEX} has no valid weight_map (tensor -> shard file in the same folder): "
+                          f"save the model again")
+    out = {}
+    for f in sorted(set(wmap.values())):
+        held = _header(d / f)
+        out.update({name: d / f for name in held})
+        lost = [n for n, g in wmap.items() if g == f and n not in held]
+        if lost:
+            raise ConfigError(f"{d / INDEX} places '{lost[0]}' in {f}, which does not hold it: save the model again")
+    return out
+
+
+def _header(path: Path) -> dict[str, tuple]:
+    """{name: shape} of one safetensors file, from its header only."""
     from safetensors import safe_open
 
     _safetensors()
-    path = Path(hf_dir) / WEIGHTS
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist (its index names it): copy every shard of the model")
     try:
         with safe_open(str(path), "pt") as f:
-            names = set(f.keys())
-            shapes = {n: tuple(f.get_slice(n).get_shape()) for n in names}
+            return {n: tuple(f.get_slice(n).get_shape()) for n in f.keys()}
     except Exception as e:  # truncated file, not safetensors, ...
         raise ConfigError(f"{path} cannot be read ({type(e).__name__}): save the model again") from None
+
+
+def shapes_in_files(hf_dir: str) -> dict[str, tuple]:
+    """{name: shape} of every tensor of `hf_dir` (one file or the shards of an index)."""
+    files = weight_files(hf_dir)
+    out = {}
+    for f in sorted(set(files.values())):
+        out.update(_header(f))
+    return out
+
+
+def expected_shapes(cfg: ModelConfig, names) -> dict[str, tuple]:
+    """{their name as stored: shape} of every tensor model `cfg` needs (GPT-2's positions:
+    as many rows as the file holds, at least seq_len; ConfigError for a missing tensor)."""
     if is_llama(cfg):
-        for name, want in llama_shapes(cfg).items():
-            if name not in names:
-                raise ConfigError(f"{path} has no tensor '{name}': it is not the Llama of its config.json "
-                                  f"(layers {cfg.layers}, tied {cfg.tied_embeddings}); save it again")
-            if shapes[name] != want:
-                raise ConfigError(f"{path}: '{name}' has shape {list(shapes[name])}, config.json implies "
-                                  f"{list(want)}: the weights and the config do not belong together")
-        return
+        return llama_shapes(cfg)
+    out = {}
     for mine, theirs, kind in name_map(cfg):
         stored = _stored_name(theirs, names)
-        if stored not in names:
-            raise ConfigError(f"{path} has no tensor '{theirs}': it is not a GPT-2 of its config.json "
+        out[stored] = _hf_shape(mine, kind, cfg)
+    return out
+
+
+def _check_counts(cfg: ModelConfig, names, where) -> None:
+    """The layers and experts config.json declares are those the files hold, checked on the
+    names alone before any list of a model's tensors is made (a billion layers declared
+    over two must be refused at once, not enumerated)."""
+    layers = {int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)(?:h|layers)\.(\d+)\.", n))}
+    if len(layers) != cfg.layers or (layers and max(layers) != cfg.layers - 1):
+        raise ConfigError(f"{where} declares {cfg.layers} layers but the weights hold {len(layers)}"
+                          f"{f' (numbered up to {max(layers)})' if layers else ''}: the weights and the config "
+                          f"do not belong together")
+    experts = {int(m.group(1)) for n in names if (m := re.search(r"\.experts\.(\d+)\.", n))}
+    if len(experts) != cfg.experts or (experts and max(experts) != cfg.experts - 1):
+        raise ConfigError(f"{where} declares {cfg.experts} experts but the weights hold {len(experts)}"
+                          f"{f' (numbered up to {max(experts)})' if experts else ''}: the weights and the config "
+                          f"do not belong together")
+
+
+def check_weights(hf_dir: str, cfg: ModelConfig) -> None:
+    """Every tensor model `cfg` needs is in `hf_dir`'s safetensors with the right shape, and
+    every tensor there is one it needs (or a buffer of DERIVED); reads only the files'
+    headers, so it is cheap before any rank starts."""
+    shapes = shapes_in_files(hf_dir)
+    where = Path(hf_dir) / (WEIGHTS if (Path(hf_dir) / WEIGHTS).is_file() else INDEX)
+    _check_counts(cfg, shapes, Path(hf_dir) / CONFIG)
+    want = expected_shapes(cfg, shapes)
+    family = "Llama" if is_llama(cfg) else "GPT-2"
+    for name, shape in want.items():
+        if name not in shapes:
+            raise ConfigError(f"{where} has no tensor '{name}': it is not the {family} of its config.json "
                               f"(layers {cfg.layers}, tied {cfg.tied_embeddings}); save it again")
-        got, want = shapes[stored], _hf_shape(mine, kind, cfg)
-        if mine == "wpe.weight":
+        got = shapes[name]
+        if name.endswith("wpe.weight"):
             got = (min(got[0], cfg.seq_len),) + got[1:]  # more positions than used is fine
-        if got != want:
-            raise ConfigError(f"{path}: '{theirs}' has shape {list(shapes[stored])}, config.json implies "
-                              f"{list(want)}: the weights and the config do not belong together")
+        if got != shape:
+            raise ConfigError(f"{where}: '{name}' has shape {list(shapes[name])}, config.json implies "
+                              f"{list(shape)}: the weights and the config do not belong together")
+    extra = sorted(n for n in shapes if n not in want and not n.endswith(DERIVED)
+                   and not (n == "lm_head.weight" and cfg.tied_embeddings))
+    if extra:
+        raise ConfigError(f"{where} holds {len(extra)} tensor(s) its config.json does not account for "
+                          f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): the weights and the config do "
+                          f"not belong together; save the model again")
+
+
+def check_values(hf_dir: str, cfg: ModelConfig) -> None:
+    """Every tensor of `hf_dir` is finite, and a tied config's output matrix, if the files
+    hold one, is the embedding (a distinct one would be dropped without a word). Reads
+    each tensor once; run before any rank starts."""
+    from safetensors import safe_open
+
+    files = weight_files(hf_dir)
+    emb = "model.embed_tokens.weight" if is_llama(cfg) else _stored_name("transformer.wte.weight", files)
+    for path in sorted(set(files.values())):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise ConfigError(f"{path} holds non-finite values in '{name}': the model is broken; "
+                                      f"use another checkpoint")
+    if cfg.tied_embeddings and "lm_head.weight" in files and emb in files:
+        head, wte = (_tensor(files[n], n) for n in ("lm_head.weight", emb))
+        if not torch.equal(head, wte):
+            raise ConfigError(f"{Path(hf_dir) / CONFIG} ties the output to the embedding (tie_word_embeddings) but "
+                              f"the weights hold a distinct lm_head.weight: set tie_word_embeddings to false to "
+                              f"load it untied, or drop lm_head.weight")
+
+
+def _tensor(path: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor(name)
+
+
+def load_state(hf_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of `hf_dir` (one file or the shards of an index)."""
+    files = weight_files(hf_dir)
+    state = {}
+    for path in sorted(set(files.values())):
+        state.update(_safetensors().load_file(str(path)))
+    return state
 
 
 def load_full(hf_dir: str, cfg: ModelConfig) -> dict[str, dict]:
-    """The GPT-2 weights of `hf_dir` as full minitron tensors, in `checkpoint.assemble`'s
-    form {name: {"param": tensor}}, ready for `checkpoint.import_state` into any layout."""
+    """The weights of `hf_dir` as full minitron tensors, in `checkpoint.assemble`'s form
+    {name: {"param": tensor}}, ready for `checkpoint.import_state` into any layout
+    (checked first: names, shapes, nothing unaccounted for, finite values)."""
     check_weights(hf_dir, cfg)
-    state = _safetensors().load_file(str(Path(hf_dir) / WEIGHTS))
+    state = load_state(hf_dir)
+    bad = next((n for n, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad:
+        raise ConfigError(f"{hf_dir} holds non-finite values in '{bad}': the model is broken; use another checkpoint")
     if not is_llama(cfg):
         state = {theirs: state[_stored_name(theirs, state)] for _, theirs, _ in name_map(cfg)}
     return {k: {"param": v} for k, v in from_hf(state, cfg).items()}
@@ -455,7 +644,7 @@ def _hf_shape(mine: str, kind: str, cfg: ModelConfig) -> tuple:
 def save(hf_dir: str, full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict:
     """Write `config.json` and `model.safetensors` for `full` ({minitron name: tensor}).
     Returns {"dir", "tensors", "params", "dtype", "class"} (the transformers class that loads it)."""
-    problem = family_problem(cfg)
+    problem = export_problem(cfg)
     if problem:
         raise ConfigError(f"cannot export this model to Hugging Face: {problem}")
     d = Path(hf_dir)

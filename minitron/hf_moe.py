@@ -38,8 +38,13 @@ def moe_problem(cfg: ModelConfig) -> str:
     want = {"moe_every": 1, "shared_experts": 0, "router": "softmax", "bias_update": 0.0, "capacity_factor": 0.0,
             "moe_ffn": 0}
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
-    return (f"Mixtral's experts are in every block, softmax-routed, dropless, without shared experts or a "
-            f"selection bias, of the dense FFN size, not {', '.join(bad)}") if bad else ""
+    if bad:
+        return (f"Mixtral's experts are in every block, softmax-routed, dropless, without shared experts or a "
+                f"selection bias, of the dense FFN size, not {', '.join(bad)}")
+    if cfg.top_k == 1 and cfg.gate_norm != "always":
+        return ("Mixtral renormalises the top-k scores, so its top-1 gate is 1, and this model's is the softmax "
+                "score (gate_norm auto): train it with --gate-norm always")
+    return ""
 
 
 def block_rows(cfg: ModelConfig, i: int) -> list[tuple[str, str, str]]:
@@ -105,7 +110,9 @@ def model_fields(c: dict, where) -> dict:
     if c.get("router_jitter_noise"):
         raise ConfigError(f"{where} has router_jitter_noise {c['router_jitter_noise']}: minitron's router has no "
                           f"jitter; set it to 0")
-    E, k = int(c.get("num_local_experts", 8)), int(c.get("num_experts_per_tok", 2))
+    E, k = int(c.get("num_local_experts") or 8), int(c.get("num_experts_per_tok") or 2)
     if not 1 <= k <= E:
         raise ConfigError(f"{where} routes to {k} of {E} experts: num_experts_per_tok must be in 1..num_local_experts")
-    return {"experts": E, "top_k": k, "aux_loss": float(c.get("router_aux_loss_coef", 0.001))}
+    aux = c.get("router_aux_loss_coef")
+    # transformers' Mixtral renormalises the top-k scores whatever k (a top-1 gate is 1): gate_norm "always"
+    return {"experts": E, "top_k": k, "aux_loss": 0.001 if aux is None else float(aux), "gate_norm": "always"}

@@ -8,7 +8,8 @@ is ``Σ_j g_j · expert_{e_j}(x)`` (+ the shared experts' MLP on every token):
 * **router**: a linear h → E (no bias), scores softmax (Switch, Mixtral) or sigmoid
   (DeepSeek-V3); the top-k by score, ties broken by the lower index (a stable sort, so
   every layout picks the same experts); gates the chosen scores, renormalized to sum 1
-  when k > 1 (for softmax that is Mixtral's softmax over the chosen k).
+  when k > 1 (for softmax that is Mixtral's softmax over the chosen k), or whatever k with
+  ``gate_norm="always"`` (transformers' Mixtral: a top-1 gate is then 1).
 * **balancing loss** (Switch Eq. 4, GShard's form, with top-k as Megatron-Core counts it):
   ``α·E·Σ_i f_i·P_i`` with f_i = (tokens sent to expert i)/(T·k), P_i the mean score of
   expert i; added to the training objective with the loss's own weight (1/m per
@@ -72,7 +73,7 @@ def route(logits: torch.Tensor, cfg: ModelConfig, bias: torch.Tensor | None = No
     choice = scores if bias is None else scores + bias
     experts = torch.sort(choice.detach(), dim=-1, descending=True, stable=True).indices[:, :cfg.top_k]
     gates = scores.gather(1, experts)
-    if cfg.top_k > 1 or cfg.router == "sigmoid":
+    if cfg.top_k > 1 or cfg.router == "sigmoid" or cfg.gate_norm == "always":
         gates = gates / gates.sum(-1, keepdim=True)
     return scores, experts, gates
 

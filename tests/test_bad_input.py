@@ -124,9 +124,9 @@ CASES = [
     (TRAIN + ["--resume", "--ckpt-dir", "{empty}"], "no checkpoint in --ckpt-dir"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "2"], "already at --steps 2"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "9", "--stop-at", "1"], "already at --stop-at 1"),
-    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--layers", "3"], "holds a model with --layers 2"),
-    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--heads", "2"], "holds a model with --heads 4"),
-    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--tied"], "this run has --tied"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--layers", "3"], "holds another model (layers 2 -> 3): use its model flags (--layers 2)"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--heads", "2"], "holds another model (heads 4 -> 2, kv_heads 4 -> 2)"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--tied"], "tied_embeddings False -> True): use its model flags (no --tied)"),
     (TRAIN + ["--resume", "--ckpt-dir", "{broken_meta}"], "lacks a valid step, world or model"),
     (TRAIN + ["--resume", "--ckpt-dir", "{broken_shards}"], "does not hold valid minitron shards"),
     # --- the machine ---
@@ -187,6 +187,16 @@ CASES = [
     (TRAIN + ["--trace", "{ckpt}/step_0000002/meta.json"], "inside the checkpoint folder"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--seed", "5"], "--seed 5 (the checkpoint's is 1234)"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--global-batch", "8"], "--allow-resume-change"),
+    # --- the whole model description on --resume (issue 40) ---
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--positions", "rope"], "positions learned -> rope"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--norm-eps", "1e-6"], "norm_eps 1e-05 -> 1e-06"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--experts", "4", "--norm", "rmsnorm"],
+     "--allow-model-change norm,experts"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--allow-model-change", "rope-base"],
+     "has the same rope_base"),
+    (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--allow-model-change", "colour"],
+     "no model field colour"),
+    (TRAIN + ["--allow-model-change", "norm"], "changes the model a --resume continues: add --resume"),
 ]
 
 

@@ -82,7 +82,7 @@ def test_mismatched_checkpoint(tmp_path, capsys):
     a = tmp_path / "a"
     _train(a, steps=10)
     one_line_error(capsys, TRAIN + ["--steps", "20", "--hidden", "64", "--ckpt-dir", str(a), "--resume"],
-                   "holds a model with --hidden 32, this run has --hidden 64")
+                   "holds another model (hidden 32 -> 64, ffn 128 -> 256): use its model flags (--hidden 32 --ffn 128)")
 
 
 def test_verify_single_device_json():

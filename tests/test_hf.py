@@ -102,7 +102,7 @@ def test_bad_gpt2_checkpoints_get_one_line(tmp_path, capsys):
                                      ({**c, "n_layer": -2}, "n_layer = -2: it must be a positive integer"),
                                      ({k: v for k, v in c.items() if k != "n_head"}, "has no 'n_head'"),
                                      ([1, 2], "is not a JSON object"),
-                                     ({**c, "layer_norm_epsilon": "x"}, "has layer_norm_epsilon x")]):
+                                     ({**c, "layer_norm_epsilon": "x"}, 'has layer_norm_epsilon = "x": it must be a number')]):
         malformed = tmp_path / f"malformed{i}"  # a config.json that must not surface as Python's own error
         malformed.mkdir()
         (malformed / "config.json").write_text(json.dumps(bad))

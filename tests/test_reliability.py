@@ -273,21 +273,41 @@ def test_a_nonfinite_model_is_never_published(tmp_path, capsys, lr):
     assert main(["check-ckpt", str(ck)]) == 0
 
 
-def test_a_full_disk_names_the_rank_and_the_space(tmp_path):
-    """The file size limit (RLIMIT_FSIZE) refuses the shard's write as a full disk would:
-    one line naming rank 0 and the space, no step_N.tmp left, `latest` untouched."""
-    ck = tmp_path / "ck"
+def test_a_file_size_limit_is_named_as_the_machines(run, tmp_path):
+    """A file-size limit (RLIMIT_FSIZE, `ulimit -f`) smaller than a shard: the save fails with
+    EFBIG (Python ignores SIGXFSZ); one line names the limit and how to raise it (not a full
+    disk: the disk has room), no step_N.tmp is left, `latest` still names a sound checkpoint."""
+    ck, limit = Path(damaged(run, tmp_path, lambda s: None)), 100_000
 
     def small_files():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    p = subprocess.run([sys.executable, "-m", "minitron", *TRAIN, "--steps", "1", "--ckpt-dir", str(ck)],
-                       capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+    p = subprocess.run([sys.executable, "-m", "minitron", *TRAIN, "--steps", "3", "--ckpt-dir", str(ck), "--resume",
+                        "--dtype", "float64"], capture_output=True, text=True, timeout=300, preexec_fn=small_files,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("minitron: note:")]
     assert p.returncode == 2 and len(lines) == 1, p.stderr
-    assert "rank 0 could not write its shard" in lines[0] and "File too large" in lines[0] and "free" in lines[0]
-    assert sorted(x.name for x in ck.iterdir()) == [], list(ck.iterdir())
+    assert "rank 0 could not write its shard" in lines[0] and f"file-size limit (ulimit -f: {limit:,} bytes)" in \
+        lines[0] and "ulimit -f unlimited" in lines[0] and "free some space" not in lines[0], lines[0]
+    assert sorted(x.name for x in ck.iterdir()) == ["latest", "step_0000001", "step_0000002"], list(ck.iterdir())
+    assert (ck / "latest").read_text() == "step_0000002" and main(["check-ckpt", str(ck)]) == 0
+
+
+@pytest.mark.parametrize("limit", [4096, 300_000])
+def test_the_shard_writer_names_a_file_size_limit(tmp_path, limit):
+    """The shard writer itself under two limits (set in this process around the one write):
+    the limit in bytes and how to raise it, no partial shard left."""
+    from minitron.checkpoint import _verdict, _write_shard
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+    try:
+        _write_shard(tmp_path, 0, {"w": {"param": torch.zeros(200_000), "full_shape": [200_000], "region": [[0, 200_000]]}})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    kind, message = _verdict(tmp_path, 1, 3, 0.1)
+    assert kind == "disk" and f"this machine's file-size limit (ulimit -f: {limit:,} bytes)" in message, message
+    assert "ulimit -f unlimited" in message and not list(tmp_path.glob("*.pt*")), message
 
 
 # --- the lock --------------------------------------------------------------------------------
@@ -369,3 +389,174 @@ def test_two_ctrl_c_exit_with_the_code_printed(tmp_path):
     assert line.startswith("minitron: stopped by SIGINT after step ") and line.strip().endswith("(exit code 75)"), \
         line + rest
     assert proc.returncode == 75 and not rest.strip(), (proc.returncode, rest)
+
+
+# --- the whole model description (issue 40, classes 1 and 5) ------------------------------
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    """A checkpoint folder of moe-tiny (rotary, RMSNorm, 4 experts, top-2) at step 1 (float64)."""
+    d = tmp_path_factory.mktemp("moe")
+    assert main(TRAIN + ["--model", "moe-tiny", "--steps", "1", "--ckpt-dir", str(d / "ck"), "--dtype", "float64"]) == 0
+    return d
+
+
+@pytest.mark.parametrize("flags,named,fix", [
+    (["--positions", "rope"], "positions learned -> rope", "--positions learned"),
+    (["--norm", "rmsnorm"], "norm layernorm -> rmsnorm", "--norm layernorm"),
+    (["--no-bias"], "bias True -> False", "--bias"),
+    (["--norm-eps", "1e-6"], "norm_eps 1e-05 -> 1e-06", "--norm-eps 1e-05"),
+    (["--activation", "gelu_tanh"], "activation gelu -> gelu_tanh", "--activation gelu"),
+    (["--kv-heads", "2"], "kv_heads 4 -> 2", "--kv-heads 4"),
+    (["--ffn", "64"], "ffn 128 -> 64", "--ffn 128"),
+    (["--experts", "4"], "experts 0 -> 4", "--experts 0"),  # dense -> MoE: not "--layers/--hidden/--tied?"
+    (["--positions", "rope", "--norm", "rmsnorm", "--no-bias"], "norm layernorm -> rmsnorm, positions learned -> "
+     "rope, bias True -> False", "--allow-model-change norm,positions,bias"),
+])
+def test_resume_compares_the_whole_model(run, tmp_path, capsys, flags, named, fix):
+    """Every field of the description that differs is named with both values, with the flags
+    that give the checkpoint's model and the flag that allows exactly those fields."""
+    refused(capsys, TRAIN + ["--steps", "3", "--ckpt-dir", run / "ck", "--resume", "--dtype", "float64"] + flags,
+            "holds another model", named, fix, "--allow-model-change")  # refused: the folder is left as it was
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--top-k", "1"], "top_k 2 -> 1"), (["--router", "sigmoid"], "router softmax -> sigmoid"),
+    (["--capacity-factor", "1.25"], "capacity_factor 0.0 -> 1.25"), (["--aux-loss", "0.1"], "aux_loss 0.01 -> 0.1"),
+    (["--rope-base", "500000"], "rope_base 10000.0 -> 500000.0"), (["--experts", "8"], "experts 4 -> 8"),
+    (["--moe-every", "2"], "moe_every 1 -> 2"), (["--bias-update", "0.001"], "bias_update 0.0 -> 0.001"),
+])
+def test_resume_compares_the_experts_and_the_rotary_base(moe_run, capsys, flags, named):
+    base = TRAIN + ["--model", "moe-tiny", "--steps", "3", "--ckpt-dir", moe_run / "ck", "--resume", "--dtype", "float64"]
+    refused(capsys, base + flags, "holds another model", named)
+
+
+def test_resume_checks_only_fields_that_act(run, moe_run):
+    """Fields that change nothing are not refused: a dense model's top-k, learned positions'
+    rope base, a gate normalisation that is the same for top-2, the dropout, the name."""
+    lines = []
+    for ck, model in ((run / "ck", PRESETS["tiny"].replace(top_k=1, router="sigmoid", rope_base=5e5, dropout=0.1,
+                                                            name="renamed")),
+                      (moe_run / "ck", PRESETS["moe-tiny"].replace(gate_norm="always", ffn=64))):
+        assert check_resume(str(ck), "yes", model, TrainConfig(steps=3, global_batch=4, dtype="float64"),
+                            log=lines.append) >= 1
+    model_notes = [ln for ln in lines if "another model" in ln]
+    assert model_notes == ["minitron: note: resuming with another model: dropout 0.0 -> 0.1, name tiny -> renamed"], lines
+
+
+def _edit_meta(fn):
+    def how(step):
+        meta = json.loads((step / "meta.json").read_text())
+        fn(meta["model"])
+        (step / "meta.json").write_text(json.dumps(meta))
+    return how
+
+
+def test_an_old_checkpoint_and_a_field_this_minitron_does_not_know(run, tmp_path, capsys):
+    """A record without a field (written before it existed) compares as its default and is
+    named; a field unknown here (a newer minitron's) is refused, naming it."""
+    ck = damaged(run, tmp_path, _edit_meta(lambda m: [m.pop(k) for k in ("gate_norm", "capacity_factor")]))
+    lines = []
+    check_resume(str(ck), "yes", PRESETS["tiny"], TrainConfig(steps=3, global_batch=4, dtype="float64"), log=lines.append)
+    assert any("records no capacity_factor (written by an older minitron): taken as its default 0.0" in ln
+               for ln in lines) and any("records no gate_norm" in ln for ln in lines), lines
+    shutil.rmtree(ck)
+    ck = damaged(run, tmp_path, _edit_meta(lambda m: m.update(mla_rank=64)))
+    refused(capsys, TRAIN + ["--steps", "3", "--ckpt-dir", ck, "--resume", "--dtype", "float64"],
+            "mla_rank 64 -> (a field this minitron does not know)")
+
+
+def _params_of(step) -> dict:
+    from minitron.checkpoint import load_full
+
+    return {k: v["param"] for k, v in load_full(step).items()}
+
+
+def test_an_allowed_model_change_names_what_it_drops_and_what_is_new(run, tmp_path, capsys):
+    """learned -> rope: wpe.weight named as dropped, then absent from the next checkpoint;
+    rope -> learned again: wpe.weight named as initialised afresh; the other tensors carried."""
+    ck = damaged(run, tmp_path, lambda s: None)
+    base = TRAIN + ["--ckpt-dir", ck, "--resume", "--dtype", "float64"]
+    assert main([str(a) for a in base + ["--steps", "3", "--positions", "rope", "--allow-model-change", "positions",
+                                         "--keep-last", "1"]]) == 0
+    err = capsys.readouterr().err
+    assert "resuming with another model: positions learned -> rope" in err, err
+    assert "1 parameter(s) dropped (the new model has no such parameter; the next checkpoint will not hold it): " \
+           "wpe.weight" in err, err
+    assert "wpe.weight" not in _params_of(ck / "step_0000003")
+    assert main([str(a) for a in base + ["--steps", "4", "--allow-model-change", "positions"]]) == 0
+    err = capsys.readouterr().err
+    assert "1 parameter(s) initialised afresh (the checkpoint has none): wpe.weight" in err, err
+    assert "wpe.weight" in _params_of(ck / "step_0000004")
+    refused(capsys, base + ["--steps", "5", "--allow-model-change", "norm"], "--allow-model-change norm",
+            "has the same norm")
+    refused(capsys, TRAIN + ["--steps", "1", "--allow-model-change", "norm"], "add --resume")
+    refused(capsys, base + ["--steps", "5", "--allow-model-change", "colour"], "no model field colour")
+
+
+def test_an_allowed_shape_change_initialises_the_tensors_afresh(moe_run, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    shutil.copytree(moe_run / "ck", ck)
+    assert main([str(a) for a in TRAIN + ["--model", "moe-tiny", "--ckpt-dir", ck, "--resume", "--dtype", "float64",
+                                          "--steps", "2", "--experts", "8", "--allow-model-change", "experts"]]) == 0
+    err = capsys.readouterr().err
+    assert "resuming with another model: experts 4 -> 8" in err
+    assert "initialised afresh (the checkpoint's has another shape): blocks.0.mlp.experts.fc.weight" in err, err
+    assert list(_params_of(ck / "step_0000002")["blocks.0.mlp.experts.fc.weight"].shape)[0] == 8
+
+
+def _split_over_ep(step, region_of=None):
+    """Rewrite a one-rank MoE checkpoint as ep2 writes it: every dense tensor in both files
+    (replicas), each expert tensor's experts split between them; `region_of(name, rank, lo, hi)`
+    may move rank 1's experts elsewhere (taking the values of that region), checksums resealed."""
+    shards = torch.load(step / "rank_00000.pt", weights_only=True)
+    files = [{}, {}]
+    for name, rec in shards.items():
+        if ".experts." not in name:
+            files[0][name], files[1][name] = rec, dict(rec)
+            continue
+        E = rec["full_shape"][0]
+        for r in (0, 1):
+            lo, hi = (region_of or (lambda n, r, lo, hi: (lo, hi)))(name, r, r * E // 2, (r + 1) * E // 2)
+            part = {k: (v[lo:hi].clone() if isinstance(v, torch.Tensor) else v) for k, v in rec.items()}
+            part["region"] = [[lo, hi]] + rec["region"][1:]
+            files[r][name] = part
+    for r in (0, 1):
+        torch.save(files[r], step / f"rank_{r:05d}.pt")
+    meta = json.loads((step / "meta.json").read_text())
+    (step / "meta.json").write_text(json.dumps({**meta, "world": 2}))
+    reseal(step)
+
+
+def test_check_ckpt_and_resume_accept_an_ep2_checkpoint_that_tiles(moe_run, tmp_path):
+    """An ep2-shaped checkpoint (dense tensors replicated, experts split): check-ckpt passes,
+    resume accepts it and assembles the same tensors as the one-rank checkpoint."""
+    sound = tmp_path / "sound"
+    shutil.copytree(moe_run / "ck", sound)
+    _split_over_ep(sound / "step_0000001")
+    assert main(["check-ckpt", str(sound)]) == 0
+    whole, split = _params_of(moe_run / "ck" / "step_0000001"), _params_of(sound / "step_0000001")
+    assert sorted(whole) == sorted(split) and all(torch.equal(whole[k], split[k]) for k in whole)
+    assert main([str(a) for a in TRAIN + ["--model", "moe-tiny", "--steps", "2", "--resume", "--dtype", "float64",
+                                          "--ckpt-dir", sound]]) == 0
+
+
+@pytest.mark.parametrize("name,region_of,words", [
+    ("rank 1 duplicates rank 0's region", lambda n, r, lo, hi: (0, 2) if "fc2" in n and r == 1 else (lo, hi),
+     "is missing shards of 'blocks.0.mlp.experts.fc2.weight' ("),
+    ("rank 1's region shifted onto rank 0's", lambda n, r, lo, hi: (1, 3) if n.endswith("1.mlp.experts.fc.weight")
+     and r == 1 else (lo, hi), "overlapping shards of 'blocks.1.mlp.experts.fc.weight' (regions [0:2, 0:128, 0:32] "
+     "and [1:3, 0:128, 0:32]"),
+    ("every expert tensor duplicated", lambda n, r, lo, hi: (2, 4), "is missing shards of"),
+])
+def test_check_ckpt_verifies_the_shards_tile_every_tensor(moe_run, tmp_path, capsys, name, region_of, words):
+    """check-ckpt passes exactly what resume accepts: shards that leave a gap or overlap
+    (checksums rewritten) are refused by both, naming the tensor and the regions."""
+    bad = tmp_path / "bad"
+    shutil.copytree(moe_run / "ck", bad)
+    _split_over_ep(bad / "step_0000001", region_of)
+    capsys.readouterr()
+    assert main(["check-ckpt", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "BAD step_0000001" in out and words in out, out
+    refused(capsys, TRAIN + ["--model", "moe-tiny", "--steps", "2", "--resume", "--dtype", "float64", "--ckpt-dir", bad],
+            words)

@@ -2,8 +2,8 @@
 
 DIR is one checkpoint (a step folder holding meta.json) or a --ckpt-dir. Every checkpoint
 gets what a resume would check (`checkpoint.check`): each shard file's SHA-256 and size
-against meta.json, the shards' structure (regions, complete tensors, optimizer state) and
-finite values. For a --ckpt-dir also the `latest` pointer, unfinished saves (`.tmp`) and
+against meta.json, the shards' structure (regions that tile every tensor exactly once: no
+gap, no overlap, as a resume requires; optimizer state) and finite values. For a --ckpt-dir also the `latest` pointer, unfinished saves (`.tmp`) and
 the folder's lock. One line per item; exit 0 when every checkpoint is sound, 1 otherwise.
 """
 from __future__ import annotations
@@ -58,10 +58,9 @@ def inspect(folder: str) -> dict:
 def _param_count(meta: dict) -> int:
     try:
         from ..analysis import param_count
-        from ..config import ModelConfig
+        from ..checkpoint import model_from_record
 
-        fields = set(ModelConfig.__dataclass_fields__)
-        return param_count(ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields}))
+        return param_count(model_from_record(meta["model"]))
     except Exception:  # noqa: BLE001 - the count is a courtesy; the verdict does not depend on it
         return 0
 

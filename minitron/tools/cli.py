@@ -107,15 +107,20 @@ def model_from(args) -> ModelConfig:
 
 
 def model_from_hf(args) -> ModelConfig:
-    """The model of --init-from's GPT-2 or Llama directory; --seq-len may shorten its context, other
-    model flags must agree with it."""
-    from ..hf import check_model, check_weights, model_config
+    """The model of --init-from's GPT-2, Llama or Mixtral directory, checked like the engine's
+    own before any rank starts (``hf.model_config``, names, shapes and values of the files);
+    --seq-len may shorten its context, the model flags that do not change the loaded model
+    apply, any other that differs is refused (``hf.apply_flags``)."""
+    from ..hf import apply_flags, check_values, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "ffn")
-             if getattr(args, k, None) is not None}
-    check_model(args.init_from, model.replace(**given, **({"tied_embeddings": True} if getattr(args, "tied", False) else {})))
-    check_weights(args.init_from, model)  # names and shapes from the file's header, before any rank starts
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
+             if getattr(args, f.name, None) is not None and f.name not in ("name", "seq_len")}
+    if getattr(args, "tied", False):
+        given["tied_embeddings"] = True
+    check_weights(args.init_from, model)  # names and shapes from the files' headers, before anything is built
+    model = apply_flags(args.init_from, model, given)
+    check_values(args.init_from, model)
     return model
 
 
@@ -287,13 +292,14 @@ def _train_command(args, lock) -> int:
     model, layout = model_from(args), layout_from(args)
     from ..checkpoint import latest
     from ..preemption import EXIT_PREEMPTED, installed_log
-    from .preflight import (AlreadyDone, check_output_dir, check_outputs, check_resume, inputs_of, lock_ckpt_dir,
-                            prepare_ckpt_dir, trim_metrics)
+    from .preflight import (AlreadyDone, allowed_model_changes, check_output_dir, check_outputs, check_resume,
+                            inputs_of, lock_ckpt_dir, prepare_ckpt_dir, trim_metrics)
 
     train = train_from(args, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every, resume=bool(args.resume),
                    stop_at=args.stop_at, metrics=args.metrics, eval_every=args.eval_every, progress=not args.no_progress,
                    sample_tokens=args.sample, log_every=args.log_every, keep_last=args.keep_last,
-                   ckpt_format=args.ckpt_format)
+                   ckpt_format=args.ckpt_format,
+                   allow_model_change=allowed_model_changes(args.allow_model_change, bool(args.resume)))
     validate(model, layout, train)
     corpus = check_data(model, train)
     if train.ckpt_dir:  # checked, then locked before anything reads or deletes it
@@ -717,7 +723,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def cmd_export(args) -> int:
-    from ..hf import save
+    from ..hf import export_problem, save
     from .sampling import model_from_checkpoint
 
     from .preflight import check_export_dir
@@ -725,6 +731,9 @@ def cmd_export(args) -> int:
     check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
     check_exportable(cfg)
+    problem = export_problem(cfg)
+    if problem:
+        raise ConfigError(f"cannot export {args.ckpt_dir} to Hugging Face: {problem}")
     try:
         res = save(args.hf, {k: v["param"] for k, v in full.items()}, cfg)
     except KeyError as e:  # checksums fine, a tensor missing: written incomplete or forged
@@ -817,6 +826,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--allow-resume-change", action="store_true",
                     help="resume although a setting that the continued run's equality with an uninterrupted "
                          "one depends on (--seed, --global-batch, --data, --dtype, --lr) differs from the checkpoint's")
+    tr.add_argument("--allow-model-change", default="", metavar="FIELD[,FIELD]",
+                    help="resume into a model whose FIELDs (e.g. positions,norm) differ from the checkpoint's: "
+                         "parameters it lacks are initialised afresh, those it no longer has are dropped (both named)")
     tr.add_argument("--keep-last", type=int, default=0, help="keep only the newest K checkpoints (0: all)")
     tr.add_argument("--ckpt-format", default="minitron", choices=CKPT_FORMATS,
                     help="the files of each checkpoint: minitron's own shards, or dcp "

@@ -9,6 +9,7 @@ output paths, and the checkpoint a `--resume` would continue.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -134,7 +135,8 @@ def inputs_of(train: TrainConfig) -> list[str]:
             base = train.data[:-4]
             out += [base + ".json", base + ".tokenizer.json"]
     if train.init_from:
-        out += [os.path.join(train.init_from, f) for f in ("config.json", "model.safetensors", "tokenizer.json")]
+        out += [os.path.join(train.init_from, f) for f in ("config.json", "model.safetensors",
+                                                           "model.safetensors.index.json", "tokenizer.json")]
     return out
 
 
@@ -292,7 +294,7 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
     run setting that differs from the checkpoint's is named through `log`; those that break
     the equality with an uninterrupted run (`checkpoint.RESUME_EXACT`) are refused unless
     `allow_change` (--allow-resume-change)."""
-    from ..checkpoint import check, check_model, latest
+    from ..checkpoint import check, latest
 
     if not ckpt_dir:
         raise ConfigError("--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
@@ -302,8 +304,10 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
             return 0
         raise ConfigError(f"--resume: no checkpoint in --ckpt-dir {ckpt_dir} (no 'latest'): drop --resume to start "
                           f"a new run, use --resume auto to start one when there is none, or fix the folder")
-    meta = check(newest)
-    check_model(meta, model, f"--resume: the checkpoint in {ckpt_dir}")
+    shapes = {}
+    meta = check(newest, tensor_shapes=shapes)
+    for line in model_change_notes(meta, shapes, model, ckpt_dir, train.allow_model_change):
+        (log or _stderr)(f"minitron: note: {line}")
     end = min(train.steps, train.stop_at) if train.stop_at else train.steps
     if meta["step"] >= end:
         flag = '--stop-at' if train.stop_at and train.stop_at < train.steps else '--steps'
@@ -322,6 +326,61 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
     for c in changed:
         (log or _stderr)(f"minitron: note: resuming with {_says(c)}")
     return int(meta["step"])
+
+
+def allowed_model_changes(spec: str, resume: bool) -> tuple[str, ...]:
+    """The fields of --allow-model-change FIELD[,FIELD] (ModelConfig's names, dashes or
+    underscores); one line naming an unknown field, or the flag without --resume."""
+    names = tuple(dict.fromkeys(x.strip().replace("-", "_") for x in spec.split(",") if x.strip()))
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise ConfigError(f"--allow-model-change {spec}: no model field {', '.join(unknown)}; the fields are "
+                          f"{', '.join(fields)}")
+    if names and not resume:
+        raise ConfigError("--allow-model-change changes the model a --resume continues: add --resume, or drop it")
+    return names
+
+
+def model_tensor_shapes(model: ModelConfig) -> dict[str, list[int]]:
+    """{name: full shape} of every parameter of `model`, from the single-device model built
+    on the meta device (shapes only: no memory, no values, whatever the model's size)."""
+    import torch
+
+    from ..context import Context
+    from ..model import GPT
+
+    gpt = GPT(model, Context(device=torch.device("meta")))
+    return {p.shard.name: list(p.shard.full_shape) for p in gpt.parameters()}
+
+
+def model_change_notes(meta: dict, shapes: dict, model: ModelConfig, ckpt_dir: str, allow=()) -> list[str]:
+    """What a --resume into `model` changes of the checkpoint's model, as notes; ConfigError
+    for a change not allowed (`checkpoint.check_model`), for an --allow-model-change that
+    names a field that does not differ, and for parameters that would be dropped or
+    initialised afresh without a field allowing it (a damaged checkpoint)."""
+    from ..checkpoint import UNKNOWN, check_model, parameter_changes, says_changes
+
+    where = f"--resume: the checkpoint in {ckpt_dir}"
+    changes = check_model(meta, model, where, allow)
+    stray = [k for k in allow if k not in {c[0] for c in changes}]
+    if stray:
+        raise ConfigError(f"--allow-model-change {','.join(stray)}: the checkpoint's model has the same "
+                          f"{', '.join(stray)}; allow only the fields that differ ({says_changes(changes) or 'none'})")
+    notes = [f"the checkpoint records no {k} (written by an older minitron): taken as its default "
+             f"{getattr(ModelConfig, k)!r}" for k in ModelConfig.__dataclass_fields__ if k not in meta.get("model", {})]
+    if changes:
+        notes.append(f"resuming with another model: {says_changes(changes)}".replace(UNKNOWN, "(unknown here)"))
+    params = parameter_changes(shapes, model_tensor_shapes(model))
+    said = {"dropped": "dropped (the new model has no such parameter; the next checkpoint will not hold it)",
+            "fresh": "initialised afresh (the checkpoint has none)",
+            "reshaped": "initialised afresh (the checkpoint's has another shape)"}
+    if any(params.values()) and not allow:
+        what = "; ".join(f"{', '.join(v[:4])}{' ...' if len(v) > 4 else ''} {said[k]}" for k, v in params.items() if v)
+        raise ConfigError(f"{where} does not match the model: {what}, although the model options agree; it was "
+                          f"written by another minitron or edited: resume from another checkpoint")
+    notes += [f"{len(v)} parameter(s) {said[k]}: {', '.join(v)}" for k, v in params.items() if v]
+    return notes
 
 
 # flag -> the checkpoint's "train" key (checkpoint.RESUME_EXACT), in the order they are named

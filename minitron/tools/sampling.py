@@ -45,7 +45,7 @@ class TokenizerCodec:
 def model_from_checkpoint(ckpt: str) -> tuple[ModelConfig, dict, int]:
     """(model config, full weights {name: {"param": T}}, seed) of a checkpoint folder, or of
     the newest checkpoint of a --ckpt-dir."""
-    from ..checkpoint import check, latest, load_full
+    from ..checkpoint import check, latest, load_full, model_from_record
 
     path = Path(ckpt)
     if not (path / "meta.json").exists():
@@ -55,8 +55,11 @@ def model_from_checkpoint(ckpt: str) -> tuple[ModelConfig, dict, int]:
         if path is None:
             raise ConfigError(f"--ckpt-dir {ckpt} holds no checkpoint (no 'latest'): train with --ckpt-dir {ckpt} first")
     meta = check(path)
-    fields = set(ModelConfig.__dataclass_fields__)
-    cfg = ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
+    try:
+        cfg = model_from_record(meta["model"])
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"checkpoint {path}'s model description is not valid ({e}): it was edited; "
+                          f"use another checkpoint") from None
     return cfg, load_full(path), int(meta.get("seed", 1234))
 
 
@@ -67,10 +70,11 @@ def load_model(ckpt_dir: str = "", init_from: str = "", dtype: str = "float32"):
     if bool(ckpt_dir) == bool(init_from):
         raise ConfigError("give the weights to sample from: --ckpt-dir DIR (minitron) or --init-from DIR (GPT-2)")
     if init_from:
-        from ..hf import load_full, model_config
+        from ..hf import check_values, load_full, model_config
 
         cfg = model_config(init_from)
         full, seed = load_full(init_from, cfg), 1234
+        check_values(init_from, cfg)
     else:
         cfg, full, seed = model_from_checkpoint(ckpt_dir)
     return single_device_model(cfg, full, TrainConfig(dtype=dtype, seed=seed)), cfg
