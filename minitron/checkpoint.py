@@ -452,7 +452,7 @@ def check(path, verify_data: bool = True, tensor_shapes: dict | None = None) -> 
         raise ConfigError(f"checkpoint {meta_file} lacks a valid step, world or model: it was edited or "
                           f"damaged; resume from another checkpoint")
     if meta.get("ckpt_format") == "dcp":
-        _check_dcp(path, meta, verify_data)
+        _check_dcp(path, meta, verify_data, tensor_shapes)
         return meta
     files = sorted(path.glob("rank_*.pt"))
     if len(files) != meta.get("world"):
@@ -484,7 +484,7 @@ def check(path, verify_data: bool = True, tensor_shapes: dict | None = None) -> 
     return meta
 
 
-def _check_dcp(path: Path, meta: dict, verify_data: bool) -> None:
+def _check_dcp(path: Path, meta: dict, verify_data: bool, tensor_shapes: dict | None = None) -> None:
     """`check` for a DCP step folder: every DCP file present and equal to its checksum, the
     chunks of every tensor tiling it exactly once, optimizer state whole, values finite."""
     sums = meta.get("files")
@@ -499,6 +499,9 @@ def _check_dcp(path: Path, meta: dict, verify_data: bool) -> None:
             raise ConfigError(f"checkpoint file {f} does not match its checksum in meta.json: it was damaged or "
                               f"replaced; resume from another checkpoint")
     layout = dcp_format.check_tiling(path, dcp_format.read_metadata(path))
+    if tensor_shapes is not None:
+        names = _dcp_keys(path, meta)
+        tensor_shapes.update({names[k]: list(size) for k, (size, _) in layout.items() if k in names})
     stored = sum(sums[n]["bytes"] for n in files)
     need = sum(math.prod(size) * torch.empty((), dtype=dt).element_size() for size, dt in layout.values())
     if need > stored:
