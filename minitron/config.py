@@ -53,6 +53,17 @@ class ModelConfig:
     aux_loss: float = 0.01  # α of the load-balancing loss α·E·Σ f_i·P_i (Switch Transformer); 0 off
     bias_update: float = 0.0  # γ of DeepSeek-V3's auxiliary-loss-free balancing; 0 off
     capacity_factor: float = 0.0  # 0: dropless; else ⌈k·tokens·cf/E⌉ tokens per expert, the rest dropped
+    # --- DeepSeek-V3's blocks (moe.py's group-limited routing, mla.py) ---
+    expert_groups: int = 0  # n_group: the experts in equal groups (nodes); 0 or 1: no groups
+    topk_groups: int = 0  # topk_group: the groups a token's experts may come from; 0: all
+    routed_scaling: float = 1.0  # routed_scaling_factor: the routed experts' gates times this
+    dense_layers: int = 0  # first_k_dense_replace: the first blocks keep a dense MLP
+    attention: str = "standard"  # "standard" (multi-head / grouped-query) or "mla" (multi-head latent)
+    q_lora_rank: int = 0  # MLA: the query latent's width (0: queries projected directly, DeepSeek-V2-Lite)
+    kv_lora_rank: int = 0  # MLA: the key/value latent c_KV's width
+    qk_nope_head_dim: int = 0  # MLA: a head's query/key dimensions without rotary positions
+    qk_rope_head_dim: int = 0  # MLA: the decoupled rotary part (the shared key's width)
+    v_head_dim: int = 0  # MLA: a head's value width
 
     @property
     def ffn_hidden(self) -> int:
@@ -73,7 +84,7 @@ class ModelConfig:
 
     def is_moe_block(self, i: int) -> bool:
         """Whether block `i` holds a mixture of experts instead of a dense MLP."""
-        return self.experts > 0 and (i + 1) % self.moe_every == 0
+        return self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -92,6 +103,11 @@ _GPT2_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "tied_em
 # The Llama family's block: RMSNorm, SwiGLU, rotary positions, no biases, untied head.
 LLAMA = dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
 
+
+# DeepSeek-V3's attention and router kinds (ANCHORS "Round 4"): multi-head latent attention; sigmoid
+# scores with the auxiliary-loss-free bias (γ = 0.001, §4.2), no balancing loss
+DEEPSEEK_MLA = dict(attention="mla")
+DEEPSEEK_ROUTER = dict(router="sigmoid", aux_loss=0.0, bias_update=0.001)
 
 # Published sizes are for the analysis tools only; tiny/small train on a laptop CPU.
 PRESETS: dict[str, ModelConfig] = {
@@ -131,8 +147,26 @@ PRESETS: dict[str, ModelConfig] = {
     # Mixtral 8x7B (Jiang et al. 2024): Llama-shaped blocks, 8 experts, top-2, θ 1,000,000.
     "mixtral-8x7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq_len=4096,
                                 vocab=32000, rope_base=1e6, experts=8, top_k=2, name="mixtral-8x7b", **LLAMA),
+    # --- DeepSeek-V3's blocks (ANCHORS "Round 4"): MLA, group-limited sigmoid routing, shared experts ---
+    "deepseek-v3-tiny": ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=256, ffn=64, dense_layers=1,
+                                    **DEEPSEEK_MLA, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+                                    qk_rope_head_dim=4, v_head_dim=8, experts=8, top_k=2, moe_ffn=16,
+                                    shared_experts=1, expert_groups=4, topk_groups=2, routed_scaling=2.5,
+                                    **DEEPSEEK_ROUTER, name="deepseek-v3-tiny", **LLAMA),
+    # DeepSeek-V3 (arXiv 2412.19437 §4.2; config.json): 671B parameters, 37B active (the MTP module apart)
+    "deepseek-v3": ModelConfig(layers=61, hidden=7168, heads=128, seq_len=4096, vocab=129280, ffn=18432,
+                               dense_layers=3, **DEEPSEEK_MLA, q_lora_rank=1536, kv_lora_rank=512,
+                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, experts=256, top_k=8,
+                               moe_ffn=2048, shared_experts=1, expert_groups=8, topk_groups=4, routed_scaling=2.5,
+                               norm_eps=1e-6, **DEEPSEEK_ROUTER, name="deepseek-v3", **LLAMA),
+    # DeepSeek-V2-Lite (arXiv 2405.04434 App. B; config.json): 15.7B, 2.4B active; queries not compressed,
+    # a softmax router over 64 experts, no groups (its gates unnormalized: only its shape is used here)
+    "deepseek-v2-lite": ModelConfig(layers=27, hidden=2048, heads=16, seq_len=4096, vocab=102400, ffn=10944,
+                                    dense_layers=1, **DEEPSEEK_MLA, kv_lora_rank=512, qk_nope_head_dim=128,
+                                    qk_rope_head_dim=64, v_head_dim=128, experts=64, top_k=6, moe_ffn=1408,
+                                    shared_experts=2, norm_eps=1e-6, name="deepseek-v2-lite", **LLAMA),
 }
-TRAINABLE_PRESETS = ("tiny", "small", "medium", "llama-tiny", "llama-small", "moe-tiny")
+TRAINABLE_PRESETS = ("tiny", "small", "medium", "llama-tiny", "llama-small", "moe-tiny", "deepseek-v3-tiny")
 
 
 @dataclass(frozen=True)
@@ -657,6 +691,7 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
              world: int | None = None) -> None:
     """Raise ConfigError (one line: problem and fix) for any bad combination."""
     validate_model(model)
+    validate_deepseek(model, layout)
     validate_parallel(model, layout, world)
     if train is not None:
         validate_train(train, layout)
@@ -665,3 +700,52 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
 def pad_vocab(vocab: int, multiple: int) -> int:
     """Vocabulary padded up to a multiple of `multiple` (Megatron pads to 128*t)."""
     return int(math.ceil(vocab / multiple) * multiple)
+
+
+def validate_deepseek(model: ModelConfig, layout: ParallelConfig) -> None:
+    """DeepSeek-V3's knobs: group-limited routing and multi-head latent attention."""
+    validate_expert_groups(model, layout)
+    if model.attention != "standard":
+        validate_mla(model, layout)
+
+
+def validate_expert_groups(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Group-limited routing (moe.group_mask): G equal groups of consecutive experts, a
+    token's experts from its best `topk_groups` of them; under --ep the groups lie on the
+    ranks whole (G a multiple of ep) or each group on ep/G ranks, so a token's rows reach
+    a bounded number of ranks (analysis.experts.dispatch_fan_out)."""
+    G, k, E = model.expert_groups, model.topk_groups, model.experts
+    _need(G >= 0 and k >= 0 and model.dense_layers >= 0, "--expert-groups, --topk-groups and --dense-layers "
+          "must be 0 or positive")
+    _need(model.routed_scaling > 0 and math.isfinite(model.routed_scaling),
+          f"--routed-scaling must be positive (got {model.routed_scaling})")
+    if G <= 1:
+        _need(k <= 1, f"--topk-groups {k} needs --expert-groups: add --expert-groups (a divisor of --experts)")
+        return
+    _need(E > 0 and E % G == 0,
+          f"--expert-groups {G} must divide --experts {E}: pick a divisor of the experts")
+    _need(k <= G, f"--topk-groups {k} is more than the {G} expert groups: pick --topk-groups in 1..{G}")
+    _need((k or G) * (E // G) >= model.top_k,
+          f"--top-k {model.top_k} experts cannot come from {k or G} groups of {E // G}: raise --topk-groups")
+    ep = layout.ep
+    _need(ep == 1 or G % ep == 0 or ep % G == 0,
+          f"--expert-groups {G} cannot be laid on --ep {ep} ranks: pick groups a multiple or a divisor of --ep")
+
+
+def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Multi-head latent attention (mla.py): its shapes, and the layouts it is written for."""
+    _need(model.attention == "mla", f"unknown --attention '{model.attention}': use standard or mla")
+    h = model.hidden
+    _need(model.kv_lora_rank > 0 and model.qk_nope_head_dim > 0 and model.v_head_dim > 0,
+          "--attention mla needs --kv-lora-rank, --qk-nope-head-dim and --v-head-dim (positive)")
+    _need(model.qk_rope_head_dim > 0 and model.qk_rope_head_dim % 2 == 0,
+          f"--qk-rope-head-dim {model.qk_rope_head_dim}: the decoupled rotary key turns pairs: pick it even")
+    for k in ("q_lora_rank", "kv_lora_rank"):
+        rank = getattr(model, k)
+        _need(0 <= rank <= h, f"--{k.replace('_', '-')} {rank} is larger than the width {h}: a latent compresses, "
+                              f"pick it at most --hidden")
+    _need(model.positions == "rope", "--attention mla rotates its decoupled key: set --positions rope")
+    _need(layout.tp_mode == "1d" or layout.tp == 1, "--attention mla is written for 1-D tensor parallelism: "
+                                                      "use --tp-mode 1d")
+    _need(layout.cp == 1, "--attention mla does not run under context parallelism yet: drop --cp")
+    _need(model.dropout == 0.0, "--attention mla has no attention dropout: set --dropout 0")

@@ -21,6 +21,7 @@ from torch import nn
 
 from .config import ModelConfig, ParallelConfig
 from .context import Context
+from .mla import MLA
 from .moe import MoE
 from .parallel import cube, summa
 from .parallel import tensor as tp
@@ -213,7 +214,8 @@ class Block(nn.Module):
     def __init__(self, i: int, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
         self.ln1 = norm(f"blocks.{i}.ln1", cfg, ctx, layers)
-        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers)
+        self.attn = MLA(f"blocks.{i}.attn", cfg, ctx, layers, rotary_angles) if cfg.attention == "mla" else Attention(
+            f"blocks.{i}.attn", cfg, ctx, layers)  # multi-head latent attention (mla.py) or the standard kind
         self.ln2 = norm(f"blocks.{i}.ln2", cfg, ctx, layers)
         # a mixture of experts in place of the MLP where the config says so (moe.py)
         self.mlp = MoE(f"blocks.{i}.mlp", cfg, ctx, layers, MLP) if cfg.is_moe_block(i) else MLP(

@@ -21,7 +21,7 @@ ENGINE_LAYERS = [
     {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "hf_moe", "corpus"},
     {"context"},
     {"parallel"},
-    {"moe"},
+    {"moe", "mla"},
     {"model"},
     {"train"},
 ]
