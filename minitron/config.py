@@ -64,6 +64,8 @@ class ModelConfig:
     qk_nope_head_dim: int = 0  # MLA: a head's query/key dimensions without rotary positions
     qk_rope_head_dim: int = 0  # MLA: the decoupled rotary part (the shared key's width)
     v_head_dim: int = 0  # MLA: a head's value width
+    mtp_depths: int = 0  # D multi-token prediction modules on the last stage (mtp.py); 0 off
+    mtp_weight: float = 0.3  # λ of the MTP loss λ/D·Σ_k L_k (DeepSeek-V3 §4.2: 0.3, then 0.1)
 
     @property
     def ffn_hidden(self) -> int:
@@ -152,7 +154,7 @@ PRESETS: dict[str, ModelConfig] = {
                                     **DEEPSEEK_MLA, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
                                     qk_rope_head_dim=4, v_head_dim=8, experts=8, top_k=2, moe_ffn=16,
                                     shared_experts=1, expert_groups=4, topk_groups=2, routed_scaling=2.5,
-                                    **DEEPSEEK_ROUTER, name="deepseek-v3-tiny", **LLAMA),
+                                    mtp_depths=1, **DEEPSEEK_ROUTER, name="deepseek-v3-tiny", **LLAMA),
     # DeepSeek-V3 (arXiv 2412.19437 §4.2; config.json): 671B parameters, 37B active (the MTP module apart)
     "deepseek-v3": ModelConfig(layers=61, hidden=7168, heads=128, seq_len=4096, vocab=129280, ffn=18432,
                                dense_layers=3, **DEEPSEEK_MLA, q_lora_rank=1536, kv_lora_rank=512,
@@ -707,6 +709,8 @@ def validate_deepseek(model: ModelConfig, layout: ParallelConfig) -> None:
     validate_expert_groups(model, layout)
     if model.attention != "standard":
         validate_mla(model, layout)
+    if model.mtp_depths:
+        validate_mtp(model, layout)
 
 
 def validate_expert_groups(model: ModelConfig, layout: ParallelConfig) -> None:
@@ -749,3 +753,19 @@ def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
                                                       "use --tp-mode 1d")
     _need(layout.cp == 1, "--attention mla does not run under context parallelism yet: drop --cp")
     _need(model.dropout == 0.0, "--attention mla has no attention dropout: set --dropout 0")
+
+
+def validate_mtp(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Multi-token prediction (mtp.py): D depths on the last stage, reading the embedding
+    there (a copy summed with the first stage's, as a tied embedding)."""
+    d = model.mtp_depths
+    _need(0 < d < model.seq_len, f"--mtp-depths {d} must be in 1..{model.seq_len - 1} (tokens ahead within a sequence)")
+    _need(model.mtp_weight >= 0 and math.isfinite(model.mtp_weight), f"--mtp-weight must be 0 or positive (got {model.mtp_weight})")
+    _need(layout.cp == 1, "--mtp-depths reads tokens ahead of each position, which --cp keeps on other ranks: drop --cp")
+    _need(layout.tp_mode == "1d" or layout.tp == 1, "--mtp-depths is written for 1-D tensor parallelism: use --tp-mode 1d")
+    _need(layout.schedule not in V_SCHEDULES or layout.pp == 1,
+          f"--mtp-depths puts the embedding's copy on the last stage, which --schedule {layout.schedule} places on the "
+          "first stage's rank: use 1f1b or interleaved")
+    _need(layout.zero < 2 or layout.pp * layout.vpp == 1,
+          f"--zero {layout.zero} cannot shard the last stage's copy of the embedding (summed with the first "
+          "stage's first): use --zero 1")
