@@ -248,8 +248,8 @@ class MoE(nn.Module):
         xt = self.enter(x)
         b, s, h = xt.shape
         tokens = xt.reshape(b * s, h)
-        scores, experts, gates = route(tokens @ self.router.t(), cfg,
-                                       self.score_bias if cfg.bias_update else None)
+        # the selection bias: zero unless moved (bias_update) or loaded (a DeepSeek-V3 checkpoint)
+        scores, experts, gates = route(tokens @ self.router.t(), cfg, self.score_bias)
         keep = keep_mask(experts, cfg)
         # permute, dispatch, the local experts, combine, un-permute (parallel/experts.py); a layer
         # namespace may bring its own of the same contract (a lab's, through Trainer(layers=...))
