@@ -352,12 +352,28 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     mats = 3 if model.activation == "swiglu" else 2
     attn = 2 * h * (q + 2 * kv) + 2 * q * h
     core = 4 * s * q * (0.5 if causal else 1.0)
+    if model.attention == "mla":
+        attn, core = mla_flops_per_token(model, causal)
     dense = 2 * mats * h * model.ffn_hidden
     moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
     layers = sum(attn + core + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
+    layers += model.mtp_depths * (attn + core + dense + 2 * 2 * h * h + 2 * h * V)  # MTP: M_k, a block, the head
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = model.layers * core if recompute == "selective" else 0.0
     return B * s * (passes * layers + extra + 3 * 2 * h * V)
+
+
+def mla_flops_per_token(model: ModelConfig, causal: bool = False) -> tuple[float, float]:
+    """Multi-head latent attention's forward FLOPs per token and layer (mla.py): the
+    projections, 2·(h·(q_lora + kv_lora + rope) + q_lora·heads·(nope + rope) +
+    kv_lora·heads·(nope + v) + heads·v·h) (queries projected directly without q_lora), and
+    the core, 2·s·heads·(nope + rope) for the scores and 2·s·heads·v for the values
+    (halved when `causal`)."""
+    h, n, r, qr = model.hidden, model.heads, model.kv_lora_rank, model.q_lora_rank
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    queries = h * qr + qr * n * (dn + dr) if qr else h * n * (dn + dr)
+    proj = 2 * (queries + h * (r + dr) + r * n * (dn + dv) + n * dv * h)
+    return proj, 2 * model.seq_len * n * (dn + dr + dv) * (0.5 if causal else 1.0)
 
 
 # --------------------------------------------------------------------------------------

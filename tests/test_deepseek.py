@@ -159,7 +159,6 @@ FOUR = [
     (TINY, ParallelConfig(dp=2, tp=2, sp=True)),
     (TINY, ParallelConfig(tp=2, ep=2)),
     (TINY, ParallelConfig(dp=2, ep=2)),
-    (TINY, ParallelConfig(ep=4)),  # 4 groups on 4 ranks: each token's rows reach 2 of them
     (TINY, ParallelConfig(pp=2, tp=2, sp=True)),  # MTP on the last stage, under tp + sp
     (TINY, ParallelConfig(pp=2, vpp=2, ep=2, schedule="interleaved")),
     (NO_MTP, ParallelConfig(pp=2, vpp=2, dp=2, schedule="dualpipe-v")),
@@ -218,7 +217,7 @@ def four():
 @pytest.mark.multirank
 def test_deepseek_v3_tiny_on_every_layout_equals_one_device(four):
     """verify --dtype float64 (1e-9): MLA + group-limited MoE + MTP on tp2+sp, tp2 x ep2,
-    ep2 x dp2, ep4, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, ZeRO-1
+    ep2 x dp2, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, ZeRO-1
     and ZeRO-3; dualpipe-v without MTP."""
     for i, (model, layout) in enumerate(FOUR):
         res = four[0][i]["res"]
@@ -309,3 +308,16 @@ def test_deepseek_v3_equals_transformers():
             ids = torch.cat([ids, g(ids)[:, -1:].argmax(-1)], dim=1)
         greedy = hf.generate(x[:1, :8], max_new_tokens=8, do_sample=False)
     assert torch.equal(ids, greedy)
+
+
+def test_mla_flops_read_the_built_projections():
+    """The projections' FLOPs are 2 per weight of the built attention (norms aside), with or
+    without the query latent; the core counts scores (nope + rope) and values (v)."""
+    from minitron.config import mla_flops_per_token
+    from minitron.model import GPT
+
+    for cfg in (TINY, TINY.replace(q_lora_rank=0)):
+        attn = GPT(cfg).blocks["0"].attn
+        weights = sum(p.numel() for n, p in attn.named_parameters() if "norm" not in n)
+        proj, core = mla_flops_per_token(cfg)
+        assert proj == 2 * weights and core == 2 * cfg.seq_len * cfg.heads * (8 + 4 + 8)

@@ -95,8 +95,10 @@ def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
 
 def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
-    holds as many), read from the module built under FakeTensorMode."""
-    return _block_params(model, _shape_only(as_layout(layout)), i if model.is_moe_block(i) else 0)
+    holds as many), read from the module built under FakeTensorMode (one block of each
+    kind: every dense block holds what block 0 holds, every MoE block what the first does)."""
+    kind = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    return _block_params(model, _shape_only(as_layout(layout)), kind)
 
 
 @functools.lru_cache(maxsize=1024)
