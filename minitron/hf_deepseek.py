@@ -21,6 +21,14 @@ _ATTN = {"q_a_proj": "q_a", "q_a_layernorm": "q_a_norm", "q_b_proj": "q_b", "q_p
          "kv_a_proj_with_mqa": "kv_a", "kv_a_layernorm": "kv_a_norm", "kv_b_proj": "kv_b", "o_proj": "proj"}
 
 
+def deepseek_knobs(cfg: ModelConfig) -> list[str]:
+    """The DeepSeek-V3 fields `cfg` sets away from their defaults (what a Llama or Mixtral
+    file cannot hold)."""
+    knobs = {"attention": "standard", "mtp_depths": 0, "expert_groups": 0, "topk_groups": 0, "routed_scaling": 1.0,
+             "dense_layers": 0}
+    return [f"{k} {getattr(cfg, k)}" for k, v in knobs.items() if getattr(cfg, k) != v]
+
+
 def model_config(c, seq_len: int = 0, name: str = "deepseek-v3-hf") -> ModelConfig:
     """The ModelConfig of a transformers ``DeepseekV3Config`` (an object with its fields)."""
     return ModelConfig(
