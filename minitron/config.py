@@ -69,6 +69,19 @@ class ModelConfig:
     # the gates: "auto" renormalises the chosen scores when k > 1 or sigmoid (Switch's top-1 keeps its
     # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1)
     gate_norm: str = "auto"
+    # --- DeepSeek-V3's blocks (moe.py's group-limited routing, mla.py) ---
+    expert_groups: int = 0  # n_group: the experts in equal groups (nodes); 0 or 1: no groups
+    topk_groups: int = 0  # topk_group: the groups a token's experts may come from; 0: all
+    routed_scaling: float = 1.0  # routed_scaling_factor: the routed experts' gates times this
+    dense_layers: int = 0  # first_k_dense_replace: the first blocks keep a dense MLP
+    attention: str = "standard"  # "standard" (multi-head / grouped-query) or "mla" (multi-head latent)
+    q_lora_rank: int = 0  # MLA: the query latent's width (0: queries projected directly, DeepSeek-V2-Lite)
+    kv_lora_rank: int = 0  # MLA: the key/value latent c_KV's width
+    qk_nope_head_dim: int = 0  # MLA: a head's query/key dimensions without rotary positions
+    qk_rope_head_dim: int = 0  # MLA: the decoupled rotary part (the shared key's width)
+    v_head_dim: int = 0  # MLA: a head's value width
+    mtp_depths: int = 0  # D multi-token prediction modules on the last stage (mtp.py); 0 off
+    mtp_weight: float = 0.3  # λ of the MTP loss λ/D·Σ_k L_k (DeepSeek-V3 §4.2: 0.3, then 0.1)
 
     @property
     def ffn_hidden(self) -> int:
@@ -101,7 +114,7 @@ class ModelConfig:
 
     def is_moe_block(self, i: int) -> bool:
         """Whether block `i` holds a mixture of experts instead of a dense MLP."""
-        return self.experts > 0 and (i + 1) % self.moe_every == 0
+        return self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -120,6 +133,11 @@ _GPT2_FIELDS = ("layers", "hidden", "heads", "seq_len", "vocab", "ffn", "tied_em
 # The Llama family's block: RMSNorm, SwiGLU, rotary positions, no biases, untied head.
 LLAMA = dict(norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
 
+
+# DeepSeek-V3's attention and router kinds (ANCHORS "Round 4"): multi-head latent attention; sigmoid
+# scores with the auxiliary-loss-free bias (γ = 0.001, §4.2), no balancing loss
+DEEPSEEK_MLA = dict(attention="mla")
+DEEPSEEK_ROUTER = dict(router="sigmoid", aux_loss=0.0, bias_update=0.001)
 
 # Published sizes are for the analysis tools only; tiny/small train on a laptop CPU.
 PRESETS: dict[str, ModelConfig] = {
@@ -159,8 +177,26 @@ PRESETS: dict[str, ModelConfig] = {
     # Mixtral 8x7B (Jiang et al. 2024): Llama-shaped blocks, 8 experts, top-2, θ 1,000,000.
     "mixtral-8x7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq_len=4096,
                                 vocab=32000, rope_base=1e6, experts=8, top_k=2, name="mixtral-8x7b", **LLAMA),
+    # --- DeepSeek-V3's blocks (ANCHORS "Round 4"): MLA, group-limited sigmoid routing, shared experts ---
+    "deepseek-v3-tiny": ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=256, ffn=64, dense_layers=1,
+                                    **DEEPSEEK_MLA, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+                                    qk_rope_head_dim=4, v_head_dim=8, experts=8, top_k=2, moe_ffn=16,
+                                    shared_experts=1, expert_groups=4, topk_groups=2, routed_scaling=2.5,
+                                    mtp_depths=1, **DEEPSEEK_ROUTER, name="deepseek-v3-tiny", **LLAMA),
+    # DeepSeek-V3 (arXiv 2412.19437 §4.2; config.json): 671B parameters, 37B active (the MTP module apart)
+    "deepseek-v3": ModelConfig(layers=61, hidden=7168, heads=128, seq_len=4096, vocab=129280, ffn=18432,
+                               dense_layers=3, **DEEPSEEK_MLA, q_lora_rank=1536, kv_lora_rank=512,
+                               qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, experts=256, top_k=8,
+                               moe_ffn=2048, shared_experts=1, expert_groups=8, topk_groups=4, routed_scaling=2.5,
+                               norm_eps=1e-6, **DEEPSEEK_ROUTER, name="deepseek-v3", **LLAMA),
+    # DeepSeek-V2-Lite (arXiv 2405.04434 App. B; config.json): 15.7B, 2.4B active; queries not compressed,
+    # a softmax router over 64 experts, no groups (its gates unnormalized: only its shape is used here)
+    "deepseek-v2-lite": ModelConfig(layers=27, hidden=2048, heads=16, seq_len=4096, vocab=102400, ffn=10944,
+                                    dense_layers=1, **DEEPSEEK_MLA, kv_lora_rank=512, qk_nope_head_dim=128,
+                                    qk_rope_head_dim=64, v_head_dim=128, experts=64, top_k=6, moe_ffn=1408,
+                                    shared_experts=2, norm_eps=1e-6, name="deepseek-v2-lite", **LLAMA),
 }
-TRAINABLE_PRESETS = ("tiny", "small", "medium", "llama-tiny", "llama-small", "moe-tiny")
+TRAINABLE_PRESETS = ("tiny", "small", "medium", "llama-tiny", "llama-small", "moe-tiny", "deepseek-v3-tiny")
 
 
 @dataclass(frozen=True)
@@ -351,9 +387,14 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     attn = 2 * h * (q + 2 * kv) + 2 * q * h
     dense = 2 * mats * h * model.ffn_hidden
     moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
-    cores = [attention_core_flops(model, i, q, causal) for i in range(model.layers)]
+    if model.attention == "mla":
+        attn, mla_core = mla_flops_per_token(model, causal)
+        cores = [mla_core] * model.layers
+    else:
+        cores = [attention_core_flops(model, i, q, causal) for i in range(model.layers)]
     layers = sum(attn + cores[i] + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
     core = sum(cores) / model.layers
+    layers += model.mtp_depths * (attn + core + dense + 2 * 2 * h * h + 2 * h * V)  # MTP: M_k, a block, the head
     passes = {"none": 3, "selective": 3, "full": 4}[recompute]
     extra = model.layers * core if recompute == "selective" else 0.0
     return B * s * (passes * layers + extra + 3 * 2 * h * V)
@@ -373,6 +414,19 @@ def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = Fals
     n, ahead = s // beta, -(-(w - 1) // beta)
     pairs = sum(min(a, ahead) + 1 for a in range(n))  # query block a meets key blocks a − ahead .. a
     return 4 * q * beta * beta * pairs / s
+
+
+def mla_flops_per_token(model: ModelConfig, causal: bool = False) -> tuple[float, float]:
+    """Multi-head latent attention's forward FLOPs per token and layer (mla.py): the
+    projections, 2·(h·(q_lora + kv_lora + rope) + q_lora·heads·(nope + rope) +
+    kv_lora·heads·(nope + v) + heads·v·h) (queries projected directly without q_lora), and
+    the core, 2·s·heads·(nope + rope) for the scores and 2·s·heads·v for the values
+    (halved when `causal`)."""
+    h, n, r, qr = model.hidden, model.heads, model.kv_lora_rank, model.q_lora_rank
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    queries = h * qr + qr * n * (dn + dr) if qr else h * n * (dn + dr)
+    proj = 2 * (queries + h * (r + dr) + r * n * (dn + dv) + n * dv * h)
+    return proj, 2 * model.seq_len * n * (dn + dr + dv) * (0.5 if causal else 1.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -746,6 +800,7 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
              world: int | None = None) -> None:
     """Raise ConfigError (one line: problem and fix) for any bad combination."""
     validate_model(model)
+    validate_deepseek(model, layout)
     validate_parallel(model, layout, world)
     if train is not None:
         validate_train(train, layout)
@@ -754,3 +809,70 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
 def pad_vocab(vocab: int, multiple: int) -> int:
     """Vocabulary padded up to a multiple of `multiple` (Megatron pads to 128*t)."""
     return int(math.ceil(vocab / multiple) * multiple)
+
+
+def validate_deepseek(model: ModelConfig, layout: ParallelConfig) -> None:
+    """DeepSeek-V3's knobs: group-limited routing and multi-head latent attention."""
+    validate_expert_groups(model, layout)
+    if model.attention != "standard":
+        validate_mla(model, layout)
+    if model.mtp_depths:
+        validate_mtp(model, layout)
+
+
+def validate_expert_groups(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Group-limited routing (moe.group_mask): G equal groups of consecutive experts, a
+    token's experts from its best `topk_groups` of them; under --ep the groups lie on the
+    ranks whole (G a multiple of ep) or each group on ep/G ranks, so a token's rows reach
+    a bounded number of ranks (analysis.experts.dispatch_fan_out)."""
+    G, k, E = model.expert_groups, model.topk_groups, model.experts
+    _need(G >= 0 and k >= 0 and model.dense_layers >= 0, "--expert-groups, --topk-groups and --dense-layers "
+          "must be 0 or positive")
+    _need(model.routed_scaling > 0 and math.isfinite(model.routed_scaling),
+          f"--routed-scaling must be positive (got {model.routed_scaling})")
+    if G <= 1:
+        _need(k <= 1, f"--topk-groups {k} needs --expert-groups: add --expert-groups (a divisor of --experts)")
+        return
+    _need(E > 0 and E % G == 0,
+          f"--expert-groups {G} must divide --experts {E}: pick a divisor of the experts")
+    _need(k <= G, f"--topk-groups {k} is more than the {G} expert groups: pick --topk-groups in 1..{G}")
+    _need((k or G) * (E // G) >= model.top_k,
+          f"--top-k {model.top_k} experts cannot come from {k or G} groups of {E // G}: raise --topk-groups")
+    ep = layout.ep
+    _need(ep == 1 or G % ep == 0 or ep % G == 0,
+          f"--expert-groups {G} cannot be laid on --ep {ep} ranks: pick groups a multiple or a divisor of --ep")
+
+
+def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Multi-head latent attention (mla.py): its shapes, and the layouts it is written for."""
+    _need(model.attention == "mla", f"unknown --attention '{model.attention}': use standard or mla")
+    h = model.hidden
+    _need(model.kv_lora_rank > 0 and model.qk_nope_head_dim > 0 and model.v_head_dim > 0,
+          "--attention mla needs --kv-lora-rank, --qk-nope-head-dim and --v-head-dim (positive)")
+    _need(model.qk_rope_head_dim > 0 and model.qk_rope_head_dim % 2 == 0,
+          f"--qk-rope-head-dim {model.qk_rope_head_dim}: the decoupled rotary key turns pairs: pick it even")
+    for k in ("q_lora_rank", "kv_lora_rank"):
+        rank = getattr(model, k)
+        _need(0 <= rank <= h, f"--{k.replace('_', '-')} {rank} is larger than the width {h}: a latent compresses, "
+                              f"pick it at most --hidden")
+    _need(model.positions == "rope", "--attention mla rotates its decoupled key: set --positions rope")
+    _need(layout.tp_mode == "1d" or layout.tp == 1, "--attention mla is written for 1-D tensor parallelism: "
+                                                      "use --tp-mode 1d")
+    _need(layout.cp == 1, "--attention mla does not run under context parallelism yet: drop --cp")
+    _need(model.dropout == 0.0, "--attention mla has no attention dropout: set --dropout 0")
+
+
+def validate_mtp(model: ModelConfig, layout: ParallelConfig) -> None:
+    """Multi-token prediction (mtp.py): D depths on the last stage, reading the embedding
+    there (a copy summed with the first stage's, as a tied embedding)."""
+    d = model.mtp_depths
+    _need(0 < d < model.seq_len, f"--mtp-depths {d} must be in 1..{model.seq_len - 1} (tokens ahead within a sequence)")
+    _need(model.mtp_weight >= 0 and math.isfinite(model.mtp_weight), f"--mtp-weight must be 0 or positive (got {model.mtp_weight})")
+    _need(layout.cp == 1, "--mtp-depths reads tokens ahead of each position, which --cp keeps on other ranks: drop --cp")
+    _need(layout.tp_mode == "1d" or layout.tp == 1, "--mtp-depths is written for 1-D tensor parallelism: use --tp-mode 1d")
+    _need(layout.schedule not in V_SCHEDULES or layout.pp == 1,
+          f"--mtp-depths puts the embedding's copy on the last stage, which --schedule {layout.schedule} places on the "
+          "first stage's rank: use 1f1b or interleaved")
+    _need(layout.zero < 2 or layout.pp * layout.vpp == 1,
+          f"--zero {layout.zero} cannot shard the last stage's copy of the embedding (summed with the first "
+          "stage's first): use --zero 1")

@@ -21,7 +21,9 @@ from torch import nn
 
 from .config import ModelConfig, ParallelConfig
 from .context import Context
+from .mla import MLA
 from .moe import MoE
+from .mtp import MTP, AddToBackward
 from .parallel import cube, summa
 from .parallel import tensor as tp
 from .context import make_param
@@ -250,7 +252,8 @@ class Block(nn.Module):
     def __init__(self, i: int, cfg: ModelConfig, ctx: Context, layers):
         super().__init__()
         self.ln1 = norm(f"blocks.{i}.ln1", cfg, ctx, layers)
-        self.attn = Attention(f"blocks.{i}.attn", cfg, ctx, layers, window=cfg.window_of(i))
+        self.attn = MLA(f"blocks.{i}.attn", cfg, ctx, layers, rotary_angles) if cfg.attention == "mla" else Attention(
+            f"blocks.{i}.attn", cfg, ctx, layers, window=cfg.window_of(i))  # latent attention (mla.py) or the standard kind
         self.ln2 = norm(f"blocks.{i}.ln2", cfg, ctx, layers)
         # a mixture of experts in place of the MLP where the config says so (moe.py)
         self.mlp = MoE(f"blocks.{i}.mlp", cfg, ctx, layers, MLP) if cfg.is_moe_block(i) else MLP(
@@ -281,7 +284,8 @@ class GPT(nn.Module):
         self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
         self.layers = layers = layers or layers_for(ctx.layout)
         self.layer_ids = list(range(cfg.layers) if layer_ids is None else layer_ids)
-        tied_sync = ("embed",) if cfg.tied_embeddings and not (first and last) else ()
+        # the last stage's copy of the embedding (tied, or read by multi-token prediction) sums with the first's
+        tied_sync = ("embed",) if (cfg.tied_embeddings or cfg.mtp_depths) and not (first and last) else ()
         if first:
             self.wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
             if cfg.positions == "learned":  # rotary positions have no table (Attention rotates q, k)
@@ -296,6 +300,15 @@ class GPT(nn.Module):
                 self.lm_head = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
             else:
                 self.lm_head = self.wte
+        self.mtp = MTP(cfg, ctx, layers, Block) if last and cfg.mtp_depths else None  # mtp.py
+        if self.mtp is not None and not first and not cfg.tied_embeddings:
+            self.mtp_wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+
+    def mtp_embed(self, idx):
+        """Multi-token prediction's embedding of token ids: the model's own table, or the
+        last stage's copy of it; onto this rank's sequence shard with --sp."""
+        table = self.wte if self.first else (self.lm_head if self.cfg.tied_embeddings else self.mtp_wte)
+        return self.layers.scatter(table(idx), self.ctx)
 
     def embed(self, idx, key=NO_KEY):
         # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism)
@@ -330,7 +343,12 @@ class GPT(nn.Module):
         if not self.last:
             return x
         logits = self.head(x)
-        return logits if targets is None else self.loss(logits, targets)
+        if targets is None:
+            return logits
+        loss = self.loss(logits, targets)
+        if self.mtp is not None and self.training:  # the MTP loss joins the backward only (mtp.py)
+            loss = AddToBackward.apply(loss, self.mtp.loss(x, targets, self.mtp_embed, self.lm_head, key))
+        return loss
 
     @torch.no_grad()
     def generate(self, idx, n: int, temperature: float = 0.8, top_k: int = 40, generator=None):

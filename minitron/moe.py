@@ -10,6 +10,12 @@ is ``Σ_j g_j · expert_{e_j}(x)`` (+ the shared experts' MLP on every token):
   every layout picks the same experts); gates the chosen scores, renormalized to sum 1
   when k > 1 (for softmax that is Mixtral's softmax over the chosen k), or whatever k with
   ``gate_norm="always"`` (transformers' Mixtral: a top-1 gate is then 1).
+* **group-limited routing** (DeepSeek-V3 §2.1.2, ``expert_groups``, ``topk_groups``): the
+  E experts in G groups of consecutive indices (a node's experts); each token first picks
+  its best ``topk_groups`` groups, then its k experts inside them (:func:`group_mask`), and
+  its gates are scaled by ``routed_scaling``. Under expert parallelism a rank holds whole
+  groups (or a group spans ep/G ranks), so a token's rows reach at most
+  ``analysis.experts.dispatch_fan_out`` ranks.
 * **balancing loss** (Switch Eq. 4, GShard's form, with top-k as Megatron-Core counts it):
   ``α·E·Σ_i f_i·P_i`` with f_i = (tokens sent to expert i)/(T·k), P_i the mean score of
   expert i; added to the training objective with the loss's own weight (1/m per
@@ -66,16 +72,38 @@ class AttachAux(torch.autograd.Function):
         return g, torch.full_like(aux, fctx.weight), None
 
 
+def top(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the k largest entries of each row, ties to the lower index (stable)."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def group_mask(choice: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """[T, E] bool: the experts inside each token's `topk_groups` best groups (DeepSeek-V3
+    §2.1.2, node-limited routing; transformers' ``DeepseekV3TopkRouter``). The E experts
+    lie in G equal groups of consecutive indices; a group's score is the sum of its two
+    highest selection scores (the biased ones), the groups ranked with ties to the lower."""
+    T, G = choice.shape[0], cfg.expert_groups
+    grouped = choice.view(T, G, cfg.experts // G)
+    score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, G]
+    chosen = torch.zeros(T, G, dtype=torch.bool, device=choice.device)
+    chosen.scatter_(1, top(score, cfg.topk_groups or G), True)
+    return chosen.repeat_interleave(cfg.experts // G, dim=1)
+
+
 def route(logits: torch.Tensor, cfg: ModelConfig, bias: torch.Tensor | None = None):
     """Top-k routing of T tokens' router logits [T, E]: returns (scores [T, E], the
-    experts [T, k], the gates [T, k]). Ties go to the lower expert index (stable sort)."""
+    experts [T, k], the gates [T, k]). Ties go to the lower expert index (stable sort).
+    With expert groups the choice is limited to each token's best groups
+    (:func:`group_mask`); the gates are then scaled by ``routed_scaling``."""
     scores = logits.softmax(-1) if cfg.router == "softmax" else logits.sigmoid()
-    choice = scores if bias is None else scores + bias
-    experts = torch.sort(choice.detach(), dim=-1, descending=True, stable=True).indices[:, :cfg.top_k]
+    choice = (scores if bias is None else scores + bias).detach()
+    if cfg.expert_groups > 1:
+        choice = choice.masked_fill(~group_mask(choice, cfg), float("-inf"))
+    experts = top(choice, cfg.top_k)
     gates = scores.gather(1, experts)
     if cfg.top_k > 1 or cfg.router == "sigmoid" or cfg.gate_norm == "always":
         gates = gates / gates.sum(-1, keepdim=True)
-    return scores, experts, gates
+    return scores, experts, gates if cfg.routed_scaling == 1.0 else gates * cfg.routed_scaling
 
 
 def capacity(cfg: ModelConfig, tokens: int) -> int:
@@ -221,8 +249,8 @@ class MoE(nn.Module):
         xt = self.enter(x)
         b, s, h = xt.shape
         tokens = xt.reshape(b * s, h)
-        scores, experts, gates = route(tokens @ self.router.t(), cfg,
-                                       self.score_bias if cfg.bias_update else None)
+        # the selection bias: zero unless moved (bias_update) or loaded (a DeepSeek-V3 checkpoint)
+        scores, experts, gates = route(tokens @ self.router.t(), cfg, self.score_bias)
         keep = keep_mask(experts, cfg)
         # permute, dispatch, the local experts, combine, un-permute (parallel/experts.py); a layer
         # namespace may bring its own of the same contract (a lab's, through Trainer(layers=...))

@@ -5,7 +5,7 @@ Every `import` and `from ... import` is parsed, function-level ones included (a 
 import is still a dependency). The engine's layers, lowest first:
 
     config, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
-    → context → parallel/ → model → train
+    → context → parallel/ → moe, mla → mtp → model → train
 
 and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
 """
@@ -18,11 +18,12 @@ PKG = Path(__file__).resolve().parents[1] / "minitron"
 
 ENGINE_LAYERS = [
     {"config", "grid"},
-    {"comm", "data", "tokenizer", "optim", "checkpoint", "recompute", "launch", "preemption", "hf", "hf_moe", "corpus",
-     "rope"},
+    {"comm", "data", "tokenizer", "optim", "checkpoint", "dcp_format", "recompute", "launch", "preemption", "hf",
+     "hf_moe", "hf_deepseek", "corpus", "rope"},
     {"context"},
     {"parallel"},
-    {"moe"},
+    {"moe", "mla"},
+    {"mtp"},
     {"model"},
     {"train"},
 ]

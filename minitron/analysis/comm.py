@@ -158,8 +158,8 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         add("gradient norm", "pp", "all_reduce", 1, NORM_BYTES)
 
     # tied embedding between the first and the last stage (an axis of one rank when
-    # p = 1: nothing crosses a wire)
-    if model.tied_embeddings and p > 1 and (first or last):
+    # p = 1: nothing crosses a wire); multi-token prediction's copy on the last stage alike
+    if (model.tied_embeddings or model.mtp_depths) and p > 1 and (first or last):
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
 
     # experts: each MoE block's token dispatch and combine over 'ep' (routing is data: the
@@ -181,13 +181,16 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
             what = {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"], "parameters")
             add(f"{what} ({c['phase']})", dp_axis, c["op"], c["calls"], c["bytes"])
         return items
+    sharded = []  # ZeRO-1's groups of shards: the dense weights', and the experts' under --ep
     for axes, n in params_by_data_axes(model, parallel, rank_chunks(model, parallel, pp_rank)).items():
         degree = math.prod(grid.sizes()[a] for a in axes)
         for op, nbytes in dp_bytes_per_step(n, degree, parallel.zero1, e).items():
             add("gradients" if op != "all_gather" else "updated parameter shards", grid.data_axis(axes), op, 1,
                 nbytes)
-    if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over the dp shards too
-        add("gradient norm", dp_axis, "all_reduce", 1, NORM_BYTES)
+        sharded += [grid.data_axis(axes)] if degree > 1 else []
+    if parallel.zero1 and d * cp > 1:  # ZeRO-1's norm: squares summed over each group's shards too
+        for axis in sharded or [dp_axis]:
+            add("gradient norm", axis, "all_reduce", 1, NORM_BYTES)
     return items
 
 

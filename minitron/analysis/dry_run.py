@@ -95,8 +95,10 @@ def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
 
 def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
-    holds as many), read from the module built under FakeTensorMode."""
-    return _block_params(model, _shape_only(as_layout(layout)), i if model.is_moe_block(i) else 0)
+    holds as many), read from the module built under FakeTensorMode (one block of each
+    kind: every dense block holds what block 0 holds, every MoE block what the first does)."""
+    kind = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    return _block_params(model, _shape_only(as_layout(layout)), kind)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -311,6 +313,47 @@ def _part_calls(model: ModelConfig, layout: ParallelConfig, b: int, e: int, i: i
     return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in out.items())  # in the order first called
 
 
+@functools.lru_cache(maxsize=256)
+def _mlp_calls(model: ModelConfig, layout: ParallelConfig, b: int, e: int, moe: bool) -> tuple:
+    """(axis, op, calls, bytes) of one MLP's forward and backward alone, on tensor rank 0:
+    the dense MLP, or (`moe`) a mixture's tensor-parallel region — its entry (the sequence
+    gathered under --sp), its exit, and its shared experts' MLP — the routing and the
+    experts' all-to-all apart (their bytes come from the routing counts)."""
+    from ..model import MLP
+    from ..moe import MoE
+
+    trace = CommTrace()
+    with FakeTensorMode():
+        ctx = dry_context(layout, 0, _DTYPES[e], trace)
+        layers = layers_for(layout)
+        x = torch.empty(layers.boundary_shape(b, model.seq_len // layout.cp, model.hidden, ctx), dtype=ctx.dtype,
+                        requires_grad=True)
+        with ctx.comm.in_phase("fwd"):
+            if moe:
+                mix = MoE("blocks.0.mlp", model, ctx, layers, MLP)
+                y = layers.leave(mix.enter(x), ctx)
+                y = y if mix.shared is None else y + mix.shared(x)
+            else:
+                y = MLP("blocks.0.mlp", model, ctx, layers)(x)
+        with ctx.comm.in_phase("bwd"):
+            y.backward(torch.ones_like(y))
+    out: dict[tuple[str, str], list[int]] = {}
+    for r in trace.records:
+        acc = out.setdefault((r["axis"], r["op"]), [0, 0])
+        acc[0], acc[1] = acc[0] + 1, acc[1] + r["bytes"]
+    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in out.items())
+
+
+def _swap_calls(calls: tuple, out: tuple, into: tuple) -> tuple:
+    """A block's calls with the calls `out` taken away and `into` added, per (axis, op)."""
+    acc: dict[tuple[str, str], list[int]] = {}
+    for sign, part in ((1, calls), (-1, out), (1, into)):
+        for axis, op, n, nbytes in part:
+            a = acc.setdefault((axis, op), [0, 0])
+            a[0], a[1] = a[0] + sign * n, a[1] + sign * nbytes
+    return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in acc.items() if n)
+
+
 @functools.lru_cache(maxsize=1024)
 def _grad_sync_calls(model: ModelConfig, layout: ParallelConfig, i: int | None, first: bool, last: bool,
                      e: int) -> tuple[tuple[str, str, int, int], ...]:
@@ -354,7 +397,11 @@ def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches:
             kinds.setdefault(i if model.is_moe_block(i) else ("dense", model.window_of(i)), []).append(i)
         for same in kinds.values():
             twin, i = _runnable(model, same[0])
-            add("transformer layers", _part_calls(twin, lay, micro_batch, e, i, False, False), m * len(same))
+            calls = _part_calls(twin, lay, micro_batch, e, i, False, False)
+            if model.is_moe_block(same[0]):  # the twin's MLP traded for the mixture's own region
+                calls = _swap_calls(calls, _mlp_calls(twin, lay, micro_batch, e, False),
+                                    _mlp_calls(model, lay, micro_batch, e, True))
+            add("transformer layers", calls, m * len(same))
             add("replicated parameter gradients", _grad_sync_calls(model, lay, same[0], False, False, e), len(same))
         if first or last:
             what = " and ".join(w for w, held in (("embedding", first), ("output layer and loss", last)) if held)

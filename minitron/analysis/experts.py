@@ -101,6 +101,17 @@ def balanced_all_to_all_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -
     return all_to_all_bytes(rows, rows, cfg, dtype_bytes)
 
 
+def dispatch_fan_out(cfg: ModelConfig, ep: int) -> int:
+    """The most ep ranks one token's rows are sent to: min(k, ep) without groups; with G
+    groups of which a token may use `topk_groups` (DeepSeek-V3's node-limited routing),
+    each group on one rank (G a multiple of ep) or on ep/G ranks, at most
+    topk_groups·max(1, ep/G) ranks (DeepSeek-V3: 4 of the 8 nodes)."""
+    if cfg.expert_groups <= 1:
+        return min(cfg.top_k, ep)
+    groups = cfg.topk_groups or cfg.expert_groups
+    return min(cfg.top_k, ep, groups * max(1, ep // cfg.expert_groups))
+
+
 def wire_fraction(ep: int) -> float:
     """The part of a balanced dispatch that leaves the rank: (ep−1)/ep."""
     return (ep - 1) / ep
