@@ -246,7 +246,7 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     made = {}
 
     def factory(make, key):
-        def build(params, c, layout):
+        def build(params, c, layout, chunks):
             made[key] = _LookOut(make, params, c, layout)
             return made[key]
         return build

@@ -189,6 +189,37 @@ def refuse_engine_copy(source: str, forbidden) -> None:
                                f"it yourself, with what SOURCE is given")
 
 
+def engine_piece(dotted: str):
+    """The engine's object named `dotted` (``"minitron.parallel.tensor._F"``, a method as
+    ``"...ShardedDataParallel._gather"``): what a lab *refuses* is named, as a string, like
+    its ``FORBIDDEN`` list; a lab imports only the engine's public names. LookupError, naming
+    it, when the engine no longer has it (a lab to update, not a silent hole in the watch)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            break
+        return obj
+    raise LookupError(f"the engine has no {dotted}: the lab's watch names a piece that moved")
+
+
+def comm_on(comm, layout):
+    """A traced ``Comm`` on the launch's ranks laid out as `layout` (a lab that runs its
+    piece on several layouts in one launch: the same ranks, other groups)."""
+    from ..comm import Comm, CommTrace
+    from ..grid import ProcessGrid
+
+    return Comm(ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(), CommTrace())
+
+
 # --- what the learner's code ran ---------------------------------------------------------------
 def _codes(obj, seen=None) -> set:
     """Every code object of a function or class (methods, static and class methods,
