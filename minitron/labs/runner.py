@@ -211,6 +211,11 @@ def engine_piece(dotted: str):
     raise LookupError(f"the engine has no {dotted}: the lab's watch names a piece that moved")
 
 
+def watched(*dotted: str) -> dict:
+    """``{name: the engine's object}`` for a :class:`Tripwire`, each found by :func:`engine_piece`."""
+    return {name: engine_piece(name) for name in dotted}
+
+
 def comm_on(comm, layout):
     """A traced ``Comm`` on the launch's ranks laid out as `layout` (a lab that runs its
     piece on several layouts in one launch: the same ranks, other groups)."""
