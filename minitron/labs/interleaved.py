@@ -429,7 +429,8 @@ def check_interleaved(source: str, timeout: float = 60) -> dict:
     try:
         with deadline(timeout):
             screen(source, ("interleaved_1f1b",), FORBIDDEN)
-            ns = load(source, ("interleaved_1f1b",), {"Action": Action})
+            with _watch().armed():  # the source's top level runs watched too
+                ns = load(source, ("interleaved_1f1b",), {"Action": Action})
             problem, numbers = _static_check(ns["interleaved_1f1b"])
             if problem:
                 return fail(problem)
