@@ -15,7 +15,7 @@ import pathlib
 
 import pytest
 
-from minitron.labs import routes, runner, zero3
+from minitron.labs import routes, zero3
 from minitron.labs.runner import LabError, Tripwire, load
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -161,4 +161,14 @@ def test_what_the_readme_says_is_not_refused_is_not():
     source = ("import gc\ndef f(x):\n    for o in gc.get_objects():\n        if type(o).__name__ == 'Tripwire':\n"
               "            o.codes.clear()\n    return PIECE(x)\n")
     _run_watched(source, _Tripwire)  # not refused: the README says so
-    assert runner.Tripwire  # (the class itself untouched)
+    assert "reached by built names in the\nlabs other than 10a and 11a" in readme
+    reference = ("import sys\ndef f(x):\n    return sys.modules['minitron.la' + 'bs.zero3']._divisor\n")
+    _run_watched(reference, _Tripwire)  # a lab that does not watch its own answers: not refused either
+
+
+def test_what_a_learner_may_do_is_not_refused():
+    """An import on first use, a dataclass, torch's own work: not routes (the trusted files)."""
+    source = ("import dataclasses\nimport collections\ndef f(x):\n    import fractions\n"
+              "    P = collections.namedtuple('P', 'a b')\n    D = dataclasses.make_dataclass('D', ['a'])\n"
+              "    return P(D(x).a, 1).a + 1\n")
+    _run_watched(source, _Tripwire)

@@ -112,11 +112,33 @@ def _escape_calls() -> dict:
 ESCAPE_CALLS = _escape_calls()
 
 
+def _trusted() -> tuple[str, ...]:
+    """The files whose own calls of :data:`ESCAPE_CALLS` are not the learner's route: the import
+    system (a module imported on first use reads and execs its file), the standard library's
+    code generation (dataclasses, namedtuple, enum, typing) and torch's. The engine's piece
+    reached through any of them still runs its own code, which the watch sees."""
+    import collections
+    import dataclasses
+    import enum
+    import os
+    import typing
+
+    import torch
+
+    files = [m.__file__ for m in (collections, dataclasses, enum, typing)]
+    return ("<frozen importlib", os.path.dirname(torch.__file__) + os.sep, *files)
+
+
+TRUSTED = _trusted()
+
+
 def escape(frame, event: str, arg, yours: str, watch_file: str) -> str:
     """For a profile hook: what the call does when it is one of :data:`ESCAPE_CALLS` made while
     a frame of the learner's code (file name `yours`) is on the stack, else '' (also for the
     watch's own calls, from `watch_file`: arming and disarming)."""
     if event != "c_call" or id(arg) not in ESCAPE_CALLS or frame.f_code.co_filename == watch_file:
+        return ""
+    if frame.f_code.co_filename.startswith(TRUSTED):  # an import, a dataclass, torch's own code generation
         return ""
     f = frame
     while f is not None:
