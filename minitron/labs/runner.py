@@ -63,7 +63,7 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 from ..config import ModelConfig, TrainConfig
-from . import routes
+from .routes import changed, escape, refuse_routes, snapshot
 
 # The labs that train a small Llama inside the engine (09b, 10a, 10b): its block, at the labs'
 # sizes (not a lesson's: 8 query heads of d = 6, 2 kv heads), and its run: 2 float64 steps,
@@ -293,7 +293,7 @@ class Tripwire:
         self.seen = ""  # the first piece that ran: its name, and where in the learner's code
         self.escaped = ""  # the first route around the watch the learner's code took (routes.escape)
         # the checker's modules whose names the learner's code may not change: these and the lab's
-        self.guarded = (__name__, routes.__name__, sys._getframe(1).f_globals.get("__name__", __name__))
+        self.guarded = (__name__, "minitron.labs.routes", sys._getframe(1).f_globals.get("__name__", __name__))
 
     @staticmethod
     def _c10d_builtins() -> set:
@@ -321,7 +321,7 @@ class Tripwire:
         if self.seen:
             return
         if event == "c_call":
-            escaped = routes.escape(frame, event, arg, YOUR_CODE, __file__)
+            escaped = escape(frame, event, arg, YOUR_CODE, __file__)
             if escaped:
                 self.escaped = self.escaped or escaped
                 return
@@ -346,14 +346,14 @@ class Tripwire:
     def armed(self):
         """Watch while the block runs; on leaving it, LabError if a piece ran (whatever else
         happened: that is the verdict) or if the learner's code took the hook away."""
-        old, before = sys.getprofile(), routes.snapshot(self.guarded)
+        old, before = sys.getprofile(), snapshot(self.guarded)
         sys.setprofile(self._hook)
         try:
             yield self
         finally:
             removed = sys.getprofile() != self._hook
             sys.setprofile(old)
-            patched = routes.changed(self.guarded, before)
+            patched = changed(self.guarded, before)
             if self.escaped:
                 raise LabError(f"your code {self.escaped}: the checker grades what runs where it watches; "
                                f"write the piece in SOURCE and run it as it is called")
@@ -394,7 +394,7 @@ def screen(source, names: tuple = (), forbidden=()) -> None:
     tree = ast.parse(source)
     refuse_engine_copy(source, forbidden)
     refuse_checker(source)
-    routes.refuse_routes(tree, LabError)
+    refuse_routes(tree, LabError)
     stubs = _stubs(tree)
     if stubs:
         listed = ", ".join(stubs[:-1]) + (" and " if len(stubs) > 1 else "") + stubs[-1]

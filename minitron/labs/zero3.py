@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.zero import ShardedDataParallel
 from ..train import Trainer, zero_units
-from . import routes
+from .routes import changed, escape, snapshot
 from .runner import YOUR_CODE, LabError, agree, call, comm_on, describe_calls, engine_piece, load, run_sources, \
     training_verdict, verdict_over_runs, versus_one_device
 
@@ -77,7 +77,7 @@ class EngineWatch:
     def _hook(self, frame, event, arg):
         if self.found:
             return
-        escaped = routes.escape(frame, event, arg, YOUR_CODE, __file__)
+        escaped = escape(frame, event, arg, YOUR_CODE, __file__)
         if escaped:
             self.found, self.route = escaped, f"your code {escaped}: the checker grades what runs where it watches"
         if event != "call" or self.found:
@@ -94,14 +94,14 @@ class EngineWatch:
 
     def __enter__(self):
         self._old, self._installed = sys.getprofile(), self._hook  # (a bound method is new at each access)
-        self._before = routes.snapshot(GUARDED)
+        self._before = snapshot(GUARDED)
         sys.setprofile(self._installed)
         return self
 
     def __exit__(self, *exc):
         still = sys.getprofile() is self._installed
         sys.setprofile(self._old)
-        patched = routes.changed(GUARDED, self._before)
+        patched = changed(GUARDED, self._before)
         if patched and not self.found:
             self.found, self.route = patched, f"your code changed the checker's own {patched}: leave the checker alone"
         if not still and not self.found:
