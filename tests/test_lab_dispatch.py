@@ -129,7 +129,7 @@ def test_reference_passes_and_mistakes_get_one_line():
             " keep, num_experts, comm, run_experts)\n"),
         "checker by sys.modules": "import sys\n" + broken(
             "    k, n = experts.shape[1], comm.size(\"ep\")\n",
-            "    vars(sys.modules['minitron.labs.' + 'dispatch'])['_want' + '_y'](tokens, experts, gates, keep)\n"
+            "    vars(sys.modules['minitron.la' + 'bs.dispatch'])['_want' + '_y'](tokens, experts, gates, keep)\n"
             "    k, n = experts.shape[1], comm.size(\"ep\")\n"),
     }
     res = dict(zip(cases, check_dispatch_all(list(cases.values()), timeout=60)))

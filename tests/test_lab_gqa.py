@@ -79,7 +79,7 @@ def test_reference_passes_and_mistakes_get_one_line():
             ".sync_replicated_grads([], comm)\n    if kv_heads >= t:"),
         "checker by sys.modules": "import sys\n" + broken(
             "def kv_rows(kv_heads, head_rows, t, r):\n",
-            "def kv_rows(kv_heads, head_rows, t, r):\n    return vars(sys.modules['minitron.labs.' + 'gqa'])['_ro' + "
+            "def kv_rows(kv_heads, head_rows, t, r):\n    return vars(sys.modules['minitron.la' + 'bs.gqa'])['_ro' + "
             "'ws'](kv_heads, head_rows, t, r)\n"),
     }
     got = dict(zip(cases, check_gqa_all(list(cases.values()))))
