@@ -307,7 +307,8 @@ def _zero3_job(comm, source: str) -> dict | None:
     out = verdict_over_runs(verdicts, "your ZeRO-3 unit trains exactly like the single-device model on 4 data-"
                                       "parallel ranks and on 2 (x 2 tensor ranks): gathered before each forward and "
                                       "backward, freed after, gradients reduce-scattered")
-    out.update(layouts=[v for _, v in verdicts], units=verdicts[0][1]["units"], calls=verdicts[0][1]["calls"])
+    layouts = [{k: x for k, x in v.items() if k not in ("units", "calls")} for _, v in verdicts]  # copies: no cycle
+    out.update(layouts=layouts, units=verdicts[0][1]["units"], calls=verdicts[0][1]["calls"])
     return out
 
 
