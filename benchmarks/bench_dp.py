@@ -106,7 +106,7 @@ def build(name, comm, model, train, corpus, bucket_mb):
         return tr, (0, 1)
     if name == "dp=2 no sync":
         return Trainer(model, dp2(dp_impl="naive"), train, comm, corpus,
-                       data_parallel=lambda params, c, layout: NoSync(params, c)), (0, 1)
+                       data_parallel=lambda params, c, layout, chunks: NoSync(params, c)), (0, 1)
     if name in ("dp=1 weak", "dp=1 strong"):
         gb = train.global_batch // 2 if name == "dp=1 weak" else train.global_batch
         if comm.grid.rank != 0:

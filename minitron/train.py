@@ -63,16 +63,15 @@ def params_of(chunks) -> list:
     return unique_params(p for c in chunks for p in c.parameters())
 
 
-def default_data_parallel(chunks):
-    """The layout's gradient synchroniser for model `chunks`, as a ``Trainer(data_parallel=...)``
-    factory ``(params, comm, layout) -> dp``: ZeRO-2/3's unit-by-unit reduce-scatter
-    (``--zero 2|3``: units from the chunks' blocks), else naive, bucketed or ZeRO-1's
-    bucketed reduce-scatter (``--dp-impl``, ``--zero1``)."""
-    def build(params, comm: Comm, layout: ParallelConfig):
-        if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
-            return sharded_data_parallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
-        return make_data_parallel(params, comm, layout)
-    return build
+def default_data_parallel(params, comm: Comm, layout: ParallelConfig, chunks):
+    """The layout's gradient synchroniser, the default ``Trainer(data_parallel=...)`` factory
+    ``(params, comm, layout, chunks) -> dp`` (`chunks`: this rank's model chunks, which the
+    Trainer hands every factory): ZeRO-2/3's unit-by-unit reduce-scatter (``--zero 2|3``:
+    units from the chunks' blocks), else naive, bucketed or ZeRO-1's bucketed reduce-scatter
+    (``--dp-impl``, ``--zero1``)."""
+    if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
+        return sharded_data_parallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
+    return make_data_parallel(params, comm, layout)
 
 
 def default_optimizer(chunks):
@@ -98,8 +97,9 @@ class Trainer:
       e.g. ``parallel.tensor.layers(f=MyF)``, ``parallel.cube.layers(linear=MyLinear3D)``);
     * `schedule`: a pipeline ``Schedule`` (per-rank action lists) for the runtime to run
       instead of ``layout.schedule``'s;
-    * `data_parallel`: ``factory(params, comm, layout)`` -> the gradient synchroniser
-      (default :func:`default_data_parallel`);
+    * `data_parallel`: ``factory(params, comm, layout, chunks)`` -> the gradient synchroniser,
+      handed this rank's model chunks (ZeRO-3's units are built from them; default
+      :func:`default_data_parallel`);
     * `optimizer`: ``factory(params, dp, layout, train)`` -> an ``optim.Optimizer``
       (default :func:`default_optimizer`).
 
@@ -131,7 +131,7 @@ class Trainer:
             from .hf import load_full
 
             import_state(self.params, None, load_full(train.init_from, model))
-        self.dp = (data_parallel or default_data_parallel(self.chunks))(self.params, self.comm, layout)
+        self.dp = (data_parallel or default_data_parallel)(self.params, self.comm, layout, self.chunks)
         self.optimizer: Optimizer = (optimizer or default_optimizer(self.chunks))(self.params, self.dp, layout, train)
         self.pipeline = None
         if layout.pp > 1:

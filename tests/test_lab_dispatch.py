@@ -1,6 +1,8 @@
 """Lab 11a's checker (``minitron.labs.dispatch``): the reference passes inside the engine
 (--ep 2 --dp 2 and --ep 4 against one device, float64), the usual mistakes each get their own
-line, the engine's own dispatch is refused by any route.
+line (among them counts exchanged with the wrong traffic or in the transposed shape, a size
+right only at the notebook's --ep 4, gates applied before the experts), the engine's own
+dispatch is refused by any route.
 
 The stub, a syntax error and the engine's module named in the source are refused before any
 rank starts; everything else runs on 4 gloo ranks, all the sources in one launch (the mistakes
@@ -110,6 +112,16 @@ def test_reference_passes_and_mistakes_get_one_line():
             "return torch.zeros_like(tokens).index_add(0, order // k, back * gates.flatten()[order, None])",
             "return torch.zeros_like(tokens).index_add(0, torch.sort(order // k).values, back * gates.flatten()[order, None])"),
         "no gate weighting": broken("back * gates.flatten()[order, None]", "back"),
+        # right values, wrong traffic or shape; right only at the notebook's --ep 4
+        "counts gathered from every rank": broken('return comm.all_to_all(counts, "ep").view(n, -1)',
+                                                  'return comm.all_gather(counts, "ep").view(n, n, -1)[:, comm.index("ep")]'),
+        "counts in the transposed shape": broken('return comm.all_to_all(counts, "ep").view(n, -1)',
+                                                 'return comm.all_to_all(counts, "ep").view(-1, n)'),
+        "ep hard-wired to the notebook's 4": broken('n = comm.size("ep")\n    return', 'n = 4\n    return'),
+        "gates applied before the experts": broken(
+            "arrived = all_to_all(tokens[order // k], comm, send, recv)",
+            "arrived = all_to_all(tokens[order // k] * gates.flatten()[order, None], comm, send, recv)",
+            broken("back * gates.flatten()[order, None])", "back)")),
         # the engine's own dispatch reached past the screen
         "engine by importlib": "import importlib\n" + broken(
             "    k, n = experts.shape[1], comm.size(\"ep\")\n",
@@ -117,7 +129,7 @@ def test_reference_passes_and_mistakes_get_one_line():
             " keep, num_experts, comm, run_experts)\n"),
         "checker by sys.modules": "import sys\n" + broken(
             "    k, n = experts.shape[1], comm.size(\"ep\")\n",
-            "    vars(sys.modules['minitron.labs.' + 'dispatch'])['_want' + '_y'](tokens, experts, gates, keep)\n"
+            "    vars(sys.modules['minitron.la' + 'bs.dispatch'])['_want' + '_y'](tokens, experts, gates, keep)\n"
             "    k, n = experts.shape[1], comm.size(\"ep\")\n"),
     }
     res = dict(zip(cases, check_dispatch_all(list(cases.values()), timeout=60)))
@@ -132,6 +144,12 @@ def test_reference_passes_and_mistakes_get_one_line():
         "arrival not regrouped (wrong split order)": "regroup them by local expert",
         "combine without un-permute": "un-permute them",
         "no gate weighting": "multiply each by its gate",
+        "counts gathered from every rank": "gathering every rank's counts moves ep times the bytes",
+        "counts in the transposed shape": "returned shape [2, 4] on --ep 4: return [ep, E/ep] = [4, 2]",
+        "ep hard-wired to the notebook's 4": "returned shape [4, 2] on --ep 2: return [ep, E/ep] = [2, 4], one row "
+                                             "per source rank (transposed, or shaped for another ep?) (at --ep 2; right "
+                                             "at --ep 4)",
+        "gates applied before the experts": "the experts were given the tokens multiplied by their gates",
         "engine by importlib": "the engine's own minitron.parallel.experts",
         "checker by sys.modules": "the engine's own minitron.labs.dispatch",
     }

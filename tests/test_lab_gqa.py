@@ -67,6 +67,9 @@ def test_reference_passes_and_mistakes_get_one_line():
         "whole tensor group": broken('"tp" if share == t else f"tp_kv{share}"', '"tp"'),
         "sums when split": broken("    if kv_heads >= t:\n        return grad\n",
                                   "    if kv_heads >= t:\n        return comm.all_reduce(grad, 'tp')\n"),
+        "t hard-wired to the notebook's 4": broken("    if kv_heads >= t:\n        return grad\n    share = t // kv_heads",
+                                                   "    if kv_heads >= 4:\n        return grad\n    share = 4 // kv_heads"),
+        "copies grouped in the notebook's pairs": broken("share = t // kv_heads", "share = 2"),
         "malformed rows": broken("return head * head_rows, (head + 1) * head_rows", "return head * head_rows"),
         "raises": broken("share = t // kv_heads", "share = t // kv_heads // 0"),
         # the engine's own pieces reached past the screen
@@ -76,7 +79,7 @@ def test_reference_passes_and_mistakes_get_one_line():
             ".sync_replicated_grads([], comm)\n    if kv_heads >= t:"),
         "checker by sys.modules": "import sys\n" + broken(
             "def kv_rows(kv_heads, head_rows, t, r):\n",
-            "def kv_rows(kv_heads, head_rows, t, r):\n    return vars(sys.modules['minitron.labs.' + 'gqa'])['_ro' + "
+            "def kv_rows(kv_heads, head_rows, t, r):\n    return vars(sys.modules['minitron.la' + 'bs.gqa'])['_ro' + "
             "'ws'](kv_heads, head_rows, t, r)\n"),
     }
     got = dict(zip(cases, check_gqa_all(list(cases.values()))))
@@ -91,6 +94,11 @@ def test_reference_passes_and_mistakes_get_one_line():
         "a mean": "averages the",
         "whole tensor group": "sums over all 4 tensor ranks",
         "sums when split": "each rank's kv heads are its own",
+        "t hard-wired to the notebook's 4": broken("    if kv_heads >= t:\n        return grad\n    share = t // kv_heads",
+                                                   "    if kv_heads >= 4:\n        return grad\n    share = 4 // kv_heads"),
+        "copies grouped in the notebook's pairs": broken("share = t // kv_heads", "share = 2"),
+        "t hard-wired to the notebook's 4": "(right at t = 4, wrong at t = 2: is t = 4 hard-wired?)",
+        "copies grouped in the notebook's pairs": "sums over 'tp_kv2': the copies grouped by 2, the wrong factor",
         "malformed rows": "return the pair (start, stop)",
         "raises": "ZeroDivisionError",
         "engine by importlib": "runs the engine's own minitron.optim.sync_replicated_grads",

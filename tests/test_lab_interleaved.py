@@ -79,6 +79,8 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
     "2p - r": (INTERLEAVED + V_STAGE.replace("2 * p - 1 - rank", "2 * p - rank"), "one too high (an off-by-one"),
     "2p - 2 - r": (INTERLEAVED + V_STAGE.replace("2 * p - 1 - rank", "2 * p - 2 - rank"),
                    "one too low (an off-by-one"),
+    "V hard-wired to p = 2": (INTERLEAVED + V_STAGE.replace("2 * p - 1 - rank", "3 - rank"),
+                              "chunk 1 holds 3 - r, the V of p = 2 hard-wired"),
     "V upside down": (INTERLEAVED + V_STAGE.replace(V, "p - 1 - rank if chunk == 0 else p + rank"), "upside down"),
     "V written for 2 ranks": (INTERLEAVED + V_STAGE.replace(V, "[[0, 3], [1, 2]][rank % 2][chunk]"),
                               "p=3: ranks hold [(0, 3), (1, 2), (0, 3)], stage 0 is held 2 times"),

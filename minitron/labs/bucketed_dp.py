@@ -242,11 +242,12 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     from ..train import Trainer
 
     case = next(_CASE)
-    cls = load(source, NAMES, learner_namespace())["BucketedGradSync"]
+    with _watch().armed():  # the source's top level runs watched too
+        cls = load(source, NAMES, learner_namespace())["BucketedGradSync"]
     made = {}
 
     def factory(make, key):
-        def build(params, c, layout):
+        def build(params, c, layout, chunks):
             made[key] = _LookOut(make, params, c, layout)
             return made[key]
         return build

@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
+from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped,
+                     training_verdict, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 260 on 4 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -288,7 +289,7 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    watch = Tripwire({"minitron.parallel.tensor._VocabParallelCrossEntropy": tensor._VocabParallelCrossEntropy})
+    watch = Tripwire(watched("minitron.parallel.tensor._VocabParallelCrossEntropy"))
     try:
         with watch.armed():
             cls = load(source, (NAME,), {"torch": torch})[NAME]

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import math
 from types import SimpleNamespace
 
 import torch
 
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel import experts as engine_experts
-from .runner import (LabError, Tripwire, agree, call, run_sources, training_verdict, verdict_over_runs,
-                     versus_one_device)
+from .runner import (LabError, Tripwire, agree, call, comm_on, describe_calls, run_sources, traced, training_verdict,
+                     verdict_over_runs, versus_one_device)
 
 NAMES = ("permute", "exchange_counts", "all_to_all", "dispatch_tokens")
 FORBIDDEN = ("minitron.parallel.experts", "minitron.labs.dispatch")
@@ -110,16 +111,36 @@ class _Experts:
                 f"your local experts {list(self.local)} were given {counts} rows, want {want_counts} (every rank's "
                 f"kept choices of them): the receive sizes come from the exchanged counts")
         else:
-            for j, (got, want) in enumerate(zip(rows.split(counts), self.want)):
-                if not torch.equal(_sorted_rows(got.detach()), _sorted_rows(want)):
-                    self.problem = self.problem or (
-                        f"expert {self.local[j]} was given rows routed to other experts: rows arrive grouped by "
-                        f"source rank, then by expert; regroup them by local expert (expert-major) before "
-                        f"run_experts")
-                    break
+            self.problem = self.problem or self._rows_problem(rows.detach().split(counts))
         parts = rows.split(counts) if counts == want_counts else [rows[:0]] * len(self.local)
         outs = [p @ _expert_weight(e).t() for p, e in zip(parts, self.local)]
         return torch.cat(outs) if counts == want_counts else torch.zeros_like(rows)
+
+
+    def _rows_problem(self, parts) -> str:
+        """'' when each local expert got exactly its tokens (as a multiset), else the mistake:
+        rows of other local experts (arrival not regrouped), or tokens scaled (gated too early)."""
+        bad = next((j for j, (got, want) in enumerate(zip(parts, self.want))
+                    if not torch.equal(_sorted_rows(got), _sorted_rows(want))), None)
+        if bad is None:
+            return ""
+        everything, wanted = torch.cat(parts), torch.cat(self.want)
+        if torch.equal(_sorted_rows(everything), _sorted_rows(wanted)):
+            return (f"expert {self.local[bad]} was given rows routed to other experts: rows arrive grouped by "
+                    f"source rank, then by expert; regroup them by local expert (expert-major) before run_experts")
+        if _same_directions(everything, wanted):
+            return ("the experts were given the tokens multiplied by their gates: the gates weigh the experts' "
+                    "outputs in the combine (y = sum of g * expert(x)), not the rows sent to the experts")
+        return (f"expert {self.local[bad]} was given rows that are not the tokens routed to it: send the "
+                f"tokens themselves, in the order permute gives")
+
+
+def _same_directions(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The rows of `a` and `b` are, as multisets, the same up to a positive factor each."""
+    if a.shape != b.shape or not a.shape[0]:
+        return False
+    unit = lambda m: _sorted_rows(m / m.norm(dim=1, keepdim=True).clamp_min(1e-300))
+    return bool(torch.allclose(unit(a), unit(b), rtol=1e-9, atol=1e-12))
 
 
 def _sorted_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -158,11 +179,15 @@ def _check_permute(fn, watch, experts, keep) -> str:
 
 
 def _check_exchange(fn, comm, watch, all_counts, r, n) -> str:
-    got = _learner(watch, "your exchange_counts", fn, all_counts[r].clone(), comm)
+    counts = all_counts[r].clone()
+    got, calls = traced(comm, _learner, watch, "your exchange_counts", fn, counts, comm)
     want = torch.stack([c.view(n, E // n)[r] for c in all_counts])
     if not isinstance(got, torch.Tensor) or got.numel() != want.numel():
         return (f"your exchange_counts returned {type(got).__name__ if not isinstance(got, torch.Tensor) else list(got.shape)}:"
                 f" return [ep, E/ep] = {list(want.shape)}, row s what rank s sends to each of your experts")
+    if tuple(got.shape) != tuple(want.shape):
+        return (f"your exchange_counts returned shape {list(got.shape)} on --ep {n}: return [ep, E/ep] = "
+                f"{list(want.shape)}, one row per source rank (transposed, or shaped for another ep?)")
     got = got.reshape(want.shape).long()
     if torch.equal(got, all_counts[r].view(n, E // n)):
         return ("your exchange_counts returns this rank's own counts: the counts were not exchanged; every rank "
@@ -171,6 +196,13 @@ def _check_exchange(fn, comm, watch, all_counts, r, n) -> str:
         return "your exchange_counts mixes up sources and experts: row s is what rank s sends, one column per local expert"
     if not torch.equal(got, want):
         return f"your exchange_counts gives rank {r} {got.tolist()}, want {want.tolist()}"
+    ops = [(c["op"], c["axis"], math.prod(c["shape"])) for c in calls]
+    if ops != [("all_to_all", "ep", E)]:  # the E counts, in whatever dtype
+        gathered = any(c["op"] == "all_gather" for c in calls)
+        return (f"your exchange_counts communicates {describe_calls(calls)}"
+                + (": gathering every rank's counts moves ep times the bytes (each rank needs only what is sent to "
+                   "its own experts)" if gathered else "")
+                + f": it is one all-to-all of this rank's E = {E} counts on 'ep'")
     return ""
 
 
@@ -253,6 +285,15 @@ def _check_dispatch(fn, comm, watch, seed, r, n) -> str:
     return ""
 
 
+def _step(comm, key: str, check, timeout: float, where: str = "") -> None:
+    """Run one unit check on every rank; LabError on every rank when one found a problem."""
+    try:
+        problem = check()
+    except LabError as e:
+        problem = str(e)
+    agree(comm, key, problem and problem + where, timeout)
+
+
 def _job(comm, source: str, timeout: float) -> dict | None:
     case = next(_CASE)
     from ..comm import Comm, CommTrace
@@ -276,11 +317,15 @@ def _job(comm, source: str, timeout: float) -> dict | None:
              ("dispatch0", lambda: _check_dispatch(ns["dispatch_tokens"], c, watch, 0, r, n)),
              ("dispatch1", lambda: _check_dispatch(ns["dispatch_tokens"], c, watch, 1, r, n))]
     for key, check in steps:
-        try:
-            problem = check()
-        except LabError as e:
-            problem = str(e)
-        agree(comm, f"dispatch/{case}/{key}", problem, timeout)
+        _step(comm, f"dispatch/{case}/{key}", check, timeout)
+    # the same pieces on --ep 2 (4 experts a rank) over the same ranks: sizes the notebook does not show
+    c2 = comm_on(comm, ParallelConfig(ep=2, dp=WORLD // 2, device="cpu"))
+    r2, seed2 = c2.index("ep"), [_routing(2, s, 4 + 5 * s) for s in range(2)]
+    for key, check in (("exchange", lambda: _check_exchange(ns["exchange_counts"], c2, watch,
+                                                            [_counts(d[1], d[3]) for d in seed2], r2, 2)),
+                       ("all_to_all", lambda: _check_all_to_all(ns["all_to_all"], c2, watch, r2, 2)),
+                       ("dispatch", lambda: _check_dispatch(ns["dispatch_tokens"], c2, watch, 2, r2, 2))):
+        _step(comm, f"dispatch/{case}/ep2-{key}", check, timeout, " (at --ep 2; right at --ep 4)")
 
     def learners_dispatch(*args):
         return _learner(watch, "your dispatch_tokens", ns["dispatch_tokens"], *args)

@@ -20,7 +20,8 @@ import itertools
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped, training_verdict
+from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped,
+                     training_verdict, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -137,7 +138,7 @@ def _f_and_g_job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    watch = Tripwire({"minitron.parallel.tensor._F": tensor._F, "minitron.parallel.tensor._G": tensor._G})
+    watch = Tripwire(watched("minitron.parallel.tensor._F", "minitron.parallel.tensor._G"))
     try:
         with watch.armed():
             ns = load(source, ("F", "G"), {"torch": torch})

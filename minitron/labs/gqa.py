@@ -20,9 +20,11 @@ engine's own pieces refused whatever the route):
 1. ``kv_rows`` over every (kv, t) with kv | t or t | kv up to 16, several head sizes, every
    rank: the usual mistakes named (part of a head when kv < t, replicas interleaved
    ``r % kv`` instead of neighbouring, rows counted in heads);
-2. ``sum_kv_grad`` on the 4 ranks for kv = 1, 2, 4 with a gradient that differs per rank:
-   the value against the sum over the copies (no sum, a mean, the whole tensor group named)
-   and its calls from the trace (exactly one all-reduce on the copies' axis; none when split).
+2. ``sum_kv_grad`` on the 4 ranks as t = 4 and again as t = 2 (``--tp 2 --dp 2``), kv = 1,
+   2, 4 each, with a gradient that differs per rank: the value against the sum over the
+   copies (no sum, a mean, the whole tensor group, a t hard-wired to 4 named) and its calls
+   from the trace (exactly one all-reduce on the copies' axis, copies grouped by the wrong
+   factor named; none when split).
 
 The ranks agree on the first problem found; otherwise both are swapped into the engine (a
 layer namespace whose column-parallel linear takes its key/value rows from ``kv_rows`` and
@@ -44,8 +46,8 @@ from .. import optim
 from ..config import ParallelConfig
 from ..context import make_param
 from ..parallel import tensor
-from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, describe_calls, load, run_sources,
-                     traced, train_swapped, training_verdict, verdict_over_runs)
+from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, comm_on, describe_calls, load,
+                     run_sources, traced, train_swapped, training_verdict, verdict_over_runs)
 
 NAMES = ("kv_rows", "sum_kv_grad")
 MODEL = LAB_LLAMA.replace(name="lab-gqa")
@@ -138,6 +140,16 @@ def _check_rows(fn, watch: Tripwire) -> str:
 
 
 # --- 2. the gradient sum ---------------------------------------------------------------------------
+def _check_sums(fn, comm, watch: Tripwire) -> str:
+    """The sum at t = 4 (the notebook's) and at t = 2 on the same ranks (``--tp 2 --dp 2``),
+    each with kv = 1, 2, 4: a sum right only at t = 4 (t hard-wired) fails at t = 2."""
+    problem = _check_sum(fn, comm, watch)
+    if problem:
+        return problem
+    problem = _check_sum(fn, comm_on(comm, ParallelConfig(tp=2, dp=WORLD // 2, device="cpu")), watch)
+    return problem and f"{problem} (right at t = 4, wrong at t = 2: is t = 4 hard-wired?)"
+
+
 def _check_sum(fn, comm, watch: Tripwire) -> str:
     t, r = comm.size("tp"), comm.index("tp")
     for kv in (1, 2, 4):
@@ -149,6 +161,9 @@ def _check_sum(fn, comm, watch: Tripwire) -> str:
             return (f"your sum_kv_grad(kv_heads={kv}, t={t}) returned "
                     f"{type(got).__name__ if not isinstance(got, torch.Tensor) else list(got.shape)}: return the "
                     f"gradient, shaped like the one it was given ({list(grads[r].shape)})")
+        wrong = _wrong_group(calls, kv, t)
+        if wrong:
+            return wrong
         group = [q for q in range(t) if q // n == r // n]
         want = sum(grads[q] for q in group)
         if not torch.allclose(got, want, rtol=1e-12, atol=0):
@@ -178,6 +193,20 @@ def _check_sum(fn, comm, watch: Tripwire) -> str:
             return (f"your sum_kv_grad(kv_heads={kv}, t={t}) communicates {describe_calls(calls)}: it is exactly one "
                     f"all-reduce on '{_axis(kv, t)}' (the {n} ranks sharing the copy)")
     return ""
+
+
+def _wrong_group(calls, kv: int, t: int) -> str:
+    """The copies grouped by the wrong factor (kv_heads, or heads per rank, for t/kv), read
+    from the trace: one all-reduce on a 'tp_kv' axis other than the copies'."""
+    axes = [c["axis"] for c in calls if c["op"] == "all_reduce"]
+    right = _axis(kv, t) if share(kv, t) > 1 else None
+    if len(axes) != 1 or axes[0] == right or not axes[0].startswith("tp_kv"):
+        return ""
+    n = share(kv, t)
+    by = f"kv_heads = {kv}" if axes[0] == f"tp_kv{kv}" else axes[0][len("tp_kv"):]
+    return (f"your sum_kv_grad(kv_heads={kv}, t={t}) sums over '{axes[0]}': the copies grouped by {by}, the wrong "
+            f"factor; a kv head has t/kv = {n} cop{'ies' if n > 1 else 'y'}"
+            + (f", on the ranks of axis '{right}'" if right else ": nothing to sum when kv ≥ t"))
 
 
 # --- 3. inside the engine ------------------------------------------------------------------------
@@ -229,20 +258,16 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     try:
         with watch.armed():
             ns = load(source, NAMES, {"torch": torch})
-        problem = _check_rows(ns["kv_rows"], watch) or _check_sum(ns["sum_kv_grad"], comm, watch)
+        problem = _check_rows(ns["kv_rows"], watch) or _check_sums(ns["sum_kv_grad"], comm, watch)
     except LabError as e:
         problem = str(e)
     agree(comm, f"gqa/{case}", problem, timeout)
-    from ..comm import Comm, CommTrace
-    from ..grid import ProcessGrid
-
     layers = SimpleNamespace(**{**vars(tensor.layers()),
                                 "linear_in": _column_linear(ns["kv_rows"], ns["sum_kv_grad"], watch)})
     verdicts = []  # every rank trains every run (they stay in step); rank 0 judges at the end
     for tp, kv in RUNS:
         layout = ParallelConfig(tp=tp, dp=WORLD // tp, device="cpu")
-        grid = ProcessGrid(tp=layout.tp, dp=layout.dp, rank=comm.grid.rank).build_groups()
-        res = train_swapped(Comm(grid, CommTrace()), MODEL.replace(kv_heads=kv), layout,
+        res = train_swapped(comm_on(comm, layout), MODEL.replace(kv_heads=kv), layout,
                             TRAIN.replace(global_batch=2 * layout.dp), layers=layers)
         verdicts.append((f"--tp {tp} with {kv} kv head(s)", training_verdict(res, "kv_rows and sum_kv_grad", "", TOL)))
     if comm.grid.rank != 0:

@@ -322,7 +322,10 @@ def _v_diagnose(p: int, got: tuple) -> str:
     if all(g[0] == r for r, g in enumerate(got)):
         off = {g[1] - w[1] for g, w in zip(got, want)}
         if len(off) == 1 and 0 not in off:
-            d = off.pop()
+            d, last = off.pop(), got[0][1]
+            if abs(d) > 1 and last % 2 == 1:  # 2q-1-r for another q: the V of q ranks written out
+                return (head + f"chunk 1 holds {last} - r, the V of p = {(last + 1) // 2} hard-wired: the last "
+                        f"stage is 2p-1, so write chunk 1's stage as 2p-1-r with the p given ({2 * p - 1} - r here)")
             return (head + f"chunk 1 {'one too high' if d == 1 else 'one too low' if d == -1 else f'{d:+d} off'} "
                     f"(an off-by-one in 2p-1-r): the stages are 0..2p-1 = 0..{2 * p - 1}, chunk 1 of rank 0 "
                     f"holds the last one, {2 * p - 1}, and rank p-1 the two middle ones, {p - 1} and {p}")
@@ -426,7 +429,8 @@ def check_interleaved(source: str, timeout: float = 60) -> dict:
     try:
         with deadline(timeout):
             screen(source, ("interleaved_1f1b",), FORBIDDEN)
-            ns = load(source, ("interleaved_1f1b",), {"Action": Action})
+            with _watch().armed():  # the source's top level runs watched too
+                ns = load(source, ("interleaved_1f1b",), {"Action": Action})
             problem, numbers = _static_check(ns["interleaved_1f1b"])
             if problem:
                 return fail(problem)

@@ -37,7 +37,8 @@ from ..analysis.cube import linear_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..context import shard_slice
 from ..parallel import cube
-from .runner import LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
+from .runner import (LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict,
+                     versus_one_device, watched)
 
 MODEL = ModelConfig(layers=2, hidden=16, heads=4, seq_len=8, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, progress=False,
@@ -212,12 +213,10 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
 def _job(comm, source: str, timeout: float) -> dict | None:
     from ..train import Trainer
 
-    from ..parallel import tensor
-
     case = next(_CASE)
     engine_linear = {"minitron.parallel.cube.Linear3D.forward": cube.Linear3D.forward}
-    units = Tripwire({**engine_linear, "minitron.parallel.tensor._AllGather": tensor._AllGather,
-                      "minitron.parallel.tensor._ReduceScatter": tensor._ReduceScatter})
+    units = Tripwire({**engine_linear, **watched("minitron.parallel.tensor._AllGather",
+                                                 "minitron.parallel.tensor._ReduceScatter")})
     with units.armed():
         fn = load(source, NAMES, learner_namespace())["Linear3DFunction"]
     for placement in (cube.FIRST, cube.SECOND):

@@ -167,7 +167,8 @@ def check_one_f_one_b(source: str, pp: int = 2, timeout: float = 60) -> dict:
     try:
         with deadline(timeout):
             screen(source, ("one_f_one_b",), FORBIDDEN)
-            ns = load(source, ("one_f_one_b",), {"Action": Action})
+            with watch_schedules().armed():  # the source's top level runs watched too
+                ns = load(source, ("one_f_one_b",), {"Action": Action})
             problem, numbers = _static_check(ns["one_f_one_b"])
             if problem:
                 return fail(problem)

@@ -63,6 +63,7 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 from ..config import ModelConfig, TrainConfig
+from .routes import changed, escape, refuse_routes, snapshot
 
 # The labs that train a small Llama inside the engine (09b, 10a, 10b): its block, at the labs'
 # sizes (not a lesson's: 8 query heads of d = 6, 2 kv heads), and its run: 2 float64 steps,
@@ -189,6 +190,51 @@ def refuse_engine_copy(source: str, forbidden) -> None:
                                f"it yourself, with what SOURCE is given")
 
 
+def engine_piece(dotted: str):
+    """The engine's object named `dotted` (``"minitron.parallel.tensor._F"``, a method as
+    ``"...ShardedDataParallel._gather"``): what a lab *refuses* is named, as a string, like
+    its ``FORBIDDEN`` list; a lab imports only the engine's public names. LookupError, naming
+    it, when the engine no longer has it (a lab to update, not a silent hole in the watch)."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            break
+        return obj
+    raise LookupError(f"the engine has no {dotted}: the lab's watch names a piece that moved")
+
+
+def watched(*dotted: str) -> dict:
+    """``{name: the engine's object}`` for a :class:`Tripwire`, each found by :func:`engine_piece`."""
+    return {name: engine_piece(name) for name in dotted}
+
+
+def comm_on(comm, layout):
+    """A traced ``Comm`` on the launch's ranks laid out as `layout` (a lab that runs its
+    piece on several layouts in one launch: the same ranks, other groups)."""
+    from ..comm import Comm, CommTrace
+    from ..grid import ProcessGrid
+
+    return Comm(ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(), CommTrace())
+
+
+def refuse_checker(source: str) -> None:
+    """Raise LabError when `source` imports or names the checker itself (``minitron.labs``: its
+    reference answers, its functions, its watch)."""
+    for line, name in _engine_names(ast.parse(source)):
+        if name == "minitron.labs" or name.startswith("minitron.labs."):
+            raise LabError(f"your code uses the checker's own {name} (line {line}): its reference answers and its "
+                           f"watch are the checker's; the lab asks you to write the piece yourself")
+
+
 # --- what the learner's code ran ---------------------------------------------------------------
 def _codes(obj, seen=None) -> set:
     """Every code object of a function or class (methods, static and class methods,
@@ -245,6 +291,9 @@ class Tripwire:
         self.communication = communication
         self.c10d = self._c10d_builtins() if communication else set()
         self.seen = ""  # the first piece that ran: its name, and where in the learner's code
+        self.escaped = ""  # the first route around the watch the learner's code took (routes.escape)
+        # the checker's modules whose names the learner's code may not change: these and the lab's
+        self.guarded = (__name__, "minitron.labs.routes", sys._getframe(1).f_globals.get("__name__", __name__))
 
     @staticmethod
     def _c10d_builtins() -> set:
@@ -271,6 +320,11 @@ class Tripwire:
     def _hook(self, frame, event, arg) -> None:
         if self.seen:
             return
+        if event == "c_call":
+            escaped = escape(frame, event, arg, YOUR_CODE, __file__)
+            if escaped:
+                self.escaped = self.escaped or escaped
+                return
         name = None
         if event == "call":
             code = frame.f_code
@@ -292,13 +346,20 @@ class Tripwire:
     def armed(self):
         """Watch while the block runs; on leaving it, LabError if a piece ran (whatever else
         happened: that is the verdict) or if the learner's code took the hook away."""
-        old = sys.getprofile()
+        old, before = sys.getprofile(), snapshot(self.guarded)
         sys.setprofile(self._hook)
         try:
             yield self
         finally:
             removed = sys.getprofile() != self._hook
             sys.setprofile(old)
+            patched = changed(self.guarded, before)
+            if self.escaped:
+                raise LabError(f"your code {self.escaped}: the checker grades what runs where it watches; "
+                               f"write the piece in SOURCE and run it as it is called")
+            if patched:
+                raise LabError(f"your code changed the checker's own {patched} while it ran: leave the checker "
+                               f"and its watch alone")
             if self.seen:
                 raise LabError(f"your code runs the engine's own {self.seen}: the lab asks you to write it "
                                f"yourself (the checker sees what runs, whatever the route to it)")
@@ -332,6 +393,8 @@ def screen(source, names: tuple = (), forbidden=()) -> None:
     compile_source(source)
     tree = ast.parse(source)
     refuse_engine_copy(source, forbidden)
+    refuse_checker(source)
+    refuse_routes(tree, LabError)
     stubs = _stubs(tree)
     if stubs:
         listed = ", ".join(stubs[:-1]) + (" and " if len(stubs) > 1 else "") + stubs[-1]

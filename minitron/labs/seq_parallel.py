@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped, training_verdict
+from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped,
+                     training_verdict, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -285,7 +286,7 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     from ..parallel import tensor
 
     case = next(_CASE)
-    watch = Tripwire({"minitron.parallel.tensor._AllGatherLinear": tensor._AllGatherLinear})
+    watch = Tripwire(watched("minitron.parallel.tensor._AllGatherLinear"))
     try:
         with watch.armed():
             cls = load(source, (NAME,), {"torch": torch, "F": F})[NAME]

@@ -31,10 +31,10 @@ from types import SimpleNamespace
 import torch
 
 from ..config import ParallelConfig
-from ..parallel import context_parallel, tensor
+from ..parallel import tensor
 from ..parallel.context_parallel import chunk_ids
-from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, describe_calls, load, run_sources,
-                     traced, train_swapped, training_verdict, verdict_over_runs)
+from .runner import (LAB_LLAMA, LabError, TWO_FLOAT64_STEPS, Tripwire, agree, call, describe_calls, load, run_sources,
+                     traced, train_swapped, training_verdict, verdict_over_runs, watched)
 
 NAMES = ("seq_to_heads", "heads_to_seq")
 MODEL = LAB_LLAMA.replace(name="lab-ulysses")
@@ -51,9 +51,9 @@ AXIS = "cp"
 
 def _watch() -> Tripwire:
     """Armed only while the learner's code runs."""
-    return Tripwire({"minitron.parallel.context_parallel._seq_to_heads": context_parallel._seq_to_heads,
-                     "minitron.parallel.context_parallel._heads_to_seq": context_parallel._heads_to_seq,
-                     "minitron.parallel.context_parallel.ulysses_attention": context_parallel.ulysses_attention})
+    return Tripwire(watched("minitron.parallel.context_parallel._seq_to_heads",
+                            "minitron.parallel.context_parallel._heads_to_seq",
+                            "minitron.parallel.context_parallel.ulysses_attention"))
 
 
 def _learner(watch: Tripwire, what: str, fn, *args):

@@ -187,7 +187,7 @@ def _zero1_job(comm, source: str) -> dict | None:
         ns = load(source, NAMES, {"torch": torch, "adam": adam})
         d = comm.size("dp")
         layout = ParallelConfig(dp=d, zero1=True, bucket_mb=BUCKET_MB, device="cpu")
-        tr = Trainer(MODEL, layout, TRAIN, comm, data_parallel=lambda params, c, lay: _LabBuckets(
+        tr = Trainer(MODEL, layout, TRAIN, comm, data_parallel=lambda params, c, lay, chunks: _LabBuckets(
             params, c, lay.bucket_mb, ns["reduce_scatter_grads"]),
             optimizer=lambda params, dp, lay, train: _LabZeroOne(dp, ns["update_params"]))
         opt = tr.optimizer
