@@ -131,3 +131,89 @@ def test_cli_refuses_an_unknown_recipe_before_ranks_start():
     from minitron.tools.testing import run_cli
     code, out, err = run_cli(["verify", "--nproc", "2", "--tp", "2", "--precision", "fp8", "--fp8-recipe", "hybrid"])
     assert code != 0 and "unknown --fp8-recipe 'hybrid'" in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- every layout equals one device, every recipe: one launch of two ranks ------------------
+MODEL = PRESETS["tiny"].replace(layers=4, hidden=64, ffn=256, seq_len=128)  # MX blocks whole on tp2 and cp2
+LAYOUTS = {
+    "tp2+sp": (ParallelConfig(tp=2, sp=True), MODEL),
+    "cp2": (ParallelConfig(cp=2), MODEL),
+    "pp2 interleaved": (ParallelConfig(pp=2, vpp=2, schedule="interleaved"), MODEL),
+    "pp2 zb-v": (ParallelConfig(pp=2, vpp=2, schedule="zb-v"), MODEL),
+    "dp2 zero3": (ParallelConfig(dp=2, zero=3), MODEL),
+    "ep2 moe": (ParallelConfig(ep=2), PRESETS["moe-tiny"]),
+}
+TRACED = ("tp2+sp", "cp2", "dp2 zero3")  # whose traced step is held against the analysis
+
+
+def _layouts_job(comm, plan, train):
+    """Each (name, layout, model) of `plan` on these ranks (its own grid): losses, rank 0's
+    gathered weights and the traced step 0; the last, tp2 tensorwise with every amax
+    reduction taken out (a planted mistake, which must fail the oracle)."""
+    from minitron.checkpoint import gather_full
+    from minitron.comm import Comm, CommTrace
+    from minitron.grid import ProcessGrid
+
+    out = {}
+    for name, lay, model, planted in plan:
+        grid = ProcessGrid.for_layout(lay, comm.grid.rank).build_groups()
+        c = Comm(grid, CommTrace())
+        tr = Trainer(model, lay, train, c)
+        if planted:
+            for m in (m for ch in tr.chunks for m in ch.modules() if isinstance(m, fp8.Fp8State)):
+                m.shards = fp8.Shards()
+        losses = [tr.step(i) for i in range(train.steps)]
+        out[name] = {"losses": losses, "full": gather_full(tr), "pp": c.index("pp"),
+                     "records": [r for r in c.trace.records if r["step"] == 0]}
+    return out
+
+
+def _one_device(model, lay, cache: dict):
+    """The single-device run of `lay`'s recipe, one microbatch per replica's (cached)."""
+    from minitron.tools.verify import numerics, reference_run
+    train = TRAIN.replace(microbatches=TRAIN.microbatches * lay.data_replicas)
+    key = (model, lay.fp8_recipe, train.microbatches)
+    if key not in cache:
+        torch.manual_seed(train.seed)
+        cache[key] = reference_run(model, train, None, train.steps, numerics(lay))
+    return cache[key]
+
+
+def _traced_equals_analysis(name, lay, model, ranks):
+    from minitron.analysis.comm import comm_bytes_per_step
+    for rank, res in ranks.items():
+        got: dict = {}
+        for r in res[name]["records"]:
+            if r["axis"] != "world":
+                got.setdefault(r["axis"], {}).setdefault(r["op"], 0)
+                got[r["axis"]][r["op"]] += r["bytes"]
+        want = {a: {op: n for op, n in ops.items() if n}
+                for a, ops in comm_bytes_per_step(model, lay, TRAIN, res[name]["pp"]).items()}
+        assert got == {a: ops for a, ops in want.items() if ops}, (name, rank, got, want)
+
+
+@pytest.mark.multirank
+def test_every_layout_equals_one_device_under_every_recipe():
+    """tp2+sp, cp2, pp2 (interleaved, zb-v), dp2 with ZeRO-3, ep2 with a MoE model, each
+    under tensorwise, delayed, rowwise and MXFP8: one device's losses and weights in
+    float64 (1e-9, the delayed histories among the weights); the traced steps of tp2+sp,
+    cp2 and ZeRO-3 (amax all-reduces and delayed's history reduction included) equal the
+    analysis per axis and op; without its amax reductions tp2 fails the oracle."""
+    from minitron.tools.testing import run_on_ranks
+
+    plan = [(f"{name} {r}", ParallelConfig(**{**vars(lay), "precision": "fp8", "fp8_recipe": r, "device": "cpu"}),
+             model, False) for name, (lay, model) in LAYOUTS.items() for r in fp8.RECIPES]
+    plan.append(("tp2 without amax reduction", ParallelConfig(tp=2, precision="fp8", device="cpu"), MODEL, True))
+    for _, lay, model, _ in plan:
+        validate(model, lay, TRAIN)
+    from minitron.tools.verify import compare
+
+    ranks = run_on_ranks(_layouts_job, ParallelConfig(dp=2, device="cpu"), plan, TRAIN)
+    cache: dict = {}
+    for name, lay, model, planted in plan:
+        run = ranks[0][name]
+        v = compare(run["losses"], run["full"], *_one_device(model, lay, cache))
+        ok = v["max_loss_abs_diff"] <= 1e-9 and v["max_param_rel_diff"] <= 1e-9
+        assert ok != planted, (name, v)
+        if name.rsplit(" ", 1)[0] in TRACED:
+            _traced_equals_analysis(name, lay, model, ranks)

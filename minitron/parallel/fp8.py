@@ -17,7 +17,9 @@ Recipes (``--fp8-recipe``), one :class:`Recipe` each:
   margin 0; scale 1 while the history is empty). A step quantizes with the scale of the
   history before it and records its amaxes (max over its microbatches); at the step's end
   they are reduced over every rank that shares the tensors and pushed into the history
-  (TE's roll: newest first). The history is a parameter without gradient, so checkpoints
+  (TE's roll: newest first). Output gradients are recorded and scaled in the units of the
+  global loss's gradient (a data replica's or context rank's loss is the mean of its share),
+  so that the history, and every scale from it, is the single device's. The history is a parameter without gradient, so checkpoints
   keep it and a resume is exact. E4M3 forward, E5M2 backward (TE's ``Format.HYBRID``).
 * ``rowwise``: one scale per row of each GEMM operand along that GEMM's reduction dim
   (torchao's ``rowwise``: axiswise, E4M3 everywhere, scales floored to a power of two).
@@ -182,6 +184,9 @@ class Fp8State(nn.Module):
                                       replicas=("tp",) if ctx.tp > 1 else ())
             self.amax_history.requires_grad_(False)
             self.step_amax = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+            # a rank's loss is its share's mean: its output gradients are (replicas · cp) times
+            # those of the global loss, which the history records (as one device sees them)
+            self.grad_unit = float(ctx.layout.data_replicas * ctx.layout.cp)
 
     def fmt(self, tensor: int) -> torch.dtype:
         return self.recipe.grad if tensor == DY else self.recipe.forward
@@ -191,10 +196,11 @@ class Fp8State(nn.Module):
         if not self.recipe.delayed:
             axes = tuple(dict.fromkeys(self.shards.of(tensor, 0) + self.shards.of(tensor, 1)))
             return quantize_scaled(x, global_amax(x, self.comm, axes), self.fmt(tensor))
+        unit = self.grad_unit if tensor == DY else 1.0
         if record:  # this rank's amax; reduced over the sharing ranks at the step's end
-            self.step_amax[tensor] = torch.maximum(self.step_amax[tensor], x.detach().abs().amax().double())
+            self.step_amax[tensor] = torch.maximum(self.step_amax[tensor], x.detach().abs().amax().double() / unit)
         past = self.amax_history[tensor].max()  # scale 1 while the history is empty (TE's initial scale)
-        scale = torch.where(past > 0, amax_to_scale(past, self.fmt(tensor)), 1.0)
+        scale = torch.where(past > 0, amax_to_scale(past, self.fmt(tensor)), 1.0) / unit
         return Quantized(to_fp8(x, scale, self.fmt(tensor)), scale)
 
     def along(self, x: torch.Tensor, tensor: int, dim: int) -> Quantized:
