@@ -231,7 +231,8 @@ def gemm(a: Quantized, b: Quantized, dtype: torch.dtype) -> torch.Tensor:
     """a [r, k] · bᵀ (b [c, k]), both quantized along k: ``torch._scaled_mm`` on an FP8
     GPU (tensor and row scales, k a multiple of 16), else the dequantized product in
     `dtype` (exact products, wide accumulation)."""
-    if has_fp8_kernel(a.data) and a.mx_dim is None and a.data.shape[1] % 16 == 0 and dtype != torch.float64:
+    dims_ok = a.data.shape[1] % 16 == 0 and b.data.shape[0] % 16 == 0
+    if has_fp8_kernel(a.data) and a.mx_dim is None and dims_ok and dtype != torch.float64:
         rowwise = a.scale.dim() > 0
         out = torch.bfloat16 if rowwise else dtype
         sa = a.scale.float().reciprocal().reshape(-1, 1) if rowwise else a.scale.float().reciprocal()

@@ -494,7 +494,8 @@ def cmd_bench(args) -> int:
     preflight(model, layout, train)
     if args.threads:
         torch.set_num_threads(args.threads)
-    one = bench_single(model, ParallelConfig(precision=layout.precision, backend=layout.backend, device=layout.device,
+    one = bench_single(model, ParallelConfig(precision=layout.precision, fp8_recipe=layout.fp8_recipe,
+                                         backend=layout.backend, device=layout.device,
                                          compile=layout.compile, recompute=layout.recompute), train, corpus,
                        args.bench_steps, args.warmup_steps, profile=args.profile)
     res = dict(one)
