@@ -18,7 +18,7 @@ import torch
 from minitron.config import FP8_RECIPES, ParallelConfig, TrainConfig, preset
 from minitron.train import Trainer
 
-RUNS = [("fp32", "tensorwise"), ("bf16", "tensorwise")] + [("fp8", r) for r in FP8_RECIPES]
+RUNS = {"fp32": ("fp32", "tensorwise"), "bf16": ("bf16", "tensorwise"), **{r: ("fp8", r) for r in FP8_RECIPES}}
 
 
 def run(model, precision: str, recipe: str, train: TrainConfig) -> dict:
@@ -42,15 +42,19 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runs", nargs="+", default=list(RUNS), help="of " + ", ".join(RUNS))
     ap.add_argument("--smoke", action="store_true", help="the tiny model, two steps of each run")
     args = ap.parse_args()
+    for name in args.runs:
+        if name not in RUNS:
+            ap.exit(2, f"unknown run {name}: choose from {', '.join(RUNS)}\n")
     if args.smoke:
         args.model, args.steps, args.global_batch, args.seq_len = "tiny", 2, 4, 32
     torch.set_num_threads(args.threads)
     train = TrainConfig(steps=args.steps, global_batch=args.global_batch, lr=args.lr, progress=False,
                         eval_every=0, sample_tokens=0, eval_batches=4 if args.smoke else 20)
     rows = []
-    for precision, recipe in RUNS:
+    for precision, recipe in (RUNS[n] for n in args.runs):
         rows.append(run(preset(args.model).replace(seq_len=args.seq_len), precision, recipe, train))
         bf16 = next((r["val_loss"] for r in rows if r["run"] == "bf16"), None)
         gap = f"{(rows[-1]['val_loss'] / bf16 - 1):+.2%} vs bf16" if bf16 else ""
