@@ -48,6 +48,33 @@ for name in ("bench_eager", "bench_compiled"):
         print(f"    {p['share']:6.1%}  {p['kind']:>13}  {p['op'][:70]}")
 EOF
 
+# 2b. FP8 (--precision fp8): the real kernel (torch._scaled_mm) against the CPU's emulation
+# on the same quantized operands, then the benchmark's GPT with tensorwise and MXFP8 GEMMs
+# beside the bf16 figures above. The FP8 runs keep everything outside the linears in fp32
+# (no autocast; MXFP8 is emulated on the GPU too): a check that the recipe runs, not a
+# Transformer Engine speed claim.
+$PY - <<'EOF' | tee "$OUT/fp8_kernel_vs_emulation.txt"
+import torch
+from minitron.parallel import fp8
+from minitron.config import ParallelConfig
+from minitron.context import Context
+torch.manual_seed(0)
+for recipe in ("tensorwise", "rowwise"):
+    x, w = torch.randn(256, 512, device="cuda"), torch.randn(384, 512, device="cuda") * 0.02
+    ctx = Context(layout=ParallelConfig(precision="fp8", fp8_recipe=recipe))
+    st = fp8.Fp8State("probe.fp8", recipe, fp8.Shards(), ctx)
+    assert fp8.has_fp8_kernel(x), "this GPU has no FP8 kernel (compute capability 8.9+)"
+    gpu = fp8.fp8_linear(x, w, None, st)
+    cpu = fp8.fp8_linear(x.cpu(), w.cpu(), None, st)
+    rel = float((gpu.cpu() - cpu).abs().max() / cpu.abs().max())
+    print(f"fp8 {recipe}: _scaled_mm vs emulation max rel diff {rel:.2e}")
+    assert rel < (1e-2 if recipe == "rowwise" else 1e-5)  # rowwise's kernel writes bf16
+EOF
+for R in tensorwise mxfp8; do
+  $PY -m minitron bench --model gpt-1.3b --precision fp8 --fp8-recipe $R --global-batch 8 --microbatches 4 \
+      --bench-steps 8 --warmup-steps 3 --json | tail -1 | tee "$OUT/bench_fp8_$R.json"
+done
+
 # 3. A Llama 3 8B-shaped run: h 4096, ffn 14336 (SwiGLU), 32 heads over 8 kv heads, rotary
 # positions (θ 500,000), RMSNorm, vocabulary 128,256; 4 of its 32 layers at sequence 4096,
 # bf16 autocast. Model FLOPs from config.model_flops_per_step (GQA and SwiGLU counted).

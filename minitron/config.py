@@ -227,7 +227,8 @@ class ParallelConfig:
     stage_layers: tuple[int, ...] = ()  # explicit per-stage layer counts (uneven split)
     backend: str = "gloo"
     device: str = "auto"  # auto: the GPU with nccl or on one device when there is one, else the CPU
-    precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights)
+    precision: str = "fp32"  # fp32 | bf16 (autocast, fp32 master weights) | fp8 (the linears' GEMMs)
+    fp8_recipe: str = "tensorwise"  # --precision fp8's scaling: FP8_RECIPES (parallel/fp8.py)
     dropout_rng: str = "tensor"  # "tensor" (Megatron streams) | "global" (single-device masks, sliced)
     compile: bool = False  # torch.compile each transformer block (collectives stay eager)
 
@@ -338,6 +339,8 @@ ROUTERS = ("softmax", "sigmoid")
 GATE_NORMS = ("auto", "always")  # ModelConfig.gate_norm
 MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS, "gate_norm": GATE_NORMS}
 RECOMPUTE = ("none", "selective", "full")
+FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "mxfp8")  # --fp8-recipe; their numerics: parallel/fp8.py
+MX_BLOCK = 32  # OCP MX v1.0: the elements one MXFP8 scale covers (parallel/fp8.py reads it)
 CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023) or all-to-all (Ulysses)
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
 # gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
@@ -594,7 +597,9 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
     _need(layout.backend in ("gloo", "nccl"), f"unknown --backend '{layout.backend}': use gloo or nccl")
     _need(layout.device in ("auto", "cpu", "cuda"), f"unknown --device '{layout.device}': use auto, cpu or cuda")
     _need(layout.backend != "nccl" or layout.device != "cpu", "--backend nccl needs GPUs: drop --device cpu or use gloo")
-    _need(layout.precision in ("fp32", "bf16"), f"unknown --precision '{layout.precision}': use fp32 or bf16")
+    _need(layout.precision in ("fp32", "bf16", "fp8"), f"unknown --precision '{layout.precision}': use fp32, bf16 or fp8")
+    if layout.precision == "fp8":
+        validate_fp8(model, layout)
     _need(layout.dropout_rng in ("tensor", "global"),
           f"unknown --dropout-rng '{layout.dropout_rng}': use tensor (per-rank streams) or global (exact masks)")
     _need(layout.dp_impl in ("naive", "bucketed"), f"unknown --dp-impl '{layout.dp_impl}': use naive or bucketed")
@@ -748,6 +753,45 @@ def validate_kv_heads(model: ModelConfig, layout: ParallelConfig) -> None:
                            f"--kv-heads {kv} must be divisible by {q} (replicated kv heads are 1-D only)")
 
 
+def mx_dims(model: ModelConfig, layout: ParallelConfig) -> dict[str, int]:
+    """The reduction dims of the FP8 GEMMs on one tensor rank (forward: input features;
+    input gradient: output features), by name: MXFP8 needs each a multiple of 32."""
+    t, d, h, kv = layout.tp, model.head_dim, model.hidden, model.n_kv_heads
+    width = (2 if model.activation == "swiglu" else 1) * model.ffn_hidden
+    dims = {"hidden": h, "attention heads/tp (heads*head_dim/tp)": model.heads * d // t,
+            "FFN/tp": model.ffn_hidden // t, "MLP fc rows/tp": width // t}
+    if kv < model.heads:
+        dims["key/value rows per tensor rank"] = 2 * d * max(1, kv // t)
+    if model.shared_experts:
+        dims["shared-expert FFN/tp"] = model.shared_experts * model.moe_ffn_hidden // t
+    return dims
+
+
+def validate_fp8(model: ModelConfig, layout: ParallelConfig) -> None:
+    """--precision fp8: a known recipe, the 1-D linears, MX blocks inside every shard."""
+    _need(layout.fp8_recipe in FP8_RECIPES,
+          f"unknown --fp8-recipe '{layout.fp8_recipe}': choose one of {', '.join(FP8_RECIPES)}")
+    _need(layout.tp_mode == "1d",
+          f"--precision fp8 runs the 1-D tensor-parallel linears; --tp-mode {layout.tp_mode}'s blocked products "
+          "would need an amax reduction per broadcast block (not built): use --tp-mode 1d or --precision fp32/bf16")
+    if layout.fp8_recipe == "mxfp8":
+        for what, n in mx_dims(model, layout).items():
+            _need(n % MX_BLOCK == 0,
+                  f"--fp8-recipe mxfp8 scales blocks of {MX_BLOCK} along each GEMM's reduction dim: {what} = {n} "
+                  f"is not a multiple of {MX_BLOCK} (a block would {'straddle a shard' if layout.tp > 1 else 'be cut'}): "
+                  f"resize the model or use --fp8-recipe tensorwise")
+
+
+def validate_fp8_tokens(model: ModelConfig, layout: ParallelConfig, train: TrainConfig) -> None:
+    """MXFP8's weight gradient reduces over a microbatch's tokens in blocks of 32 that must
+    lie inside one rank's part of a sequence (its two chunks under --cp)."""
+    piece = model.seq_len // (2 * layout.cp) if layout.cp > 1 else model.seq_len
+    _need(piece % MX_BLOCK == 0,
+          f"--fp8-recipe mxfp8 scales the weight gradient in blocks of {MX_BLOCK} tokens: a rank's "
+          f"{'context chunk (seq_len/(2*cp))' if layout.cp > 1 else 'sequence'} of {piece} tokens is not a multiple "
+          f"of {MX_BLOCK}: use a --seq-len multiple of {MX_BLOCK * (2 * layout.cp if layout.cp > 1 else 1)}")
+
+
 def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
     _need(train.steps > 0, f"--steps must be a positive number of steps (got {train.steps})")
     _need(train.microbatches >= 1, f"--microbatches must be at least 1 (got {train.microbatches})")
@@ -804,6 +848,8 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
     validate_parallel(model, layout, world)
     if train is not None:
         validate_train(train, layout)
+        if layout.precision == "fp8" and layout.fp8_recipe == "mxfp8":
+            validate_fp8_tokens(model, layout, train)
 
 
 def pad_vocab(vocab: int, multiple: int) -> int:

@@ -25,6 +25,7 @@ from .model import GPT, layers_for
 from .moe import moe_layers
 from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
+from .parallel import fp8
 from .parallel.data import make_data_parallel, sharded_optimizer
 from .parallel.pipeline import PipelineRuntime, forward_microbatch
 from .parallel.schedules import placement_for
@@ -220,6 +221,7 @@ class Trainer:
         else:
             loss_sum = self._forward_backward(mbs)
         with self.comm.in_phase("optim"):
+            fp8.end_step(self.chunks, self.comm)  # --fp8-recipe delayed: the step's amaxes into the history
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
             # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
             self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)

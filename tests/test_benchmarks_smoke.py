@@ -34,6 +34,7 @@ def test_smoke_mode_runs(name):
 @pytest.mark.parametrize("argv, words", [
     (["bench_pipeline.py", "--schedules", "1f1b", "gpipe-ish"], "unknown schedule gpipe-ish: choose from 1f1b, interleaved"),
     (["cube_vs_1d.py", "--models", "tokens", "bigger"], "unknown model bigger: choose from tokens, weights"),
+    (["bench_fp8.py", "--runs", "fp8", "bf16"], "unknown run fp8: choose from fp32, bf16, tensorwise, delayed, rowwise, mxfp8"),
 ])
 def test_unknown_variants_are_refused_in_one_line(argv, words):
     r = subprocess.run([sys.executable, str(BENCHMARKS / argv[0]), *argv[1:]], capture_output=True,

@@ -41,7 +41,8 @@ from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, elemen
 from ..grid import ProcessGrid
 from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
-from .dry_run import boundary_elements, embedding_elements, model_calls, params_by_data_axes
+from ..parallel.fp8 import history_axes, history_reduce_bytes
+from .dry_run import boundary_elements, embedding_elements, fp8_histories, model_calls, params_by_data_axes
 from .experts import balanced_all_to_all_bytes
 from .flops import recompute_policy
 from .params import activation_element_bytes, layout_get, local_model, padded_vocab, rank_chunks
@@ -145,6 +146,10 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
               if it["calls"]]
     if t > 1:
         add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)
+    if layout_get(parallel, "precision", "fp32") == "fp8" and layout_get(parallel, "fp8_recipe", "") == "delayed":
+        n = fp8_histories(model, parallel, rank_chunks(model, parallel, pp_rank))
+        for axis in history_axes(ProcessGrid.for_layout(parallel).sizes()):  # the step's amaxes, MAX
+            add("FP8 amax history (delayed scaling)", axis, "all_reduce", 1, history_reduce_bytes(n))
     if parallel.scatter_gather and t > 1 and not sp and p > 1:
         recvs = p2p_counts(model, parallel, pp_rank)[1]
         add("scatter/gather: rebuild received activations", "tp", "all_gather", m * recvs, m * recvs * x / t)

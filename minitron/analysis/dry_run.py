@@ -35,6 +35,7 @@ from ..config import ModelConfig, ParallelConfig
 from ..context import Context
 from ..grid import ProcessGrid
 from ..model import GPT, Block, layers_for
+from ..parallel import fp8
 
 CPU = torch.device("cpu")
 _DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
@@ -46,7 +47,7 @@ def as_layout(layout: Any) -> ParallelConfig:
     if isinstance(layout, ParallelConfig):
         return layout
     keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "recompute", "schedule",
-            "stage_layers", "precision")
+            "stage_layers", "precision", "fp8_recipe")
     get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
     given = {k: get(k) for k in keys if get(k) is not None}
     if "stage_layers" in given:
@@ -59,7 +60,8 @@ def _shape_only(layout: ParallelConfig) -> ParallelConfig:
     key: data parallelism, ZeRO and the schedule do not change a block)."""
     return ParallelConfig(tp=layout.tp, cp=layout.cp, ep=getattr(layout, "ep", 1), tp_mode=layout.tp_mode,
                           tp_depth=layout.tp_depth, sp=layout.sp, recompute=layout.recompute,
-                          precision=layout.precision, dropout_rng=layout.dropout_rng,
+                          precision=layout.precision, fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"),
+                          dropout_rng=layout.dropout_rng,
                           cp_mode=getattr(layout, "cp_mode", "ring"))
 
 
@@ -352,6 +354,19 @@ def _swap_calls(calls: tuple, out: tuple, into: tuple) -> tuple:
             a = acc.setdefault((axis, op), [0, 0])
             a[0], a[1] = a[0] + sign * n, a[1] + sign * nbytes
     return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in acc.items() if n)
+
+
+def _fp8_histories(model: ModelConfig, layout: ParallelConfig, ids: tuple, first: bool, last: bool) -> int:
+    with FakeTensorMode():
+        stage = GPT(model, dry_context(layout), layer_ids=list(ids), first=first, last=last)
+        return len(fp8.delayed_states([stage]))
+
+
+def fp8_histories(model: ModelConfig, layout: Any, chunks) -> int:
+    """The linears with a delayed-scaling amax history on one pipeline rank's `chunks`
+    ((layer ids, first, last) each), counted on the built model."""
+    lay = _shape_only(as_layout(layout))
+    return sum(_fp8_histories(model, lay, tuple(ids), first, last) for ids, first, last in chunks)
 
 
 @functools.lru_cache(maxsize=1024)

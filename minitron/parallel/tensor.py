@@ -33,6 +33,7 @@ from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
+from .fp8 import fp8_linear, fp8_state
 from .layers import Layers
 from .ops import (_AllGather, _ReduceScatter, _VocabParallelCrossEntropy, gather, grouped_rows,  # noqa: F401 (a lab watches them here)
                   reduce_scatter, vocab_parallel_cross_entropy, wants_grad)
@@ -193,12 +194,18 @@ class ColumnParallelLinear(nn.Module):
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std, **copies)
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **copies) if bias else None
         self.ctx, self.ops, self.parts = ctx, ops or OPS, parts
+        self.fp8 = fp8_state(f"{name}.fp8", ctx, m_split=True)  # --precision fp8: output features over tp
 
     def forward(self, x):
         """x after enter_region: whole (f), or with --sp this rank's sequence shard,
-        all-gathered here (`_AllGatherLinear`)."""
+        all-gathered here (`_AllGatherLinear`; under FP8 a plain all-gather, then the FP8
+        linear on the whole sequence, which saves the gathered input)."""
         w, b = grouped_rows(self.weight, self.parts), grouped_rows(self.bias, self.parts)
-        if self.ctx.tp > 1 and self.ctx.layout.sp:
+        sp = self.ctx.tp > 1 and self.ctx.layout.sp
+        if self.fp8 is not None:
+            x = gather(x, self.ctx.comm, "tp", SEQ) if sp else x
+            return fp8_linear(x, w, b, self.fp8, record=self.training)
+        if sp:
             return all_gather_linear(x, w, b, self.ctx, self.ops)
         return F.linear(x, w, b)
 
@@ -212,8 +219,11 @@ class RowParallelLinear(nn.Module):
         t, r = ctx.tp, ctx.tp_rank
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), shard_slice(d_in, t, r)), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx)) if bias else None
+        self.fp8 = fp8_state(f"{name}.fp8", ctx, k_split=True)  # --precision fp8: input features over tp
 
     def forward(self, x):
+        if self.fp8 is not None:
+            return fp8_linear(x, self.weight, None, self.fp8, record=self.training)
         return F.linear(x, self.weight)  # partial sum: bias after the reduction
 
 

@@ -70,7 +70,10 @@ def add_layout_args(ap):
     g.add_argument("--stage-layers", default="", help="uneven split, e.g. 1,3")
     g.add_argument("--backend", default="gloo", help="gloo or nccl")
     g.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    g.add_argument("--precision", default="fp32", help="fp32 or bf16")
+    g.add_argument("--precision", default="fp32",
+                   help="fp32, bf16 (autocast, fp32 master weights) or fp8 (the linears' GEMMs in FP8)")
+    g.add_argument("--fp8-recipe", default="tensorwise",
+                   help="--precision fp8's scaling: tensorwise, delayed (amax history), rowwise or mxfp8")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block (first steps pay the compilation)")
     g.add_argument("--dropout-rng", default=None,
@@ -135,7 +138,7 @@ def layout_from(args) -> ParallelConfig:
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
                           device=args.device, compile=args.compile,
-                          precision=args.precision, dropout_rng=args.dropout_rng or
+                          precision=args.precision, fp8_recipe=args.fp8_recipe, dropout_rng=args.dropout_rng or
                           ("global" if getattr(args, "cmd", "") == "verify" else "tensor"))
 
 
@@ -498,7 +501,8 @@ def cmd_bench(args) -> int:
     preflight(model, layout, train)
     if args.threads:
         torch.set_num_threads(args.threads)
-    one = bench_single(model, ParallelConfig(precision=layout.precision, backend=layout.backend, device=layout.device,
+    one = bench_single(model, ParallelConfig(precision=layout.precision, fp8_recipe=layout.fp8_recipe,
+                                         backend=layout.backend, device=layout.device,
                                          compile=layout.compile, recompute=layout.recompute), train, corpus,
                        args.bench_steps, args.warmup_steps, profile=args.profile)
     res = dict(one)

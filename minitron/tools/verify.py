@@ -43,9 +43,20 @@ BF16_UNITS_PER_STEP = 4
 HELD_OUT_SEQUENCES = 8  # the validation sequences the functions are compared on
 
 
-def reference_run(model: ModelConfig, train: TrainConfig, corpus, steps: int, precision: str = "fp32"):
+def one_device(precision) -> ParallelConfig:
+    """The single-device layout computing at `precision`: '--precision' ('fp32', 'bf16'), or
+    a layout whose --precision and --fp8-recipe it takes (:func:`numerics`)."""
+    return precision if isinstance(precision, ParallelConfig) else ParallelConfig(precision=precision)
+
+
+def numerics(layout: ParallelConfig) -> ParallelConfig:
+    """The single device that computes as `layout` does: its --precision and --fp8-recipe."""
+    return ParallelConfig(precision=layout.precision, fp8_recipe=layout.fp8_recipe)
+
+
+def reference_run(model: ModelConfig, train: TrainConfig, corpus, steps: int, precision="fp32"):
     """The single-device run: losses per step and its trainer (at the layout's --precision)."""
-    ref = Trainer(model, ParallelConfig(precision=precision), train, corpus=corpus)
+    ref = Trainer(model, one_device(precision), train, corpus=corpus)
     return [ref.step(i) for i in range(steps)], ref
 
 
@@ -100,8 +111,8 @@ class TrainedFunction:
     """What the single-device run `ref` trained, seen as logits on held-out sequences in
     float64: z_ref (its weights), z_0 (the initial ones), and any weights swapped in."""
 
-    def __init__(self, model: ModelConfig, train: TrainConfig, precision: str, ref: Trainer, unit: float):
-        self.init = gather_full(Trainer(model, ParallelConfig(precision=precision), train, corpus=ref.corpus))
+    def __init__(self, model: ModelConfig, train: TrainConfig, precision, ref: Trainer, unit: float):
+        self.init = gather_full(Trainer(model, one_device(precision), train, corpus=ref.corpus))
         self.ref_full = gather_full(ref)
         x, _ = data_mod.batch(ref.val_data, model.seq_len, HELD_OUT_SEQUENCES, train.seed, 10_000_000)
         self.fn = _Float64Function(model, train, self.ref_full, x)
@@ -129,7 +140,7 @@ class TrainedFunction:
                 "worst_tensor": worst}
 
 
-def bf16_measures(model: ModelConfig, train: TrainConfig, precision: str, losses, full: dict,
+def bf16_measures(model: ModelConfig, train: TrainConfig, precision, losses, full: dict,
                   ref_losses, ref: Trainer) -> dict:
     """The bf16 verdict's measures on a run (`losses`, gathered weights `full`) against the
     single-device run `ref` (its trainer after the same steps). Functions are compared as
@@ -183,12 +194,12 @@ def versus_one_device(comm, tr, losses, model: ModelConfig, train: TrainConfig,
     if comm.grid.rank != 0:
         return None
     torch.manual_seed(train.seed)
-    ref_losses, ref = reference_run(model, train, tr.corpus, train.steps, tr.layout.precision)
+    ref_losses, ref = reference_run(model, train, tr.corpus, train.steps, numerics(tr.layout))
     res = {**compare(losses, full, ref_losses, ref), "reference_losses": ref_losses}
     if is_bf16(tr.layout, train):  # the parameters' relative difference means little there
-        res.update(bf16_measures(model, train, tr.layout.precision, losses, full, ref_losses, ref))
+        res.update(bf16_measures(model, train, numerics(tr.layout), losses, full, ref_losses, ref))
     elif train.dtype == "float32" and res["max_param_rel_diff"] > (tol or TOLERANCE["float32"]):
-        res["judged_by_effect"] = blind_tensor_effects(model, train, tr.layout.precision, full, ref,
+        res["judged_by_effect"] = blind_tensor_effects(model, train, numerics(tr.layout), full, ref,
                                                        tol or TOLERANCE["float32"])
     return res
 
@@ -218,7 +229,7 @@ def verify_job(comm, model, layout, train, corpus, extra) -> dict | None:
     return res
 
 
-def blind_tensor_effects(model: ModelConfig, train: TrainConfig, precision: str, full: dict, ref: Trainer,
+def blind_tensor_effects(model: ModelConfig, train: TrainConfig, precision, full: dict, ref: Trainer,
                          tol: float) -> dict:
     """float32: {name: effect on the trained function} of every tensor whose parameters
     differ from the reference's by more than `tol` (:meth:`TrainedFunction.tensor_effect`).
