@@ -27,8 +27,8 @@ from .optim import AdamW, Optimizer, lr_at, unique_params
 from .parallel.context_parallel import local_tokens
 from .parallel.data import make_data_parallel, sharded_optimizer
 from .parallel.pipeline import PipelineRuntime, forward_microbatch
-from .parallel.schedules import placement_for
 from .parallel.zero import sharded_data_parallel
+from .placement import placement_of
 from .preemption import StopOnSignal, process_group_store
 
 class NonFiniteLoss(ConfigError):
@@ -146,17 +146,12 @@ class Trainer:
     def _build_chunks(self, schedule=None) -> list[GPT]:
         """This rank's model chunks: one unless the schedule has several per rank, each
         the stage its placement gives it (the interleaved loop of PTD-P §2.2.2, or the V of
-        zb-v and dualpipe-v: stages r and 2p-1-r); a schedule handed in brings its own."""
-        pp, pp_rank = self.layout.pp, self.comm.index("pp")
-        stages = stage_layers(self.mcfg, self.layout)
-        placement = (schedule.placement if schedule is not None and pp > 1 else
-                     placement_for(self.layout.schedule if pp > 1 else "1f1b", pp, self.layout.vpp))
-        chunks = []
-        for c in range(self.layout.vpp):
-            s = placement.stage(pp_rank, c)
-            chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1,
-                              layers=self.layers))
-        return chunks
+        zb-v and dualpipe-v: stages r and 2p-1-r) as the layout schedule's placement says
+        (:func:`~minitron.placement.placement_of`); a schedule handed in brings its own."""
+        pp_rank, stages = self.comm.index("pp"), stage_layers(self.mcfg, self.layout)
+        placement = schedule.placement if schedule is not None else placement_of(self.layout)
+        return [GPT(self.mcfg, self.ctx, stages[placement.stage(pp_rank, c)], *placement.chunk_ends(pp_rank, c),
+                    layers=self.layers) for c in range(self.layout.vpp)]
 
     @property
     def model(self) -> GPT:

@@ -10,6 +10,7 @@ from minitron import config as C
 from minitron.analysis.bubble import bubble_fraction, stashed_on_rank, v_bubble
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from minitron.parallel import schedules as S
+from minitron import placement as P
 from minitron.parallel.schedules import Placement, ScheduleError, make_schedule, simulate, validate
 from minitron.tools.testing import run_on_ranks
 
@@ -32,9 +33,16 @@ def test_placement_v_and_loop():
         for r in range(pl.p):
             for c in range(pl.v):
                 assert pl.locate(pl.stage(r, c)) == (r, c)
-                if pl.kind == "loop":
-                    assert pl.stage(r, c) == C.virtual_stage(c, r, pl.p)
+                if pl.kind == "loop":  # Megatron's interleaving, PTD-P §2.2.2
+                    assert pl.stage(r, c) == c * pl.p + r
+                first, last = pl.chunk_ends(r, c)
+                assert (first, last) == (pl.stage(r, c) == 0, pl.stage(r, c) == pl.num_stages - 1)
+            assert pl.holds_ends(r) == (r == 0, r == (0 if pl.kind == "v" else pl.p - 1))
+    assert (v.first_rank, v.last_rank, v.end_ranks()) == (0, 0, [0])
+    assert (loop.first_rank, loop.last_rank, loop.end_ranks()) == (0, 3, [0, 3])
     assert S.placement_for("zb-v", 4, 2) == v and S.placement_for("interleaved", 4, 2) == loop
+    assert S.placement_for("zb-v", 1, 2) == Placement("loop", 1, 2)  # one rank: its chunks in order
+    assert Placement is P.Placement and P.placement_of(ParallelConfig(pp=4, vpp=2, schedule="zb-v")) == v
     with pytest.raises(ValueError, match="two chunks per rank"):
         Placement("v", 4, 3)
 

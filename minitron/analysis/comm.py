@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import math
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes
 from ..grid import ProcessGrid
 from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
 from .dry_run import boundary_elements, embedding_elements, model_calls, params_by_data_axes
 from .experts import balanced_all_to_all_bytes
 from .flops import recompute_policy
-from .params import activation_element_bytes, layout_get, local_model, padded_vocab, rank_chunks
+from .params import activation_element_bytes, layout_get, layout_placement, local_model, padded_vocab, rank_chunks
 from .summa import summa_comm_items
 from .zero import zero_calls
 
@@ -132,7 +132,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
     s, h = tokens.seq_len, model.hidden
     x = b * s * h * ea
-    first, last = holds_ends(pp_rank, p, v)
+    first, last = layout_placement(parallel).holds_ends(pp_rank)
     items: list[dict] = []
 
     def add(what, axis, op, calls, nbytes):
