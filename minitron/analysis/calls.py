@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from ..config import ModelConfig
-from .params import chunk_layers, layout_get, layout_placement, params_on_rank
+from .params import chunk_layers, layout_placement, params_on_rank
 
 __all__ = ["NORM_BYTES", "ring_allreduce_wire_bytes", "ring_allgather_wire_bytes",
            "ring_reduce_scatter_wire_bytes", "call", "wire_bytes", "exact_bytes", "dp_bytes_per_step",

@@ -722,7 +722,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # shards across the replicas once per step.
     # the most weights sit on the first or last stage (the embedding, the head) or on the
     # one with the most layers: only those three are counted
-    heavy = {0, last_rank, max(range(p), key=layers.__getitem__)}
+    heavy = {*where.end_ranks(), max(range(p), key=layers.__getitem__)}
     dense_w, expert_w = max((stage_weights(model, t, p, v, r, layers[r], ep, round(layers[r] * moe_share), head_dim,
                                            kind)
                              for r in sorted(heavy)), key=sum)

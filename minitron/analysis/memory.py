@@ -130,7 +130,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import INDEX_BYTES, V_SCHEDULES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
+from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
