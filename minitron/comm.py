@@ -125,9 +125,10 @@ class Comm:
     Everything a Comm holds is fixed where it is made (the grid, dry or not, the wire
     dtype) or installed for a scope by its own context managers, never assigned from
     outside: a trace by :meth:`tracing`; the labels of the trace records — `phase`
-    ('fwd', 'bwd', 'optim', 'log', 'other') by :meth:`in_phase`, `step` and `microbatch`
-    (None outside a microbatch) by :meth:`labelled` — which only label records (the
-    dropout keys get the step and microbatch passed explicitly, ``parallel/pipeline.py``).
+    ('fwd', 'bwd', 'optim', 'log', 'other') by :meth:`in_phase`, `microbatch` (None
+    outside a microbatch) by :meth:`labelled`, `step` by :meth:`begin_step` — which only
+    label records (the dropout keys get the step and microbatch passed explicitly,
+    ``parallel/pipeline.py``).
     """
 
     def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None, dry: bool = False,
@@ -184,6 +185,13 @@ class Comm:
             yield trace
         finally:
             self._scope.trace = old
+
+    def begin_step(self, step: int) -> None:
+        """Label the records of the calls from now on with training step `step` (the
+        Trainer's, as the step begins): what runs after it until the next one begins (an
+        evaluation, a checkpoint) is labelled with it too. A label only: the step itself
+        is passed to what needs it (the dropout keys)."""
+        self._scope.step = step
 
     @contextmanager
     def labelled(self, **labels):

@@ -203,10 +203,10 @@ class Trainer:
         With ZeRO-1 the parameters' all-gather is still in flight on return: the next
         forward waits for it layer by layer; anything else calls ``optimizer.wait_params()``."""
         step = self.step_idx if step is None else step
-        with self.comm.labelled(step=step):  # the trace's label; the step itself is passed on
-            loss_sum = self._run_step(step)
+        self.comm.begin_step(step)  # the trace's label; the step itself is passed on
+        loss = self._run_step(step)
         self.step_idx = step + 1
-        return loss_sum
+        return loss
 
     def _run_step(self, step: int) -> torch.Tensor:
         """:meth:`step_async`'s work: forward and backward of step `step`'s microbatches
