@@ -89,6 +89,12 @@ def reduce_scatter_single(out: torch.Tensor, x: torch.Tensor, group=None, async_
     return done
 
 
+def wire_dtype_for(layout) -> torch.dtype | None:
+    """The dtype a layout's activations travel in: bfloat16 under ``--precision bf16``
+    (Megatron's bf16 activations), else None (as computed)."""
+    return torch.bfloat16 if layout.precision == "bf16" else None
+
+
 def read_trace(path: str) -> list[dict]:
     """Load a trace file written by ``--trace`` (all ranks, JSON lines)."""
     with open(path) as f:
@@ -101,30 +107,106 @@ def select(records: list[dict], **match) -> list[dict]:
     return [r for r in records if all(r.get(k) == v for k, v in match.items())]
 
 
+@dataclass
+class _Scope:
+    """What a Comm and its views (:meth:`Comm.with_wire_dtype`) share: the trace installed
+    for the current scope and the labels its records get. Changed only by the context
+    managers of :class:`Comm` (:meth:`~Comm.tracing`, :meth:`~Comm.labelled`,
+    :meth:`~Comm.in_phase`), each restoring it on exit."""
+    trace: CommTrace | None = None
+    phase: str = "other"
+    step: int = 0
+    microbatch: int | None = None
+
+
 class Comm:
     """Collectives and p2p on the axes of a grid, optionally traced.
 
-    `phase` ('fwd', 'bwd', 'optim', 'other'), `step` and `microbatch` (None outside a
-    microbatch) are set by the training loop and the pipeline runtime; they only label
-    trace records. `wire_dtype` is set by the Trainer from ``--precision``.
+    Everything a Comm holds is fixed where it is made (the grid, dry or not, the wire
+    dtype) or installed for a scope by its own context managers, never assigned from
+    outside: a trace by :meth:`tracing`; the labels of the trace records — `phase`
+    ('fwd', 'bwd', 'optim', 'log', 'other') by :meth:`in_phase`, `microbatch` (None
+    outside a microbatch) by :meth:`labelled`, `step` by :meth:`begin_step` — which only
+    label records (the dropout keys get the step and microbatch passed explicitly,
+    ``parallel/pipeline.py``).
     """
 
-    def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None, dry: bool = False):
+    def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None, dry: bool = False,
+                 wire_dtype: torch.dtype | None = None, *, scope: _Scope | None = None):
         self.grid = grid or ProcessGrid()
-        self.trace = trace
+        # the trace and the labels (`scope`: those of the Comm this one is a view of)
+        self._scope = scope if scope is not None else _Scope(trace)
         # A dry run (the analysis's): one rank's view of a layout with no process group,
         # on the meta device. Every call is recorded as usual and returns a result of the
         # right shape, but nothing is sent: the analysis runs the model's own forward and
         # backward to read what it holds and what it would send (analysis/dry_run.py).
         self.dry = dry
         # the dtype activations and their gradients travel in between tensor ranks and
-        # pipeline stages: bf16 under --precision bf16 (Megatron's bf16 activations), else
-        # None (as computed). Only calls marked `activation=True` use it: parameters and
-        # gradient reductions never change dtype.
-        self.wire_dtype: torch.dtype | None = None
-        self.phase = "other"
-        self.step = 0
-        self.microbatch = None  # index of the microbatch being run, when one is
+        # pipeline stages: bf16 under --precision bf16 (Megatron's bf16 activations,
+        # :func:`wire_dtype_for`), else None (as computed). Only calls marked
+        # `activation=True` use it: parameters and gradient reductions never change dtype.
+        self._wire_dtype = wire_dtype
+
+    # --- what it is, and the scope it records in ---------------------------------
+    @property
+    def wire_dtype(self) -> torch.dtype | None:
+        return self._wire_dtype
+
+    def with_wire_dtype(self, dtype: torch.dtype | None) -> "Comm":
+        """This Comm with activations on the wire in `dtype` (itself when it has that
+        already): a view sharing the grid, the trace and the labels (a Trainer's, when
+        the Comm handed to it was made for another precision)."""
+        if dtype == self._wire_dtype:
+            return self
+        return Comm(self.grid, dry=self.dry, wire_dtype=dtype, scope=self._scope)
+
+    @property
+    def trace(self) -> CommTrace | None:
+        return self._scope.trace
+
+    @property
+    def phase(self) -> str:
+        return self._scope.phase
+
+    @property
+    def step(self) -> int:
+        return self._scope.step
+
+    @property
+    def microbatch(self) -> int | None:
+        return self._scope.microbatch
+
+    @contextmanager
+    def tracing(self, trace: CommTrace | None):
+        """Record the calls made inside into `trace` (None: record nothing); the trace
+        installed before comes back on exit. Yields `trace`."""
+        old, self._scope.trace = self._scope.trace, trace
+        try:
+            yield trace
+        finally:
+            self._scope.trace = old
+
+    def begin_step(self, step: int) -> None:
+        """Label the records of the calls from now on with training step `step` (the
+        Trainer's, as the step begins): what runs after it until the next one begins (an
+        evaluation, a checkpoint) is labelled with it too. A label only: the step itself
+        is passed to what needs it (the dropout keys)."""
+        self._scope.step = step
+
+    @contextmanager
+    def labelled(self, **labels):
+        """Label the records of the calls made inside with `step` and/or `microbatch`
+        (the Trainer's step, the pipeline's microbatch); the labels before come back on
+        exit."""
+        unknown = set(labels) - {"step", "microbatch"}
+        if unknown:
+            raise TypeError(f"a trace record has no label {', '.join(sorted(unknown))}: use step or microbatch")
+        old = {k: getattr(self._scope, k) for k in labels}
+        vars(self._scope).update(labels)
+        try:
+            yield self
+        finally:
+            vars(self._scope).update(old)
 
     # --- bookkeeping ------------------------------------------------------------
     def size(self, axis: str) -> int:
@@ -138,11 +220,11 @@ class Comm:
 
     @contextmanager
     def in_phase(self, phase: str):
-        old, self.phase = self.phase, phase
+        old, self._scope.phase = self._scope.phase, phase
         try:
             yield
         finally:
-            self.phase = old
+            self._scope.phase = old
 
     def _record(self, op: str, axis: str, t: torch.Tensor, labels: dict | None = None) -> None:
         if self.trace is not None:

@@ -478,24 +478,6 @@ def stage_layers(model: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
     return out
 
 
-def virtual_stage(chunk: int, pp_rank: int, pp: int) -> int:
-    """The virtual stage of local chunk `chunk` on pipeline rank `pp_rank`: Megatron's
-    interleaved assignment (PTD-P §2.2.2) gives rank r the stages r, r+p, r+2p, ..."""
-    return chunk * pp + pp_rank
-
-
-def stage_placement(stage: int, pp: int) -> tuple[int, int]:
-    """(pipeline rank, local chunk) of virtual stage `stage`: the inverse of
-    :func:`virtual_stage`."""
-    return stage % pp, stage // pp
-
-
-def holds_ends(pp_rank: int, pp: int, vpp: int = 1) -> tuple[bool, bool]:
-    """Whether pipeline rank `pp_rank` holds the first virtual stage (the embeddings)
-    and the last one (the final LayerNorm, the output layer and the loss)."""
-    return pp_rank == 0, pp_rank == stage_placement(pp * vpp - 1, pp)[0]
-
-
 def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset '{name}': choose one of {', '.join(PRESETS)}")

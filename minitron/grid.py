@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import cube_edge, square_edge
+from .placement import Placement, placement_for, placement_of
 
 AXES = ("tp", "cp", "ep", "dp", "pp")  # fastest first
 # the axes whose ranks see different tokens of the batch, in the order a data-axis group is named
@@ -63,6 +64,9 @@ class ProcessGrid:
     cp: int = 1
     summa_depth: int = 0  # d of the q×q×d SUMMA grid (--tp-mode 2d: 1, 2.5d: d); 0: no such grid
     ep: int = 1  # expert parallel: the experts split over ep ranks that also split the batch
+    # the pipeline's stage placement (the schedule's: who holds the embedding and the head);
+    # None: the loop's, one chunk per rank
+    placement: Placement | None = field(default=None, repr=False)
     groups: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -73,8 +77,14 @@ class ProcessGrid:
     def for_layout(cls, layout, rank: int = 0) -> "ProcessGrid":
         """The grid of a ParallelConfig (its degrees and tensor mode), seen from `rank`."""
         return cls(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, ep=getattr(layout, "ep", 1),
-                   cube=layout.tp_mode == "3d", rank=rank,
+                   cube=layout.tp_mode == "3d", rank=rank, placement=placement_of(layout),
                    summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
+
+    @property
+    def stages(self) -> Placement:
+        """Which pipeline rank holds which chunk, the embedding and the head (the
+        schedule's :class:`~minitron.placement.Placement`; the loop's by default)."""
+        return self.placement or placement_for("1f1b", self.pp)
 
     @property
     def q(self) -> int:
@@ -160,8 +170,8 @@ class ProcessGrid:
                    "summa_dep": lambda x: (r, col, x)}[axis]
             return [self.rank_of(**{**vars(c), "tp": cc + q * rr + q * q * kk})
                     for rr, cc, kk in map(rck, range(n))]
-        if axis == "embed":  # first and last pipeline stage hold the (tied) embedding
-            return sorted({self.rank_of(c.tp, c.dp, 0, c.cp, c.ep), self.rank_of(c.tp, c.dp, self.pp - 1, c.cp, c.ep)})
+        if axis == "embed":  # the pipeline ranks of the first and the last stage hold the (tied) embedding
+            return [self.rank_of(c.tp, c.dp, r, c.cp, c.ep) for r in self.stages.end_ranks()]
         if axis.startswith("tp_kv"):  # n neighbouring tensor ranks (one replicated kv head's copies)
             n = int(axis[len("tp_kv"):])
             first = c.tp - c.tp % n

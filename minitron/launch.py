@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from .comm import Comm, CommTrace
+from .comm import Comm, CommTrace, wire_dtype_for
 from .grid import ProcessGrid
 from .preemption import SignalLog, installed_log
 
@@ -94,7 +94,7 @@ def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: boo
         dist.init_process_group(backend=backend, timeout=timeout)
         grid.rank = dist.get_rank()
         grid.build_groups(timeout=timeout)
-    return Comm(grid, CommTrace() if trace else None)
+    return Comm(grid, CommTrace() if trace else None, wire_dtype=wire_dtype_for(layout))
 
 
 def teardown() -> None:

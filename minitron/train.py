@@ -17,7 +17,7 @@ from dataclasses import asdict
 import torch
 
 from . import data as data_mod
-from .comm import Comm
+from .comm import Comm, wire_dtype_for
 from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step, stage_layers
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
@@ -28,8 +28,8 @@ from .parallel.context_parallel import local_tokens
 from .parallel import fp8
 from .parallel.data import make_data_parallel, sharded_optimizer
 from .parallel.pipeline import PipelineRuntime, forward_microbatch
-from .parallel.schedules import placement_for
 from .parallel.zero import sharded_data_parallel
+from .placement import placement_of
 from .preemption import StopOnSignal, process_group_store
 
 class NonFiniteLoss(ConfigError):
@@ -111,9 +111,9 @@ class Trainer:
                  comm: Comm | None = None, corpus=None, *, layers=None, schedule=None,
                  data_parallel=None, optimizer=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
-        self.comm = comm or Comm()
-        # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p)
-        self.comm.wire_dtype = torch.bfloat16 if layout.precision == "bf16" else None
+        # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p):
+        # set where the Comm is made (launch.setup_rank), or a view of the one handed in
+        self.comm = (comm or Comm()).with_wire_dtype(wire_dtype_for(layout))
         device = resolve_device(layout, self.comm.grid.world)
         self.ctx = Context(self.comm, layout, TORCH_DTYPES[train.dtype], device, seed=train.seed,
                            microbatches=train.microbatches)
@@ -147,17 +147,12 @@ class Trainer:
     def _build_chunks(self, schedule=None) -> list[GPT]:
         """This rank's model chunks: one unless the schedule has several per rank, each
         the stage its placement gives it (the interleaved loop of PTD-P §2.2.2, or the V of
-        zb-v and dualpipe-v: stages r and 2p-1-r); a schedule handed in brings its own."""
-        pp, pp_rank = self.layout.pp, self.comm.index("pp")
-        stages = stage_layers(self.mcfg, self.layout)
-        placement = (schedule.placement if schedule is not None and pp > 1 else
-                     placement_for(self.layout.schedule if pp > 1 else "1f1b", pp, self.layout.vpp))
-        chunks = []
-        for c in range(self.layout.vpp):
-            s = placement.stage(pp_rank, c)
-            chunks.append(GPT(self.mcfg, self.ctx, stages[s], first=s == 0, last=s == len(stages) - 1,
-                              layers=self.layers))
-        return chunks
+        zb-v and dualpipe-v: stages r and 2p-1-r) as the layout schedule's placement says
+        (:func:`~minitron.placement.placement_of`); a schedule handed in brings its own."""
+        pp_rank, stages = self.comm.index("pp"), stage_layers(self.mcfg, self.layout)
+        placement = schedule.placement if schedule is not None else placement_of(self.layout)
+        return [GPT(self.mcfg, self.ctx, stages[placement.stage(pp_rank, c)], *placement.chunk_ends(pp_rank, c),
+                    layers=self.layers) for c in range(self.layout.vpp)]
 
     @property
     def model(self) -> GPT:
@@ -209,7 +204,15 @@ class Trainer:
         With ZeRO-1 the parameters' all-gather is still in flight on return: the next
         forward waits for it layer by layer; anything else calls ``optimizer.wait_params()``."""
         step = self.step_idx if step is None else step
-        self.comm.step = step
+        self.comm.begin_step(step)  # the trace's label; the step itself is passed on
+        loss = self._run_step(step)
+        self.step_idx = step + 1
+        return loss
+
+    def _run_step(self, step: int) -> torch.Tensor:
+        """:meth:`step_async`'s work: forward and backward of step `step`'s microbatches
+        (the step passed on to the dropout keys), the gradient sync, the optimizer, the
+        routing; returns the global mean loss."""
         for c in self.chunks:
             c.train()
         self.dp.zero_grad()  # keeps p.grad as views into the bucket buffer
@@ -217,16 +220,15 @@ class Trainer:
             m.reset_stats()
         mbs = self.microbatches(step)
         if self.pipeline is not None:
-            loss_sum = self.pipeline.run(mbs, self.dp)
+            loss_sum = self.pipeline.run(mbs, self.dp, step)
         else:
-            loss_sum = self._forward_backward(mbs)
+            loss_sum = self._forward_backward(mbs, step)
         with self.comm.in_phase("optim"):
             fp8.end_step(self.chunks, self.comm)  # --fp8-recipe delayed: the step's amaxes into the history
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
             # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
             self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)
         self.last_moe = self.routing_step()
-        self.step_idx = step + 1
         return self.reduce_loss(loss_sum)
 
     @property
@@ -253,16 +255,16 @@ class Trainer:
         routed, kept = t[:, 0], t[:, 1]
         return {"tokens_per_expert": routed.tolist(), "dropped": float(1 - kept.sum() / routed.sum())}
 
-    def _forward_backward(self, mbs) -> torch.Tensor:
+    def _forward_backward(self, mbs, step: int) -> torch.Tensor:
         """pp = 1: each microbatch's forward (the pipeline's, ``forward_microbatch``) and its
         backward; the data-parallel hooks communicate in the last one only."""
         m, total = len(mbs), torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for k, (x, y) in enumerate(mbs):
-            loss = forward_microbatch(self.model, self.ctx, x, y, k, m)
-            with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
-                loss.backward()
+            with self.comm.labelled(microbatch=k):
+                loss = forward_microbatch(self.model, self.ctx, x, y, step, k, m)
+                with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
+                    loss.backward()
             total += loss.detach().double()
-        self.comm.microbatch = None
         return total
 
     def reduce_loss(self, loss_sum: torch.Tensor | None) -> torch.Tensor:
@@ -288,7 +290,7 @@ class Trainer:
         for i in range(n):
             x, y = self.local_batch(10_000_000 + i, subset="val")
             if self.pipeline is not None:
-                out = self.pipeline.forward_only(x, y)
+                out = self.pipeline.forward_only(x, y)  # eval: no dropout, so no key
                 total += out if out is not None else 0.0
             else:
                 with self.comm.in_phase("log"), self.ctx.autocast():

@@ -4,7 +4,7 @@ no module patches another.
 Every `import` and `from ... import` is parsed, function-level ones included (a lazy
 import is still a dependency). The engine's layers, lowest first:
 
-    config, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
+    config, placement, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
     → context → parallel/ → moe, mla → mtp → model → train
 
 and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
@@ -17,7 +17,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "minitron"
 
 ENGINE_LAYERS = [
-    {"config", "grid"},
+    {"config", "placement", "grid"},
     {"comm", "data", "tokenizer", "optim", "checkpoint", "dcp_format", "recompute", "launch", "preemption", "hf",
      "hf_moe", "hf_deepseek", "corpus", "rope"},
     {"context"},
@@ -225,3 +225,70 @@ def test_no_assignment_to_another_objects_private_attribute():
             if private and not own:
                 bad.append(f"{where} .{node.attr}")
     assert not bad, "assignments to another object's private attribute: " + "; ".join(bad)
+
+
+# --- a Comm holds no state set from outside (issue 39) ----------------------------------------
+COMM = PKG / "comm.py"
+
+
+def _comm_attributes() -> set[str]:
+    """Every attribute of a ``Comm``: those ``Comm.__init__`` sets, and the names its class
+    body defines (methods and the read-only properties trace, phase, step, microbatch, wire_dtype)."""
+    cls = next(n for n in ast.parse(COMM.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Comm")
+    names = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    names |= {t.attr for _, t in _assigned_attributes(init) if isinstance(t, ast.Attribute)}
+    return names | {n.lstrip("_") for n in names}
+
+
+def _comm_bound_names(tree: ast.AST) -> set[str]:
+    """Names a file binds to a Comm: `x = Comm(...)`, `x = setup_rank(...)`, `x = ….with_wire_dtype(...)`,
+    and parameters annotated `Comm`."""
+    makers = {"Comm", "setup_rank", "with_wire_dtype"}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if (f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)) in makers:
+                out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.arg) and node.annotation is not None and "Comm" in ast.unparse(node.annotation):
+            out.add(node.arg)
+    return out
+
+
+def comm_assignments(source: str, path: str = "<source>") -> list[str]:
+    """`path:line x.attr` for each assignment (or setattr) to an attribute of a Comm in
+    `source`: on an expression ending in a name that says comm (`comm`, `tr.comm`,
+    `ctx.comm`, `c_comm`) or a name bound to a Comm in the file."""
+    tree, attrs = ast.parse(source), _comm_attributes()
+    bound = _comm_bound_names(tree)
+
+    def is_comm(e) -> bool:
+        last = e.attr if isinstance(e, ast.Attribute) else e.id if isinstance(e, ast.Name) else ""
+        return "comm" in last.lower() or (isinstance(e, ast.Name) and e.id in bound)
+
+    bad = []
+    for line, node in _assigned_attributes(tree):
+        if isinstance(node, ast.Call):
+            target = node.args[0] if node.args else None
+            if target is not None and is_comm(target):
+                bad.append(f"{path}:{line} setattr({ast.unparse(target)}, ...)")
+        elif node.attr in attrs and is_comm(node.value):
+            bad.append(f"{path}:{line} {ast.unparse(node)}")
+    return bad
+
+
+def test_nothing_outside_comm_assigns_to_a_comm():
+    """The trace is installed for a scope (``Comm.tracing``), the step and microbatch labels
+    too (``Comm.labelled``), the phase by ``Comm.in_phase``, the wire dtype where the Comm is
+    made: no module of minitron/ (the labs' code, minitron/labs, included) assigns to a
+    Comm's attributes; and the scan finds the assignments the engine used to make."""
+    bad = [b for name, f in MODULES.items() if f != COMM
+           for b in comm_assignments(f.read_text(), str(f.relative_to(PKG.parent)))]
+    assert not bad, "assignments to a Comm's attributes outside comm.py: " + "; ".join(bad)
+    planted = ("def f(tr, ctx, comm, x: 'Comm'):\n    tr.comm.trace = None\n    ctx.comm.wire_dtype = 1\n"
+               "    comm.step, comm.microbatch = 0, None\n    x.phase = 'fwd'\n    setattr(comm, 'trace', None)\n"
+               "    c = Comm()\n    c.trace = None\n    tr.step = 3\n")
+    assert sorted(b.split(" ", 1)[1] for b in comm_assignments(planted)) == sorted([
+        "tr.comm.trace", "ctx.comm.wire_dtype", "comm.step", "comm.microbatch", "x.phase",
+        "setattr(comm, ...)", "c.trace"])

@@ -10,6 +10,7 @@ from minitron import config as C
 from minitron.analysis.bubble import bubble_fraction, stashed_on_rank, v_bubble
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from minitron.parallel import schedules as S
+from minitron import placement as P
 from minitron.parallel.schedules import Placement, ScheduleError, make_schedule, simulate, validate
 from minitron.tools.testing import run_on_ranks
 
@@ -32,9 +33,16 @@ def test_placement_v_and_loop():
         for r in range(pl.p):
             for c in range(pl.v):
                 assert pl.locate(pl.stage(r, c)) == (r, c)
-                if pl.kind == "loop":
-                    assert pl.stage(r, c) == C.virtual_stage(c, r, pl.p)
+                if pl.kind == "loop":  # Megatron's interleaving, PTD-P §2.2.2
+                    assert pl.stage(r, c) == c * pl.p + r
+                first, last = pl.chunk_ends(r, c)
+                assert (first, last) == (pl.stage(r, c) == 0, pl.stage(r, c) == pl.num_stages - 1)
+            assert pl.holds_ends(r) == (r == 0, r == (0 if pl.kind == "v" else pl.p - 1))
+    assert (v.first_rank, v.last_rank, v.end_ranks()) == (0, 0, [0])
+    assert (loop.first_rank, loop.last_rank, loop.end_ranks()) == (0, 3, [0, 3])
     assert S.placement_for("zb-v", 4, 2) == v and S.placement_for("interleaved", 4, 2) == loop
+    assert S.placement_for("zb-v", 1, 2) == Placement("loop", 1, 2)  # one rank: its chunks in order
+    assert Placement is P.Placement and P.placement_of(ParallelConfig(pp=4, vpp=2, schedule="zb-v")) == v
     with pytest.raises(ValueError, match="two chunks per rank"):
         Placement("v", 4, 3)
 
@@ -296,3 +304,56 @@ def test_v_schedules_on_plain_pp2_equal_one_device():
     _check_parity_and_trace(out)
     assert len(out[0]) == len(cases)
 
+
+
+# --- the V on every tensor-parallel mode: traced = analysis, and one device ----------------------
+V_MODEL = ModelConfig(layers=4, hidden=16, heads=2, seq_len=16, vocab=256)
+V_TRAIN = TrainConfig(steps=1, global_batch=8, microbatches=4, dtype="float64", lr=1e-2, warmup=1, eval_every=0,
+                      progress=False)
+V_MODES = {"1d.sp.dp2": dict(tp=2, sp=True, dp=2), "2d": dict(tp=4, tp_mode="2d")}
+
+
+def _v_modes_job(comm, cases):
+    """On each of 8 ranks, per (layout): one float64 step traced, this rank's bytes per axis
+    and op with the analysis's for its pipeline rank, and (rank 0) the run against one device."""
+    from minitron.analysis import comm as A
+    from minitron.comm import Comm, CommTrace
+    from minitron.data import load_corpus
+    from minitron.grid import ProcessGrid
+    from minitron.tools.verify import versus_one_device
+    from minitron.train import Trainer
+
+    corpus, out = load_corpus(""), []
+    for layout in cases:
+        c = Comm(ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(), CommTrace())
+        tr = Trainer(V_MODEL, layout, V_TRAIN, c, corpus)
+        losses = [tr.step(0)]
+        got = {}
+        for r in c.trace.select(step=0):
+            if r["axis"] != "world":
+                got.setdefault(r["axis"], {}).setdefault(r["op"], 0)
+                got[r["axis"]][r["op"]] += r["bytes"]
+        want = A.comm_bytes_per_step(V_MODEL, layout, V_TRAIN, c.index("pp"))
+        want = {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items()}
+        res = versus_one_device(c, tr, losses, V_MODEL, V_TRAIN.replace(microbatches=4 * layout.data_replicas))
+        out.append({"layout": layout.describe(), "got": got, "want": {a: o for a, o in want.items() if o},
+                    "one_device": res})
+    return out
+
+
+@pytest.mark.multirank
+def test_v_on_every_tensor_mode_traced_equals_analysis():
+    """ZB-V and DualPipe-V (pp2, the head on rank 0 beside the embedding) on 1-D tensor
+    parallelism with sp and dp, and on the 2-D grid, in one launch of 8 ranks: on every
+    rank the traced step's bytes per axis and operation equal the analysis's exactly, and
+    the run equals one device in float64 (1e-9)."""
+    cases = [ParallelConfig(pp=2, vpp=2, schedule=k, **kw) for kw in V_MODES.values() for k in V]
+    assert all(c.world == 8 for c in cases)
+    out = run_on_ranks(_v_modes_job, ParallelConfig(pp=2, tp=4), cases)
+    for rank, results in out.items():
+        assert len(results) == len(cases)
+        for res in results:
+            assert res["got"] == res["want"], (rank, res["layout"], json.dumps(res["got"]), json.dumps(res["want"]))
+    for res in out[0]:
+        one = res["one_device"]
+        assert one["max_loss_abs_diff"] <= 1e-9 and one["max_param_rel_diff"] <= 1e-9, (res["layout"], one)

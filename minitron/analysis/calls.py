@@ -26,9 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import ModelConfig, holds_ends
-from ..parallel.schedules import placement_for
-from .params import chunk_layers, layout_get, params_on_rank
+from ..config import ModelConfig
+from .params import chunk_layers, layout_placement, params_on_rank
 
 __all__ = ["NORM_BYTES", "ring_allreduce_wire_bytes", "ring_allgather_wire_bytes",
            "ring_reduce_scatter_wire_bytes", "call", "wire_bytes", "exact_bytes", "dp_bytes_per_step",
@@ -108,9 +107,8 @@ def p2p_counts(model: ModelConfig, layout: Any, pp_rank: int) -> tuple[int, int]
     forward unless it is the last or stage c+1 is on the same rank (the V's turn on rank
     p−1 hands over in memory), receives forward unless it is the first or stage c−1 is on
     the same rank, and the backward mirrors that."""
-    p = int(layout_get(layout, "pp", 1) or 1)
     chunks = len(chunk_layers(model, layout))
-    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, chunks // p)
+    where = layout_placement(layout)
     rank = [where.locate(c)[0] for c in range(chunks)]
     mine = [c for c in range(chunks) if rank[c] == pp_rank]
     to_next = sum(c < chunks - 1 and rank[c + 1] != pp_rank for c in mine)
@@ -157,7 +155,7 @@ class StepCalls:
         p, d = parallel.pp, parallel.dp
         m, e = microbatches, bytes_per_el
         chunks = p * parallel.vpp
-        first, last = holds_ends(pp_rank, p, parallel.vpp)
+        first, last = layout_placement(parallel).holds_ends(pp_rank)
         if parallel.tp > 1:
             self.add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)
         if p > 1:

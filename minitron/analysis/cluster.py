@@ -130,7 +130,7 @@ from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
-from .params import last_stage_rank, layout_get, padded_vocab, params_given_layers, rank_layers
+from .params import layout_get, layout_placement, padded_vocab, params_given_layers, rank_layers
 from .software import Software, get_software
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
@@ -554,7 +554,7 @@ def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_la
     :func:`~minitron.analysis.params.params_given_layers` (the 1-D engine's count)."""
     if model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim:
         return float(params_given_layers(model, t, p, v, "1d", pp_rank, n_layers, kind)), 0.0
-    first, last = pp_rank == 0, pp_rank == last_stage_rank(kind, p, v)
+    first, last = layout_placement({"pp": p, "vpp": v, "schedule": kind}).holds_ends(pp_rank)
     h = model.hidden
     q, kv = attention_widths(model, t, head_dim)
     mats = 3 if model.activation == "swiglu" else 2
@@ -664,12 +664,12 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
         per_call = balanced_all_to_all_bytes(model, b * model.seq_len // cp // t, 2) / 4 * (1 + moe_imbalance)
         ep_layer = 2 * (replay + 1) * _alltoall_s(per_call, ep, c, _node_dedup_share(model, ep, c) if
                                                    sw.ep_node_dedup else 1.0)
-    layers = rank_layers(model, {"pp": p, "vpp": v, "schedule": kind})
-    last_rank = last_stage_rank(kind, p, v)  # p-1 in the loop; 0 in a V, beside the first stage
+    pipe = {"pp": p, "vpp": v, "schedule": kind}
+    layers, where = rank_layers(model, pipe), layout_placement(pipe)  # a V: both ends on rank 0
     kinds = (*LINEAR_KINDS, "attention", "elementwise")
     stages = []
     for r, n in enumerate(layers):
-        first, last = r == 0, r == last_rank
+        first, last = where.holds_ends(r)
         n_moe = n * moe_share
         n_dense = n - n_moe
         parts = {k: n_dense * sum(lt.parts[k]) + n_moe * sum(lt_moe.parts[k]) for k in kinds}
@@ -722,7 +722,7 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     # shards across the replicas once per step.
     # the most weights sit on the first or last stage (the embedding, the head) or on the
     # one with the most layers: only those three are counted
-    heavy = {0, last_rank, max(range(p), key=layers.__getitem__)}
+    heavy = {*where.end_ranks(), max(range(p), key=layers.__getitem__)}
     dense_w, expert_w = max((stage_weights(model, t, p, v, r, layers[r], ep, round(layers[r] * moe_share), head_dim,
                                            kind)
                              for r in sorted(heavy)), key=sum)

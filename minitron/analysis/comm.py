@@ -37,15 +37,16 @@ from __future__ import annotations
 
 import math
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends
+from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes
 from ..grid import ProcessGrid
+from ..parallel.schedules import SPLIT_BACKWARD
 from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
 from ..parallel.fp8 import history_axes, history_reduce_bytes
 from .dry_run import boundary_elements, embedding_elements, fp8_histories, model_calls, params_by_data_axes
 from .experts import balanced_all_to_all_bytes
 from .flops import recompute_policy
-from .params import activation_element_bytes, layout_get, local_model, padded_vocab, rank_chunks
+from .params import activation_element_bytes, layout_get, layout_placement, local_model, padded_vocab, rank_chunks
 from .summa import summa_comm_items
 from .zero import zero_calls
 
@@ -133,7 +134,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
     s, h = tokens.seq_len, model.hidden
     x = b * s * h * ea
-    first, last = holds_ends(pp_rank, p, v)
+    first, last = layout_placement(parallel).holds_ends(pp_rank)
     items: list[dict] = []
 
     def add(what, axis, op, calls, nbytes):
@@ -204,10 +205,10 @@ def _grid_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     """:func:`comm_items` on the 2-D / 2.5-D grid and the 3-D cube: the grid's calls read
     off the model (the SUMMA products' broadcasts and reduces, the cube's gathers and
     reduce-scatters, the sums of vectors replicated on its lines), then the pipeline, the
-    tied embedding and data parallelism. zb-h1's split backward on the grid issues its
-    weight-gradient products apart, which a dry run's one backward does not show: there
-    the grid's closed form (analysis/summa.py) counts them."""
-    if parallel.tp_mode in ("2d", "2.5d") and parallel.pp > 1 and parallel.schedule == "zb-h1":
+    tied embedding and data parallelism. A split backward (zb-h1, zb-v, dualpipe-v) on the
+    grid issues its weight-gradient products apart, which a dry run's one backward does not
+    show: there the grid's closed form (analysis/summa.py) counts them."""
+    if parallel.tp_mode in ("2d", "2.5d") and parallel.pp > 1 and parallel.schedule in SPLIT_BACKWARD:
         return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
     e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
     ea = activation_element_bytes(parallel, e)

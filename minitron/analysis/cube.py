@@ -65,13 +65,13 @@ linear (Colossal-AI's layers, like minitron's, keep the gathered copy).
 """
 from __future__ import annotations
 
-from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes, holds_ends,
+from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes,
                       pad_vocab, square_edge, statistics_bytes)
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .comm import cube_linear_elements, summa_linear_elements
 from .flops import recompute_policy
 from .memory import saved_bytes_per_layer
-from .params import activation_element_bytes, layers_on_rank, local_layer_params, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, layout_placement, local_layer_params, params_on_rank
 
 __all__ = ["cube_q", "cube_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "cube_collectives", "grad_sync_calls",
@@ -232,7 +232,7 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     q, d = cube_q(parallel.tp), parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    first, last = holds_ends(pp_rank, parallel.pp, parallel.vpp)
+    first, last = layout_placement(parallel).holds_ends(pp_rank)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
     step.add_per_microbatch(cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..comm import Comm, CommTrace
+from ..comm import Comm, CommTrace, wire_dtype_for
 from ..config import ModelConfig, ParallelConfig
 from ..context import Context
 from ..grid import ProcessGrid
@@ -78,11 +78,12 @@ def _runnable(model: ModelConfig, i: int | None) -> tuple[ModelConfig, int | Non
 
 
 def dry_context(layout: ParallelConfig, rank: int = 0, dtype: torch.dtype = torch.float32,
-                trace: CommTrace | None = None) -> Context:
+                trace: CommTrace | None = None, wire_dtype: torch.dtype | None = None) -> Context:
     """Rank `rank`'s view of the tensor and context axes of `layout`, with a dry
-    communication door (no process group); build and run under ``FakeTensorMode``."""
+    communication door (no process group; activations on the wire in `wire_dtype`);
+    build and run under ``FakeTensorMode``."""
     grid = ProcessGrid.for_layout(layout, rank)
-    return Context(Comm(grid, trace, dry=True), layout, dtype, CPU)
+    return Context(Comm(grid, trace, dry=True, wire_dtype=wire_dtype), layout, dtype, CPU)
 
 
 def _count(module: torch.nn.Module) -> int:
@@ -283,9 +284,7 @@ def dry_trace(model: ModelConfig, layout: Any, micro_batch: int, rank: int = 0, 
     lay = as_layout(layout)
     trace = CommTrace()
     with FakeTensorMode():
-        ctx = dry_context(_shape_only(lay), rank, _DTYPES[bytes_per_el], trace)
-        if lay.precision == "bf16":
-            ctx.comm.wire_dtype = torch.bfloat16
+        ctx = dry_context(_shape_only(lay), rank, _DTYPES[bytes_per_el], trace, wire_dtype_for(lay))
         stage = GPT(model, ctx, layer_ids=layer_ids, first=first, last=last)
         stage.train()
         s = model.seq_len // lay.cp

@@ -130,11 +130,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import INDEX_BYTES, V_SCHEDULES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
+from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
-from .params import (activation_element_bytes, last_stage_rank, layers_on_rank, layout_degrees, layout_get, local_model,
+from .params import (activation_element_bytes, layers_on_rank, layout_placement, layout_degrees, layout_get, local_model,
                      padded_vocab, params_given_layers, params_on_rank, rank_layers)
 from .zero import zero_buffer_bytes, zero_state_bytes
 
@@ -313,9 +313,10 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     total = in_flight * n_layers * per_layer
     if rc != "none":  # one layer rebuilt for its backward
         total += activation_bytes_per_layer(model, b, t, sp, whole, e, mask_bytes, drop) - per_layer
-    if pp_rank == 0 and drop:  # dropout mask of the embedding output
+    first, last = layout_placement(layout).holds_ends(pp_rank)  # a V holds both on rank 0
+    if first and drop:  # dropout mask of the embedding output
         total += in_flight * mask_bytes * s * b * h / (t if sp else 1)
-    if pp_rank == last_stage_rank(kind, p, v):  # final LayerNorm input, output-layer input, fp32 softmax
+    if last:  # final LayerNorm input, output-layer input, fp32 softmax
         logits_in_flight = m if kind == "gpipe" else 1
         vocab = padded_vocab(model, t) // t
         total += logits_in_flight * (2 * e * s * b * h / (t if sp else 1)  # (shards under sp, §4.3)
@@ -387,9 +388,10 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     held_per_layer, rebuilt, embedding, last = terms(model, layout, b, e)
     in_flight = stashed_on_rank(kind, p, m, v, pp_rank)
     held = in_flight * layers_on_rank(model, layout, pp_rank) * held_per_layer
-    if pp_rank == 0:
+    first, holds_head = layout_placement(layout).holds_ends(pp_rank)
+    if first:
         held += in_flight * embedding
-    if pp_rank != last_stage_rank(kind, p, v):
+    if not holds_head:
         return held + max(0.0, rebuilt)
     heads_in_flight = m if kind == "gpipe" else 1
     return held + (heads_in_flight - 1) * last + max(last, rebuilt)
@@ -566,8 +568,9 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
     # Layers and microbatches in flight never grow with the rank in the loop placement under
     # an even split, so the first and the last stage bound the others; check them all
     # otherwise (a V stashes the most on its middle ranks).
-    even_loop = not layout_get(layout, "stage_layers", ()) and kind not in V_SCHEDULES
-    check = sorted({0, p - 1}) if even_loop else range(p)
+    where = layout_placement(layout)
+    even_loop = not layout_get(layout, "stage_layers", ()) and where.kind == "loop"
+    check = where.end_ranks() if even_loop else range(p)
     no_dp = {**_as_dict(layout), "dp": 1}
     ranks = []
     for r in check:

@@ -37,7 +37,7 @@ import functools
 from typing import Any
 
 from .dry_run import block_params, ends_params
-from ..parallel.schedules import placement_for
+from ..placement import Placement, placement_for
 from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge,
                       stage_layer_counts)
 
@@ -59,6 +59,7 @@ __all__ = [
     "local_layer_params",
     "params_per_rank",
     "rank_chunks",
+    "layout_placement",
 ]
 
 
@@ -206,10 +207,12 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
                for ids, first, last in rank_chunks(model, layout, pp_rank))
 
 
-def last_stage_rank(kind: str, p: int, v: int = 1) -> int:
-    """The pipeline rank of the last stage (the final norm, the head and the loss): p-1 in
-    the loop, rank 0 in the V of zb-v and dualpipe-v (the schedule's placement)."""
-    return placement_for(kind or "1f1b", p, v).locate(p * v - 1)[0]
+def layout_placement(layout: Any) -> Placement:
+    """The schedule's placement of a layout (a ParallelConfig, a dict or any object with
+    the attributes): which pipeline rank holds which chunk, the embedding and the head
+    (:class:`minitron.placement.Placement`; a V puts both ends on rank 0)."""
+    _, p, v, _ = layout_degrees(layout)
+    return placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -219,7 +222,7 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
     degrees (t, p, v, mode) of :func:`layout_degrees` and the schedule `kind` that places
     the stages (the planner calls this often)."""
     lay = {"tp": t, "tp_mode": mode}
-    first, last = pp_rank == 0, pp_rank == last_stage_rank(kind, p, v)
+    first, last = placement_for(kind or "1f1b", p, v).holds_ends(pp_rank)
     n = n_layers * local_layer_params(model, t, mode)
     if p * v == 1:  # one chunk holds both ends (a tied embedding once)
         return n + ends_params(model, lay, first, last)
@@ -230,7 +233,7 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     """Transformer layers held by each pipeline rank (all its chunks), rank 0 first."""
     _, p, v, _ = layout_degrees(layout)
-    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
+    where = layout_placement(layout)
     out = [0] * p
     for c, n in enumerate(chunk_layers(model, layout)):
         out[where.locate(c)[0]] += n
@@ -245,8 +248,8 @@ def rank_chunks(model: ModelConfig, layout: Any, pp_rank: int) -> list[tuple[lis
     for n in chunk_layers(model, layout):
         stages.append(list(range(start, start + n)))
         start += n
-    where = placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
-    return [(stages[s], s == 0, s == len(stages) - 1) for s in (where.stage(pp_rank, c) for c in range(v))]
+    where = layout_placement(layout)
+    return [(stages[where.stage(pp_rank, c)], *where.chunk_ends(pp_rank, c)) for c in range(v)]
 
 
 def params_per_rank(model: ModelConfig, layout: Any = None) -> int:

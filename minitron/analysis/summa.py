@@ -48,11 +48,12 @@ gathered inputs and weights the cube keeps.
 """
 from __future__ import annotations
 
-from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, holds_ends, pad_vocab,
+from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, pad_vocab,
                       square_edge, statistics_bytes)
+from ..parallel.schedules import SPLIT_BACKWARD
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .flops import recompute_policy
-from .params import activation_element_bytes, layers_on_rank, layout_get, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, layout_get, layout_placement, params_on_rank
 
 __all__ = ["grid_shape", "summa_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls", "output_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "summa_collectives", "grad_sync_calls",
@@ -244,10 +245,11 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     q, p, d = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
-    first, last = holds_ends(pp_rank, p, parallel.vpp)
+    first, last = layout_placement(parallel).holds_ends(pp_rank)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
-    split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") == "zb-h1"
+    # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedules.py)
+    split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") in SPLIT_BACKWARD
     step.add_per_microbatch(summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
                                               act_bytes_per_el=ea, split_backward=split_backward), m)
     step.add_per_step(grad_sync_calls(model, q, depth, n_layers, first, last, e, p * parallel.vpp))

@@ -61,7 +61,7 @@ ZB_SHAPES = [(4, 8)] + [(p, m) for p in (1, 2, 3, 4) for m in (p, p + 1, 2 * p) 
 # the engine's own schedules (the microbatch groups, a helper the lesson shows, stay allowed)
 # and its stage placements (the stretch's answer)
 FORBIDDEN = tuple(f"minitron.parallel.schedules.{n}" for n in GENERATORS if n != "interleaved_groups") + (
-    "minitron.parallel.schedules.Placement", "minitron.parallel.schedules.placement_for")
+    "minitron.parallel.schedules.Placement", "minitron.parallel.schedules.placement_for", "minitron.placement")
 RUN_V = ParallelConfig(pp=2, vpp=2, schedule="zb-v", device="cpu")  # the stretch's run, on v_stage's placement
 V_PS = (2, 3, 4, 5, 6, 8)  # every (rank, chunk) of these pipelines
 V_SHAPES = [(4, 8), (2, 2), (2, 3), (3, 3), (3, 5), (4, 7), (5, 9), (6, 13), (8, 16)]  # (p, m), m >= p

@@ -586,7 +586,6 @@ def _rank_main(job, layout, cases, timeout: float, trace: bool, run_id: str, out
         for i, args in enumerate(cases):
             if comm.trace is not None:
                 comm.trace.records.clear()
-            comm.step, comm.microbatch, comm.phase = 0, None, "other"
             rec = guarded(job, comm, *args, timeout=timeout)
             with open(os.path.join(outdir, f"{i}.{comm.grid.rank}.tmp"), "wb") as f:
                 pickle.dump(rec, f)

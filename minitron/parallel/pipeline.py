@@ -206,16 +206,15 @@ def backward_input(root, grad, stage_input: torch.Tensor):
 
 
 # --- one microbatch's forward: the pipeline's F and the Trainer's pp = 1 loop alike ---------------
-def forward_microbatch(chunk, context, x, targets, k: int, m: int, phase: str = "fwd"):
-    """Forward of microbatch `k` of this rank's `m` through model chunk `chunk`: trace
-    records labelled with the microbatch and `phase`, the dropout key (step, index of the
-    microbatch in the global batch: data-parallel rank · m + k, layout-independent), and
-    autocast under --precision bf16. The last chunk returns its loss scaled by 1/m (the m
-    backward passes then sum to the gradient of this rank's share of the batch); any
-    other chunk returns its hidden states."""
+def forward_microbatch(chunk, context, x, targets, step: int, k: int, m: int, phase: str = "fwd"):
+    """Forward of microbatch `k` of this rank's `m` of training step `step` through model
+    chunk `chunk`: trace records in `phase` (the caller labels them with the microbatch),
+    the dropout key (`step`, index of the microbatch in the global batch: data-parallel
+    rank · m + k, layout-independent), and autocast under --precision bf16. The last chunk
+    returns its loss scaled by 1/m (the m backward passes then sum to the gradient of this
+    rank's share of the batch); any other chunk returns its hidden states."""
     comm = context.comm
-    comm.microbatch = k
-    key = (comm.step, comm.grid.data_index() * m + k)  # ep × dp replicas read different rows
+    key = (step, comm.grid.data_index() * m + k)  # ep × dp replicas read different rows
     with comm.in_phase(phase), context.autocast():
         out = chunk(x, targets if chunk.last else None, key)
     return out / m if chunk.last else out
@@ -287,50 +286,67 @@ class PipelineRuntime:
             self.observer = old
 
     # --- one training step -------------------------------------------------------------------
-    def run(self, mbs, dp):
+    def run(self, mbs, dp, step: int = 0):
         """Forward and backward of the microbatches `mbs` ([(x, y)] of this data-parallel rank)
-        as the schedule says; gradients accumulate in .grad. Returns the sum of loss/m over
-        the microbatches on the last stage (a float64 tensor), None elsewhere."""
-        self._begin(mbs, dp)
-        for i, step in enumerate(self.steps):
-            if isinstance(step, tuple):
-                self._exchange(step, self.next_batch.get(i, ()))
-            elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
-                self._wait_for_input(step)
-                with self._timed(step):
-                    inp = self._F(step)
-                self._post_ready_sends()
-                if self.observer is not None:
-                    self.observer(step, inp)
-            else:
-                self._wait_for_input(step)
-                with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
-                    (self._B if step.op == "B" else self._W)(step)
-                self._post_ready_sends()
-                if self.observer is not None:
-                    self.observer(step, None)
+        of training step `step` (the dropout keys') as the schedule says; gradients
+        accumulate in .grad. Returns the sum of loss/m over the microbatches on the last
+        stage (a float64 tensor), None elsewhere."""
+        self._begin(mbs, dp, step)
+        for i, mb in self._labelled(self.steps):
+            with self.comm.labelled(microbatch=mb):
+                self._run_step(i, self.steps[i])
         return self._end()
 
+    def _run_step(self, i: int, step) -> None:
+        """Step `i` of the rank's schedule: a batch of sends and receives, or F, B, W."""
+        if isinstance(step, tuple):
+            self._exchange(step, self.next_batch.get(i, ()))
+        elif step.op == "F":  # no gradient flows in a forward: no data-parallel wrapper
+            self._wait_for_input(step)
+            with self._timed(step):
+                inp = self._F(step)
+            self._post_ready_sends()
+            if self.observer is not None:
+                self.observer(step, inp)
+        else:
+            self._wait_for_input(step)
+            with self._timed(step), self.dp.microbatch(last=i in self.final_steps):
+                (self._B if step.op == "B" else self._W)(step)
+            self._post_ready_sends()
+            if self.observer is not None:
+                self.observer(step, None)
+
     @torch.no_grad()
-    def forward_only(self, x, y):
+    def forward_only(self, x, y, step: int = 0):
         """Evaluation: the loss of the batch (x, y) on the last stage (None elsewhere), split
         into the schedule's m microbatches and run through the training schedule with every
-        backward action removed."""
+        backward action removed (`step`: the dropout keys', which evaluation does not use)."""
         m = self.schedule.m
-        self._begin(list(zip(x.chunk(m), y.chunk(m))), None, phase="log")
-        for step in self.forward_steps:
-            if isinstance(step, tuple):
-                self._exchange(step)
-            else:
-                self._wait_for_input(step)
-                self._F(step)
+        self._begin(list(zip(x.chunk(m), y.chunk(m))), None, step, phase="log")
+        for i, mb in self._labelled(self.forward_steps):
+            with self.comm.labelled(microbatch=mb):
+                if isinstance(self.forward_steps[i], tuple):
+                    self._exchange(self.forward_steps[i])
+                else:
+                    self._wait_for_input(self.forward_steps[i])
+                    self._F(self.forward_steps[i])
         self._stash.clear()
         return self._end()
 
-    def _begin(self, mbs, dp, phase=None):
+    @staticmethod
+    def _labelled(steps):
+        """(index, microbatch) of each of `steps`: the microbatch its trace records are
+        labelled with, the compute action's own (a batch of sends and receives: the
+        compute's before it, None before the first)."""
+        mb = None
+        for i, step in enumerate(steps):
+            mb = mb if isinstance(step, tuple) else step.mb
+            yield i, mb
+
+    def _begin(self, mbs, dp, step: int, phase=None):
         if len(mbs) != self.schedule.m:
             raise ValueError(f"the schedule has {self.schedule.m} microbatches, got {len(mbs)}")
-        self.mbs, self.dp, self.phase = mbs, dp, phase
+        self.mbs, self.dp, self.phase, self.train_step = mbs, dp, phase, step
         self.shape = self.chunks[0].boundary_shape(mbs[0][0].shape[0])
         self.numel = 1
         for n in self.shape:
@@ -344,7 +360,6 @@ class PipelineRuntime:
         for work, _ in self._in_flight:
             work.wait()
         self._in_flight = []
-        self.comm.microbatch = None
         leftovers = [d for d in (self._inputs, self._grads, self._sends, self._weight_grads, self._posted,
                                  self._unsent) if d]
         if leftovers:
@@ -366,7 +381,7 @@ class PipelineRuntime:
         if sync:
             torch.cuda.synchronize(self.ctx.device)
         self.records.append({"rank": self.rank, "op": a.op, "mb": a.mb, "chunk": a.chunk,
-                             "start": t0, "end": time.time(), "step": self.comm.step,
+                             "start": t0, "end": time.time(), "step": self.train_step,
                              "global_rank": self.comm.grid.rank})
 
     def _phase(self, direction: str) -> str:
@@ -379,7 +394,7 @@ class PipelineRuntime:
         chunk, key, m = self.chunks[a.chunk], (a.mb, a.chunk), self.schedule.m
         x, y = self.mbs[a.mb]
         inp = x if chunk.first else self._inputs.pop(key)
-        out = forward_microbatch(chunk, self.ctx, inp, y, a.mb, m, self._phase("fwd"))
+        out = forward_microbatch(chunk, self.ctx, inp, y, self.train_step, a.mb, m, self._phase("fwd"))
         if chunk.last:
             self.loss += out.detach().double()
         else:
@@ -396,7 +411,6 @@ class PipelineRuntime:
     def _B(self, a: Action) -> None:
         chunk, key = self.chunks[a.chunk], (a.mb, a.chunk)
         inp, out = self._stash.pop(key)
-        self.comm.microbatch = a.mb
         # the last stage starts from its loss; others from the output's graph edge (data freed)
         root, grad = (out, None) if chunk.last else (get_gradient_edge(out), self._grads.pop(key))
         with self.comm.in_phase("bwd"):
@@ -417,7 +431,6 @@ class PipelineRuntime:
 
     def _W(self, a: Action) -> None:
         work = self._weight_grads.pop((a.mb, a.chunk), None)  # None on the first stage (B did it all)
-        self.comm.microbatch = a.mb
         if work is not None:
             with self.comm.in_phase("bwd"):
                 work()
@@ -477,7 +490,6 @@ class PipelineRuntime:
             work.wait()
         direction = a.op[-3:]
         if self.scatter_gather:
-            self.comm.microbatch = a.mb
             with self.comm.in_phase(self._phase(direction)):
                 buf = self.comm.all_gather(buf, "tp", dim=0)
         buf = buf.view(self.shape).to(self.ctx.dtype).detach()

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Mapping, Union
 
-from ..config import SCHEDULES, V_SCHEDULES, min_microbatches, virtual_stage
+from ..config import SCHEDULES, V_SCHEDULES, min_microbatches
+from ..placement import PLACEMENTS, Placement, placement_for  # noqa: F401  (the schedule's placement)
 
 KINDS = SCHEDULES  # the schedule names, defined once in config
 SPLIT_BACKWARD = ("zb-h1", *V_SCHEDULES)  # B is the input gradient, W the weight gradients
@@ -74,54 +75,6 @@ class Action:
 
 Step = Union[Action, tuple]  # a compute Action, or a tuple of comm Actions (one batch)
 
-PLACEMENTS = ("loop", "v")
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Which global (virtual) stage each (pipeline rank, local chunk) holds.
-
-    "loop": Megatron's interleaving, stage ``chunk*p + rank`` (``config.virtual_stage``),
-    the model wraps around the ranks v times. "v" (v = 2): rank r holds stages r and
-    2p-1-r, the model goes down the ranks and back up (Qi et al.'s ZB-V, DeepSeek's
-    DualPipe-V): rank 0 holds the first and the last stage, rank p-1 the two middle
-    ones, and every rank holds the same layers' worth whatever the direction."""
-    kind: str
-    p: int
-    v: int
-
-    def __post_init__(self):
-        if self.kind not in PLACEMENTS:
-            raise ValueError(f"unknown placement {self.kind!r}; choose one of {', '.join(PLACEMENTS)}")
-        if self.kind == "v" and self.v != 2:
-            raise ValueError(f"the V placement holds two chunks per rank, got v={self.v}")
-
-    @property
-    def num_stages(self) -> int:
-        return self.p * self.v
-
-    def stage(self, rank: int, chunk: int) -> int:
-        """The global stage of local chunk `chunk` on pipeline rank `rank`."""
-        if self.kind == "v":
-            return rank if chunk == 0 else 2 * self.p - 1 - rank
-        return virtual_stage(chunk, rank, self.p)
-
-    def locate(self, stage: int) -> tuple[int, int]:
-        """(rank, local chunk) of global stage `stage`: the inverse of :meth:`stage`."""
-        if self.kind == "v":
-            return (stage, 0) if stage < self.p else (2 * self.p - 1 - stage, 1)
-        return stage % self.p, stage // self.p
-
-    def table(self) -> tuple[tuple[int, ...], ...]:
-        """The stages of each rank, chunk by chunk: ((0, 7), (1, 6), ...) for V on 4 ranks."""
-        return tuple(tuple(self.stage(r, c) for c in range(self.v)) for r in range(self.p))
-
-
-def placement_for(kind: str, p: int, v: int = 1) -> Placement:
-    """The placement a schedule kind runs on: V for zb-v and dualpipe-v, else the loop."""
-    return Placement("v" if kind in V_SCHEDULES else "loop", p, v)
-
-
 @dataclass(frozen=True)
 class Schedule:
     """`actions`: one ordered tuple per pipeline rank. `overlapped`: per rank, the
@@ -148,10 +101,10 @@ class Schedule:
         return self.placement.stage(rank, chunk)
 
     def is_first(self, rank: int, chunk: int) -> bool:
-        return self.stage(rank, chunk) == 0
+        return self.placement.chunk_ends(rank, chunk)[0]
 
     def is_last(self, rank: int, chunk: int) -> bool:
-        return self.stage(rank, chunk) == self.num_stages - 1
+        return self.placement.chunk_ends(rank, chunk)[1]
 
     def compute_actions(self, rank: int) -> tuple[Action, ...]:
         return tuple(a for a in self.actions[rank] if a.is_compute)

@@ -53,17 +53,14 @@ class RunReport:
         pipe = tr.pipeline
         if self.first is None:
             self.first = step
-            own_trace = tr.comm.trace is None
-            if own_trace:  # one step's trace: a long run must not keep every record
-                tr.comm.trace = CommTrace()
-            mark = len(tr.comm.trace.records)
-            if tr.layout.compile:  # compiled blocks do not run the saved-tensor hooks the meter needs
-                loss = tr.step(step)
-            else:
-                loss, self.memory = measured_step(tr, step)
-            self.trace_records = [r for r in tr.comm.trace.records[mark:] if r.get("phase") != "log"]
-            if own_trace:
-                tr.comm.trace = None
+            # one step's trace (a long run must not keep every record), or the run's own
+            with tr.comm.tracing(tr.comm.trace or CommTrace()) as trace:
+                mark = len(trace.records)
+                if tr.layout.compile:  # compiled blocks do not run the saved-tensor hooks the meter needs
+                    loss = tr.step(step)
+                else:
+                    loss, self.memory = measured_step(tr, step)
+            self.trace_records = [r for r in trace.records[mark:] if r.get("phase") != "log"]
             if pipe is not None:
                 self._timeline_was = pipe.record
             return loss

@@ -297,20 +297,20 @@ def sweep_job(comm, model, layout, train, corpus, extra) -> dict | None:
     tr = Trainer(model, layout, train, comm, corpus)
     from ..comm import CommTrace
 
-    trace, comm.trace = comm.trace or CommTrace(), None  # time the steps without recording them
+    comm, trace = tr.comm, tr.comm.trace or CommTrace()
     warmup, steps = extra.get("warmup", 2), extra.get("steps", 5)
     times = []
-    for i in range(warmup + steps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        tr.step(i)
-        comm.barrier()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    comm.trace = trace
+    with comm.tracing(None):  # time the steps without recording them
+        for i in range(warmup + steps):
+            comm.barrier()
+            t0 = time.perf_counter()
+            tr.step(i)
+            comm.barrier()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
     trace.records.clear()
-    tr.step(warmup + steps)
-    comm.trace = None
+    with comm.tracing(trace):
+        tr.step(warmup + steps)
     # each call with its group's size (a send is between two ranks)
     calls = [{"op": c["op"], "axis": c["axis"], "bytes": c["bytes"],
               "n": 2 if c["op"] in ("send", "recv") else comm.size(c["axis"])}

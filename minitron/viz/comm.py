@@ -147,38 +147,44 @@ def dp_overlap_job(comm, model, train, layouts, steps: int = 2) -> list[dict] | 
     and None on the other ranks.
     """
     from ..data import load_corpus
-    from ..train import Trainer
 
     corpus = load_corpus(train.data)
     out = []
     for layout in layouts:
-        trace = TimedTrace()
-        comm.trace = trace
-        tr = Trainer(model, layout, train, comm, corpus)
-        grads: list[dict] = []
-
-        def hook(name):
-            def stamp(g):
-                seq, t = trace.stamp()
-                grads.append({"name": name, "step": comm.step, "microbatch": comm.microbatch, "seq": seq, "t": t})
-            return stamp
-
-        for p in tr.params:
-            p.register_hook(hook(p.shard.name))
+        with comm.tracing(TimedTrace()) as trace:
+            tr, grads, windows = _stamped_steps(model, layout, train, comm, corpus, steps, trace)
         bucketed = hasattr(tr.dp, "buckets")
         order = list(tr.dp.params) if bucketed else list(reversed(tr.params))  # ~ backward order
-        windows = []
-        for i in range(steps):
-            t0 = time.perf_counter()
-            tr.step(i)
-            windows.append((t0, time.perf_counter()))
-        comm.trace = None
         out.append({"layout": layout.describe() + (f" {layout.dp_impl}" if not layout.zero1 else ""),
                     "params": [p.shard.name for p in order],
                     "buckets": [list(b.tensors) for b in tr.dp.buckets] if bucketed else None,
                     "records": trace.records, "grads": grads, "steps": windows})
         comm.barrier()
     return out if comm.grid.rank == 0 else None
+
+
+def _stamped_steps(model, layout, train, comm, corpus, steps: int, trace: TimedTrace):
+    """(the Trainer, the gradient stamps, the step windows) of `steps` steps of `layout`
+    (:func:`dp_overlap_job`), the trace installed by the caller."""
+    from ..train import Trainer
+
+    tr = Trainer(model, layout, train, comm, corpus)
+    grads: list[dict] = []
+
+    def hook(name):
+        def stamp(g):
+            seq, t = trace.stamp()
+            grads.append({"name": name, "step": tr.comm.step, "microbatch": tr.comm.microbatch, "seq": seq, "t": t})
+        return stamp
+
+    for p in tr.params:
+        p.register_hook(hook(p.shard.name))
+    windows = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        tr.step(i)
+        windows.append((t0, time.perf_counter()))
+    return tr, grads, windows
 
 
 def overlap_events(run: dict, step: int = -1, axis: str = "dp") -> list[dict]:
