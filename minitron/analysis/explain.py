@@ -73,4 +73,5 @@ def format_explain(pred: Prediction) -> str:
                  f"{bd['recompute']}, {bd['microbatches']} microbatches "
                  f"per pipeline, bubble fraction {pred.bubble_fraction:.3f}, "
                  f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {bd['mfu']:.1%}")
+    lines += [f"kernel assumed, {group}: {what}" for group, what in bd.get("kernels", {}).items()]
     return "\n".join(lines)
