@@ -298,8 +298,9 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with fp32 gradient
     accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree; `software` is the
     stack the layouts run (a :class:`~minitron.analysis.software.Software` or a preset
-    name, see :func:`~minitron.analysis.cluster.predict`; default: the cluster's era's,
-    :func:`cluster_software`); layouts with t > 1 are
+    name, see :func:`~minitron.analysis.cluster.predict`; default: predict's, so that a
+    layout planned and then predicted is priced alike; ``minitron plan`` passes the
+    cluster's era's, :func:`cluster_software`); layouts with t > 1 are
     sequence parallel when the software is. The pipeline schedules, context-parallel
     kinds and FSDP searched are the software's (``schedules, context_parallel, fsdp``)
     unless `schedules`, `cp_kinds`, `fsdp` say otherwise. `zero`: 1 prices Megatron's
@@ -314,7 +315,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     the planner never searches an axis the software does not run.
     """
     c = get_cluster(cluster)
-    sw = cluster_software(software, c)
+    sw = get_software(software)
     check_request(model, c, sw, ep, cp, cp_kinds, zero)
     if seq_len:
         model = model.replace(seq_len=seq_len)
