@@ -365,7 +365,7 @@ def test_each_kernel_priced_within_10_percent_of_its_published_points():
             assert abs(priced / published - 1) <= 0.10, (kernel, gpu, d, kind, s, priced, published)
 
 
-def test_each_stack_names_its_kernel_and_explain_cites_it():
+def test_each_stack_names_its_kernel_and_explain_cites_it(capsys):
     from minitron.analysis import format_explain
     from minitron.analysis.software import ATTENTION_KERNELS, SOFTWARE
     kernels = {name: sw.kernel for name, sw in SOFTWARE.items()}
@@ -375,13 +375,18 @@ def test_each_stack_names_its_kernel_and_explain_cites_it():
     m = PRESETS["llama3-70b"]
     for flash in ("flash-attention-2", "flash-attention-3", "cudnn"):
         sw = get_software("megatron-core-2024").replace(flash_kernel=flash)
-        text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "h100-dgx", software=sw))
+        text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "h100-dgx", software=sw), kernels=True)
         assert f"kernel assumed, attention: {flash}, priced at the GEMM roofline; its published figure" in text
         assert "(FlashAttention-3 paper (arXiv 2407.08608) Fig. 5" in text
-    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "a100-dgx", software="ptdp-2021"))
+    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "a100-dgx", software="ptdp-2021"), True)
     assert "kernel assumed, attention: fused-softmax" in text and "kernel assumed, matmul: cuBLAS" in text
-    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "v100-dgx2", software="minitron"))
+    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "v100-dgx2", software="minitron"), True)
     assert "no published figures for it on V100-SXM3-32GB" in text
+    assert "kernel assumed" not in format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "h100-dgx"))
+    # the command prints them
+    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "64", "--cluster", "h100-dgx",
+                 "--tp", "8", "--pp", "4", "--explain"]) == 0
+    assert "kernel assumed, attention: cudnn, priced at the GEMM roofline" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("stack", ["torchtitan", "megatron-2025", "fsdp"])

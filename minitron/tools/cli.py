@@ -647,7 +647,7 @@ def _published_run(args) -> int:
     print(f"software: {P.H100_SOFTWARE}" + "".join(f", {k}={v}" for k, v in options.items())
           + " (beyond the preset, as the run's recipe and table state)" * bool(options))
     if args.explain:
-        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+        print(f"\none iteration, part by part:\n{format_explain(pred, kernels=True)}")
     return 0
 
 
@@ -762,7 +762,7 @@ def cmd_plan(args) -> int:
     for axis, why in rows[0].get("reasons", {}).items():  # why the best layout's schedule, cp, sharding
         print(f"why {axis}: {why}")
     if args.explain:
-        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+        print(f"\none iteration, part by part:\n{format_explain(pred, kernels=True)}")
     if args.plot:
         print(f"figure written to {args.plot}")
     return 0
