@@ -704,14 +704,21 @@ def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> Non
     _need(model.dropout == 0.0,
           f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
     _need(layout.cp_mode in CP_MODES, f"unknown --cp-mode '{layout.cp_mode}': use {' or '.join(CP_MODES)}")
-    if layout.cp_mode == "a2a":  # Ulysses: this rank's heads (after --tp) split over the cp ranks
-        heads, kv = model.heads // layout.tp, max(1, model.n_kv_heads // layout.tp)
-        _need(heads % layout.cp == 0,
-              f"--cp-mode a2a splits each tensor rank's {heads} heads over --cp {layout.cp}: "
-              f"pick --heads a multiple of tp*cp = {layout.tp * layout.cp} or use --cp-mode ring")
-        _need(kv % layout.cp == 0 or layout.cp % kv == 0,
-              f"--cp-mode a2a cannot split or replicate {kv} key/value heads per tensor rank over --cp {layout.cp}: "
-              f"pick --kv-heads so that it divides or is divided by --cp, or use --cp-mode ring")
+    if layout.cp_mode == "a2a":
+        validate_a2a_heads(model, layout.tp, layout.cp)
+
+
+def validate_a2a_heads(model: ModelConfig, tp: int, cp: int, flag: str = "--cp-mode") -> None:
+    """All-to-all (Ulysses) context parallelism splits each tensor rank's heads over the cp
+    ranks: the query heads must divide, the key/value heads divide or be divided. The one
+    rule `train` and the planner (`flag`: the option that chose a2a) both apply."""
+    heads, kv = model.heads // tp, max(1, model.n_kv_heads // tp)
+    _need(heads % cp == 0,
+          f"{flag} a2a splits each tensor rank's {heads} heads over --cp {cp}: "
+          f"pick --heads a multiple of tp*cp = {tp * cp} or use {flag} ring")
+    _need(kv % cp == 0 or cp % kv == 0,
+          f"{flag} a2a cannot split or replicate {kv} key/value heads per tensor rank over --cp {cp}: "
+          f"pick --kv-heads so that it divides or is divided by --cp, or use {flag} ring")
 
 
 def validate_kv_heads(model: ModelConfig, layout: ParallelConfig) -> None:

@@ -350,3 +350,56 @@ def test_v_schedules_priced_with_the_stage_times():
     f, b, w = pred.breakdown["stage_fbw"]
     mb = pred.breakdown["microbatches"]
     assert pred.bubble_fraction == pytest.approx(bubble_fraction("zb-v", 8, mb, 2, f, b, w), rel=1e-12)
+
+
+# ---- issue 47 items 1 and 6: attention kernels priced from their published benchmarks ------
+def test_each_kernel_priced_within_10_percent_of_its_published_points():
+    """Every flash kernel's fitted throughput against every published figure it is fitted
+    to (software.KERNEL_BENCHMARKS: FlashAttention-3 paper Fig. 5 and 6 on H100,
+    FlashAttention-2 paper on A100), within 10 %."""
+    from minitron.analysis.software import _SEQS, KERNEL_BENCHMARKS, kernel_tflops
+    for (kernel, gpu, d, kind), (tflops, source) in KERNEL_BENCHMARKS.items():
+        assert "arXiv" in source
+        for s, published in zip(_SEQS, tflops):
+            priced = kernel_tflops(kernel, gpu, d, s, "fwd" if kind == "fwd+bwd" else kind)
+            assert abs(priced / published - 1) <= 0.10, (kernel, gpu, d, kind, s, priced, published)
+
+
+def test_each_stack_names_its_kernel_and_explain_cites_it(capsys):
+    from minitron.analysis import format_explain
+    from minitron.analysis.software import ATTENTION_KERNELS, SOFTWARE
+    kernels = {name: sw.kernel for name, sw in SOFTWARE.items()}
+    assert kernels == {"megatron-2019": "unfused", "ptdp-2021": "fused-softmax", "korthikanti-2022": "fused-softmax",
+                       "current": "flash-attention-2", "megatron-core-2024": "cudnn", "minitron": "flash-attention-2"}
+    assert set(kernels.values()) <= set(ATTENTION_KERNELS)
+    m = PRESETS["llama3-70b"]
+    for flash in ("flash-attention-2", "flash-attention-3", "cudnn"):
+        sw = get_software("megatron-core-2024").replace(flash_kernel=flash)
+        text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "h100-dgx", software=sw), kernels=True)
+        assert f"kernel assumed, attention: {flash}, priced at the GEMM roofline; its published figure" in text
+        assert "(FlashAttention-3 paper (arXiv 2407.08608) Fig. 5" in text
+    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "a100-dgx", software="ptdp-2021"), True)
+    assert "kernel assumed, attention: fused-softmax" in text and "kernel assumed, matmul: cuBLAS" in text
+    text = format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "v100-dgx2", software="minitron"), True)
+    assert "no published figures for it on V100-SXM3-32GB" in text
+    assert "kernel assumed" not in format_explain(predict(m, PlannedLayout(tp=8, pp=4, dp=2), 64, "h100-dgx"))
+    # the command prints them
+    assert main(["plan", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "64", "--cluster", "h100-dgx",
+                 "--tp", "8", "--pp", "4", "--explain"]) == 0
+    assert "kernel assumed, attention: cudnn, priced at the GEMM roofline" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "megatron-2025", "fsdp"])
+def test_an_unknown_stack_in_one_line(capsys, stack):
+    from minitron.tools.cli import main
+    assert main(["plan", "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--tp", "8",
+                 "--pp", "16", "--software", stack]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"unknown software '{stack}': choose one of megatron-2019" in err and "\n" not in err, err
+    with pytest.raises(ValueError, match="no published bwd figures for the triton attention kernel on H100"):
+        P_kernel("triton", "H100-SXM5-80GB", 128, 8192, "bwd")
+
+
+def P_kernel(*a):
+    from minitron.analysis.software import kernel_tflops
+    return kernel_tflops(*a)

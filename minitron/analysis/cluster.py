@@ -123,7 +123,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import ModelConfig
+from ..config import ModelConfig, validate_a2a_heads
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
 from .experts import balanced_all_to_all_bytes
@@ -131,12 +131,12 @@ from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flo
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
 from .params import layout_get, layout_placement, padded_vocab, params_given_layers, rank_layers
-from .software import Software, get_software
+from .software import Software, get_software, kernel_source, kernel_tflops
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
            "predict", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
-           "DP_OVERLAP", "DROPLESS_MOE_HOST_S"]
+           "DP_OVERLAP", "DROPLESS_MOE_HOST_S", "GPU_MEMORY_BYTES"]
 
 # ---- calibrated constants (fitted only to the Megatron-LM 2019 figures) -----------------
 GEMM_MAX_EFFICIENCY = 0.85      # fraction of peak a large fp16 GEMM reaches (cuBLAS)
@@ -200,6 +200,9 @@ class Cluster:
     gemm_max_efficiency: float = 0.0      # 0: GEMM_MAX_EFFICIENCY (the cuBLAS figure of V100/A100)
     fp8_peak_flops: float = 0.0           # dense FP8 tensor-core peak; 0: no FP8
     fp8_gemm_max_efficiency: float = 0.0  # fraction of the FP8 peak a large FP8 GEMM reaches
+    # the software of the cluster's era (a preset of analysis.software): what `plan`
+    # prices unless told otherwise
+    software: str = "megatron-2019"
 
     @property
     def ridge(self) -> float:
@@ -217,10 +220,10 @@ CLUSTERS: dict[str, Cluster] = {
     # (the "300 GB/s" of Megatron-LM 2019 counts both directions), 8×100 Gb/s InfiniBand
     # = 100 GB/s between servers per node.
     "v100-dgx2": Cluster("v100-dgx2", "V100-SXM3-32GB", 125e12, 16, 150e9, 100e9, 5e-6, 10e-6,
-                         32e9, 900e9),
+                         32e9, 900e9, software="megatron-2019"),
     # DGX A100: 8 A100 (80 GB, 2.0 TB/s), NVLink3 300 GB/s per direction, 8×200 Gb/s IB.
     "a100-dgx": Cluster("a100-dgx", "A100-SXM4-80GB", 312e12, 8, 300e9, 200e9, 5e-6, 10e-6,
-                        80e9, 2.039e12),
+                        80e9, 2.039e12, software="ptdp-2021"),
     # DGX H100 (NVIDIA H100 SXM datasheet): 8 H100 (80 GB HBM3, 3.35 TB/s), dense bf16
     # 989 TFLOP/s and dense FP8 1,979 TFLOP/s (the datasheet's 1,979 / 3,958 assume
     # sparsity), NVLink 4 at 900 GB/s per GPU both ways = 450 GB/s per direction, one
@@ -229,8 +232,14 @@ CLUSTERS: dict[str, Cluster] = {
     # the Megatron-LM 2019 calibration.
     "h100-dgx": Cluster("h100-dgx", "H100-SXM5-80GB", 989e12, 8, 450e9, 400e9, 4e-6, 8e-6,
                         80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
-                        fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY),
+                        fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
+                        software="megatron-core-2024"),
 }
+
+# Memory of the common training GPUs (datasheets), for `minitron memory`'s warning: the
+# clusters' GPUs and the H200 (141 GB HBM3e) and B200 (180 GB per GPU in a DGX B200).
+GPU_MEMORY_BYTES: dict[str, float] = {**{c.gpu: c.memory_bytes for c in CLUSTERS.values()},
+                                      "H200-SXM-141GB": 141e9, "B200-180GB": 180e9}
 
 
 def get_cluster(cluster: str | Cluster) -> Cluster:
@@ -452,17 +461,18 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
         # one fused kernel (Dao et al. 2022): the s×s scores stay on chip, so its HBM
         # traffic is Q, K, V and the output, not the score matrix — priced on the same
         # smooth roofline as a GEMM with that intensity (far above the ridge: it runs at
-        # the GEMM ceiling, as FlashAttention-3 reports on H100, Shah et al. 2024)
+        # the GEMM ceiling). The published kernel figures (software.kernel_tflops) are
+        # shown beside it by explain, not priced: see benchmarks/RESULTS.md (issue 47)
         flops = 2 * 2 * (s / cp) * (s * causal) * d * heads
         intensity = flops / (e * heads * d * (2 * s / cp + 2 * s))
         eff = c.gemm_e_max * intensity / (intensity + c.gemm_e_max * c.ridge)
         att_f = flops / (c.peak_flops * eff)
-        att_b = 2 * att_f
+        att_b = 2.5 * att_f  # QKᵀ recomputed in the backward
     else:
         for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
             x, y, z = _gemm_s(*mm, c, count=heads)
             att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
-    att_b *= sw.attention_backward_ratio / 2    # flash attention recomputes QKᵀ backward
+        att_b *= sw.attention_backward_ratio / 2
     parts["attention"] = (att_f, att_b, 0.0)
     # Element-wise bytes, from the software's kernel inventory (see software.py): per
     # token, replicated unless sequence parallel, the norms and the two residual-branch
@@ -799,12 +809,33 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
                  "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
                  "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
                  "software": sw.name, "recompute": rc, "parts": per_iteration, "fp8": fp8,
+                 "kernels": _kernels_assumed(sw, c, head_dim or model.head_dim, fp8, model.seq_len // cp),
                  "stage_fbw": (F, B_in, B_w),
                  "tokens_per_s_per_gpu": global_batch * model.seq_len / (n_gpus * it),
                  "mfu": mfu_flops / (n_gpus * it * c.peak_flops)}
     return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
                       memory_gb_per_gpu=mem["total_bytes"] / 1e9, bubble_fraction=bub,
                       breakdown=breakdown)
+
+
+def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> dict:
+    """{part group: the kernel a prediction assumes for it, and where its speed comes from}."""
+    if sw.attention == "flash":
+        try:
+            fig = (f"; its published figure at s = {seq}: {kernel_tflops(sw.kernel, c.gpu, d, seq):.0f} TFLOP/s "
+                   f"forward, {kernel_tflops(sw.kernel, c.gpu, d, seq, 'bwd'):.0f} backward "
+                   f"({kernel_source(sw.kernel, c.gpu, d)}), not priced")
+        except ValueError:
+            fig = f"; no published figures for it on {c.gpu}"
+        att = f"{sw.kernel}, priced at the GEMM roofline" + fig
+    else:
+        att = (f"{sw.kernel}: QKᵀ and attention·V as GEMMs on the roofline, "
+               f"{sw.attention_matrix_passes} passes over the score matrix (software.ATTENTION_MATRIX_PASSES)")
+    e_max = c.fp8_gemm_max_efficiency if fp8 else c.gemm_e_max
+    gemm = (f"cuBLAS GEMMs on a roofline, at most {e_max:.3f} of the {'FP8' if fp8 else '16-bit'} peak "
+            + ("(fitted on published.H100_FITTING_RUNS)" if c.gemm_max_efficiency else "(GEMM_MAX_EFFICIENCY, cuBLAS)"))
+    return {"attention": att, "matmul": gemm,
+            "elementwise": f"memory-bound at {ELEMENTWISE_BW_FRACTION} of HBM bandwidth (fitted on Megatron-LM 2019)"}
 
 
 def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind: str) -> None:
@@ -815,6 +846,8 @@ def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind:
         raise ValueError(f"unknown context-parallel kind '{L.cp_kind}': choose one of {', '.join(CP_KINDS)}")
     if model.seq_len % (2 * L.cp) and L.cp > 1:
         raise ValueError(f"sequence {model.seq_len} does not split into 2·cp = {2 * L.cp} chunks")
+    if L.cp > 1 and L.cp_kind == "a2a":  # what `train` refuses is never priced
+        validate_a2a_heads(model, t, L.cp, flag="--cp-kind")
     if L.ep > 1 and (not model.experts or model.experts % L.ep or (t * L.cp * d) % L.ep):
         raise ValueError(f"expert parallel degree {L.ep} must divide the {model.experts} experts "
                          f"and the tp·cp·dp = {t * L.cp * d} ranks")

@@ -59,8 +59,10 @@ def explain(pred: Prediction) -> list[dict]:
     return rows
 
 
-def format_explain(pred: Prediction) -> str:
-    """:func:`explain` as a text table, with the iteration's total and its software."""
+def format_explain(pred: Prediction, kernels: bool = False) -> str:
+    """:func:`explain` as a text table, with the iteration's total and its software; with
+    `kernels`, a line per kind of work naming the kernel assumed and where its speed comes
+    from (``minitron plan --explain``)."""
     rows = explain(pred)
     width = max(len(r["label"]) for r in rows)
     lines = [f"{'part':<{width}} {'seconds':>9} {'share':>7}"]
@@ -73,4 +75,5 @@ def format_explain(pred: Prediction) -> str:
                  f"{bd['recompute']}, {bd['microbatches']} microbatches "
                  f"per pipeline, bubble fraction {pred.bubble_fraction:.3f}, "
                  f"{pred.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {bd['mfu']:.1%}")
+    lines += [f"kernel assumed, {group}: {what}" for group, what in bd["kernels"].items()] if kernels else []
     return "\n".join(lines)

@@ -39,17 +39,68 @@ best layout without (or with) it.
 """
 from __future__ import annotations
 
-from ..config import V_SCHEDULES, ModelConfig, min_microbatches
-from .cluster import Cluster, get_cluster, predict
-from .software import Software, get_software
+from ..config import V_SCHEDULES, ConfigError, ModelConfig, min_microbatches, validate_a2a_heads
+from .cluster import CLUSTERS, Cluster, get_cluster, predict
+from .software import SOFTWARE, Software, get_software
 
-__all__ = ["plan", "valid_layouts", "CP_MIN_SEQUENCE", "CP_MIN_CHUNK"]
+__all__ = ["plan", "valid_layouts", "check_request", "cluster_software", "CP_MIN_SEQUENCE", "CP_MIN_CHUNK"]
 
 # Context parallelism is searched for sequences of at least this many tokens, split in
 # chunks of at least CP_MIN_CHUNK (Llama 3 trained its 8k stage without it and its
 # 128k stage with cp = 16: 8k-token chunks; Grattafiori et al. 2024, §3.3.1)
 CP_MIN_SEQUENCE = 8192
 CP_MIN_CHUNK = 4096
+
+
+def cluster_software(software: "str | Software | None", cluster: str | Cluster) -> Software:
+    """The software a plan prices: the one named, else the cluster's era's
+    (:attr:`~minitron.analysis.cluster.Cluster.software`: megatron-2019 on V100,
+    ptdp-2021 on A100, megatron-core-2024 on H100)."""
+    return get_software(get_cluster(cluster).software if software is None else software)
+
+
+def _stacks(has) -> str:
+    return ", ".join(name for name, sw in SOFTWARE.items() if has(sw)) or "none"
+
+
+def check_request(model: ModelConfig, cluster: str | Cluster, sw: Software, ep: int | None = None,
+                  cp: int | None = None, cp_kinds: tuple | None = None, zero: int = 0) -> None:
+    """Refuse, in one line naming the setting, what the model, the cluster or the
+    software cannot run: expert parallelism on a dense model (or an ep that does not
+    divide the experts), FP8 on a GPU without FP8 tensor cores, context parallelism or a
+    context-parallel kind the software does not run, FSDP (zero 3) on software that does
+    not shard weights. ``plan`` and ``minitron plan`` call it before pricing anything."""
+    c = get_cluster(cluster)
+    if ep and ep > 1 and not model.experts:
+        raise ConfigError(f"ep = {ep}: {model.name} is a dense model (no experts), so nothing splits over "
+                          f"expert-parallel ranks: drop --ep or plan a MoE model")
+    if ep and ep > 1 and model.experts % ep:
+        raise ConfigError(f"ep = {ep} does not divide the {model.experts} experts of {model.name}: pick a divisor")
+    if sw.fp8 and not c.fp8_peak_flops:
+        fp8_clusters = ", ".join(n for n, k in CLUSTERS.items() if k.fp8_peak_flops) or "none"
+        raise ConfigError(f"fp8: {c.name}'s {c.gpu} has no FP8 tensor cores: drop --fp8 or plan on a cluster "
+                          f"that has them ({fp8_clusters})")
+    if cp and cp > 1 and not sw.context_parallel:
+        raise ConfigError(f"cp = {cp}: software {sw.name} runs no context parallelism: drop --cp or choose a "
+                          f"stack that runs it ({_stacks(lambda s: s.context_parallel)})")
+    for kind in cp_kinds or ():
+        if kind not in sw.context_parallel:
+            raise ConfigError(f"cp kind '{kind}': software {sw.name} runs "
+                              f"{', '.join(sw.context_parallel) or 'no context parallelism'}: pick one of those "
+                              f"or a stack that runs it ({_stacks(lambda s, k=kind: k in s.context_parallel)})")
+    if zero == 3 and not sw.fsdp:
+        raise ConfigError(f"zero = 3 (FSDP): software {sw.name} does not shard weights: use --zero 0 or 1, or a "
+                          f"stack that does ({_stacks(lambda s: s.fsdp)})")
+
+
+def _a2a_splits(model: ModelConfig, t: int, k: int) -> bool:
+    """Whether all-to-all context parallelism over k ranks can split t-way heads (the
+    rule `train` applies, :func:`minitron.config.validate_a2a_heads`)."""
+    try:
+        validate_a2a_heads(model, t, k)
+    except ConfigError:
+        return False
+    return True
 
 
 def _divisors(n: int) -> list[int]:
@@ -98,7 +149,8 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
     MLP width and the GPU count; cp: 1, or (sequences of at least CP_MIN_SEQUENCE
     tokens) a power of two leaving chunks of at least CP_MIN_CHUNK, one layout per kind
-    of `cp_kinds` (all-to-all only where the heads split over t·cp); p: divides
+    of `cp_kinds` (none when it is empty; all-to-all only where `train` can split the
+    heads over t·cp, :func:`minitron.config.validate_a2a_heads`); p: divides
     gpus/(t·cp) and is at most the layer count; d = gpus/(t·cp·p); b divides
     global_batch/d (at most `max_microbatch`); the schedules of `schedules` that apply:
     1F1B (and zb-h1) with v = 1, interleaved with v > 1, the V schedules with v = 2, each
@@ -113,17 +165,19 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
         if model.heads % t or model.hidden % t or model.ffn_hidden % t or gpus % t:
             continue
         kv = model.n_kv_heads
-        if t > kv and t % kv:  # a kv head is split over whole ranks, or replicated t/kv times
+        if (kv % t if t <= kv else t % kv):  # kv heads split over whole ranks, or each replicated t/kv times
             continue
         if cp:
             cps = [cp]
+        elif not cp_kinds:  # the software runs no context parallelism
+            cps = [1]
         else:
             cps = [1] + [k for k in _powers_of_two_upto(s // CP_MIN_CHUNK)
                          if k > 1 and s >= CP_MIN_SEQUENCE]
         for k in cps:
             if (gpus // t) % k or (k > 1 and s % (2 * k)):  # 2·cp chunks: each rank a front and a back one
                 continue
-            kinds = [ck for ck in cp_kinds if ck != "a2a" or model.heads % (t * k) == 0] if k > 1 else ["ring"]
+            kinds = [ck for ck in cp_kinds if ck != "a2a" or _a2a_splits(model, t, k)] if k > 1 else ["ring"]
             for p in ([pp] if pp else _divisors(gpus // (t * k))):
                 if p > model.layers or (gpus // (t * k)) % p:
                     continue
@@ -244,7 +298,9 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with fp32 gradient
     accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree; `software` is the
     stack the layouts run (a :class:`~minitron.analysis.software.Software` or a preset
-    name, see :func:`~minitron.analysis.cluster.predict`); layouts with t > 1 are
+    name, see :func:`~minitron.analysis.cluster.predict`; default: predict's, so that a
+    layout planned and then predicted is priced alike; ``minitron plan`` passes the
+    cluster's era's, :func:`cluster_software`); layouts with t > 1 are
     sequence parallel when the software is. The pipeline schedules, context-parallel
     kinds and FSDP searched are the software's (``schedules, context_parallel, fsdp``)
     unless `schedules`, `cp_kinds`, `fsdp` say otherwise. `zero`: 1 prices Megatron's
@@ -254,10 +310,13 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     without FSDP, ``True`` ranks them with the others, ``False`` tries none.
 
     Raises ValueError (one line) for an unknown cluster, fixed degrees that do not
-    divide the GPU count, or a model that fits no layout.
+    divide the GPU count, a model that fits no layout, or what :func:`check_request`
+    refuses (an axis, kind or precision the model, cluster or software does not run):
+    the planner never searches an axis the software does not run.
     """
     c = get_cluster(cluster)
     sw = get_software(software)
+    check_request(model, c, sw, ep, cp, cp_kinds, zero)
     if seq_len:
         model = model.replace(seq_len=seq_len)
     if gpus < 1:
@@ -292,7 +351,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
 
     n_layouts = 0
     for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
-                             schedules=schedules, cp_kinds=cp_kinds or ("ring",)):
+                             schedules=schedules, cp_kinds=cp_kinds):
         n_layouts += 1
         lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1, "zero": zero, "fsdp_shard": 0}
         e = priced(lay)

@@ -18,6 +18,13 @@ kernels are itemised both ways):
   ``"flash"`` (Dao et al. 2022): the s×s matrix never
   leaves on-chip memory, no pass at all, but the backward recomputes QKᵀ, so the
   attention products cost 2.5× their forward in the backward instead of 2×;
+* **flash_kernel** — which fused attention kernel a flash stack runs (FlashAttention-2,
+  FlashAttention-3, cuDNN's fused attention, a Triton kernel): Transformer Engine's
+  default on Hopper is cuDNN's (``megatron-core-2024``); ``current``, meant for any GPU
+  from the A100 on, and PyTorch's ``scaled_dot_product_attention`` (``minitron``) run
+  FlashAttention-2. Each is priced
+  at the throughput its published kernel benchmark gives for the GPU, head width and
+  sequence length (:func:`kernel_tflops`, :data:`KERNEL_BENCHMARKS`);
 * **fused bias + dropout + residual add** (PTD-P §4.2) — after attention and after the
   MLP: unfused, bias add (2 passes of the b·s·h activation), dropout (2.5) and the
   residual add (3) are 7.5 passes each; fused, one kernel reads the input and the
@@ -77,9 +84,10 @@ fitted to the runs the presets are validated on.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 __all__ = ["Software", "SOFTWARE", "DEFAULT_SOFTWARE", "get_software", "ATTENTION_MATRIX_PASSES",
-           "TOKEN_PASSES"]
+           "TOKEN_PASSES", "ATTENTION_KERNELS", "KERNEL_BENCHMARKS", "kernel_tflops", "kernel_source"]
 
 ATTENTIONS = ("unfused", "fused-softmax", "flash")
 TP_OVERLAPS = ("none", "backward", "all")
@@ -99,6 +107,97 @@ ATTENTION_MATRIX_PASSES = {"unfused": (8.5, 10.0), "fused-softmax": (4.0, 4.5), 
 # Forward passes over b·s·h of the kernels around the two residual branches: two
 # LayerNorms (read, write: 2 each) plus, twice, bias + dropout + residual add.
 TOKEN_PASSES = {False: 4 + 2 * 7.5, True: 4 + 2 * 3.5}  # key: fused bias+dropout+add
+
+
+# ---- attention kernels: published kernel benchmarks (never end-to-end runs) ------------
+# Each stack names the attention kernel it runs; the two without a fused kernel are priced
+# by their passes over the score matrix (ATTENTION_MATRIX_PASSES), the flash kernels by
+# the throughput their authors published, in TFLOP/s counted as they count it (4·s²·d per
+# head forward, half with a causal mask; the backward 2.5× the forward), by GPU, head
+# width, causal mask and pass. Sources, each read off the figure's printed bar labels:
+#   H100 forward: FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608) Figure 5 (b), (d),
+#     (f), "Forward, with causal mask", head dim 64 / 128 / 256, BF16, H100 80GB SXM5
+#     (the flash-attention repository's assets/flash3_fp16_fwd.png);
+#   H100 backward: the same paper's Figure 6, head dim 128, without causal mask (no causal
+#     backward figure is published; Triton's backward is not in it);
+#   A100: FlashAttention-2 (Dao 2023, arXiv 2307.08691) Figure "Attention forward +
+#     backward speed (A100 80GB SXM4)", (c), (d): with causal mask, head dim 64 / 128
+#     (assets/flash2_a100_fwd_bwd_benchmark.png), one figure for both passes.
+ATTENTION_KERNELS = ("unfused", "fused-softmax", "flash-attention-2", "flash-attention-3", "cudnn", "triton")
+_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+_FA3_FWD = "FlashAttention-3 paper (arXiv 2407.08608) Fig. 5, forward, causal, head dim {d}, H100 SXM5"
+_FA3_BWD = "FlashAttention-3 paper (arXiv 2407.08608) Fig. 6, backward, head dim 128 (not causal), H100 SXM5"
+_FA2_A100 = "FlashAttention-2 paper (arXiv 2307.08691) Fig. forward+backward, causal, head dim {d}, A100 SXM4"
+# (kernel, GPU, head dim, pass) -> (TFLOP/s at _SEQS, source); pass "fwd", "bwd" or "fwd+bwd"
+KERNEL_BENCHMARKS: dict[tuple, tuple[tuple[float, ...], str]] = {
+    ("flash-attention-2", "H100-SXM5-80GB", 64, "fwd"): ((180, 229, 262, 284, 295, 299), _FA3_FWD.format(d=64)),
+    ("triton", "H100-SXM5-80GB", 64, "fwd"): ((152, 291, 342, 363, 378, 363), _FA3_FWD.format(d=64)),
+    ("cudnn", "H100-SXM5-80GB", 64, "fwd"): ((225, 288, 334, 363, 379, 388), _FA3_FWD.format(d=64)),
+    ("flash-attention-3", "H100-SXM5-80GB", 64, "fwd"): ((197, 265, 371, 420, 460, 473), _FA3_FWD.format(d=64)),
+    ("flash-attention-2", "H100-SXM5-80GB", 128, "fwd"): ((191, 260, 298, 319, 333, 335), _FA3_FWD.format(d=128)),
+    ("triton", "H100-SXM5-80GB", 128, "fwd"): ((146, 273, 323, 353, 369, 378), _FA3_FWD.format(d=128)),
+    ("cudnn", "H100-SXM5-80GB", 128, "fwd"): ((315, 410, 484, 518, 529, 539), _FA3_FWD.format(d=128)),
+    ("flash-attention-3", "H100-SXM5-80GB", 128, "fwd"): ((292, 423, 521, 579, 602, 616), _FA3_FWD.format(d=128)),
+    ("flash-attention-2", "H100-SXM5-80GB", 256, "fwd"): ((208, 251, 278, 293, 297, 298), _FA3_FWD.format(d=256)),
+    ("cudnn", "H100-SXM5-80GB", 256, "fwd"): ((308, 391, 450, 483, 497, 509), _FA3_FWD.format(d=256)),
+    ("flash-attention-3", "H100-SXM5-80GB", 256, "fwd"): ((286, 427, 537, 612, 628, 642), _FA3_FWD.format(d=256)),
+    ("flash-attention-2", "H100-SXM5-80GB", 128, "bwd"): ((214, 260, 291, 310, 318, 322), _FA3_BWD),
+    ("cudnn", "H100-SXM5-80GB", 128, "bwd"): ((305, 408, 465, 499, 518, 516), _FA3_BWD),
+    ("flash-attention-3", "H100-SXM5-80GB", 128, "bwd"): ((316, 424, 501, 542, 559, 561), _FA3_BWD),
+    ("flash-attention-2", "A100-SXM4-80GB", 64, "fwd+bwd"): ((88, 119, 140, 156, 165, 171), _FA2_A100.format(d=64)),
+    ("flash-attention-2", "A100-SXM4-80GB", 128, "fwd+bwd"): ((99, 133, 155, 173, 182, 189), _FA2_A100.format(d=128)),
+}
+
+
+def _series(kernel: str, gpu: str, head_dim: int, kind: str) -> tuple[tuple, tuple, str]:
+    """The published series for a pass: (seqs, TFLOP/s, source) at the nearest published
+    head width; a forward or backward figure, else the forward+backward one. ValueError
+    (one line) when the GPU has none for the kernel."""
+    for pass_ in (kind, "fwd+bwd"):
+        widths = [d for (k, g, d, p) in KERNEL_BENCHMARKS if (k, g, p) == (kernel, gpu, pass_)]
+        if widths:
+            d = min(widths, key=lambda w: (abs(w - head_dim), w))
+            tflops, source = KERNEL_BENCHMARKS[kernel, gpu, d, pass_]
+            return _SEQS, tflops, source
+    known = sorted({g for (k, g, _, _) in KERNEL_BENCHMARKS if k == kernel}) or ["none"]
+    raise ValueError(f"no published {kind} figures for the {kernel} attention kernel on {gpu} (it has them for "
+                     f"{', '.join(known)}): choose a software stack whose kernel runs there")
+
+
+def _least_squares(xs: list, ys: list) -> tuple[float, float, float]:
+    """(a, b, worst relative error of 1/(a + b·x) against 1/y) of the line y = a + b·x."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    a = my - b * mx
+    return a, b, max(abs(y / (a + b * x) - 1) for x, y in zip(xs, ys))
+
+
+@lru_cache(maxsize=None)
+def _fit(seqs: tuple, tflops: tuple) -> tuple[float, float, float]:
+    """(a, b, n) of 1/T = a + b·s⁻ⁿ fitted on the published points: a kernel's throughput
+    rising with sequence length to 1/a; a and b by least squares on 1/T for each n of
+    0.5, 0.6, … 3.0, the n of the smallest worst error kept."""
+    fits = []
+    for n in (k / 10 for k in range(5, 31)):
+        a, b, worst = _least_squares([s ** -n for s in seqs], [1 / t for t in tflops])
+        fits.append((worst, a, b, n))
+    _, a, b, n = min(fits)
+    return a, b, n
+
+
+def kernel_tflops(kernel: str, gpu: str, head_dim: int, seq: float, kind: str = "fwd") -> float:
+    """TFLOP/s of an attention kernel's `kind` pass ("fwd" or "bwd") on `gpu` at a causal
+    sequence of `seq` tokens: the curve fitted to its published benchmark (kernel
+    measurements only, :data:`KERNEL_BENCHMARKS`), held flat past the longest published
+    length."""
+    seqs, tflops, _ = _series(kernel, gpu, head_dim, kind)
+    a, b, n = _fit(seqs, tflops)
+    return 1 / (a + b * min(seq, seqs[-1]) ** -n)
+
+
+def kernel_source(kernel: str, gpu: str, head_dim: int, kind: str = "fwd") -> str:
+    """Where the figures :func:`kernel_tflops` is fitted to come from."""
+    return _series(kernel, gpu, head_dim, kind)[2]
 
 
 @dataclass(frozen=True)
@@ -138,8 +237,19 @@ class Software:
     schedules: tuple[str, ...] = ("1f1b", "interleaved")
     context_parallel: tuple[str, ...] = ()
     fsdp: bool = False
+    # the flash kernel when `attention` is "flash" (ATTENTION_KERNELS), priced from its
+    # published benchmarks (kernel_tflops); the `kernel` property names the one run
+    flash_kernel: str = "flash-attention-2"
+
+    @property
+    def kernel(self) -> str:
+        """The attention kernel this stack runs: "unfused", "fused-softmax" or its flash kernel."""
+        return self.flash_kernel if self.attention == "flash" else self.attention
 
     def __post_init__(self):
+        if self.flash_kernel not in ATTENTION_KERNELS[2:]:
+            raise ValueError(f"software '{self.name}': flash_kernel must be one of "
+                             f"{', '.join(ATTENTION_KERNELS[2:])} (got '{self.flash_kernel}')")
         for field, value, allowed in (("attention", self.attention, ATTENTIONS),
                                       ("tp_overlap", self.tp_overlap, TP_OVERLAPS),
                                       ("precision", self.precision, PRECISIONS),
@@ -199,21 +309,22 @@ SOFTWARE: dict[str, Software] = {
         "communication overlapped", attention="flash", fused_bias_gelu=True,
         fused_bias_dropout_add=True, no_transposes=True, recompute="selective", sequence_parallel=True,
         dp_overlap=True, tp_overlap="all",
-        pp_overlap=True, precision="bf16"),
+        pp_overlap=True, precision="bf16", flash_kernel="flash-attention-2"),
     "megatron-core-2024": Software(
         "megatron-core-2024", "Megatron-Core / NeMo of 2024-2025 on H100 (the NeMo and Megatron-Bridge "
         "performance tables): Transformer Engine's flash attention and fused kernels, no "
         "recomputation, distributed optimizer, tensor-, data-, pipeline- and context-parallel "
         "communication overlapped", attention="flash", fused_bias_gelu=True, fused_bias_dropout_add=True,
         no_transposes=True, recompute="none", sequence_parallel=True, dp_overlap=True, tp_overlap="all",
-        pp_overlap=True, precision="bf16", context_parallel=("ring", "allgather", "a2a"), fsdp=True),
+        pp_overlap=True, precision="bf16", context_parallel=("ring", "allgather", "a2a"), fsdp=True,
+        flash_kernel="cudnn"),
     "minitron": Software(
         "minitron", "minitron on GPUs: flash attention (scaled_dot_product_attention), unfused "
         "element-wise kernels (eager PyTorch), bucketed data-parallel all-reduce overlapped "
         "with backward, blocking tensor- and pipeline-parallel communication",
         attention="flash", recompute="none", dp_overlap=True, precision="bf16",
         schedules=("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"), context_parallel=("ring", "a2a"),
-        fsdp=True),
+        fsdp=True, flash_kernel="flash-attention-2"),
 }
 
 

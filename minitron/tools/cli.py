@@ -452,21 +452,36 @@ def cmd_verify(args) -> int:
 SCHEDULE_LIMIT = 10_000
 
 
+SCHEDULE_DEFAULTS = {"pp": 4, "vpp": 1, "microbatches": 8}
+
+
+def _schedule_sizes(args) -> tuple[int, int, int]:
+    """(pp, vpp, microbatches): the flags given, else SCHEDULE_DEFAULTS; refused in one line
+    naming each (and whether it is the default) when too small or too large to simulate."""
+    given = {k: getattr(args, k) is not None for k in SCHEDULE_DEFAULTS}
+    sizes = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in SCHEDULE_DEFAULTS.items()}
+    for k, v in sizes.items():
+        if v < 1:
+            raise ConfigError(f"--{k} must be at least 1 (got {v})")
+    pp, vpp, m = sizes.values()
+    if pp * vpp * m > SCHEDULE_LIMIT:
+        # name the largest factor the user gave (else the largest default) as the one to lower
+        culprit = max(sizes, key=lambda k: (given[k], sizes[k]))
+        terms = " x ".join(_given_or_default(f"--{k}", v, given[k]) for k, v in sizes.items())
+        raise ConfigError(f"{terms} = {pp * vpp * m} forward passes, more than the {SCHEDULE_LIMIT} simulated here "
+                          f"in seconds: use a smaller --{culprit} (the bubble fraction is (p-1)/(v*m) = "
+                          f"{(pp - 1) / (vpp * m):.3g})")
+    return pp, vpp, m
+
+
 def cmd_schedule(args) -> int:
     from ..parallel import schedules
 
-    for flag, v in (("--pp", args.pp), ("--vpp", args.vpp), ("--microbatches", args.microbatches)):
-        if v < 1:
-            raise ConfigError(f"{flag} must be at least 1 (got {v})")
-    size = args.pp * args.vpp * args.microbatches
-    if size > SCHEDULE_LIMIT:
-        raise ConfigError(f"--pp {args.pp} x --vpp {args.vpp} x --microbatches {args.microbatches} = {size} forward "
-                          f"passes, more than the {SCHEDULE_LIMIT} simulated here in seconds: use fewer microbatches "
-                          f"(the bubble fraction is (p-1)/(v*m) = {(args.pp - 1) / (args.vpp * args.microbatches):.3g})")
+    pp, vpp, m = _schedule_sizes(args)
     if args.plot:
         check_output_file("--plot", args.plot, [], extensions=PLOT_TYPES)
     try:
-        s = schedules.make_schedule(args.schedule, args.pp, args.vpp, args.microbatches)
+        s = schedules.make_schedule(args.schedule, pp, vpp, m)
         schedules.validate(s)
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -537,10 +552,19 @@ def cmd_memory(args) -> int:
     model, layout = model_from(args), layout_from(args)
     train = train_from(args)
     validate(model, layout, train)
+    if args.cluster:
+        from ..analysis.cluster import get_cluster
+
+        try:
+            get_cluster(args.cluster)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     mem = memory_per_rank(model, layout, train)
     traffic = dp_traffic(model, layout, train)
+    warning, fits = memory_warning(mem["total_bytes"], args.cluster)
     if args.json:
-        print(json.dumps({"model": model.name, "layout": layout.describe(), **mem, **traffic}))
+        print(json.dumps({"model": model_label(args, model), "layout": layout.describe(), **mem, **traffic,
+                          "fits": fits, "warning": warning}))
     else:
         print(f"memory per rank, {model.name} on {layout.describe()} ({train.dtype}, global batch {train.global_batch}, "
               f"{train.microbatches} microbatches):")
@@ -550,7 +574,28 @@ def cmd_memory(args) -> int:
             calls = ", ".join(f"{op} {b / 2**20:.3f}" for op, b in traffic["dp_call_bytes"].items())
             print(f"data-parallel traffic per step (ZeRO stage {layout.zero}): calls {calls} MiB; on the wire "
                   f"{traffic['dp_wire_over_all_reduce']:.2f}x one ring all-reduce of the gradients")
+        if warning:
+            print(warning)
     return 0
+
+
+def memory_warning(total_bytes: float, cluster: str = "") -> tuple[str, dict]:
+    """(A warning line, or "" when the rank fits; {GPU: fits}) for a rank of `total_bytes`
+    against the GPU of `cluster`, or, with none named, the common training GPUs
+    (analysis.cluster.GPU_MEMORY_BYTES)."""
+    from ..analysis.cluster import GPU_MEMORY_BYTES, get_cluster
+
+    gpus = {get_cluster(cluster).gpu: get_cluster(cluster).memory_bytes} if cluster else GPU_MEMORY_BYTES
+    fits = {g: total_bytes <= cap for g, cap in gpus.items()}
+    size = f"{total_bytes / 2**20:,.0f} MiB ({total_bytes / 1e9:.1f} GB) per rank"
+    fix = "split the model further (--tp, --pp), recompute activations (--recompute) or shard states (--zero)"
+    if all(fits.values()):
+        return "", fits
+    if not any(fits.values()):
+        names = ", ".join(f"{g} {cap / 1e9:.0f} GB" for g, cap in gpus.items())
+        return f"warning: {size} fits no GPU of {names}: {fix}", fits
+    small = ", ".join(f"{g} {gpus[g] / 1e9:.0f} GB" for g, ok in fits.items() if not ok)
+    return f"warning: {size} does not fit {small} (only {', '.join(g for g, ok in fits.items() if ok)}): {fix}", fits
 
 
 def dp_traffic(model, layout, train) -> dict:
@@ -613,12 +658,47 @@ def _published_run(args) -> int:
     print(f"software: {P.H100_SOFTWARE}" + "".join(f", {k}={v}" for k, v in options.items())
           + " (beyond the preset, as the run's recipe and table state)" * bool(options))
     if args.explain:
-        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+        print(f"\none iteration, part by part:\n{format_explain(pred, kernels=True)}")
     return 0
 
 
+def model_label(args, model) -> str:
+    """The name a planner answer gives the model: the preset's when the model is exactly
+    it, else ``custom (PRESET with field=value, ...)`` (model flags changed it)."""
+    if getattr(args, "init_from", "") or args.model not in PRESETS:
+        return model.name
+    base = PRESETS[args.model]
+    changed = [f"{f.name}={getattr(model, f.name)}" for f in dataclasses.fields(ModelConfig)
+               if getattr(model, f.name) != getattr(base, f.name)]
+    return f"custom ({args.model} with {', '.join(changed)})" if changed else model.name
+
+
+def _given_or_default(flag: str, value, given: bool) -> str:
+    return f"{flag} {value}" + ("" if given else " (the default)")
+
+
+def _check_fixed_layout(args, model, sw) -> None:
+    """`plan --tp T --pp P`: the GPU count, batch and expert-parallel degree refused by the
+    flags the user gave (or the defaults they came from), before the model prices it."""
+    b = args.microbatch_size or 1
+    mb = _given_or_default("--microbatch-size", b, bool(args.microbatch_size))
+    fixed = args.tp * args.pp * args.cp
+    if args.gpus % fixed:
+        raise ConfigError(f"--tp {args.tp} x --pp {args.pp} x --cp {args.cp} = {fixed} does not divide --gpus "
+                          f"{args.gpus}: pick degrees whose product divides the GPU count")
+    d = args.gpus // fixed
+    if args.global_batch % (d * b):
+        raise ConfigError(f"--global-batch {args.global_batch} does not split over dp = --gpus {args.gpus} / "
+                          f"(tp*pp*cp = {fixed}) = {d} data-parallel ranks x {mb}: pick a --global-batch "
+                          f"that is a multiple of {d * b}, or fewer --gpus")
+    if args.ep > 1 and (args.tp * args.cp * d) % args.ep:
+        raise ConfigError(f"--ep {args.ep} does not divide the tp*cp*dp = {args.tp * args.cp * d} ranks "
+                          f"(--gpus {args.gpus} over --pp {args.pp}) that hold the experts: pick a divisor")
+
+
 def cmd_plan(args) -> int:
-    from ..analysis import format_explain, get_software, plan, predict
+    from ..analysis import format_explain, plan, predict
+    from ..analysis.planner import check_request, cluster_software
 
     if args.published:
         return _published_run(args)
@@ -626,6 +706,7 @@ def cmd_plan(args) -> int:
         raise ConfigError("plan needs --gpus and --global-batch (or --published RUN for a published run)")
     model = model_from(args)
     validate_model(model)
+    model = model.replace(name=model_label(args, model))  # "custom (...)" where flags changed the preset
     if args.machine:
         return _plan_on_machine(args, model)
     for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
@@ -644,17 +725,17 @@ def cmd_plan(args) -> int:
         check_output_file("--plot", args.plot, [], extensions=PLOT_TYPES)
     fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
     try:
-        sw = get_software(args.software)
+        sw = cluster_software(args.software, args.cluster)
         sw = sw.replace(fp8=True) if args.fp8 else sw
+        cp_kinds = (args.cp_kind,) if args.cp_kind else None
+        check_request(model, args.cluster, sw, ep=args.ep, cp=args.cp, cp_kinds=cp_kinds, zero=args.zero)
         if all(fixed[k] for k in ("tp", "pp")):
-            if args.gpus % (args.tp * args.pp * args.cp):
-                raise ValueError(f"tp*pp*cp = {args.tp * args.pp * args.cp} does not divide {args.gpus} GPUs: "
-                                 f"pick degrees whose product divides the GPU count")
+            _check_fixed_layout(args, model, sw)
             lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp * args.cp),
                    "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
                    "sp": sw.sequence_parallel and args.tp > 1,  # as the planner does
-                   "cp": args.cp, "cp_kind": args.cp_kind, "ep": args.ep or 1, "zero": args.zero,
-                   "fsdp_shard": args.fsdp_shard}
+                   "cp": args.cp, "cp_kind": args.cp_kind or (sw.context_parallel or ("ring",))[0],
+                   "ep": args.ep or 1, "zero": args.zero, "fsdp_shard": args.fsdp_shard}
             pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute)
             out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                    "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
@@ -662,7 +743,7 @@ def cmd_plan(args) -> int:
         else:
             out = {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
                                       software=sw, zero=args.zero, ep=args.ep or None, recompute=args.recompute,
-                                      cp=args.cp if args.cp > 1 else None,
+                                      cp=args.cp if args.cp > 1 else None, cp_kinds=cp_kinds,
                                       **{k: v for k, v in fixed.items() if v})}
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -673,10 +754,15 @@ def cmd_plan(args) -> int:
                           f"{model.name} on {args.gpus} GPUs of {args.cluster}, t={lay['tp']} p={lay['pp']} "
                           f"d={lay['dp']} v={lay['vpp']} b={lay['microbatch_size']}")
     if args.json:
-        print(json.dumps({"model": model.name, "gpus": args.gpus, "cluster": args.cluster, "software": sw.name, **out}))
+        label = model.name
+        print(json.dumps({"model": "custom" if label.startswith("custom") else label, "model_description": label,
+                          "model_config": dataclasses.asdict(model), "gpus": args.gpus, "cluster": args.cluster,
+                          "software": sw.name, "software_default": args.software is None, **out}))
         return 0
     rows = out.get("candidates", [out])
-    print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, software {sw.name}:")
+    print(f"{model.name} on {args.gpus} GPUs of {args.cluster}, global batch {args.global_batch}, "
+          f"software {sw.name}" + (f" (the {args.cluster} era's default; --software to change)"
+                                   if args.software is None else "") + ":")
     print(f"{'t':>3} {'p':>4} {'d':>5} {'v':>3} {'b':>3} {'ep':>3} {'TFLOP/s/GPU':>12} {'iter s':>9} {'GB/GPU':>8} "
           f"{'bubble':>7} {'cp':>3} {'schedule':>11} {'zero':>4}")
     for r in rows:
@@ -687,7 +773,7 @@ def cmd_plan(args) -> int:
     for axis, why in rows[0].get("reasons", {}).items():  # why the best layout's schedule, cp, sharding
         print(f"why {axis}: {why}")
     if args.explain:
-        print(f"\none iteration, part by part:\n{format_explain(pred)}")
+        print(f"\none iteration, part by part:\n{format_explain(pred, kernels=True)}")
     if args.plot:
         print(f"figure written to {args.plot}")
     return 0
@@ -863,9 +949,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("schedule", help="print, check and simulate a pipeline schedule")
     sc.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
-    sc.add_argument("--pp", type=int, default=4)
-    sc.add_argument("--vpp", type=int, default=1)
-    sc.add_argument("--microbatches", type=int, default=8)
+    sc.add_argument("--pp", type=int, default=None, help=f"pipeline ranks (default {SCHEDULE_DEFAULTS['pp']})")
+    sc.add_argument("--vpp", type=int, default=None, help=f"chunks per rank (default {SCHEDULE_DEFAULTS['vpp']})")
+    sc.add_argument("--microbatches", type=int, default=None,
+                    help=f"microbatches (default {SCHEDULE_DEFAULTS['microbatches']})")
     sc.add_argument("--json", action="store_true")
     sc.add_argument("--plot", default="", help="write a timeline figure (png/svg/pdf)")
     sc.set_defaults(fn=cmd_schedule)
@@ -874,6 +961,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_layout_args(me)
     add_train_args(me)
     me.add_argument("--json", action="store_true")
+    me.add_argument("--cluster", default="", help="warn against this cluster's GPU memory (v100-dgx2, a100-dgx, "
+                    "h100-dgx; default: against the common training GPUs)")
     me.set_defaults(fn=cmd_memory)
 
     pl = sub.add_parser("plan", help="predict a layout on a cluster, or rank all layouts")
@@ -887,8 +976,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (1: searched for long sequences)")
     pl.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
                     help="activation recomputation (default: the software's)")
-    pl.add_argument("--cp-kind", default="ring", choices=("ring", "allgather", "a2a"),
-                    help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses)")
+    pl.add_argument("--cp-kind", default=None, choices=("ring", "allgather", "a2a"),
+                    help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses); "
+                         "default: every kind the software runs is searched")
     pl.add_argument("--ep", type=int, default=0, help="expert-parallel ranks of a MoE model (0: search)")
     pl.add_argument("--zero", type=int, default=0, choices=(0, 1, 3),
                     help="1: distributed optimizer; 3: FSDP / ZeRO-3 (weights gathered per layer)")
@@ -896,9 +986,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--fp8", action="store_true", help="the linears' matmuls in FP8 (clusters with an FP8 peak)")
     pl.add_argument("--published", default="", metavar="RUN",
                     help="predict and (with --explain) break down a published H100-era run by its id")
+    from ..analysis.cluster import CLUSTERS
+    from ..analysis.software import SOFTWARE
+
     pl.add_argument("--software", default=None,
-                    help="the software stack: megatron-2019 (default: the calibration's), ptdp-2021, "
-                         "korthikanti-2022, current, minitron")
+                    help="the software stack: " + ", ".join(SOFTWARE) + " (default: the cluster's era's: "
+                         + ", ".join(f"{c.software} on {n}" for n, c in CLUSTERS.items()) + ")")
     pl.add_argument("--explain", action="store_true",
                     help="break one layout's iteration into its parts (needs --tp and --pp)")
     pl.add_argument("--plot", default="", help="with --explain: write the breakdown as a figure (png/svg/pdf)")
