@@ -31,15 +31,13 @@ def loss_reference(corpus, builtin: bool) -> str:
     return line + ")"
 
 
-def plot_losses(losses: list[float], val_losses: dict, path: str, title: str = "",
-                first_step: int = 1, unit: str = "nats per byte") -> str | None:
-    """Draw the training loss per step (the first is step `first_step`) and the validation
-    loss at its evaluations, as points only (nothing was measured between two evaluations);
-    the y axis in `unit`. Write the figure to `path`; None when matplotlib is missing."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
+def loss_figure(losses: list[float], val_losses: dict, title: str = "", first_step: int = 1,
+                unit: str = "nats per byte"):
+    """The figure of the training loss per step (the first is step `first_step`) and of the
+    validation loss at its evaluations, as points only (nothing was measured between two
+    evaluations); the y axis in `unit`. Needs matplotlib."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
     ax.plot(range(first_step, first_step + len(losses)), losses, lw=1, label="train (per step)")
@@ -52,6 +50,16 @@ def plot_losses(losses: list[float], val_losses: dict, path: str, title: str = "
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_losses(losses: list[float], val_losses: dict, path: str, title: str = "",
+                first_step: int = 1, unit: str = "nats per byte") -> str | None:
+    """Write :func:`loss_figure` to `path` and return it; None when matplotlib is missing."""
+    try:
+        fig = loss_figure(losses, val_losses, title, first_step, unit)
+    except ImportError:
+        return None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
