@@ -184,6 +184,9 @@ def test_lesson_has_objectives_questions_and_hidden_solutions(nb):
     solutions = [c for c in cells if c["cell_type"] == "code"
                  and c["metadata"].get("jupyter", {}).get("source_hidden")]
     assert solutions, f"{nb.name}: the solutions of its 'Try it' prompts are hidden cells"
+    for c in solutions:  # a collapsed cell whose output shows is no hidden solution
+        assert c["metadata"]["jupyter"].get("outputs_hidden"), \
+            f"{nb.name}: a solution cell's output is in view: {''.join(c['source'])[:60]!r}"
     for c in cells:
         for o in c.get("outputs", []):
             assert o["output_type"] != "error" and o.get("name") != "stderr", \
