@@ -196,3 +196,10 @@ def test_lesson_has_objectives_questions_and_hidden_solutions(nb):
     for src in code:
         assert not re.search(r"(?<![\w.])(?:[A-Za-z]\w*\.)+_[a-z]\w*", src), \
             f"{nb.name}: a code cell uses a private engine name: {src[:80]!r}"
+
+
+def test_lesson_12_runs_the_native_calls_it_teaches_in_its_own_cells():
+    (nb,) = [p for p in LESSONS if p.name.startswith("12_")]
+    for call in ("fully_shard(", "parallelize_module(", "Schedule1F1B("):
+        cells = [c for c in _cells(nb) if c["cell_type"] == "code" and call in "".join(c["source"])]
+        assert cells and all(c["outputs"] for c in cells), f"lesson 12: no cell runs {call}...) and stores its output"
