@@ -205,7 +205,7 @@ def test_lesson_12_runs_the_native_calls_it_teaches_in_its_own_cells():
         assert cells and all(c["outputs"] for c in cells), f"lesson 12: no cell runs {call}...) and stores its output"
 
 
-@pytest.mark.parametrize("lesson", ["11", "12"])  # lesson 10's figures are still to be drawn
+@pytest.mark.parametrize("lesson", ["10", "11", "12"])
 def test_newer_lessons_draw_at_least_two_figures(lesson):
     (nb,) = [p for p in LESSONS if p.name.startswith(f"{lesson}_")]
     figures = [o for c in _cells(nb) for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
