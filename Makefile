@@ -14,10 +14,15 @@ NPROC ?= 8
 
 env: $(STAMP)
 
+# Said before pip runs (it is quiet): what is installed, where, and roughly how long it takes.
 $(STAMP): pyproject.toml
+	@echo "make: installing into $(VENV) (once): $(TORCH_SPEC) (the CPU wheel, about 200 MB), then minitron"
+	@echo "      with its extras [$(EXTRAS)] (transformers, tensorboard, jupyterlab, nbval, matplotlib, ...):"
+	@echo "      about 2-4 minutes on a fast connection, quiet until it is done"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@echo "make: $(VENV) is ready"
 	touch $@
 
 # The main job: train the GPT on Shakespeare on 8 local CPU ranks composing all three
@@ -26,10 +31,15 @@ $(STAMP): pyproject.toml
 # loss figure (runs/metrics.loss.png). The model of nanoGPT's CPU recipe (4 layers, 4 heads,
 # width 128, context 64); global batch 64 for 500 steps (2.0 M bytes), lr 3e-3: validation
 # loss 1.87 nats per byte (benchmarks/RESULTS.md, "The first run": nanoGPT's recipe beside it).
+# The last step's checkpoint goes to $(CKPT) (replaced by the next `make run`), which
+# `minitron sample --ckpt-dir $(CKPT)` reads. `make run STEPS=20` is a quick look.
+CKPT ?= runs/ckpt
+STEPS ?= 500
 run: $(STAMP)
 	$(BIN)/minitron train --model small --seq-len 64 --nproc 8 --dp 2 --tp 2 --sp --pp 2 --vpp 2 \
-	    --schedule interleaved --zero1 --microbatches 4 --global-batch 64 --steps 500 --lr 3e-3 \
-	    --eval-every 100 --metrics runs/metrics.jsonl
+	    --schedule interleaved --zero1 --microbatches 4 --global-batch 64 --steps $(STEPS) --lr 3e-3 \
+	    --eval-every 100 --metrics runs/metrics.jsonl --ckpt-dir $(CKPT) --overwrite
+	@echo "next: $(BIN)/minitron sample --ckpt-dir $(CKPT) --prompt 'ROMEO:'   (more text from the trained model)"
 
 # The same GPT on one CPU process.
 run-single: $(STAMP)

@@ -3,13 +3,30 @@
     from minitron import PRESETS, ParallelConfig, TrainConfig, Trainer
     tr = Trainer(PRESETS["tiny"], ParallelConfig(), TrainConfig(steps=10))
     for i in range(10): print(tr.step(i))
-"""
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, PRESETS, preset, validate
-from .grid import ProcessGrid
-from .comm import Comm, CommTrace, read_trace
-from .model import GPT
-from .train import Trainer, train
 
-__all__ = ["ConfigError", "ModelConfig", "ParallelConfig", "TrainConfig", "PRESETS", "preset", "validate",
-           "ProcessGrid", "Comm", "CommTrace", "read_trace", "GPT", "Trainer", "train"]
+The package's names are imported when first used (PEP 562), so that `minitron --help`
+does not pay for importing torch.
+"""
+import importlib
+
+# each public name and the module that is its home
+_HOMES = {"ConfigError": "config", "ModelConfig": "config", "ParallelConfig": "config", "TrainConfig": "config",
+          "PRESETS": "config", "preset": "config", "validate": "config", "ProcessGrid": "grid", "Comm": "comm",
+          "CommTrace": "comm", "read_trace": "comm", "GPT": "model", "Trainer": "train", "train": "train"}
+
+__all__ = list(_HOMES)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """Import a public name from its home module on first use."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'minitron' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    if name != "train":  # `minitron.train` is also the submodule; the attribute import sets it
+        globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOMES))

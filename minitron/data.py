@@ -32,6 +32,7 @@ class ByteCorpus:
     """Byte-level tokens of a text (ids 0..255)."""
 
     vocab = 256
+    unit = "byte"  # what one id is (the loss is in nats per byte)
 
     def __init__(self, data: bytes | torch.Tensor, name: str = "text"):
         if not isinstance(data, torch.Tensor):
@@ -65,6 +66,8 @@ class TokenFile:
     the path and the range, and the rank maps the file again. `tokenizer` is the Hugging
     Face tokenizer JSON written beside it by `minitron tokenize`, used by `decode`/`encode`.
     """
+
+    unit = "token"  # what one id is (the loss is in nats per token)
 
     def __init__(self, path: str, dtype=np.uint16, vocab: int = 65536, tokenizer: str | None = None,
                  start: int = 0, stop: int | None = None):

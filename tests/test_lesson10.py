@@ -23,7 +23,7 @@ WITNESS = {
     "10.kv_rows": r"t = 16: .*kv rows per rank (\d+)",
     "10.kv_copies": r"t = 16: .*copies of each (\d+)",
     "10.swiglu_params": r"SwiGLU MLP 3hf = ([\d,]+)",
-    "10.cp_position": r"rank 2: chunks 2 and 5: positions \d+\.\.\d+ and (\d+)\.\.",
+    "10.cp_position": r"rank 1: chunks 1 and 6: positions \d+\.\.\d+ and (\d+)\.\.",
     "10.kv_saved_per_element": r"one kv head fewer: (\d+) elements per token and key/value element",
 }
 

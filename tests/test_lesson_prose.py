@@ -415,6 +415,80 @@ CLAIMS = {
 }
 
 
+def _alpha_beta_errors_00():
+    """Lesson 0's stored all-gather errors (per cent) by size: the prose says every one is an
+    under-prediction and the largest are at 256 KiB and 1 MiB."""
+    rows = re.findall(r"^\s*([\d,]+)\s+[\d.]+ms\s+[\d.]+ms\s+[\d.]+ms\s+[\d.]+ms\s+([-+]\d+)%$", outputs("00"), re.M)
+    errors = {int(n.replace(",", "")): int(e) for n, e in rows}
+    assert len(errors) >= 5 and "at every size" in prose("00") and "more for the small messages" not in prose("00")
+    largest = sorted(errors, key=lambda n: abs(errors[n]))[-2:]
+    stated = said("00", r"largest for the middle sizes \((\d+) KiB and\s+(\d+) MiB\)")
+    small, big = sorted(largest)
+    return [1.0 * all(e < 0 for e in errors.values())] + stated, [1.0, small / 2**10, big / 2**20], 0
+
+
+def _alphas_08():
+    alphas = [num(a) for a in re.findall(r"on \d ranks: alpha\s+(\d+) us", outputs("08"))]
+    assert "time per byte β" not in prose("08") and r"\text{bytes}/\beta" in prose("08")
+    stated = said("08", r"costs from a quarter of a millisecond \(a send on 2 ranks\) to over (\d+) ms")
+    return [0.25] + stated, [min(alphas) / 1e3, math.floor(max(alphas) / 1e3)], 0.01
+
+
+def _dp2_08():
+    assert "close to ideal: each rank" not in prose("08")
+    eff = shown("08", r"^\s+dp2\.tp1\.pp1\s+2\s+8\s+[\d.]+ms\s+[\d.]+ms\s+[-+]\d+%\s+([\d.]+)")
+    return [0.5], eff, 0.05
+
+
+def _worst_08():
+    stated = said("08", r"\*\*over\*\*-predicted \(\+(\d+) %: the model expects (\d+) ms, of which (\d+) ms\s+"
+                        r"communication, where the step took (\d+) ms\)")
+    worst = shown("08", r"^worst point: dp2\.tp2\.pp2\.1f1b \(\+(\d+)%\)")
+    row = shown("08", r"^\s+dp2\.tp2\.pp2\.1f1b\s+8\s+32\s+([\d.]+)ms\s+([\d.]+)ms")
+    comm = shown("08", r"^\s+comm\s+([\d.]+) ms")
+    return stated, [worst[0], round(row[1]), round(comm[0]), round(row[0])], 0
+
+
+def _v_gpt3_06():
+    stated = said("06", r"ZB-V wins, but by only ([\d.]+)%: its bubble is ([\d.]+)% of the ideal time where the best "
+                        r"interleaved\s+layout keeps ([\d.]+)%.*?\(p = (\d+)\) with microbatches of (\d) sequences.*?"
+                        r"\((\d+) GB against (\d+) GB\)")
+    why = re.search(r"zb-v .*?bubble ([\d.]+)% of the ideal time in (\d+) GB per GPU; the best layout without a V "
+                    r"schedule \(t=\d+ p=(\d+) d=\d+ v=\d+ b=(\d+) interleaved: \d+ TFLOP/s, bubble ([\d.]+)%, (\d+) GB\) "
+                    r"is ([\d.]+)% slower", outputs("06"))
+    zb, zb_gb, p, b, inter, inter_gb, gain = (float(x) for x in why.groups())
+    assert "already\nremoves most of the bubble" not in prose("06")
+    return stated, [gain, zb, inter, p, b, inter_gb, zb_gb], 0
+
+
+def _ring_vs_a2a_10():
+    sent = re.search(r"bytes a rank sends to other ranks: ring ([\d,]+), all-to-all ([\d,]+) \(of its ([\d,]+) call "
+                     r"bytes\); ratio ([\d.]+)", outputs("10"))
+    ring, a2a, call, ratio = (num(x) for x in sent.groups())
+    assert a2a == call * 3 / 4 and "off-rank the two send **the same** bytes" in prose("10")
+    return [1.0], [ratio], 0.005
+
+
+def _try_it_1gib_10():
+    """Lesson 10's Try-it 2 (the length at which the ring sends 1 GiB) is answered by its solution."""
+    exact, below, b_gib, above, a_gib = (num(x) for x in re.search(
+        r"1 GiB at s = ([\d,.]+); whole chunks: s = ([\d,]+) sends ([\d.]+) GiB, s = ([\d,]+) sends ([\d.]+) GiB",
+        outputs("10")).groups())
+    assert below <= exact <= above and b_gib <= 1 <= a_gib and below % 16 == 0 and above - below == 16
+    return [1.0], [1.0], 0
+
+
+CLAIMS.update({
+    "00 alpha-beta errors": _alpha_beta_errors_00,
+    "06 V bubbles GPT-3": _v_gpt3_06,
+    "08 alpha range": _alphas_08,
+    "08 dp2 efficiency": _dp2_08,
+    "08 worst point": _worst_08,
+    "10 ring vs all-to-all": _ring_vs_a2a_10,
+    "10 try it 1 GiB": _try_it_1gib_10,
+})
+
+
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_prose_states_what_the_outputs_show(name):
     stated, stored, tol = CLAIMS[name]()

@@ -46,8 +46,119 @@ def test_answers_are_forgiving_about_form():
     assert quiz.grade("09.chunks", [6, 1])[0] and not quiz.grade("09.chunks", [1, 5])[0]
     assert quiz.grade("02.bubble_1f1b", "0.4375")[0]
     assert not quiz.grade("02.bubble_1f1b", "three eighths")[0]
+    assert not quiz.grade("12.colwise_dim", False)[0] and quiz.grade("12.colwise_dim", 0)[0]
     with pytest.raises(KeyError, match="no question"):
         quiz.grade("99.nothing", 1)
+
+
+# For every question, answers a learner would plausibly give that are wrong, with the mistake:
+# each must be refused (the right answers in other forms are accepted below).
+PLAUSIBLY_WRONG = {
+    "00.all_reduce": [(8, "the number of ranks"), (28, "1 + ... + 7"), (37, "off by one")],
+    "00.dp_group": [((0, 1), "the tensor group"), ((1, 2), "contiguous ranks")],
+    "00.latency_bound": [("beta", "the bandwidth term"), ("bandwidth", "the bandwidth term")],
+    "00.ring_bytes": [(16e6, "2N, no (p - 1)/p"), (6e6, "one phase"), ("12 MiB", "MiB for MB")],
+    "00.ring_steps": [(7, "one phase"), (16, "2p"), (15, "off by one")],
+    "01.bytes_per_param": [(12, "Adam's state only"), (18, "fp32 gradients"), (17, "off by one")],
+    "01.full_recompute": [(96, "4 bytes per value"), (24, "1 byte per value"), (49, "off by one")],
+    "01.gpus_175b": [(39, "rounded down"), (41, "off by one")],
+    "01.zero3_d128": [(16, "nothing sharded"), (2 + 14 / 128, "stage 2")],
+    "02.bubble_1f1b": [(7 / 23, "share of the total time"), (0.5, "p/m")],
+    "02.bubble_interleaved": [(0.4375, "no division by v"), (7 / 39, "share of the total time")],
+    "02.stash_gpipe": [(8, "1F1B's stash, p"), (15, "off by one")],
+    "02.warmup": [(22, "the warm-up alone"), (24, "off by one")],
+    "02.zbv_idle": [(14, "2(p - 1)"), (8, "off by one")],
+    "03.ring_wire": [(8, "2N"), (3.5, "one phase")],
+    "03.zero1_bytes": [(16, "nothing sharded"), (3.5, "gradients forgotten")],
+    "03.zero1_over_allreduce": [(0.5, "one collective"), (1.5, "three halves")],
+    "04.f_backward": [("identity", "f's forward"), ("all-gather", "sequence parallelism's")],
+    "04.allreduces_per_layer": [(2, "forward only"), (5, "off by one")],
+    "04.ce_allreduces": [(2, "the target forgotten"), (1, "one collective")],
+    "04.max_t": [(16, "a DGX-2"), (4, "a quarter node")],
+    "05.devices": [(16, "q squared"), (12, "3q")],
+    "05.vector_copies": [(2, "q"), (8, "q cubed")],
+    "05.min_batch": [(3, "q"), (27, "q cubed")],
+    "05.linear_collectives": [(3, "forward only"), (5, "off by one")],
+    "05.naive_output_ranks": [(8, "every rank"), (2, "q")],
+    "05.fewest_bytes_64": [("2d", "SUMMA"), ("1d", "Megatron's")],
+    "05.overlap_bound": [(0.964, "the communication share"), ("36%", "a factor 10")],
+    "06.rank_of": [(6, "off by one"), (8, "1-based")],
+    "06.gpus_1t": [(512, "t · p"), (3071, "off by one")],
+    "06.bubble_dp": [(63 / 512, "p = n"), (7 / 71, "share of the total time")],
+    "06.checkpoints": [(26, "rounded down"), (28, "off by one")],
+    "06.zero3_state_gb": [(12 * 175e9 / 1536 / 1e9, "Adam's state only"), (2 * 175e9 / 1536 / 1e9, "weights only")],
+    "06.microbatch_b512": [(1, "the smallest"), (4, "the largest")],
+    "07.hfu_over_mfu": [(0.75, "inverted"), (1.5, "two passes")],
+    "07.mfu": [(163 / 312, "the HFU"), ("52%", "the HFU")],
+    "07.flops_per_token": [(7.8, "6N without attention, 14 % low"), (2.6, "forward only")],
+    "07.fusion_passes": [(4, "the eager passes"), (1, "one pass")],
+    "08.weak_efficiency": [(1.25, "inverted"), (0.2, "the loss")],
+    "08.strong_efficiency": [(2.5, "no factor n"), (1.6, "inverted")],
+    "08.oversubscription": [(2, "the cores"), (0.25, "inverted")],
+    "08.bubble_pp2": [(1 / 3, "share of the total time"), (1, "p/m")],
+    "09.chunks": [((2, 3), "the contiguous layout"), ((1, 5), "2N - 2 - r")],
+    "09.lse": [(2, "the max"), (4, "the sum of logs")],
+    "09.message_mib": [(16, "K only"), (256, "the whole sequence")],
+    "09.ring_messages": [(6, "the gradients' ring forgotten"), (12, "N per pass")],
+    "10.kv_rows": [(128, "k only"), (512, "two heads")],
+    "10.kv_copies": [(8, "the kv heads"), (1, "no replication")],
+    "10.swiglu_params": [(2 * 4096 * 14336, "GPT's two matrices"), (3 * 4096 * 14336 + 2 * 14336 + 4096, "biases included")],
+    "10.cp_position": [(24, "the contiguous layout (chunks 2r, 2r + 1)"), (56, "chunk 2N - r")],
+    "10.kv_saved_per_element": [(2, "k and v only"), (4, "k, v and their projection")],
+    "11.mixtral_active": [(46.7, "the total"), ("12.9M", "millions")],
+    "11.capacity": [(1024, "no capacity factor"), (640, "k = 1"), (1281, "off by one")],
+    "11.collapsed_aux": [(1, "alpha"), (64, "E squared")],
+    "11.a2a_mib": [(128, "forward only"), (64, "one pass")],
+    "11.host_wait_pct": [(0.138, "a fraction where per cent is asked"), (86.2, "the GPU's busy share")],
+    "12.fsdp2_gathers": [(384, "the root forgotten"), (385, "minitron's count"), (200, "one gather per block")],
+    "12.zero3_gathers": [(392, "FSDP2's count"), (384, "the root forgotten")],
+    "12.tp_all_reduces": [(48, "forward only"), (192, "twice per linear")],
+    "12.colwise_dim": [(1, "the input features"), (False, "a boolean")],
+}
+
+# right answers written as a learner writes them
+RIGHT_IN_OTHER_FORMS = [
+    ("11.capacity", "1,280"), ("10.swiglu_params", "176,160,768"), ("02.bubble_1f1b", "43.75%"),
+    ("02.bubble_1f1b", 0.44), ("00.ring_bytes", "12 MB"), ("00.ring_bytes", "12,000,000 bytes"),
+    ("11.mixtral_active", "12.9B"), ("11.mixtral_active", "12.9 billion"), ("11.host_wait_pct", "13.8 %"),
+    ("11.a2a_mib", "0.25 GiB"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "3,072"),
+    ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"),
+]
+
+
+def test_every_question_has_plausible_wrong_answers():
+    assert set(PLAUSIBLY_WRONG) == set(quiz.questions())
+
+
+@pytest.mark.parametrize("qid", quiz.questions())
+def test_plausible_wrong_answers_are_refused(qid):
+    for wrong, mistake in PLAUSIBLY_WRONG[qid]:
+        ok, msg = quiz.grade(qid, wrong)
+        assert not ok and msg.startswith("wrong — "), f"{qid}: {wrong!r} ({mistake}) was graded right"
+
+
+@pytest.mark.parametrize("qid, answer", RIGHT_IN_OTHER_FORMS)
+def test_right_answers_in_other_forms_are_accepted(qid, answer):
+    assert quiz.grade(qid, answer)[0], f"{qid}: {answer!r}"
+
+
+@pytest.mark.parametrize("qid", quiz.questions())
+def test_grading_follows_the_kind_of_answer(qid):
+    q, right = quiz.QUESTIONS[qid], quiz.QUESTIONS[qid].answer()
+    if isinstance(right, bool) or not isinstance(right, (int, float)):
+        return
+    if isinstance(right, int):  # a count: exact, off by one is wrong
+        assert q.rel_tol == 0 and not quiz.grade(qid, right + 1)[0] and not quiz.grade(qid, right - 1)[0]
+    else:  # a figure: its question states a tolerance, and an answer past it is wrong
+        assert q.rel_tol > 0, f"{qid}: a non-integer answer needs a stated rel_tol"
+        assert not quiz.grade(qid, right * (1 + 2 * q.rel_tol))[0]
+    assert not quiz.grade(qid, True)[0] and not quiz.grade(qid, False)[0]  # booleans are not numbers
+
+
+def test_numbers_in_other_units_of_another_kind_are_refused():
+    assert quiz.parse_number("12 ms", "B") is None and quiz.parse_number("12%", "GB") is None
+    assert quiz.parse_number("1,5") is None  # a decimal comma is ambiguous: not read as 15 or 1.5
+    assert quiz.parse_number("2 GiB", "MiB") == 2048 and quiz.parse_number("1.5e3") == 1500
 
 
 def _cells(nb):
@@ -73,6 +184,9 @@ def test_lesson_has_objectives_questions_and_hidden_solutions(nb):
     solutions = [c for c in cells if c["cell_type"] == "code"
                  and c["metadata"].get("jupyter", {}).get("source_hidden")]
     assert solutions, f"{nb.name}: the solutions of its 'Try it' prompts are hidden cells"
+    for c in solutions:  # a collapsed cell whose output shows is no hidden solution
+        assert c["metadata"]["jupyter"].get("outputs_hidden"), \
+            f"{nb.name}: a solution cell's output is in view: {''.join(c['source'])[:60]!r}"
     for c in cells:
         for o in c.get("outputs", []):
             assert o["output_type"] != "error" and o.get("name") != "stderr", \
@@ -82,3 +196,17 @@ def test_lesson_has_objectives_questions_and_hidden_solutions(nb):
     for src in code:
         assert not re.search(r"(?<![\w.])(?:[A-Za-z]\w*\.)+_[a-z]\w*", src), \
             f"{nb.name}: a code cell uses a private engine name: {src[:80]!r}"
+
+
+def test_lesson_12_runs_the_native_calls_it_teaches_in_its_own_cells():
+    (nb,) = [p for p in LESSONS if p.name.startswith("12_")]
+    for call in ("fully_shard(", "parallelize_module(", "Schedule1F1B("):
+        cells = [c for c in _cells(nb) if c["cell_type"] == "code" and call in "".join(c["source"])]
+        assert cells and all(c["outputs"] for c in cells), f"lesson 12: no cell runs {call}...) and stores its output"
+
+
+@pytest.mark.parametrize("lesson", ["10", "11", "12"])
+def test_newer_lessons_draw_at_least_two_figures(lesson):
+    (nb,) = [p for p in LESSONS if p.name.startswith(f"{lesson}_")]
+    figures = [o for c in _cells(nb) for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(figures) >= 2, f"lesson {lesson}: {len(figures)} figures stored"

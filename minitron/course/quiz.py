@@ -11,14 +11,23 @@ live here, not in the notebooks; where an answer is a figure the engine can comp
 is computed by calling the engine (the analysis functions, the process grid), so the
 question and the engine can never disagree.
 
-Answers are numbers (compared with a relative tolerance), words (compared without case,
-spaces, hyphens or underscores, against a set of accepted spellings), lists (compared
-element by element, in order) or sets (a frozenset: the same elements in any order, e.g.
-the ranks of a group).
+Answers are graded by their kind:
+
+* an integer (a count, a rank, a number of GPUs) exactly: off by one is wrong;
+* a figure that is measured, rounded or a fraction within the relative tolerance its question
+  states (``rel_tol``; every non-integer question states one);
+* words (a choice) without case, spaces, hyphens or underscores, against accepted spellings;
+* lists element by element, in order; sets (a frozenset, e.g. the ranks of a group) in any order.
+
+A number may be written as text: thousands separators (``"1,280"``), a per cent sign for a
+fraction or a percentage (``"43.75%"``), or another unit of the question's kind (``"12 MB"``
+where the question asks for bytes, ``"12.9B"`` where it asks for billions of parameters): it
+is converted to the question's ``unit``. ``True`` and ``False`` are not numbers.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,13 +36,17 @@ from typing import Any, Callable
 class Question:
     """One graded question: how to compute its answer, and the hint a wrong answer gets.
 
-    `answer` is a callable returning the right answer (a number, a list, or a tuple of
-    accepted words); `rel_tol` is the relative tolerance for numbers.
+    `answer` is a callable returning the right answer (an int, graded exactly; a float,
+    graded within `rel_tol`, which such a question must state; a list, a frozenset, or a
+    tuple of accepted words); `unit` is the answer's unit (a key of :data:`UNITS`, or
+    ``"fraction"``: a per cent sign divides by 100), to which an answer written with
+    another unit of the same kind is converted.
     """
 
     answer: Callable[[], Any]
     hint: str
-    rel_tol: float = 1e-3
+    rel_tol: float = 0.0
+    unit: str = ""
 
 
 def _best_microbatch(global_batch: int) -> int:
@@ -64,6 +77,13 @@ def _preset(name):
 def _grid(**kw):
     from ..grid import ProcessGrid
     return ProcessGrid(**kw)
+
+
+def _whole(x: float) -> int:
+    """A count the engine computes as a float (an exact whole number), graded as an integer."""
+    if not float(x).is_integer():
+        raise ValueError(f"{x} is not a whole number: this answer is not a count")
+    return int(x)
 
 
 def _words(*accepted: str) -> Callable[[], tuple[str, ...]]:
@@ -137,7 +157,7 @@ QUESTIONS: dict[str, Question] = {
     "00.ring_bytes": Question(
         lambda: _A().ring_allreduce_wire_bytes(8e6, 4),
         "each rank sends 2·(p − 1)/p of its buffer: (p − 1) chunks of size N/p in each "
-        "of the two phases."),
+        "of the two phases.", rel_tol=1e-3, unit="B"),
     "00.dp_group": Question(
         lambda: frozenset(_grid(tp=2, dp=2).axis_ranks("dp", 1)),
         "the tensor-parallel index runs fastest: rank = tp_rank + t·dp_rank. Keep rank 1's "
@@ -149,46 +169,48 @@ QUESTIONS: dict[str, Question] = {
     "01.bytes_per_param": Question(
         lambda: _A().zero_bytes_per_param(0, 1),
         "count fp16 parameters, fp16 gradients, and Adam's fp32 master weights, momentum "
-        "and variance (ZeRO §3.1)."),
+        "and variance (ZeRO §3.1).", unit="B"),
     "01.gpus_175b": Question(
         lambda: _gpus_for_states("gpt3-175b", 18, 80e9),
         "divide 18 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
         "a fraction of a GPU is a whole GPU."),
     "01.zero3_d128": Question(
         lambda: _A().zero_bytes_per_param(3, 128),
-        "stage 3 shards all 16 bytes of every parameter over the d data-parallel ranks."),
+        "stage 3 shards all 16 bytes of every parameter over the d data-parallel ranks.", rel_tol=1e-3, unit="B"),
     "01.full_recompute": Question(
         lambda: _A().korthikanti_activation_bytes_per_layer(2048, 1, 12288, 96, 8,
                                                              recompute="full") / 2**20,
-        "full recomputation keeps only the layer's input: s·b·h values of 2 bytes each."),
+        "full recomputation keeps only the layer's input: s·b·h values of 2 bytes each.", rel_tol=1e-3, unit="MiB"),
     # --- lesson 2: pipeline schedules --------------------------------------------------
     "02.bubble_1f1b": Question(
         lambda: _A().bubble_fraction("1f1b", 8, 16),
-        "1F1B's bubble is (p − 1)/m of the ideal time, whatever the order of its work."),
+        "1F1B's bubble is (p − 1)/m of the ideal time, whatever the order of its work.", rel_tol=1e-2,
+        unit="fraction"),  # 0.4375 or 0.44 (two digits)
     "02.bubble_interleaved": Question(
         lambda: _A().bubble_fraction("interleaved", 8, 16, 2),
-        "interleaving with v chunks per rank divides the bubble by v: (p − 1)/(v·m)."),
+        "interleaving with v chunks per rank divides the bubble by v: (p − 1)/(v·m).", rel_tol=1e-2,
+        unit="fraction"),  # 0.21875 or 0.22
     "02.stash_gpipe": Question(
-        lambda: _A().peak_stashed_microbatches("gpipe", 8, 16),
+        lambda: _whole(_A().peak_stashed_microbatches("gpipe", 8, 16)),
         "GPipe runs every forward before the first backward."),
     "02.warmup": Question(
         lambda: _forwards_before_first_backward(8, 2, 16, 0),
         "rank 0 first runs its (p − r − 1)·2 + (v − 1)·p warm-up forwards (p = 8, v = 2, r = 0); "
         "the steady state then starts with a forward, and only after it the first backward."),
     "02.zbv_idle": Question(
-        lambda: _A().bubble_time("zb-v", 8, 16, 2, 2, 2, 2),  # stage times: two chunks of 1
+        lambda: _whole(_A().bubble_time("zb-v", 8, 16, 2, 2, 2, 2)),  # stage times: two chunks of 1
         "with F = B = W ZB-V idles only while the pipeline fills: the last rank's first "
         "forward starts p − 1 chunk-forwards late."),
     # --- lesson 3: data parallelism ----------------------------------------------------
     "03.ring_wire": Question(
         lambda: _A().ring_allreduce_wire_bytes(4e9, 8) / 1e9,
-        "a ring all-reduce sends 2·(d − 1)/d times the buffer from every rank."),
+        "a ring all-reduce sends 2·(d − 1)/d times the buffer from every rank.", rel_tol=1e-3, unit="GB"),
     "03.zero1_over_allreduce": Question(
         lambda: _dp_wire_ratio(10**6, 8),
-        "a reduce-scatter and an all-gather are exactly the two halves of a ring all-reduce."),
+        "a reduce-scatter and an all-gather are exactly the two halves of a ring all-reduce.", rel_tol=1e-3),
     "03.zero1_bytes": Question(
         lambda: _A().zero_bytes_per_param(1, 8),
-        "stage 1 shards only Adam's 12 bytes: 2 + 2 + 12/d."),
+        "stage 1 shards only Adam's 12 bytes: 2 + 2 + 12/d.", rel_tol=1e-3, unit="B"),
     # --- lesson 4: tensor parallelism --------------------------------------------------
     "04.f_backward": Question(
         _words("all-reduce", "allreduce", "all_reduce", "all reduce"),
@@ -230,7 +252,7 @@ QUESTIONS: dict[str, Question] = {
     "05.overlap_bound": Question(
         lambda: _cube_overlap_bound(64),
         "overlap hides communication behind computation, so it can hide at most the compute "
-        "time: compare the layer's compute with its total.", rel_tol=0.05),  # the lesson prints 3.6%
+        "time: compare the layer's compute with its total.", rel_tol=0.05, unit="fraction"),  # the lesson prints 3.6%
     # --- lesson 6: PTD-P -----------------------------------------------------------------
     "06.rank_of": Question(
         lambda: _grid(tp=2, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
@@ -241,14 +263,14 @@ QUESTIONS: dict[str, Question] = {
     "06.bubble_dp": Question(
         lambda: (64 / 8 - 1) / (512 / 8),
         "with n GPUs, d-way data parallelism leaves p = n/d stages and b′/d microbatches "
-        "per pipeline: the bubble is (n/d − 1)/(b′/d).", rel_tol=5e-3),  # the lesson's table: 3 decimals
+        "per pipeline: the bubble is (n/d − 1)/(b′/d).", rel_tol=5e-3, unit="fraction"),  # the table: 3 decimals
     "06.checkpoints": Question(
         lambda: _checkpoints("gpt3-175b", 1, 96, 8),
         "minimise c·A_input + (l/c)·A_intermediate: c* = sqrt(l·A_intermediate/A_input), then "
         "try the whole numbers on either side."),
     "06.zero3_state_gb": Question(
         lambda: 16 * _A().param_count(_preset("gpt3-175b")) / 1536 / 1e9,
-        "ZeRO-3 shards all 16 bytes per parameter over the d GPUs: 16·Ψ/d.", rel_tol=1e-2),
+        "ZeRO-3 shards all 16 bytes per parameter over the d GPUs: 16·Ψ/d.", rel_tol=1e-2, unit="GB"),
     "06.microbatch_b512": Question(
         lambda: _best_microbatch(512),
         "compare the TFLOP/s column at B = 512: a larger b runs each sequence a little faster "
@@ -257,43 +279,43 @@ QUESTIONS: dict[str, Question] = {
     "07.hfu_over_mfu": Question(
         lambda: 96 / 72,
         "full recomputation replays one forward: 4 passes' worth of work (96) where the "
-        "model needs 3 (72)."),
+        "model needs 3 (72).", rel_tol=5e-3),  # 1.333 or 4/3
     "07.mfu": Question(
         lambda: _model_mfu_of_eq3("ptdp-1t", 163e12, 312e12),
         "PTD-P counted its 163 TFLOP/s with Eq. 3, which includes the recomputed forward (the "
         "96): that is a hardware-FLOPs rate (HFU 163/312). Scale it by model FLOPs / Eq. 3 FLOPs "
-        "(about 72/96) before dividing by the peak.", rel_tol=1e-2),
+        "(about 72/96) before dividing by the peak.", rel_tol=1e-2, unit="fraction"),
     "07.flops_per_token": Question(
         lambda: _model_flops_per_token("gpt-1.3b") / 1e9,
         "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
-        rel_tol=0.1),
+        rel_tol=0.1, unit="GFLOP"),  # the 6·N rule of thumb, attention included
     "07.fusion_passes": Question(
-        lambda: (2 + 2) / 2,
+        lambda: (2 + 2) // 2,
         "count the passes over memory: each eager kernel reads its input and writes its output "
         "(x + b, then GeLU: four); the fused kernel reads x once and writes once (two)."),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
         lambda: 10 / 12.5,
         "weak scaling keeps the work per rank fixed, so the ideal step time is the one-rank "
-        "time: efficiency = t(1 rank) / t(n ranks)."),
+        "time: efficiency = t(1 rank) / t(n ranks).", rel_tol=1e-3, unit="fraction"),
     "08.strong_efficiency": Question(
         lambda: 10 / (4 * 4),
         "strong scaling keeps the global batch fixed, so the ideal is t(1)/n: efficiency = "
-        "t(1) / (n · t(n))."),
+        "t(1) / (n · t(n)).", rel_tol=1e-3, unit="fraction"),
     "08.oversubscription": Question(
-        lambda: 8 / 2,
+        lambda: 8 // 2,
         "ranks beyond the cores take turns: each of 8 single-threaded ranks gets 2/8 of a core, "
         "so its compute takes 8/2 times as long."),
     "08.bubble_pp2": Question(
         lambda: _A().bubble_fraction("1f1b", 2, 2),
-        "the 1F1B bubble is (p − 1)/m of the ideal time."),
+        "the 1F1B bubble is (p − 1)/m of the ideal time.", rel_tol=1e-3, unit="fraction"),
     # --- lesson 9: context parallelism ---------------------------------------------------
     "09.chunks": Question(
         lambda: frozenset(_chunks(4, 1)),
         "the sequence is cut into 2N chunks and rank r holds chunk r and its mirror, 2N − 1 − r."),
     "09.lse": Question(
         lambda: math.log(math.exp(2.0) + math.exp(2.0)),
-        "L' = log(e^L + e^L_b): two blocks of equal mass double it, so L' = L + log 2."),
+        "L' = log(e^L + e^L_b): two blocks of equal mass double it, so L' = L + log 2.", rel_tol=1e-3),
     "09.ring_messages": Question(
         lambda: 3 * (4 - 1),
         "forward: N − 1 hops of K, V; backward: N − 1 hops of K, V again and N − 1 of the "
@@ -301,7 +323,7 @@ QUESTIONS: dict[str, Question] = {
     "09.message_mib": Question(
         lambda: _cp_message_elements(_preset("gpt-1.3b").replace(seq_len=32768), 1, 1, 8) * 2 / 2**20,
         "one message is K and V of the rank's s/N tokens over its h/t columns: 2·b·(s/N)·(h/t) "
-        "elements of 2 bytes."),
+        "elements of 2 bytes.", rel_tol=1e-3, unit="MiB"),
     # --- lesson 10: modern blocks under parallelism ----------------------------------------
     "10.kv_rows": Question(
         lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 16) * _preset("llama3-70b").head_dim,
@@ -314,31 +336,32 @@ QUESTIONS: dict[str, Question] = {
         lambda: 3 * _preset("llama3-8b").hidden * _preset("llama3-8b").ffn_hidden,
         "SwiGLU has three h x f matrices: gate, up and down (no biases)."),
     "10.cp_position": Question(
-        lambda: _chunks(4, 2)[1] * (64 // (2 * 4)),
-        "the sequence is cut into 2N chunks of s/(2N) tokens; rank r's second chunk is 2N − 1 − r."),
+        lambda: _chunks(4, 1)[1] * (64 // (2 * 4)),
+        "the sequence is cut into 2N chunks of s/(2N) tokens; rank r's second chunk is 2N − 1 − r (not 2r + 1)."),
     "10.kv_saved_per_element": Question(
-        lambda: _saved_per_kv_element(),
+        lambda: _whole(_saved_per_kv_element()),
         "count the storages autograd keeps: the rotated k, and v's view pinning the whole [k|v] "
         "projection output."),
     # --- lesson 11: mixture of experts and expert parallelism ------------------------------
     "11.mixtral_active": Question(
         lambda: _active_params(_preset("mixtral-8x7b")) / 1e9,
         "every dense weight plus, in each MoE block, the router and k = 2 of the 8 experts: the "
-        "total less 6 experts per layer.", rel_tol=1e-2),
+        "total less 6 experts per layer.", rel_tol=1e-2, unit="billion"),  # the published 12.9
     "11.capacity": Question(
         lambda: _capacity(_preset("mixtral-8x7b").replace(capacity_factor=1.25), 4096),
         "C = ceil(k·T·cf/E) with k = 2, E = 8."),
     "11.collapsed_aux": Question(
         lambda: _collapsed_aux(8),
-        "α·E·Σ f_i·P_i with f = P = 1 on one expert and 0 elsewhere is α·E."),
+        "α·E·Σ f_i·P_i with f = P = 1 on one expert and 0 elsewhere is α·E.", rel_tol=1e-3),
     "11.a2a_mib": Question(
         lambda: _balanced_a2a(_preset("mixtral-8x7b"), 4096, 2) / 2**20,
         "dispatch and combine, forward and backward: 4 passes of T·k rows of h elements, plus the "
-        "E int64 counts: 8E + 2(S + R)·h·b with S = R = T·k."),
+        "E int64 counts: 8E + 2(S + R)·h·b with S = R = T·k.", rel_tol=1e-3, unit="MiB"),
     "11.host_wait_pct": Question(
         lambda: _host_wait_pct("bridge-qwen3-30b-a3b-2606-ep16"),
         "the prediction's part 'host_wait' over its iteration time, in per cent: per microbatch the host "
-        "needs 48 layers × 8.8 ms, and the GPU waits for what its own work does not cover.", rel_tol=1e-2),
+        "needs 48 layers × 8.8 ms, and the GPU waits for what its own work does not cover.", rel_tol=1e-2,
+        unit="%"),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
@@ -418,7 +441,49 @@ def _norm_word(s: str) -> str:
     return "".join(ch for ch in str(s).lower() if ch not in " -_")
 
 
-def _matches(given: Any, right: Any, rel_tol: float) -> bool:
+# units an answer may be written in, by kind, in their base unit (bytes, seconds, FLOPs, a count)
+UNITS = {
+    "bytes": {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "bytes": 1, "byte": 1},
+    "seconds": {"s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9},
+    "flops": {"FLOP": 1, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15},
+    "count": {"thousand": 1e3, "k": 1e3, "K": 1e3, "million": 1e6, "M": 1e6, "billion": 1e9, "B": 1e9, "bn": 1e9,
+              "G": 1e9, "trillion": 1e12, "T": 1e12},
+}
+_NUMBER = re.compile(r"^([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+)\s*(.*)$")
+
+
+def _kind(unit: str) -> dict:
+    return next((table for table in UNITS.values() if unit in table), {})
+
+
+def parse_number(given: Any, unit: str = "") -> float | None:
+    """`given` as a number in `unit`: a number, or text with thousands separators, a per cent
+    sign (for a ``"fraction"`` or ``"%"`` question) or a unit of the question's kind. None
+    when it is not a number (a boolean is not), or written in a unit of another kind."""
+    if isinstance(given, bool) or given is None:
+        return None
+    if isinstance(given, (int, float)):
+        return float(given)
+    if not isinstance(given, str):
+        try:
+            return None if isinstance(given.item(), bool) else float(given.item())  # a 0-d tensor or array
+        except (AttributeError, TypeError, ValueError):
+            return None
+    m = _NUMBER.match(given.strip().replace("\u2009", "").replace("\u202f", "").replace("_", ""))
+    if m is None:
+        return None
+    value, suffix = float(m.group(1).replace(",", "")), m.group(2).strip().rstrip(".")
+    if suffix in ("", unit):
+        return value
+    if suffix == "%":
+        return value / 100 if unit == "fraction" else value if unit == "%" else None
+    table = _kind(unit)
+    scale = table.get(suffix, table.get(suffix.split("/")[0].split(" ")[0]))
+    return value * scale / table[unit] if scale else None
+
+
+def _matches(given: Any, right: Any, rel_tol: float, unit: str = "") -> bool:
     if isinstance(right, tuple):  # accepted spellings of a word
         return isinstance(given, str) and _norm_word(given) in {_norm_word(w) for w in right}
     if isinstance(right, frozenset):  # a set: the same elements, in any order
@@ -434,10 +499,11 @@ def _matches(given: Any, right: Any, rel_tol: float) -> bool:
             return len(given) == len(right) and all(_matches(g, r, rel_tol) for g, r in zip(given, right))
         except TypeError:
             return False
-    try:
-        g = float(given)
-    except (TypeError, ValueError):
+    g = parse_number(given, unit)
+    if g is None:
         return False
+    if isinstance(right, int):  # a count: exactly
+        return g == right
     return math.isclose(g, float(right), rel_tol=rel_tol, abs_tol=1e-12)
 
 
@@ -448,7 +514,10 @@ def grade(question_id: str, answer: Any) -> tuple[bool, str]:
     q = QUESTIONS[question_id]
     if answer is Ellipsis:
         return False, "no answer yet — replace ... with your answer and run the cell again"
-    if _matches(answer, q.answer(), q.rel_tol):
+    right = q.answer()
+    if isinstance(answer, bool) and not isinstance(right, tuple):
+        return False, "wrong — True and False are not numbers here: give the number itself"
+    if _matches(answer, right, q.rel_tol, q.unit):
         return True, "right"
     return False, f"wrong — {q.hint}"
 

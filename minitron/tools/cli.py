@@ -361,18 +361,22 @@ def _train_command(args, lock) -> int:
     if not reporting():
         return 0
     if summary["val_losses"]:
+        from ..viz.loss import loss_reference
+
         print(validation_summary(summary["val_losses"]))
+        print(loss_reference(corpus, builtin=not train.data))
     if summary.get("sample"):
         print("--- sample ---")
         print(summary["sample"])
         print("--------------")
     if summary.get("report") and not args.no_report:
+        from ..viz.loss import loss_unit
         from .report import format_report, plot_losses
 
         print(format_report(summary["report"], summary.get("tokens_per_s")))
         if train.metrics:
             fig = plot_losses(summary["losses"], summary["val_losses"], str(Path(train.metrics).with_suffix(".loss.png")),
-                              f"{model.name} on {layout.describe()}", first_step=start + 1)
+                              f"{model.name} on {layout.describe()}", first_step=start + 1, unit=loss_unit(corpus))
             if fig:
                 print(f"loss curve written to {fig}")
     if args.tensorboard:
@@ -381,6 +385,9 @@ def _train_command(args, lock) -> int:
         print(f"metrics written to {train.metrics}")
     if train.trace:
         print(f"communication trace written to {train.trace}")
+    if train.ckpt_dir:
+        print(f"checkpoint written to {latest(train.ckpt_dir)}: try "
+              f"`minitron sample --ckpt-dir {train.ckpt_dir}` (text from the trained model)")
     return 0
 
 
@@ -423,6 +430,9 @@ def cmd_verify(args) -> int:
     for path in (train.trace, train.timeline):
         if path:
             Path(path).unlink(missing_ok=True)
+    if reporting():  # the ranks' start-up (each imports torch) is the first silent stretch
+        print(f"verify: starting {layout.world} ranks, then {train.steps} steps of {layout.describe()} and the same "
+              f"steps on one device", file=sys.stderr, flush=True)
     res = run_ranks(verify_job, model, layout, train, corpus, {"timeout": args.timeout, "tol": args.tol})
     if not reporting():
         return 0
@@ -1104,10 +1114,11 @@ def entry() -> None:
     process group already destroyed): the interpreter's finalisation is skipped, where a C++
     thread of the process group that is still joinable calls std::terminate and turns a
     finished run's exit 0 into 134 (seen under srun, task 1, after the report was written)."""
-    from .. import launch
-
     code = main()
-    if launch.under_launcher():
+    # only a command that started ranks imported the launcher (and made a process group);
+    # `--help` and the analyses must not pay for importing torch to ask
+    launch = sys.modules.get("minitron.launch")
+    if launch is not None and launch.under_launcher():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code or 0)

@@ -19,11 +19,12 @@ steps after it, and at the end gathers every rank's facts to rank 0:
   expert over the mean, the dropped fraction, and a *collapse* warning when the router
   sends almost every choice to k experts (:func:`routing_summary`).
 
-:func:`format_report` prints it; :func:`plot_losses` draws the loss curve next to the
+:func:`format_report` prints it; :func:`plot_losses` (minitron.viz.loss) draws the loss curve next to the
 metrics file. With ``tensorboard_dir`` the step scalars also go to TensorBoard.
 """
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..comm import CommTrace
+from ..viz.loss import plot_losses  # noqa: F401 - the figure's home is viz/loss.py; callers import it here too
 
 PIPELINE_STEPS = 10  # steps after the first whose compute actions time the bubble
 
@@ -253,30 +255,16 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
             mfu = tps * rep["flops_per_token"] / (rep["peak_flops"] * rep["world"])
             line += (f", MFU {mfu:.3f} (model FLOP/s over {rep['world']} x the matmul peak of one rank, "
                      f"{rep['peak_flops'] / 1e9:.1f} GFLOP/s, measured at the start)")
+            line += _core_cap(rep["world"])
         lines.append(line)
     return "\n".join(lines)
 
 
-def plot_losses(losses: list[float], val_losses: dict, path: str, title: str = "",
-                first_step: int = 1) -> str | None:
-    """Draw the training loss per step (the first is step `first_step`) and the validation
-    loss at its evaluations; write the figure to `path`. None when matplotlib is missing."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return None
-    fig = Figure(figsize=(7, 4))
-    ax = fig.add_subplot()
-    ax.plot(range(first_step, first_step + len(losses)), losses, lw=1, label="train (per step)")
-    if val_losses:
-        steps = sorted(val_losses)
-        ax.plot(steps, [val_losses[s] for s in steps], "o-", label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
+def _core_cap(world: int, cores: int | None = None) -> str:
+    """What caps the MFU when the ranks outnumber the cores: each rank's peak was measured
+    with a core to itself, so `world` ranks on `cores` cores reach at most cores/world of it."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    if world <= cores:
+        return ""
+    return (f"; here {world} ranks share {cores} cores, which caps the MFU at {cores}/{world} = {cores / world:.2f} "
+            f"(a GPU per rank has no such cap)")

@@ -22,6 +22,8 @@ trained function (:func:`blind_tensor_effects`); every other tensor still by its
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .. import data as data_mod
@@ -195,6 +197,7 @@ def versus_one_device(comm, tr, losses, model: ModelConfig, train: TrainConfig,
         return None
     torch.manual_seed(train.seed)
     ref_losses, ref = reference_run(model, train, tr.corpus, train.steps, numerics(tr.layout))
+    progress(comm, "the single-device reference is done: comparing the losses and the parameters")
     res = {**compare(losses, full, ref_losses, ref), "reference_losses": ref_losses}
     if is_bf16(tr.layout, train):  # the parameters' relative difference means little there
         res.update(bf16_measures(model, train, numerics(tr.layout), losses, full, ref_losses, ref))
@@ -204,10 +207,20 @@ def versus_one_device(comm, tr, losses, model: ModelConfig, train: TrainConfig,
     return res
 
 
+def progress(comm, what: str) -> None:
+    """One line on stderr from rank 0: what the verification is doing (it takes tens of seconds)."""
+    if comm.grid.rank == 0:
+        print(f"verify: {what}", file=sys.stderr, flush=True)
+
+
 def verify_job(comm, model, layout, train, corpus, extra) -> dict | None:
     """Run on every rank; rank 0 returns the verdict (a dict), others None."""
     tr = Trainer(model, layout, train, comm, corpus)
-    losses = [tr.step(i) for i in range(train.steps)]
+    losses = []
+    for i in range(train.steps):
+        losses.append(tr.step(i))
+        progress(comm, f"{layout.describe()} on {comm.grid.world} ranks: step {i + 1}/{train.steps} done")
+    progress(comm, f"gathering the weights to rank 0; then the single-device reference, {train.steps} steps")
     if comm.trace is not None and train.trace:
         comm.trace.write(train.trace)
     if train.timeline and tr.pipeline is not None:
