@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,course
+TORCHAO_SPEC ?= torchao==0.18.0
+ORACLE := $(VENV)/oracle
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 NPROC ?= 8
@@ -22,6 +24,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@# torchao, the FP8 tests' external oracle, beside the environment rather than in it: where it is
+	@# importable, transformers imports it with every model class, and on a CPU machine it then logs
+	@# that its CUDA kernels do not load (noise in every notebook and command that reads a HF model)
+	$(BIN)/python -m pip install -q --no-deps --target $(ORACLE) "$(TORCHAO_SPEC)"
 	@echo "make: $(VENV) is ready"
 	touch $@
 

@@ -5,6 +5,11 @@ layout equal to one device in float64 under every recipe (one launch of two rank
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,35 +52,61 @@ def test_mx_blocks_share_a_power_of_two_scale_per_32():
 
 
 # --- torchao as the oracle ----------------------------------------------------------------
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-@pytest.mark.parametrize("shape", [(16, 32, 48), (3, 5, 64, 32), (128, 96, 64)])
-def test_linears_equal_torchao_float8_linear(recipe, shape):
-    """Forward and both gradients equal torchao's Float8Linear(emulate=True), float32."""
+# torchao lives beside the environment (`make env` installs it into .venv/oracle): where it is
+# importable, transformers imports it with every model class and it logs that its CUDA kernels
+# do not load. So torchao's side of each case runs in a process of its own, with it on the path.
+ORACLE = Path(sys.prefix) / "oracle"
+SHAPES = [(16, 32, 48), (3, 5, 64, 32), (128, 96, 64)]
+ORACLE_SCRIPT = """
+import dataclasses, sys, torch
+import torchao.float8 as ao
+out = []
+for recipe, x, w, dy in torch.load(sys.argv[1]):
+    config = dataclasses.replace(ao.Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    lin = ao.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(w.shape[1], w.shape[0], bias=False)),
+                                        config=config)[0]
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    x = x.clone().requires_grad_()
+    y = lin(x)
+    y.backward(dy)
+    out.append((y.detach(), x.grad, lin.weight.grad))
+torch.save(out, sys.argv[2])
+"""
+
+
+def _case(shape):
     *lead, k, n = shape
     torch.manual_seed(0)
-    x, w, dy = torch.randn(*lead, k), torch.randn(n, k) * 0.05, torch.randn(*lead, n) * 1e-3
-    ref = _torchao_linear(recipe, k, n)
-    with torch.no_grad():
-        ref.weight.copy_(w)
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    wb = w.clone().requires_grad_()
-    ya = ref(xa)
-    ya.backward(dy)
+    return torch.randn(*lead, k), torch.randn(n, k) * 0.05, torch.randn(*lead, n) * 1e-3
+
+
+@pytest.fixture(scope="module")
+def torchao_results(tmp_path_factory):
+    """{(recipe, shape): (y, dx, dw)} from torchao's Float8Linear(emulate=True), one process."""
+    assert (ORACLE / "torchao").is_dir(), f"torchao, the FP8 oracle, is not in {ORACLE}: run `make env`"
+    keys = [(r, shape) for r in ("tensorwise", "rowwise") for shape in SHAPES]
+    root = tmp_path_factory.mktemp("torchao")
+    torch.save([(r, *_case(shape)) for r, shape in keys], root / "in.pt")
+    env = {**os.environ, "PYTHONPATH": str(ORACLE), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", ORACLE_SCRIPT, str(root / "in.pt"), str(root / "out.pt")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return dict(zip(keys, torch.load(root / "out.pt")))
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linears_equal_torchao_float8_linear(recipe, shape, torchao_results):
+    """Forward and both gradients equal torchao's Float8Linear(emulate=True), float32."""
+    x, w, dy = _case(shape)
+    xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
     state = fp8.Fp8State("lin.fp8", recipe, fp8.Shards(), _ctx(recipe))
     yb = fp8.fp8_linear(xb, wb, None, state)
     yb.backward(dy)
-    for mine, theirs in ((yb, ya), (xb.grad, xa.grad), (wb.grad, ref.weight.grad)):
+    for mine, theirs in zip((yb, xb.grad, wb.grad), torchao_results[(recipe, shape)]):
         torch.testing.assert_close(mine, theirs, rtol=1.3e-6, atol=1e-7 * theirs.abs().max().item())
     assert (yb - x @ w.t()).abs().max() > 1e-4  # and it is not the high-precision linear
-
-
-def _torchao_linear(recipe: str, k: int, n: int):
-    """torchao's Float8Linear of `recipe` (its own recipe of that name), emulated on the CPU."""
-    import dataclasses
-
-    ao = pytest.importorskip("torchao.float8")
-    config = dataclasses.replace(ao.Float8LinearConfig.from_recipe_name(recipe), emulate=True)
-    return ao.convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)), config=config)[0]
 
 
 def _ctx(recipe: str):
