@@ -13,22 +13,83 @@
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
 """
-from .bubble import bubble_fraction, bubble_time, ideal_bubble, peak_stashed_microbatches, stashed_on_rank
-from .cluster import CLUSTERS, Cluster, PlannedLayout, Prediction, get_cluster, matmul_efficiency, predict
-from .calls import (dp_bytes_per_step, ring_allgather_wire_bytes, ring_allreduce_wire_bytes,
-                    ring_reduce_scatter_wire_bytes)
-from .comm import (comm_bytes_per_step, comm_items, cube_linear_elements, one_d_layer_elements,
-                   pp_boundary_bytes, summa_linear_elements, tensor_parallel_comparison, tp_layer_bytes)
-from .explain import explain, format_explain
-from .flops import (flops_per_iteration, hardware_flops_per_iteration, layer_forward_flops,
-                    logit_forward_flops, model_flops_per_iteration, training_time_s)
-from .memory import (activation_bytes_on_rank, activation_bytes_per_layer,
-                     distributed_optimizer_bytes_per_param, korthikanti_activation_bytes_per_layer,
-                     memory_estimate, memory_on_rank, memory_per_rank, zero_bytes_per_param)
-from .params import (chunk_layers, layer_param_count, layers_on_rank, padded_vocab, param_count,
-                     params_on_rank, params_per_rank, ptdp_param_count, rank_layers, split_layers)
-from .planner import plan, valid_layouts
-from .software import SOFTWARE, Software, get_software
+import importlib
+
+# Each public name's module, imported on first use (PEP 562), so that a command's --help can read
+# the software stacks and clusters without importing the analysis that needs torch.
+_HOME = {
+    "bubble_fraction": "bubble",
+    "bubble_time": "bubble",
+    "ideal_bubble": "bubble",
+    "peak_stashed_microbatches": "bubble",
+    "stashed_on_rank": "bubble",
+    "CLUSTERS": "cluster",
+    "Cluster": "cluster",
+    "PlannedLayout": "cluster",
+    "Prediction": "cluster",
+    "get_cluster": "cluster",
+    "matmul_efficiency": "cluster",
+    "predict": "cluster",
+    "dp_bytes_per_step": "calls",
+    "ring_allgather_wire_bytes": "calls",
+    "ring_allreduce_wire_bytes": "calls",
+    "ring_reduce_scatter_wire_bytes": "calls",
+    "comm_bytes_per_step": "comm",
+    "comm_items": "comm",
+    "cube_linear_elements": "comm",
+    "one_d_layer_elements": "comm",
+    "pp_boundary_bytes": "comm",
+    "summa_linear_elements": "comm",
+    "tensor_parallel_comparison": "comm",
+    "tp_layer_bytes": "comm",
+    "explain": "explain",
+    "format_explain": "explain",
+    "flops_per_iteration": "flops",
+    "hardware_flops_per_iteration": "flops",
+    "layer_forward_flops": "flops",
+    "logit_forward_flops": "flops",
+    "model_flops_per_iteration": "flops",
+    "training_time_s": "flops",
+    "activation_bytes_on_rank": "memory",
+    "activation_bytes_per_layer": "memory",
+    "distributed_optimizer_bytes_per_param": "memory",
+    "korthikanti_activation_bytes_per_layer": "memory",
+    "memory_estimate": "memory",
+    "memory_on_rank": "memory",
+    "memory_per_rank": "memory",
+    "zero_bytes_per_param": "memory",
+    "chunk_layers": "params",
+    "layer_param_count": "params",
+    "layers_on_rank": "params",
+    "padded_vocab": "params",
+    "param_count": "params",
+    "params_on_rank": "params",
+    "params_per_rank": "params",
+    "ptdp_param_count": "params",
+    "rank_layers": "params",
+    "split_layers": "params",
+    "plan": "planner",
+    "valid_layouts": "planner",
+    "SOFTWARE": "software",
+    "Software": "software",
+    "get_software": "software",
+}
+
+
+def __getattr__(name):
+    if name in _HOME:
+        return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    try:
+        return importlib.import_module(f".{name}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     # params

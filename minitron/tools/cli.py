@@ -996,12 +996,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--fp8", action="store_true", help="the linears' matmuls in FP8 (clusters with an FP8 peak)")
     pl.add_argument("--published", default="", metavar="RUN",
                     help="predict and (with --explain) break down a published H100-era run by its id")
-    from ..analysis.cluster import CLUSTERS
-    from ..analysis.software import SOFTWARE
+    from ..analysis.software import SOFTWARE  # light: the cluster model (and torch) stay unimported for --help
 
     pl.add_argument("--software", default=None,
-                    help="the software stack: " + ", ".join(SOFTWARE) + " (default: the cluster's era's: "
-                         + ", ".join(f"{c.software} on {n}" for n, c in CLUSTERS.items()) + ")")
+                    help="the software stack: " + ", ".join(SOFTWARE) + " (default: the stack of the "
+                         "cluster's era, named in the plan's first line)")
     pl.add_argument("--explain", action="store_true",
                     help="break one layout's iteration into its parts (needs --tp and --pp)")
     pl.add_argument("--plot", default="", help="with --explain: write the breakdown as a figure (png/svg/pdf)")
