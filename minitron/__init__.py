@@ -12,7 +12,7 @@ import importlib
 # each public name and the module that is its home
 _HOMES = {"ConfigError": "config", "ModelConfig": "config", "ParallelConfig": "config", "TrainConfig": "config",
           "PRESETS": "config", "preset": "config", "validate": "config", "ProcessGrid": "grid", "Comm": "comm",
-          "CommTrace": "comm", "read_trace": "comm", "GPT": "model", "Trainer": "train", "train": "train"}
+          "CommTrace": "comm", "read_trace": "comm", "GPT": "model", "Trainer": "train"}
 
 __all__ = list(_HOMES)
 __version__ = "0.1.0"
@@ -23,8 +23,7 @@ def __getattr__(name):
     if name not in _HOMES:
         raise AttributeError(f"module 'minitron' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    if name != "train":  # `minitron.train` is also the submodule; the attribute import sets it
-        globals()[name] = value
+    globals()[name] = value
     return value
 
 

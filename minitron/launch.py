@@ -269,9 +269,10 @@ class Watchdog:
                 return
             if dead:  # a peer that lost its connection to the dead rank may end in the same poll:
                 # the cause left no error of its own (a peer raises when it loses it), and of those
-                # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped)
+                # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped);
+                # one the elastic agent ended (SIGTERM to the rest, once it saw the cause) comes last
                 unexplained = [r for r in dead if not _rank_file(self.scratch, r, "raised").exists()] or dead
-                r = next((r for r in unexplained if _ended_by_signal(ranks[r])), unexplained[0])
+                r = min(unexplained, key=lambda r: _likelihood_of_cause(_end_signal(ranks[r])))
                 self._end(ranks, _died(r, ranks[r]))
                 return
 
@@ -311,14 +312,20 @@ class RankLost(ChildFailedError):
         self.lost = lost
 
 
-def _ended_by_signal(pid: int) -> bool:
-    """Whether the (not yet reaped) process `pid` was ended by a signal: the exit status in
-    /proc/PID/stat's 52nd field, as wait() reports it (its low 7 bits: the signal)."""
+def _end_signal(pid: int) -> int:
+    """The signal that ended the (not yet reaped) process `pid`, 0 if none or unknown (reaped):
+    the exit status in /proc/PID/stat's 52nd field, as wait() reports it (its low 7 bits)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return len(fields) >= 50 and int(fields[-1]) & 0x7F != 0
+        return int(fields[-1]) & 0x7F if len(fields) >= 50 else 0
     except (OSError, ValueError, IndexError):
-        return False
+        return 0
+
+
+def _likelihood_of_cause(sig: int) -> int:
+    """Order among dead ranks, the likeliest cause first: ended by a signal other than the
+    agent's SIGTERM (SIGKILL, SIGSEGV), then unknown (already reaped), then SIGTERM."""
+    return 2 if sig == signal.SIGTERM else 0 if sig else 1
 
 
 def _died(rank: int, pid: int) -> str:

@@ -292,3 +292,17 @@ def test_nothing_outside_comm_assigns_to_a_comm():
     assert sorted(b.split(" ", 1)[1] for b in comm_assignments(planted)) == sorted([
         "tr.comm.trace", "ctx.comm.wire_dtype", "comm.step", "comm.microbatch", "x.phase",
         "setattr(comm, ...)", "c.trace"])
+
+
+def test_no_lazy_name_is_also_a_submodule():
+    """A package that imports its names on first use (PEP 562) must not export a name that is
+    also one of its submodules: importing the submodule binds the name to the module, and
+    `from package import name` then returns the module or the function by import order."""
+    import importlib
+    import pkgutil
+
+    for package, homes in (("minitron", "_HOMES"), ("minitron.analysis", "_HOMES")):
+        pkg = importlib.import_module(package)
+        submodules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
+        clashes = sorted(set(getattr(pkg, homes)) & submodules)
+        assert not clashes, f"{package} exports {clashes}, also its submodules' names"

@@ -8,7 +8,7 @@
 * :mod:`.bubble`  pipeline bubble and stashed microbatches, per schedule
 * :mod:`.cluster` a throughput model of GPU clusters, calibrated on Megatron-LM 2019
 * :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
-* :mod:`.explain` one predicted iteration part by part
+* :mod:`.breakdown` one predicted iteration part by part (`explain`)
 * :mod:`.planner` enumerate and rank (t, p, d, v, b) layouts
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
@@ -17,7 +17,7 @@ import importlib
 
 # Each public name's module, imported on first use (PEP 562), so that a command's --help can read
 # the software stacks and clusters without importing the analysis that needs torch.
-_HOME = {
+_HOMES = {
     "bubble_fraction": "bubble",
     "bubble_time": "bubble",
     "ideal_bubble": "bubble",
@@ -42,8 +42,8 @@ _HOME = {
     "summa_linear_elements": "comm",
     "tensor_parallel_comparison": "comm",
     "tp_layer_bytes": "comm",
-    "explain": "explain",
-    "format_explain": "explain",
+    "explain": "breakdown",
+    "format_explain": "breakdown",
     "flops_per_iteration": "flops",
     "hardware_flops_per_iteration": "flops",
     "layer_forward_flops": "flops",
@@ -77,8 +77,8 @@ _HOME = {
 
 
 def __getattr__(name):
-    if name in _HOME:
-        return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
     try:
         return importlib.import_module(f".{name}", __name__)
     except ModuleNotFoundError as e:
@@ -88,7 +88,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_HOME))
+    return sorted(set(globals()) | set(_HOMES))
 
 
 __all__ = [

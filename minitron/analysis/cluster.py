@@ -58,7 +58,7 @@ The blocks of today's models and the parallelism they are trained with (the H100
   times, as :func:`~minitron.analysis.bubble.bubble_fraction` gives it.
 
 The software (a :class:`~minitron.analysis.software.Software`; default
-``megatron-2019``, the calibration's) is an argument like the hardware; :func:`~minitron.analysis.explain.explain` lists the
+``megatron-2019``, the calibration's) is an argument like the hardware; :func:`~minitron.analysis.breakdown.explain` lists the
 parts of one prediction.
 
 Calibration (Megatron-LM 2019, V100 DGX-2H, with the ``megatron-2019`` software; the
@@ -299,7 +299,7 @@ class Prediction:
     in seconds (``compute, tp_comm, pp_comm, bubble, dp_comm, dp_comm_exposed,
     optimizer`` and what overlap hid, ``tp_comm_hidden, pp_comm_hidden,
     dp_comm_hidden``), with ``software``, ``recompute``, ``mfu`` and ``parts``: the
-    iteration per kind of work, as :func:`~minitron.analysis.explain.explain` lists it)."""
+    iteration per kind of work, as :func:`~minitron.analysis.breakdown.explain` lists it)."""
 
     iteration_s: float
     tflops_per_gpu: float

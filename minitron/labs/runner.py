@@ -281,10 +281,14 @@ class Tripwire:
     def __init__(self, pieces: dict, allowed=(), communication: bool = False):
         self.codes: dict = {}
         self.files: dict = {}
+        self.passages: set = set()
         for name, obj in pieces.items():
             if isinstance(obj, type(sys)):
                 self.files[os.path.realpath(obj.__file__)] = name
                 self.files[obj.__file__] = name
+                # a package's lazy name lookup (PEP 562) only finds the home module, whose code is
+                # then seen under its own name: the lookup is a passage, not a piece
+                self.passages.update(getattr(vars(obj).get(f), "__code__", None) for f in ("__getattr__", "__dir__"))
             else:
                 self.codes.update(dict.fromkeys(_codes(obj), name))
         self.allowed = set().union(*(_codes(a) for a in allowed)) if allowed else set()
@@ -328,7 +332,7 @@ class Tripwire:
         name = None
         if event == "call":
             code = frame.f_code
-            name = self.codes.get(code) or self.files.get(code.co_filename)
+            name = None if code in self.passages else self.codes.get(code) or self.files.get(code.co_filename)
         if name is None and self.communication and self._c10d(frame, event, arg):
             name = "torch.distributed"
         if name is None:

@@ -1,7 +1,7 @@
 """A predicted iteration drawn part by part (what `minitron plan --explain --plot` writes).
 
 One horizontal bar per prediction, split into the parts of
-:func:`minitron.analysis.explain` in seconds: matrix multiplies by kind in blues,
+:func:`minitron.analysis.breakdown.explain` in seconds: matrix multiplies by kind in blues,
 element-wise work and recomputation in greens, exposed communication in oranges, the
 GPU waiting for its host in purple, the bubble in red, the optimizer in grey. Hidden communication is drawn as a hatched bar
 beside it: time that overlaps computation and so costs nothing. Several predictions
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ..analysis.explain import explain
+from ..analysis.breakdown import explain
 
 __all__ = ["plot_explain", "save_explain_plot", "PART_COLORS"]
 
