@@ -190,14 +190,6 @@ def _load(path: Path, data: bytes | None = None) -> dict:
                           f"delete that step folder or resume from another") from None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _point_latest(root: Path, name: str) -> None:
     (root / "latest.part").write_text(name)
     os.replace(root / "latest.part", root / "latest")
@@ -249,7 +241,8 @@ def _write_shard(tmp: Path, rank: int, shards: dict) -> None:
         with open(str(part) + ".part", "wb") as f:  # a Python file: the OS error comes back with its reason
             torch.save(shards, f)
         os.replace(str(part) + ".part", part)
-        info = {"file": part.name, "sha256": _sha256(part), "bytes": part.stat().st_size, **_shard_summary(shards)}
+        info = {"file": part.name, "sha256": dcp_format.file_sha256(part), "bytes": part.stat().st_size,
+                **_shard_summary(shards)}
     except (OSError, RuntimeError) as e:  # torch's writer wraps the file's OSError in a RuntimeError
         cause = e if isinstance(e, OSError) else e.__context__ if isinstance(e.__context__, OSError) else None
         if cause is None and not isinstance(e, OSError) and not any(w in str(e) for w in ("inline_container", "resize")):
@@ -495,7 +488,8 @@ def _check_dcp(path: Path, meta: dict, verify_data: bool, tensor_shapes: dict | 
                           f"incomplete or was edited; resume from another checkpoint")
     for name in files:
         f, want = path / name, sums[name]
-        if not isinstance(want, dict) or f.stat().st_size != want.get("bytes") or _sha256(f) != want.get("sha256"):
+        if (not isinstance(want, dict) or f.stat().st_size != want.get("bytes")
+                or dcp_format.file_sha256(f) != want.get("sha256")):
             raise ConfigError(f"checkpoint file {f} does not match its checksum in meta.json: it was damaged or "
                               f"replaced; resume from another checkpoint")
     layout = dcp_format.check_tiling(path, dcp_format.read_metadata(path))

@@ -164,11 +164,12 @@ def write(tmp: Path, rank: int, shards: dict, fqns: dict, world: int) -> dict:
     if world > 1:
         dist.barrier()
     files = [f"__{rank}_0.distcp"] + ([".metadata"] if rank == 0 else [])
-    return {"files": {n: {"sha256": _sha256(tmp / n), "bytes": (tmp / n).stat().st_size}
+    return {"files": {n: {"sha256": file_sha256(tmp / n), "bytes": (tmp / n).stat().st_size}
                       for n in files if (tmp / n).exists()}, **({"dcp_keys": names} if rank == 0 else {})}
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256, read in 4 MiB blocks (a shard can be larger than memory allows twice)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minitron.analysis.experts import active_params, dispatch_fan_out, total_params
+from minitron.analysis.calls import bytes_by_axis
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
 from minitron.moe import route
 
@@ -178,12 +179,8 @@ def _train(layout: ParallelConfig) -> TrainConfig:
 
 
 def _by_axis(records, rank: int) -> dict:
-    out: dict = {}
-    for r in records:
-        if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log":
-            ops = out.setdefault(r["axis"], {})
-            ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
-    return out
+    """Step 0's traced bytes on `rank`, per axis and op (the analysis's own sum)."""
+    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"])
 
 
 def _layouts_job(comm, cases):

@@ -26,6 +26,8 @@ from minitron.config import ModelConfig, TrainConfig, preset  # noqa: E402
 from minitron.tools import cli  # noqa: E402
 from minitron.train import single_device_model  # noqa: E402
 
+from hf_models import float64_mixtral  # noqa: E402
+
 TOL = 1e-9  # float64, transformers' float32 modules swapped for float64 ones (see _mixtral)
 
 
@@ -57,39 +59,7 @@ def _gpt2(path):
 
 
 def _mixtral(path, experts=4, top_k=2, float32_parts=False):
-    """A random float64 Mixtral saved to `path`; unless `float32_parts`, its float32 router
-    and RMSNorms (guards for bf16) are swapped for float64 ones of the same formulas, so
-    that logits can agree to 1e-9 (tests/test_moe.py does the same)."""
-    from transformers import MixtralConfig, MixtralForCausalLM
-    from transformers.models.mixtral.modeling_mixtral import MixtralRMSNorm, MixtralTopKRouter
-
-    class Norm64(MixtralRMSNorm):
-        def forward(self, x):
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    class Router64(MixtralTopKRouter):
-        def forward(self, hidden_states):
-            logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
-            top, idx = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
-            return logits, top / top.sum(-1, keepdim=True), idx
-
-    torch.manual_seed(experts * 10 + top_k)
-    cfg = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=experts,
-                        num_experts_per_tok=top_k, max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
-                        experts_implementation="eager")
-    model = MixtralForCausalLM(cfg).double().eval()
-    model.save_pretrained(str(path))
-    if not float32_parts:
-        def swap(owner, name, new):
-            new.load_state_dict(getattr(owner, name).state_dict())
-            setattr(owner, name, new.double())
-        for layer in model.model.layers:
-            swap(layer.mlp, "gate", Router64(cfg))
-            swap(layer, "input_layernorm", Norm64(cfg.hidden_size, cfg.rms_norm_eps))
-            swap(layer, "post_attention_layernorm", Norm64(cfg.hidden_size, cfg.rms_norm_eps))
-        swap(model.model, "norm", Norm64(cfg.hidden_size, cfg.rms_norm_eps))
-    return model
+    return float64_mixtral(path, experts, top_k, float32_parts, seed=experts * 10 + top_k)
 
 
 @pytest.fixture(scope="module")

@@ -193,12 +193,8 @@ def _verify_train(layout: ParallelConfig) -> TrainConfig:
 
 
 def _by_axis(records, rank) -> dict:
-    out: dict = {}
-    for r in records:
-        if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log":
-            ops = out.setdefault(r["axis"], {})
-            ops[r["op"]] = ops.get(r["op"], 0) + r["bytes"]
-    return out
+    """Step 0's traced bytes on `rank`, per axis and op (the analysis's own sum)."""
+    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"])
 
 
 def _all_layouts(comm):

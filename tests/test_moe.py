@@ -17,6 +17,8 @@ from minitron.model import GPT, num_params
 from minitron.moe import MoE, balancing_loss, capacity, keep_mask, route
 from minitron.tools.testing import run_on_ranks
 
+from hf_models import float64_mixtral
+
 # GELU + LayerNorm (GPT-2's block) with 4 experts top-2, and the Llama-shaped preset (SwiGLU,
 # RMSNorm, GQA) with 4 or 8
 GELU_MOE = ModelConfig(layers=2, hidden=32, heads=4, seq_len=16, vocab=256, experts=4, top_k=2, ffn=64,
@@ -227,7 +229,7 @@ HF_LAYOUTS = {2: [ParallelConfig(ep=2)], 4: [ParallelConfig(ep=2, tp=2)]}
 @pytest.mark.multirank
 @pytest.mark.parametrize("world,cases", [(2, CASES_2), (4, CASES_4)], ids=["2ranks", "4ranks"])
 def test_expert_parallel_layouts_equal_one_device(world, cases, tmp_path):
-    hf_model = _mixtral(tmp_path / "mixtral")
+    hf_model = float64_mixtral(tmp_path / "mixtral")
     res, hf = run_on_ranks(_job, ParallelConfig(dp=world), cases, str(tmp_path / "mixtral"), HF_LAYOUTS[world])[0]
     assert len(res) == len(cases) and len(hf) == len(HF_LAYOUTS[world])
     for r, (m, lay, tr) in zip(res, cases):
@@ -285,41 +287,6 @@ def test_report_shows_load_balance_and_a_planted_collapse():
 # --------------------------------------------------------------------------------------
 # Hugging Face: a transformers Mixtral in and out
 # --------------------------------------------------------------------------------------
-def _mixtral(path, float32_parts: bool = False):
-    """A random transformers Mixtral in float64, saved to `path`. Its router's softmax and its
-    RMSNorms compute in float32 whatever the model's dtype (guards for bf16); unless
-    `float32_parts`, those modules are swapped for ones computing in the model's dtype, so
-    that float64 logits can agree to 1e-9 (the same weights, the same formulas)."""
-    from transformers import MixtralConfig, MixtralForCausalLM
-    from transformers.models.mixtral.modeling_mixtral import MixtralRMSNorm, MixtralTopKRouter
-
-    class Float64Norm(MixtralRMSNorm):
-        def forward(self, x):
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    class Float64Router(MixtralTopKRouter):
-        def forward(self, hidden_states):
-            logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
-            top, idx = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
-            return logits, top / top.sum(-1, keepdim=True), idx
-
-    torch.manual_seed(0)
-    cfg = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                        max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
-                        experts_implementation="eager")
-    model = MixtralForCausalLM(cfg).double().eval()
-    model.save_pretrained(str(path))
-    if not float32_parts:
-        def swap(owner, name, new):
-            new.load_state_dict(getattr(owner, name).state_dict())
-            setattr(owner, name, new.double())
-        for layer in model.model.layers:
-            swap(layer.mlp, "gate", Float64Router(cfg))
-            swap(layer, "input_layernorm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
-            swap(layer, "post_attention_layernorm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
-        swap(model.model, "norm", Float64Norm(cfg.hidden_size, cfg.rms_norm_eps))
-    return model
 
 
 def test_mixtral_in_and_out(tmp_path):
@@ -330,7 +297,7 @@ def test_mixtral_in_and_out(tmp_path):
     from minitron.checkpoint import gather_full
     from minitron.hf import load_full, model_config, save
 
-    hf_model = _mixtral(tmp_path / "in")
+    hf_model = float64_mixtral(tmp_path / "in")
     model = model_config(str(tmp_path / "in"), seq_len=16)
     assert (model.experts, model.top_k, model.n_kv_heads, model.activation) == (4, 2, 2, "swiglu")
     tr = Trainer(model, ParallelConfig(), TRAIN.replace(init_from=str(tmp_path / "in")))
@@ -339,7 +306,7 @@ def test_mixtral_in_and_out(tmp_path):
         want, got = hf_model(x).logits, tr.model.eval()(x)
     assert float((got - want).abs().max()) <= TOL * float(want.abs().max())
     with torch.no_grad():  # transformers' own float32 router and norms: agreement to float32's rounding
-        own = _mixtral(tmp_path / "own", float32_parts=True)(x).logits
+        own = float64_mixtral(tmp_path / "own", float32_parts=True)(x).logits
     assert float((got - own).abs().max()) <= 1e-6 * float(own.abs().max())
     # export: the same tensors, loadable by transformers, and back into minitron unchanged
     full = {k: v["param"] for k, v in gather_full(tr).items()}
