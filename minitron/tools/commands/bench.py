@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 
 from ...config import ConfigError, ParallelConfig, validate
-from .options import add_layout_args, add_model_args, add_train_args, check_data, layout_from, model_from, train_from
+from .options import add_run_args, check_data, layout_from, model_from, train_from
 from .ranks import preflight, reporting, run_ranks
 
 
 def add_parser(sub) -> None:
     """`bench`: the layout flags, the timed and warm-up steps, and the profiler."""
     be = sub.add_parser("bench", help="step time, tokens/s, MFU and overhead vs plain PyTorch")
-    add_model_args(be)
-    add_layout_args(be)
-    add_train_args(be, steps=10, global_batch=16)
+    add_run_args(be, steps=10, global_batch=16)
     be.add_argument("--bench-steps", type=int, default=10, help="timed steps (after warm-up)")
     be.add_argument("--warmup-steps", type=int, default=3)
     be.add_argument("--threads", type=int, default=0, help="torch threads for the single-device run")

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 
 from ...config import ConfigError, validate
-from .options import add_layout_args, add_model_args, add_train_args, layout_from, model_from, model_label, train_from
+from .options import add_run_args, layout_from, model_from, model_label, train_from
 
 
 def add_parser(sub) -> None:
     """`memory`: the layout flags and the cluster whose GPU memory a rank is held against."""
     me = sub.add_parser("memory", help="predicted bytes per rank for a layout")
-    add_model_args(me)
-    add_layout_args(me)
-    add_train_args(me)
+    add_run_args(me)
     me.add_argument("--json", action="store_true")
     me.add_argument("--cluster", default="", help="warn against this cluster's GPU memory (v100-dgx2, a100-dgx, "
                     "h100-dgx; default: against the common training GPUs)")

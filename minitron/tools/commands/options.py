@@ -84,6 +84,14 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
                         "it decides the model's shape")
 
 
+def add_run_args(ap, **train_defaults) -> None:
+    """The model, layout and training flags, in that order, of a command that runs or sizes a
+    training job (`train`, `verify`, `memory`, `bench`); `train_defaults` as add_train_args'."""
+    add_model_args(ap)
+    add_layout_args(ap)
+    add_train_args(ap, **train_defaults)
+
+
 def model_from(args) -> ModelConfig:
     if getattr(args, "init_from", ""):
         return model_from_hf(args)

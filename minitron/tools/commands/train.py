@@ -8,16 +8,14 @@ import sys
 from pathlib import Path
 
 from ...config import CKPT_FORMATS, TrainConfig, validate
-from .options import add_layout_args, add_model_args, add_train_args, check_data, layout_from, model_from, train_from
+from .options import add_run_args, check_data, layout_from, model_from, train_from
 from .ranks import Interrupted, reporting, run_ranks
 
 
 def add_parser(sub) -> None:
     """`train`: the model, layout and training flags, then the checkpoint and reporting ones."""
     tr = sub.add_parser("train", help="train the GPT (any layout)")
-    add_model_args(tr)
-    add_layout_args(tr)
-    add_train_args(tr)
+    add_run_args(tr)
     tr.add_argument("--ckpt-dir", default="")
     tr.add_argument("--ckpt-every", type=int, default=0)
     tr.add_argument("--resume", nargs="?", const="yes", default="", choices=("yes", "auto"),

@@ -8,16 +8,14 @@ from pathlib import Path
 from ...config import validate
 from ..output_paths import check_outputs, inputs_of
 from ..preflight import finite_positive
-from .options import add_layout_args, add_model_args, add_train_args, check_data, layout_from, model_from, train_from
+from .options import add_run_args, check_data, layout_from, model_from, train_from
 from .ranks import reporting, run_ranks
 
 
 def add_parser(sub) -> None:
     """`verify`: the layout flags with float64, three steps and a global batch the layout picks."""
     ve = sub.add_parser("verify", help="prove a layout equals the single-device model")
-    add_model_args(ve)
-    add_layout_args(ve)
-    add_train_args(ve, steps=3, global_batch=0, dtype="float64")
+    add_run_args(ve, steps=3, global_batch=0, dtype="float64")
     ve.add_argument("--json", action="store_true")
     ve.add_argument("--tol", type=float, default=None, help="tolerance (default by dtype)")
     ve.set_defaults(fn=cmd_verify)
