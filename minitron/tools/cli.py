@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Parse `argv`, run the command; every error becomes one line and an exit code."""
     ap = build_parser()
     args = ap.parse_args(argv)
     from ..preemption import SignalLog

@@ -15,6 +15,7 @@ PLOT_TYPES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")  # what matplotlib writes
 
 
 def same_path(a: str, b: str) -> bool:
+    """`a` and `b` name the same file (after links)."""
     try:
         return os.path.realpath(a) == os.path.realpath(b)
     except OSError:
@@ -67,6 +68,7 @@ def _names_a_step(pointer: Path) -> bool:
 
 
 def not_in_checkpoint(flag: str, path: str, ckpt_dir: str = "") -> None:
+    """`path` lies in no checkpoint folder (this run's `ckpt_dir` or another)."""
     inside = ckpt_dir and (same_path(path, ckpt_dir) or
                            os.path.realpath(path).startswith(os.path.realpath(ckpt_dir) + os.sep))
     folder = ckpt_dir if inside else checkpoint_folder_of(path)
@@ -99,6 +101,7 @@ def check_output_file(flag: str, path: str, inputs: list[str], extensions: tuple
 
 
 def writable_folder(flag: str, folder: Path, path: str) -> None:
+    """`folder` exists (created) and a file can really be written in it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

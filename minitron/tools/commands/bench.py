@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_bench(args) -> int:
+    """`minitron bench`: one device beside the layout's ranks (bench.py), then the table or JSON."""
     import torch
 
     from ..bench import bench_job, bench_single

@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_memory(args) -> int:
+    """`minitron memory`: the bytes per rank of `analysis.memory_per_rank` and the ZeRO traffic."""
     from ...analysis import memory_per_rank
 
     model, layout = model_from(args), layout_from(args)

@@ -29,6 +29,7 @@ def add_model_args(ap):
 
 
 def add_layout_args(ap):
+    """The layout flags, one per ParallelConfig field a command line sets (`layout_from` reads them)."""
     g = ap.add_argument_group("layout")
     g.add_argument("--nproc", type=int, default=0, help="ranks to start locally (default dp*tp*pp)")
     for k in ("dp", "tp", "pp", "vpp"):
@@ -68,6 +69,7 @@ def add_layout_args(ap):
 
 
 def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
+    """The training flags, with the command's own defaults for steps, batch and dtype."""
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=steps)
     g.add_argument("--global-batch", type=int, default=global_batch)
@@ -93,6 +95,7 @@ def add_run_args(ap, **train_defaults) -> None:
 
 
 def model_from(args) -> ModelConfig:
+    """The ModelConfig of --model and the model flags (or of --init-from's directory)."""
     if getattr(args, "init_from", ""):
         return model_from_hf(args)
     model = preset(args.model)
@@ -122,6 +125,7 @@ def model_from_hf(args) -> ModelConfig:
 
 
 def layout_from(args) -> ParallelConfig:
+    """The ParallelConfig of the layout flags (verify's dropout default: global masks)."""
     try:
         stage = tuple(int(x) for x in args.stage_layers.split(",") if x.strip())
     except ValueError:
@@ -137,6 +141,7 @@ def layout_from(args) -> ParallelConfig:
 
 
 def train_from(args, **over) -> TrainConfig:
+    """The TrainConfig of the training flags, `over` setting the command's own fields."""
     kw = dict(steps=args.steps, global_batch=args.global_batch, microbatches=args.microbatches,
               seed=args.seed, data=args.data, dtype=args.dtype, trace=args.trace, timeline=args.timeline,
               init_from=getattr(args, "init_from", ""))
@@ -177,4 +182,5 @@ def model_label(args, model) -> str:
 
 
 def given_or_default(flag: str, value, given: bool) -> str:
+    """`--flag value`, marked `(the default)` when the user did not give it."""
     return f"{flag} {value}" + ("" if given else " (the default)")

@@ -50,6 +50,7 @@ def _schedule_sizes(args) -> tuple[int, int, int]:
 
 
 def cmd_schedule(args) -> int:
+    """`minitron schedule`: the schedule built, validated and simulated, printed or as JSON."""
     from ...parallel import schedules
 
     pp, vpp, m = _schedule_sizes(args)

@@ -41,6 +41,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_tokenize(args) -> int:
+    """`minitron tokenize`: a BPE trained (or a tokenizer.json applied) and the token file written."""
     from ...tokenizer import tokenize
 
     check_output_file("--out", args.out, [args.data, args.tokenizer], extensions=(".bin",))
@@ -56,6 +57,7 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    """`minitron sample`: text from a checkpoint or a Hugging Face directory (sampling.py)."""
     from ..sampling import sample_text
 
     print(sample_text(args))
@@ -74,6 +76,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def cmd_export(args) -> int:
+    """`minitron export`: a checkpoint written as a Hugging Face directory, checked first."""
     from ...hf import export_problem, save
     from ..sampling import model_from_checkpoint
 

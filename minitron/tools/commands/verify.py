@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_verify(args) -> int:
+    """`minitron verify`: exit 0 when the layout's steps equal one device's within the tolerance."""
     from ..verify import verify_job
 
     model, layout = model_from(args), layout_from(args)
