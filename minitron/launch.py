@@ -415,7 +415,8 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
-        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.tools.cli", "minitron.train"])
+        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.tools.commands.ranks",
+                                   "minitron.tools.commands.train", "minitron.train"])
         _start_fork_server()
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 

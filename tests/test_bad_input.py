@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from minitron.tools.cli import main, validation_summary
+from minitron.tools.cli import main
+from minitron.tools.commands.train import validation_summary
 from minitron.tools.testing import reseal, run_cli
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0"]

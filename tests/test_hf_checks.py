@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from minitron import hf  # noqa: E402
 from minitron.config import ModelConfig, TrainConfig, preset  # noqa: E402
 from minitron.tools import cli  # noqa: E402
+from minitron.tools.commands.options import model_from  # noqa: E402
 from minitron.train import single_device_model  # noqa: E402
 
 from hf_models import float64_mixtral  # noqa: E402
@@ -109,7 +110,7 @@ def test_init_from_refuses_model_flags_it_cannot_apply(dirs, capsys, family, fla
 
 def test_init_from_applies_the_flags_that_leave_the_model_as_loaded(dirs):
     def model(family, *flags):
-        return cli.model_from(cli.build_parser().parse_args(["train", "--init-from", str(dirs / family), *flags]))
+        return model_from(cli.build_parser().parse_args(["train", "--init-from", str(dirs / family), *flags]))
 
     assert model("llama", "--dropout", "0.1").dropout == 0.1
     assert model("mixtral", "--aux-loss", "0.1", "--seq-len", "16").replace(aux_loss=0.01, seq_len=32) == \

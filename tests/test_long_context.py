@@ -126,7 +126,7 @@ def test_bad_input_is_one_line(model, layout, words):
 
 
 def test_export_refuses_the_knobs_it_cannot_write_in_one_line():
-    from minitron.tools.cli import check_exportable
+    from minitron.tools.commands.text import check_exportable
 
     check_exportable(LLAMA)  # a plain Llama exports
     for model in (KNOBS, WINDOW, LLAMA.replace(qkv_bias=True)):

@@ -28,7 +28,7 @@ import torch
 from minitron.checkpoint import FolderLock, lock_holder
 from minitron.config import PRESETS, ParallelConfig, TrainConfig
 from minitron.tools.cli import main
-from minitron.tools.preflight import check_resume
+from minitron.tools.resume_checks import check_resume
 from minitron.tools.testing import reseal
 
 TRAIN = ["train", "--global-batch", "4", "--no-progress", "--sample", "0", "--eval-every", "0", "--no-report"]

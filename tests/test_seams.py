@@ -306,3 +306,23 @@ def test_no_lazy_name_is_also_a_submodule():
         submodules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
         clashes = sorted(set(getattr(pkg, homes)) & submodules)
         assert not clashes, f"{package} exports {clashes}, also its submodules' names"
+
+
+# --- the command line split by command (issue 39) ----------------------------------------------
+TOOLS_MODULE_LINES, TOOLS_FUNCTION_LINES = 400, 60
+
+
+def test_tools_modules_and_functions_are_short():
+    """No module of minitron/tools/ (commands/ included) over 400 lines and no function there
+    over 60 (ast: end_lineno - lineno + 1): one module per command or family, each readable."""
+    tools = sorted((PKG / "tools").rglob("*.py"))
+    assert {"cli.py", "preflight.py", "options.py", "train.py"} <= {f.name for f in tools}
+    long_modules = [f"{f.relative_to(PKG.parent)} {n}" for f in tools
+                    if (n := len(f.read_text().splitlines())) > TOOLS_MODULE_LINES]
+    long_functions = [f"{f.relative_to(PKG.parent)}:{node.lineno} {node.name} {n}" for f in tools
+                      for node in ast.walk(ast.parse(f.read_text()))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and (n := node.end_lineno - node.lineno + 1) > TOOLS_FUNCTION_LINES]
+    assert not long_modules, f"modules of minitron/tools/ over {TOOLS_MODULE_LINES} lines: " + ", ".join(long_modules)
+    assert not long_functions, (f"functions in minitron/tools/ over {TOOLS_FUNCTION_LINES} lines: "
+                                + ", ".join(long_functions))
