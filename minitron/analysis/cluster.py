@@ -422,87 +422,126 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
     `moe`, the router, the shared experts and the routed experts this rank holds (E/ep
     of them, each on k·T·ep/(t·E) token rows; the busiest rank gets (1 + `imbalance`)
     times the balanced share)."""
-    s, h, a = model.seq_len, model.hidden, model.heads
-    T = b * s // cp
-    d = head_dim or model.head_dim
+    h, T = model.hidden, b * model.seq_len // cp
     q, kv = attention_widths(model, t, head_dim)
     fp8 = sw.fp8 and c.fp8_peak_flops > 0
-    gated = model.activation == "swiglu"
     parts = {"qkv": _gemm_s(T, q + 2 * kv, h, c, fp8=fp8), "proj": _gemm_s(T, h, q, c, fp8=fp8)}
-    mlp_passes = 0.0  # element-wise passes of the MLP activation, per token, over its width
-    if moe:
-        f, k, E = model.moe_ffn_hidden, model.top_k, model.experts
-        rows = k * T * ep / (t * E) * (1 + imbalance)  # token rows of each local expert
-        local = E / ep
-        up = _gemm_s(rows, (2 if gated else 1) * f, h, c, count=local, fp8=fp8)
-        down = _gemm_s(rows, h, f, c, count=local, fp8=fp8)
-        router = _gemm_s(T, E, h, c)
-        parts["experts"] = tuple(x + y + z for x, y, z in zip(up, down, router))
-        fs = model.shared_experts * f
-        parts["fc1"] = _gemm_s(T, (2 if gated else 1) * fs / t, h, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)
-        parts["fc2"] = _gemm_s(T, h, fs / t, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)
-        # permute and un-permute the k copies of each token (read, write: 4 passes of k·T·h/t)
-        mlp_passes = (rows * local * (3 if gated else 2) * f + T * fs / t * (3 if gated else 2)) / T \
-            + 4 * k * h / t * (1 + imbalance)
-    else:
-        f = model.ffn_hidden
-        parts["fc1"] = _gemm_s(T, (2 if gated else 1) * f / t, h, c, fp8=fp8)
-        parts["fc2"] = _gemm_s(T, h, f / t, c, fp8=fp8)
-        parts["experts"] = (0.0, 0.0, 0.0)
-        # GeLU reads and writes T·f/t; SwiGLU reads gate and up and writes their product
-        mlp_passes = (3 if gated else 2) * f / t
-    # attention products: per head, s/cp queries against the s keys; flash attention
-    # skips the masked blocks of a causal mask (half the products), an unfused or
-    # fused-softmax kernel computes the whole square and masks it (PTD-P)
+    mlp, mlp_passes = (_moe_mlp(model, T, t, c, fp8, ep, imbalance) if moe else _dense_mlp(model, T, t, c, fp8))
+    parts.update(mlp)
+    att_f, att_b = _attention_products_s(model, b, t, cp, c, sw, e, head_dim)
+    parts["attention"] = (att_f, att_b, 0.0)
+    ew, matrix_f, matrix_b = _elementwise_s(model, b, t, sp, cp, c, sw, e, mlp_passes)
+    cast_f, cast_b = _fp8_casts_s(model, T, t, c, sw, moe, ep, imbalance, head_dim) if fp8 else (0.0, 0.0)
+    parts["elementwise"] = (ew + matrix_f + cast_f, 2 * ew + matrix_b + cast_b, 0.0)
+    return _LayerTime(parts, att_f + matrix_f, att_f + att_b)
+
+
+def _dense_mlp(model: ModelConfig, T: int, t: int, c: Cluster, fp8: bool) -> tuple[dict, float]:
+    """The dense MLP's products on one tensor rank, ``{"fc1", "fc2", "experts"}`` (up, or
+    gate and up as one 2f/t-wide product with SwiGLU; down; no experts), and its
+    activation's element-wise passes per token: GeLU reads and writes T·f/t, SwiGLU reads
+    gate and up and writes their product."""
+    f, h, gated = model.ffn_hidden, model.hidden, model.activation == "swiglu"
+    parts = {"fc1": _gemm_s(T, (2 if gated else 1) * f / t, h, c, fp8=fp8), "fc2": _gemm_s(T, h, f / t, c, fp8=fp8),
+             "experts": (0.0, 0.0, 0.0)}
+    return parts, (3 if gated else 2) * f / t
+
+
+def _moe_rows(model: ModelConfig, T: int, t: int, ep: int, imbalance: float) -> tuple[float, float]:
+    """(token rows of each of this rank's routed experts, how many it holds): the k·T
+    routed copies over t tensor ranks and E experts, E/ep of them here; the busiest rank
+    gets (1 + `imbalance`) times the balanced share."""
+    return model.top_k * T * ep / (t * model.experts) * (1 + imbalance), model.experts / ep
+
+
+def _moe_mlp(model: ModelConfig, T: int, t: int, c: Cluster, fp8: bool, ep: int,
+             imbalance: float) -> tuple[dict, float]:
+    """A MoE block's products on one rank, ``{"experts", "fc1", "fc2"}``: the local routed
+    experts (up and down, whole) with the router (T × E, 16-bit), and the shared experts'
+    up and down split over t; and its element-wise passes per token: the activations, and
+    the permute and un-permute of the k copies of each token (read, write: 4 passes of k·T·h/t)."""
+    f, k, E, h, gated = model.moe_ffn_hidden, model.top_k, model.experts, model.hidden, model.activation == "swiglu"
+    rows, local = _moe_rows(model, T, t, ep, imbalance)
+    up = _gemm_s(rows, (2 if gated else 1) * f, h, c, count=local, fp8=fp8)
+    down = _gemm_s(rows, h, f, c, count=local, fp8=fp8)
+    router = _gemm_s(T, E, h, c)
+    fs = model.shared_experts * f
+    parts = {"experts": tuple(x + y + z for x, y, z in zip(up, down, router)),
+             "fc1": _gemm_s(T, (2 if gated else 1) * fs / t, h, c, fp8=fp8) if fs else (0.0, 0.0, 0.0),
+             "fc2": _gemm_s(T, h, fs / t, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)}
+    passes = (rows * local * (3 if gated else 2) * f + T * fs / t * (3 if gated else 2)) / T \
+        + 4 * k * h / t * (1 + imbalance)
+    return parts, passes
+
+
+def _attention_products_s(model: ModelConfig, b: int, t: int, cp: int, c: Cluster, sw: Software, e: int,
+                          head_dim: int | None) -> tuple[float, float]:
+    """(Forward, backward) seconds of the attention products: per head, s/cp queries
+    against the s keys. Flash attention skips the masked blocks of a causal mask (half
+    the products) in one fused kernel (Dao et al. 2022) whose s×s scores stay on chip, so
+    its HBM traffic is Q, K, V and the output, not the score matrix — priced on the same
+    smooth roofline as a GEMM with that intensity (far above the ridge: it runs at the
+    GEMM ceiling); the published kernel figures (software.kernel_tflops) are shown beside
+    it by explain, not priced: see benchmarks/RESULTS.md (issue 47). An unfused or
+    fused-softmax kernel computes the whole square and masks it (PTD-P): QKᵀ and
+    attention·V as GEMMs, both backward products input gradients."""
+    s, d = model.seq_len, head_dim or model.head_dim
+    q, _ = attention_widths(model, t, head_dim)
     causal = 0.5 if sw.attention == "flash" else 1.0
     heads = b * (q // d)
-    att_f = att_b = 0.0
     if sw.attention == "flash":
-        # one fused kernel (Dao et al. 2022): the s×s scores stay on chip, so its HBM
-        # traffic is Q, K, V and the output, not the score matrix — priced on the same
-        # smooth roofline as a GEMM with that intensity (far above the ridge: it runs at
-        # the GEMM ceiling). The published kernel figures (software.kernel_tflops) are
-        # shown beside it by explain, not priced: see benchmarks/RESULTS.md (issue 47)
         flops = 2 * 2 * (s / cp) * (s * causal) * d * heads
         intensity = flops / (e * heads * d * (2 * s / cp + 2 * s))
         eff = c.gemm_e_max * intensity / (intensity + c.gemm_e_max * c.ridge)
         att_f = flops / (c.peak_flops * eff)
-        att_b = 2.5 * att_f  # QKᵀ recomputed in the backward
-    else:
-        for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
-            x, y, z = _gemm_s(*mm, c, count=heads)
-            att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
-        att_b *= sw.attention_backward_ratio / 2
-    parts["attention"] = (att_f, att_b, 0.0)
-    # Element-wise bytes, from the software's kernel inventory (see software.py): per
-    # token, replicated unless sequence parallel, the norms and the two residual-branch
-    # sites; split over t, the head reshapes (8·Th, none in PTD-P's layout) and the MLP
-    # activation — their backward moves about twice their forward; and the passes over
-    # the b·a·s²/t attention matrix, counted forward and backward.
+        return att_f, 2.5 * att_f  # QKᵀ recomputed in the backward
+    att_f = att_b = 0.0
+    for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
+        x, y, z = _gemm_s(*mm, c, count=heads)
+        att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
+    return att_f, att_b * (sw.attention_backward_ratio / 2)
+
+
+def _elementwise_s(model: ModelConfig, b: int, t: int, sp: bool, cp: int, c: Cluster, sw: Software, e: int,
+                   mlp_passes: float) -> tuple[float, float, float]:
+    """Forward seconds of a layer's element-wise kernels, and the (forward, backward)
+    seconds of the passes over the b·a·s²/t attention matrix, from the software's kernel
+    inventory (see software.py): per token, replicated unless sequence parallel, the
+    norms and the two residual-branch sites; split over t, the head reshapes (8·Th, none
+    in PTD-P's layout) and the MLP activation (`mlp_passes` per token) — their backward
+    moves about twice their forward — all at ELEMENTWISE_BW_FRACTION of HBM bandwidth."""
+    s, h, a = model.seq_len, model.hidden, model.heads
+    T = b * s // cp
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
     matrix_f, matrix_b = (k_ * b * (a / t) * (s / cp) * s * e / bw_ew for k_ in sw.attention_matrix_passes)
     sharded = sw.reshape_passes * T * h / t + T * mlp_passes
     ew = (sw.token_passes * T * h / (t if sp else 1) + sharded) * e / bw_ew
-    cast_f = cast_b = 0.0
-    if fp8:
-        # FP8 casts (Transformer Engine): every linear's input forward and its output
-        # gradient backward are read (2 bytes) and written cast and transposed (1 + 1:
-        # FP8 GEMMs on Hopper take only the TN layout); current scaling first reads the
-        # tensor once more for its amax (delayed scaling takes it from the history and
-        # fuses the amax into the cast): 4 or 6 bytes per element. Weights are cast once
-        # per step (cached across microbatches), not counted.
-        ins, outs = T * (h + q + h) + (T * f / t if not moe else 0.0), T * ((q + 2 * kv) + h + h)
-        if moe:
-            ins += rows * local * (h + f) + (T * (h + fs / t) if fs else 0.0)
-            outs += rows * local * ((2 if gated else 1) * f + h) + (T * ((2 if gated else 1) * fs / t + h) if fs else 0.0)
-            ins -= T * h  # no dense fc1 input
-            outs -= T * h  # no dense fc2 output
-        else:
-            outs += T * (2 if gated else 1) * f / t
-        per = 6 if sw.fp8_scaling == "current" else 4
-        cast_f, cast_b = per * ins / bw_ew, per * outs / bw_ew
-    parts["elementwise"] = (ew + matrix_f + cast_f, 2 * ew + matrix_b + cast_b, 0.0)
-    return _LayerTime(parts, att_f + matrix_f, att_f + att_b)
+    return ew, matrix_f, matrix_b
+
+
+def _fp8_casts_s(model: ModelConfig, T: int, t: int, c: Cluster, sw: Software, moe: bool, ep: int,
+                 imbalance: float, head_dim: int | None) -> tuple[float, float]:
+    """(Forward, backward) seconds of the FP8 casts (Transformer Engine): every linear's
+    input forward and its output gradient backward are read (2 bytes) and written cast
+    and transposed (1 + 1: FP8 GEMMs on Hopper take only the TN layout); current scaling
+    first reads the tensor once more for its amax (delayed scaling takes it from the
+    history and fuses the amax into the cast): 4 or 6 bytes per element. Weights are cast
+    once per step (cached across microbatches), not counted."""
+    h, g = model.hidden, 2 if model.activation == "swiglu" else 1
+    q, kv = attention_widths(model, t, head_dim)
+    f = model.moe_ffn_hidden if moe else model.ffn_hidden
+    ins, outs = T * (h + q + h) + (T * f / t if not moe else 0.0), T * ((q + 2 * kv) + h + h)
+    if moe:
+        rows, local = _moe_rows(model, T, t, ep, imbalance)
+        fs = model.shared_experts * f
+        ins += rows * local * (h + f) + (T * (h + fs / t) if fs else 0.0)
+        outs += rows * local * (g * f + h) + (T * (g * fs / t + h) if fs else 0.0)
+        ins -= T * h  # no dense fc1 input
+        outs -= T * h  # no dense fc2 output
+    else:
+        outs += T * g * f / t
+    per, bw_ew = 6 if sw.fp8_scaling == "current" else 4, c.hbm_bw * ELEMENTWISE_BW_FRACTION
+    return per * ins / bw_ew, per * outs / bw_ew
 
 
 def _logit_times(model: ModelConfig, b: int, t: int, c: Cluster, cp: int = 1,
@@ -562,7 +601,7 @@ def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_la
     router, norms, embedding and head over t tensor ranks; the routed experts E/ep per
     rank, whole (expert tensor parallelism 1). GPT shapes: exactly
     :func:`~minitron.analysis.params.params_given_layers` (the 1-D engine's count)."""
-    if model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim:
+    if _gpt_shapes(model, head_dim):
         return float(params_given_layers(model, t, p, v, "1d", pp_rank, n_layers, kind)), 0.0
     first, last = layout_placement({"pp": p, "vpp": v, "schedule": kind}).holds_ends(pp_rank)
     h = model.hidden
@@ -617,205 +656,416 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     c = get_cluster(cluster)
     sw = get_software(software)
     L = as_planned_layout(layout)
-    t, p, d, v, b, cp, ep = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size, L.cp, L.ep
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
-    kind = L.schedule or ("interleaved" if v > 1 else "1f1b")
+    kind = L.schedule or ("interleaved" if L.vpp > 1 else "1f1b")
     _check_layout(model, L, global_batch, kind)
-    m = global_batch // (d * b)
-    n_gpus = t * p * d * cp
-    G = c.gpus_per_node
-    fp8 = sw.fp8 and c.fp8_peak_flops > 0
+    r = _Run(model, L, c, sw, rc, kind, global_batch, head_dim, moe_imbalance, bytes_per_param)
+    tm = _iteration_times(r)
+    fl, mfu_flops = _iteration_flops(r)
+    memory = _memory_bytes(r, tm.weights, tm.shard)
+    return Prediction(iteration_s=tm.iteration_s, tflops_per_gpu=fl / (r.n_gpus * tm.iteration_s) / 1e12,
+                      memory_gb_per_gpu=memory / 1e9, bubble_fraction=tm.bubble_fraction,
+                      breakdown=_breakdown(r, tm, mfu_flops))
 
-    # per microbatch, per stage: compute and the tensor-parallel all-reduces of b·s·h
-    # (k per layer: 2 forward, 2 backward, 2 more when the forward is replayed; one
-    # more for the embedding on the first stage and the output layer on the last),
-    # which sit on the critical path. With sequence parallelism an all-reduce is an
-    # all-gather and a reduce-scatter (the same time), and the backward all-gathers
-    # again the input shards that QKV and fc (and the output layer) kept (§4.2.2);
-    # the software may hide the backward's share or all of them behind the matmuls.
-    lt = _layer_time(model, b, t, L.sp, c, sw, cp=cp, head_dim=head_dim)
-    lt_moe = _layer_time(model, b, t, L.sp, c, sw, cp=cp, ep=ep, moe=True, imbalance=moe_imbalance,
-                         head_dim=head_dim) if model.experts else lt
-    moe_share = sum(model.is_moe_block(i) for i in range(model.layers)) / model.layers
-    x = b * model.seq_len // cp * model.hidden * 2  # bytes of a b·(s/cp)·h activation in 16 bits
-    tp_bw, tp_lat = (c.intra_bw, c.intra_latency) if t <= G else (c.inter_bw / G, c.inter_latency)
-    ar = _allreduce_s(x, t, tp_bw, tp_lat)
-    regather = _allgather_s(x, t, tp_bw, tp_lat) if L.sp else 0.0
-    k_fwd = 4 if rc == "full" else 2
-    replay = 2 if rc == "full" else 1  # forward communication happens again under full recompute
-    lf, lb_in, lb_w = _logit_times(model, b, t, c, cp, fp8)
-    # context parallelism, per layer: the K and V of the other s/cp chunks (kv heads only)
-    # pass the ring once forward, K, V, dK, dV backward (Liu et al. 2023); a ring step's
-    # transfer runs under the attention of the block before it, so only what exceeds the
-    # attention's time is exposed. "allgather" gathers them first (exposed, Llama 3);
-    # "a2a" (Ulysses) swaps a sequence shard of q, k, v and the output for a head shard,
-    # forward and backward (exposed).
-    if cp > 1:
-        cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
-        q_w, kv_w = attention_widths(model, t, head_dim)
-        kv_bytes = b * model.seq_len // cp * 2 * kv_w * 2
-        if L.cp_kind == "a2a":
-            per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (2 * q_w + 2 * kv_w) * 2
-            layer_cp, hide = (replay + 1) * (clat + per / (cbw * COMM_BW_FRACTION)), 0.0
-        else:
-            one = (cp - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION))
-            layer_cp = (replay + 2) * one
-            hide = (min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind == "ring" else 0.0)
-        cp_layer = (layer_cp, hide)
-    else:
-        cp_layer = (0.0, 0.0)
-    # expert parallelism, per MoE layer: dispatch and combine all-to-alls of the k·T/t
-    # routed token copies, forward and backward (and again in a replayed forward), on
-    # the critical path; the busiest rank moves (1 + imbalance) times the balanced share
-    ep_layer = 0.0
-    if model.experts and ep > 1:
-        # the traced bytes of the four calls (dispatch, combine, both backward) for the
-        # T/t tokens this rank routes (analysis/experts.py), one call's worth at a time
-        per_call = balanced_all_to_all_bytes(model, b * model.seq_len // cp // t, 2) / 4 * (1 + moe_imbalance)
-        ep_layer = 2 * (replay + 1) * _alltoall_s(per_call, ep, c, _node_dedup_share(model, ep, c) if
-                                                   sw.ep_node_dedup else 1.0)
-    pipe = {"pp": p, "vpp": v, "schedule": kind}
-    layers, where = rank_layers(model, pipe), layout_placement(pipe)  # a V: both ends on rank 0
-    kinds = (*LINEAR_KINDS, "attention", "elementwise")
-    stages = []
-    for r, n in enumerate(layers):
-        first, last = where.holds_ends(r)
-        n_moe = n * moe_share
-        n_dense = n - n_moe
-        parts = {k: n_dense * sum(lt.parts[k]) + n_moe * sum(lt_moe.parts[k]) for k in kinds}
-        parts["logits"] = (lf[0] + lb_in[0] + lb_w) if last else 0.0
-        parts["elementwise"] += (lf[1] + lb_in[1]) if last else 0.0
-        core, full = (n_dense * lt.core_fwd + n_moe * lt_moe.core_fwd), (n_dense * lt.fwd + n_moe * lt_moe.fwd)
-        parts["recompute"] = {"none": 0.0, "selective": core, "full": full}[rc]
-        fwd = full + (sum(lf) if last else 0.0)
-        b_in = n_dense * lt.bwd_input + n_moe * lt_moe.bwd_input + parts["recompute"] + (sum(lb_in) if last else 0.0)
-        b_w = n_dense * lt.bwd_weight + n_moe * lt_moe.bwd_weight + (lb_w if last else 0.0)
-        tp_fwd = (n * k_fwd + first + last) * ar
-        tp_bwd = 2 * n * ar + (2 * n + last) * regather
-        hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[sw.tp_overlap] if L.sp else 0.0
-        linears = sum(parts[k] for k in LINEAR_KINDS)
-        tp_hidden = min(DP_OVERLAP * hideable, linears)
-        # with the software's expert-parallel overlap (Megatron-Core's
-        # overlap_moe_expert_parallel_comm) a microbatch's forward all-to-alls run under
-        # another's backward compute and the reverse, hidden up to DP_OVERLAP of the
-        # stage's compute, as every other overlap here
-        ep_s = n_moe * ep_layer
-        ep_hidden = min(ep_s, DP_OVERLAP * (fwd + b_in + b_w)) if sw.ep_overlap else 0.0
-        stages.append(_StageTime(fwd, b_in, b_w, parts, tp=tp_fwd + tp_bwd - tp_hidden, tp_hidden=tp_hidden,
-                                 cp=n * (cp_layer[0] - cp_layer[1]), cp_hidden=n * cp_layer[1], ep=ep_s - ep_hidden,
-                                 ep_hidden=ep_hidden, host=n_moe * sw.moe_host_s))
+
+def _gpt_shapes(model: ModelConfig, head_dim: int | None) -> bool:
+    """Whether the model is a GPT of PTD-P's shape (no experts, GeLU, multi-head
+    attention of width hidden/heads): the shapes whose FLOPs and weights the 1-D engine's
+    exact counts (analysis/flops.py, analysis/params.py) give."""
+    return model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What one prediction prices, read once: the model, the layout, the cluster, the
+    software, the recomputation policy and the schedule, the global batch and the
+    arguments of :func:`predict`."""
+
+    model: ModelConfig
+    L: PlannedLayout
+    c: Cluster
+    sw: Software
+    rc: str
+    kind: str
+    global_batch: int
+    head_dim: int | None
+    moe_imbalance: float
+    bytes_per_param: float
+
+    @property
+    def m(self) -> int:
+        """Microbatches per pipeline per iteration."""
+        return self.global_batch // (self.L.dp * self.L.microbatch_size)
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs of the layout: t·p·d·cp."""
+        return self.L.tp * self.L.pp * self.L.dp * self.L.cp
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 matmuls: the software runs them and the cluster has an FP8 peak."""
+        return self.sw.fp8 and self.c.fp8_peak_flops > 0
+
+    @property
+    def x(self) -> int:
+        """Bytes of a b·(s/cp)·h activation in 16 bits (what tensor and pipeline ranks send)."""
+        return self.L.microbatch_size * self.model.seq_len // self.L.cp * self.model.hidden * 2
+
+    @property
+    def replay(self) -> int:
+        """How often a layer's forward communication runs: again under full recompute."""
+        return 2 if self.rc == "full" else 1
+
+
+@dataclass(frozen=True)
+class _PerLayer:
+    """One layer's seconds per microbatch on one rank: its work (``dense``, and ``moe`` for
+    a MoE block) and the share of MoE blocks, the output layer's ``logits``
+    (:func:`_logit_times`), a tensor-parallel all-reduce ``ar`` and sequence-parallel
+    re-gather of one activation, the context-parallel exchange ``cp`` (seconds, of which
+    hidden) and the expert-parallel all-to-alls ``ep`` of a MoE block."""
+
+    dense: _LayerTime
+    moe: _LayerTime
+    moe_share: float
+    logits: tuple
+    ar: float
+    regather: float
+    cp: tuple[float, float]
+    ep: float
+
+
+@dataclass(frozen=True)
+class _Times:
+    """The iteration's seconds by part: the slowest stage's microbatch ``st``, the
+    pipeline's sends per microbatch (exposed ``pp``, ``pp_hidden``), FSDP's per
+    microbatch (all, and hidden), the data-parallel reduction per step (all, and hidden),
+    the bubble (fraction, seconds), the optimizer, the iteration; the heaviest stage's
+    (dense, expert) ``weights`` and the optimizer's ``shard``."""
+
+    st: _StageTime
+    pp: float
+    pp_hidden: float
+    fsdp: float
+    fsdp_hidden: float
+    dp: float
+    dp_hidden: float
+    bubble_fraction: float
+    bubble: float
+    optimizer: float
+    iteration_s: float
+    weights: tuple[float, float]
+    shard: int
+
+
+def _iteration_times(r: _Run) -> _Times:
+    """The iteration of the slowest pipeline stage: m microbatches of its compute and
+    exposed communication (tensor, context, expert, pipeline, FSDP), the bubble over that
+    ideal time, the exposed data-parallel reduction and the optimizer step."""
+    per = _per_layer(r)
+    pipe = {"pp": r.L.pp, "vpp": r.L.vpp, "schedule": r.kind}
+    layers, where = rank_layers(r.model, pipe), layout_placement(pipe)  # a V: both ends on rank 0
+    stages = [_stage_time(r, per, n, *where.holds_ends(rank)) for rank, n in enumerate(layers)]
     st = max(stages, key=lambda s_: s_.seconds)
-    F, B_in, B_w, parts = st.fwd, st.b_in, st.b_w, st.parts
+    B = st.b_in + st.b_w
+    pp_total, pp_hidden = _pp_comm_s(r)
+    pp_mb = pp_total - pp_hidden
+    dense_w, expert_w = _heaviest_stage_weights(r, layers, where, per.moe_share)
+    fsdp_mb, dp_s = _dp_comm_s(r, dense_w, expert_w)
+    fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (st.fwd + B)) if r.sw.dp_overlap else 0.0
+    per_mb = st.seconds + pp_mb + fsdp_mb - fsdp_hidden_mb
+    bub = _bubble(r, st)
+    ideal = r.m * per_mb
+    bubble_s = bub * ideal
+    hidden = min(DP_OVERLAP * dp_s, B) if r.sw.dp_overlap else 0.0
+    dp_exposed = dp_s - hidden
+    shard = _optimizer_shard(r.L)
+    opt_s = _optimizer_s(r.c, dense_w + expert_w, shard)
+    it = ideal + bubble_s + dp_exposed + opt_s
+    return _Times(st, pp_mb, pp_hidden, fsdp_mb, fsdp_hidden_mb, dp_s, hidden, bub, bubble_s, opt_s, it,
+                  (dense_w, expert_w), shard)
 
-    # pipeline: one send forward and one backward per chunk per microbatch
+
+def _per_layer(r: _Run) -> _PerLayer:
+    """A layer's work and communication per microbatch (:class:`_PerLayer`)."""
+    model, L, c, sw = r.model, r.L, r.c, r.sw
+    lt = _layer_time(model, L.microbatch_size, L.tp, L.sp, c, sw, cp=L.cp, head_dim=r.head_dim)
+    lt_moe = _layer_time(model, L.microbatch_size, L.tp, L.sp, c, sw, cp=L.cp, ep=L.ep, moe=True,
+                         imbalance=r.moe_imbalance, head_dim=r.head_dim) if model.experts else lt
+    moe_share = sum(model.is_moe_block(i) for i in range(model.layers)) / model.layers
+    logits = _logit_times(model, L.microbatch_size, L.tp, c, L.cp, r.fp8)
+    ar, regather = _tp_collectives_s(r)
+    return _PerLayer(lt, lt_moe, moe_share, logits, ar, regather, _cp_layer_s(r, lt), _ep_layer_s(r))
+
+
+def _tp_collectives_s(r: _Run) -> tuple[float, float]:
+    """(All-reduce, re-gather) seconds of one b·(s/cp)·h activation over the t tensor
+    ranks, inside a node over NVLink/NVSwitch (between nodes once t exceeds a node). With
+    sequence parallelism an all-reduce is an all-gather and a reduce-scatter (the same
+    time), and the backward all-gathers again the input shards that QKV and fc (and the
+    output layer) kept (Korthikanti et al. 2022, §4.2.2): the re-gather, else 0."""
+    t, c = r.L.tp, r.c
+    tp_bw, tp_lat = (c.intra_bw, c.intra_latency) if t <= c.gpus_per_node else \
+        (c.inter_bw / c.gpus_per_node, c.inter_latency)
+    ar = _allreduce_s(r.x, t, tp_bw, tp_lat)
+    return ar, (_allgather_s(r.x, t, tp_bw, tp_lat) if r.L.sp else 0.0)
+
+
+def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
+    """(Seconds, of which hidden) of a layer's context-parallel exchange: the K and V of
+    the other s/cp chunks (kv heads only) pass the ring once forward, K, V, dK, dV
+    backward (Liu et al. 2023); a ring step's transfer runs under the attention of the
+    block before it, so only what exceeds the attention's time (up to DP_OVERLAP of it)
+    is exposed. "allgather" gathers them first (exposed, Llama 3); "a2a" (Ulysses) swaps
+    a sequence shard of q, k, v and the output for a head shard, forward and backward
+    (exposed). The forward's exchange happens again under full recompute."""
+    L, c, model = r.L, r.c, r.model
+    t, cp, G = L.tp, L.cp, c.gpus_per_node
+    if cp == 1:
+        return 0.0, 0.0
+    cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
+    q_w, kv_w = attention_widths(model, t, r.head_dim)
+    b = L.microbatch_size
+    if L.cp_kind == "a2a":
+        per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (2 * q_w + 2 * kv_w) * 2
+        return (r.replay + 1) * (clat + per / (cbw * COMM_BW_FRACTION)), 0.0
+    kv_bytes = b * model.seq_len // cp * 2 * kv_w * 2
+    layer_cp = (r.replay + 2) * ((cp - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
+    return layer_cp, (min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind == "ring" else 0.0)
+
+
+def _ep_layer_s(r: _Run) -> float:
+    """Seconds of a MoE block's expert-parallel all-to-alls: dispatch and combine of the
+    k·T/t routed token copies, forward and backward (and again in a replayed forward), on
+    the critical path (:func:`_alltoall_s`); the busiest rank moves (1 + imbalance) times
+    the balanced share; a node-aware dispatcher (``ep_node_dedup``) sends a token once
+    to each remote node (:func:`_node_dedup_share`)."""
+    model, L = r.model, r.L
+    if not model.experts or L.ep == 1:
+        return 0.0
+    # the traced bytes of the four calls (dispatch, combine, both backward) for the
+    # T/t tokens this rank routes (analysis/experts.py), one call's worth at a time
+    tokens = L.microbatch_size * model.seq_len // L.cp // L.tp
+    per_call = balanced_all_to_all_bytes(model, tokens, 2) / 4 * (1 + r.moe_imbalance)
+    share = _node_dedup_share(model, L.ep, r.c) if r.sw.ep_node_dedup else 1.0
+    return 2 * (r.replay + 1) * _alltoall_s(per_call, L.ep, r.c, share)
+
+
+def _stage_time(r: _Run, per: _PerLayer, n: int, first: bool, last: bool) -> _StageTime:
+    """One microbatch on a pipeline stage of `n` layers (holding the embedding when
+    `first`, the output layer when `last`): its work by kind and each axis's
+    communication on the critical path. With the software's expert-parallel overlap
+    (Megatron-Core's overlap_moe_expert_parallel_comm) a microbatch's forward all-to-alls
+    run under another's backward compute and the reverse, hidden up to DP_OVERLAP of the
+    stage's compute, as every other overlap here; the host must issue each MoE layer
+    (``moe_host_s``)."""
+    parts, fwd, b_in, b_w = _stage_compute(r, per, n, last)
+    tp, tp_hidden = _stage_tp_s(r, per, n, first, last, sum(parts[k] for k in LINEAR_KINDS))
+    n_moe = n * per.moe_share
+    ep_s = n_moe * per.ep
+    ep_hidden = min(ep_s, DP_OVERLAP * (fwd + b_in + b_w)) if r.sw.ep_overlap else 0.0
+    return _StageTime(fwd, b_in, b_w, parts, tp=tp, tp_hidden=tp_hidden, cp=n * (per.cp[0] - per.cp[1]),
+                      cp_hidden=n * per.cp[1], ep=ep_s - ep_hidden, ep_hidden=ep_hidden,
+                      host=n_moe * r.sw.moe_host_s)
+
+
+def _stage_compute(r: _Run, per: _PerLayer, n: int, last: bool) -> tuple[dict, float, float, float]:
+    """(Work by kind, forward, backward input-gradient, backward weight-gradient) seconds
+    of a stage's microbatch: its dense and MoE layers, the output layer and loss on the
+    last stage, and the recomputed forward — the attention core under selective
+    recomputation, the whole forward under full (Korthikanti et al. 2022)."""
+    lt, lt_moe = per.dense, per.moe
+    lf, lb_in, lb_w = per.logits
+    n_moe = n * per.moe_share
+    n_dense = n - n_moe
+    parts = {k: n_dense * sum(lt.parts[k]) + n_moe * sum(lt_moe.parts[k])
+             for k in (*LINEAR_KINDS, "attention", "elementwise")}
+    parts["logits"] = (lf[0] + lb_in[0] + lb_w) if last else 0.0
+    parts["elementwise"] += (lf[1] + lb_in[1]) if last else 0.0
+    core, full = (n_dense * lt.core_fwd + n_moe * lt_moe.core_fwd), (n_dense * lt.fwd + n_moe * lt_moe.fwd)
+    parts["recompute"] = {"none": 0.0, "selective": core, "full": full}[r.rc]
+    fwd = full + (sum(lf) if last else 0.0)
+    b_in = n_dense * lt.bwd_input + n_moe * lt_moe.bwd_input + parts["recompute"] + (sum(lb_in) if last else 0.0)
+    b_w = n_dense * lt.bwd_weight + n_moe * lt_moe.bwd_weight + (lb_w if last else 0.0)
+    return parts, fwd, b_in, b_w
+
+
+def _stage_tp_s(r: _Run, per: _PerLayer, n: int, first: bool, last: bool, linears: float) -> tuple[float, float]:
+    """(Exposed, hidden) seconds of a stage's tensor-parallel collectives per microbatch:
+    k all-reduces of b·s·h per layer (2 forward, 2 backward, 2 more when the forward is
+    replayed; one more for the embedding on the first stage and the output layer on the
+    last), on the critical path; with sequence parallelism the backward's re-gathers of
+    QKV's, fc's (and the output layer's) input shards (§4.2.2), and the software may hide
+    the backward's share or all of them behind the `linears` (up to DP_OVERLAP)."""
+    k_fwd = 4 if r.rc == "full" else 2
+    tp_fwd = (n * k_fwd + first + last) * per.ar
+    tp_bwd = 2 * n * per.ar + (2 * n + last) * per.regather
+    hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[r.sw.tp_overlap] if r.L.sp else 0.0
+    tp_hidden = min(DP_OVERLAP * hideable, linears)
+    return tp_fwd + tp_bwd - tp_hidden, tp_hidden
+
+
+def _pp_comm_s(r: _Run) -> tuple[float, float]:
+    """(Seconds, of which hidden) of a microbatch's pipeline sends: one forward and one
+    backward per chunk, of b·s·h/t with the scatter/gather optimisation (then all-gathered
+    inside the node after the receive; sequence parallel activations are sharded
+    already), across nodes once a pipeline stage's t·cp·d ranks fill one (Narayanan et al.
+    2021, §4.1); the software may overlap them (``pp_overlap``, up to DP_OVERLAP)."""
+    L, c, x = r.L, r.c, r.x
+    t, G = L.tp, c.gpus_per_node
     pp_total = 0.0
-    if p > 1:
-        cross = t * cp * d >= G
+    if L.pp > 1:
+        cross = t * L.cp * L.dp >= G
         bw, lat = (c.inter_bw / G, c.inter_latency) if cross else (c.intra_bw, c.intra_latency)
         msg = x / t if (L.scatter_gather or L.sp) else x
         hop = lat + msg / (bw * COMM_BW_FRACTION)
         if L.scatter_gather and not L.sp and t > 1:
             hop += (t - 1) / t * x / (c.intra_bw * COMM_BW_FRACTION)  # all-gather after recv
-        pp_total = 2 * v * hop
-    pp_hidden = DP_OVERLAP * pp_total if sw.pp_overlap else 0.0
-    pp_mb = pp_total - pp_hidden
-    B = B_in + B_w
+        pp_total = 2 * L.vpp * hop
+    return pp_total, (DP_OVERLAP * pp_total if r.sw.pp_overlap else 0.0)
 
-    # data parallel over the dp·cp ranks that hold the same weights (the routed experts:
-    # over tp·cp·dp/ep ranks). Plain or distributed optimizer (zero 0, 1): one all-reduce
-    # (reduce-scatter + all-gather, the same bytes) of the gradients per step, partly
-    # hidden behind the last backward when the software overlaps it, else after the
-    # flush. FSDP / ZeRO-3 (zero 3): every microbatch all-gathers each layer's weights
-    # forward and again backward and reduce-scatters its gradients, each unit's
-    # collective prefetched under the compute of the one before (hidden up to
-    # DP_OVERLAP of the compute); HSDP shards over fsdp_shard ranks and all-reduces the
-    # shards across the replicas once per step.
-    # the most weights sit on the first or last stage (the embedding, the head) or on the
-    # one with the most layers: only those three are counted
-    heavy = {*where.end_ranks(), max(range(p), key=layers.__getitem__)}
-    dense_w, expert_w = max((stage_weights(model, t, p, v, r, layers[r], ep, round(layers[r] * moe_share), head_dim,
-                                           kind)
-                             for r in sorted(heavy)), key=sum)
-    group, egroup = d * cp, max(t * cp * d // ep, 1)
 
-    def ring_bw(span: int) -> tuple[float, float]:  # bandwidth of a data-parallel ring of `span` ranks
-        if t * span <= G:
-            return c.intra_bw, c.intra_latency
-        return c.inter_bw / min(t, G), c.inter_latency  # one ring per tensor rank shares the NICs
+def _heaviest_stage_weights(r: _Run, layers: list, where: Any, moe_share: float) -> tuple[float, float]:
+    """(Dense, expert) weights of the stage that holds the most (:func:`stage_weights`):
+    the most sit on the first or last stage (the embedding, the head) or on the one with
+    the most layers, so only those three are counted."""
+    L = r.L
+    heavy = {*where.end_ranks(), max(range(L.pp), key=layers.__getitem__)}
+    return max((stage_weights(r.model, L.tp, L.pp, L.vpp, rank, layers[rank], L.ep, round(layers[rank] * moe_share),
+                              r.head_dim, r.kind) for rank in sorted(heavy)), key=sum)
 
-    fsdp_mb = 0.0
+
+def _ring_bw(r: _Run, span: int) -> tuple[float, float]:
+    """(Bandwidth, latency) of a data-parallel ring of `span` ranks: NVLink inside a node,
+    else the node's network cards, shared by the rings of its tensor ranks."""
+    c, t = r.c, r.L.tp
+    if t * span <= c.gpus_per_node:
+        return c.intra_bw, c.intra_latency
+    return c.inter_bw / min(t, c.gpus_per_node), c.inter_latency  # one ring per tensor rank shares the NICs
+
+
+def _dp_comm_s(r: _Run, dense_w: float, expert_w: float) -> tuple[float, float]:
+    """(FSDP seconds per microbatch, data-parallel seconds per step) over the dp·cp ranks
+    that hold the same weights (the routed experts: over tp·cp·dp/ep ranks). Plain or
+    distributed optimizer (zero 0, 1): one all-reduce (reduce-scatter + all-gather, the
+    same bytes) of the 2-byte gradients per step, partly hidden behind the last backward
+    when the software overlaps it (DP_OVERLAP), else after the flush. FSDP / ZeRO-3 (zero
+    3): every microbatch all-gathers each layer's weights forward and again backward and
+    reduce-scatters its gradients, each unit's collective prefetched under the compute of
+    the one before (hidden up to DP_OVERLAP of the compute); HSDP shards over fsdp_shard
+    ranks and all-reduces the shards across the replicas once per step."""
+    L, c = r.L, r.c
+    group, egroup = L.dp * L.cp, max(L.tp * L.cp * L.dp // L.ep, 1)
     if L.zero == 3:
         g = L.fsdp_shard or group
-        bw_g, lat_g = ring_bw(g)
+        bw_g, lat_g = _ring_bw(r, g)
         unit = (dense_w + expert_w) * GRAD_BYTES
         fsdp_mb = 3 * _allgather_s(unit, g, bw_g, lat_g)  # all-gather ×2 and a reduce-scatter
         replicas = group // g
-        bw_r, lat_r = ring_bw(group) if replicas > 1 else (c.intra_bw, c.intra_latency)
-        dp_s = _allreduce_s(unit / g, replicas, bw_r, lat_r)
-    else:
-        bw_d, lat_d = ring_bw(group)
-        dp_s = _allreduce_s(dense_w * GRAD_BYTES, group, bw_d, lat_d)
-        if expert_w:
-            bw_e, lat_e = ring_bw(egroup)
-            dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
-    fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (F + B)) if sw.dp_overlap else 0.0
-    per_mb = st.seconds + pp_mb + fsdp_mb - fsdp_hidden_mb
-    # zero bubble and the V schedules (ZB-V, DualPipe-V: analysis/bubble.py) split the
-    # backward into B (input gradients) and W (weight gradients) and price their bubble
-    # from the stage's times; the others' bubble does not depend on them
-    timed = kind not in ("gpipe", "1f1b", "interleaved")
-    bub = bubble_fraction(kind, p, m, v, F, B_in, B_w) if timed else bubble_fraction(kind, p, m, v)
-    ideal = m * per_mb
-    bubble_s = bub * ideal
-    hidden = min(DP_OVERLAP * dp_s, B) if sw.dp_overlap else 0.0
-    dp_exposed = dp_s - hidden
-    shard = (L.fsdp_shard or group) if L.zero == 3 else (group if L.zero >= 1 else 1)
-    opt_s = (dense_w + expert_w) / shard * OPTIMIZER_BYTES_PER_PARAM / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
+        bw_r, lat_r = _ring_bw(r, group) if replicas > 1 else (c.intra_bw, c.intra_latency)
+        return fsdp_mb, _allreduce_s(unit / g, replicas, bw_r, lat_r)
+    bw_d, lat_d = _ring_bw(r, group)
+    dp_s = _allreduce_s(dense_w * GRAD_BYTES, group, bw_d, lat_d)
+    if expert_w:
+        bw_e, lat_e = _ring_bw(r, egroup)
+        dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
+    return 0.0, dp_s
 
-    it = ideal + bubble_s + dp_exposed + opt_s
-    gpt = model.experts == 0 and model.activation != "swiglu" and model.n_kv_heads == model.heads and not head_dim
+
+def _bubble(r: _Run, st: _StageTime) -> float:
+    """The pipeline bubble's fraction of the ideal time (analysis/bubble.py): zero bubble
+    and the V schedules (ZB-V, DualPipe-V) split the backward into B (input gradients)
+    and W (weight gradients) and price their bubble from the stage's times; the others'
+    bubble does not depend on them."""
+    L, kind = r.L, r.kind
+    if kind in ("gpipe", "1f1b", "interleaved"):
+        return bubble_fraction(kind, L.pp, r.m, L.vpp)
+    return bubble_fraction(kind, L.pp, r.m, L.vpp, st.fwd, st.b_in, st.b_w)
+
+
+def _optimizer_shard(L: PlannedLayout) -> int:
+    """Ranks the optimizer states are sharded over: the FSDP group with ZeRO-3, the dp·cp
+    ranks with the distributed optimizer (zero 1), none otherwise."""
+    group = L.dp * L.cp
+    return (L.fsdp_shard or group) if L.zero == 3 else (group if L.zero >= 1 else 1)
+
+
+def _optimizer_s(c: Cluster, weights: float, shard: int) -> float:
+    """Seconds of the optimizer step: memory-bound, OPTIMIZER_BYTES_PER_PARAM read and
+    written per local parameter (of its shard), at ELEMENTWISE_BW_FRACTION of HBM."""
+    return weights / shard * OPTIMIZER_BYTES_PER_PARAM / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
+
+
+def _iteration_flops(r: _Run) -> tuple[float, float]:
+    """(FLOPs an iteration counts, model FLOPs): PTD-P's Eq. 3 with full recomputation,
+    the hardware FLOPs of the policy otherwise, and the model FLOPs (no recomputation) for
+    the MFU; for other than GPT shapes
+    :func:`~minitron.analysis.flops.transformer_flops_per_iteration`."""
+    model, batch, rc, head_dim = r.model, r.global_batch, r.rc, r.head_dim
+    gpt = _gpt_shapes(model, head_dim)
     if rc == "full":
-        fl = (flops_per_iteration(model, global_batch, recompute=True) if gpt else
-              transformer_flops_per_iteration(model, global_batch, "full", head_dim))
+        fl = (flops_per_iteration(model, batch, recompute=True) if gpt else
+              transformer_flops_per_iteration(model, batch, "full", head_dim))
     else:
-        fl = (hardware_flops_per_iteration(model, global_batch, rc) if gpt else
-              transformer_flops_per_iteration(model, global_batch, rc, head_dim))
-    mfu_flops = (model_flops_per_iteration(model, global_batch) if gpt else
-                 transformer_flops_per_iteration(model, global_batch, "none", head_dim))
-    mem = memory_estimate(model.replace(seq_len=model.seq_len // cp),
-                          {"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b,
-                           "sp": L.sp, "schedule": kind}, global_batch,
-                          bytes_per_param=bytes_per_param, recompute=rc, flash=sw.attention == "flash")
-    if not gpt or L.zero or cp > 1:
-        # model states from this rank's own weights (experts included, the activation
-        # estimate is the GPT block's): 2-byte weights and gradients whole, the rest
-        # (fp32 master and Adam moments) over the distributed optimizer's shard; ZeRO-3
-        # shards all of it over its group
-        w = dense_w + expert_w
-        states = w * bytes_per_param / shard if L.zero == 3 else w * (4 + (bytes_per_param - 4) / shard)
-        mem = {**mem, "total_bytes": mem["total_bytes"] - mem["params_bytes"] - mem["grads_bytes"]
-               - mem["optimizer_bytes"] + states}
-    per_iteration = {k: m * s for k, s in parts.items()}
-    per_iteration.update(tp_comm=m * st.tp, tp_comm_hidden=m * st.tp_hidden, pp_comm=m * pp_mb,
-                         pp_comm_hidden=m * pp_hidden, cp_comm=m * st.cp, cp_comm_hidden=m * st.cp_hidden,
-                         ep_comm=m * st.ep, ep_comm_hidden=m * st.ep_hidden, fsdp_comm=m * (fsdp_mb - fsdp_hidden_mb),
-                         fsdp_comm_hidden=m * fsdp_hidden_mb, host_wait=m * st.host_wait, bubble=bubble_s,
-                         dp_comm=dp_exposed,
-                         dp_comm_hidden=hidden, optimizer=opt_s)
-    breakdown = {"compute": m * (F + B), "tp_comm": m * st.tp, "pp_comm": m * pp_mb,
-                 "cp_comm": m * st.cp, "ep_comm": m * st.ep, "fsdp_comm": m * (fsdp_mb - fsdp_hidden_mb),
-                 "host_wait": m * st.host_wait,
-                 "bubble": bubble_s, "dp_comm": dp_s, "dp_comm_exposed": dp_exposed,
-                 "optimizer": opt_s, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
-                 "pp_comm_hidden": m * pp_hidden, "dp_comm_hidden": hidden,
-                 "software": sw.name, "recompute": rc, "parts": per_iteration, "fp8": fp8,
-                 "kernels": _kernels_assumed(sw, c, head_dim or model.head_dim, fp8, model.seq_len // cp),
-                 "stage_fbw": (F, B_in, B_w),
-                 "tokens_per_s_per_gpu": global_batch * model.seq_len / (n_gpus * it),
-                 "mfu": mfu_flops / (n_gpus * it * c.peak_flops)}
-    return Prediction(iteration_s=it, tflops_per_gpu=fl / (n_gpus * it) / 1e12,
-                      memory_gb_per_gpu=mem["total_bytes"] / 1e9, bubble_fraction=bub,
-                      breakdown=breakdown)
+        fl = (hardware_flops_per_iteration(model, batch, rc) if gpt else
+              transformer_flops_per_iteration(model, batch, rc, head_dim))
+    mfu_flops = (model_flops_per_iteration(model, batch) if gpt else
+                 transformer_flops_per_iteration(model, batch, "none", head_dim))
+    return fl, mfu_flops
+
+
+def _memory_bytes(r: _Run, weights: tuple[float, float], shard: int) -> float:
+    """Peak bytes per GPU (:func:`~minitron.analysis.memory.memory_estimate`, for the s/cp
+    tokens of a context rank). Beyond GPT shapes, with ZeRO or cp, the model states come
+    from this rank's own weights (experts included, the activation estimate is the GPT
+    block's): 2-byte weights and gradients whole, the rest (fp32 master and Adam moments)
+    over the distributed optimizer's shard; ZeRO-3 shards all of it over its group."""
+    model, L, bpp = r.model, r.L, r.bytes_per_param
+    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp),
+                          {"tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "microbatch_size": L.microbatch_size,
+                           "sp": L.sp, "schedule": r.kind}, r.global_batch,
+                          bytes_per_param=bpp, recompute=r.rc, flash=r.sw.attention == "flash")
+    if _gpt_shapes(model, r.head_dim) and not L.zero and L.cp == 1:
+        return mem["total_bytes"]
+    w = weights[0] + weights[1]
+    states = w * bpp / shard if L.zero == 3 else w * (4 + (bpp - 4) / shard)
+    return mem["total_bytes"] - mem["params_bytes"] - mem["grads_bytes"] - mem["optimizer_bytes"] + states
+
+
+def _parts_per_iteration(r: _Run, tm: _Times) -> dict:
+    """The iteration's seconds per part, as :func:`~minitron.analysis.breakdown.explain`
+    lists them: the slowest stage's work by kind and each axis's communication, exposed
+    and hidden, over m microbatches; the bubble, the data-parallel reduction and the
+    optimizer once per step."""
+    m, st = r.m, tm.st
+    per_iteration = {k: m * s for k, s in st.parts.items()}
+    per_iteration.update(tp_comm=m * st.tp, tp_comm_hidden=m * st.tp_hidden, pp_comm=m * tm.pp,
+                         pp_comm_hidden=m * tm.pp_hidden, cp_comm=m * st.cp, cp_comm_hidden=m * st.cp_hidden,
+                         ep_comm=m * st.ep, ep_comm_hidden=m * st.ep_hidden,
+                         fsdp_comm=m * (tm.fsdp - tm.fsdp_hidden), fsdp_comm_hidden=m * tm.fsdp_hidden,
+                         host_wait=m * st.host_wait, bubble=tm.bubble, dp_comm=tm.dp - tm.dp_hidden,
+                         dp_comm_hidden=tm.dp_hidden, optimizer=tm.optimizer)
+    return per_iteration
+
+
+def _breakdown(r: _Run, tm: _Times, mfu_flops: float) -> dict:
+    """:attr:`Prediction.breakdown`: the iteration's seconds by part (and ``parts``, per
+    kind of work), the software, recompute policy and kernels assumed, the slowest
+    stage's (F, B, W), tokens per second per GPU and the MFU."""
+    m, st, c, sw, model, it = r.m, tm.st, r.c, r.sw, r.model, tm.iteration_s
+    dp_exposed = tm.dp - tm.dp_hidden
+    return {"compute": m * (st.fwd + (st.b_in + st.b_w)), "tp_comm": m * st.tp, "pp_comm": m * tm.pp,
+            "cp_comm": m * st.cp, "ep_comm": m * st.ep, "fsdp_comm": m * (tm.fsdp - tm.fsdp_hidden),
+            "host_wait": m * st.host_wait,
+            "bubble": tm.bubble, "dp_comm": tm.dp, "dp_comm_exposed": dp_exposed,
+            "optimizer": tm.optimizer, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
+            "pp_comm_hidden": m * tm.pp_hidden, "dp_comm_hidden": tm.dp_hidden,
+            "software": sw.name, "recompute": r.rc, "parts": _parts_per_iteration(r, tm), "fp8": r.fp8,
+            "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp),
+            "stage_fbw": (st.fwd, st.b_in, st.b_w),
+            "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.n_gpus * it),
+            "mfu": mfu_flops / (r.n_gpus * it * c.peak_flops)}
 
 
 def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> dict:
