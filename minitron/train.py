@@ -308,78 +308,18 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     ``observer.step(trainer, step)`` returning its loss, and ``observer.finish(trainer)``
     is called on every rank after training; its result is the summary's "report".
     """
-    from . import checkpoint as ckpt
     from .checkpoint import gather_full
 
     comm = comm or Comm()
     tr = Trainer(model, layout, tc, comm, corpus)
     rank0 = comm.grid.rank == 0
-    start = 0
-    if tc.resume and tc.ckpt_dir:
-        start = ckpt.load_latest(tc.ckpt_dir, tr)
-        if rank0 and start:
-            log(f"resumed from {tc.ckpt_dir} at step {start}")
+    start = _resume(tr, tc, rank0, log)
     metrics = open(tc.metrics, "a") if (tc.metrics and rank0) else None
-    tokens_per_step = tc.global_batch * model.seq_len
-    flops_per_step = model_flops_per_step(model, tc.global_batch)
-    losses, val_losses, speeds = [], {}, []
-    bar = None
-    if rank0 and tc.progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=tc.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    bar = _progress_bar(tc, start) if (rank0 and tc.progress) else None
     first_val = tr.evaluate() if start == 0 else None
-    if first_val is not None:
-        val_losses[0] = first_val
-    end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
-    pending, t_last = [], time.perf_counter()  # steps whose loss is still on the device
-    stop, preempted = StopOnSignal(process_group_store()), None  # SIGTERM/SIGINT: checkpoint, then stop
-    with stop:
-        for step in range(start, end):
-            loss = observer.step(tr, step) if observer is not None else tr.step_async(step)
-            pending.append((step, loss, tr.last_grad_norm, tr.last_moe))
-            evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
-            ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
-            if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
-                continue
-            # read back: one host synchronisation per `log_every` steps
-            dt = (time.perf_counter() - t_last) / len(pending)
-            recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
-                     "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt,
-                     **(moe or {})}
-                    for i, loss, norm, moe in pending]
-            losses += [r["loss"] for r in recs]
-            speeds += [r["tokens_per_s"] for r in recs]
-            bad = next((r for r in recs if not math.isfinite(r["loss"])), None)
-            if bad is not None:  # the loss is all-reduced: every rank stops at the same step
-                raise NonFiniteLoss(f"the loss is {bad['loss']} at step {bad['step']}: training diverged; "
-                                    f"lower --lr (it is {tc.lr:g}) or resume from an earlier checkpoint")
-            if stop.should_stop() and step + 1 < end:  # every rank agrees on this step
-                preempted, evaluate, ckpt_now = step + 1, False, bool(tc.ckpt_dir)
-            if evaluate:
-                recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
-            if ckpt_now:
-                ckpt.save(tc.ckpt_dir, step + 1, tr, tc.keep_last)
-            if observer is not None:
-                observer.records(tr, recs)  # may add scalars (MFU) before they are written
-            if metrics:
-                metrics.writelines(json.dumps(r) + "\n" for r in recs)
-                metrics.flush()
-            if bar is not None:
-                last = recs[-1]
-                bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}",
-                                **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
-                bar.update(len(recs))
-            pending, t_last = [], time.perf_counter()
-            if preempted:
-                break
-    if bar is not None:
-        bar.close()
-    if metrics:
-        metrics.close()
-    if comm.trace is not None and tc.trace:
-        comm.trace.write(tc.trace)
-    if tc.timeline and tr.pipeline is not None:
-        tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
+    val_losses = {} if first_val is None else {0: first_val}
+    losses, speeds, preempted, stop = _train_steps(tr, tc, start, observer, metrics, bar, val_losses)
+    _close_run(tr, tc, comm, bar, metrics)
     summary = {"losses": losses, "val_losses": val_losses, "layout": layout.describe(),
                "model": asdict(model), "steps": tc.steps, "tokens_per_s": speeds}
     if observer is not None:
@@ -393,6 +333,108 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
         if full is not None:
             summary["sample"] = sample(single_device_model(model, full, tc), n=tc.sample_tokens, corpus=tr.corpus)
     return summary
+
+
+def _resume(tr: Trainer, tc: TrainConfig, rank0: bool, log) -> int:
+    """The step to start from: the latest checkpoint's with ``tc.resume`` (every rank
+    loads its shards; rank 0 says so), else 0."""
+    from . import checkpoint as ckpt
+
+    if not (tc.resume and tc.ckpt_dir):
+        return 0
+    start = ckpt.load_latest(tc.ckpt_dir, tr)
+    if rank0 and start:
+        log(f"resumed from {tc.ckpt_dir} at step {start}")
+    return start
+
+
+def _progress_bar(tc: TrainConfig, start: int):
+    """Rank 0's progress bar over the run's steps (``tc.progress``)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=tc.steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _train_steps(tr: Trainer, tc: TrainConfig, start: int, observer, metrics, bar,
+                 val_losses: dict) -> tuple[list, list, int | None, StopOnSignal]:
+    """The steps from `start`: losses stay on the device until a read-back (every
+    ``log_every`` steps, an evaluation, a checkpoint or the last step); a SIGTERM/SIGINT
+    checkpoints and stops at the next read-back, on every rank at the same step. Fills
+    `val_losses`; returns (losses, tokens/s per step, the step preempted at or None, the
+    signal handler)."""
+    from . import checkpoint as ckpt
+
+    end = min(tc.steps, tc.stop_at) if tc.stop_at else tc.steps
+    losses, speeds, pending, t_last = [], [], [], time.perf_counter()  # pending: losses still on the device
+    stop, preempted = StopOnSignal(process_group_store()), None  # SIGTERM/SIGINT: checkpoint, then stop
+    with stop:
+        for step in range(start, end):
+            loss = observer.step(tr, step) if observer is not None else tr.step_async(step)
+            pending.append((step, loss, tr.last_grad_norm, tr.last_moe))
+            evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
+            ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)
+            if not (evaluate or ckpt_now or len(pending) == tc.log_every or step + 1 == end):
+                continue
+            # read back: one host synchronisation per `log_every` steps
+            recs = _read_back(tr, tc, pending, (time.perf_counter() - t_last) / len(pending))
+            losses += [r["loss"] for r in recs]
+            speeds += [r["tokens_per_s"] for r in recs]
+            if stop.should_stop() and step + 1 < end:  # every rank agrees on this step
+                preempted, evaluate, ckpt_now = step + 1, False, bool(tc.ckpt_dir)
+            if evaluate:
+                recs[-1]["val_loss"] = val_losses[step + 1] = tr.evaluate()
+            if ckpt_now:
+                ckpt.save(tc.ckpt_dir, step + 1, tr, tc.keep_last)
+            _publish(tr, recs, observer, metrics, bar)
+            pending, t_last = [], time.perf_counter()
+            if preempted:
+                break
+    return losses, speeds, preempted, stop
+
+
+def _read_back(tr: Trainer, tc: TrainConfig, pending: list, dt: float) -> list[dict]:
+    """The records of the `pending` steps (loss, learning rate, gradient norm, speed at
+    `dt` seconds a step, MoE scalars); NonFiniteLoss at the first step whose loss is not
+    finite (the loss is all-reduced: every rank stops at the same step)."""
+    tokens_per_step = tc.global_batch * tr.mcfg.seq_len
+    flops_per_step = model_flops_per_step(tr.mcfg, tc.global_batch)
+    recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
+             "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt,
+             **(moe or {})}
+            for i, loss, norm, moe in pending]
+    bad = next((r for r in recs if not math.isfinite(r["loss"])), None)
+    if bad is not None:
+        raise NonFiniteLoss(f"the loss is {bad['loss']} at step {bad['step']}: training diverged; "
+                            f"lower --lr (it is {tc.lr:g}) or resume from an earlier checkpoint")
+    return recs
+
+
+def _publish(tr: Trainer, recs: list[dict], observer, metrics, bar) -> None:
+    """Hand read-back records to the observer (which may add scalars such as the MFU),
+    then append them to the metrics file and show the last on the progress bar."""
+    if observer is not None:
+        observer.records(tr, recs)  # may add scalars (MFU) before they are written
+    if metrics:
+        metrics.writelines(json.dumps(r) + "\n" for r in recs)
+        metrics.flush()
+    if bar is not None:
+        last = recs[-1]
+        bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}",
+                        **({"val": f"{last['val_loss']:.3f}"} if "val_loss" in last else {}))
+        bar.update(len(recs))
+
+
+def _close_run(tr: Trainer, tc: TrainConfig, comm: Comm, bar, metrics) -> None:
+    """After the last step: close the progress bar and metrics file, write the trace and
+    (collectively) the pipeline timeline where asked."""
+    if bar is not None:
+        bar.close()
+    if metrics:
+        metrics.close()
+    if comm.trace is not None and tc.trace:
+        comm.trace.write(tc.trace)
+    if tc.timeline and tr.pipeline is not None:
+        tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
 
 
 def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:

@@ -319,6 +319,32 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     check_request(model, c, sw, ep, cp, cp_kinds, zero)
     if seq_len:
         model = model.replace(seq_len=seq_len)
+    _check_degrees(model, gpus, tp, pp, cp)
+    schedules, cp_kinds, fsdp = _searched(sw, schedules, cp_kinds, fsdp, zero)
+
+    def priced(lay):
+        pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
+                       software=sw)
+        return {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
+                "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
+
+    layouts = valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
+                            schedules=schedules, cp_kinds=cp_kinds)
+    entries, sharded, smallest, n_layouts = _fitting(layouts, priced, sw, zero, fsdp, c)
+    if fsdp is True or not entries:
+        entries += sharded
+    if not entries:
+        _fits_none(n_layouts, gpus, global_batch, c, smallest)
+    entries.sort(key=lambda e: -e["tflops_per_gpu"])
+    searched = {"schedules": schedules, "cp": bool(cp_kinds) or bool(cp and cp > 1), "fsdp": fsdp}
+    out = entries[:top] if top else entries
+    _give_reasons(out, entries, sharded, smallest, model, searched, c.memory_bytes / 1e9, zero)
+    return out
+
+
+def _check_degrees(model: ModelConfig, gpus: int, tp, pp, cp) -> None:
+    """Refuse, in one line, a GPU count below one, fixed degrees whose product does not
+    divide the GPUs, or a fixed tp that does not divide the heads and hidden size."""
     if gpus < 1:
         raise ValueError(f"need at least one GPU (got {gpus})")
     fixed = (tp or 1) * (pp or 1) * (cp or 1)
@@ -327,38 +353,40 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
                          f"pick degrees whose product divides the GPU count")
     if tp and (model.heads % tp or model.hidden % tp):
         raise ValueError(f"tp = {tp} does not divide {model.heads} heads and hidden {model.hidden}")
+
+
+def _searched(sw: Software, schedules, cp_kinds, fsdp, zero: int) -> tuple[tuple, tuple, bool | str]:
+    """(Schedules, context-parallel kinds, FSDP mode) a plan searches: the software's
+    unless given; "allgather" only without "ring" (the same bytes as the ring, none
+    hidden: never faster in the model); FSDP ``"needed"`` where the software shards
+    weights, and never on top of a requested zero 3."""
     schedules = tuple(sw.schedules if schedules is None else schedules)
     cp_kinds = tuple(sw.context_parallel if cp_kinds is None else cp_kinds)
-    if "ring" in cp_kinds:  # the same bytes as the ring, none hidden: never faster in the model
+    if "ring" in cp_kinds:
         cp_kinds = tuple(k for k in cp_kinds if k != "allgather")
     fsdp = ("needed" if sw.fsdp else False) if fsdp is None else fsdp
     if fsdp not in (False, True, "needed"):
         raise ValueError(f"fsdp must be False, True or 'needed' (got {fsdp!r})")
-    fsdp = fsdp if zero != 3 else False
-    search_cp = bool(cp_kinds) or bool(cp and cp > 1)
+    return schedules, cp_kinds, (fsdp if zero != 3 else False)
+
+
+def _fitting(layouts, priced, sw: Software, zero: int, fsdp, c: Cluster) -> tuple[list, list, dict, int]:
+    """Price each layout (sequence parallel where the software is, at the requested ZeRO
+    stage); keep those that fit the GPU's memory; where the model states do not, try the
+    weights sharded too (FSDP, and HSDP within a node). Returns (fitting entries, fitting
+    FSDP entries fastest first, the smallest memory of what did not fit by kind, how many
+    layouts there were)."""
     cap = c.memory_bytes / 1e9
-    entries, sharded, smallest = [], [], {}
-
-    def note_too_big(lay, gb):  # the smallest memory of what did not fit, by what it has or lacks
-        for key in _kinds(lay):
-            smallest[key] = min(smallest.get(key, gb), gb)
-
-    def priced(lay):
-        pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
-                       software=sw)
-        return {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
-                "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
-
-    n_layouts = 0
-    for lay in valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
-                             schedules=schedules, cp_kinds=cp_kinds):
+    entries, sharded, smallest, n_layouts = [], [], {}, 0
+    for lay in layouts:
         n_layouts += 1
         lay = {**lay, "sp": sw.sequence_parallel and lay["tp"] > 1, "zero": zero, "fsdp_shard": 0}
         e = priced(lay)
         if e["memory_gb_per_gpu"] <= cap:
             entries.append(e)
             continue
-        note_too_big(lay, e["memory_gb_per_gpu"])
+        for key in _kinds(lay):  # the smallest memory of what did not fit, by what it has or lacks
+            smallest[key] = min(smallest.get(key, e["memory_gb_per_gpu"]), e["memory_gb_per_gpu"])
         if not fsdp or lay["dp"] * lay["cp"] == 1:
             continue
         # the model states do not fit at this ZeRO stage: shard the weights too
@@ -369,23 +397,29 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
             else:
                 smallest["any"] = min(smallest["any"], e3["memory_gb_per_gpu"])
     sharded.sort(key=lambda e: -e["tflops_per_gpu"])
-    if fsdp is True or not entries:
-        entries += sharded
-    if not entries:
-        if not n_layouts:
-            raise ValueError(f"no layout of {gpus} GPUs divides this model and a global batch of "
-                             f"{global_batch}: change the GPU count or the batch")
-        raise ValueError(f"the model fits no layout of {gpus} {c.gpu} GPUs: the smallest needs "
-                         f"{smallest['any']:.1f} GB per GPU of {cap:.0f} GB; add GPUs")
-    entries.sort(key=lambda e: -e["tflops_per_gpu"])
-    searched = {"schedules": schedules, "cp": search_cp, "fsdp": fsdp}
+    return entries, sharded, smallest, n_layouts
+
+
+def _fits_none(n_layouts: int, gpus: int, global_batch: int, c: Cluster, smallest: dict) -> None:
+    """Raise the one-line error for a plan with nothing to rank: no layout divides the
+    model and batch, or none fits the GPU's memory."""
+    if not n_layouts:
+        raise ValueError(f"no layout of {gpus} GPUs divides this model and a global batch of "
+                         f"{global_batch}: change the GPU count or the batch")
+    raise ValueError(f"the model fits no layout of {gpus} {c.gpu} GPUs: the smallest needs "
+                     f"{smallest['any']:.1f} GB per GPU of {c.memory_bytes / 1e9:.0f} GB; add GPUs")
+
+
+def _give_reasons(out: list, entries: list, sharded: list, smallest: dict, model: ModelConfig, searched: dict,
+                  cap_gb: float, zero: int) -> None:
+    """Give each returned layout of `out` its ``reasons`` (:func:`_reasons`), against the
+    fastest fitting layout of each kind among `entries` (and the fastest FSDP one), and
+    drop the unsharded memory the FSDP reasons read."""
     best = {"fsdp_alt": sharded[0]} if sharded else {}
     for e in entries:  # the fastest of each kind
         for key in _kinds(e):
             best.setdefault(key, e)
-    out = entries[:top] if top else entries
     for e in out:
-        e["reasons"] = _reasons(e, best, smallest, model, searched, cap, zero)
+        e["reasons"] = _reasons(e, best, smallest, model, searched, cap_gb, zero)
     for e in entries + sharded:
         e.pop("unsharded_gb", None)
-    return out

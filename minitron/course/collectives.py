@@ -103,9 +103,15 @@ def collectives_job(comm, sizes=SIZES, repeats: int = 5) -> dict:
     ``times`` (seconds of each repeat of a plain all_reduce / all_gather of each size),
     and ``door`` (the engine's calls on the tp and dp axes, and their trace records)."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    out = {"rank": rank, "world": p}
+    out = {"rank": rank, "world": p, "tour": _tour(rank, p)}
+    out["ring"], out["ring_records"] = _traced_ring(comm, rank, p)
+    out["times"] = _timings(sizes, repeats, p)
+    out["door"] = _door(comm, rank)
+    return out
 
-    # 1. the collectives, one by one, on tiny tensors
+
+def _tour(rank: int, p: int) -> dict:
+    """1. The collectives, one by one, on tiny tensors: {name: (this rank's input, its output)}."""
     tour = {}
     x = torch.tensor([float(rank + 1)])
     y = x.clone()
@@ -129,29 +135,37 @@ def collectives_job(comm, sizes=SIZES, repeats: int = 5) -> dict:
     for q in reqs:
         q.wait()
     tour["send_recv"] = (x.tolist(), y.tolist())
-    out["tour"] = tour
+    return tour
 
-    # 2. a ring all-reduce through the engine's door, traced
+
+def _traced_ring(comm, rank: int, p: int) -> tuple[dict, list]:
+    """2. A ring all-reduce of 2**rank through the engine's door, traced: (the chunks each
+    rank holds after every step and whether the result equals ``dist.all_reduce``, the
+    trace records of its messages)."""
     n_before = len(comm.trace.records) if comm.trace is not None else 0
     x = torch.full((p,), 2.0 ** rank)
     result, history = ring_all_reduce(comm, x, "world")
     ref = x.clone()
     dist.all_reduce(ref)
-    out["ring"] = dict(equal=bool(torch.equal(result, ref)), result=result.tolist(),
-                       steps=[dict(phase=h["phase"], step=h["step"],
-                                   holds=[_bits(float(c[0])) for c in h["chunks"]]) for h in history])
-    out["ring_records"] = comm.trace.records[n_before:] if comm.trace is not None else []
+    ring = dict(equal=bool(torch.equal(result, ref)), result=result.tolist(),
+                steps=[dict(phase=h["phase"], step=h["step"],
+                            holds=[_bits(float(c[0])) for c in h["chunks"]]) for h in history])
+    return ring, (comm.trace.records[n_before:] if comm.trace is not None else [])
 
-    # 3. timings of plain torch.distributed calls
+
+def _timings(sizes, repeats: int, p: int) -> dict:
+    """3. Timings of plain torch.distributed calls: {op: {bytes: [seconds of each repeat]}}."""
     times = {"all_reduce": {}, "all_gather": {}}
     for n in sizes:
         t = torch.ones(n // 4)
         times["all_reduce"][n] = _timed(lambda: dist.all_reduce(t), repeats)
         shard, full = torch.ones(n // 4 // p), torch.empty(n // 4 // p * p)
         times["all_gather"][n] = _timed(lambda: dist.all_gather_single(full, shard), repeats)
-    out["times"] = times
+    return times
 
-    # 4. the engine's door: the same calls by axis name, traced
+
+def _door(comm, rank: int) -> dict:
+    """4. The engine's door: the same calls by axis name, traced."""
     n_before = len(comm.trace.records) if comm.trace is not None else 0
     v = torch.tensor([float(rank + 1)])
     door = {"coords": vars(comm.grid.coord()),
@@ -160,8 +174,7 @@ def collectives_job(comm, sizes=SIZES, repeats: int = 5) -> dict:
             "dp_gather": comm.all_gather(v.clone(), "dp").tolist(),
             "pp_sum": comm.all_reduce(v.clone(), "pp").tolist()}
     door["records"] = comm.trace.records[n_before:] if comm.trace is not None else []
-    out["door"] = door
-    return out
+    return door
 
 
 def best_over_repeats(results: dict, op: str) -> tuple[list[int], list[float]]:

@@ -141,6 +141,29 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
     on every rank (the first rank's problem) when something is wrong (`watch`: armed
     while the learner's forward and backward run)."""
     b, s, d_in, d_out = shape
+    X, W, B, dY, (Xr, Wr, Br) = _reference(shape)
+    (xr, xc), (yr, yc), (wr, wc) = _blocks(comm, placement, b, d_in, d_out)
+    x = X[xr][..., xc].clone().requires_grad_()
+    w = W[wr][:, wc].clone().requires_grad_()
+    bias = B[yc].clone().requires_grad_()
+    tag = f"{placement.a}-{shape}"
+    y = _learner_forward(comm, fn, placement, x, w, f"linear3d/{case}/fwd-raised-{tag}", watch)
+    where = f"placement (a, c) = ({placement.a}, {placement.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
+    problem = _calls_problem(comm, placement, "fwd", shape, 8) or _output_problem(where, y, F.linear(X, W)[yr][..., yc])
+    agree(comm, f"linear3d/{case}/fwd-{tag}", problem, 60)
+    _learner_backward(comm, y, bias, dY[yr][..., yc], f"linear3d/{case}/bwd-raised-{tag}", where, watch)
+    problem = _calls_problem(comm, placement, "bwd", shape, 8)
+    checks = (("input", x.grad, Xr.grad[xr][..., xc], "reduce-scatter the gathered input gradient along a"),
+              ("weight", w.grad, Wr.grad[wr][:, wc], "the gathered weight gradient holds this rank's batch "
+               "block only: reduce-scatter it along i (dim 1)"))
+    problem = problem or _gradient_problem(where, checks) or _bias_problem(comm, placement, where, bias, Br.grad[yc])
+    agree(comm, f"linear3d/{case}/bwd-{tag}", problem, 60)
+
+
+def _reference(shape) -> tuple:
+    """The full float64 tensors of one case (X, W, bias, output gradient) and leaf copies
+    of X, W, bias holding autograd's gradients of F.linear on one device."""
+    b, s, d_in, d_out = shape
     g = torch.Generator().manual_seed(1234 + d_in * d_out)
     X = torch.randn(b, s, d_in, generator=g, dtype=torch.float64)
     W = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
@@ -148,10 +171,13 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
     dY = torch.randn(b, s, d_out, generator=g, dtype=torch.float64)
     Xr, Wr, Br = X.clone().requires_grad_(), W.clone().requires_grad_(), B.clone().requires_grad_()
     F.linear(Xr, Wr, Br).backward(dY)
-    (xr, xc), (yr, yc), (wr, wc) = _blocks(comm, placement, b, d_in, d_out)
-    x = X[xr][..., xc].clone().requires_grad_()
-    w = W[wr][:, wc].clone().requires_grad_()
-    bias = B[yc].clone().requires_grad_()
+    return X, W, B, dY, (Xr, Wr, Br)
+
+
+def _learner_forward(comm, fn, placement, x, w, key: str, watch: Tripwire):
+    """The learner's forward on this rank's blocks, traced from a clear trace; a LabError
+    it raises reaches every rank (through the ranks' agreement, `key`), with a hint when
+    a block was gathered on the wrong dim."""
     comm.trace.records.clear()
     try:
         with comm.in_phase("fwd"), watch.armed():
@@ -162,52 +188,63 @@ def _unit(comm, fn, placement, shape, case: int, watch: Tripwire) -> None:
             said += (f" — gathered on the wrong dim? x [b/q², s, d_in/q] is gathered along a on dim 0 (the batch) into "
                      f"[b/q, s, d_in/q], the weight [d_out/q, d_in/q²] along i on dim 1 (its input columns) into "
                      f"[d_out/q, d_in/q]")
-        agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", said, 60)
-    agree(comm, f"linear3d/{case}/fwd-raised-{placement.a}-{shape}", "", 60)
-    where = f"placement (a, c) = ({placement.a}, {placement.c}), x [b={b}, s={s}, {d_in}], W [{d_out}, {d_in}]"
-    problem = _calls_problem(comm, placement, "fwd", shape, 8)
-    want_y = F.linear(X, W)[yr][..., yc]
-    if not problem and (not isinstance(y, torch.Tensor) or y.shape != want_y.shape):
+        agree(comm, key, said, 60)
+    agree(comm, key, "", 60)
+    return y
+
+
+def _output_problem(where: str, y, want_y) -> str:
+    """'' when the learner's output `y` is this rank's block of F.linear(X, W)."""
+    if not isinstance(y, torch.Tensor) or y.shape != want_y.shape:
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        problem = (f"{where}: your forward returns {got}, this rank's output block is {tuple(want_y.shape)} "
-                   f"[b/q², s, d_out/q] in placement (c, a)")
-    if not problem and not _close(y.detach(), want_y):
-        problem = (f"{where}: your calls are right but the output differs from F.linear(X, W) on the gathered "
-                   f"tensors by {float((y.detach() - want_y).abs().max()):.3g}: the gathered weight block is "
-                   f"[d_out/q, d_in/q] (torch's [out, in]), so the local product is F.linear(x, w), not x @ w")
-    agree(comm, f"linear3d/{case}/fwd-{placement.a}-{shape}", problem, 60)
+        return (f"{where}: your forward returns {got}, this rank's output block is {tuple(want_y.shape)} "
+                f"[b/q², s, d_out/q] in placement (c, a)")
+    if not _close(y.detach(), want_y):
+        return (f"{where}: your calls are right but the output differs from F.linear(X, W) on the gathered "
+                f"tensors by {float((y.detach() - want_y).abs().max()):.3g}: the gathered weight block is "
+                f"[d_out/q, d_in/q] (torch's [out, in]), so the local product is F.linear(x, w), not x @ w")
+    return ""
+
+
+def _learner_backward(comm, y, bias, dy, key: str, where: str, watch: Tripwire) -> None:
+    """The learner's backward of ``y + bias`` from `dy`, traced from a clear trace; a
+    LabError it raises reaches every rank (`key`), a gradient of the wrong shape named as
+    the block it should be."""
     comm.trace.records.clear()
     try:
         with comm.in_phase("bwd"), watch.armed():
             out = y + bias
-            call("Linear3DFunction.backward", out.backward, dY[yr][..., yc])
+            call("Linear3DFunction.backward", out.backward, dy)
     except LabError as e:
-        agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", _named_gradient_shape(where, str(e)), 60)
-    agree(comm, f"linear3d/{case}/bwd-raised-{placement.a}-{shape}", "", 60)
-    problem = _calls_problem(comm, placement, "bwd", shape, 8)
-    checks = (("input", x.grad, Xr.grad[xr][..., xc], "reduce-scatter the gathered input gradient along a"),
-              ("weight", w.grad, Wr.grad[wr][:, wc], "the gathered weight gradient holds this rank's batch "
-               "block only: reduce-scatter it along i (dim 1)"))
-    for name, got, want, hint in checks if not problem else ():
+        agree(comm, key, _named_gradient_shape(where, str(e)), 60)
+    agree(comm, key, "", 60)
+
+
+def _gradient_problem(where: str, checks) -> str:
+    """'' when every (name, got, want, hint) gradient of `checks` is autograd's."""
+    for name, got, want, hint in checks:
         if got is None:
-            problem = f"{where}: your backward returns no {name} gradient (None)"
-        elif got.shape != want.shape:
-            problem = (f"{where}: your {name} gradient has shape {tuple(got.shape)}, the {name}'s is "
-                       f"{tuple(want.shape)}")
-        elif not _close(got, want):
-            problem = (f"{where}: your {name} gradient differs from autograd's on one device by "
-                       f"{float((got - want).abs().max()):.3g}: {hint}")
-        if problem:
-            break
-    if not problem:  # the bias copies on the (i, c) plane see the other batch blocks: their sum
-        db = bias.grad.clone()
-        for axis in (cube.I, placement.c):
-            dist.all_reduce(db, group=comm.group(axis))  # aside, not traced
-        if not _close(db, Br.grad[yc]):
-            problem = (f"{where}: the bias gradient summed over the (i, c) plane differs from autograd's by "
-                       f"{float((db - Br.grad[yc]).abs().max()):.3g}: does your output block hold the "
-                       "right batch rows?")
-    agree(comm, f"linear3d/{case}/bwd-{placement.a}-{shape}", problem, 60)
+            return f"{where}: your backward returns no {name} gradient (None)"
+        if got.shape != want.shape:
+            return (f"{where}: your {name} gradient has shape {tuple(got.shape)}, the {name}'s is "
+                    f"{tuple(want.shape)}")
+        if not _close(got, want):
+            return (f"{where}: your {name} gradient differs from autograd's on one device by "
+                    f"{float((got - want).abs().max()):.3g}: {hint}")
+    return ""
+
+
+def _bias_problem(comm, placement, where: str, bias, want) -> str:
+    """'' when the bias gradient summed over the (i, c) plane is autograd's: the bias
+    copies on that plane see the other batch blocks."""
+    db = bias.grad.clone()
+    for axis in (cube.I, placement.c):
+        dist.all_reduce(db, group=comm.group(axis))  # aside, not traced
+    if not _close(db, want):
+        return (f"{where}: the bias gradient summed over the (i, c) plane differs from autograd's by "
+                f"{float((db - want).abs().max()):.3g}: does your output block hold the "
+                "right batch rows?")
+    return ""
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:

@@ -70,8 +70,25 @@ class ShardedDataParallel(FlatShards):
             raise ValueError(f"ZeRO-{stage} shards every unit over one data group, not {sorted(axes)}")
         self.replicas = comm.size(grad_axis(comm))  # every gradient is a mean over all data replicas
         self.d, self.rank = comm.size(self.axis), comm.index(self.axis)
+        self.max_in_flight = max_in_flight
+        self._take_units(units)
+        self._flat_layout()
+        self._start_state()
+        self._link_units()
+        self.unit_ops = None  # the passed-in units' communication, when `unit` is given
+        if unit is not None:
+            if stage != 3:
+                raise ValueError("a unit passed in does ZeRO-3's gathers: it needs stage 3")
+            self.unit_ops = [unit(comm, self.axis, self.param_shard[slice(*self._shard_range(u))], self.full[u])
+                             for u in range(len(self.units))]
+        self._install_hooks()
+
+    # --- set-up -----------------------------------------------------------------------------------
+    def _take_units(self, units) -> None:
+        """Keep the units that hold parameters (each once), with the model chunk of each:
+        every chunk starts with its root, even one with no parameters."""
         chunk, chunks = -1, []
-        for _, _, kind in units:  # each chunk starts with its root (even one with no parameters)
+        for _, _, kind in units:
             chunk += kind == "root"
             chunks.append(chunk)
         keep = [i for i, (_, ps, _) in enumerate(units) if ps]
@@ -81,23 +98,29 @@ class ShardedDataParallel(FlatShards):
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"sharded data parallelism needs one parameter dtype, got {sorted(map(str, dtypes))}")
+
+    def _flat_layout(self) -> None:
+        """Each unit padded to a multiple of d in one flat layout (``plan_units``); every
+        parameter becomes a view into its unit's full buffer; this rank's parameter shard
+        (stage 3) and gradient shard."""
         dtype, device = self.params[0].dtype, self.params[0].device
         self.offsets, self.buckets, self.numel = plan_units([[p.numel() for p in ps] for _, ps, _ in self.units],
                                                             self.d)
         self.offset = dict(zip(self.params, self.offsets))
         self.unit_of = {p: u for u, (_, ps, _) in enumerate(self.units) for p in ps}
-        self.max_in_flight = max_in_flight
         self.element_size = self.params[0].element_size()
-
-        # every parameter becomes a view into its unit's full buffer
         self.full = [torch.zeros(b.numel, dtype=dtype, device=device) for b in self.buckets]
         with torch.no_grad():
             for p in self.params:
                 view = self._unit_view(p)
                 view.copy_(p.detach())
                 p.data = view
-        self.param_shard = torch.zeros(self.numel // self.d, dtype=dtype, device=device) if stage == 3 else None
+        self.param_shard = torch.zeros(self.numel // self.d, dtype=dtype, device=device) if self.stage == 3 else None
         self.shard_grad = torch.zeros(self.numel // self.d, dtype=dtype, device=device)
+
+    def _start_state(self) -> None:
+        """Every unit gathered, nothing in flight; stage 3 then writes the initial values
+        into this rank's shard and frees every unit (sharded at rest, §5.3)."""
         self.gathered = [True] * len(self.units)
         self._gathers: dict = {}  # unit -> all-gather in flight
         self._pinned: set = set()  # units gathered by materialize(): kept, written back on release
@@ -106,15 +129,16 @@ class ShardedDataParallel(FlatShards):
         self._in_flight: deque = deque()  # (unit, work, staging, output) of reduce-scatters
         self.gathered_bytes = self.peak_gathered_bytes = sum(f.numel() for f in self.full) * self.element_size
         self.staging_bytes = self.peak_staging_bytes = 0
-        if stage == 3:
+        if self.stage == 3:
             self._pinned = set(range(len(self.units)))  # the initial values: written into the shard
             self._release()
             for u in range(len(self.units)):
                 self._free(u)
             self.peak_gathered_bytes = 0
 
-        # units in forward order within a chunk: a unit's forward prefetches the next one,
-        # a block's backward the one before it
+    def _link_units(self) -> None:
+        """Units in forward order within a chunk: a unit's forward prefetches the next one,
+        a block's backward the one before it."""
         self._next = [None] * len(self.units)
         self._prev = [None] * len(self.units)
         for u in range(len(self.units) - 1):
@@ -122,17 +146,17 @@ class ShardedDataParallel(FlatShards):
                 self._next[u] = u + 1
                 if self.units[u][2] == "block":
                     self._prev[u + 1] = u
-        self.unit_ops = None  # the passed-in units' communication, when `unit` is given
-        if unit is not None:
-            if stage != 3:
-                raise ValueError("a unit passed in does ZeRO-3's gathers: it needs stage 3")
-            self.unit_ops = [unit(comm, self.axis, self.param_shard[slice(*self._shard_range(u))], self.full[u])
-                             for u in range(len(self.units))]
+
+    def _install_hooks(self) -> None:
+        """A gradient hook per parameter (reduce-scatter a unit when its last gradient is
+        in), a forward pre-hook per unit (gather), and in stage 3 a forward hook per block
+        (free after its forward)."""
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
         for u, (mod, _, kind) in enumerate(self.units):
             self._hooks.append(mod.register_forward_pre_hook(self._before_forward(u)))
-            if stage == 3 and kind == "block":
+            if self.stage == 3 and kind == "block":
                 self._hooks.append(mod.register_forward_hook(self._after_forward(u)))
+
 
     # --- the flat layout (as BucketedDataParallel's, one bucket per unit) ----------------------
     def _unit_view(self, p) -> torch.Tensor:
