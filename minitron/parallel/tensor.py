@@ -31,6 +31,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
+from .collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
 from .fp8 import fp8_linear, fp8_state
@@ -145,8 +146,20 @@ class _AllGatherLinear(torch.autograd.Function):
 
 
 def all_gather_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
-    """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t]."""
+    """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t];
+    with --tp-overlap the all-gather is decomposed under the matmul (``collective_matmul``)."""
+    if ctx.layout.tp_overlap:
+        return all_gather_matmul(x, weight, bias, ctx.comm)
     return (ops or OPS).all_gather_linear.apply(x, weight, bias, ctx.comm)
+
+
+def leave_linear(linear, x, ctx: Context, ops: Ops | None = None):
+    """The second linear of a pair and the exit from the region (the caller adds its bias):
+    ``leave_region(linear(x))``; with --tp-overlap one operation, the row-parallel matmul
+    decomposed with sequence parallelism's reduce-scatter (``collective_matmul``)."""
+    if ctx.tp > 1 and ctx.layout.tp_overlap and isinstance(linear, RowParallelLinear) and linear.fp8 is None:
+        return matmul_reduce_scatter(x, linear.weight, ctx.comm)
+    return leave_region(linear(x), ctx, ops)
 
 
 def scatter_sequence(x, ctx: Context):
@@ -368,6 +381,7 @@ def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entrop
         linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
         enter=partial(enter_region, ops=ops),
         leave=partial(leave_region, ops=ops),
+        leave_linear=partial(leave_linear, ops=ops),
         layer_norm=norm,
         embedding=partial(VocabParallelEmbedding, ops=ops),
         position=position_embedding,
