@@ -17,6 +17,9 @@ tokens. The all-gather is fused into the column-parallel linear that follows it
 for its backward and all-gathers it again there for the weight gradient. That is what
 makes Table 2's ``34/t`` hold, at the price of one more all-gather per column-parallel
 linear in the backward. Hidden states are [batch, seq, hidden]; the sequence is dim 1.
+With --tp-overlap both collectives are decomposed into chunks on a ring under the matmuls
+they feed or follow (``collective_matmul.py``): the column-parallel entry through
+:func:`entry_linear`, the row-parallel exit fused with its linear in :func:`leave_linear`.
 
 With t = 1 every operator is the identity: the single-device model is this model.
 """
@@ -146,18 +149,24 @@ class _AllGatherLinear(torch.autograd.Function):
 
 
 def all_gather_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
-    """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t];
-    with --tp-overlap the all-gather is decomposed under the matmul (``collective_matmul``)."""
+    """Column-parallel F.linear on a sequence shard x [b, s/t, h] under --sp: [b, s, d/t]."""
+    return (ops or OPS).all_gather_linear.apply(x, weight, bias, ctx.comm)
+
+
+def entry_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
+    """The column-parallel linear that enters the region under --sp: :func:`all_gather_linear`,
+    or with --tp-overlap its all-gather decomposed under the matmul (``collective_matmul``)."""
     if ctx.layout.tp_overlap:
         return all_gather_matmul(x, weight, bias, ctx.comm)
-    return (ops or OPS).all_gather_linear.apply(x, weight, bias, ctx.comm)
+    return all_gather_linear(x, weight, bias, ctx, ops)
 
 
 def leave_linear(linear, x, ctx: Context, ops: Ops | None = None):
     """The second linear of a pair and the exit from the region (the caller adds its bias):
     ``leave_region(linear(x))``; with --tp-overlap one operation, the row-parallel matmul
     decomposed with sequence parallelism's reduce-scatter (``collective_matmul``)."""
-    if ctx.tp > 1 and ctx.layout.tp_overlap and isinstance(linear, RowParallelLinear) and linear.fp8 is None:
+    overlap = ctx.tp > 1 and ctx.layout.sp and ctx.layout.tp_overlap
+    if overlap and isinstance(linear, RowParallelLinear) and linear.fp8 is None:
         return matmul_reduce_scatter(x, linear.weight, ctx.comm)
     return leave_region(linear(x), ctx, ops)
 
@@ -219,7 +228,7 @@ class ColumnParallelLinear(nn.Module):
             x = gather(x, self.ctx.comm, "tp", SEQ) if sp else x
             return fp8_linear(x, w, b, self.fp8, record=self.training)
         if sp:
-            return all_gather_linear(x, w, b, self.ctx, self.ops)
+            return entry_linear(x, w, b, self.ctx, self.ops)
         return F.linear(x, w, b)
 
 
@@ -327,7 +336,7 @@ def output_logits(x, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None
     """The output layer on the vocabulary-split weight: local logits [b, s, V/t] (a
     column-parallel linear without bias: with --sp it too keeps only the shard)."""
     if ctx.tp > 1 and ctx.layout.sp:
-        return all_gather_linear(x, head.weight, None, ctx, ops)
+        return entry_linear(x, head.weight, None, ctx, ops)
     return F.linear(enter_region(x, ctx, ops), head.weight)
 
 
