@@ -213,7 +213,8 @@ def test_verify_parses_the_flag_into_the_layout_it_runs():
     test above checks with ``versus_one_device`` (verify's own comparison); its launch (13 s
     on a quiet machine) is left out of the suite: the flag is read here; the command's results on
     tp2, tp4 and tp2 × pp2 × dp2 are in benchmarks/RESULTS.md ("--tp-overlap")."""
-    from minitron.tools.cli import build_parser, layout_from
+    from minitron.tools.cli import build_parser
+    from minitron.tools.commands.options import layout_from
 
     args = build_parser().parse_args(["verify", "--nproc", "2", "--tp", "2", "--sp", "--tp-overlap",
                                       "--dtype", "float64", "--steps", "2"])
