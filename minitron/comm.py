@@ -69,6 +69,17 @@ class Pending:
         return self.result if self.dtype is None else self.result.to(self.dtype)
 
 
+@dataclass
+class _Works:
+    """Several work handles waited as one (the two halves of a ring step)."""
+
+    works: list
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
 def reduce_scatter_single(out: torch.Tensor, x: torch.Tensor, group=None, async_op: bool = False) -> Pending:
     """Reduce-scatter `x` along dim 0 into `out` over `group` (the engine's, every
     caller's); returns a :class:`Pending`, done already unless `async_op`.
@@ -401,3 +412,24 @@ class Comm:
             fn = dist.isend if kind == "send" else dist.irecv
             p2p_ops.append(dist.P2POp(fn, t, ranks[peer], group=self.group(axis)))
         return dist.batch_isend_irecv(p2p_ops) if p2p_ops else []
+
+    @eager
+    def shift(self, t: torch.Tensor, axis: str, step: int = 1, tag: int = 0, activation: bool = True,
+              labels: dict | None = None) -> Pending:
+        """One step of a ring on `axis`: send `t` to the rank `step` places on and receive
+        the tensor of the rank `step` places back, both posted now (``isend``/``irecv``);
+        returns a :class:`Pending` whose ``wait()`` gives the received tensor, in `t`'s
+        dtype. Traced as one 'send' and one 'recv' of `t` as it travels (the decomposed
+        collective matmuls of ``parallel/collective_matmul.py`` count their chunks so).
+        `tag` keeps two rings between the same pair of ranks apart (gloo matches by it)."""
+        n, i = self.size(axis), self.index(axis)
+        w = self.on_wire(t, activation).contiguous()
+        buf = torch.empty_like(w)
+        for kind, x in (("send", w), ("recv", buf)):
+            self._record(kind, axis, x, labels)
+        if self.dry:
+            return Pending(buf, None, w, t.dtype if buf.dtype != t.dtype else None)
+        ranks, group = self.grid.axis_ranks(axis), self.group(axis)
+        ops = [dist.P2POp(dist.isend, w, ranks[(i + step) % n], group=group, tag=tag),
+               dist.P2POp(dist.irecv, buf, ranks[(i - step) % n], group=group, tag=tag)]
+        return Pending(buf, _Works(dist.batch_isend_irecv(ops)), w, t.dtype if buf.dtype != t.dtype else None)

@@ -217,6 +217,7 @@ class ParallelConfig:
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
+    tp_overlap: bool = False  # --sp's all-gathers and reduce-scatters decomposed under their matmuls
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
     zero: int = 0  # ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
@@ -273,7 +274,7 @@ class ParallelConfig:
             s += f".{self.schedule}"
             if self.vpp > 1:
                 s += f".v{self.vpp}"
-        for flag in ("sp", "zero1", "scatter_gather"):
+        for flag in ("sp", "tp_overlap", "zero1", "scatter_gather"):
             if getattr(self, flag):
                 s += f".zero{self.zero}" if flag == "zero1" else f".{flag}"
         if self.recompute != "none":
@@ -621,6 +622,8 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         _need(not layout.sp or model.seq_len % layout.tp == 0,
               f"--sp splits the sequence: --seq-len {model.seq_len} must be divisible by --tp {layout.tp}")
     _need(not layout.sp or layout.tp > 1, "--sp needs tensor parallelism: add --tp 2 or more")
+    if layout.tp_overlap:
+        validate_tp_overlap(layout)
     validate_kv_heads(model, layout)
     validate_head_layout(model, layout)
     if layout.cp > 1:
@@ -648,6 +651,24 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
                   f"--stage-layers {','.join(map(str, layout.stage_layers))} must be positive and sum to {model.layers} layers")
     else:
         _need(not layout.stage_layers, "--stage-layers needs pipeline parallelism (--pp 2 or more)")
+
+
+def validate_tp_overlap(layout: ParallelConfig) -> None:
+    """--tp-overlap decomposes sequence parallelism's all-gathers and reduce-scatters of 1-D
+    tensor parallelism into t chunks on a ring (parallel/collective_matmul.py): the chunks are
+    the t sequence shards --sp already requires, so no chunk count of its own can fail to
+    divide the sequence."""
+    _need(layout.tp > 1, "--tp-overlap with --tp 1: nothing to overlap (no tensor-parallel collective): "
+                         "add --tp 2 or more with --sp, or drop --tp-overlap")
+    _need(layout.tp_mode == "1d", f"--tp-overlap is built for 1-D tensor parallelism with sequence parallelism "
+                                  f"only for now: use --tp-mode 1d --sp (got --tp-mode {layout.tp_mode})")
+    _need(layout.sp, "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: only 1-D with sequence "
+                     "parallelism for now, add --sp")
+    _need(layout.precision != "fp8", "--tp-overlap decomposes the fp32/bf16 linears; the FP8 linears gather "
+                                     "their input whole: use --precision fp32 or bf16, or drop --tp-overlap")
+    _need(layout.schedule not in ("zb-h1", *V_SCHEDULES) or layout.pp == 1,
+          f"--tp-overlap with --schedule {layout.schedule}: the split backward would all-gather a row-parallel "
+          "linear's output gradient twice (in B and in W); use --schedule 1f1b, gpipe or interleaved")
 
 
 def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:

@@ -129,4 +129,4 @@ class MLA(nn.Module):
             y = recompute(self.core, parts, key, hooks=self.ctx.saved_tensors)
         else:
             y = self.core(parts, key)
-        return self.layers.leave(self.proj(y), self.ctx)
+        return self.layers.leave_linear(self.proj, y, self.ctx)

@@ -37,7 +37,8 @@ def layers_for(layout: ParallelConfig):
     """The layer namespace of the layout, what the model is written against:
     ``linear_in`` / ``linear_out`` (the two linears of a pair; the caller adds
     ``linear_out``'s bias after ``leave``), ``enter`` / ``leave`` (into and out of the
-    tensor-parallel region), ``layer_norm``, ``embedding`` (also the output layer),
+    tensor-parallel region; ``leave_linear``: the second linear and the exit in one step,
+    which --tp-overlap decomposes together), ``layer_norm``, ``embedding`` (also the output layer),
     ``position``, ``scatter``, ``logits``, ``loss``, ``boundary_shape`` (the hidden
     states between pipeline stages), ``keep_mask`` (which part of a dropout mask this
     rank draws) and ``ring_attention`` (attention under --cp). 1-D (Megatron) comes from
@@ -182,7 +183,7 @@ class Attention(nn.Module):
             y = recompute(self.core, qkv, key, hooks=self.ctx.saved_tensors)
         else:
             y = self.core(qkv, key)
-        return add_bias(self.layers.leave(self.proj(y), self.ctx), self.proj)
+        return add_bias(self.layers.leave_linear(self.proj, y, self.ctx), self.proj)
 
 
 class HeadNorm(nn.Module):
@@ -239,8 +240,8 @@ class MLP(nn.Module):
         return F.gelu(y, approximate=self.approximate)
 
     def forward(self, x):
-        y = self.fc2(self.activation(self.fc(self.layers.enter(x, self.ctx))))
-        return add_bias(self.layers.leave(y, self.ctx), self.fc2)
+        y = self.activation(self.fc(self.layers.enter(x, self.ctx)))
+        return add_bias(self.layers.leave_linear(self.fc2, y, self.ctx), self.fc2)
 
 
 def norm(name: str, cfg: ModelConfig, ctx: Context, layers):

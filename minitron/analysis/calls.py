@@ -31,7 +31,7 @@ from .params import chunk_layers, layout_placement, params_on_rank
 
 __all__ = ["NORM_BYTES", "ring_allreduce_wire_bytes", "ring_allgather_wire_bytes",
            "ring_reduce_scatter_wire_bytes", "call", "wire_bytes", "exact_bytes", "dp_bytes_per_step",
-           "p2p_counts", "StepCalls", "bytes_by_axis"]
+           "p2p_counts", "StepCalls", "bytes_by_axis", "sent_bytes_by_axis"]
 
 # The gradient norm for clipping: one float64 (8 bytes) all-reduced per axis that
 # splits the parameters (minitron.optim.sum_of_squares is float64).
@@ -181,4 +181,16 @@ def bytes_by_axis(items: list[dict]) -> dict:
     for it in items:
         ax = out.setdefault(it["axis"], {})
         ax[it["op"]] = ax.get(it["op"], 0) + it["bytes"]
+    return out
+
+
+def sent_bytes_by_axis(items: list[dict], sizes: dict) -> dict:
+    """Wire bytes sent out of a rank per axis (:func:`wire_bytes` of every call or item, on
+    the axis' `sizes`; receives not counted, their bytes are another rank's sends): the
+    measure in which a collective and the ring of sends that replaces it (``--tp-overlap``)
+    are equal."""
+    out: dict = {}
+    for it in items:
+        if it["op"] != "recv":
+            out[it["axis"]] = out.get(it["axis"], 0) + wire_bytes(it, sizes[it["axis"]])
     return out

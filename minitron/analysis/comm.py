@@ -23,7 +23,10 @@ Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
   an all-gather of the b·s·h/t shard and a reduce-scatter of b·s·h (same wire bytes),
   and the QKV and fc linears, which keep only their input's sequence shard, all-gather
   it again in the backward for their weight gradients: 2 more all-gathers of the
-  shard (Korthikanti et al. 2022, §4.2.2; one more for the output layer);
+  shard (Korthikanti et al. 2022, §4.2.2; one more for the output layer); with
+  ``--tp-overlap`` each of a linear's all-gathers and reduce-scatters is t−1 sends and
+  receives of b·s·h·e/t on a ring, the same wire bytes in t−1 times as many messages
+  (:mod:`minitron.analysis.tensor_parallel`; the dry run reads them off the model);
 * pipeline: b·s·h per stage boundary per microbatch in each direction (v times as many
   boundaries with interleaving; /t with sequence parallelism or scatter/gather).
 

@@ -46,7 +46,7 @@ def as_layout(layout: Any) -> ParallelConfig:
     (the analysis accepts all three); only the fields that shape a rank's model count."""
     if isinstance(layout, ParallelConfig):
         return layout
-    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "recompute", "schedule",
+    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "tp_overlap", "recompute", "schedule",
             "stage_layers", "precision", "fp8_recipe")
     get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
     given = {k: get(k) for k in keys if get(k) is not None}
@@ -59,7 +59,8 @@ def _shape_only(layout: ParallelConfig) -> ParallelConfig:
     """The fields of a layout that decide one rank's modules and saved tensors (the cache
     key: data parallelism, ZeRO and the schedule do not change a block)."""
     return ParallelConfig(tp=layout.tp, cp=layout.cp, ep=getattr(layout, "ep", 1), tp_mode=layout.tp_mode,
-                          tp_depth=layout.tp_depth, sp=layout.sp, recompute=layout.recompute,
+                          tp_depth=layout.tp_depth, sp=layout.sp, tp_overlap=layout.tp_overlap,
+                          recompute=layout.recompute,
                           precision=layout.precision, fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"),
                           dropout_rng=layout.dropout_rng,
                           cp_mode=getattr(layout, "cp_mode", "ring"))

@@ -25,6 +25,17 @@ reduce-scatter) and the cross-entropy's three all-reduces of b·s numbers (max, 
 logit, sum of exponentials). :func:`tp_collectives` lists them with the phase they
 run in, as :class:`minitron.comm.CommTrace` records them.
 
+With ``--tp-overlap`` (``parallel/collective_matmul.py``; Wang et al. 2022) every
+all-gather and reduce-scatter of a linear — the entries, the exits, the re-gathers and
+their backward and replayed counterparts; not the embedding's sequence split, which feeds
+no matmul — becomes a ring of t−1 steps, each one send and one receive of one sequence
+chunk, b·s·h·e/t: the trace counts t−1 messages where it counted one call. The bytes on
+the wire do not change: a ring all-gather of t−1 steps sends (t−1)·N/t of the gathered N
+out of each rank, the (t−1)/t·N of :func:`~minitron.analysis.calls.ring_allgather_wire_bytes`,
+and a ring reduce-scatter of t−1 steps sends (t−1) chunks of N/t, the (t−1)/t·N of
+:func:`~minitron.analysis.calls.ring_reduce_scatter_wire_bytes`
+(:func:`~minitron.analysis.calls.sent_bytes_by_axis` sums either way of counting).
+
 Why t stays inside a node
 -------------------------
 A layer's compute shrinks as 1/t, its all-reduces do not: each moves
@@ -71,8 +82,8 @@ def activation_table(model: ModelConfig, micro_batch: int, tp: int, bytes_per_el
 # --------------------------------------------------------------------------------------
 def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = False,
                    recompute: str = "none", layers: int | None = None, first: bool = True,
-                   last: bool = True, bytes_per_el: int = 4, loss_bytes_per_el: int | None = None
-                   ) -> list[dict]:
+                   last: bool = True, bytes_per_el: int = 4, loss_bytes_per_el: int | None = None,
+                   overlap: bool = False) -> list[dict]:
     """Tensor-axis collectives of one microbatch on one tensor rank, as the trace
     records them: ``{what, phase, op, calls, bytes}`` with `bytes` per call (the local
     input's size: the shard for all-gather, the whole input for reduce-scatter).
@@ -80,7 +91,9 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     `layers` defaults to all of the model's; `first`/`last`: whether this rank holds
     the embedding / the output layer and loss. `loss_bytes_per_el` is the element size
     of the cross-entropy's reductions (float32 for 16-bit logits; default as
-    activations). Empty when t = 1.
+    activations). `overlap` (``--tp-overlap``, with `sp`): each linear's all-gather and
+    reduce-scatter as its ring of t−1 sends and receives of b·s·h·e/t (module docstring).
+    Empty when t = 1.
     """
     if tp == 1:
         return []
@@ -90,9 +103,15 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     replay = recompute_policy(recompute) == "full"
     out: list[dict] = []
 
-    def add(what, phase, op, calls, nbytes):
-        if calls:
-            out.append({"what": what, "phase": phase, "op": op, "calls": calls, "bytes": nbytes})
+    def add(what, phase, op, calls, nbytes, ring=True):
+        if not calls:
+            return
+        if overlap and sp and ring and op in ("all_gather", "reduce_scatter"):  # decomposed on a ring
+            for kind in ("send", "recv"):
+                out.append({"what": f"{what}, {op} as a ring", "phase": phase, "op": kind, "calls": calls * (t - 1),
+                            "bytes": shard})
+            return
+        out.append({"what": what, "phase": phase, "op": op, "calls": calls, "bytes": nbytes})
 
     if sp:
         add("layers: enter (all-gather the sequence)", "fwd", "all_gather", 2 * L, shard)
@@ -107,7 +126,7 @@ def tp_collectives(model: ModelConfig, micro_batch: int, tp: int, sp: bool = Fal
     if first:
         add("embedding: g", "fwd", "all_reduce", 1, x)
         if sp:
-            add("embedding: sequence split, backward", "bwd", "all_gather", 1, shard)
+            add("embedding: sequence split, backward", "bwd", "all_gather", 1, shard, ring=False)
     if last:
         if sp:
             add("output layer: enter", "fwd", "all_gather", 1, shard)

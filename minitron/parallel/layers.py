@@ -28,6 +28,9 @@ class Layers:
     linear_out: Callable
     enter: Callable  # (x, ctx) -> x: into the tensor-parallel region (Megatron's f)
     leave: Callable  # (x, ctx) -> x: out of it (g, or --sp's reduce-scatter)
+    # (linear, x, ctx) -> leave(linear(x), ctx): the second linear and the exit as one step
+    # (--tp-overlap decomposes the two together); the caller then adds ``linear.bias``
+    leave_linear: Callable
     layer_norm: Callable  # (name, h, ctx, kind="layernorm"|"rmsnorm", eps, bias) -> module
     embedding: Callable  # (name, vocab, h, ctx, std, grad_sync) -> module: also the output layer
     position: Callable  # (name, seq_len, h, ctx, std) -> parameter: the learned position table
@@ -43,6 +46,10 @@ def _identity(x, ctx):
     return x
 
 
+def _apply(linear, x, ctx):
+    return linear(x)
+
+
 def grid_layers(name: str, *, linear_in, linear_out, layer_norm, embedding, position, boundary_shape,
                 keep_mask) -> Layers:
     """The layers of a layout whose activations are distributed everywhere (the cube, the
@@ -50,7 +57,7 @@ def grid_layers(name: str, *, linear_in, linear_out, layer_norm, embedding, posi
     computes its logits and loss itself. Context parallelism composes with 1-D only, so
     `ring_attention` is never called here."""
     return Layers(
-        name=name, linear_in=linear_in, linear_out=linear_out, enter=_identity, leave=_identity,
+        name=name, linear_in=linear_in, linear_out=linear_out, enter=_identity, leave=_identity, leave_linear=_apply,
         layer_norm=layer_norm, embedding=embedding, position=position, scatter=_identity,
         logits=lambda x, head, ctx: head.logits(x),
         loss=lambda logits, targets, head, ctx: head.loss(logits, targets),

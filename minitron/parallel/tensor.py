@@ -17,6 +17,9 @@ tokens. The all-gather is fused into the column-parallel linear that follows it
 for its backward and all-gathers it again there for the weight gradient. That is what
 makes Table 2's ``34/t`` hold, at the price of one more all-gather per column-parallel
 linear in the backward. Hidden states are [batch, seq, hidden]; the sequence is dim 1.
+With --tp-overlap both collectives are decomposed into chunks on a ring under the matmuls
+they feed or follow (``collective_matmul.py``): the column-parallel entry through
+:func:`entry_linear`, the row-parallel exit fused with its linear in :func:`leave_linear`.
 
 With t = 1 every operator is the identity: the single-device model is this model.
 """
@@ -31,6 +34,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
+from .collective_matmul import all_gather_matmul, matmul_reduce_scatter
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
 from .fp8 import fp8_linear, fp8_state
@@ -149,6 +153,24 @@ def all_gather_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
     return (ops or OPS).all_gather_linear.apply(x, weight, bias, ctx.comm)
 
 
+def entry_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
+    """The column-parallel linear that enters the region under --sp: :func:`all_gather_linear`,
+    or with --tp-overlap its all-gather decomposed under the matmul (``collective_matmul``)."""
+    if ctx.layout.tp_overlap:
+        return all_gather_matmul(x, weight, bias, ctx.comm)
+    return all_gather_linear(x, weight, bias, ctx, ops)
+
+
+def leave_linear(linear, x, ctx: Context, ops: Ops | None = None):
+    """The second linear of a pair and the exit from the region (the caller adds its bias):
+    ``leave_region(linear(x))``; with --tp-overlap one operation, the row-parallel matmul
+    decomposed with sequence parallelism's reduce-scatter (``collective_matmul``)."""
+    overlap = ctx.tp > 1 and ctx.layout.sp and ctx.layout.tp_overlap
+    if overlap and isinstance(linear, RowParallelLinear) and linear.fp8 is None:
+        return matmul_reduce_scatter(x, linear.weight, ctx.comm)
+    return leave_region(linear(x), ctx, ops)
+
+
 def scatter_sequence(x, ctx: Context):
     """Replicated [b, s, h] -> this rank's sequence shard (used after the embedding)."""
     return _SplitSeq.apply(x, ctx.comm) if ctx.tp > 1 and ctx.layout.sp else x
@@ -206,7 +228,7 @@ class ColumnParallelLinear(nn.Module):
             x = gather(x, self.ctx.comm, "tp", SEQ) if sp else x
             return fp8_linear(x, w, b, self.fp8, record=self.training)
         if sp:
-            return all_gather_linear(x, w, b, self.ctx, self.ops)
+            return entry_linear(x, w, b, self.ctx, self.ops)
         return F.linear(x, w, b)
 
 
@@ -314,7 +336,7 @@ def output_logits(x, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None
     """The output layer on the vocabulary-split weight: local logits [b, s, V/t] (a
     column-parallel linear without bias: with --sp it too keeps only the shard)."""
     if ctx.tp > 1 and ctx.layout.sp:
-        return all_gather_linear(x, head.weight, None, ctx, ops)
+        return entry_linear(x, head.weight, None, ctx, ops)
     return F.linear(enter_region(x, ctx, ops), head.weight)
 
 
@@ -368,6 +390,7 @@ def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entrop
         linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
         enter=partial(enter_region, ops=ops),
         leave=partial(leave_region, ops=ops),
+        leave_linear=partial(leave_linear, ops=ops),
         layer_norm=norm,
         embedding=partial(VocabParallelEmbedding, ops=ops),
         position=position_embedding,
