@@ -7,6 +7,8 @@ they were not fitted to.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from minitron.analysis import (SOFTWARE, PlannedLayout, Software, explain, flops_per_iteration, format_explain,
@@ -265,14 +267,15 @@ def test_expert_parallel_overlap_and_node_aware_dispatch():
     a = predict(q, lay, 64, "h100-dgx", software=sw, head_dim=128).breakdown["parts"]["ep_comm"]
     b = predict(q, lay, 64, "h100-dgx", software=sw.replace(ep_node_dedup=True), head_dim=128)
     assert b.breakdown["parts"]["ep_comm"] < a / 3
-    # FP8 casts: element-wise work that a bf16 run does not do, more with current scaling
-    # (an amax pass first: 6 bytes per element against delayed scaling's 4)
+    # FP8 casts: element-wise work that a bf16 run does not do, more with a recipe that scales from
+    # the tensor itself (an amax pass first: 6 bytes per element against delayed scaling's 4)
     m = PRESETS["llama3-8b"]
     ew = {k: predict(m, PlannedLayout(dp=8), 16, "h100-dgx", software=s_).breakdown["parts"]["elementwise"]
           for k, s_ in (("bf16", sw), ("delayed", sw.replace(fp8=True)),
-                        ("current", sw.replace(fp8=True, fp8_scaling="current")))}
-    assert ew["bf16"] < ew["delayed"] < ew["current"]
-    assert ew["current"] - ew["bf16"] == pytest.approx(1.5 * (ew["delayed"] - ew["bf16"]), rel=1e-9)
+                        *((r, sw.replace(fp8=True, fp8_recipe=r)) for r in ("tensorwise", "rowwise", "mxfp8")))}
+    for r in ("tensorwise", "rowwise", "mxfp8"):
+        assert ew["bf16"] < ew["delayed"] < ew[r]
+        assert ew[r] - ew["bf16"] == pytest.approx(1.5 * (ew["delayed"] - ew["bf16"]), rel=1e-9)
 
 
 def test_new_dimensions_price_what_they_should():
@@ -326,7 +329,7 @@ def test_plan_published_run_explained(capsys):
     moe = next(line for line in out.splitlines() if line.startswith("expert-parallel all-to-all"))
     assert float(moe.split()[-2]) > 0
     # the software options its recipe states are printed with it
-    assert "software: megatron-core-2024, ep_overlap=True, fp8_scaling=current, moe_host_s=0.0088" in out
+    assert "software: megatron-core-2024, ep_overlap=True, fp8_recipe=tensorwise, moe_host_s=0.0088" in out
     assert main(["plan", "--model", "llama3-8b", "--cluster", "h100-dgx", "--gpus", "8", "--global-batch", "16",
                  "--tp", "1", "--pp", "1", "--zero", "3", "--fp8", "--software", "megatron-core-2024",
                  "--explain"]) == 0
@@ -403,3 +406,19 @@ def test_an_unknown_stack_in_one_line(capsys, stack):
 def P_kernel(*a):
     from minitron.analysis.software import kernel_tflops
     return kernel_tflops(*a)
+
+
+def test_plan_prices_the_recipe_train_runs(capsys):
+    """`plan --fp8 --fp8-recipe R` takes the engine's own recipe names: delayed scaling's casts
+    are the cheapest; a recipe without --fp8 is refused in one line."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "h100-dgx", "--gpus", "8", "--global-batch", "16",
+            "--tp", "1", "--pp", "1", "--fp8", "--json"]
+    seconds = {}
+    for recipe in ("delayed", "tensorwise", "mxfp8"):
+        assert main(args + ["--fp8-recipe", recipe]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["breakdown"]["fp8_recipe"] == recipe
+        seconds[recipe] = out["iteration_s"]
+    assert seconds["delayed"] < seconds["tensorwise"] == seconds["mxfp8"]
+    assert main([a for a in args if a != "--fp8"] + ["--fp8-recipe", "mxfp8"]) == 2
+    assert capsys.readouterr().err.strip() == "minitron: error: --fp8-recipe mxfp8 prices FP8's scaling: add --fp8"

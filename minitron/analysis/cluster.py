@@ -540,7 +540,7 @@ def _fp8_casts_s(model: ModelConfig, T: int, t: int, c: Cluster, sw: Software, m
         outs -= T * h  # no dense fc2 output
     else:
         outs += T * g * f / t
-    per, bw_ew = 6 if sw.fp8_scaling == "current" else 4, c.hbm_bw * ELEMENTWISE_BW_FRACTION
+    per, bw_ew = 4 if sw.fp8_recipe == "delayed" else 6, c.hbm_bw * ELEMENTWISE_BW_FRACTION
     return per * ins / bw_ew, per * outs / bw_ew
 
 
@@ -1062,6 +1062,7 @@ def _breakdown(r: _Run, tm: _Times, mfu_flops: float) -> dict:
             "optimizer": tm.optimizer, "microbatches": m, "tp_comm_hidden": m * st.tp_hidden,
             "pp_comm_hidden": m * tm.pp_hidden, "dp_comm_hidden": tm.dp_hidden,
             "software": sw.name, "recompute": r.rc, "parts": _parts_per_iteration(r, tm), "fp8": r.fp8,
+            "fp8_recipe": sw.fp8_recipe if r.fp8 else "",
             "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp),
             "stage_fbw": (st.fwd, st.b_in, st.b_w),
             "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.n_gpus * it),

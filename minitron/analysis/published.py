@@ -320,7 +320,7 @@ def _dropless_moe(run: tuple) -> bool:
 for _r in H100_RUNS:
     _opts = H100_RUN_SOFTWARE.get(_r[0], {})
     if _r[16] in _DROPLESS_SOURCES and _r[13]:
-        _opts = {**_opts, "fp8_scaling": "current"}
+        _opts = {**_opts, "fp8_recipe": "tensorwise"}
     if _dropless_moe(_r):
         _opts = {**_opts, "moe_host_s": DROPLESS_MOE_HOST_S}
     if _opts:
@@ -422,7 +422,7 @@ def fit_dropless_moe_host_s() -> tuple[float, float]:
     model = model.replace(seq_len=seq)
     per_microbatch = seq * mb / tokens_per_s
     host_s = per_microbatch / (model.layers // pp)
-    sw = get_software(H100_SOFTWARE).replace(fp8=True, fp8_scaling="current")
+    sw = get_software(H100_SOFTWARE).replace(fp8=True, fp8_recipe="mxfp8")
     layout = PlannedLayout(pp=pp, dp=gpus // pp, ep=ep, microbatch_size=mb)
     pred = predict(model, layout, gpus // pp * mb * 64, "h100-dgx", software=sw, head_dim=head_dim)
     h100_over_b200 = get_cluster("h100-dgx").fp8_peak_flops / B200_FP8_PEAK_FLOPS

@@ -58,8 +58,10 @@ kernels are itemised both ways):
   on the FP8 tensor cores (Transformer Engine, torchao float8) at the cluster's FP8 peak
   and its own achievable fraction, with 1-byte operands; the attention products, the
   element-wise kernels and the communication stay 16-bit; each linear's input and output
-  gradient are cast (and transposed) to FP8, 4 bytes per element moved with ``fp8_scaling``
-  "delayed", 6 with "current" (an amax pass first). A cluster without an FP8 peak ignores it;
+  gradient are cast (and transposed) to FP8, 4 bytes per element moved with ``fp8_recipe``
+  "delayed", 6 with the recipes that scale from the tensor itself (tensorwise, rowwise, mxfp8:
+  an amax pass first); the recipe names are the engine's own (``--fp8-recipe``). A cluster
+  without an FP8 peak ignores it;
 * **ep_overlap, ep_node_dedup** — the expert-parallel all-to-all: hidden under another
   microbatch's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``), and sent
   once per remote node rather than once per expert (DeepEP, HybridEP); both off in every
@@ -86,6 +88,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from ..config import FP8_RECIPES
+
 __all__ = ["Software", "SOFTWARE", "DEFAULT_SOFTWARE", "get_software", "ATTENTION_MATRIX_PASSES",
            "TOKEN_PASSES", "ATTENTION_KERNELS", "KERNEL_BENCHMARKS", "kernel_tflops", "kernel_source"]
 
@@ -93,7 +97,7 @@ ATTENTIONS = ("unfused", "fused-softmax", "flash")
 TP_OVERLAPS = ("none", "backward", "all")
 PRECISIONS = ("fp16", "bf16")
 RECOMPUTES = ("none", "selective", "full")
-FP8_SCALINGS = ("delayed", "current")
+FP8_SCALINGS = FP8_RECIPES  # the engine's --fp8-recipe names (parallel/fp8.py): one list
 
 # (forward, backward) passes over the b·a·s²/t attention matrix (2-byte elements; a
 # 1-byte mask is half a pass), by attention kind. Unfused forward: scale (read, write),
@@ -220,9 +224,10 @@ class Software:
     pp_overlap: bool = False
     precision: str = "fp16"
     fp8: bool = False
-    # how FP8 scales are found: "delayed" (from an amax history, Transformer Engine's and
-    # NeMo 2024's default) or "current" (a pass over each tensor first)
-    fp8_scaling: str = "delayed"
+    # how FP8 scales are found, by the engine's recipe names: "delayed" (from an amax history,
+    # Transformer Engine's and NeMo 2024's default), "tensorwise" (current scaling: a pass over
+    # each tensor first, the Bridge's FP8-CS), "rowwise", "mxfp8" (Blackwell's blocks of 32)
+    fp8_recipe: str = "delayed"
     # Megatron-Core's overlap_moe_expert_parallel_comm (the Bridge recipes' moe_a2a_overlap):
     # one microbatch's dispatch/combine all-to-alls run under another's compute
     ep_overlap: bool = False
@@ -254,7 +259,7 @@ class Software:
                                       ("tp_overlap", self.tp_overlap, TP_OVERLAPS),
                                       ("precision", self.precision, PRECISIONS),
                                       ("recompute", self.recompute, RECOMPUTES),
-                                      ("fp8_scaling", self.fp8_scaling, FP8_SCALINGS)):
+                                      ("fp8_recipe", self.fp8_recipe, FP8_SCALINGS)):
             if value not in allowed:
                 raise ValueError(f"software '{self.name}': {field} must be one of "
                                  f"{', '.join(allowed)} (got '{value}')")

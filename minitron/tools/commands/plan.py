@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ...config import ConfigError, validate_model
+from ...config import FP8_RECIPES, ConfigError, validate_model
 from ..output_paths import PLOT_TYPES, check_output_file
 from .options import add_model_args, given_or_default, model_from, model_label
 
@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
                     help="1: distributed optimizer; 3: FSDP / ZeRO-3 (weights gathered per layer)")
     pl.add_argument("--fsdp-shard", type=int, default=0, help="with --zero 3: HSDP, weights sharded over this many ranks")
     pl.add_argument("--fp8", action="store_true", help="the linears' matmuls in FP8 (clusters with an FP8 peak)")
+    pl.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
+                    help="with --fp8: the scaling recipe priced, by the names train's --fp8-recipe runs "
+                         "(default: the software's own, delayed in every preset)")
     pl.add_argument("--published", default="", metavar="RUN",
                     help="predict and (with --explain) break down a published H100-era run by its id")
     from ...analysis.software import SOFTWARE  # light: the cluster model (and torch) stay unimported for --help
@@ -105,7 +108,9 @@ def _price(args, model):
     fixed = {"tp": args.tp, "pp": args.pp, "vpp": args.vpp, "microbatch_size": args.microbatch_size}
     try:
         sw = cluster_software(args.software, args.cluster)
-        sw = sw.replace(fp8=True) if args.fp8 else sw
+        if args.fp8_recipe and not args.fp8:
+            raise ConfigError(f"--fp8-recipe {args.fp8_recipe} prices FP8's scaling: add --fp8")
+        sw = sw.replace(fp8=True, fp8_recipe=args.fp8_recipe or sw.fp8_recipe) if args.fp8 else sw
         cp_kinds = (args.cp_kind,) if args.cp_kind else None
         check_request(model, args.cluster, sw, ep=args.ep, cp=args.cp, cp_kinds=cp_kinds, zero=args.zero)
         if not all(fixed[k] for k in ("tp", "pp")):
