@@ -189,7 +189,7 @@ CASES = [
     (TRAIN + ["--trace", "{ckpt}/step_0000002/meta.json"], "inside the checkpoint folder"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--seed", "5"], "--seed 5 (the checkpoint's is 1234)"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--global-batch", "8"], "--allow-resume-change"),
-    # --- the whole model description on --resume (issue 40) ---
+    # --- the whole model description on --resume ---
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--positions", "rope"], "positions learned -> rope"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--norm-eps", "1e-6"], "norm_eps 1e-05 -> 1e-06"),
     (TRAIN + ["--resume", "--ckpt-dir", "{ckpt}", "--steps", "4", "--experts", "4", "--norm", "rmsnorm"],

@@ -73,7 +73,7 @@ def test_schedule_json(capsys):
     assert main(["schedule", "--schedule", "interleaved", "--pp", "4", "--vpp", "2", "--microbatches", "3"]) == 2
 
 
-# ---- issue 47 item 5, issue 40 class 6: the planner uses every flag or refuses it ----------
+# ---- the planner uses every flag or refuses it; defaults a user can trust ----------
 H100_PLAN = ["plan", "--cluster", "h100-dgx", "--global-batch", "64", "--top", "3"]
 
 

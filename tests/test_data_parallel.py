@@ -1,4 +1,4 @@
-"""Data parallelism (issue #3): naive and bucketed all-reduce, ZeRO-1.
+"""Data parallelism: naive and bucketed all-reduce, ZeRO-1.
 
 Every variant must equal the single-device model (float64: losses 1e-9 absolute,
 parameters 1e-9 relative); the trace must show exactly the calls the analysis predicts

@@ -1,4 +1,4 @@
-"""The fast path (issue 8): torch.compile, no host synchronisation in the hot loop, and the
+"""The fast path: torch.compile, no host synchronisation in the hot loop, and the
 benchmark's arithmetic. Timings are never asserted; what is checked is that the fast
 path computes the same thing and that the benchmark's figures are consistent."""
 import json
@@ -88,7 +88,7 @@ def test_step_timer_pairs_marks():
 
 
 def test_bench_figures_are_consistent():
-    """The JSON keys of issue 8, and the figures derived from each other as defined."""
+    """The JSON keys of the run summary, and the figures derived from each other as defined."""
     t = TrainConfig(global_batch=4, progress=False, eval_every=0)
     from minitron.data import load_corpus
 

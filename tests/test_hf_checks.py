@@ -1,5 +1,5 @@
 """Imported checkpoints are checked like the engine's own, and each family's semantics are
-matched (issue 40, classes 2-4): random `transformers` models built and saved locally
+matched: random `transformers` models built and saved locally
 (nothing is downloaded), then planted with what a careful user or an unlucky disk brings.
 
 * model flags given with --init-from are applied where they leave the loaded model as it is

@@ -1,4 +1,4 @@
-"""The routes around a lab's checker (issue 41, item 5; labs/README.md, "What the checkers
+"""The routes around a lab's checker (labs/README.md, "What the checkers
 refuse"): each route a learner used to get past the run-time watch, planted against every lab.
 
 * Written plainly in SOURCE, each is refused by every lab's screen, before any rank starts

@@ -1,4 +1,4 @@
-"""The labs reach the engine through its seams only (issue 39, item 10): no lab subclasses the
+"""The labs reach the engine through its seams only: no lab subclasses the
 Trainer (its pieces are passed in: ``layers=``, ``schedule=``, ``data_parallel=`` whose
 factory receives the model chunks, ``optimizer=``), and no lab imports or reads a private
 (``_name``) name of the engine. What a lab *refuses* is named as a string (``FORBIDDEN``,
@@ -13,8 +13,8 @@ import pytest
 from minitron.parallel import schedules
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# still private in the engine until the schedules' comms insertion gets its public API (issue 39,
-# item 8, owned by the schedules' split): the two labs that lay out a schedule call it
+# still private in the engine until the schedules' comms insertion gets its public API (when
+# schedules.py is split by concept): the two labs that lay out a schedule call it
 PENDING = {"minitron.parallel.schedules._with_comms", "minitron.parallel.schedules._with_timed_comms"}
 
 

@@ -1,4 +1,4 @@
-"""`minitron memory` against the bytes of a real run (issue 7).
+"""`minitron memory` against the bytes of a real run.
 
 For the `tiny` and `small` presets, on one device and on one 8-rank launch of
 dp2 x tp2 x pp2 (1F1B; replicated AdamW, ZeRO-1 and sequence parallelism in the same

@@ -391,7 +391,7 @@ def test_two_ctrl_c_exit_with_the_code_printed(tmp_path):
     assert proc.returncode == 75 and not rest.strip(), (proc.returncode, rest)
 
 
-# --- the whole model description (issue 40, classes 1 and 5) ------------------------------
+# --- the whole model description ------------------------------
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory):
     """A checkpoint folder of moe-tiny (rotary, RMSNorm, 4 experts, top-2) at step 1 (float64)."""

@@ -227,7 +227,7 @@ def test_no_assignment_to_another_objects_private_attribute():
     assert not bad, "assignments to another object's private attribute: " + "; ".join(bad)
 
 
-# --- a Comm holds no state set from outside (issue 39) ----------------------------------------
+# --- a Comm holds no state set from outside ----------------------------------------
 COMM = PKG / "comm.py"
 
 
@@ -308,7 +308,7 @@ def test_no_lazy_name_is_also_a_submodule():
         assert not clashes, f"{package} exports {clashes}, also its submodules' names"
 
 
-# --- the command line split by command (issue 39) ----------------------------------------------
+# --- the command line split by command ----------------------------------------------
 TOOLS_MODULE_LINES, TOOLS_FUNCTION_LINES = 400, 60
 
 
@@ -328,7 +328,7 @@ def test_tools_modules_and_functions_are_short():
                                 + ", ".join(long_functions))
 
 
-LONG_FUNCTION_LINES = 60  # a function longer than this is split (issue 39: short functions)
+LONG_FUNCTION_LINES = 60  # a function longer than this is split
 MAX_LONG_FUNCTIONS = 5
 # The functions still over LONG_FUNCTION_LINES (none in minitron/tools/, whose own test
 # holds every function to 60): none may be added, and an entry that has been split must
@@ -367,8 +367,8 @@ def long_functions() -> dict[str, int]:
 
 
 def test_at_most_five_long_functions():
-    """At most MAX_LONG_FUNCTIONS functions of minitron/ are over LONG_FUNCTION_LINES lines
-    (issue 39): exactly those of LONG_FUNCTIONS, none new; and the counter sees a long one."""
+    """At most MAX_LONG_FUNCTIONS functions of minitron/ are over LONG_FUNCTION_LINES lines,
+    exactly those of LONG_FUNCTIONS, none new; and the counter sees a long one."""
     long = long_functions()
     listed = ", ".join(f"{k} ({n} lines)" for k, n in sorted(long.items(), key=lambda kv: -kv[1]))
     new = sorted(set(long) - LONG_FUNCTIONS)

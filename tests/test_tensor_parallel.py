@@ -1,4 +1,4 @@
-"""1-D tensor parallelism (issue 4): parity with one device, the collectives per layer,
+"""1-D tensor parallelism: parity with one device, the collectives per layer,
 the activations a layer keeps, dropout streams and recomputation, bad input.
 
 One launch per t (2, 4, 8 ranks) trains several layouts and checks each against the

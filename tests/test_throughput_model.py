@@ -355,7 +355,7 @@ def test_v_schedules_priced_with_the_stage_times():
     assert pred.bubble_fraction == pytest.approx(bubble_fraction("zb-v", 8, mb, 2, f, b, w), rel=1e-12)
 
 
-# ---- issue 47 items 1 and 6: attention kernels priced from their published benchmarks ------
+# ---- attention kernels priced from their published benchmarks ------
 def test_each_kernel_priced_within_10_percent_of_its_published_points():
     """Every flash kernel's fitted throughput against every published figure it is fitted
     to (software.KERNEL_BENCHMARKS: FlashAttention-3 paper Fig. 5 and 6 on H100,

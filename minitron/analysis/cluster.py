@@ -482,7 +482,7 @@ def _attention_products_s(model: ModelConfig, b: int, t: int, cp: int, c: Cluste
     its HBM traffic is Q, K, V and the output, not the score matrix — priced on the same
     smooth roofline as a GEMM with that intensity (far above the ridge: it runs at the
     GEMM ceiling); the published kernel figures (software.kernel_tflops) are shown beside
-    it by explain, not priced: see benchmarks/RESULTS.md (issue 47). An unfused or
+    it by explain, not priced: see benchmarks/RESULTS.md. An unfused or
     fused-softmax kernel computes the whole square and masks it (PTD-P): QKᵀ and
     attention·V as GEMMs, both backward products input gradients."""
     s, d = model.seq_len, head_dim or model.head_dim
