@@ -24,7 +24,10 @@ import subprocess
 import tempfile
 import threading
 import time
+import traceback
 import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +35,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .comm import Comm, CommTrace, wire_dtype_for
+from .config import ConfigError
 from .grid import ProcessGrid
 from .preemption import SignalLog, installed_log
 
@@ -100,6 +104,44 @@ def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: boo
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextmanager
+def rank_session(layout, timeout_s: float = 300, trace: bool = False):
+    """On one rank: join the process group and build the grid and its `Comm` (`setup_rank`),
+    and leave the group on the way out, whatever happened in between."""
+    comm = setup_rank(layout, layout.backend, timeout_s, trace=trace)
+    try:
+        yield comm
+    finally:
+        teardown()
+
+
+@dataclass
+class RankFailed:
+    """What a rank returns instead of raising: the launcher reports one line, not 80."""
+
+    rank: int
+    message: str
+    config: bool  # a ConfigError (the cause) rather than a consequence (a peer that left)
+
+
+def rank_main(job, layout, args: tuple, timeout_s: float = 300, trace: bool = False):
+    """A job's entry on every rank, local or under torchrun/srun: `job(comm, *args)` in a
+    :func:`rank_session`; its result, or a :class:`RankFailed` (a ConfigError's text, or the
+    first line of any other error) for the launcher to report."""
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        with rank_session(layout, timeout_s, trace) as comm:
+            return job(comm, *args)
+    except ConfigError as e:
+        return RankFailed(rank, str(e), True)
+    except Exception as e:  # noqa: BLE001 - a rank reports, the launcher prints one line
+        if os.environ.get("MINITRON_DEBUG"):
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return RankFailed(rank, f"rank {rank} failed: {type(e).__name__}: {first} "
+                                f"(MINITRON_DEBUG=1 prints the traceback)", False)
 
 
 # A rank whose launcher died exits with this status (128 + SIGKILL, what the launcher got).
@@ -415,8 +457,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
-        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.tools.commands.ranks",
-                                   "minitron.tools.commands.train", "minitron.train"])
+        mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.train"])
         _start_fork_server()
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 

@@ -299,19 +299,34 @@ class Trainer:
         return float(self.reduce_loss(total / n if has else None))
 
 
+def train_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, corpus, extra=None) -> dict:
+    """`minitron train` on one rank (the job `launch.rank_main` runs): no rank trains when one
+    was signalled while the ranks started (preemption.py); else :func:`train`, watched by the
+    run report the command passes in `extra["report"]`."""
+    from .preemption import agree_before_start
+
+    signalled = agree_before_start(process_group_store(), comm.grid.world, comm.grid.rank)
+    if signalled:
+        return {"preempted": {"step": None, "signal": signalled, "checkpoint": False}}
+    return train(model, layout, tc, comm, corpus=corpus, observer=(extra or {}).get("report"))
+
+
 def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm | None = None,
           corpus=None, log=print, observer=None) -> dict:
     """The `minitron train` job on this rank: train, evaluate, checkpoint, sample.
 
     Returns a summary dict (first/last validation loss, losses per step, ...).
-    `observer` (the run report's, passed in by the command line) runs each step itself,
-    ``observer.step(trainer, step)`` returning its loss, and ``observer.finish(trainer)``
-    is called on every rank after training; its result is the summary's "report".
+    `observer` (the run report's, passed in by the command line): ``observer.start(trainer)``
+    once the Trainer is built, then it runs each step itself, ``observer.step(trainer, step)``
+    returning its loss, and ``observer.finish(trainer)`` is called on every rank after
+    training; its result is the summary's "report".
     """
     from .checkpoint import gather_full
 
     comm = comm or Comm()
     tr = Trainer(model, layout, tc, comm, corpus)
+    if observer is not None:
+        observer.start(tr)
     rank0 = comm.grid.rank == 0
     start = _resume(tr, tc, rank0, log)
     metrics = open(tc.metrics, "a") if (tc.metrics and rank0) else None

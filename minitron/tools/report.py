@@ -40,14 +40,23 @@ PIPELINE_STEPS = 10  # steps after the first whose compute actions time the bubb
 class RunReport:
     """The observer of one training run on one rank (see the module's docstring)."""
 
-    def __init__(self, model, layout, train, tensorboard_dir: str = "", peak_flops: float | None = None):
+    def __init__(self, model, layout, train, tensorboard_dir: str = "", peak_flops: float | None = None,
+                 measure_peak: bool = False):
         self.model, self.layout, self.train = model, layout, train
         self.first = None
         self.memory, self.trace_records, self.peak_flops = None, [], peak_flops
+        self.measure_peak = measure_peak and peak_flops is None  # MFU's denominator, on rank 0, at the start
         self.tensorboard_dir, self.writer = tensorboard_dir, None
         self.routing: list[dict] = []  # the MoE routing of each step (rank 0)
 
     # --- called by the training loop -----------------------------------------------------
+    def start(self, tr) -> None:
+        """Before the first step: this machine's matmul peak (MFU's denominator), on rank 0."""
+        if self.measure_peak and tr.comm.grid.rank == 0:
+            from .bench import matmul_peak, probe_dtype
+
+            self.peak_flops = matmul_peak(probe_dtype(self.layout, self.train))
+
     def step(self, tr, step: int):
         """Run training step `step`; the first one measured (memory, trace)."""
         from .measure import measured_step

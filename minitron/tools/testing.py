@@ -18,13 +18,10 @@ from ..config import ParallelConfig
 
 
 def _rank_entry(fn, layout, trace, args):
-    from ..launch import setup_rank, teardown
+    from ..launch import rank_session
 
-    comm = setup_rank(layout, layout.backend, 300, trace=trace)
-    try:
+    with rank_session(layout, 300, trace) as comm:  # a test's error propagates, traceback and all
         return fn(comm, *args)
-    finally:
-        teardown()
 
 
 def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict:

@@ -1,12 +1,11 @@
 """Running a command's job on every rank: the machine checked first (`preflight`), the
-ranks started here or found under torchrun/srun, a rank's error turned into one line
-(`RankFailed`), a signal to the launcher into :class:`Interrupted`."""
+ranks started here or found under torchrun/srun (each enters through `launch.rank_main`),
+a rank's error (`launch.RankFailed`) turned into one line, a signal to the launcher into
+:class:`Interrupted`."""
 from __future__ import annotations
 
 import os
 import threading
-import traceback
-from dataclasses import dataclass
 
 from ...config import ConfigError
 
@@ -17,15 +16,6 @@ class Interrupted(Exception):
     def __init__(self, sig):
         super().__init__(sig.name)
         self.signal = sig
-
-
-@dataclass
-class RankFailed:
-    """What a rank returns instead of raising: the launcher reports one line, not 80."""
-
-    rank: int
-    message: str
-    config: bool  # a ConfigError (the cause) rather than a consequence (a peer that left)
 
 
 def preflight(model, layout, train) -> None:
@@ -50,16 +40,17 @@ def run_ranks(job, model, layout, train, corpus, extra=None, stop_on_signal: boo
 
     preflight(model, layout, train)
     world = layout.world
+    entry = (job, layout, (model, layout, train, corpus, extra), (extra or {}).get("timeout", 300), bool(train.trace))
     if world == 1 or launch.under_launcher():
         if launch.under_launcher() and launch.env_world() != world:
             raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
                               f"match --nproc-per-node/--ntasks to the layout")
         if stop_on_signal and threading.current_thread() is threading.main_thread() and installed_log() is None:
             SignalLog().install()  # a preemption during start-up is noted, not fatal
-        results = {0: _rank_main(job, model, layout, train, corpus, extra)}
+        results = {0: launch.rank_main(*entry)}
     else:
         try:
-            results = launch.launch_local(_rank_main, (job, model, layout, train, corpus, extra), world,
+            results = launch.launch_local(launch.rank_main, entry, world,
                                           stop_on_signal=stop_on_signal, timeout_s=(extra or {}).get("timeout", 300))
         except SignalException as e:
             raise Interrupted(e.sigval) from None
@@ -72,7 +63,8 @@ def run_ranks(job, model, layout, train, corpus, extra=None, stop_on_signal: boo
                     "out of memory?" if failure.exitcode in (-9, 137) else "see the messages above")
             raise ConfigError(f"rank {rank} died ({how}; {hint}): rerun with fewer ranks or a smaller model "
                               f"to narrow it down") from None
-    failed = sorted((r for r in results.values() if isinstance(r, RankFailed)), key=lambda f: (not f.config, f.rank))
+    failed = sorted((r for r in results.values() if isinstance(r, launch.RankFailed)),
+                    key=lambda f: (not f.config, f.rank))
     if failed:
         raise ConfigError(failed[0].message)
     return results[0]
@@ -83,23 +75,3 @@ def reporting() -> bool:
     from ... import launch
 
     return not launch.under_launcher() or int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0
-
-
-def _rank_main(job, model, layout, train, corpus, extra):
-    from ... import launch
-
-    rank = int(os.environ.get("RANK", 0))
-    try:
-        comm = launch.setup_rank(layout, layout.backend, (extra or {}).get("timeout", 300), trace=bool(train.trace))
-        try:
-            return job(comm, model, layout, train, corpus, extra)
-        finally:
-            launch.teardown()
-    except ConfigError as e:
-        return RankFailed(rank, str(e), True)
-    except Exception as e:  # noqa: BLE001 - a rank reports, the launcher prints one line
-        if os.environ.get("MINITRON_DEBUG"):
-            traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        return RankFailed(rank, f"rank {rank} failed: {type(e).__name__}: {first} "
-                                f"(MINITRON_DEBUG=1 prints the traceback)", False)

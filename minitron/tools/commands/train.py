@@ -62,6 +62,7 @@ def cmd_train(args) -> int:
 def _train_command(args, lock) -> int:
     """The checks, the checkpoint folder, the ranks, then what the run says on rank 0."""
     from ...preemption import installed_log
+    from ...train import train_job
     from ..resume_checks import AlreadyDone
 
     model, layout = model_from(args), layout_from(args)
@@ -78,7 +79,7 @@ def _train_command(args, lock) -> int:
     if early is not None and early.signal:  # signalled while checking: start no rank
         return stopped_before_training(early.signal, train, start)
     try:
-        summary = run_ranks(_train_job, model, layout, train, corpus, {"timeout": args.timeout, "report": observer},
+        summary = run_ranks(train_job, model, layout, train, corpus, {"timeout": args.timeout, "report": observer},
                             stop_on_signal=True)
     except Interrupted as e:  # the launcher was signalled; its ranks stopped at a step boundary
         return _interrupted(e, train, start)
@@ -136,7 +137,7 @@ def _observer(args, model, layout, train):
         from ..tensorboard_log import check_available
 
         check_available()
-    return RunReport(model, layout, train, tensorboard_dir=args.tensorboard)
+    return RunReport(model, layout, train, tensorboard_dir=args.tensorboard, measure_peak=True)
 
 
 def _interrupted(e, train: TrainConfig, start: int) -> int:
@@ -201,22 +202,6 @@ def _summarise(args, summary: dict, model, layout, train: TrainConfig, corpus, s
     if train.ckpt_dir:
         print(f"checkpoint written to {latest(train.ckpt_dir)}: try "
               f"`minitron sample --ckpt-dir {train.ckpt_dir}` (text from the trained model)")
-
-
-def _train_job(comm, model, layout, train, corpus, extra):
-    from ...preemption import agree_before_start, process_group_store
-    from ...train import train as run_training
-
-    signalled = agree_before_start(process_group_store(), comm.grid.world, comm.grid.rank)
-    if signalled:  # a rank was signalled while starting: no rank trains (preemption.py)
-        return {"preempted": {"step": None, "signal": signalled, "checkpoint": False}}
-
-    observer = (extra or {}).get("report")
-    if observer is not None and comm.grid.rank == 0:  # MFU's denominator, measured on this machine
-        from ..bench import matmul_peak, probe_dtype
-
-        observer.peak_flops = matmul_peak(probe_dtype(layout, train))
-    return run_training(model, layout, train, comm, corpus=corpus, observer=observer)
 
 
 def stopped_before_training(sig: str, train: TrainConfig, start: int) -> int:
