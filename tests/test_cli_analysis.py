@@ -95,7 +95,8 @@ def test_plan_default_software_follows_the_cluster(capsys, cluster):
 def test_plan_default_software_in_the_api():
     from minitron.analysis.cluster import CLUSTERS
     from minitron.analysis.planner import cluster_software
-    assert [cluster_software(None, c).name for c in CLUSTERS] == ["megatron-2019", "ptdp-2021", "megatron-core-2024"]
+    assert [cluster_software(None, c).name for c in CLUSTERS] == ["megatron-2019", "ptdp-2021",
+                                                                "megatron-core-2024", "megatron-core-2024"]
     assert cluster_software("current", "h100-dgx").name == "current"
 
 

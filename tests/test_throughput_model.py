@@ -422,3 +422,21 @@ def test_plan_prices_the_recipe_train_runs(capsys):
     assert seconds["delayed"] < seconds["tensorwise"] == seconds["mxfp8"]
     assert main([a for a in args if a != "--fp8"] + ["--fp8-recipe", "mxfp8"]) == 2
     assert capsys.readouterr().err.strip() == "minitron: error: --fp8-recipe mxfp8 prices FP8's scaling: add --fp8"
+
+
+def test_h800_is_an_h100_with_a_narrower_nvlink():
+    """DeepSeek-V3's GPUs: the same chip (peaks, memory, fitted GEMM fractions), NVLink at
+    400 GB/s both ways; so tensor parallelism inside a node costs more on it; DeepSeek-V3's
+    own layout plans on it."""
+    from minitron.analysis import get_cluster, predict
+
+    h100, h800 = get_cluster("h100-dgx"), get_cluster("h800")
+    for field in ("peak_flops", "fp8_peak_flops", "memory_bytes", "hbm_bw", "inter_bw", "gemm_max_efficiency"):
+        assert getattr(h800, field) == getattr(h100, field), field
+    assert h800.intra_bw == 200e9 and h100.intra_bw == 450e9
+    m = PRESETS["llama3-8b"]
+    tp8 = [predict(m, PlannedLayout(tp=8, dp=2, sp=True), 16, c).breakdown["tp_comm"] for c in (h100, h800)]
+    assert tp8[0] < tp8[1] < tp8[0] * 450 / 200  # the bandwidth term 2.25x, the latency term the same
+    out = {c: predict(PRESETS["deepseek-v3"], PlannedLayout(pp=16, ep=64, dp=128, vpp=2, schedule="dualpipe-v"),
+                      2048 * 8, c, software="megatron-core-2024").tflops_per_gpu for c in ("h100-dgx", "h800")}
+    assert 0 < out["h800"] <= out["h100-dgx"]

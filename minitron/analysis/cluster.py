@@ -234,6 +234,15 @@ CLUSTERS: dict[str, Cluster] = {
                         80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
                         fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
                         software="megatron-core-2024"),
+    # H800 SXM (DeepSeek-V3's GPUs, arXiv 2412.19437 §3.1): the H100 SXM5's chip, memory and
+    # peaks (so its fitted GEMM fractions), with NVLink cut to 400 GB/s per GPU both ways =
+    # 200 GB/s per direction (the export-control part's datasheet); one 400 Gb/s InfiniBand
+    # NIC per GPU, 8 × 50 GB/s per node (DeepSeek-V3 §3.2.2: "IB (50 GB/s)", and NVLink
+    # "160 GB/s" achieved of the 200).
+    "h800": Cluster("h800", "H800-SXM5-80GB", 989e12, 8, 200e9, 400e9, 4e-6, 8e-6,
+                    80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
+                    fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
+                    software="megatron-core-2024"),
 }
 
 # Memory of the common training GPUs (datasheets), for `minitron memory`'s warning: the

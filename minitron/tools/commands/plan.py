@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     add_model_args(pl)
     pl.add_argument("--gpus", type=int, default=None, help="GPUs (ranks with --machine); needed unless --published")
     pl.add_argument("--global-batch", type=int, default=None, help="sequences per step; needed unless --published")
-    pl.add_argument("--cluster", default="a100-dgx", help="v100-dgx2, a100-dgx, h100-dgx")
+    pl.add_argument("--cluster", default="a100-dgx", help="v100-dgx2, a100-dgx, h100-dgx, h800 (DeepSeek-V3's: NVLink at 400 GB/s)")
     for k in ("tp", "pp", "vpp", "microbatch-size"):
         pl.add_argument(f"--{k}", type=int, default=0)
     pl.add_argument("--top", type=int, default=10)
