@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from . import hf_deepseek, hf_moe
+from . import hf_deepseek, hf_families, hf_moe
 from .config import LLAMA, ConfigError, ModelConfig, validate_model
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -53,14 +53,14 @@ FIELD_TYPES = {"tie_word_embeddings": bool, "attention_bias": bool, "mlp_bias": 
                "rms_norm_eps": float, "layer_norm_epsilon": float, "rope_theta": float, "router_aux_loss_coef": float,
                "router_jitter_noise": float, "hidden_act": str, "activation_function": str, "rope_parameters": dict,
                "rope_scaling": dict, "num_local_experts": int, "num_experts_per_tok": int, "sliding_window": int,
-               "pretraining_tp": int}
+               "pretraining_tp": int, "use_sliding_window": bool}
 POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")  # an epsilon or a rotary base of 0 or less
 # Buffers some writers save beside the weights that minitron computes itself: GPT-2's causal
 # mask (attn.bias, attn.masked_bias) and Llama's rotary frequencies (from rope_theta).
 DERIVED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
-LLAMA_TYPES = ("llama",)  # model_type of the Llama family's config.json
+LLAMA_TYPES = tuple(hf_families.FAMILIES)  # model_types of the Llama-shaped families' config.json
 
 
 def _safetensors():
@@ -86,7 +86,9 @@ def family_problem(cfg: ModelConfig) -> str:
         bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
         if bad:
             return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}"
-        return hf_moe.moe_problem(cfg) if cfg.experts else ""  # Mixtral: a Llama with experts
+        if cfg.experts:
+            return hf_moe.moe_problem(cfg)  # Mixtral: a Llama with experts
+        return hf_families.family_problem(cfg)  # Llama, Qwen2, Qwen3 or Mistral
     if cfg.experts:
         return "experts are written in Mixtral's format, a Llama's (rotary positions, RMSNorm, SwiGLU, no biases)"
     want = {"norm": "layernorm", "bias": True, "kv_heads": cfg.heads if cfg.kv_heads else 0}
@@ -161,11 +163,15 @@ def llama_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(cfg.layers):
         b, h = f"blocks.{i}", f"model.layers.{i}"
         a = f"{h}.self_attn"
-        if cfg.n_kv_heads < cfg.heads:
-            attn = [(f"{b}.attn.q.weight", f"{a}.q_proj.weight", "copy"),
-                    (f"{b}.attn.kv.weight", f"{a}.k_proj.weight,{a}.v_proj.weight", "join:kv")]
-        else:
-            attn = [(f"{b}.attn.qkv.weight", f"{a}.q_proj.weight,{a}.k_proj.weight,{a}.v_proj.weight", "join:qkv")]
+        attn = []
+        for p in ("weight", "bias") if cfg.qkv_bias else ("weight",):  # Qwen2's biases: laid out as the rows
+            if cfg.n_kv_heads < cfg.heads:
+                attn += [(f"{b}.attn.q.{p}", f"{a}.q_proj.{p}", "copy"),
+                         (f"{b}.attn.kv.{p}", f"{a}.k_proj.{p},{a}.v_proj.{p}", "join:kv")]
+            else:
+                attn += [(f"{b}.attn.qkv.{p}", f"{a}.q_proj.{p},{a}.k_proj.{p},{a}.v_proj.{p}", "join:qkv")]
+        if cfg.qk_norm:  # Qwen3's per-head norms of q and k
+            attn += [(f"{b}.attn.{n}.weight", f"{a}.{n}.weight", "copy") for n in ("q_norm", "k_norm")]
         mlp = hf_moe.block_rows(cfg, i) if cfg.is_moe_block(i) else [
             (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
             (f"{b}.mlp.fc2.weight", f"{h}.mlp.down_proj.weight", "copy")]
@@ -259,8 +265,10 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 
 def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    """A Llama `config.json` (``LlamaForCausalLM``) for minitron model `cfg`; the rotary
-    base both as transformers 5 writes it (``rope_parameters``) and as 4.x reads it."""
+    """A Llama-shaped `config.json` (``LlamaForCausalLM``, or the Qwen2, Qwen3, Mistral class
+    that holds `cfg`'s knob: ``hf_families``) for minitron model `cfg`; the rotary base both
+    as transformers 5 writes it (``rope_parameters``, with its scaling) and as 4.x reads it."""
+    family = hf_families.config_fields(cfg) if hf_families.family_of(cfg) else {}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "vocab_size": cfg.vocab, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
             "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
@@ -270,7 +278,8 @@ def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
             "tie_word_embeddings": cfg.tied_embeddings, "initializer_range": 0.02,
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-            "dtype": str(dtype).removeprefix("torch."), **(hf_moe.config_fields(cfg) if cfg.experts else {})}
+            "dtype": str(dtype).removeprefix("torch."), **family,
+            **(hf_moe.config_fields(cfg) if cfg.experts else {})}
 
 
 def _check_types(c: dict, where) -> None:
@@ -289,15 +298,6 @@ def _check_types(c: dict, where) -> None:
             raise ConfigError(f"{where} has {k} = {json.dumps(v)[:40]}: it must be {words[kind]}; save the model again")
         if k.removeprefix("rope_parameters.") in POSITIVE and v <= 0:
             raise ConfigError(f"{where} has {k} = {v}: it must be positive; save the model again")
-
-
-def _rope(c: dict, where) -> tuple[float, str]:
-    """(θ, scaling type) of a Llama config: transformers 5's ``rope_parameters`` or 4.x's
-    ``rope_theta`` and ``rope_scaling``."""
-    params = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type", "default")
-    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
 
 
 def _positive_ints(c: dict, required, optional, where) -> None:
@@ -322,19 +322,15 @@ def _check_llama(c: dict, where) -> None:
                               f"save_pretrained or `minitron export --hf`")
     _positive_ints(c, ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"),
                    ("num_key_value_heads", "max_position_embeddings", "head_dim"), where)
-    _, kind = _rope(c, where)
-    if kind != "default":
-        raise ConfigError(f"{where} has a rope scaling of type '{kind}': minitron's rotary positions have no "
-                          f"scaling (only the default); drop rope_scaling or use a model trained without it")
+    hf_families.model_fields(c, where)  # the family's own refusals, the rope scaling's kind and options
     if c.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{where} uses hidden_act '{c.get('hidden_act')}': minitron's SwiGLU is silu only")
     if c.get("attention_bias") or c.get("mlp_bias"):
         raise ConfigError(f"{where} has attention_bias or mlp_bias: minitron's Llama has no biases")
     h, nh = int(c["hidden_size"]), int(c["num_attention_heads"])
     kv = int(c.get("num_key_value_heads") or nh)
-    if c.get("head_dim") not in (None, h // nh) or h % nh:
-        raise ConfigError(f"{where} has head_dim {c.get('head_dim')}, not hidden_size/num_attention_heads = "
-                          f"{h // nh}: minitron's heads are hidden/heads wide")
+    if c.get("head_dim") is None and h % nh:
+        raise ConfigError(f"{where} has hidden_size {h} for {nh} heads and no head_dim: give head_dim")
     if nh % kv:
         raise ConfigError(f"{where} has {kv} key/value heads for {nh} query heads: no layout can group them "
                           f"(num_key_value_heads must divide num_attention_heads)")
@@ -374,8 +370,9 @@ def check_config(c: dict, where) -> dict:
             hf_moe.model_fields(c, d / CONFIG)
         return c
     if arch != "gpt2":
-        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) and Llama "
-                          f"(model_type llama) checkpoints only")
+        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MIXTRAL_TYPES))
+        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads the model_types {known} only; "
+                          f"use a checkpoint of one of them")
     _positive_ints(c, ("n_embd", "n_layer", "n_head", "vocab_size"), ("n_positions", "n_inner"), d / CONFIG)
     act = c.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
@@ -424,8 +421,8 @@ def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: floa
     return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
                        kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
                        seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
-                       norm_eps=float(c.get("rms_norm_eps") or 1e-6), rope_base=_rope(c, hf_dir)[0],
-                       dropout=dropout or 0.0, name=Path(hf_dir).name or "llama",
+                       norm_eps=float(c.get("rms_norm_eps") or 1e-6), dropout=dropout or 0.0,
+                       name=Path(hf_dir).name or "llama", **hf_families.model_fields(c, Path(hf_dir) / CONFIG, seq_len),
                        **{**LLAMA, "tied_embeddings": c.get("tie_word_embeddings") is True})
 
 
@@ -623,6 +620,11 @@ def llama_shapes(cfg: ModelConfig) -> dict[str, tuple]:
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,),
                     f"{a}.q_proj.weight": (cfg.heads * d, h), f"{a}.k_proj.weight": (cfg.n_kv_heads * d, h),
                     f"{a}.v_proj.weight": (cfg.n_kv_heads * d, h), f"{a}.o_proj.weight": (h, cfg.heads * d)})
+        if cfg.qkv_bias:
+            out.update({f"{a}.q_proj.bias": (cfg.heads * d,), f"{a}.k_proj.bias": (cfg.n_kv_heads * d,),
+                        f"{a}.v_proj.bias": (cfg.n_kv_heads * d,)})
+        if cfg.qk_norm:
+            out.update({f"{a}.q_norm.weight": (d,), f"{a}.k_norm.weight": (d,)})
         out.update(hf_moe.shapes(cfg, i) if cfg.is_moe_block(i) else {
             f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
     return out

@@ -151,8 +151,8 @@ def test_bad_llama_directories_get_one_line(tmp_path, capsys):
     assert "no tensor 'model.layers.1.mlp.up_proj.weight'" in _error(capsys, train + [variant("missing", tensors=missing)])
     wrong = {**state, "model.layers.0.self_attn.k_proj.weight": state["model.layers.0.self_attn.q_proj.weight"].clone()}
     assert "do not belong together" in _error(capsys, train + [variant("wrong", tensors=wrong)])
-    scaled = {**config, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}
-    assert "rope scaling of type 'llama3'" in _error(capsys, train + [variant("scaled", scaled)])
+    scaled = {**config, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 8.0}}
+    assert "rope scaling of type 'dynamic'" in _error(capsys, train + [variant("scaled", scaled)])
     odd = {**config, "num_key_value_heads": 3}
     assert "no layout can group them" in _error(capsys, train + [variant("odd", odd)])
     incomplete = {"model_type": "llama", "hidden_size": 32}
