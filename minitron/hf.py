@@ -1,4 +1,6 @@
-"""Hugging Face checkpoints in and out, by family: GPT-2 and Llama.
+"""Hugging Face checkpoints in and out, by family: GPT-2, Llama and the Llama-shaped
+Qwen2, Qwen3 and Mistral (``hf_families.py``: a table of what each adds to Llama, and the
+``llama3`` / ``yarn`` rope scaling of any of them), Mixtral (``hf_moe.py``).
 
 A directory with `config.json` and `model.safetensors` is all either side needs; its
 ``model_type`` picks the family. Each family is a name map (minitron's layout-independent
@@ -24,6 +26,14 @@ SwiGLU, rotary positions, grouped-query attention, no biases. Storage difference
   rotary convention (dimensions i and i + d/2 paired), which is minitron's
   (``model.rotate``), so no permutation (Meta's original files pair neighbours and are
   permuted by transformers' conversion script; tests/test_hf_llama.py checks logits).
+
+**Qwen2, Qwen3, Mistral** (``hf_families.FAMILIES``) are read and written by the Llama
+mapping with one knob each: Qwen2's q/k/v_proj biases join as their weights' rows do
+(``attn.q.bias``, ``attn.kv.bias`` [kv head][k|v][d]); Qwen3's ``self_attn.q_norm`` /
+``k_norm`` are ``attn.q_norm`` / ``k_norm`` and its ``head_dim`` (any family's) the
+engine's ``head_width``; Mistral's ``sliding_window`` is ``window`` (W keys, the query's
+own included, in both). An export picks the family whose knob the model has
+(tests/test_hf_families.py).
 
 Loading returns full tensors under minitron's layout-independent names, the form a
 checkpoint is assembled into (`checkpoint.assemble`), so `checkpoint.import_state` slices
@@ -78,7 +88,7 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 
 def family_problem(cfg: ModelConfig) -> str:
-    """'' when `cfg` is a GPT-2 or a Llama that Hugging Face can hold, else the reason."""
+    """'' when `cfg` is a GPT-2, or a Llama-shaped family's model, that Hugging Face can hold, else the reason."""
     if hf_deepseek.deepseek_knobs(cfg):  # not a Llama's or Mixtral's: hf_deepseek.py, not wired here yet
         return f"DeepSeek-V3's blocks are not written to Hugging Face yet: drop {', '.join(hf_deepseek.deepseek_knobs(cfg))}"
     if is_llama(cfg):
@@ -340,7 +350,7 @@ def _check_llama(c: dict, where) -> None:
 
 
 def read_config(hf_dir: str) -> dict:
-    """`config.json` of a GPT-2 or Llama directory, checked; ConfigError (one line) otherwise."""
+    """`config.json` of a directory of a family minitron loads, checked; ConfigError (one line) otherwise."""
     d = Path(hf_dir)
     if not d.is_dir():
         raise ConfigError(f"--init-from {hf_dir} is not a directory: give a folder with {CONFIG} and {WEIGHTS}")
@@ -384,7 +394,7 @@ def check_config(c: dict, where) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2 or Llama directory; `seq_len` may shorten the context.
+    """The minitron ModelConfig of a GPT-2, Llama-shaped or Mixtral directory; `seq_len` may shorten the context.
     It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
     cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
     try:

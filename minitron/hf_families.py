@@ -74,7 +74,8 @@ def model_fields(c: dict, where, seq_len: int | None = None) -> dict:
     a context of `seq_len`): its knob, the head width, the rope scaling; ConfigError (one line) for what the engine
     does not compute."""
     kind = c.get("model_type")
-    if kind in ("qwen2", "qwen3") and (c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or ())):
+    sliding = c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or ())
+    if kind in ("qwen2", "qwen3") and sliding:
         raise ConfigError(f"{where} has use_sliding_window (or sliding layer_types): minitron loads {kind}'s "
                           f"full attention only; set use_sliding_window to false")
     if kind == "qwen3" and c.get("attention_bias"):
