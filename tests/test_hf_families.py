@@ -20,55 +20,18 @@ from minitron.tools.sampling import load_model  # noqa: E402
 from minitron.train import single_device_model  # noqa: E402
 from minitron.config import TrainConfig  # noqa: E402
 
-TOL = 1e-9  # float64, transformers' float32 RMSNorms swapped for float64 ones
-SEQ, WINDOW, ORIGINAL = 64, 8, 16  # the context, Mistral's window, the rope scaling's original context
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
-          "low_freq_factor": 1.0, "high_freq_factor": 4.0}  # head_dim 8: wavelengths 6 (smoothed), 63.. (scaled)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
-# name: (transformers class prefix, its config's extra fields, the engine fields it must load as)
-CASES = {
-    "llama3": ("Llama", {"rope_parameters": LLAMA3}, {"rope_scaling": "llama3", "rope_factor": 4.0,
-                                                      "rope_original_context": ORIGINAL}),
-    "yarn": ("Llama", {"rope_parameters": YARN}, {"rope_scaling": "yarn", "rope_original_context": ORIGINAL}),
-    "qwen2": ("Qwen2", {}, {"qkv_bias": True}),
-    "qwen3": ("Qwen3", {"head_dim": 12}, {"qk_norm": True, "head_width": 12}),
-    "mistral": ("Mistral", {"sliding_window": WINDOW}, {"window": WINDOW}),
-}
+from hf_models import FAMILIES, ORIGINAL, SEQ, WINDOW, float64_norms, random_family  # noqa: E402
+
+TOL = 1e-9  # float64, transformers' float32 RMSNorms swapped for float64 ones (hf_models.float64_norms)
+# the engine fields each family of hf_models.FAMILIES must load as
+CASES = {"llama3": {"rope_scaling": "llama3", "rope_factor": 4.0, "rope_original_context": ORIGINAL},
+         "yarn": {"rope_scaling": "yarn", "rope_original_context": ORIGINAL},
+         "qwen2": {"qkv_bias": True},
+         "qwen3": {"qk_norm": True, "head_width": 12},
+         "mistral": {"window": WINDOW}}
 # what each family's knob does: without it the same weights compute something else
 WITHOUT = {"llama3": {"rope_scaling": ""}, "yarn": {"rope_scaling": ""}, "qwen2": None, "qwen3": None,
            "mistral": {"window": 0}}
-
-
-def _float64_norms(model):
-    """transformers' RMSNorms normalise in float32 whatever the model's dtype (a bf16 guard):
-    each computes in the model's dtype instead (the same formula), so float64 logits agree to 1e-9."""
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-    for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm"):
-            m.forward = forward.__get__(m)
-    return model
-
-
-def _random(name, path):
-    """A random float64 model of family `name`, saved by transformers to `path`; norms and
-    biases perturbed and queries and keys scaled up (sharp attention), so that a misplaced
-    tensor, a wrong window or wrong angles cannot go unseen."""
-    prefix, extra, _ = CASES[name]
-    torch.manual_seed(0)
-    config = getattr(transformers, f"{prefix}Config")(
-        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=SEQ, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).double().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif n.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(6.0)
-    model.save_pretrained(str(path))
-    return _float64_norms(model)
 
 
 def _logits(model, x):
@@ -79,9 +42,9 @@ def _logits(model, x):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_family_loads_generates_and_exports_as_transformers(tmp_path, name):
-    theirs = _random(name, tmp_path / "hf")
+    theirs = random_family(name, tmp_path / "hf")
     mine, cfg = load_model(init_from=str(tmp_path / "hf"), dtype="float64")
-    assert {k: getattr(cfg, k) for k in CASES[name][2]} == CASES[name][2]
+    assert {k: getattr(cfg, k) for k in CASES[name]} == CASES[name] and set(CASES) == set(FAMILIES)
     x = torch.randint(0, 256, (2, SEQ), generator=torch.Generator().manual_seed(1))
     want = _logits(theirs, x)
     assert (_logits(mine.eval(), x) - want).abs().max() < TOL
@@ -100,7 +63,7 @@ def test_family_loads_generates_and_exports_as_transformers(tmp_path, name):
     res = hf.save(str(tmp_path / "out"), full, cfg)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert res["class"] == type(theirs).__name__ and written["model_type"] == theirs.config.model_type
-    back = _float64_norms(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"),
+    back = float64_norms(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"),
                                                                             dtype=torch.float64).eval())
     assert type(back) is type(theirs) and (_logits(back, x) - want).abs().max() < TOL
     again = hf.load_full(str(tmp_path / "out"), hf.model_config(str(tmp_path / "out")))
@@ -111,7 +74,7 @@ def test_family_loads_generates_and_exports_as_transformers(tmp_path, name):
 def test_mistral_window_is_transformers_on_the_boundary(tmp_path):
     """A query sees exactly W keys, itself included, in both: with the window one shorter
     or longer the engine's logits leave transformers' (the off-by-one a mapping can make)."""
-    theirs = _random("mistral", tmp_path)
+    theirs = random_family("mistral", tmp_path)
     cfg = hf.model_config(str(tmp_path))
     full = hf.load_full(str(tmp_path), cfg)
     x = torch.randint(0, 256, (1, SEQ), generator=torch.Generator().manual_seed(2))
@@ -132,7 +95,7 @@ def _error(capsys, argv) -> str:
 def test_bad_family_input_gets_one_line(tmp_path, capsys):
     """An unsupported family names the supported ones; an unknown rope-scaling kind names the
     kinds; an engine model with two families' knobs is refused at export, naming each family's."""
-    _random("qwen2", tmp_path / "good")
+    random_family("qwen2", tmp_path / "good")
     config = json.loads((tmp_path / "good" / "config.json").read_text())
     weights = (tmp_path / "good" / "model.safetensors").read_bytes()
 
