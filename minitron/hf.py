@@ -63,7 +63,13 @@ FIELD_TYPES = {"tie_word_embeddings": bool, "attention_bias": bool, "mlp_bias": 
                "rms_norm_eps": float, "layer_norm_epsilon": float, "rope_theta": float, "router_aux_loss_coef": float,
                "router_jitter_noise": float, "hidden_act": str, "activation_function": str, "rope_parameters": dict,
                "rope_scaling": dict, "num_local_experts": int, "num_experts_per_tok": int, "sliding_window": int,
-               "pretraining_tp": int, "use_sliding_window": bool}
+               "pretraining_tp": int, "use_sliding_window": bool,
+               # rope scaling's options (hf_families.ROPE_KINDS), in rope_parameters or rope_scaling
+               "rope_type": str, "type": str, "factor": float, "original_max_position_embeddings": int,
+               "low_freq_factor": float, "high_freq_factor": float, "beta_fast": float, "beta_slow": float,
+               "attention_factor": float}
+ROPE_OPTIONS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                "attention_factor")  # typed inside the rope objects only (a top-level "type" is another's)
 POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")  # an epsilon or a rotary base of 0 or less
 # Buffers some writers save beside the weights that minitron computes itself: GPT-2's causal
 # mask (attn.bias, attn.masked_bias) and Llama's rotary frequencies (from rope_theta).
@@ -296,17 +302,19 @@ def _check_types(c: dict, where) -> None:
     """Every field of FIELD_TYPES that is set has its JSON type, and those of POSITIVE are
     positive finite numbers; else one line naming the field and its value."""
     words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer"}
-    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
-    fields = {**c, **{f"rope_parameters.{k}": v for k, v in rope.items()}}
+    fields = dict(c)
+    for r in ("rope_parameters", "rope_scaling"):
+        if isinstance(c.get(r), dict):
+            fields.update({f"{r}.{k}": v for k, v in c[r].items()})
     for k, v in fields.items():
-        kind = FIELD_TYPES.get(k.removeprefix("rope_parameters."))
+        kind = FIELD_TYPES.get(k.split(".")[-1]) if "." in k or k not in ROPE_OPTIONS else None
         if kind is None or v is None:
             continue
         ok = isinstance(v, kind) if kind in (bool, str, dict) else not isinstance(v, bool) and (
             isinstance(v, int) if kind is int else isinstance(v, (int, float)) and math.isfinite(v))
         if not ok:
             raise ConfigError(f"{where} has {k} = {json.dumps(v)[:40]}: it must be {words[kind]}; save the model again")
-        if k.removeprefix("rope_parameters.") in POSITIVE and v <= 0:
+        if k.split(".")[-1] in POSITIVE and v <= 0:
             raise ConfigError(f"{where} has {k} = {v}: it must be positive; save the model again")
 
 

@@ -156,4 +156,6 @@ def config_fields(cfg: ModelConfig) -> dict:
         own["sliding_window"] = cfg.window
     if kind == "qwen3":
         own["attention_bias"] = False
-    return {"architectures": [fam.architecture], "model_type": kind, "rope_parameters": rope_parameters(cfg), **own}
+    rope = rope_parameters(cfg)  # and as 4.x reads a scaling (transformers 5 takes it as rope_parameters)
+    return {"architectures": [fam.architecture], "model_type": kind, "rope_parameters": rope,
+            "rope_scaling": rope if cfg.rope_scaling else None, **own}

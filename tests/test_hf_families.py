@@ -20,7 +20,8 @@ from minitron.tools.sampling import load_model  # noqa: E402
 from minitron.train import single_device_model  # noqa: E402
 from minitron.config import TrainConfig  # noqa: E402
 
-from hf_models import FAMILIES, ORIGINAL, SEQ, WINDOW, float64_norms, random_family  # noqa: E402
+from hf_models import (FAMILIES, LLAMA3, ORIGINAL, SEQ, WINDOW, YARN, float64_norms,  # noqa: E402
+                       random_family)
 
 TOL = 1e-9  # float64, transformers' float32 RMSNorms swapped for float64 ones (hf_models.float64_norms)
 # the engine fields each family of hf_models.FAMILIES must load as
@@ -112,6 +113,14 @@ def test_bad_family_input_gets_one_line(tmp_path, capsys):
     err = _error(capsys, train + [variant("dynamic", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
                                                                       "factor": 2.0})])
     assert "rope scaling of type 'dynamic'" in err and "llama3, yarn" in err
+    typed = {**LLAMA3, "factor": "four"}
+    assert 'rope_parameters.factor = "four": it must be a number' in _error(
+        capsys, train + [variant("typed", rope_parameters=typed)])
+    lacking = {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}
+    assert "llama3 rope scaling without low_freq_factor" in _error(
+        capsys, train + [variant("lacking", rope_scaling=lacking)])
+    assert "yarn's attention_factor 2.0" in _error(
+        capsys, train + [variant("attention", rope_parameters={**YARN, "attention_factor": 2.0})])
     err = _error(capsys, train + [variant("sliding", use_sliding_window=True, sliding_window=8)])
     assert "use_sliding_window" in err
     cfg = hf.model_config(str(tmp_path / "good")).replace(qk_norm=True)
