@@ -126,3 +126,26 @@ def test_bad_family_input_gets_one_line(tmp_path, capsys):
     cfg = hf.model_config(str(tmp_path / "good")).replace(qk_norm=True)
     problem = hf.export_problem(cfg)
     assert "qkv_bias, qk_norm together" in problem and "qwen2 qkv_bias, qwen3 qk_norm, mistral window" in problem
+
+
+@pytest.mark.parametrize("knobs,cls", [({"qk_norm": True, "head_width": 12}, "Qwen3ForCausalLM"),
+                                       ({"window": 5, "rope_scaling": "yarn", "rope_factor": 4.0,
+                                         "rope_original_context": 8}, "MistralForCausalLM")])
+def test_minitron_export_writes_the_family_transformers_loads(tmp_path, capsys, knobs, cls):
+    """`minitron export --hf` of a trained engine model with a family's knob (and rope scaling)
+    writes that family's directory: transformers' class loads it with the engine's logits."""
+    from minitron import checkpoint
+    from minitron.config import ParallelConfig, preset
+    from minitron.train import Trainer
+
+    cfg = preset("llama-tiny").replace(**knobs)
+    tr = Trainer(cfg, ParallelConfig(), TrainConfig(dtype="float64", lr=1e-2, warmup=1, eval_every=0, progress=False))
+    for i in range(2):  # the norms move away from 1
+        tr.step(i)
+    checkpoint.save(str(tmp_path / "ckpt"), 2, tr)
+    assert cli.main(["export", "--ckpt-dir", str(tmp_path / "ckpt"), "--hf", str(tmp_path / "hf")]) == 0
+    theirs = float64_norms(transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"),
+                                                                             dtype=torch.float64).eval())
+    assert type(theirs).__name__ == cls
+    x, _ = tr.local_batch(5)
+    assert (_logits(tr.model.eval(), x) - _logits(theirs, x)).abs().max() < TOL
