@@ -113,8 +113,8 @@ def model_from(args) -> ModelConfig:
 def model_from_hf(args) -> ModelConfig:
     """The model of --init-from's Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral,
     Mixtral), checked like the engine's own before any rank starts (``hf.model_config``, names,
-    shapes and values of the files); --seq-len may shorten its context, the model flags that do not change the loaded model
-    apply, any other that differs is refused (``hf.apply_flags``)."""
+    shapes and values of the files); --seq-len may shorten its context, the model flags that
+    do not change the loaded model apply, any other that differs is refused (``hf.apply_flags``)."""
     from ...hf import apply_flags, check_values, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
