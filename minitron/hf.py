@@ -1,4 +1,6 @@
-"""Hugging Face checkpoints in and out, by family: GPT-2 and Llama.
+"""Hugging Face checkpoints in and out, by family: GPT-2, Llama and the Llama-shaped
+Qwen2, Qwen3 and Mistral (``hf_families.py``: a table of what each adds to Llama, and the
+``llama3`` / ``yarn`` rope scaling of any of them), Mixtral (``hf_moe.py``).
 
 A directory with `config.json` and `model.safetensors` is all either side needs; its
 ``model_type`` picks the family. Each family is a name map (minitron's layout-independent
@@ -25,6 +27,14 @@ SwiGLU, rotary positions, grouped-query attention, no biases. Storage difference
   (``model.rotate``), so no permutation (Meta's original files pair neighbours and are
   permuted by transformers' conversion script; tests/test_hf_llama.py checks logits).
 
+**Qwen2, Qwen3, Mistral** (``hf_families.FAMILIES``) are read and written by the Llama
+mapping with one knob each: Qwen2's q/k/v_proj biases join as their weights' rows do
+(``attn.q.bias``, ``attn.kv.bias`` [kv head][k|v][d]); Qwen3's ``self_attn.q_norm`` /
+``k_norm`` are ``attn.q_norm`` / ``k_norm`` and its ``head_dim`` (any family's) the
+engine's ``head_width``; Mistral's ``sliding_window`` is ``window`` (W keys, the query's
+own included, in both). An export picks the family whose knob the model has
+(tests/test_hf_families.py).
+
 Loading returns full tensors under minitron's layout-independent names, the form a
 checkpoint is assembled into (`checkpoint.assemble`), so `checkpoint.import_state` slices
 them for any layout — tensor, pipeline, cube — exactly as it does a minitron checkpoint.
@@ -39,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from . import hf_deepseek, hf_moe
+from . import hf_deepseek, hf_families, hf_moe
 from .config import LLAMA, ConfigError, ModelConfig, validate_model
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -53,14 +63,20 @@ FIELD_TYPES = {"tie_word_embeddings": bool, "attention_bias": bool, "mlp_bias": 
                "rms_norm_eps": float, "layer_norm_epsilon": float, "rope_theta": float, "router_aux_loss_coef": float,
                "router_jitter_noise": float, "hidden_act": str, "activation_function": str, "rope_parameters": dict,
                "rope_scaling": dict, "num_local_experts": int, "num_experts_per_tok": int, "sliding_window": int,
-               "pretraining_tp": int}
+               "pretraining_tp": int, "use_sliding_window": bool,
+               # rope scaling's options (hf_families.ROPE_KINDS), in rope_parameters or rope_scaling
+               "rope_type": str, "type": str, "factor": float, "original_max_position_embeddings": int,
+               "low_freq_factor": float, "high_freq_factor": float, "beta_fast": float, "beta_slow": float,
+               "attention_factor": float}
+ROPE_OPTIONS = ("rope_type", "type", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                "attention_factor")  # typed inside the rope objects only (a top-level "type" is another's)
 POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")  # an epsilon or a rotary base of 0 or less
 # Buffers some writers save beside the weights that minitron computes itself: GPT-2's causal
 # mask (attn.bias, attn.masked_bias) and Llama's rotary frequencies (from rope_theta).
 DERIVED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
-LLAMA_TYPES = ("llama",)  # model_type of the Llama family's config.json
+LLAMA_TYPES = tuple(hf_families.FAMILIES)  # model_types of the Llama-shaped families' config.json
 
 
 def _safetensors():
@@ -78,7 +94,7 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 
 def family_problem(cfg: ModelConfig) -> str:
-    """'' when `cfg` is a GPT-2 or a Llama that Hugging Face can hold, else the reason."""
+    """'' when `cfg` is a GPT-2, or a Llama-shaped family's model, that Hugging Face can hold, else the reason."""
     if hf_deepseek.deepseek_knobs(cfg):  # not a Llama's or Mixtral's: hf_deepseek.py, not wired here yet
         return f"DeepSeek-V3's blocks are not written to Hugging Face yet: drop {', '.join(hf_deepseek.deepseek_knobs(cfg))}"
     if is_llama(cfg):
@@ -86,7 +102,9 @@ def family_problem(cfg: ModelConfig) -> str:
         bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
         if bad:
             return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}"
-        return hf_moe.moe_problem(cfg) if cfg.experts else ""  # Mixtral: a Llama with experts
+        if cfg.experts:
+            return hf_moe.moe_problem(cfg)  # Mixtral: a Llama with experts
+        return hf_families.family_problem(cfg)  # Llama, Qwen2, Qwen3 or Mistral
     if cfg.experts:
         return "experts are written in Mixtral's format, a Llama's (rotary positions, RMSNorm, SwiGLU, no biases)"
     want = {"norm": "layernorm", "bias": True, "kv_heads": cfg.heads if cfg.kv_heads else 0}
@@ -161,11 +179,15 @@ def llama_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     for i in range(cfg.layers):
         b, h = f"blocks.{i}", f"model.layers.{i}"
         a = f"{h}.self_attn"
-        if cfg.n_kv_heads < cfg.heads:
-            attn = [(f"{b}.attn.q.weight", f"{a}.q_proj.weight", "copy"),
-                    (f"{b}.attn.kv.weight", f"{a}.k_proj.weight,{a}.v_proj.weight", "join:kv")]
-        else:
-            attn = [(f"{b}.attn.qkv.weight", f"{a}.q_proj.weight,{a}.k_proj.weight,{a}.v_proj.weight", "join:qkv")]
+        attn = []
+        for p in ("weight", "bias") if cfg.qkv_bias else ("weight",):  # Qwen2's biases: laid out as the rows
+            if cfg.n_kv_heads < cfg.heads:
+                attn += [(f"{b}.attn.q.{p}", f"{a}.q_proj.{p}", "copy"),
+                         (f"{b}.attn.kv.{p}", f"{a}.k_proj.{p},{a}.v_proj.{p}", "join:kv")]
+            else:
+                attn += [(f"{b}.attn.qkv.{p}", f"{a}.q_proj.{p},{a}.k_proj.{p},{a}.v_proj.{p}", "join:qkv")]
+        if cfg.qk_norm:  # Qwen3's per-head norms of q and k
+            attn += [(f"{b}.attn.{n}.weight", f"{a}.{n}.weight", "copy") for n in ("q_norm", "k_norm")]
         mlp = hf_moe.block_rows(cfg, i) if cfg.is_moe_block(i) else [
             (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
             (f"{b}.mlp.fc2.weight", f"{h}.mlp.down_proj.weight", "copy")]
@@ -259,8 +281,10 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 
 def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
-    """A Llama `config.json` (``LlamaForCausalLM``) for minitron model `cfg`; the rotary
-    base both as transformers 5 writes it (``rope_parameters``) and as 4.x reads it."""
+    """A Llama-shaped `config.json` (``LlamaForCausalLM``, or the Qwen2, Qwen3, Mistral class
+    that holds `cfg`'s knob: ``hf_families``) for minitron model `cfg`; the rotary base both
+    as transformers 5 writes it (``rope_parameters``, with its scaling) and as 4.x reads it."""
+    family = hf_families.config_fields(cfg) if hf_families.family_of(cfg) else {}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "vocab_size": cfg.vocab, "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn_hidden,
             "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
@@ -270,34 +294,28 @@ def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
             "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.dropout,
             "tie_word_embeddings": cfg.tied_embeddings, "initializer_range": 0.02,
             "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-            "dtype": str(dtype).removeprefix("torch."), **(hf_moe.config_fields(cfg) if cfg.experts else {})}
+            "dtype": str(dtype).removeprefix("torch."), **family,
+            **(hf_moe.config_fields(cfg) if cfg.experts else {})}
 
 
 def _check_types(c: dict, where) -> None:
     """Every field of FIELD_TYPES that is set has its JSON type, and those of POSITIVE are
     positive finite numbers; else one line naming the field and its value."""
     words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer"}
-    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
-    fields = {**c, **{f"rope_parameters.{k}": v for k, v in rope.items()}}
+    fields = dict(c)
+    for r in ("rope_parameters", "rope_scaling"):
+        if isinstance(c.get(r), dict):
+            fields.update({f"{r}.{k}": v for k, v in c[r].items()})
     for k, v in fields.items():
-        kind = FIELD_TYPES.get(k.removeprefix("rope_parameters."))
+        kind = FIELD_TYPES.get(k.split(".")[-1]) if "." in k or k not in ROPE_OPTIONS else None
         if kind is None or v is None:
             continue
         ok = isinstance(v, kind) if kind in (bool, str, dict) else not isinstance(v, bool) and (
             isinstance(v, int) if kind is int else isinstance(v, (int, float)) and math.isfinite(v))
         if not ok:
             raise ConfigError(f"{where} has {k} = {json.dumps(v)[:40]}: it must be {words[kind]}; save the model again")
-        if k.removeprefix("rope_parameters.") in POSITIVE and v <= 0:
+        if k.split(".")[-1] in POSITIVE and v <= 0:
             raise ConfigError(f"{where} has {k} = {v}: it must be positive; save the model again")
-
-
-def _rope(c: dict, where) -> tuple[float, str]:
-    """(θ, scaling type) of a Llama config: transformers 5's ``rope_parameters`` or 4.x's
-    ``rope_theta`` and ``rope_scaling``."""
-    params = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type", "default")
-    return float(params.get("rope_theta", c.get("rope_theta", 10000.0))), kind
 
 
 def _positive_ints(c: dict, required, optional, where) -> None:
@@ -322,19 +340,15 @@ def _check_llama(c: dict, where) -> None:
                               f"save_pretrained or `minitron export --hf`")
     _positive_ints(c, ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"),
                    ("num_key_value_heads", "max_position_embeddings", "head_dim"), where)
-    _, kind = _rope(c, where)
-    if kind != "default":
-        raise ConfigError(f"{where} has a rope scaling of type '{kind}': minitron's rotary positions have no "
-                          f"scaling (only the default); drop rope_scaling or use a model trained without it")
+    hf_families.model_fields(c, where)  # the family's own refusals, the rope scaling's kind and options
     if c.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{where} uses hidden_act '{c.get('hidden_act')}': minitron's SwiGLU is silu only")
     if c.get("attention_bias") or c.get("mlp_bias"):
         raise ConfigError(f"{where} has attention_bias or mlp_bias: minitron's Llama has no biases")
     h, nh = int(c["hidden_size"]), int(c["num_attention_heads"])
     kv = int(c.get("num_key_value_heads") or nh)
-    if c.get("head_dim") not in (None, h // nh) or h % nh:
-        raise ConfigError(f"{where} has head_dim {c.get('head_dim')}, not hidden_size/num_attention_heads = "
-                          f"{h // nh}: minitron's heads are hidden/heads wide")
+    if c.get("head_dim") is None and h % nh:
+        raise ConfigError(f"{where} has hidden_size {h} for {nh} heads and no head_dim: give head_dim")
     if nh % kv:
         raise ConfigError(f"{where} has {kv} key/value heads for {nh} query heads: no layout can group them "
                           f"(num_key_value_heads must divide num_attention_heads)")
@@ -344,7 +358,7 @@ def _check_llama(c: dict, where) -> None:
 
 
 def read_config(hf_dir: str) -> dict:
-    """`config.json` of a GPT-2 or Llama directory, checked; ConfigError (one line) otherwise."""
+    """`config.json` of a directory of a family minitron loads, checked; ConfigError (one line) otherwise."""
     d = Path(hf_dir)
     if not d.is_dir():
         raise ConfigError(f"--init-from {hf_dir} is not a directory: give a folder with {CONFIG} and {WEIGHTS}")
@@ -374,8 +388,9 @@ def check_config(c: dict, where) -> dict:
             hf_moe.model_fields(c, d / CONFIG)
         return c
     if arch != "gpt2":
-        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads GPT-2 (model_type gpt2) and Llama "
-                          f"(model_type llama) checkpoints only")
+        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MIXTRAL_TYPES))
+        raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads the model_types {known} only; "
+                          f"use a checkpoint of one of them")
     _positive_ints(c, ("n_embd", "n_layer", "n_head", "vocab_size"), ("n_positions", "n_inner"), d / CONFIG)
     act = c.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
@@ -387,7 +402,7 @@ def check_config(c: dict, where) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2 or Llama directory; `seq_len` may shorten the context.
+    """The minitron ModelConfig of a GPT-2, Llama-shaped or Mixtral directory; `seq_len` may shorten the context.
     It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
     cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
     try:
@@ -424,8 +439,8 @@ def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: floa
     return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
                        kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
                        seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
-                       norm_eps=float(c.get("rms_norm_eps") or 1e-6), rope_base=_rope(c, hf_dir)[0],
-                       dropout=dropout or 0.0, name=Path(hf_dir).name or "llama",
+                       norm_eps=float(c.get("rms_norm_eps") or 1e-6), dropout=dropout or 0.0,
+                       name=Path(hf_dir).name or "llama", **hf_families.model_fields(c, Path(hf_dir) / CONFIG, seq_len),
                        **{**LLAMA, "tied_embeddings": c.get("tie_word_embeddings") is True})
 
 
@@ -623,6 +638,11 @@ def llama_shapes(cfg: ModelConfig) -> dict[str, tuple]:
                     f"model.layers.{i}.post_attention_layernorm.weight": (h,),
                     f"{a}.q_proj.weight": (cfg.heads * d, h), f"{a}.k_proj.weight": (cfg.n_kv_heads * d, h),
                     f"{a}.v_proj.weight": (cfg.n_kv_heads * d, h), f"{a}.o_proj.weight": (h, cfg.heads * d)})
+        if cfg.qkv_bias:
+            out.update({f"{a}.q_proj.bias": (cfg.heads * d,), f"{a}.k_proj.bias": (cfg.n_kv_heads * d,),
+                        f"{a}.v_proj.bias": (cfg.n_kv_heads * d,)})
+        if cfg.qk_norm:
+            out.update({f"{a}.q_norm.weight": (d,), f"{a}.k_norm.weight": (d,)})
         out.update(hf_moe.shapes(cfg, i) if cfg.is_moe_block(i) else {
             f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
     return out

@@ -17,6 +17,8 @@ from minitron.tools import cli  # noqa: E402
 from minitron.tools.testing import run_on_ranks  # noqa: E402
 from minitron.train import Trainer  # noqa: E402
 
+from hf_models import random_family  # noqa: E402
+
 TOL = 1e-9  # minitron against minitron, float64
 # transformers' LlamaRMSNorm normalises in float32 even in a float64 model (and computes the
 # rotary angles in float32, as minitron does): its logits carry float32 rounding, ~5e-8 here
@@ -83,16 +85,18 @@ def test_minitron_llama_exports_what_transformers_loads(tmp_path):
 
 
 LAYOUTS = [ParallelConfig(tp=2, pp=2), ParallelConfig(cp=2, tp=2)]
+QWEN3_LAYOUT = ParallelConfig(tp=2, dp=2)  # its q/k norms copied on both tensor ranks, their gradients summed
 
 
-def _init_job(comm, model, hf_dir):
+def _init_job(comm, runs):
+    """verify_job of each (model, directory, layout) of `runs`, in one launch of ranks."""
     from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
     from minitron.grid import ProcessGrid
     from minitron.tools.verify import verify_job
 
     out = []
-    for layout in LAYOUTS:
+    for model, hf_dir, layout in runs:
         grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=comm.grid.rank).build_groups()
         out.append(verify_job(Comm(grid, CommTrace()), model, layout, _train(layout, hf_dir), load_corpus(""), None))
     return out
@@ -100,27 +104,31 @@ def _init_job(comm, model, hf_dir):
 
 def _train(layout, hf_dir) -> TrainConfig:
     m = 2 if layout.pp > 1 else 1
-    return TrainConfig(steps=2, global_batch=2 * m, microbatches=m, dtype="float64", lr=1e-2, warmup=1,
+    return TrainConfig(steps=2, global_batch=2 * m * layout.dp, microbatches=m, dtype="float64", lr=1e-2, warmup=1,
                        eval_every=0, progress=False, init_from=str(hf_dir))
 
 
 @pytest.mark.multirank
 def test_llama_directory_loads_into_tp2_pp2_and_cp2(tmp_path):
     """--init-from into tp2 x pp2 and cp2 x tp2 (kv 1: its head replicated on both tensor
-    ranks): the layouts' losses and parameters equal the single device's (1e-9), and the
-    first loss equals transformers' on the same batch."""
-    theirs = random_llama(tmp_path, kv=1)
-    model = hf.model_config(str(tmp_path))
-    for layout in LAYOUTS:
-        validate(model, layout, _train(layout, tmp_path), world=4)
-    verdicts = run_on_ranks(_init_job, ParallelConfig(dp=4), model, str(tmp_path))[0]
-    for layout, res in zip(LAYOUTS, verdicts):
+    ranks), and a Qwen3 (q/k norms, head width 12 apart from hidden/heads; tests/
+    test_hf_families.py) into tp2 x dp2, in one launch: the layouts' losses and parameters
+    equal the single device's (1e-9), and the first loss equals transformers' on the same
+    batch (Llama's float32 norms: HF_FLOOR; Qwen3's computing in float64: 1e-9)."""
+    theirs = random_llama(tmp_path / "llama", kv=1)
+    qwen3 = random_family("qwen3", tmp_path / "qwen3")
+    model, q3 = hf.model_config(str(tmp_path / "llama")), hf.model_config(str(tmp_path / "qwen3"), seq_len=32)
+    runs = [(model, str(tmp_path / "llama"), layout) for layout in LAYOUTS] + [
+        (q3, str(tmp_path / "qwen3"), QWEN3_LAYOUT)]
+    for m, d, layout in runs:
+        validate(m, layout, _train(layout, d), world=4)
+    verdicts = run_on_ranks(_init_job, ParallelConfig(dp=4), runs)[0]
+    for (m, d, layout), res, (hf_model, floor) in zip(runs, verdicts, [(theirs, HF_FLOOR)] * 2 + [(qwen3, TOL)]):
         assert res["ok"] and res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL, (layout, res)
-        ref = Trainer(model, ParallelConfig(), _train(layout, tmp_path))
-        x, y = ref.local_batch(0)
+        x, y = Trainer(m, ParallelConfig(), _train(layout, d)).local_batch(0)  # the whole global batch
         with torch.no_grad():
-            want = F.cross_entropy(theirs(x).logits.flatten(0, 1), y.flatten()).item()
-        assert abs(res["reference_losses"][0] - want) < HF_FLOOR, (layout.describe(), res["reference_losses"][0], want)
+            want = F.cross_entropy(hf_model(x).logits.flatten(0, 1), y.flatten()).item()
+        assert abs(res["reference_losses"][0] - want) < floor, (layout.describe(), res["reference_losses"][0], want)
 
 
 def _error(capsys, argv) -> str:
@@ -151,8 +159,8 @@ def test_bad_llama_directories_get_one_line(tmp_path, capsys):
     assert "no tensor 'model.layers.1.mlp.up_proj.weight'" in _error(capsys, train + [variant("missing", tensors=missing)])
     wrong = {**state, "model.layers.0.self_attn.k_proj.weight": state["model.layers.0.self_attn.q_proj.weight"].clone()}
     assert "do not belong together" in _error(capsys, train + [variant("wrong", tensors=wrong)])
-    scaled = {**config, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}
-    assert "rope scaling of type 'llama3'" in _error(capsys, train + [variant("scaled", scaled)])
+    scaled = {**config, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 8.0}}
+    assert "rope scaling of type 'dynamic'" in _error(capsys, train + [variant("scaled", scaled)])
     odd = {**config, "num_key_value_heads": 3}
     assert "no layout can group them" in _error(capsys, train + [variant("odd", odd)])
     incomplete = {"model_type": "llama", "hidden_size": 32}

@@ -125,14 +125,18 @@ def test_bad_input_is_one_line(model, layout, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_export_refuses_the_knobs_it_cannot_write_in_one_line():
-    from minitron.tools.commands.text import check_exportable
+def test_export_refuses_the_knobs_no_family_can_write_in_one_line():
+    """Each knob alone has its Hugging Face family (tests/test_hf_families.py); what none holds
+    (two families' knobs at once, a window pattern, a GPT-2 with a window) is named."""
+    from minitron.hf import export_problem
 
-    check_exportable(LLAMA)  # a plain Llama exports
-    for model in (KNOBS, WINDOW, LLAMA.replace(qkv_bias=True)):
-        with pytest.raises(ConfigError) as e:
-            check_exportable(model)
-        assert "export cannot write" in str(e.value) and "\n" not in str(e.value)
+    for model in (LLAMA, LLAMA.replace(qkv_bias=True), LLAMA.replace(qk_norm=True, head_width=12),
+                  LLAMA.replace(window=5), KNOBS_LLAMA3.replace(qkv_bias=False, qk_norm=False)):
+        assert export_problem(model) == "", model
+    for model, words in ((KNOBS, "qkv_bias, qk_norm together"), (WINDOW, "window_layers LG"),
+                         (PRESETS["tiny"].replace(window=5), "window 5")):
+        problem = export_problem(model)
+        assert words in problem and "\n" not in problem, problem
 
 
 def test_bad_rope_scaling_from_the_command_line_before_any_rank():

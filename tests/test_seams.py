@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "minitron"
 ENGINE_LAYERS = [
     {"config", "placement", "grid"},
     {"comm", "data", "tokenizer", "optim", "checkpoint", "dcp_format", "recompute", "launch", "preemption", "hf",
-     "hf_moe", "hf_deepseek", "corpus", "rope"},
+     "hf_moe", "hf_deepseek", "hf_families", "corpus", "rope"},
     {"context"},
     {"parallel"},
     {"moe", "mla"},

@@ -1,11 +1,11 @@
 """The commands on text and trained weights: `minitron tokenize` (a token file from text),
 `sample` (text from a checkpoint or a Hugging Face directory) and `export` (a checkpoint
-written as a GPT-2 or Llama directory)."""
+written as a Hugging Face directory of the family that holds its model: ``hf.export_problem``)."""
 from __future__ import annotations
 
 import json
 
-from ...config import ConfigError, ModelConfig
+from ...config import ConfigError
 from ..output_paths import check_output_file
 
 
@@ -22,7 +22,8 @@ def add_parsers(sub) -> None:
 
     sa = sub.add_parser("sample", help="text from a checkpoint (any layout) or a GPT-2 directory")
     sa.add_argument("--ckpt-dir", default="", help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
-    sa.add_argument("--init-from", default="", metavar="HF_DIR", help="a GPT-2 or Llama directory (Hugging Face format)")
+    sa.add_argument("--init-from", default="", metavar="HF_DIR",
+                    help="a Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral)")
     sa.add_argument("--prompt", default="ROMEO:")
     sa.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     sa.add_argument("--temperature", type=float, default=0.8)
@@ -34,7 +35,8 @@ def add_parsers(sub) -> None:
     sa.add_argument("--dtype", default="float32", help="float32 or float64")
     sa.set_defaults(fn=cmd_sample)
 
-    ex = sub.add_parser("export", help="write a checkpoint as a GPT-2 or Llama directory (Hugging Face format)")
+    ex = sub.add_parser("export", help="write a checkpoint as a Hugging Face directory "
+                        "(GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral)")
     ex.add_argument("--ckpt-dir", required=True, help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
     ex.add_argument("--hf", required=True, metavar="DIR", help="where to write config.json and model.safetensors")
     ex.set_defaults(fn=cmd_export)
@@ -64,17 +66,6 @@ def cmd_sample(args) -> int:
     return 0
 
 
-def check_exportable(cfg: ModelConfig) -> None:
-    """The long-context and family knobs (head width, QKV biases, q/k norms, windows, rope
-    scaling) have no Hugging Face family in ``hf.py`` yet: a checkpoint using them is
-    refused in one line rather than written as a GPT-2 or Llama that computes otherwise."""
-    knobs = [f"--{k.replace('_', '-')}" for k in ("head_width", "qkv_bias", "qk_norm", "window", "rope_scaling")
-             if getattr(cfg, k)]
-    if knobs:
-        raise ConfigError(f"this checkpoint's model uses {', '.join(knobs)}, which export cannot write as GPT-2 or "
-                          f"Llama yet: export a model without them")
-
-
 def cmd_export(args) -> int:
     """`minitron export`: a checkpoint written as a Hugging Face directory, checked first."""
     from ...hf import export_problem, save
@@ -84,7 +75,6 @@ def cmd_export(args) -> int:
 
     check_export_dir(args.hf, args.ckpt_dir)
     cfg, full, _ = model_from_checkpoint(args.ckpt_dir)
-    check_exportable(cfg)
     problem = export_problem(cfg)
     if problem:
         raise ConfigError(f"cannot export {args.ckpt_dir} to Hugging Face: {problem}")
