@@ -256,6 +256,7 @@ class Watchdog:
     def __init__(self, scratch: str, timeout_s: float, quiet_s: float = 5.0, period_s: float = 0.25):
         self.scratch, self.timeout_s, self.quiet_s, self.period_s = Path(scratch), timeout_s, quiet_s, period_s
         self.lost: str | None = None
+        self.candidates: dict[int, int] = {}  # {rank: pid}: the dead ranks a "died" verdict chose from
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="minitron-watchdog", daemon=True)
 
@@ -278,6 +279,7 @@ class Watchdog:
 
     def _run(self) -> None:
         seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
+        peers_lost_since: dict[str, float] = {}  # when only ranks that lost a peer were found ended
         last = time.monotonic()
         while not self._stop.wait(self.period_s):
             now = time.monotonic()
@@ -313,10 +315,25 @@ class Watchdog:
                 # the cause left no error of its own (a peer raises when it loses it), and of those
                 # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped);
                 # one the elastic agent ended (SIGTERM to the rest, once it saw the cause) comes last
-                unexplained = [r for r in dead if not _rank_file(self.scratch, r, "raised").exists()] or dead
-                r = min(unexplained, key=lambda r: _likelihood_of_cause(_end_signal(ranks[r])))
+                unexplained = [r for r in dead if not _rank_file(self.scratch, r, "raised").exists()]
+                if not unexplained and now - peers_lost_since.setdefault("t", now) < 3.0:
+                    continue  # only peers that lost the cause have ended: a killed rank can take a
+                    # moment to be gone (its memory torn down), give it a few polls to show
+                self.candidates = {r: ranks[r] for r in unexplained or dead}
+                r = min(self.candidates, key=lambda r: _likelihood_of_cause(_end_signal(ranks[r])))
                 self._end(ranks, _died(r, ranks[r]))
                 return
+
+    def verdict(self, failed: ChildFailedError) -> str | None:
+        """The watchdog's line, its choice among dead ranks re-ranked by the exit signals the
+        elastic agent saw (the watchdog reads them from /proc only while a rank is unreaped;
+        they were all dead, so its own SIGKILLs did not change them)."""
+        if not self.candidates:
+            return self.lost
+        sig = {r: _end_signal(pid) or max(0, -getattr(failed.failures.get(r), "exitcode", 0))
+               for r, pid in self.candidates.items()}
+        r = min(self.candidates, key=lambda r: _likelihood_of_cause(sig[r]))
+        return _died(r, self.candidates[r])
 
     def cause_of_failure(self) -> str | None:
         """The dead rank to name when the elastic agent reported a failure first (its poll can
@@ -487,7 +504,7 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
         if forward.received:  # the ranks ended because we passed a signal on: say that
             sig = signal.Signals(forward.received[0])
             raise SignalException(f"the launcher got {sig.name}", sigval=sig) from None
-        lost = watchdog.lost or watchdog.cause_of_failure()
+        lost = watchdog.verdict(e) or watchdog.cause_of_failure()
         if lost:
             raise RankLost(lost, e) from None
         raise
