@@ -211,7 +211,8 @@ def test_plan_json_names_a_model_given_by_flags_custom(capsys, flags, words):
 
 @pytest.mark.parametrize("argv,words", [
     (["--model", "llama3-8b", "--tp", "8", "--pp", "4", "--nproc", "32"],
-     "does not fit V100-SXM3-32GB 32 GB, A100-SXM4-80GB 80 GB, H100-SXM5-80GB 80 GB, H200-SXM-141GB 141 GB "
+     "does not fit V100-SXM3-32GB 32 GB, A100-SXM4-80GB 80 GB, H100-SXM5-80GB 80 GB, H800-SXM5-80GB 80 GB, "
+     "H200-SXM-141GB 141 GB "
      "(only B200-180GB)"),
     (["--model", "llama3-8b", "--tp", "8", "--pp", "4", "--nproc", "32", "--seq-len", "16384"],
      "fits no GPU of V100-SXM3-32GB 32 GB, A100-SXM4-80GB 80 GB"),
