@@ -279,7 +279,7 @@ class Watchdog:
 
     def _run(self) -> None:
         seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
-        peers_lost_since: dict[str, float] = {}  # when only ranks that lost a peer were found ended
+        peers_lost_since = None  # when only ranks that lost a peer were first found ended
         last = time.monotonic()
         while not self._stop.wait(self.period_s):
             now = time.monotonic()
@@ -316,9 +316,11 @@ class Watchdog:
                 # the one a signal ended (SIGKILL, the OOM killer; /proc shows it while unreaped);
                 # one the elastic agent ended (SIGTERM to the rest, once it saw the cause) comes last
                 unexplained = [r for r in dead if not _rank_file(self.scratch, r, "raised").exists()]
-                if not unexplained and now - peers_lost_since.setdefault("t", now) < 3.0:
-                    continue  # only peers that lost the cause have ended: a killed rank can take a
-                    # moment to be gone (its memory torn down), give it a few polls to show
+                if not unexplained:  # only peers that lost the cause have ended: a killed rank can
+                    # take a moment to be gone (its memory torn down), give it a few polls to show
+                    peers_lost_since = peers_lost_since or now
+                    if now - peers_lost_since < 3.0:
+                        continue
                 self.candidates = {r: ranks[r] for r in unexplained or dead}
                 r = min(self.candidates, key=lambda r: _likelihood_of_cause(_end_signal(ranks[r])))
                 self._end(ranks, _died(r, ranks[r]))

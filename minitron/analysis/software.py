@@ -97,7 +97,6 @@ ATTENTIONS = ("unfused", "fused-softmax", "flash")
 TP_OVERLAPS = ("none", "backward", "all")
 PRECISIONS = ("fp16", "bf16")
 RECOMPUTES = ("none", "selective", "full")
-FP8_SCALINGS = FP8_RECIPES  # the engine's --fp8-recipe names (parallel/fp8.py): one list
 
 # (forward, backward) passes over the b·a·s²/t attention matrix (2-byte elements; a
 # 1-byte mask is half a pass), by attention kind. Unfused forward: scale (read, write),
@@ -259,7 +258,7 @@ class Software:
                                       ("tp_overlap", self.tp_overlap, TP_OVERLAPS),
                                       ("precision", self.precision, PRECISIONS),
                                       ("recompute", self.recompute, RECOMPUTES),
-                                      ("fp8_recipe", self.fp8_recipe, FP8_SCALINGS)):
+                                      ("fp8_recipe", self.fp8_recipe, FP8_RECIPES)):
             if value not in allowed:
                 raise ValueError(f"software '{self.name}': {field} must be one of "
                                  f"{', '.join(allowed)} (got '{value}')")
