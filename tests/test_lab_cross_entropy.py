@@ -105,6 +105,10 @@ def test_reference_passes_and_mistakes_get_one_line():
                                        "valid = torch.arange(start, start + n_local) != vocab"),
         "boundary off-by-one": broken("mine = (local_t >= 0) & (local_t < n_local)",
                                       "mine = (local_t >= 0) & (local_t <= n_local)"),
+        # right in value on the notebook's 4 ranks (the launch is the tensor group), not in traffic
+        "reduces over the world": broken('comm.all_reduce(lmax, axis, op="max")', 'comm.all_reduce(lmax, "world", op="max")')
+        .replace("comm.all_reduce(tlogit, axis)", 'comm.all_reduce(tlogit, "world")')
+        .replace("comm.all_reduce(sumexp, axis)", 'comm.all_reduce(sumexp, "world")'),
         # the engine's own class reached past the screen
         "engine by importlib": ENGINE_HEAD + "import importlib\nVocabParallelCrossEntropy = getattr("
                                "importlib.import_module('minitron.' + 'parallel.tensor'), ENGINE)\n",
@@ -123,6 +127,10 @@ def test_reference_passes_and_mistakes_get_one_line():
                                                "single-device model (vocabulary 257, padded to 260")
     msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
     assert len(msg) == len(cases) - 2
+    assert msg["reduces over the world"] == ("your forward communicates all_reduce of [12] on 'world', all_reduce of [12] "
+                                             "on 'world', all_reduce of [12] on 'world': reduce over "
+                                             "the `axis` it is given ('tp' here, the ranks that share the vocabulary), "
+                                             "not over other ranks")
     assert msg["no mask"].startswith("your loss counts the padded vocabulary ids (those >= vocab: id 15 on the "
                                      "last rank for vocab 15): set their logits to -inf")
     assert msg["no max"] == ("with logits around 1000 your loss is inf (exp overflows float64 past ~709): "

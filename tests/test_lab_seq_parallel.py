@@ -108,7 +108,8 @@ def test_reference_passes_and_mistakes_get_one_line():
     for name in ("reference", "engine"):
         assert res[name]["ok"], (name, res[name]["message"])
         assert res[name]["max_loss_abs_diff"] <= 1e-9 and res[name]["max_param_rel_diff"] <= 1e-9
-        assert res[name]["message"] == "your AllGatherLinear trains exactly like the single-device model (--tp 4 --sp)"
+        assert res[name]["message"] == ("your AllGatherLinear trains exactly like the single-device model (--tp 4 --sp "
+                                        "and --tp 2 --dp 2 --sp)")
     msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
     assert len(msg) == len(cases) - 2, msg
     assert msg["saves gathered"] == ("your forward saves the gathered input [b, s, h] (4× the shard): save the shard "

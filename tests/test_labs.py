@@ -229,11 +229,14 @@ def test_f_and_g_on_4_ranks_in_one_launch():
         "first element only": F_AND_G.replace(G_FWD, 'y = x.clone()\n        y[:1] = comm.all_reduce(x[:1].clone(), '
                                               '"tp")\n        return y'),
         "mean": F_AND_G.replace(G_FWD, 'return comm.all_reduce(x.clone(), "tp") / comm.size("tp")'),
+        # right at the notebook's 4 ranks only: found on --tp 2 --dp 2
+        "four hard-wired": F_AND_G.replace(G_FWD, 'return comm.all_reduce(x.clone(), "tp") * 4 / comm.size("tp")'),
         **ENGINE_F_AND_G,
     }
     res = dict(zip(cases, check_f_and_g_all(list(cases.values()), timeout=20)))
     assert res["reference"]["ok"], res["reference"]
-    assert res["reference"]["message"] == "your F and G train exactly like the single-device model (--tp 4)"
+    assert res["reference"]["message"] == ("your F and G train exactly like the single-device model (--tp 4 and "
+                                           "--tp 2 --dp 2)")
     assert res["reference"]["max_loss_abs_diff"] <= 1e-9 and res["reference"]["max_param_rel_diff"] <= 1e-9
     msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
     assert len(msg) == len(cases) - 1
@@ -255,6 +258,9 @@ def test_f_and_g_on_4_ranks_in_one_launch():
                                          "identity backward")
     assert msg["mean"] == ("your G's forward returned the mean over the 4 ranks, not the sum ([2.5, 25.0, 250.0] on "
                            "tp rank 0, expected [10.0, 100.0, 1000.0]): G is all-reduce forward, identity backward")
+    assert msg["four hard-wired"] == ("--tp 2 --dp 2: your G's forward returned [6.0, 60.0, 600.0] on tp rank 0 of 2 "
+                                      "(expected [3.0, 30.0, 300.0]; elements 0, 1, 2 wrong): G is all-reduce forward, "
+                                      "identity backward")
     assert msg["raises"] == ("RuntimeError: shape '[5]' is invalid for input of size 3 in F.forward, line 5 of "
                              "your code: `return x.view(5)`")
     assert msg["shape"] == ("your F.forward returned a tensor of shape [] for an input of shape [3]: F must return "

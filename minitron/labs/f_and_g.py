@@ -9,7 +9,7 @@ g's forward exactly one all-reduce on 'tp'). The ranks agree on the first proble
 otherwise the Trainer builds its layers with them (``tensor.layers(f=F, g=G)``), a tiny
 GPT trains with tensor parallelism on 4 ranks (so that an operator hard-wired to 2 ranks fails) for 2 float64
 steps, and rank 0 compares the run with the single-device reference
-(:mod:`minitron.tools.verify`).
+(:mod:`minitron.tools.verify`); then the unit checks and the run again on ``--tp 2 --dp 2``.
 
     result = check_f_and_g(SOURCE)   # {"ok", "max_loss_abs_diff", "max_param_rel_diff", "message"}
 """
@@ -20,14 +20,17 @@ import itertools
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, traced, train_swapped,
-                     training_verdict, watched)
+from .runner import (LabError, Tripwire, agree, call, describe_calls, load, loaded, on_each_layout, run_sources, traced,
+                     train_swapped, training_verdict, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
+# the notebook's layout, then 2 tensor ranks inside 2 data-parallel replicas: an operator right only at
+# the notebook's t, or reducing over the launch's ranks rather than the 'tp' group, fails there
+LAYOUTS = (ParallelConfig(tp=TP, device="cpu"), ParallelConfig(tp=2, dp=TP // 2, device="cpu"))
 # the engine's own operators (and the functions that apply them): not an answer to this lab
 FORBIDDEN = ("minitron.parallel.tensor._F", "minitron.parallel.tensor._G",
              "minitron.parallel.tensor.enter_region", "minitron.parallel.tensor.leave_region")
@@ -139,32 +142,30 @@ def _f_and_g_job(comm, source: str, timeout: float) -> dict | None:
 
     case = next(_CASE)
     watch = Tripwire(watched("minitron.parallel.tensor._F", "minitron.parallel.tensor._G"))
-    try:
-        with watch.armed():
-            ns = load(source, ("F", "G"), {"torch": torch})
-            F, G = ns["F"], ns["G"]
-            problem = _unit_check(comm, F, G)
-    except LabError as e:  # the learner's code raised or returned a malformed value
-        problem = str(e)
-    agree(comm, f"f-and-g/{case}", problem, timeout)
-    layout = ParallelConfig(tp=comm.size("tp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(f=F, g=G))
-    return training_verdict(res, "F and G", f"your F and G train exactly like the single-device model "
-                            f"(--tp {layout.tp})", TOL)
+    F, G = loaded(comm, source, ("F", "G"), {"torch": torch}, watch, f"f-and-g/{case}", timeout)
+    runs = on_each_layout(comm, LAYOUTS, f"f-and-g/{case}", timeout, watch, lambda c: _unit_check(c, F, G),
+                          lambda c, layout: training_verdict(
+                              train_swapped(c, MODEL, layout, TRAIN, watch, layers=tensor.layers(f=F, g=G)),
+                              "F and G", "", TOL))
+    if comm.grid.rank != 0:
+        return None
+    return verdict_over_runs(runs, "your F and G train exactly like the single-device model (" +
+                             " and ".join(flags for flags, _ in runs) + ")")
 
 
-def check_f_and_g_all(sources: list[str], tp: int = TP, timeout: float = 60) -> list[dict]:
+def check_f_and_g_all(sources: list[str], timeout: float = 60) -> list[dict]:
     """`check_f_and_g` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_f_and_g_job, ParallelConfig(tp=tp, device="cpu"), sources, timeout, timeout,
+    return run_sources(_f_and_g_job, LAYOUTS[0], sources, timeout, timeout,
                        forbidden=FORBIDDEN, names=("F", "G"))
 
 
-def check_f_and_g(source: str, tp: int = TP, timeout: float = 60) -> dict:
-    """Lab 04a: check the classes `F` and `G` defined in `source` on `tp` gloo ranks (the
+def check_f_and_g(source: str, timeout: float = 60) -> dict:
+    """Lab 04a: check the classes `F` and `G` defined in `source` on 4 gloo ranks (the
     value and the traced calls of each forward and backward), then train a tiny GPT with
     tensor parallelism (float64, 2 steps) with them in place of the engine's f and g and
-    compare it with the single-device model. Returns {"ok", "max_loss_abs_diff",
+    compare it with the single-device model; then the same on 2 tensor ranks in each of 2
+    data-parallel replicas (``--tp 2 --dp 2``). Returns {"ok", "max_loss_abs_diff",
     "max_param_rel_diff", "message"}, or {"ok": False, "message"} when the code does not
     compile, uses the engine's own operators, is still the stub, raises, returns a wrong
     shape or value, communicates the wrong calls, or runs past `timeout` seconds."""
-    return check_f_and_g_all([source], tp, timeout)[0]
+    return check_f_and_g_all([source], timeout)[0]

@@ -226,6 +226,46 @@ def comm_on(comm, layout):
     return Comm(ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(), CommTrace())
 
 
+def layout_flags(layout) -> str:
+    """The command-line flags of a lab's layout, as its messages say them: '--tp 2 --dp 2 --sp'."""
+    flags = [f"--{axis} {getattr(layout, axis)}" for axis in ("tp", "dp") if getattr(layout, axis) > 1]
+    return " ".join(flags + (["--sp"] if layout.sp else []))
+
+
+def loaded(comm, source: str, names: tuple, env: dict, watch, key: str, timeout: float) -> list:
+    """The learner's `names` from `source` (its top level run watched), in order; a problem
+    there (it raised, a name is missing) is agreed by the ranks and raised on each as
+    LabError."""
+    problem, ns = "", {}
+    try:
+        with watch.armed():
+            ns = load(source, names, env)
+    except LabError as e:
+        problem = str(e)
+    agree(comm, f"{key}/load", problem, timeout)
+    return [ns[n] for n in names]
+
+
+def on_each_layout(comm, layouts, key: str, timeout: float, watch, unit_check, train) -> list[tuple[str, dict | None]]:
+    """A lab's part on each of `layouts` in turn, on the same launch's ranks (other groups),
+    so that a piece right only at the notebook's size fails at another: `unit_check(c)`
+    (watched) gives '' or the first problem on the layout's Comm `c` (the ranks agree on it;
+    said after the first layout's flags when a later layout finds it), then `train(c, layout)`
+    gives rank 0's verdict. `layouts[0]` is the launch's own layout. Returns [(flags,
+    verdict)] for :func:`verdict_over_runs` (verdicts None off rank 0)."""
+    out = []
+    for i, layout in enumerate(layouts):
+        c = comm if i == 0 else comm_on(comm, layout)
+        try:
+            with watch.armed():
+                problem = unit_check(c)
+        except LabError as e:  # the learner's code raised or returned a malformed value
+            problem = str(e)
+        agree(comm, f"{key}/{i}", f"{layout_flags(layout)}: {problem}" if problem and i else problem, timeout)
+        out.append((layout_flags(layout), train(c, layout)))
+    return out
+
+
 def refuse_checker(source: str) -> None:
     """Raise LabError when `source` imports or names the checker itself (``minitron.labs``: its
     reference answers, its functions, its watch)."""

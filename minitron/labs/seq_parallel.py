@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, run_sources, train_swapped,
-                     training_verdict, watched)
+from .runner import (LabError, Tripwire, agree, call, describe_calls, load, loaded, on_each_layout, run_sources,
+                     train_swapped, training_verdict, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -49,6 +49,9 @@ TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress
 TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "AllGatherLinear"
 TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
+# the notebook's layout, then 2 tensor ranks in each of 2 replicas: shards of another length, and a
+# collective over the launch's ranks instead of the 'tp' group, are seen there
+LAYOUTS = (ParallelConfig(tp=TP, sp=True, device="cpu"), ParallelConfig(tp=2, dp=TP // 2, sp=True, device="cpu"))
 B, S_LOCAL, H, D_LOCAL = 2, 3, 5, 4  # the unit checks' shapes: x [B, S_LOCAL, H], weight [D_LOCAL, H]
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
 # the engine's own version of the piece: not an answer to this lab
@@ -287,32 +290,30 @@ def _job(comm, source: str, timeout: float) -> dict | None:
 
     case = next(_CASE)
     watch = Tripwire(watched("minitron.parallel.tensor._AllGatherLinear"))
-    try:
-        with watch.armed():
-            cls = load(source, (NAME,), {"torch": torch, "F": F})[NAME]
-            problem = _unit_check(comm, cls)
-    except LabError as e:  # the learner's code raised or returned a malformed value
-        problem = str(e)
-    agree(comm, f"sp/{case}", problem, timeout)
-    layout = ParallelConfig(tp=comm.size("tp"), sp=True, device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(all_gather_linear=cls))
-    return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
-                            f"(--tp {layout.tp} --sp)", TOL)
+    cls, = loaded(comm, source, (NAME,), {"torch": torch, "F": F}, watch, f"sp/{case}", timeout)
+    runs = on_each_layout(comm, LAYOUTS, f"sp/{case}", timeout, watch, lambda c: _unit_check(c, cls),
+                          lambda c, layout: training_verdict(
+                              train_swapped(c, MODEL, layout, TRAIN, watch, layers=tensor.layers(all_gather_linear=cls)),
+                              NAME, "", TOL))
+    if comm.grid.rank != 0:
+        return None
+    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model (" +
+                             " and ".join(flags for flags, _ in runs) + ")")
 
 
-def check_all_gather_linear_all(sources: list[str], tp: int = TP, timeout: float = 60) -> list[dict]:
+def check_all_gather_linear_all(sources: list[str], timeout: float = 60) -> list[dict]:
     """`check_all_gather_linear` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_job, ParallelConfig(tp=tp, sp=True, device="cpu"), sources, timeout, timeout,
+    return run_sources(_job, LAYOUTS[0], sources, timeout, timeout,
                        forbidden=FORBIDDEN, names=(NAME,))
 
 
-def check_all_gather_linear(source: str, tp: int = TP, timeout: float = 60) -> dict:
-    """Lab 04c: check the class `AllGatherLinear` defined in `source` on `tp` gloo ranks
+def check_all_gather_linear(source: str, timeout: float = 60) -> dict:
+    """Lab 04c: check the class `AllGatherLinear` defined in `source` on 4 gloo ranks
     against autograd of ``F.linear`` on the gathered input (output, what the forward
     saves, dX, dW, db, what each pass communicates, bias=None), then train a tiny GPT
-    with it in place of the engine's (``--tp --sp``, float64, 2 steps) and compare with
-    the single-device model. Returns {"ok", "message", "max_loss_abs_diff",
+    with it in place of the engine's (``--tp 4 --sp``, float64, 2 steps) and compare with
+    the single-device model; then the same on ``--tp 2 --dp 2 --sp``. Returns {"ok", "message", "max_loss_abs_diff",
     "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem, also
     when the code does not compile, raises, returns a wrong shape or runs past `timeout`
     seconds."""
-    return check_all_gather_linear_all([source], tp, timeout)[0]
+    return check_all_gather_linear_all([source], timeout)[0]
