@@ -317,7 +317,13 @@ class Comm:
     def _into(self, out, t, axis: str, op: str, collective, async_op: bool):
         """`op` of `t` into the caller's buffer `out` (master dtype: parameters and
         gradients never change dtype on the wire)."""
-        if self.size(axis) == 1:
+        n = self.size(axis)
+        whole, part = (t, out) if op == "reduce_scatter" else (out, t)
+        if whole.numel() != n * part.numel():
+            raise ValueError(f"{op} over '{axis}' ({n} ranks): {'out' if part is out else 'the input'} holds "
+                             f"{part.numel()} elements, 1/{n} of {whole.numel()} is {whole.numel() / n:g}: size it "
+                             f"by comm.size('{axis}')")
+        if n == 1:
             out.copy_(t)
             return Pending(out) if async_op else out
         self._record(op, axis, t)

@@ -295,6 +295,9 @@ def test_zero1_on_4_ranks_in_one_launch():
         # what the old checker did not name
         "double 1/d": ZERO1.replace("    comm.reduce_scatter(grad,", "    grad.div_(d)\n    comm.reduce_scatter(grad,"),
         "twice the mean": ZERO1.replace("return shard / d", "return shard * 2 / d"),
+        # right at the notebook's 4 ranks only: found on --dp 2 --tp 2
+        "d hard-wired": ZERO1.replace("return shard / d", "return shard / 4"),
+        "the launch's size": ZERO1.replace('    d = comm.size("dp")\n    shard', '    d = comm.size("world")\n    shard'),
         # the engine's own bucket reduce-scatter reached past the screen
         **{f"engine by {how}": ENGINE_ZERO1.format(data=data) + ZERO1.split("def update_params")[0].replace(
             "def reduce_scatter_grads", "def unused") + "def update_params" + ZERO1.split("def update_params")[1]
@@ -304,8 +307,9 @@ def test_zero1_on_4_ranks_in_one_launch():
     }
     res = dict(zip(cases, check_zero1_all(list(cases.values()), timeout=15)))
     assert res["reference"]["ok"], res["reference"]
-    assert res["reference"]["message"].startswith("your ZeRO-1 trains exactly like the single-device model on 4 "
-                                                  "data-parallel ranks")
+    assert res["reference"]["message"] == ("your ZeRO-1 trains exactly like the single-device model on 4 data-parallel "
+                                           "ranks and on 2 (x 2 tensor ranks), moving what dp_calls predicts and "
+                                           "keeping 1/d of Adam's state")
     msg = {name: r["message"] for name, r in res.items() if not r["ok"]}
     assert len(msg) == len(cases) - 1, msg
     where = "reduce_scatter_grads on dp rank 0, bucket 0 (n="
@@ -330,6 +334,13 @@ def test_zero1_on_4_ranks_in_one_launch():
         "reduce-scatter, not both")
     assert msg["twice the mean"].startswith(where) and msg["twice the mean"].endswith(
         "it is 2× the mean: the reduce-scatter sums the d = 4 ranks' gradients; divide by d once")
+    assert msg["d hard-wired"].startswith("--tp 2 --dp 2: " + where) and msg["d hard-wired"].endswith(
+        "it is the sum divided by 4, not by d = 2: the mean divides by the size of the data-parallel group, "
+        "comm.size('dp') (a d hard-wired to 4, or another group's size?)")
+    assert msg["the launch's size"] == (
+        "--tp 2 --dp 2: ValueError: reduce_scatter over 'dp' (2 ranks): out holds 660 elements, 1/2 of 2640 is "
+        "1320: size it by comm.size('dp') in reduce_scatter_grads, line 5 of your code: "
+        "`comm.reduce_scatter(grad, \"dp\", out=shard)`")
     for how in ("importlib", "sys.modules", "__import__"):
         assert msg[f"engine by {how}"].startswith("your code runs the engine's own minitron.parallel.data."
                                                   "BucketedDataParallel.start_bucket (from line 6 of your code"), \

@@ -40,3 +40,19 @@ def test_lesson_notebook(notebook):
 def test_lessons_exist():
     names = {nb.name for nb in NOTEBOOKS}
     assert {"01_memory_and_flops.ipynb", "02_pipeline_schedules.ipynb"} <= names
+
+
+@pytest.mark.parametrize("notebook", [pytest.param(nb, id=f"{nb.parent.name}/{nb.stem}")
+                                      for nb in NOTEBOOKS + LAB_SOLUTIONS + sorted((ROOT / "labs").glob("*.ipynb"))])
+def test_stored_outputs_are_what_the_cells_print_for_the_learner(notebook):
+    """No stored output is tool noise: nothing a command or library writes on stderr (a
+    command's progress lines, a library's warnings), no internal issue references. (nbval
+    does not see the kernel's stderr, so a stored stderr stream would also not reproduce.)"""
+    import json
+    import re
+
+    for i, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            text = "".join(out.get("text", []) or out.get("data", {}).get("text/plain", []))
+            assert out.get("name") != "stderr", f"{notebook.name} cell {i} stores stderr: {text[:200]!r}"
+            assert not re.search(r"\bissues? #?\d+\b", text, re.I), f"{notebook.name} cell {i}: {text[:200]!r}"

@@ -43,6 +43,7 @@ from ..train import Trainer, zero_units
 from .routes import changed, escape, snapshot
 from .runner import YOUR_CODE, LabError, agree, call, comm_on, describe_calls, engine_piece, load, run_sources, \
     training_verdict, verdict_over_runs, versus_one_device
+from .zero import close, divisor
 
 # hidden 10, 2 heads of 5, a 9-token context: no parameter and no unit is a multiple of 4
 MODEL = ModelConfig(layers=2, hidden=10, heads=2, seq_len=9, vocab=256, name="lab")
@@ -112,19 +113,6 @@ class EngineWatch:
             return self.route
         return (f"your code runs the engine's own ZeRO-3, {self.found}: the lab asks you to gather, free "
                 f"and reduce-scatter the unit yourself" if self.found else "")
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool((a - b).abs().max() <= 1e-12 * b.abs().max().clamp_min(1e-300))
-
-
-def _divisor(got: torch.Tensor, mean: torch.Tensor, d: int) -> int:
-    """c when `got` is the sum over the d ranks divided by a whole c other than d, else 0."""
-    norm = float(got.norm())
-    if norm == 0:
-        return 0
-    c = round(d * float(mean.norm()) / norm)
-    return c if 1 < c <= 1024 and c != d and _close(got, mean * d / c) else 0
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -243,19 +231,19 @@ class _Checked:
             return (f"Unit.after_backward issued {describe_calls(calls)}: one reduce-scatter of the unit's "
                     f"n = {self.n} elements on '{self.axis}'")
         got, want = out.detach().reshape(-1).to(truth.dtype), truth[r * k:(r + 1) * k]
-        if _close(got, want):
+        if close(got, want):
             return ""
-        if _close(got, want * self.d):
+        if close(got, want * self.d):
             why = "it is the sum over the ranks, not the mean: divide by d (once, before or after the reduce-scatter)"
-        elif (c := _divisor(got, want, self.d)) and c == self.d ** 2 and c != self.comm.grid.world:
+        elif (c := divisor(got, want, self.d)) and c == self.d ** 2 and c != self.comm.grid.world:
             why = "it is the mean divided by d a second time: divide by d once"
         elif c:
             why = (f"it is the sum divided by {c}, not by d = {self.d}: the mean divides by the size of the "
                    f"unit's data-parallel group, comm.size(axis) (a d hard-wired to {c}, or another group's size?)")
-        elif any(_close(got, truth[j * k:(j + 1) * k]) for j in range(self.d) if j != r):
-            j = next(j for j in range(self.d) if j != r and _close(got, truth[j * k:(j + 1) * k]))
+        elif any(close(got, truth[j * k:(j + 1) * k]) for j in range(self.d) if j != r):
+            j = next(j for j in range(self.d) if j != r and close(got, truth[j * k:(j + 1) * k]))
             why = f"it is rank {j}'s slice of the mean: rank r owns elements [r*k, (r+1)*k) of the unit"
-        elif _close(got, local[r * k:(r + 1) * k]) or _close(got, local[r * k:(r + 1) * k] / self.d):
+        elif close(got, local[r * k:(r + 1) * k]) or close(got, local[r * k:(r + 1) * k] / self.d):
             why = "it holds only this rank's own gradient: reduce (sum) over the data-parallel ranks"
         else:
             why = f"it differs from this rank's slice of the mean by up to {float((got - want).abs().max()):.3g}"
