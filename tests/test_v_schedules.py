@@ -1,7 +1,9 @@
 """V-shaped pipelines: the placement (rank r holds stages r and 2p-1-r), ZB-V and DualPipe-V
 as data (validated, simulated against the published formulas, drawn), their one-line
 refusals, and on real ranks: equal to one device in float64 (pp4, dp2 x pp2, tp2 x pp2 in one
-launch), checkpoints moving between the V and the loop placement, the measured timeline."""
+launch), checkpoints moving between the V and the loop placement, the measured timeline; and
+in one launch of 16, on every tensor-parallel mode (1-D with sp, dp and ep, 2-D with dp,
+2.5-D, the cube), a traced step equal to the analysis on every rank and to one device."""
 import json
 
 import pytest
@@ -316,9 +318,11 @@ V_MODES = {"1d.sp.dp2.ep2": dict(tp=2, sp=True, dp=2, ep=2), "2d.dp2": dict(tp=4
 
 
 def _v_train(layout: ParallelConfig) -> TrainConfig:
-    """One float64 step of 4 microbatches of 4 sequences on each data replica (the 2.5-D
-    grid and the cube split a microbatch over q*d = q^2 = 4 ranks)."""
-    return TrainConfig(steps=1, global_batch=16 * layout.data_replicas, microbatches=4, dtype="float64", lr=1e-2,
+    """One float64 step of the schedule's fewest microbatches (zb-v 2, dualpipe-v 4 on pp2)
+    of 4 sequences on each data replica (the 2.5-D grid and the cube split a microbatch over
+    q*d = q^2 = 4 ranks)."""
+    m = C.min_microbatches(layout.schedule, layout.pp)
+    return TrainConfig(steps=1, global_batch=4 * m * layout.data_replicas, microbatches=m, dtype="float64", lr=1e-2,
                        warmup=1, eval_every=0, progress=False)
 
 
@@ -344,7 +348,8 @@ def _v_modes_job(comm, cases):
         tr = Trainer(model, layout, train, c, corpus)
         losses = [tr.step(0)]
         got = bytes_by_axis([r for r in c.trace.select(step=0) if r["phase"] != "log"])
-        res = versus_one_device(c, tr, losses, model, train.replace(microbatches=4 * layout.data_replicas))
+        one = train.replace(microbatches=train.microbatches * layout.data_replicas)  # the whole batch on one device
+        res = versus_one_device(c, tr, losses, model, one)
         out.append({"layout": layout.describe(), "got": got, "coord": vars(grid.coord()), "one_device": res,
                     "calls": [d[0] for m in tr.moe for d in m.dispatches]})
     return out
