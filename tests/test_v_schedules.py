@@ -14,7 +14,7 @@ from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfi
 from minitron.parallel import schedules as S
 from minitron import placement as P
 from minitron.parallel.schedules import Placement, ScheduleError, make_schedule, simulate, validate
-from minitron.tools.testing import run_on_ranks
+from minitron.tools.testing import routed_all_to_all_bytes, run_on_ranks
 
 V = ("zb-v", "dualpipe-v")
 
@@ -359,15 +359,11 @@ def _v_want(layout: ParallelConfig, ranks: list, r: dict) -> dict:
     """The analysis's bytes for rank `r` of `ranks` (its pipeline rank's, zeros dropped); the
     expert all-to-all from the step's own routing counts of its ep group (routing is data)."""
     from minitron.analysis.comm import comm_bytes_per_step
-    from minitron.analysis.experts import step_all_to_all_bytes
 
     model = _v_model(layout)
     want = comm_bytes_per_step(model, layout, _v_train(layout), r["coord"]["pp"])
     if layout.ep > 1:
-        by_coord = {tuple(sorted(p["coord"].items())): p for p in ranks}
-        peers = [by_coord[tuple(sorted({**r["coord"], "ep": e}.items()))] for e in range(layout.ep)]
-        counts = [[p["calls"][j] for p in peers] for j in range(len(r["calls"]))]
-        want["ep"]["all_to_all"] = step_all_to_all_bytes(counts, r["coord"]["ep"], model, 8)
+        want["ep"]["all_to_all"] = routed_all_to_all_bytes(ranks, r, model, 8)
     want = {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items()}
     return {a: ops for a, ops in want.items() if ops}
 
