@@ -233,20 +233,17 @@ def test_deepseek_v3_tiny_traced_step_equals_the_analysis(four):
     every layout but ZeRO-3 under --ep (analysis.zero prices one group of units, where the
     engine shards the dense weights over dp·ep and the experts over dp apart)."""
     from minitron.analysis.comm import comm_bytes_per_step
-    from minitron.analysis.experts import step_all_to_all_bytes
+    from minitron.tools.testing import routed_all_to_all_bytes
 
     bad = []
     for i, (model, layout) in enumerate(FOUR):
         if layout.zero >= 2:  # NOT checked: analysis.zero does not split ZeRO-3's units by the experts' data group
             continue
         ranks = [four[r][i] for r in sorted(four)]
-        by_coord = {tuple(sorted(r["coord"].items())): r for r in ranks}
         for rank, r in enumerate(ranks):
             want = comm_bytes_per_step(model, layout, _train(layout), pp_rank=r["coord"]["pp"])
             if layout.ep > 1:
-                peers = [by_coord[tuple(sorted({**r["coord"], "ep": e}.items()))] for e in range(layout.ep)]
-                counts = [[p["calls"][j] for p in peers] for j in range(len(r["calls"]))]
-                want["ep"]["all_to_all"] = step_all_to_all_bytes(counts, r["coord"]["ep"], model, 8)
+                want["ep"]["all_to_all"] = routed_all_to_all_bytes(ranks, r, model, 8)
             if r["traced"] != want:
                 bad.append((layout.describe(), rank, r["traced"], want))
     for b in bad[:4]:

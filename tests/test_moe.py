@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minitron.analysis.experts import (active_params, balanced_all_to_all_bytes, moe_layer_params,
-                                       step_all_to_all_bytes, total_params)
+from minitron.analysis.experts import active_params, balanced_all_to_all_bytes, moe_layer_params, total_params
 from minitron.comm import Comm, CommTrace
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, PRESETS, TrainConfig, validate
 from minitron.model import GPT, num_params
 from minitron.moe import MoE, balancing_loss, capacity, keep_mask, route
-from minitron.tools.testing import run_on_ranks
+from minitron.tools.testing import routed_all_to_all_bytes, run_on_ranks
 
 from hf_models import float64_mixtral
 
@@ -159,13 +158,10 @@ def _check(res, model, layout, train):
     assert res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL, (what, res)
     assert res["routing"] == res["ref_routing"], what  # the same choices, the same drops
     ranks = res["ranks"]
-    by_coord = {tuple(sorted(r["coord"].items())): r for r in ranks}
     for r in ranks:
         # the all-to-all: exactly the analysis from the step's routing counts of the ep group
-        peers = [by_coord[tuple(sorted({**r["coord"], "ep": e}.items()))] for e in range(layout.ep)]
-        assert all(p["layers"] == r["layers"] and len(p["calls"]) == len(r["calls"]) for p in peers)
-        counts = [[p["calls"][i] for p in peers] for i in range(len(r["calls"]))]
-        assert r["a2a"] == step_all_to_all_bytes(counts, r["coord"]["ep"], model, 8) > 0, (what, r["rank"])
+        assert all(p["layers"] == r["layers"] for p in ranks if p["coord"]["pp"] == r["coord"]["pp"])
+        assert r["a2a"] == routed_all_to_all_bytes(ranks, r, model, 8) > 0, (what, r["rank"])
         # dense gradients over ep x dp ('dp_ep'), experts over dp only ('dp'), each exactly once per step
         dense_axis = "dp_ep" if layout.ep > 1 else "dp"
         want = {"dp": 0, "dp_ep": 0}

@@ -1,7 +1,9 @@
 """V-shaped pipelines: the placement (rank r holds stages r and 2p-1-r), ZB-V and DualPipe-V
 as data (validated, simulated against the published formulas, drawn), their one-line
 refusals, and on real ranks: equal to one device in float64 (pp4, dp2 x pp2, tp2 x pp2 in one
-launch), checkpoints moving between the V and the loop placement, the measured timeline."""
+launch), checkpoints moving between the V and the loop placement, the measured timeline; and
+in one launch of 16, on every tensor-parallel mode (1-D with sp, dp and ep, 2-D with dp,
+2.5-D, the cube), a traced step equal to the analysis on every rank and to one device."""
 import json
 
 import pytest
@@ -12,7 +14,7 @@ from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfi
 from minitron.parallel import schedules as S
 from minitron import placement as P
 from minitron.parallel.schedules import Placement, ScheduleError, make_schedule, simulate, validate
-from minitron.tools.testing import run_on_ranks
+from minitron.tools.testing import routed_all_to_all_bytes, run_on_ranks
 
 V = ("zb-v", "dualpipe-v")
 
@@ -308,15 +310,31 @@ def test_v_schedules_on_plain_pp2_equal_one_device():
 
 # --- the V on every tensor-parallel mode: traced = analysis, and one device ----------------------
 V_MODEL = ModelConfig(layers=4, hidden=16, heads=2, seq_len=16, vocab=256)
-V_TRAIN = TrainConfig(steps=1, global_batch=8, microbatches=4, dtype="float64", lr=1e-2, warmup=1, eval_every=0,
-                      progress=False)
-V_MODES = {"1d.sp.dp2": dict(tp=2, sp=True, dp=2), "2d": dict(tp=4, tp_mode="2d")}
+# every other block a mixture of experts: under the V rank 0 holds layers 0 and 3, rank 1
+# layers 1 and 2 (one MoE block each), where the loop would put both on rank 1
+V_MOE = V_MODEL.replace(experts=4, top_k=2, moe_every=2)
+V_MODES = {"1d.sp.dp2.ep2": dict(tp=2, sp=True, dp=2, ep=2), "2d.dp2": dict(tp=4, tp_mode="2d", dp=2),
+           "2.5d": dict(tp=8, tp_mode="2.5d", tp_depth=2), "cube": dict(tp=8, tp_mode="3d")}
+
+
+def _v_train(layout: ParallelConfig) -> TrainConfig:
+    """One float64 step of the schedule's fewest microbatches (zb-v 2, dualpipe-v 4 on pp2)
+    of 4 sequences on each data replica (the 2.5-D grid and the cube split a microbatch over
+    q*d = q^2 = 4 ranks)."""
+    m = C.min_microbatches(layout.schedule, layout.pp)
+    return TrainConfig(steps=1, global_batch=4 * m * layout.data_replicas, microbatches=m, dtype="float64", lr=1e-2,
+                       warmup=1, eval_every=0, progress=False)
+
+
+def _v_model(layout: ParallelConfig) -> ModelConfig:
+    return V_MOE if layout.ep > 1 else V_MODEL
 
 
 def _v_modes_job(comm, cases):
-    """On each of 8 ranks, per (layout): one float64 step traced, this rank's bytes per axis
-    and op with the analysis's for its pipeline rank, and (rank 0) the run against one device."""
-    from minitron.analysis import comm as A
+    """On each of 16 ranks, per layout: one float64 step traced, this rank's bytes per axis
+    and op outside the 'log' phase (the loss and the routing statistics), its coordinates
+    and routing counts per MoE call, and (rank 0) the run against one device."""
+    from minitron.analysis.calls import bytes_by_axis
     from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
     from minitron.grid import ProcessGrid
@@ -325,35 +343,49 @@ def _v_modes_job(comm, cases):
 
     corpus, out = load_corpus(""), []
     for layout in cases:
-        c = Comm(ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(), CommTrace())
-        tr = Trainer(V_MODEL, layout, V_TRAIN, c, corpus)
+        grid = ProcessGrid.for_layout(layout, comm.grid.rank).build_groups()
+        c, model, train = Comm(grid, CommTrace()), _v_model(layout), _v_train(layout)
+        tr = Trainer(model, layout, train, c, corpus)
         losses = [tr.step(0)]
-        got = {}
-        for r in c.trace.select(step=0):
-            if r["axis"] != "world":
-                got.setdefault(r["axis"], {}).setdefault(r["op"], 0)
-                got[r["axis"]][r["op"]] += r["bytes"]
-        want = A.comm_bytes_per_step(V_MODEL, layout, V_TRAIN, c.index("pp"))
-        want = {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items()}
-        res = versus_one_device(c, tr, losses, V_MODEL, V_TRAIN.replace(microbatches=4 * layout.data_replicas))
-        out.append({"layout": layout.describe(), "got": got, "want": {a: o for a, o in want.items() if o},
-                    "one_device": res})
+        got = bytes_by_axis([r for r in c.trace.select(step=0) if r["phase"] != "log"])
+        one = train.replace(microbatches=train.microbatches * layout.data_replicas)  # the whole batch on one device
+        res = versus_one_device(c, tr, losses, model, one)
+        out.append({"layout": layout.describe(), "got": got, "coord": vars(grid.coord()), "one_device": res,
+                    "calls": [d[0] for m in tr.moe for d in m.dispatches]})
     return out
+
+
+def _v_want(layout: ParallelConfig, ranks: list, r: dict) -> dict:
+    """The analysis's bytes for rank `r` of `ranks` (its pipeline rank's, zeros dropped); the
+    expert all-to-all from the step's own routing counts of its ep group (routing is data)."""
+    from minitron.analysis.comm import comm_bytes_per_step
+
+    model = _v_model(layout)
+    want = comm_bytes_per_step(model, layout, _v_train(layout), r["coord"]["pp"])
+    if layout.ep > 1:
+        want["ep"]["all_to_all"] = routed_all_to_all_bytes(ranks, r, model, 8)
+    want = {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items()}
+    return {a: ops for a, ops in want.items() if ops}
 
 
 @pytest.mark.multirank
 def test_v_on_every_tensor_mode_traced_equals_analysis():
     """ZB-V and DualPipe-V (pp2, the head on rank 0 beside the embedding) on 1-D tensor
-    parallelism with sp and dp, and on the 2-D grid, in one launch of 8 ranks: on every
-    rank the traced step's bytes per axis and operation equal the analysis's exactly, and
-    the run equals one device in float64 (1e-9)."""
+    parallelism with sp, dp and ep (a mixture of experts), on the 2-D grid with dp, the
+    2.5-D grid (q = 2, d = 2) and the cube (q = 2), in one launch of 16 ranks: on every
+    rank the traced step's bytes per axis and operation equal the analysis's exactly (the
+    expert all-to-all from its routing counts), and the run equals one device in float64
+    (1e-9), as ``minitron verify --dtype float64`` judges it."""
     cases = [ParallelConfig(pp=2, vpp=2, schedule=k, **kw) for kw in V_MODES.values() for k in V]
-    assert all(c.world == 8 for c in cases)
-    out = run_on_ranks(_v_modes_job, ParallelConfig(pp=2, tp=4), cases)
-    for rank, results in out.items():
-        assert len(results) == len(cases)
-        for res in results:
-            assert res["got"] == res["want"], (rank, res["layout"], json.dumps(res["got"]), json.dumps(res["want"]))
-    for res in out[0]:
-        one = res["one_device"]
-        assert one["max_loss_abs_diff"] <= 1e-9 and one["max_param_rel_diff"] <= 1e-9, (res["layout"], one)
+    for c in cases:
+        C.validate(_v_model(c), c, _v_train(c), world=16)
+    out = run_on_ranks(_v_modes_job, ParallelConfig(pp=2, tp=8), cases)
+    bad = []
+    for i, layout in enumerate(cases):
+        ranks = [out[r][i] for r in sorted(out)]
+        assert layout.ep == 1 or all(r["calls"] for r in ranks)  # every rank routed (one MoE block each)
+        bad += [(r["layout"], rank, json.dumps(r["got"]), json.dumps(want)) for rank, r in enumerate(ranks)
+                if r["got"] != (want := _v_want(layout, ranks, r))]
+        one = out[0][i]["one_device"]
+        assert one["max_loss_abs_diff"] <= 1e-9 and one["max_param_rel_diff"] <= 1e-9, (layout.describe(), one)
+    assert not bad, (len(bad), bad[:2])

@@ -33,6 +33,23 @@ def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict
     return launch_local(_rank_entry, (fn, layout, trace, args), layout.world)
 
 
+def routed_all_to_all_bytes(ranks: list[dict], r: dict, model, dtype_bytes: int) -> int:
+    """What analysis.experts.step_all_to_all_bytes says rank result `r` moved over 'ep' in
+    the step, from the routing counts of its whole expert-parallel group (routing is data:
+    each rank's counts alone do not give its received rows). `ranks`: every rank's result,
+    each with its grid coordinates `coord` ({axis: index}) and its `calls` (per MoE call, in
+    order, the E counts it sent); the group's ranks differ from `r` in their ep index only."""
+    from ..analysis.experts import step_all_to_all_bytes
+
+    by_coord = {tuple(sorted(p["coord"].items())): p for p in ranks}
+    ep = 1 + max(p["coord"]["ep"] for p in ranks)
+    peers = [by_coord[tuple(sorted({**r["coord"], "ep": e}.items()))] for e in range(ep)]
+    if any(len(p["calls"]) != len(r["calls"]) for p in peers):
+        raise ValueError(f"the ep group of {r['coord']} ran {[len(p['calls']) for p in peers]} MoE calls (not alike)")
+    counts = [[p["calls"][j] for p in peers] for j in range(len(r["calls"]))]
+    return step_all_to_all_bytes(counts, r["coord"]["ep"], model, dtype_bytes)
+
+
 def run_cli(argv: list[str], timeout: float = 600, env: dict | None = None):
     """Run `python -m minitron <argv>` in a subprocess: (returncode, stdout, stderr)."""
     e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
