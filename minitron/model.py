@@ -286,7 +286,9 @@ class GPT(nn.Module):
     forward(x, targets, key): on the first stage `x` is token ids [b, s], else the hidden
     states from the previous stage; on the last stage returns the mean loss over the
     microbatch's tokens (or logits when `targets` is None), else the hidden states.
-    `key` = (step, microbatch of the global batch) picks every dropout mask.
+    `key` = (step, microbatch of the global batch) picks every dropout mask. `docs` (--pack:
+    the microbatch's ``packing.Documents``, whole rows) restarts the positions per document,
+    keeps attention inside each and weighs the loss.
     """
 
     def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layer_ids=None,

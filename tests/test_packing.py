@@ -93,6 +93,10 @@ def test_ring_reach_under_documents_equals_the_analysis(n, window):
     c = 32 // (2 * n)
     rule = ChunkMask(n, c, window, docs)
     assert rule.reach == chunk_reach_of(n, document_last_chunks(n, c, docs.lengths(), window))
+    # the documents shorten the travel of the ring with one document per row (a window may already)
+    one = ChunkMask(n, c, window, Documents.of(torch.zeros_like(x), SEPARATOR_BYTE)).reach
+    assert all(rule.reach[k] <= one[k] for k in one)
+    assert window or sum(rule.reach.values()) < sum(one.values())
 
 
 @pytest.mark.parametrize("model, layout, words", [
