@@ -314,6 +314,7 @@ class TrainConfig:
     log_every: int = 1  # read the loss back from the device every N steps (GPU: > 1 avoids syncs)
     init_from: str = ""  # a GPT-2 directory (Hugging Face format) whose weights start the run
     allow_model_change: tuple = ()  # model fields a --resume may change (--allow-model-change)
+    pack: bool = False  # whole documents per sequence, positions and attention per document (packing.py)
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -858,8 +859,19 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
     validate_parallel(model, layout, world)
     if train is not None:
         validate_train(train, layout)
+        if train.pack:
+            validate_pack(model, layout)
         if layout.precision == "fp8" and layout.fp8_recipe == "mxfp8":
             validate_fp8_tokens(model, layout, train)
+
+
+def validate_pack(model: ModelConfig, layout: ParallelConfig) -> None:
+    """--pack (packing.py): the document mask reaches the standard attention on one device,
+    1-D tensor parallelism, the ring and the all-to-all, and every pipeline stage."""
+    _need(model.attention != "mla", "--pack masks the standard attention only: drop --attention mla or --pack")
+    _need(not model.mtp_depths, "--pack does not mask multi-token prediction's extra depths: drop --mtp-depths or --pack")
+    _need(layout.tp_mode == "1d",
+          f"--pack composes with 1-D tensor parallelism only (--tp-mode {layout.tp_mode} given): use --tp-mode 1d")
 
 
 def pad_vocab(vocab: int, multiple: int) -> int:

@@ -27,7 +27,8 @@ from .mtp import MTP, AddToBackward
 from .parallel import cube, summa
 from .parallel import tensor as tp
 from .context import make_param
-from .parallel.context_parallel import blockwise_window_attention, local_positions, ulysses_attention, window_mask
+from .parallel.context_parallel import (blockwise_window_attention, local_positions, local_tokens, sees,
+                                       ulysses_attention)
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 from .rope import default_inv_freq, rope_frequencies
@@ -61,11 +62,12 @@ def rotary_angles(positions, head_dim: int, base: float, device, cfg: ModelConfi
     and i + d/2, ``emb = cat(freqs, freqs)``) and, as ``LlamaRotaryEmbedding``, computed
     in float32 whatever the model's dtype, so that a Llama checkpoint's logits agree.
     With `cfg`, its frequencies (scaled by ``rope_scaling``: ``rope.rope_frequencies``),
-    cos and sin multiplied by the scaling's attention factor (YaRN)."""
+    cos and sin multiplied by the scaling's attention factor (YaRN). Positions [b, s] (one
+    row each, --pack's positions in their documents) give [b, s, head_dim]."""
     if isinstance(positions, slice):
         positions = torch.arange(positions.start, positions.stop)
     inv_freq, factor = rope_frequencies(cfg) if cfg is not None else (default_inv_freq(head_dim, base), 1.0)
-    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [s, d/2] (or [b, s, d/2] per row)
     emb = torch.cat([freqs, freqs], dim=-1).to(device)
     return emb.cos() * factor, emb.sin() * factor
 
@@ -130,9 +132,10 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = HeadNorm(f"{name}.q_norm", d, ctx, cfg.norm_eps), HeadNorm(
                 f"{name}.k_norm", d, ctx, cfg.norm_eps)
 
-    def split_heads(self, x):
+    def split_heads(self, x, docs=None):
         """The projections' output [b, s, ·] -> q [b, nh, s, d], k and v [b, kv, s, d] (this
-        rank's heads), rotated by their positions with rotary embeddings."""
+        rank's heads), rotated by their positions with rotary embeddings (with --pack, the
+        positions in their documents: ``docs``, the microbatch's ``packing.Documents``)."""
         if self.grouped:
             q, kv = x
             q = rearrange(q, "b s (nh d) -> b nh s d", d=self.head_dim)
@@ -144,19 +147,25 @@ class Attention(nn.Module):
         if self.rope_base is not None:
             # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
             # under --sp the column-parallel linear has gathered the whole sequence
-            pos = local_positions(q.shape[-2], self.ctx.comm)
+            pos = local_positions(q.shape[-2], self.ctx.comm) if docs is None else \
+                local_tokens(docs.positions, self.ctx.comm)  # [b, s]: each token's place in its document
             cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device, self.rope_cfg)
+            if docs is not None:  # per row: [b, 1 (heads), s, d]
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v
 
-    def core(self, qkv, key=NO_KEY):
+    def core(self, qkv, key=NO_KEY, docs=None):
         """softmax(QK^T/sqrt(d))V on this rank's heads: the part selective recompute redoes.
         With dropout the core is written out, so that the mask comes from our streams
         (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
         context parallelism, ring attention over the context group (its keys and values
-        travel; parallel/context_parallel.py). A sliding window masks the keys beyond it."""
-        q, k, v = self.split_heads(qkv)
+        travel; parallel/context_parallel.py). A sliding window masks the keys beyond it;
+        with --pack `docs` masks the keys of other documents (block-diagonal causal)."""
+        q, k, v = self.split_heads(qkv, docs)
         win = {"window": self.window} if self.window else {}
+        if docs is not None:
+            win["docs"] = docs
         if self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "a2a":
             y = ulysses_attention(q, k, v, self.ctx.comm, **win)  # heads over the context ranks (Ulysses)
         elif self.ctx.layout.cp > 1:
@@ -165,24 +174,25 @@ class Attention(nn.Module):
             s, group = q.shape[-2], q.shape[1] // k.shape[1]
             if group > 1:  # query head i on kv head i // G (repeat_interleave copies even for 1)
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            causal = torch.full((s, s), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
-            if self.window:
-                causal = causal.masked_fill(window_mask(s, s, 0, 0, self.window, q.device), float("-inf"))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + causal
+            hidden = ~sees(s, self.window, docs, q.device)
+            att = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))).masked_fill(hidden, float("-inf"))
             y = self.drop(att.softmax(dim=-1), key) @ v
+        elif docs is not None:  # the block-diagonal causal mask (and the window's, if any)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees(q.shape[-2], self.window, docs, q.device),
+                                               enable_gqa=self.grouped)
         elif self.window:  # only the blocks of keys in reach (its FLOPs are a window's, not s²)
             y = blockwise_window_attention(q, k, v, self.window)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         return rearrange(y, "b nh s d -> b s (nh d)")
 
-    def forward(self, x, key=NO_KEY):
+    def forward(self, x, key=NO_KEY, docs=None):
         x = self.layers.enter(x, self.ctx)
         qkv = (self.q(x), self.kv(x)) if self.grouped else self.qkv(x)
         if self.ctx.layout.recompute == "selective" and self.training:
-            y = recompute(self.core, qkv, key, hooks=self.ctx.saved_tensors)
+            y = recompute(self.core, qkv, key, docs, hooks=self.ctx.saved_tensors)
         else:
-            y = self.core(qkv, key)
+            y = self.core(qkv, key, docs)
         return add_bias(self.layers.leave_linear(self.proj, y, self.ctx), self.proj)
 
 
@@ -262,9 +272,10 @@ class Block(nn.Module):
         self.drop1 = Dropout(f"blocks.{i}.attn.out", cfg.dropout, ctx, layers.keep_mask)  # shared stream
         self.drop2 = Dropout(f"blocks.{i}.mlp.out", cfg.dropout, ctx, layers.keep_mask)
 
-    def forward(self, x, key=NO_KEY):
-        """`key` (step, microbatch) picks the dropout masks: recomputation passes the same."""
-        x = x + self.drop1(self.attn(self.ln1(x), key), key)
+    def forward(self, x, key=NO_KEY, docs=None):
+        """`key` (step, microbatch) picks the dropout masks: recomputation passes the same.
+        `docs`: the microbatch's documents (--pack), which attention masks by."""
+        x = x + self.drop1(self.attn(self.ln1(x), key, **({"docs": docs} if docs is not None else {})), key)
         return x + self.drop2(self.mlp(self.ln2(x)), key)
 
 
@@ -275,7 +286,9 @@ class GPT(nn.Module):
     forward(x, targets, key): on the first stage `x` is token ids [b, s], else the hidden
     states from the previous stage; on the last stage returns the mean loss over the
     microbatch's tokens (or logits when `targets` is None), else the hidden states.
-    `key` = (step, microbatch of the global batch) picks every dropout mask.
+    `key` = (step, microbatch of the global batch) picks every dropout mask. `docs` (--pack:
+    the microbatch's ``packing.Documents``, whole rows) restarts the positions per document,
+    keeps attention inside each and weighs the loss.
     """
 
     def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layer_ids=None,
@@ -311,42 +324,49 @@ class GPT(nn.Module):
         table = self.wte if self.first else (self.lm_head if self.cfg.tied_embeddings else self.mtp_wte)
         return self.layers.scatter(table(idx), self.ctx)
 
-    def embed(self, idx, key=NO_KEY):
-        # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism)
+    def embed(self, idx, key=NO_KEY, docs=None):
+        # positions of this rank's tokens (chunks r and 2N-1-r under context parallelism);
+        # with --pack each token's position in its document (Megatron's reset_position_ids)
         x = self.wte(idx)
         if self.cfg.positions == "learned":
-            x = x + self.wpe[local_positions(idx.shape[1], self.ctx.comm, self.wpe.device)]
+            pos = local_positions(idx.shape[1], self.ctx.comm, self.wpe.device) if docs is None else \
+                local_tokens(docs.positions, self.ctx.comm).to(self.wpe.device)
+            x = x + self.wpe[pos]
         return self.drop(self.layers.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
-    def run_block(self, block, x, key=NO_KEY):
+    def run_block(self, block, x, key=NO_KEY, docs=None):
         if self.ctx.layout.recompute == "full" and self.training:  # (recompute runs it plainly without grad)
-            return recompute(block, x, key, hooks=self.ctx.saved_tensors)
-        return block(x, key)
+            return recompute(block, x, key, docs, hooks=self.ctx.saved_tensors)
+        return block(x, key, docs)
 
     def head(self, x):
         """Final LayerNorm and the vocabulary-parallel output layer: local logits."""
         return self.layers.logits(self.ln_f(x), self.lm_head, self.ctx)
 
-    def loss(self, logits, targets):
-        """Mean cross-entropy over the microbatch's tokens (vocab-parallel when split)."""
-        return self.layers.loss(logits, targets, self.lm_head, self.ctx)
+    def loss(self, logits, targets, docs=None):
+        """Mean cross-entropy over the microbatch's tokens (vocab-parallel when split); with
+        --pack weighted by ``docs.loss_weight`` (this rank's tokens of it: packing.py)."""
+        if docs is None:
+            return self.layers.loss(logits, targets, self.lm_head, self.ctx)
+        weights = local_tokens(docs.loss_weight, self.ctx.comm)
+        return self.layers.loss(logits, targets, self.lm_head, self.ctx, weights=weights)
 
     def boundary_shape(self, micro_batch: int) -> tuple:
         """Shape of this rank's hidden states between pipeline stages."""
         tokens = self.cfg.seq_len // self.ctx.layout.cp  # this context rank's share of the sequence
         return self.layers.boundary_shape(micro_batch, tokens, self.cfg.hidden, self.ctx)
 
-    def forward(self, x, targets=None, key=NO_KEY):
+    def forward(self, x, targets=None, key=NO_KEY, docs=None):
         if self.first:
-            x = self.embed(x, key)
+            x = self.embed(x, key, docs)
         for block in self.blocks.values():
-            x = self.run_block(block, x, key)
+            x = self.run_block(block, x, key, docs)
         if not self.last:
             return x
         logits = self.head(x)
         if targets is None:
             return logits
-        loss = self.loss(logits, targets)
+        loss = self.loss(logits, targets, docs)
         if self.mtp is not None and self.training:  # the MTP loss joins the backward only (mtp.py)
             loss = AddToBackward.apply(loss, self.mtp.loss(x, targets, self.mtp_embed, self.lm_head, key))
         return loss

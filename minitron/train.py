@@ -24,10 +24,11 @@ from .launch import resolve_device
 from .model import GPT, layers_for
 from .moe import moe_layers
 from .optim import AdamW, Optimizer, lr_at, unique_params
+from .packing import PackedCorpus
 from .parallel.context_parallel import local_tokens
 from .parallel import fp8
 from .parallel.data import make_data_parallel, sharded_optimizer
-from .parallel.pipeline import PipelineRuntime, forward_microbatch
+from .parallel.pipeline import PipelineRuntime, forward_microbatch, microbatch_parts
 from .parallel.zero import sharded_data_parallel
 from .placement import placement_of
 from .preemption import StopOnSignal, process_group_store
@@ -120,6 +121,9 @@ class Trainer:
         self.corpus = corpus if corpus is not None else data_mod.load_corpus(train.data)
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
+        # --pack: each split read as whole documents (packing.py); None draws plain windows
+        self.packed = {"train": PackedCorpus(self.train_data, model.seq_len, "the training split"),
+                       "val": PackedCorpus(self.val_data, model.seq_len, "the held-out tenth")} if train.pack else None
         self.layers = layers or layers_for(layout)
         self.chunks = self._build_chunks(schedule)
         if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager
@@ -160,20 +164,37 @@ class Trainer:
         return self.chunks[0]
 
     # --- data -----------------------------------------------------------------------
-    def local_batch(self, step: int, subset: str = "train"):
-        """This data-parallel rank's rows of the global batch of `step` (with context
-        parallelism, only this context rank's chunks of each sequence)."""
+    def rows(self, step: int, subset: str = "train"):
+        """This data-parallel rank's rows of the global batch of `step`, whole sequences:
+        (x, y, documents), documents None without --pack (``packing.Documents``)."""
         train = self.tcfg
         # ep × dp replicas read different rows (ep fastest: ProcessGrid.data_index)
         rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
+        if self.packed is not None:
+            x, y, docs = self.packed[subset].batch(train.global_batch, train.seed, step, rows)
+            return x, y, docs.to(self.ctx.device)
         src = self.train_data if subset == "train" else self.val_data
-        x, y = data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows)
+        return (*data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows), None)
+
+    def local_batch(self, step: int, subset: str = "train"):
+        """This data-parallel rank's rows of the global batch of `step` (with context
+        parallelism, only this context rank's chunks of each sequence)."""
+        return self._on_rank(*self.rows(step, subset)[:2])
+
+    def _on_rank(self, x, y):
+        """Whole rows -> this context rank's chunks of them, on the device."""
         x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def microbatches(self, step: int):
-        x, y = self.local_batch(step)
-        return list(zip(x.chunk(self.tcfg.microbatches), y.chunk(self.tcfg.microbatches)))
+        """[(x, y)] per microbatch, [(x, y, documents)] with --pack (the documents of whole
+        rows: attention and the positions take this rank's part of them)."""
+        x, y, docs = self.rows(step)
+        m = self.tcfg.microbatches
+        x, y = self._on_rank(x, y)
+        if docs is None:
+            return list(zip(x.chunk(m), y.chunk(m)))
+        return list(zip(x.chunk(m), y.chunk(m), docs.chunk(m)))
 
     # --- one step -------------------------------------------------------------------
     def step(self, step: int | None = None, *, saved_tensors: tuple | None = None) -> float:
@@ -259,9 +280,10 @@ class Trainer:
         """pp = 1: each microbatch's forward (the pipeline's, ``forward_microbatch``) and its
         backward; the data-parallel hooks communicate in the last one only."""
         m, total = len(mbs), torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for k, (x, y) in enumerate(mbs):
+        for k, mb in enumerate(mbs):
+            x, y, docs = microbatch_parts(mb)
             with self.comm.labelled(microbatch=k):
-                loss = forward_microbatch(self.model, self.ctx, x, y, step, k, m)
+                loss = forward_microbatch(self.model, self.ctx, x, y, step, k, m, docs=docs)
                 with self.comm.in_phase("bwd"), self.dp.microbatch(last=k == m - 1):
                     loss.backward()
             total += loss.detach().double()
@@ -288,13 +310,14 @@ class Trainer:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
-            x, y = self.local_batch(10_000_000 + i, subset="val")
+            x, y, docs = self.rows(10_000_000 + i, subset="val")
+            x, y = self._on_rank(x, y)
             if self.pipeline is not None:
-                out = self.pipeline.forward_only(x, y)  # eval: no dropout, so no key
+                out = self.pipeline.forward_only(x, y, docs=docs)  # eval: no dropout, so no key
                 total += out if out is not None else 0.0
             else:
                 with self.comm.in_phase("log"), self.ctx.autocast():
-                    total += self.model(x, y).double()
+                    total += self.model(x, y, docs=docs).double()
         has = self.pipeline is None or self.chunks[-1].last
         return float(self.reduce_loss(total / n if has else None))
 

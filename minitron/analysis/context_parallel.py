@@ -36,7 +36,9 @@ chunks within ⌈(W−1)/c⌉ chunks after it, so it travels only to the farthes
 one of them (its reach, :func:`window_chunk_reach`) and its dK, dV go straight home from
 there; every message carries the chunks that reach further, ``2·b·c·kv_t·d`` elements
 each, and fewer chunks make fewer bytes (:func:`window_ring_items`, per context rank: the
-ranks differ).
+ranks differ). Packed documents (``--pack``) do the same with data: chunk b is seen up to
+the chunk where the document holding its last token ends, the farthest over the rows of
+the microbatch (:func:`document_last_chunks`), so the bytes follow the step's documents.
 
 Wire bytes equal call bytes here: each point-to-point message crosses one link once.
 Against sequence parallelism's collectives this is ``(N−1)/N`` of the K and V of the
@@ -54,7 +56,7 @@ from .memory import memory_on_rank
 from .params import layers_on_rank, layout_get, local_model, rank_chunks
 
 __all__ = ["cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table",
-           "window_chunk_reach", "window_ring_items"]
+           "window_chunk_reach", "window_ring_items", "chunk_reach_of", "document_last_chunks"]
 
 
 def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
@@ -152,19 +154,46 @@ def _replace(layout: Any, **kw) -> Any:
     return dataclasses.replace(layout, **kw)
 
 
-# --- the ring under a sliding window -------------------------------------------------------------
-def window_chunk_reach(n: int, c: int, window: int) -> dict[tuple[int, int], int]:
-    """Ring steps each chunk travels under a causal window of `window` keys, by (owner
-    rank o, slot k: 0 its early chunk o, 1 its late chunk 2N−1−o): chunk b is seen by the
-    query chunks b .. b + ⌈(W−1)/c⌉, held by rank a (a < N) or 2N−1−a, which the chunk
-    reaches after (holder − o) mod N steps; it travels to the farthest of them."""
-    ahead = -(-(window - 1) // c)
+# --- the ring under a sliding window or packed documents -----------------------------------------
+def chunk_reach_of(n: int, last: dict[int, int]) -> dict[tuple[int, int], int]:
+    """Ring steps each chunk travels, by (owner rank o, slot k: 0 its early chunk o, 1 its
+    late chunk 2N−1−o), when chunk b is seen by the query chunks b .. ``last[b]``: those are
+    held by rank a (a < N) or 2N−1−a, which the chunk reaches after (holder − o) mod N
+    steps; it travels to the farthest of them."""
     out = {}
     for o in range(n):
         for k, b in enumerate((o, 2 * n - 1 - o)):
-            holders = [a if a < n else 2 * n - 1 - a for a in range(b, min(2 * n - 1, b + ahead) + 1)]
+            holders = [a if a < n else 2 * n - 1 - a for a in range(b, last[b] + 1)]
             out[(o, k)] = max((h - o) % n for h in holders)
     return out
+
+
+def window_chunk_reach(n: int, c: int, window: int) -> dict[tuple[int, int], int]:
+    """Ring steps each chunk travels under a causal window of `window` keys: chunk b is seen
+    by the query chunks b .. b + ⌈(W−1)/c⌉ (:func:`chunk_reach_of`)."""
+    ahead = -(-(window - 1) // c)
+    return chunk_reach_of(n, {b: min(2 * n - 1, b + ahead) for b in range(2 * n)})
+
+
+def document_last_chunks(n: int, c: int, lengths: list[list[int]], window: int = 0) -> dict[int, int]:
+    """The last query chunk that sees key chunk b, with packed documents (--pack) of the
+    given `lengths` per row (``packing.Documents.lengths``): the chunk holding the last token
+    of the document that holds b's last token (documents are contiguous: no document
+    touching b reaches further), the farthest over the rows (they share the messages);
+    under a `window` at most ⌈(W−1)/c⌉ chunks ahead as well."""
+    ahead = -(-(window - 1) // c) if window else 2 * n
+    last = {}
+    for b in range(2 * n):
+        t, far = (b + 1) * c - 1, b
+        for row in lengths:
+            end = -1
+            for length in row:  # the end of the document holding token t
+                end += length
+                if end >= t:
+                    break
+            far = max(far, end // c)
+        last[b] = min(far, b + ahead, 2 * n - 1)
+    return last
 
 
 def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
@@ -185,11 +214,14 @@ def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
 
 
 def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: int = 0, pp_rank: int = 0,
-                      act_bytes: int = 4) -> list[dict]:
+                      act_bytes: int = 4, documents: list | None = None) -> list[dict]:
     """The ring's calls on the 'cp' axis of context rank `cp_rank` of pipeline stage `pp_rank`
-    in one step when the model has a sliding window: its windowed layers pass the chunks
-    the window reaches (:func:`window_chunk_reach`), its global layers (``window_layers``)
-    the whole ring of :func:`cp_comm_items`. ``{what, axis, op, calls, bytes}``."""
+    in one step when the model has a sliding window or packs documents: its windowed layers
+    pass the chunks the window reaches (:func:`window_chunk_reach`), its global layers
+    (``window_layers``) the whole ring of :func:`cp_comm_items`. With `documents` (--pack:
+    the document lengths of each row, per microbatch of the rank's step, ``Documents.lengths``)
+    every layer passes only the chunks the documents (and the window) let later queries see,
+    microbatch by microbatch (:func:`document_last_chunks`). ``{what, axis, op, calls, bytes}``."""
     n = int(layout_get(parallel, "cp", 1) or 1)
     t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
     m = train.microbatches
@@ -200,18 +232,23 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
     totals = {key: [0, 0] for key in whole}
-    for i in ids:
-        w = model.window_of(i)
-        hops = _window_hops(n, cp_rank, window_chunk_reach(n, c, w)) if w else whole
-        for key, msgs in hops.items():
-            passes = (forwards + 1) if key.startswith("kv") else 1
-            totals[key][0] += m * passes * len(msgs)
-            totals[key][1] += m * passes * sum(msgs) * chunk
+    for rows in documents if documents is not None else [None] * m:
+        for i in ids:
+            w = model.window_of(i)
+            if rows is not None:
+                hops = _window_hops(n, cp_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
+            else:
+                hops = _window_hops(n, cp_rank, window_chunk_reach(n, c, w)) if w else whole
+            for key, msgs in hops.items():
+                passes = (forwards + 1) if key.startswith("kv") else 1
+                totals[key][0] += passes * len(msgs)
+                totals[key][1] += passes * sum(msgs) * chunk
+    what = "packed documents" if documents is not None else "a sliding window"
     items = []
     for op in ("send", "recv"):
         kv, acc = totals[f"kv_{op}"], totals[f"acc_{op}"]
-        items.append({"what": "ring attention under a sliding window: the K, V chunks it reaches", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: the K, V chunks it reaches", "axis": "cp",
                       "op": op, "calls": kv[0], "bytes": kv[1] * act_bytes})
-        items.append({"what": "ring attention under a sliding window: dK, dV accumulated, sent home", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: dK, dV accumulated, sent home", "axis": "cp",
                       "op": op, "calls": acc[0], "bytes": acc[1] * max(act_bytes, 4)})
     return items

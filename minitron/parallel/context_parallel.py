@@ -262,15 +262,17 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None
 
 
-# --- the ring under a sliding window ------------------------------------------------------------
-# With a window of W keys a query chunk sees only the chunks within W tokens before it, so
-# each of a rank's two chunks travels only as far as the last rank whose queries reach it
-# (its *reach*, in ring steps) and then stops: fewer hops of K and V (forward and backward),
-# block pairs out of the window skipped (no FLOPs), and the gradient accumulator of a chunk
-# sent straight home from the last rank that used it (the whole ring's last hop, when the
-# chunk went all the way round). Without a window every chunk goes all the way
-# (:class:`_RingAttention`). Which pairs a chunk reaches is integer arithmetic on chunk
-# indices, so a dry run on fake tensors follows it.
+# --- the ring under a sliding window or a document mask ------------------------------------------
+# With a window of W keys a query chunk sees only the chunks within W tokens before it; with
+# packed documents (--pack, packing.py) only the chunks its documents reach back to. So each
+# of a rank's two chunks travels only as far as the last rank whose queries reach it (its
+# *reach*, in ring steps) and then stops: fewer hops of K and V (forward and backward),
+# block pairs the mask leaves empty skipped (no FLOPs), and the gradient accumulator of a
+# chunk sent straight home from the last rank that used it (the whole ring's last hop, when
+# the chunk went all the way round). Without either every chunk goes all the way
+# (:class:`_RingAttention`). Under a window which pairs a chunk reaches is integer arithmetic
+# on chunk indices, so a dry run on fake tensors follows it; documents are data, the same on
+# every rank of the context group (they hold the same rows): each decides alike.
 def pair_kind(a: int, b: int, c: int, window: int) -> str:
     """How query chunk `a` sees key chunk `b` (chunks of c tokens) under a causal window of
     `window` keys: 'none' (no pair in reach), 'full' (every pair) or 'masked'."""
@@ -280,13 +282,54 @@ def pair_kind(a: int, b: int, c: int, window: int) -> str:
     return "full" if near >= 0 and far < window else "masked"
 
 
+class ChunkMask:
+    """Which key chunks each query chunk sees, of the 2N chunks of c tokens: causal, with a
+    sliding `window` (0: none) and the microbatch's documents `docs` (None: one stream).
+    ``kinds[(a, b)]`` is 'none', 'full' or 'masked' (:func:`pair_kind`, ``Documents.pair_kind``:
+    a pair is empty if either mask empties it, whole if both leave it whole), ``reach[(src,
+    slot)]`` the last ring step at which a rank needs chunk `slot` (0: early, 1: late) of rank
+    src's keys and values (rank src + j holds it at step j). Built once per attention call."""
+
+    def __init__(self, n: int, c: int, window: int = 0, docs=None):
+        self.n, self.c, self.window, self.docs = n, c, window, docs
+        self.kinds = {(a, b): self._kind(a, b) for a in range(2 * n) for b in range(2 * n)}
+        self.reach = {(src, slot): max(j for j in range(n) if any(
+            self.kinds[(a, chunk_ids(n, src)[slot])] != "none" for a in chunk_ids(n, (src + j) % n)))
+            for src in range(n) for slot in (0, 1)}
+
+    def _kind(self, a: int, b: int) -> str:
+        kind = pair_kind(a, b, self.c, self.window or 2 * self.n * self.c)  # no window: causal only
+        if self.docs is None or kind == "none":
+            return kind
+        doc = self.docs.pair_kind(a, b, self.c)
+        return "none" if doc == "none" else "full" if kind == doc == "full" else "masked"
+
+    def mask(self, a: int, b: int, device, grouped: bool) -> torch.Tensor | None:
+        """True where query chunk a may not see key chunk b: [c, c], [b, 1, c, c] with
+        documents ([b, 1, 1, c, c] for grouped queries); None for a whole pair."""
+        if self.kinds[(a, b)] != "masked":
+            return None
+        c = self.c
+        m = window_mask(c, c, a * c, b * c, self.window or 2 * self.n * c, device)
+        if self.docs is not None:
+            m = m | ~self.docs.visible(slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c))
+            m = m.unsqueeze(1) if grouped else m
+        return m
+
+
 @functools.lru_cache(maxsize=4096)
 def chunk_reach(n: int, src: int, slot: int, c: int, window: int) -> int:
     """The last ring step at which a rank needs chunk `slot` (0: early, 1: late) of rank
-    `src`'s keys and values: the rank src + j holds it at step j."""
-    b = chunk_ids(n, src)[slot]
-    return max(j for j in range(n) if any(pair_kind(a, b, c, window) != "none"
-                                          for a in chunk_ids(n, (src + j) % n)))
+    `src`'s keys and values under a causal window (:class:`ChunkMask`'s reach)."""
+    return ChunkMask(n, c, window).reach[(src, slot)]
+
+
+def sees(s: int, window: int, docs, device) -> torch.Tensor:
+    """True where a query of a whole sequence of `s` tokens may see a key: causal, within a
+    sliding `window` (0: none) and, with `docs` (packing.Documents), in its own document:
+    [s, s], or [b, 1, s, s] per row (SDPA's boolean ``attn_mask``)."""
+    ok = ~window_mask(s, s, 0, 0, window or s, device)
+    return ok if docs is None else ok & docs.visible(slice(0, s), slice(0, s))
 
 
 def window_block(s: int, window: int) -> int:
@@ -322,9 +365,9 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return y.flatten(1, 2) if y.dim() == 5 else y
 
 
-def _reaching(n: int, src: int, c: int, window: int, past: int) -> list[int]:
+def _reaching(rule: ChunkMask, src: int, past: int) -> list[int]:
     """The slots of rank src's chunks whose reach is beyond step `past`."""
-    return [k for k in (0, 1) if chunk_reach(n, src, k, c, window) > past]
+    return [k for k in (0, 1) if rule.reach[(src, k)] > past]
 
 
 def _select(msg: torch.Tensor, held: list[int], want: list[int], c: int) -> torch.Tensor:
@@ -334,11 +377,11 @@ def _select(msg: torch.Tensor, held: list[int], want: list[int], c: int) -> torc
     return torch.cat([msg[..., held.index(k) * c:(held.index(k) + 1) * c, :] for k in want], dim=-2).contiguous()
 
 
-def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, c: int, window: int):
+def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, rule: ChunkMask):
     """Step `step`'s hop: send on the chunks of the held message that reach further,
     receive those of the previous rank's; returns (buffer, its chunks, handles)."""
-    n, r = comm.size(AXIS), comm.index(AXIS)
-    send, recv = _reaching(n, (r - step) % n, c, window, step), _reaching(n, (r - 1 - step) % n, c, window, step)
+    n, r, c = comm.size(AXIS), comm.index(AXIS), rule.c
+    send, recv = _reaching(rule, (r - step) % n, step), _reaching(rule, (r - 1 - step) % n, step)
     ops, buf = [], None
     if send:
         ops.append(("send", _select(msg, held, send, c), (r + 1) % n))
@@ -348,7 +391,7 @@ def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, c:
     return buf, recv, comm.p2p(ops, AXIS)
 
 
-def _window_pairs(comm: Comm, src: int, held: list[int], c: int, window: int, device):
+def _pairs(comm: Comm, src: int, held: list[int], rule: ChunkMask, device, grouped: bool):
     """(query slot, index of the key chunk in the message, mask or None) of each block pair
     in reach between this rank's query chunks and rank src's held key chunks."""
     n, r = comm.size(AXIS), comm.index(AXIS)
@@ -356,9 +399,8 @@ def _window_pairs(comm: Comm, src: int, held: list[int], c: int, window: int, de
     for idx, k in enumerate(held):
         b = chunk_ids(n, src)[k]
         for qa, a in enumerate(chunk_ids(n, r)):
-            kind = pair_kind(a, b, c, window)
-            if kind != "none":
-                out.append((qa, idx, window_mask(c, c, a * c, b * c, window, device) if kind == "masked" else None))
+            if rule.kinds[(a, b)] != "none":
+                out.append((qa, idx, rule.mask(a, b, device, grouped)))
     return out
 
 
@@ -367,12 +409,13 @@ def _halves(t: torch.Tensor, c: int) -> list[torch.Tensor]:
     return [t[..., :c, :], t[..., c:, :]]
 
 
-class _WindowRing(torch.autograd.Function):
-    """Ring attention under a causal sliding window: each chunk of keys and values travels
-    only to the ranks whose queries it reaches (see the section above)."""
+class _MaskedRing(torch.autograd.Function):
+    """Ring attention under a sliding window or a document mask (`rule`, a :class:`ChunkMask`):
+    each chunk of keys and values travels only to the ranks whose queries it reaches (see
+    the section above)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, comm: Comm, window: int, combine=combine):
+    def forward(fctx, q, k, v, comm: Comm, rule: ChunkMask, combine=combine):
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
@@ -382,8 +425,8 @@ class _WindowRing(torch.autograd.Function):
             acc: list = [None, None]
             for i in range(n):
                 src = (r - i) % n
-                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, c, window) if i < n - 1 else (None, [], [])
-                for qa, idx, mask in _window_pairs(comm, src, held, c, window, q.device):
+                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, rule) if i < n - 1 else (None, [], [])
+                for qa, idx, mask in _pairs(comm, src, held, rule, q.device, qs[0].dim() == 5):
                     kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
                     o, lse = block_attention(qs[qa], kc, vc, scale, causal=False, mask=mask)
                     acc[qa] = (o, lse) if acc[qa] is None else combine(*acc[qa], o, lse)
@@ -392,14 +435,14 @@ class _WindowRing(torch.autograd.Function):
             out, lse = torch.cat([acc[0][0], acc[1][0]], dim=-2), torch.cat([acc[0][1], acc[1][1]], dim=-1)
             out = out.flatten(1, 2) if out.dim() == 5 else out
             out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
-        fctx.comm, fctx.window = comm, window
+        fctx.comm, fctx.rule = comm, rule
         fctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(fctx, dout):
         q, k, v, out, lse = fctx.saved_tensors
-        comm, window = fctx.comm, fctx.window
+        comm, rule = fctx.comm, fctx.rule
         n, r = comm.size(AXIS), comm.index(AXIS)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
@@ -411,13 +454,13 @@ class _WindowRing(torch.autograd.Function):
             lses, deltas = [lse[..., :c], lse[..., c:]], [delta[..., :c], delta[..., c:]]
             dq = [torch.zeros_like(t) for t in qs]
             msg, held = _grouped_kv(torch.stack([k, v]), heads), [0, 1]
-            like, ring = msg, _AccumulatorRing(comm, c, window)
+            like, ring = msg, _AccumulatorRing(comm, rule)
             for i in range(n):
                 src = (r - i) % n
-                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, c, window) if i < n - 1 else (None, [], [])
+                nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, rule) if i < n - 1 else (None, [], [])
                 grads = {s_: torch.zeros((2, *like.shape[1:-2], c, like.shape[-1]), dtype=cd, device=q.device)
                          for s_ in held}
-                for qa, idx, mask in _window_pairs(comm, src, held, c, window, q.device):
+                for qa, idx, mask in _pairs(comm, src, held, rule, q.device, qs[0].dim() == 5):
                     kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
                     dq_b, dk, dv = block_attention_backward(qs[qa], kc, vc, douts[qa], lses[qa], deltas[qa],
                                                             scale, causal=False, mask=mask)
@@ -435,12 +478,12 @@ class _WindowRing(torch.autograd.Function):
 
 
 class _AccumulatorRing:
-    """The dK, dV of each visiting chunk in the windowed ring's backward: started on the
+    """The dK, dV of each visiting chunk in the masked ring's backward: started on the
     first rank the chunk visits, passed on with it while it travels, and sent home to its
     owner from the last rank that used it. One per backward call (no state kept after)."""
 
-    def __init__(self, comm: Comm, c: int, window: int):
-        self.comm, self.c, self.window = comm, c, window
+    def __init__(self, comm: Comm, rule: ChunkMask):
+        self.comm, self.c, self.rule = comm, rule.c, rule
         self.own = self.incoming = None
         self.home: list = []
         self.handles: list = []
@@ -456,7 +499,7 @@ class _AccumulatorRing:
             for s_, part in zip(self.incoming[1], _split(self.incoming[0], self.c)):
                 grads[s_] += part
         src = (r - i) % n
-        onward = _reaching(n, src, self.c, self.window, i)
+        onward = _reaching(self.rule, src, i)
         homeward = [s_ for s_ in held if s_ not in onward]
         ops = []
         for peer, slots in (((r + 1) % n, onward), (src, homeward)):
@@ -469,8 +512,8 @@ class _AccumulatorRing:
         """Post-to-be receives of step i: the previous rank's onward accumulators (returned,
         for step i+1) and this rank's own chunks whose last user sends them home now."""
         n, r = self.comm.size(AXIS), self.comm.index(AXIS)
-        ring = _reaching(n, (r - 1 - i) % n, self.c, self.window, i)
-        mine = [s_ for s_ in (0, 1) if chunk_reach(n, r, s_, self.c, self.window) == i]
+        ring = _reaching(self.rule, (r - 1 - i) % n, i)
+        mine = [s_ for s_ in (0, 1) if self.rule.reach[(r, s_)] == i]
         bufs = []
         for peer, slots in (((r - 1) % n, ring), ((r + i) % n, mine)):
             buf = like.new_empty((*like.shape[:-2], len(slots) * self.c, like.shape[-1])) if slots else None
@@ -495,19 +538,23 @@ def _split(t: torch.Tensor, c: int) -> list[torch.Tensor]:
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine,
-                   window: int = 0) -> torch.Tensor:
+                   window: int = 0, docs=None) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
     keys and values [b, kv, 2c, d] of every rank of the 'cp' axis (each holding chunks r
     and 2N−1−r of the sequence; kv < nh: grouped-query attention, query head i on kv head
     i // (nh/kv), and only the kv heads travel). Equal to full causal attention on the
     whole sequence, sliced. `combine`: the online-softmax combination of the forward (a
-    lab passes a learner's). A sliding `window`: the ring of :class:`_WindowRing`, which
-    passes only the chunks the window reaches."""
-    if comm.size(AXIS) == 1:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                enable_gqa=k.shape[1] != q.shape[1])
-    if window:
-        return _WindowRing.apply(q, k, v, comm, window, combine)
+    lab passes a learner's). A sliding `window` or the microbatch's documents `docs` (--pack,
+    ``packing.Documents`` of whole rows): the ring of :class:`_MaskedRing`, which passes
+    only the chunks the mask lets later queries see."""
+    n = comm.size(AXIS)
+    if n == 1:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, enable_gqa=k.shape[1] != q.shape[1],
+            **({"is_causal": True} if docs is None and not window else {"attn_mask": sees(q.shape[-2], window, docs,
+                                                                                          q.device)}))
+    if window or docs is not None:
+        return _MaskedRing.apply(q, k, v, comm, ChunkMask(n, q.shape[-2] // 2, window, docs), combine)
     return _RingAttention.apply(q, k, v, comm, combine)
 
 
@@ -576,12 +623,13 @@ def _heads_to_seq(y, comm):
     return got.transpose(0, 1).reshape(b, n * h, s // n, d)
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0) -> torch.Tensor:
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0,
+                      docs=None) -> torch.Tensor:
     """Causal attention of this context rank's tokens (q [b, nh, 2c, d], k, v [b, kv, 2c, d]:
     chunks r and 2N−1−r) by all-to-all (Ulysses): heads split over the 'cp' axis during
     attention. With kv < N (and N a multiple of kv) each kv head is sent to the N/kv
     ranks holding its queries (its gradient summed back by the backward's all-to-all).
-    A sliding `window` masks the gathered sequence as on one device."""
+    A sliding `window` and the documents `docs` (--pack) mask the gathered sequence as on one device."""
     n = comm.size(AXIS)
     if n == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
@@ -593,7 +641,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
     qh = _SeqToHeads.apply(q, comm)[:, :, order]
     kvh = _SeqToHeads.apply(kv.flatten(0, 1), comm)[:, :, order].unflatten(0, (2, -1))
     s = qh.shape[-2]
-    mask = {"attn_mask": ~window_mask(s, s, 0, 0, window, q.device)} if window else {"is_causal": True}
+    mask = {"attn_mask": sees(s, window, docs, q.device)} if window or docs is not None else {"is_causal": True}
     y = torch.nn.functional.scaled_dot_product_attention(qh, kvh[0], kvh[1], **mask,
                                                          enable_gqa=kvh.shape[2] != qh.shape[1])
     return _HeadsToSeq.apply(y[:, :, torch.argsort(order)], comm)

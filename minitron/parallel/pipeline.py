@@ -206,17 +206,25 @@ def backward_input(root, grad, stage_input: torch.Tensor):
 
 
 # --- one microbatch's forward: the pipeline's F and the Trainer's pp = 1 loop alike ---------------
-def forward_microbatch(chunk, context, x, targets, step: int, k: int, m: int, phase: str = "fwd"):
+def microbatch_parts(mb: tuple) -> tuple:
+    """(x, y, documents) of a microbatch: (x, y), or (x, y, documents) with --pack, whose
+    ``packing.Documents`` every stage reads (positions and the document mask travel with it)."""
+    x, y, *docs = mb
+    return x, y, docs[0] if docs else None
+
+
+def forward_microbatch(chunk, context, x, targets, step: int, k: int, m: int, phase: str = "fwd", docs=None):
     """Forward of microbatch `k` of this rank's `m` of training step `step` through model
     chunk `chunk`: trace records in `phase` (the caller labels them with the microbatch),
     the dropout key (`step`, index of the microbatch in the global batch: data-parallel
     rank · m + k, layout-independent), and autocast under --precision bf16. The last chunk
     returns its loss scaled by 1/m (the m backward passes then sum to the gradient of this
-    rank's share of the batch); any other chunk returns its hidden states."""
+    rank's share of the batch); any other chunk returns its hidden states. `docs`: the
+    microbatch's documents (``packing.Documents``, --pack), read by every chunk."""
     comm = context.comm
     key = (step, comm.grid.data_index() * m + k)  # ep × dp replicas read different rows
     with comm.in_phase(phase), context.autocast():
-        out = chunk(x, targets if chunk.last else None, key)
+        out = chunk(x, targets if chunk.last else None, key, docs=docs)
     return out / m if chunk.last else out
 
 
@@ -317,12 +325,14 @@ class PipelineRuntime:
                 self.observer(step, None)
 
     @torch.no_grad()
-    def forward_only(self, x, y, step: int = 0):
+    def forward_only(self, x, y, step: int = 0, docs=None):
         """Evaluation: the loss of the batch (x, y) on the last stage (None elsewhere), split
         into the schedule's m microbatches and run through the training schedule with every
-        backward action removed (`step`: the dropout keys', which evaluation does not use)."""
+        backward action removed (`step`: the dropout keys', which evaluation does not use;
+        `docs`: the batch's documents with --pack)."""
         m = self.schedule.m
-        self._begin(list(zip(x.chunk(m), y.chunk(m))), None, step, phase="log")
+        mbs = list(zip(x.chunk(m), y.chunk(m))) if docs is None else list(zip(x.chunk(m), y.chunk(m), docs.chunk(m)))
+        self._begin(mbs, None, step, phase="log")
         for i, mb in self._labelled(self.forward_steps):
             with self.comm.labelled(microbatch=mb):
                 if isinstance(self.forward_steps[i], tuple):
@@ -392,9 +402,9 @@ class PipelineRuntime:
         """Forward of microbatch a.mb on chunk a.chunk; returns the stage input it consumed
         (None on the first stage, whose input is token ids)."""
         chunk, key, m = self.chunks[a.chunk], (a.mb, a.chunk), self.schedule.m
-        x, y = self.mbs[a.mb]
+        x, y, docs = microbatch_parts(self.mbs[a.mb])
         inp = x if chunk.first else self._inputs.pop(key)
-        out = forward_microbatch(chunk, self.ctx, inp, y, self.train_step, a.mb, m, self._phase("fwd"))
+        out = forward_microbatch(chunk, self.ctx, inp, y, self.train_step, a.mb, m, self._phase("fwd"), docs)
         if chunk.last:
             self.loss += out.detach().double()
         else:

@@ -340,12 +340,16 @@ def output_logits(x, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None
     return F.linear(enter_region(x, ctx, ops), head.weight)
 
 
-def output_loss(logits, targets, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None = None):
-    """Mean cross-entropy over the tokens (vocabulary-parallel when t > 1)."""
+def output_loss(logits, targets, head: VocabParallelEmbedding, ctx: Context, ops: Ops | None = None,
+                weights: torch.Tensor | None = None):
+    """Mean cross-entropy over the tokens (vocabulary-parallel when t > 1); with `weights`
+    (one per target, --pack's ``Documents.loss_weight``) the mean of weight × cross-entropy."""
     flat, tgt = logits.flatten(0, 1), targets.flatten()
     if ctx.tp == 1:
-        return F.cross_entropy(flat, tgt)
-    return (ops or OPS).vocab_cross_entropy.apply(flat, tgt, head.start, head.vocab, ctx.comm).mean()
+        per_token = F.cross_entropy(flat, tgt, reduction="mean" if weights is None else "none")
+    else:
+        per_token = (ops or OPS).vocab_cross_entropy.apply(flat, tgt, head.start, head.vocab, ctx.comm)
+    return per_token.mean() if weights is None else (per_token * weights.flatten().to(per_token.dtype)).mean()
 
 
 def keep_mask(ctx: Context, site: str, key, shape, p: float, device, inside: bool = False) -> torch.Tensor:

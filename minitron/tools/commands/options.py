@@ -84,6 +84,9 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
     g.add_argument("--dtype", default=dtype, help="float32, float64 or bfloat16")
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
     g.add_argument("--timeline", default="", help="write pipeline action timings here")
+    g.add_argument("--pack", action="store_true",
+                   help="whole documents per sequence (ended by byte 0x1E, or the tokenizer's <|endoftext|>): "
+                        "positions restart and attention stays inside each document")
     g.add_argument("--init-from", default="", metavar="HF_DIR",
                    help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral or Mixtral checkpoint "
                         "(config.json + model.safetensors, Hugging Face format); "
@@ -149,7 +152,7 @@ def train_from(args, **over) -> TrainConfig:
     """The TrainConfig of the training flags, `over` setting the command's own fields."""
     kw = dict(steps=args.steps, global_batch=args.global_batch, microbatches=args.microbatches,
               seed=args.seed, data=args.data, dtype=args.dtype, trace=args.trace, timeline=args.timeline,
-              init_from=getattr(args, "init_from", ""))
+              init_from=getattr(args, "init_from", ""), pack=getattr(args, "pack", False))
     if args.lr is not None:
         kw["lr"] = args.lr
     kw.update(over)
@@ -169,6 +172,11 @@ def check_data(model: ModelConfig, train: TrainConfig):
                           f"or not readable; give another file") from None
     check_corpus(corpus.split()[1], model.seq_len, model.vocab)
     check_token_ids(corpus, model.vocab)
+    if train.pack:  # documents in both splits, or one line now (the ranks would each refuse)
+        from ...packing import PackedCorpus
+
+        for part, what in zip(corpus.split(), ("the training split of --data", "the held-out tenth of --data")):
+            PackedCorpus(part, model.seq_len, what)
     if train.init_from and corpus.vocab != model.vocab:  # ids must mean the tokens the weights learnt
         raise ConfigError(f"--data has a vocabulary of {corpus.vocab} but --init-from {train.init_from} has {model.vocab}: "
                           f"tokenize the text with the checkpoint's tokenizer (minitron tokenize --tokenizer FILE)")

@@ -1,0 +1,184 @@
+"""Packed documents (``--pack``, minitron/packing.py): the documents of a row, a packed
+sequence's logits equal to each document run alone (float64), the ring's chunk reach under
+documents equal to the analysis' formula, bad input in one line before any rank starts, and
+on real ranks the oracle (float64 vs one device) on dp2, tp2+sp, cp2 ring, cp2 a2a, pp2 and
+cp4 ring (documents and a window on alternate layers), each traced step's bytes equal to the
+analysis, and the ring's bytes fewer than the whole ring's where the documents end early."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minitron.analysis import comm_bytes_per_step
+from minitron.analysis.comm import bytes_by_axis
+from minitron.analysis.context_parallel import chunk_reach_of, cp_comm_items, document_last_chunks, window_ring_items
+from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, element_bytes, validate
+from minitron.context import Context
+from minitron.data import ByteCorpus
+from minitron.model import GPT
+from minitron.packing import SEPARATOR_BYTE, Documents, PackedCorpus
+from minitron.parallel.context_parallel import ChunkMask
+from minitron.tools.testing import run_cli, run_on_ranks
+
+TINY, LLAMA = PRESETS["tiny"], PRESETS["llama-tiny"]
+SEP = chr(SEPARATOR_BYTE)
+
+
+def _documents_text(n: int = 2500, seed: int = 0) -> str:
+    """Short documents of words (3 to ~25 bytes), each ended by the separator."""
+    r = random.Random(seed)
+    words = "the of and to in is was he for it with as his on be at by had".split()
+    return "".join(" ".join(r.choice(words) for _ in range(r.randint(1, 4))) + "." + SEP for _ in range(n))
+
+
+CORPUS = ByteCorpus(_documents_text().encode())
+
+
+def test_documents_of_a_row_restart_positions_and_drop_the_separators_loss():
+    x = torch.tensor([[5, 6, SEPARATOR_BYTE, 7, SEPARATOR_BYTE, 8, 9, 9]])
+    d = Documents.of(x, SEPARATOR_BYTE, scale=2.0)
+    assert d.segments.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2]]
+    assert d.positions.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert d.loss_weight.tolist() == [[2.0, 2.0, 0.0, 2.0, 0.0, 2.0, 2.0, 2.0]]
+    assert d.lengths() == [[3, 2, 3]]
+    # chunks of 2: [0 0] [0 1] [1 2] [2 2]
+    assert [d.pair_kind(a, b, 2) for a, b in ((0, 0), (1, 0), (2, 1), (2, 0), (3, 2), (3, 1), (3, 3))] == \
+        ["full", "masked", "masked", "none", "masked", "none", "full"]
+
+
+def test_packed_rows_start_at_documents_and_weigh_the_global_batch():
+    """Every row begins with a document's first token; the weights average the global
+    batch's counted tokens (T/N each, 0 on separators), whichever rows a rank takes."""
+    packed = PackedCorpus(CORPUS, 32)
+    x, y, d = packed.batch(8, 1234, 0)
+    starts = torch.as_tensor(packed.starts)
+    assert starts[0] == 0 and (CORPUS.tokens[starts[1:] - 1] == SEPARATOR_BYTE).all()  # after a separator
+    windows = torch.stack([CORPUS.window(int(s), 33) for s in starts])
+    for row_x, row_y in zip(x, y):  # each row is the corpus from one of those starts on
+        assert (windows == torch.cat([row_x, row_y[-1:]])).all(1).any()
+    assert (d.positions[:, 0] == 0).all() and torch.equal(y[:, :-1], x[:, 1:])
+    assert float(d.loss_weight.sum()) == pytest.approx(x.numel())  # sum of T/N over N tokens = T
+    _, _, half = packed.batch(8, 1234, 0, slice(4, 8))
+    assert torch.equal(half.loss_weight, d.loss_weight[4:])
+
+
+@pytest.mark.parametrize("cfg", [TINY, LLAMA, LLAMA.replace(window=6)])
+def test_packed_sequence_logits_equal_each_document_alone(cfg):
+    """Block-diagonal causal attention and positions per document: each document's logits
+    inside the packed row are those of the document alone (float64), and differ from the
+    unmasked row's (the mask does something)."""
+    torch.manual_seed(0)
+    gpt = GPT(cfg, Context(dtype=torch.float64)).eval()
+    docs = [torch.randint(0, 200, (n,)) for n in (5, 9, 12, 6)]
+    for doc in docs:
+        doc[-1] = SEPARATOR_BYTE
+    x = torch.cat(docs)[None]
+    with torch.no_grad():
+        packed = gpt(x, docs=Documents.of(x, SEPARATOR_BYTE))
+        start = 0
+        for doc in docs:
+            alone = gpt(doc[None])
+            assert torch.allclose(packed[0, start:start + len(doc)], alone[0], rtol=0, atol=1e-12)
+            start += len(doc)
+        assert not torch.allclose(packed, gpt(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("n, window", [(2, 0), (4, 0), (4, 5)])
+def test_ring_reach_under_documents_equals_the_analysis(n, window):
+    """The engine's reach (chunk pairs that the documents, and a window, leave non-empty)
+    equals the analysis' (the chunk where the document of a chunk's last token ends)."""
+    x, _, docs = PackedCorpus(CORPUS, 32).batch(3, 7, 1)
+    c = 32 // (2 * n)
+    rule = ChunkMask(n, c, window, docs)
+    assert rule.reach == chunk_reach_of(n, document_last_chunks(n, c, docs.lengths(), window))
+    # the documents shorten the travel of the ring with one document per row (a window may already)
+    one = ChunkMask(n, c, window, Documents.of(torch.zeros_like(x), SEPARATOR_BYTE)).reach
+    assert all(rule.reach[k] <= one[k] for k in one)
+    assert window or sum(rule.reach.values()) < sum(one.values())
+
+
+@pytest.mark.parametrize("model, layout, words", [
+    (PRESETS["deepseek-v3-tiny"], ParallelConfig(), "drop --attention mla or --pack"),
+    (LLAMA.replace(mtp_depths=1), ParallelConfig(), "drop --mtp-depths or --pack"),
+    (LLAMA, ParallelConfig(tp=4, tp_mode="2d"), "use --tp-mode 1d"),
+])
+def test_unsupported_combinations_are_one_line(model, layout, words):
+    with pytest.raises(ConfigError) as e:
+        validate(model, layout, TrainConfig(pack=True, global_batch=4))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_corpus_without_separators_is_refused_before_any_rank(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text(_documents_text().replace(SEP, "\n"))
+    code, out, err = run_cli(["verify", "--nproc", "2", "--dp", "2", "--pack", "--data", str(plain)], timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "no document separator (byte 0x1E" in lines[0], err
+    assert "verify: starting" not in err
+
+
+# --- on real ranks: the oracle and the traced bytes ----------------------------------------------------
+VERIFY = [  # (name, model, layout)
+    ("dp2 tp2", TINY, ParallelConfig(dp=2, tp=2)),
+    ("tp2 sp", LLAMA, ParallelConfig(tp=2, sp=True, dp=2)),
+    ("cp2 ring", LLAMA, ParallelConfig(cp=2, dp=2)),
+    ("cp2 a2a", LLAMA.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
+    ("pp2", LLAMA, ParallelConfig(pp=2, dp=2)),
+    ("cp4 ring window", LLAMA.replace(window=9, window_layers="LG"), ParallelConfig(cp=4)),
+]
+
+
+def _train(layout: ParallelConfig) -> TrainConfig:
+    m = 2 if layout.pp > 1 else 1
+    return TrainConfig(steps=2, global_batch=2 * layout.dp * m, microbatches=m, dtype="float64", lr=1e-2, warmup=1,
+                       eval_every=0, progress=False, pack=True)
+
+
+def _all_layouts(comm, corpus):
+    from minitron.comm import Comm, CommTrace
+    from minitron.grid import ProcessGrid
+    from minitron.tools.verify import verify_job
+
+    rank, out = comm.grid.rank, {}
+    for name, model, layout in VERIFY:
+        grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=rank).build_groups()
+        c = Comm(grid, CommTrace())
+        res = verify_job(c, model, layout, _train(layout), corpus, None)
+        step0 = [r for r in c.trace.records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"]
+        out[name] = (res, (c.index("cp"), c.grid.data_index(), c.index("pp")), bytes_by_axis(step0))
+    return out
+
+
+def _ring_formula(model, layout, train, cp_rank, dp_rank) -> dict:
+    """The packed ring's bytes of one context rank in step 0: its microbatches' documents."""
+    rows = slice(dp_rank * train.global_batch // layout.dp, (dp_rank + 1) * train.global_batch // layout.dp)
+    _, _, docs = PackedCorpus(CORPUS.split()[0], model.seq_len).batch(train.global_batch, train.seed, 0, rows)
+    items = window_ring_items(model, layout, train, cp_rank, act_bytes=element_bytes(train.dtype),
+                              documents=[d.lengths() for d in docs.chunk(train.microbatches)])
+    return {op: b for op, b in bytes_by_axis(items).get("cp", {}).items() if b}
+
+
+@pytest.mark.multirank
+def test_packed_layouts_equal_one_device_and_the_analysis_on_four_ranks():
+    for _, model, layout in VERIFY:
+        validate(model, layout, _train(layout))
+    results = run_on_ranks(_all_layouts, ParallelConfig(dp=4), CORPUS)
+    fewer = False
+    for name, model, layout in VERIFY:
+        res = results[0][name][0]
+        assert res["ok"] and res["max_param_rel_diff"] <= 1e-9 and res["max_loss_abs_diff"] <= 1e-9, (name, res)
+        train = _train(layout)
+        for rank, by_name in results.items():
+            _, (cp_rank, dp_rank, pp_rank), got = by_name[name]
+            want = comm_bytes_per_step(model, layout, train, pp_rank=pp_rank)
+            if layout.cp > 1 and layout.cp_mode == "ring":  # the documents decide each rank's bytes
+                ring = got.pop("cp")
+                assert ring == _ring_formula(model, layout, train, cp_rank, dp_rank), (name, rank)
+                whole = bytes_by_axis(cp_comm_items(LLAMA, layout, train, act_bytes=8))["cp"]
+                assert ring["send"] <= whole["send"], (name, rank)
+                fewer |= ring["send"] < whole["send"]
+                want = {a: ops for a, ops in want.items() if a != "cp"}
+            assert got == want, (name, rank, got, want)
+    assert fewer  # some chunk went fewer hops than the whole ring's
