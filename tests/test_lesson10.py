@@ -20,10 +20,11 @@ def _number(pattern: str, _out: str) -> float:
 
 
 WITNESS = {
-    "10.kv_rows": r"t = 16: .*kv rows per rank (\d+)",
-    "10.kv_copies": r"t = 16: .*copies of each (\d+)",
-    "10.swiglu_params": r"SwiGLU MLP 3hf = ([\d,]+)",
-    "10.cp_position": r"rank 1: chunks 1 and 6: positions \d+\.\.\d+ and (\d+)\.\.",
+    # read from the hidden solution cell: no output before a question shows its answer
+    "10.kv_rows": r"llama3-70b, t = 4: kv rows per rank (\d+)",
+    "10.kv_copies": r"llama3-70b, t = 32: .*copies of each kv head (\d+)",
+    "10.swiglu_params": r"llama3-70b: SwiGLU MLP 3hf = ([\d,]+)",
+    "10.cp_position": r"s = 128 on N = 4: rank 1's second chunk is chunk 6, its first position (\d+)",
     "10.kv_saved_per_element": r"one kv head fewer: (\d+) elements per token and key/value element",
 }
 

@@ -21,11 +21,11 @@ def _number(pattern: str, _out: str) -> float:
 
 
 WITNESS = {
-    "11.mixtral_active": r"mixtral-8x7b active ([\d.]+)B\n",
+    "11.mixtral_active": r"mixtral-8x7b top-1 active ([\d.]+)B\n",
     "11.capacity": r"Mixtral 4096 tokens, cf 1.25: C = (\d+)",
-    "11.collapsed_aux": r"fully collapsed, top-1: L/α = ([\d.]+)",
+    "11.collapsed_aux": r"E = 64, fully collapsed, top-1: L/α = ([\d.]+)",
     "11.a2a_mib": r"balanced all-to-all, mixtral, 4096 tokens, bf16: ([\d.]+) MiB",
-    "11.host_wait_pct": r"qwen3-30b-a3b ep16 microbatch 1: waiting for the host ([\d.]+) %",
+    "11.host_wait_pct": r"qwen3-30b-a3b-2602 \(ep 8\) microbatch 1: waiting for the host ([\d.]+) %",
 }
 
 

@@ -494,3 +494,127 @@ def test_prose_states_what_the_outputs_show(name):
     stated, stored, tol = CLAIMS[name]()
     assert len(stated) == len(stored) and all(abs(a - b) <= tol for a, b in zip(stated, stored)), \
         f"{name}: the prose says {stated}, the stored outputs show {stored}"
+
+
+# --- no stored output shows a graded answer before its question ------------------------
+# What a question asks about, as an output line would name it. An output line of a cell before
+# the question's cell *gives the answer away* when it shows a figure the quiz grades right
+# (its number, with the unit printed after it, accepted by quiz.grade) and either names what
+# the question asks about (this label, on the same line) or is too precise to be a coincidence
+# (4 significant digits or more, for a question graded within 1 %); a word answer, when the accepted word is on a labelled line; a
+# set or list, when consecutive numbers of a labelled line grade right.
+LABELS = {
+    "00.all_reduce": r"\bsum\b|rank 5", "00.ring_steps": r"steps? (?:in all|per all-reduce)|steps? of a ring",
+    "00.ring_bytes": r"sent|wire", "00.latency_bound": r"dominat|bound", "00.dp_group": r"dp group|data-parallel group",
+    "01.bytes_per_param": r"ZeRO stage 0|bytes per param", "01.gpus_175b": r"GPUs? (?:for|to hold)",
+    "01.zero3_d128": r"stage 3.*128|ZeRO-3.*128", "01.full_recompute": r"\bfull\b",
+    "02.bubble_1f1b": r"1f1b.*p ?= ?8|bubble.*m ?= ?16", "02.bubble_interleaved": r"interleaved.*p ?= ?8|v ?= ?2.*m ?= ?16",
+    "02.stash_gpipe": r"gpipe.*p ?= ?8", "02.warmup": r"p ?= ?8.*v ?= ?2", "02.zbv_idle": r"zb-v.*(?:idle|bubble)",
+    "03.ring_wire": r"4 ?GB|wire", "03.zero1_over_allreduce": r"ZeRO-1.*all-reduce|ratio",
+    "03.zero1_bytes": r"ZeRO-1", "04.f_backward": r"f's|\bf\b.*backward", "04.allreduces_per_layer": r"per layer.*all_reduce",
+    "04.ce_allreduces": r"all-reduces:|cross-entropy", "04.max_t": r"DGX A100|per server|NVLink",
+    "05.devices": r"cube of|q ?= ?4", "05.vector_copies": r"copies", "05.min_batch": r"q ?= ?3|min.*batch",
+    "05.linear_collectives": r"collectives|qkv:", "05.naive_output_ranks": r"naive.*ranks", "05.fewest_bytes_64": r"fewest|least",
+    "05.overlap_bound": r"overlap can hide", "06.rank_of": r"rank_of|\(1, 1, 1\)|^\s+\d+\s+1\s+1\s+1$",
+    "06.gpus_1t": r"GPUs", "06.bubble_dp": r"^\s+8\s+8\s", "06.checkpoints": r"best c", "06.zero3_state_gb": r"ZeRO-3.*GB",
+    "06.microbatch_b512": r"B = 512: best b", "07.hfu_over_mfu": r"HFU.*MFU|full / none", "07.mfu": r"\bMFU\b",
+    "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes", "08.weak_efficiency": r"weak.*efficiency",
+    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
+    "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
+    "09.message_mib": r"message", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
+    "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
+    "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
+    "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",
+    "12.tp_all_reduces": r"all.reduce", "12.colwise_dim": r"colwise",
+}
+# Lessons 00-09 still show these answers before they ask (their questions ask the learner to read
+# a figure the lesson printed): listed so that no new one appears and a fixed one is struck off.
+SHOWN_BEFORE_ASKED = {
+    "00.dp_group", "01.bytes_per_param", "01.full_recompute", "04.f_backward", "04.allreduces_per_layer",
+    "05.vector_copies", "05.overlap_bound", "06.rank_of", "06.bubble_dp", "06.checkpoints", "06.gpus_1t",
+    "06.microbatch_b512", "07.hfu_over_mfu", "07.mfu", "03.zero1_bytes", "04.max_t", "07.fusion_passes",
+    "07.flops_per_token", "12.colwise_dim",
+}
+_FIGURE = re.compile(r"(?<![\w.-])(?<![\w.][-+])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?(?:\s?(?:%|[A-Za-z]+))?")
+
+
+@functools.cache
+def _answer(qid: str):
+    return quiz.QUESTIONS[qid].answer()
+
+
+def _right(qid: str, given) -> bool:
+    """quiz.grade's verdict, with the answer computed once (the scan tries every figure)."""
+    q, right = quiz.QUESTIONS[qid], _answer(qid)
+    return not isinstance(given, bool) and quiz._matches(given, right, q.rel_tol, q.unit)
+
+
+def gives_away(qid: str, line: str) -> bool:
+    """Whether an output `line` shows the answer to `qid` (the rule above)."""
+    right, labelled = _answer(qid), bool(re.search(LABELS[qid], line, re.I))
+    if isinstance(right, tuple):
+        return labelled and any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", line, re.I) for w in right)
+    if isinstance(right, (list, frozenset)):
+        nums = [int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", line)]
+        return labelled and any(_right(qid, nums[i:i + len(right)]) for i in range(len(nums) - len(right) + 1))
+    for m in _FIGURE.finditer(line):
+        bare = re.match(r"[-+]?[\d,]+(?:\.\d+)?(?:e[-+]?\d+)?", m.group()).group()
+        if any(_right(qid, form) for form in {m.group(), bare}):
+            precise = quiz.QUESTIONS[qid].rel_tol <= 1e-2 and len(re.sub(r"\D", "", bare.split("e")[0]).lstrip("0")) >= 4
+            if labelled or precise:
+                return True
+    return False
+
+
+def shown_before_asked(lesson: str, cells=None) -> dict[str, list[str]]:
+    """{question: the output lines of earlier cells that show its answer} for a lesson."""
+    cells = _cells(lesson) if cells is None else cells
+    found = {}
+    for qi, c in enumerate(cells):
+        for qid in re.findall(r'check\("([^"]+)",', "".join(c["source"])):
+            for d in cells[:qi]:
+                for o in d.get("outputs", []):
+                    text = "".join(o.get("text") or o.get("data", {}).get("text/plain") or "")
+                    found.setdefault(qid, []).extend(ln for ln in text.splitlines() if gives_away(qid, ln))
+    return {q: lines for q, lines in found.items() if lines}
+
+
+LESSONS = sorted(p.name[:2] for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_every_question_has_a_label():
+    assert set(LABELS) == set(quiz.questions())
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_no_output_shows_an_answer_before_its_question(lesson):
+    shown = shown_before_asked(lesson)
+    new = {q: lines[:2] for q, lines in shown.items() if q not in SHOWN_BEFORE_ASKED}
+    assert not new, f"lesson {lesson}: an output before the question shows its answer: {new}"
+    fixed = {q for q in SHOWN_BEFORE_ASKED if q.startswith(lesson)} - set(shown)
+    assert not fixed, f"lesson {lesson}: {fixed} no longer shown before asked: strike them off SHOWN_BEFORE_ASKED"
+
+
+def test_a_planted_answer_before_its_question_is_caught():
+    cells = [dict(c) for c in _cells("10")]
+    qi = next(i for i, c in enumerate(cells) if 'check("10.kv_rows"' in "".join(c["source"]))
+    right = _answer("10.kv_rows")
+    cells[qi - 2] = {"cell_type": "code", "source": "", "outputs": [{"text": f"t = 4: kv rows per rank {right}\n"}]}
+    assert "10.kv_rows" in shown_before_asked("10", cells)
+    cells[qi - 2]["outputs"] = [{"text": f"t = 4: kv rows per rank {right + 1}, copies 7\n"}]  # a wrong figure
+    assert "10.kv_rows" not in shown_before_asked("10", cells)
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_solution_cells_are_hidden_with_their_outputs(lesson):
+    """Every code cell of a lesson's Solutions section (to the next section) is collapsed, its
+    source and its outputs, and so is every cell marked as a solution."""
+    in_solutions = False
+    for c in _cells(lesson):
+        src = "".join(c["source"])
+        if c["cell_type"] == "markdown" and re.search(r"^#+ ", src, re.M):
+            in_solutions = bool(re.search(r"^## Solutions", src, re.M))
+        if c["cell_type"] == "code" and (in_solutions or src.lstrip().startswith("# solution")):
+            hidden = c["metadata"].get("jupyter", {})
+            assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), \
+                f"lesson {lesson}: a solution cell in view: {src[:60]!r}"

@@ -326,17 +326,17 @@ QUESTIONS: dict[str, Question] = {
         "elements of 2 bytes.", rel_tol=1e-3, unit="MiB"),
     # --- lesson 10: modern blocks under parallelism ----------------------------------------
     "10.kv_rows": Question(
-        lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 16) * _preset("llama3-70b").head_dim,
-        "a rank holds max(kv/t, 1) whole kv heads: with kv < t one head, replicated, of 2·d rows (k and v)."),
+        lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 4) * _preset("llama3-70b").head_dim,
+        "a rank holds max(kv/t, 1) whole kv heads, each of 2·d rows (k and v): at t = 4, kv/t of them."),
     "10.kv_copies": Question(
-        lambda: max(1, 16 // _preset("llama3-70b").n_kv_heads),
+        lambda: max(1, 32 // _preset("llama3-70b").n_kv_heads),
         "each kv head is copied onto the t/kv neighbouring ranks that hold its query heads; its "
         "gradient is summed over exactly those copies."),
     "10.swiglu_params": Question(
-        lambda: 3 * _preset("llama3-8b").hidden * _preset("llama3-8b").ffn_hidden,
+        lambda: 3 * _preset("llama3-70b").hidden * _preset("llama3-70b").ffn_hidden,
         "SwiGLU has three h x f matrices: gate, up and down (no biases)."),
     "10.cp_position": Question(
-        lambda: _chunks(4, 1)[1] * (64 // (2 * 4)),
+        lambda: _chunks(4, 1)[1] * (128 // (2 * 4)),
         "the sequence is cut into 2N chunks of s/(2N) tokens; rank r's second chunk is 2N − 1 − r (not 2r + 1)."),
     "10.kv_saved_per_element": Question(
         lambda: _whole(_saved_per_kv_element()),
@@ -344,21 +344,21 @@ QUESTIONS: dict[str, Question] = {
         "projection output."),
     # --- lesson 11: mixture of experts and expert parallelism ------------------------------
     "11.mixtral_active": Question(
-        lambda: _active_params(_preset("mixtral-8x7b")) / 1e9,
-        "every dense weight plus, in each MoE block, the router and k = 2 of the 8 experts: the "
-        "total less 6 experts per layer.", rel_tol=1e-2, unit="billion"),  # the published 12.9
+        lambda: _active_params(_preset("mixtral-8x7b").replace(top_k=1)) / 1e9,
+        "every dense weight plus, in each MoE block, the router and k = 1 of the 8 experts: the "
+        "total less 7 experts per layer.", rel_tol=1e-2, unit="billion"),  # top-1, not the published top-2
     "11.capacity": Question(
         lambda: _capacity(_preset("mixtral-8x7b").replace(capacity_factor=1.25), 4096),
         "C = ceil(k·T·cf/E) with k = 2, E = 8."),
     "11.collapsed_aux": Question(
-        lambda: _collapsed_aux(8),
+        lambda: _collapsed_aux(64),
         "α·E·Σ f_i·P_i with f = P = 1 on one expert and 0 elsewhere is α·E.", rel_tol=1e-3),
     "11.a2a_mib": Question(
         lambda: _balanced_a2a(_preset("mixtral-8x7b"), 4096, 2) / 2**20,
         "dispatch and combine, forward and backward: 4 passes of T·k rows of h elements, plus the "
         "E int64 counts: 8E + 2(S + R)·h·b with S = R = T·k.", rel_tol=1e-3, unit="MiB"),
     "11.host_wait_pct": Question(
-        lambda: _host_wait_pct("bridge-qwen3-30b-a3b-2606-ep16"),
+        lambda: _host_wait_pct("bridge-qwen3-30b-a3b-2602"),
         "the prediction's part 'host_wait' over its iteration time, in per cent: per microbatch the host "
         "needs 48 layers × 8.8 ms, and the GPU waits for what its own work does not cover.", rel_tol=1e-2,
         unit="%"),
