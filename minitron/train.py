@@ -102,15 +102,19 @@ class Trainer:
       handed this rank's model chunks (ZeRO-3's units are built from them; default
       :func:`default_data_parallel`);
     * `optimizer`: ``factory(params, dp, layout, train)`` -> an ``optim.Optimizer``
-      (default :func:`default_optimizer`).
+      (default :func:`default_optimizer`);
+    * `rows`: ``rows(step)`` -> the rows of step's global batch this rank reads (default:
+      its data rank's share, ``data.dp_rows``; a fault-tolerant replica's share, or the
+      rows of the replicas a step really averaged for its single-device replay).
 
     Two Trainers in one process share nothing.
     """
 
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  comm: Comm | None = None, corpus=None, *, layers=None, schedule=None,
-                 data_parallel=None, optimizer=None):
+                 data_parallel=None, optimizer=None, rows=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
+        self.rows = rows
         # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p):
         # set where the Comm is made (launch.setup_rank), or a view of the one handed in
         self.comm = (comm or Comm()).with_wire_dtype(wire_dtype_for(layout))
@@ -165,7 +169,10 @@ class Trainer:
         parallelism, only this context rank's chunks of each sequence)."""
         train = self.tcfg
         # ep × dp replicas read different rows (ep fastest: ProcessGrid.data_index)
-        rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
+        if self.rows is not None and subset == "train":
+            rows = self.rows(step)
+        else:
+            rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
         src = self.train_data if subset == "train" else self.val_data
         x, y = data_mod.batch(src, self.mcfg.seq_len, train.global_batch, train.seed, step, rows)
         x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
