@@ -224,17 +224,18 @@ def make_manager(comm: Comm, ft: FaultTolerance, replica: int):
 
 
 def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus,
-                ft: FaultTolerance, replica: int, life: int, journal: str, fault=None) -> dict:
+                ft: FaultTolerance, replica: int, life: int, journal: str, must_reach: int = 0, fault=None) -> dict:
     """One rank of replica `replica` (its `life`-th start): build the Trainer on the replica
     axis, register its state with torchft, train until the run's last step; its rank 0
-    appends each committed step to `journal` (the launcher's record of who took part)."""
+    appends each committed step to `journal` (the launcher's record of who took part). A
+    restarted replica (`life` > 0) must be brought to the run's step `must_reach` by a peer."""
     manager, keep = make_manager(comm, ft, replica)
     try:
         tr = Trainer(model, layout, train, comm.with_replicas(manager), corpus,
                      rows=replica_rows(train.global_batch, ft.replicas, replica),
                      data_parallel=replica_data_parallel, optimizer=committed_optimizer(manager))
         manager.register_state_dict_fn("trainer", lambda st: load_trainer_state(tr, st), lambda: trainer_state(tr))
-        return _replica_steps(tr, manager, train, ft, (replica, life, journal), fault)
+        return _replica_steps(tr, manager, train, ft, (replica, life, journal, must_reach), fault)
     finally:
         manager.shutdown(wait=False)
         del keep
@@ -247,7 +248,7 @@ def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance,
     checkpoint in ``<ckpt-dir>/replica<r>`` when there is a --ckpt-dir."""
     from .checkpoint import gather_full
 
-    (replica, life, journal), rank0 = who, tr.comm.grid.rank == 0
+    (replica, life, journal, must_reach), rank0 = who, tr.comm.grid.rank == 0
     out = {"replica": replica, "life": life, "stopped": None, "checkpoint": None}
     files = [open(f, "a") for f in (train.metrics, journal) if f and rank0]
     try:
@@ -259,6 +260,10 @@ def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance,
                 out["checkpoint"] = _checkpoint(tr, train, replica, manager.current_step())
                 break
             step = manager.current_step()
+            if life > 0 and step < must_reach:  # no healthy peer brought it to the run's step
+                out["stopped"] = (f"replica {replica} restarted but found no healthy replica to recover from "
+                                  f"(the run was at step {must_reach}); it does not train alone from step 0")
+                break
             if step >= train.steps:
                 break
             if fault is not None:
@@ -389,6 +394,18 @@ def journal_of(scratch: Path, replica: int, life: int) -> Path:
     return scratch / f"replica{replica}.life{life}.steps.jsonl"
 
 
+def _run_step(scratch: Path) -> int:
+    """The last step any replica has committed so far (from the journals)."""
+    last = 0
+    for f in scratch.glob("*.steps.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                last = max(last, json.loads(line)["step"])
+            except ValueError:  # the line being written
+                pass
+    return last
+
+
 def _free_port() -> int:
     import socket
 
@@ -406,7 +423,7 @@ def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LIGHTHOUSE_ENV: lighthouse.address,
                LIGHTHOUSE_PID_ENV: str(lighthouse.proc.pid), "RUST_LOG": os.environ.get("RUST_LOG", "error")}
         result = str(scratch / f"replica{replica}.life{life}.rank{k}.pt")
-        args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), fault)
+        args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), _run_step(scratch), fault)
         p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3),
                         daemon=True)
         p.start()
