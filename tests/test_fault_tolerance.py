@@ -1,6 +1,6 @@
 """Fault-tolerant replicas on torchft (minitron/fault_tolerance.py), faults planted for real:
 
-* SIGKILL of a replica's rank at a step the test picks (the rank kills itself with it, after
+* SIGKILL of a rank of a replica (2 replicas x tp2) at a step the test picks (the rank kills itself with it, after
   the step's quorum: its peer is then inside the step's gradient all-reduce): the other
   replica takes the step again alone and keeps stepping; the launcher restarts the killed
   one (after 1 s), which recovers live from its peer (torchft's HTTP checkpoint transport, no
@@ -37,18 +37,19 @@ def _train(tmp_path, steps: int) -> TrainConfig:
 
 
 class Pace:
-    """Every step takes at least `seconds` (a planted slowness, on every rank), and replica
-    `kill` SIGKILLs itself at step `at` in its first life (`lighthouse`: kills the
-    Lighthouse instead, from replica 0)."""
+    """Every step takes at least `seconds` (a planted slowness, on every rank), and rank
+    `rank` of replica `kill` SIGKILLs itself at step `at` in its first life (`lighthouse`:
+    replica 0 kills the Lighthouse instead)."""
 
-    def __init__(self, seconds: float, kill: int | None = None, at: int = -1, lighthouse: bool = False):
-        self.seconds, self.kill, self.at, self.lighthouse = seconds, kill, at, lighthouse
+    def __init__(self, seconds: float, kill: int | None = None, at: int = -1, lighthouse: bool = False,
+                 rank: int = 0):
+        self.seconds, self.kill, self.at, self.lighthouse, self.rank = seconds, kill, at, lighthouse, rank
 
     def __call__(self, replica: int, life: int, step: int) -> None:
         if step == self.at and life == 0:
             if self.lighthouse and replica == 0:
                 os.kill(int(os.environ[ftm.LIGHTHOUSE_PID_ENV]), signal.SIGKILL)
-            elif replica == self.kill:
+            elif replica == self.kill and int(os.environ["RANK"]) == self.rank:
                 os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self.seconds)
 
@@ -60,10 +61,13 @@ def _max_diff(full: dict, ref: dict) -> float:
 
 @pytest.mark.multirank
 def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
+    """2 replicas x tp2 (4 ranks): tensor rank 1 of replica 1 is killed; its replica is
+    ended and restarted as a whole, and both of its ranks recover from replica 0's."""
     train = _train(tmp_path, steps=40)
     ft = ftm.FaultTolerance(replicas=2, restart_after_s=1.0, timeout_s=10, quorum_timeout_s=20, deadline_s=150)
     lines = []
-    out = ftm.train_replicas(MODEL, ParallelConfig(), train, None, ft, fault=Pace(0.1, kill=1, at=5), log=lines.append)
+    out = ftm.train_replicas(MODEL, ParallelConfig(tp=2), train, None, ft, fault=Pace(0.1, kill=1, at=5, rank=1),
+                             log=lines.append)
     assert out["restarts"] == {0: 0, 1: 1} and len(lines) == 1 and "replica 1 lost a rank" in lines[0]
     taken = out["taken"]
     assert sorted(taken) == list(range(40)) and out["quorum_sizes_agree"]
