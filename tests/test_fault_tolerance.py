@@ -14,6 +14,7 @@ Faults are planted through the launcher's `fault(replica, life, step)` hook, whi
 every rank before each step; `Pace` slows the steps so that the restarted replica (a new
 process: imports, model, recovery) is back before the run ends on this 2-core machine.
 """
+import importlib.util
 import json
 import os
 import signal
@@ -22,11 +23,12 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("torchft", reason="torchft is installed by `make env`")
+from minitron import fault_tolerance as ftm
+from minitron.config import ConfigError, ParallelConfig, TrainConfig, preset
+from minitron.checkpoint import latest
 
-from minitron import fault_tolerance as ftm  # noqa: E402
-from minitron.config import ConfigError, ParallelConfig, TrainConfig, preset  # noqa: E402
-from minitron.checkpoint import latest  # noqa: E402
+# the refusals need no torchft; the runs do (`make env` installs it)
+needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="torchft is not installed")
 
 MODEL = preset("tiny")
 
@@ -60,6 +62,7 @@ def _max_diff(full: dict, ref: dict) -> float:
 
 
 @pytest.mark.multirank
+@needs_torchft
 def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
     """2 replicas x tp2 (4 ranks): tensor rank 1 of replica 1 is killed; its replica is
     ended and restarted as a whole, and both of its ranks recover from replica 0's."""
@@ -95,6 +98,7 @@ def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
 
 
 @pytest.mark.multirank
+@needs_torchft
 def test_a_killed_lighthouse_stops_every_replica_with_a_checkpoint(tmp_path):
     train = _train(tmp_path, steps=200)
     ft = ftm.FaultTolerance(replicas=2, timeout_s=5, quorum_timeout_s=5, deadline_s=90)
@@ -119,3 +123,15 @@ def test_what_replicas_do_not_support_is_refused_in_one_line():
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="global-batch 6"):
         ftm.check(MODEL, ParallelConfig(), train.replace(global_batch=6), ftm.FaultTolerance(replicas=4))
+
+
+def test_the_command_refuses_before_any_rank_starts(capsys, tmp_path):
+    from minitron.tools.cli import main
+
+    base = ["train", "--model", "tiny", "--ft-replicas", "2", "--steps", "2", "--global-batch", "4", "--no-progress",
+            "--metrics", str(tmp_path / "m.jsonl")]
+    for extra, words in ((["--pp", "2"], "--pp"), (["--nproc", "2"], "drop --nproc"), (["--zero1"], "ZeRO")):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("minitron: error: --ft-replicas") and words in err and "\n" not in err, err
+    assert not (tmp_path / "m.jsonl").exists()

@@ -73,10 +73,11 @@ def _train_command(args, lock) -> int:
 
     model, layout = model_from(args), layout_from(args)
     train = _train_config(args)
+    ft = _fault_tolerance(args, model, layout, train) if args.ft_replicas else None
     validate(model, layout, train)
     corpus = check_data(model, train)
-    if args.ft_replicas:
-        return _train_fault_tolerant(args, lock, model, layout, train, corpus)
+    if ft is not None:
+        return _train_fault_tolerant(args, lock, ft, model, layout, train, corpus)
     try:
         start = _prepare_folders(args, lock, model, layout, train, corpus)
     except AlreadyDone as done:  # a requeued job preempted in its last step: its work is done
@@ -98,18 +99,25 @@ def _train_command(args, lock) -> int:
     return 0
 
 
-def _train_fault_tolerant(args, lock, model, layout, train, corpus) -> int:
-    """`--ft-replicas R`: the replicas on this machine (fault_tolerance.train_replicas), then
-    what they did: steps with fewer replicas, restarts, how each replica ended."""
+def _fault_tolerance(args, model, layout, train):
+    """--ft-replicas' settings, checked (one line) before the layout's own checks."""
     from ...config import ConfigError
-    from ...fault_tolerance import FaultTolerance, check, train_replicas
+    from ...fault_tolerance import FaultTolerance, check
 
     ft = FaultTolerance(replicas=args.ft_replicas, timeout_s=args.ft_timeout, quorum_timeout_s=args.ft_timeout,
                         max_restarts=args.ft_max_restarts)
     check(model, layout, train, ft)
     if args.nproc or any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")):
-        raise ConfigError("--ft-replicas starts its replicas itself, on this machine: drop --nproc and run it "
-                          "outside torchrun/srun")
+        raise ConfigError("--ft-replicas: the replicas are started here, each with the layout's ranks: drop --nproc "
+                          "and run outside torchrun/srun")
+    return ft
+
+
+def _train_fault_tolerant(args, lock, ft, model, layout, train, corpus) -> int:
+    """`--ft-replicas R`: the replicas on this machine (fault_tolerance.train_replicas), then
+    what they did: steps with fewer replicas, restarts, how each replica ended."""
+    from ...fault_tolerance import train_replicas
+
     _prepare_folders(args, lock, model, layout, train, corpus)
     out = train_replicas(model, layout, train, corpus, ft, log=print)
     fewer = out["fewer_replicas"]
