@@ -25,8 +25,11 @@ were really taken are known with the replicas each averaged; :func:`replay` runs
 device, each step's batch being only those replicas' rows, and ends with the same
 parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
 
-What this does not do (yet): replicas with pipeline stages or ZeRO shards (refused in one
-line), or a replica killed while it recovers (torchft would retry; untested here).
+What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
+(refused in one line); evaluation, the text sample and periodic checkpoints during the run
+(a checkpoint is written only when the Lighthouse is lost); two nodes (the launcher starts the
+replicas on this machine); a replica killed while it recovers, or stopped (SIGSTOP): the latter
+is ended once the others have finished and it has not, untested.
 """
 from __future__ import annotations
 
@@ -91,6 +94,8 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
            f"make it a multiple of {ft.replicas * train.microbatches}")
     if train.resume:
         no("--resume", "start afresh (a replica recovers from its peers, not from disk)")
+    if train.trace or train.timeline:
+        no("--trace/--timeline", "drop them (the replicas' steps are in --metrics)")
 
 
 def replica_rows(global_batch: int, replicas: int, replica: int):
@@ -469,6 +474,7 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
     `ft.restart_after_s`, started again, while no replica has finished, the Lighthouse
     lives and it has restarts left; returns ({replica: its ranks' results}, {replica: restarts})."""
     outcomes, restarts, due, deadline = {}, {r: 0 for r in groups}, {}, time.monotonic() + ft.deadline_s
+    grace, first_end = ft.quorum_timeout_s + ft.timeout_s, []  # how long the rest may take after one finished
     while len(outcomes) < len(groups):
         if time.monotonic() > deadline:
             raise ConfigError(f"the fault-tolerant run did not end within {ft.deadline_s:.0f} s")
@@ -476,10 +482,14 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
         for r, g in groups.items():
             if r in outcomes:
                 continue
+            if first_end and r not in due and time.monotonic() - first_end[0] > grace:  # stopped or hung
+                g.kill()
+                outcomes[r] = [f"replica {r} did not end within {grace:.0f} s of the others (stopped or hung): ended"]
+                continue
             if r in due:  # lost, waiting to be restarted
-                if outcomes or not lighthouse.alive():
+                if first_end or not lighthouse.alive():
                     outcomes[r] = [f"replica {r} lost after {restarts[r] - 1} restarts; not restarted "
-                                   f"({'another replica finished' if outcomes else 'the Lighthouse is gone'})"]
+                                   f"({'another replica finished' if first_end else 'the Lighthouse is gone'})"]
                 elif time.monotonic() >= due[r]:
                     del due[r]
                     groups[r] = start(r, restarts[r])
@@ -495,6 +505,7 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
                         f"(restart {restarts[r]})")
             elif g.ended():
                 outcomes[r] = g.outcome()
+                first_end.append(time.monotonic())
     return outcomes, restarts
 
 
