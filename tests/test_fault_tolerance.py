@@ -85,6 +85,7 @@ def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
     recs = [json.loads(line) for line in open(train.metrics)]
     assert {r["step"] for r in recs if r["fewer_replicas"]} == {s + 1 for s in alone}
     assert all(r["replicas"] == 1 for r in recs if r["fewer_replicas"])
+    assert not (tmp_path / "ckpt").exists()  # the recovery was live: nothing on disk
     # both replicas end with the single-device replay's parameters (the recovered one too)
     ref = ftm.replay(MODEL, train, taken, 2)
     ends = out["replicas"]
