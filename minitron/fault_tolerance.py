@@ -87,7 +87,7 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
         no("pipeline parallelism (--pp)", "use --tp inside a replica")
     if layout.zero1 or layout.zero > 0:
         no("ZeRO (--zero/--zero1)", "drop it: each replica keeps the whole optimizer state")
-    if model.experts or getattr(layout, "fp8_recipe", "") == "delayed":
+    if model.experts or (layout.precision == "fp8" and layout.fp8_recipe == "delayed"):
         no("a state beyond parameters and AdamW (experts' bias, FP8 amax history)", "train a dense model")
     if train.global_batch % (ft.replicas * train.microbatches):
         no(f"--global-batch {train.global_batch} over {ft.replicas} replicas x {train.microbatches} microbatches",
