@@ -7,14 +7,17 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,course
 TORCHAO_SPEC ?= torchao==0.18.0
+TORCHFT_SPEC ?= torchft==0.2.0
+TORCHFT_DEPS := "opentelemetry-api>=1.39.0" "opentelemetry-sdk>=1.39.0" "opentelemetry-exporter-otlp-proto-http>=1.39.0"
 ORACLE := $(VENV)/oracle
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+FT_STAMP := $(VENV)/.installed-$(subst ==,-,$(TORCHFT_SPEC))
 NPROC ?= 8
 
 .PHONY: env browser run run-single test test-fast clean
 
-env: $(STAMP)
+env: $(STAMP) $(FT_STAMP)
 
 # Said before pip runs (it is quiet): what is installed, where, and roughly how long it takes.
 $(STAMP): pyproject.toml
@@ -29,6 +32,15 @@ $(STAMP): pyproject.toml
 	@# that its CUDA kernels do not load (noise in every notebook and command that reads a HF model)
 	$(BIN)/python -m pip install -q --no-deps --target $(ORACLE) "$(TORCHAO_SPEC)"
 	@echo "make: $(VENV) is ready"
+	touch $@
+
+# torchft (--ft-replicas: fault-tolerant replicas, minitron/fault_tolerance.py) in the environment, where
+# the ranks import it; a stamp of its own, so that an environment made before it gets it too. --no-deps:
+# its `torch>=2.7` can never swap the torch above; its real dependencies (OpenTelemetry) are listed here.
+# A wheel for CPython 3.11 on x86-64 Linux only: elsewhere nothing is built (its tests skip).
+$(FT_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps --only-binary :all: "$(TORCHFT_SPEC)" && \
+	    $(BIN)/python -m pip install -q $(TORCHFT_DEPS) || echo "make: torchft has no wheel here; --ft-replicas unavailable"
 	touch $@
 
 # The main job: train the GPT on Shakespeare on 8 local CPU ranks composing all three
@@ -63,10 +75,10 @@ $(BROWSER_STAMP): scripts/install_browser.sh
 	else echo "make: going on without Chromium (see above): tests/test_browser.py installs it when root, else skips"; fi
 
 # The whole test suite (what CI runs).
-test: $(STAMP) $(BROWSER_STAMP)
+test: $(STAMP) $(FT_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q --durations=15
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(FT_STAMP)
 	$(BIN)/python -m pytest -q -m "not multirank and not browser and not slurm"
 
 clean:

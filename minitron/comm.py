@@ -9,6 +9,10 @@ With a :class:`CommTrace` attached, each call appends one record
 of the local tensor handed to the call: the whole tensor for all_reduce, broadcast,
 send and recv; the local *shard* for all_gather; the full local *input* for
 reduce_scatter. Without a trace the only cost is one ``is None`` test per call.
+
+One axis is not a process group of the grid: ``'replica'``, the fault-tolerant replicas of
+``fault_tolerance.py``, each a world of its own, averaged through the torchft `Manager` a
+Comm is given where it is made (:meth:`Comm.with_replicas`); its size is the step's quorum.
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ import torch
 import torch.distributed as dist
 
 from .grid import ProcessGrid
+
+# the axis of fault-tolerant replicas (torchft replica groups): no group of the grid, a
+# quorum decided step by step (fault_tolerance.py)
+REPLICA_AXIS = "replica"
 
 # Under --compile every call here runs eagerly (a graph break): a compiled graph would
 # freeze the trace labels (step, phase) and cannot own a gloo process group.
@@ -143,8 +151,10 @@ class Comm:
     """
 
     def __init__(self, grid: ProcessGrid | None = None, trace: CommTrace | None = None, dry: bool = False,
-                 wire_dtype: torch.dtype | None = None, *, scope: _Scope | None = None):
+                 wire_dtype: torch.dtype | None = None, *, scope: _Scope | None = None, replicas=None):
         self.grid = grid or ProcessGrid()
+        # the torchft Manager of the 'replica' axis (None: no such axis, its size is 1)
+        self._replicas = replicas
         # the trace and the labels (`scope`: those of the Comm this one is a view of)
         self._scope = scope if scope is not None else _Scope(trace)
         # A dry run (the analysis's): one rank's view of a layout with no process group,
@@ -169,7 +179,13 @@ class Comm:
         the Comm handed to it was made for another precision)."""
         if dtype == self._wire_dtype:
             return self
-        return Comm(self.grid, dry=self.dry, wire_dtype=dtype, scope=self._scope)
+        return Comm(self.grid, dry=self.dry, wire_dtype=dtype, scope=self._scope, replicas=self._replicas)
+
+    def with_replicas(self, manager) -> "Comm":
+        """This Comm with a 'replica' axis: the fault-tolerant replicas whose quorum the
+        torchft `manager` decides each step (``fault_tolerance.py``); a view sharing the
+        grid, the trace and the labels."""
+        return Comm(self.grid, dry=self.dry, wire_dtype=self._wire_dtype, scope=self._scope, replicas=manager)
 
     @property
     def trace(self) -> CommTrace | None:
@@ -221,6 +237,8 @@ class Comm:
 
     # --- bookkeeping ------------------------------------------------------------
     def size(self, axis: str) -> int:
+        if axis == REPLICA_AXIS:  # the replicas in this step's quorum
+            return 1 if self._replicas is None else self._replicas.num_participants()
         return self.grid.axis_size(axis)
 
     def index(self, axis: str) -> int:
@@ -260,8 +278,11 @@ class Comm:
     @eager
     def all_reduce(self, t: torch.Tensor, axis: str, op: str = "sum", async_op: bool = False,
                    activation: bool = False):
-        """In-place all-reduce of `t` over `axis` (op: 'sum' or 'max'). Returns `t`,
-        or the work handle when `async_op` (not with a change of dtype on the wire)."""
+        """In-place all-reduce of `t` over `axis` (op: 'sum' or 'max'; 'avg' on the replica
+        axis). Returns `t`, or the work handle when `async_op` (not with a change of dtype on
+        the wire)."""
+        if axis == REPLICA_AXIS and self._replicas is not None:
+            return self._replica_all_reduce(t, op)
         if self.size(axis) == 1:
             return None if async_op else t
         x = self.on_wire(t, activation)
@@ -274,6 +295,17 @@ class Comm:
             assert x is t, "an asynchronous all-reduce cannot change dtype on the wire"
             return work
         return t if x is t else t.copy_(x)
+
+    def _replica_all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        """`t` averaged (or summed) over the replicas of this step's quorum, through torchft's
+        `Manager.allreduce` on its reconfigurable gloo group. A replica lost during the call
+        is not an error here: torchft notes it, the tensor is then unusable, and the step is
+        not committed (``Manager.should_commit``), so nothing reads it."""
+        self._record("all_reduce", REPLICA_AXIS, t)
+        if not self.dry:
+            rop = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM}[op]
+            self._replicas.allreduce(t, reduce_op=rop).wait()
+        return t
 
     @eager
     def all_gather(self, t: torch.Tensor, axis: str, dim: int = 0, async_op: bool = False,

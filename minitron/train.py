@@ -103,15 +103,19 @@ class Trainer:
       handed this rank's model chunks (ZeRO-3's units are built from them; default
       :func:`default_data_parallel`);
     * `optimizer`: ``factory(params, dp, layout, train)`` -> an ``optim.Optimizer``
-      (default :func:`default_optimizer`).
+      (default :func:`default_optimizer`);
+    * `rows_of`: ``rows_of(step)`` -> the rows of step's global batch this rank reads (default:
+      its data rank's share, ``data.dp_rows``; a fault-tolerant replica's share, or the
+      rows of the replicas a step really averaged for its single-device replay).
 
     Two Trainers in one process share nothing.
     """
 
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  comm: Comm | None = None, corpus=None, *, layers=None, schedule=None,
-                 data_parallel=None, optimizer=None):
+                 data_parallel=None, optimizer=None, rows_of=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
+        self.rows_of = rows_of
         # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p):
         # set where the Comm is made (launch.setup_rank), or a view of the one handed in
         self.comm = (comm or Comm()).with_wire_dtype(wire_dtype_for(layout))
@@ -169,7 +173,10 @@ class Trainer:
         (x, y, documents), documents None without --pack (``packing.Documents``)."""
         train = self.tcfg
         # ep × dp replicas read different rows (ep fastest: ProcessGrid.data_index)
-        rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
+        if self.rows_of is not None and subset == "train":
+            rows = self.rows_of(step)
+        else:
+            rows = data_mod.dp_rows(train.global_batch, self.layout.data_replicas, self.comm.grid.data_index())
         if self.packed is not None:
             x, y, docs = self.packed[subset].batch(train.global_batch, train.seed, step, rows)
             return x, y, docs.to(self.ctx.device)

@@ -5,7 +5,7 @@ Every `import` and `from ... import` is parsed, function-level ones included (a 
 import is still a dependency). The engine's layers, lowest first:
 
     config, placement, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
-    → context → parallel/ → moe, mla → mtp → model → train
+    → context → parallel/ → moe, mla → mtp → model → train → fault_tolerance
 
 and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
 """
@@ -26,6 +26,7 @@ ENGINE_LAYERS = [
     {"mtp"},
     {"model"},
     {"train"},
+    {"fault_tolerance"},
 ]
 TOOLING = {"analysis", "viz", "tools", "course", "labs"}
 

@@ -46,6 +46,12 @@ def add_parser(sub) -> None:
     tr.add_argument("--log-every", type=int, default=1,
                     help="read the loss back from the device every N steps (on a GPU, N > 1 avoids "
                          "a host synchronisation per step)")
+    tr.add_argument("--ft-replicas", type=int, default=0, metavar="R",
+                    help="fault-tolerant data parallelism on torchft: R replicas of the layout (each its own "
+                         "ranks), a quorum per step, a lost replica restarted and recovered live from a peer")
+    tr.add_argument("--ft-max-restarts", type=int, default=3, help="restarts of each lost replica (--ft-replicas)")
+    tr.add_argument("--ft-timeout", type=float, default=15.0,
+                    help="seconds a quorum, a replica all-reduce or a recovery may take (--ft-replicas)")
     tr.set_defaults(fn=cmd_train)
 
 
@@ -67,8 +73,11 @@ def _train_command(args, lock) -> int:
 
     model, layout = model_from(args), layout_from(args)
     train = _train_config(args)
+    ft = _fault_tolerance(args, model, layout, train) if args.ft_replicas else None
     validate(model, layout, train)
     corpus = check_data(model, train)
+    if ft is not None:
+        return _train_fault_tolerant(args, lock, ft, model, layout, train, corpus)
     try:
         start = _prepare_folders(args, lock, model, layout, train, corpus)
     except AlreadyDone as done:  # a requeued job preempted in its last step: its work is done
@@ -88,6 +97,40 @@ def _train_command(args, lock) -> int:
     if reporting():
         _summarise(args, summary, model, layout, train, corpus, start)
     return 0
+
+
+def _fault_tolerance(args, model, layout, train):
+    """--ft-replicas' settings, checked (one line) before the layout's own checks."""
+    from ...config import ConfigError
+    from ...fault_tolerance import FaultTolerance, check
+
+    ft = FaultTolerance(replicas=args.ft_replicas, timeout_s=args.ft_timeout, quorum_timeout_s=args.ft_timeout,
+                        max_restarts=args.ft_max_restarts)
+    check(model, layout, train, ft)
+    if args.nproc or any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID")):
+        raise ConfigError("--ft-replicas: the replicas are started here, each with the layout's ranks: drop --nproc "
+                          "and run outside torchrun/srun")
+    return ft
+
+
+def _train_fault_tolerant(args, lock, ft, model, layout, train, corpus) -> int:
+    """`--ft-replicas R`: the replicas on this machine (fault_tolerance.train_replicas), then
+    what they did: steps with fewer replicas, restarts, how each replica ended."""
+    from ...fault_tolerance import train_replicas
+
+    _prepare_folders(args, lock, model, layout, train, corpus)
+    out = train_replicas(model, layout, train, corpus, ft, log=print)
+    fewer = out["fewer_replicas"]
+    print(f"fault-tolerant: {ft.replicas} replicas, {len(out['taken'])} steps committed; "
+          f"{len(fewer)} with fewer replicas{f' (steps {fewer[0]}..{fewer[-1]})' if fewer else ''}; "
+          f"restarts {out['restarts']}")
+    stopped = [f"replica {r}: {e.get('stopped') or e.get('lost')}" for r, e in out["replicas"].items()
+               if e.get("stopped") or e.get("lost")]
+    for line in stopped:
+        print(f"minitron: {line}", file=sys.stderr)
+    if train.metrics:
+        print(f"metrics written to {train.metrics} (one line per replica and committed step)")
+    return 1 if stopped else 0
 
 
 def _train_config(args) -> TrainConfig:

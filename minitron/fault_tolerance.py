@@ -1,0 +1,546 @@
+"""Fault-tolerant data parallelism: training that survives a lost replica without stopping.
+
+At scale a rank is lost every few hours: the Llama 3 paper (Grattafiori et al. 2024, §3.3.4)
+counts 419 unexpected interruptions in 54 days of pre-training on 16,384 H100s. A job that
+any lost rank ends pays, each time, the steps since its last checkpoint and a restart of
+every rank. torchft (PyTorch, https://github.com/pytorch/torchft; the library is used here,
+not copied) keeps the healthy replicas training instead:
+
+* each data-parallel *replica* (its own world of tensor ranks) is a torchft replica group;
+* before every step a **quorum** (torchft's ``Manager.start_quorum``, decided by the
+  *Lighthouse*, a small server the job starts) fixes which replicas take part;
+* the gradient average over the replicas goes through torchft (``Manager.allreduce`` on its
+  reconfigurable gloo group, reached as ``Comm``'s ``'replica'`` axis): it is the mean over
+  the replicas *in the quorum*, and a replica lost during it makes the step uncommitted
+  (``Manager.should_commit`` is False: the optimizer does not step, and the step is taken
+  again by the replicas that are left);
+* a replica that died is restarted by the launcher here and **recovers live** from a
+  healthy one: the quorum finds it behind, and torchft's checkpoint transport (HTTP) sends it
+  the healthy replica's parameters, optimizer state, step (its data position: a batch is a
+  pure function of (seed, step)) and RNG state, through the state-dict functions this
+  module registers. No file is written and no other replica stops.
+
+The oracle still holds: every replica records the steps it committed, so the steps that
+were really taken are known with the replicas each averaged; :func:`replay` runs them on one
+device, each step's batch being only those replicas' rows, and ends with the same
+parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
+
+What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
+(refused in one line); evaluation, the text sample and periodic checkpoints during the run
+(a checkpoint is written only when the Lighthouse is lost); two nodes (the launcher starts the
+replicas on this machine); a replica killed while it recovers, or stopped (SIGSTOP): the latter
+is ended once the others have finished and it has not, untested.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import data as data_mod
+from .comm import REPLICA_AXIS, Comm
+from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from .launch import _start_fork_server, die_with, rank_main, RankFailed
+from .optim import AdamW
+from .train import Trainer, default_data_parallel
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own variable: where a replica finds the Lighthouse
+LIGHTHOUSE_PID_ENV = "MINITRON_LIGHTHOUSE_PID"  # for a planted fault (tests kill the Lighthouse)
+
+
+@dataclass(frozen=True)
+class FaultTolerance:
+    """How many replicas, and every wait's bound (seconds unless named in ms)."""
+
+    replicas: int = 2
+    timeout_s: float = 10.0  # a collective over the replicas, should_commit, the recovery transfer
+    quorum_timeout_s: float = 15.0  # one quorum (also: how long a lost Lighthouse takes to be noticed)
+    heartbeat_timeout_ms: int = 1000  # the Lighthouse's: a replica silent this long is out of the quorum
+    join_timeout_ms: int = 500  # the Lighthouse waits this long for heartbeating stragglers
+    max_restarts: int = 3  # per replica
+    restart_after_s: float = 0.0  # a lost replica is restarted this long after its loss was seen
+    deadline_s: float = 600.0  # the whole run
+
+
+# --- the refusals ----------------------------------------------------------------------------------
+def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: FaultTolerance) -> None:
+    """One line for what fault-tolerant replicas do not support, before any rank starts."""
+    def no(what: str, fix: str):
+        raise ConfigError(f"--ft-replicas: {what} is not supported with fault-tolerant replicas; {fix}")
+
+    if ft.replicas < 1:
+        no(f"{ft.replicas} replicas", "give --ft-replicas 1 or more")
+    if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
+        no("--dp/--cp/--ep inside a replica", "the replicas are the data-parallel axis: drop --dp, --cp and --ep")
+    if layout.pp > 1:
+        no("pipeline parallelism (--pp)", "use --tp inside a replica")
+    if layout.zero1 or layout.zero > 0:
+        no("ZeRO (--zero/--zero1)", "drop it: each replica keeps the whole optimizer state")
+    if model.experts or (layout.precision == "fp8" and layout.fp8_recipe == "delayed"):
+        no("a state beyond parameters and AdamW (experts' bias, FP8 amax history)", "train a dense model")
+    if train.global_batch % (ft.replicas * train.microbatches):
+        no(f"--global-batch {train.global_batch} over {ft.replicas} replicas x {train.microbatches} microbatches",
+           f"make it a multiple of {ft.replicas * train.microbatches}")
+    if train.resume:
+        no("--resume", "start afresh (a replica recovers from its peers, not from disk)")
+    if train.trace or train.timeline:
+        no("--trace/--timeline", "drop them (the replicas' steps are in --metrics)")
+
+
+def replica_rows(global_batch: int, replicas: int, replica: int):
+    """Replica `replica`'s rows of every step's global batch (its 1/replicas share)."""
+    rows = data_mod.dp_rows(global_batch, replicas, replica)
+    return lambda step: rows
+
+
+def participants_rows(global_batch: int, replicas: int, taken: dict):
+    """The rows a step really averaged: those of the replicas in its quorum (`taken`:
+    {step: [replica, ...]}), for the single-device replay."""
+    def rows(step: int) -> list[int]:
+        return [i for r in taken[step] for i in range(*data_mod.dp_rows(global_batch, replicas, r).indices(global_batch))]
+    return rows
+
+
+# --- the gradient average over the replicas and the committed step --------------------------------
+class ReplicaAverage:
+    """The replica's own gradient synchroniser (the layout's, inside the replica), then the mean
+    over the replicas of the quorum: one flat all-reduce on the 'replica' axis (torchft)."""
+
+    def __init__(self, inner, comm: Comm):
+        self.inner, self.comm = inner, comm
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad()
+
+    def microbatch(self, last: bool):
+        return self.inner.microbatch(last)
+
+    def finish(self) -> None:
+        """Gradients whole inside the replica, then averaged over the quorum's replicas."""
+        self.inner.finish()
+        grads = [p.grad for p in self.inner.params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.comm.all_reduce(flat, REPLICA_AXIS, op="avg")
+        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
+
+
+def replica_data_parallel(params, comm: Comm, layout: ParallelConfig, chunks) -> ReplicaAverage:
+    """The ``Trainer(data_parallel=...)`` factory of a fault-tolerant replica."""
+    return ReplicaAverage(default_data_parallel(params, comm, layout, chunks), comm)
+
+
+class CommittedStep:
+    """Replicated AdamW that steps only when torchft commits the step (every replica of the
+    quorum averaged its gradient without error); otherwise the step's gradient is dropped and
+    the norm returned is NaN (the loop takes the step again)."""
+
+    def __init__(self, inner: AdamW, manager):
+        self.inner, self.manager = inner, manager
+        self.params = inner.params
+
+    def step(self, lr: float, max_norm: float = 0.0) -> torch.Tensor:
+        if self.manager.should_commit(timeout=None):
+            return self.inner.step(lr, max_norm)
+        return torch.full((), float("nan"))
+
+    def wait_params(self) -> None:
+        self.inner.wait_params()
+
+    materialize = wait_params
+
+    def export_param_state(self) -> dict:
+        return self.inner.export_param_state()
+
+    def import_param_state(self, states: dict) -> None:
+        self.inner.import_param_state(states)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.inner.state_tensors()
+
+
+def committed_optimizer(manager):
+    """The ``Trainer(optimizer=...)`` factory of a fault-tolerant replica."""
+    return lambda params, dp, layout, train: CommittedStep(AdamW(params, train, dp.comm), manager)
+
+
+# --- what a recovering replica receives -----------------------------------------------------------
+def trainer_state(tr: Trainer) -> dict:
+    """This rank's part of its replica: parameters and AdamW state by name, the torch RNG
+    state (the engine's dropout keys are pure functions of (seed, step, microbatch), so the
+    step is the data and dropout position; torchft sends its own step alongside). Copies:
+    the transport serves them while this replica goes on."""
+    adam = tr.optimizer.export_param_state()
+    return {"params": {p.shard.name: p.detach().clone() for p in tr.params},
+            "adam": {p.shard.name: {k: v.clone() if torch.is_tensor(v) else v for k, v in adam.get(p, {}).items()}
+                     for p in tr.params},
+            "rng": torch.get_rng_state(), "step": tr.step_idx}
+
+
+@torch.no_grad()
+def load_trainer_state(tr: Trainer, state: dict) -> None:
+    """Take a healthy replica's :func:`trainer_state` (the same layout, the same rank in it)."""
+    by_name = {p.shard.name: p for p in tr.params}
+    for name, t in state["params"].items():
+        by_name[name].copy_(t)
+    tr.optimizer.import_param_state({by_name[n]: st for n, st in state["adam"].items() if st})
+    torch.set_rng_state(state["rng"])
+    tr.step_idx = state["step"]
+
+
+# --- one replica's rank ---------------------------------------------------------------------------
+def _replica_store(comm: Comm):
+    """The TCP store of this replica group that torchft's Manager joins: the process group's
+    (MASTER_ADDR:MASTER_PORT) with several ranks, else one of its own. (host, port, keep-alive)."""
+    from torch.distributed import TCPStore
+
+    if comm.grid.world > 1:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return "127.0.0.1", store.port, store
+
+
+def make_manager(comm: Comm, ft: FaultTolerance, replica: int):
+    """torchft's Manager for this rank of replica `replica`: synchronous quorum (a replica
+    behind heals before the step's forward, so every replica of a quorum contributes its
+    own gradient), at least one replica per step, every wait bounded by `ft`."""
+    from torchft import Manager, ProcessGroupGloo
+
+    host, port, keep = _replica_store(comm)
+    td = lambda s: datetime.timedelta(seconds=s)  # noqa: E731
+    manager = Manager(pg=ProcessGroupGloo(timeout=td(ft.timeout_s)), load_state_dict=None, state_dict=None,
+                      min_replica_size=1, use_async_quorum=False, timeout=td(ft.timeout_s),
+                      quorum_timeout=td(ft.quorum_timeout_s), connect_timeout=td(ft.timeout_s),
+                      rank=comm.grid.rank, world_size=comm.grid.world, store_addr=host, store_port=port,
+                      lighthouse_addr=os.environ[LIGHTHOUSE_ENV], replica_id=f"replica{replica}",
+                      init_sync=True, heartbeat_interval=datetime.timedelta(milliseconds=100))
+    return manager, keep
+
+
+def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus,
+                ft: FaultTolerance, replica: int, life: int, journal: str, must_reach: int = 0, fault=None) -> dict:
+    """One rank of replica `replica` (its `life`-th start): build the Trainer on the replica
+    axis, register its state with torchft, train until the run's last step; its rank 0
+    appends each committed step to `journal` (the launcher's record of who took part). A
+    restarted replica (`life` > 0) must be brought to the run's step `must_reach` by a peer."""
+    manager, keep = make_manager(comm, ft, replica)
+    try:
+        tr = Trainer(model, layout, train, comm.with_replicas(manager), corpus,
+                     rows_of=replica_rows(train.global_batch, ft.replicas, replica),
+                     data_parallel=replica_data_parallel, optimizer=committed_optimizer(manager))
+        manager.register_state_dict_fn("trainer", lambda st: load_trainer_state(tr, st), lambda: trainer_state(tr))
+        return _replica_steps(tr, manager, train, ft, (replica, life, journal, must_reach), fault)
+    finally:
+        manager.shutdown(wait=False)
+        del keep
+
+
+def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance, who: tuple, fault) -> dict:
+    """The loop: a quorum, then the step the quorum is at (a recovering replica was brought
+    to it); the committed steps recorded (and written to the metrics by the replica's rank 0).
+    A quorum that cannot be had (the Lighthouse is gone) stops the replica cleanly, with a
+    checkpoint in ``<ckpt-dir>/replica<r>`` when there is a --ckpt-dir."""
+    from .checkpoint import gather_full
+
+    (replica, life, journal, must_reach), rank0 = who, tr.comm.grid.rank == 0
+    out = {"replica": replica, "life": life, "stopped": None, "checkpoint": None}
+    files = [open(f, "a") for f in (train.metrics, journal) if f and rank0]
+    try:
+        while True:
+            try:
+                manager.start_quorum()  # bounded by ft.quorum_timeout_s
+            except Exception as e:  # noqa: BLE001 - torchft raises what the Lighthouse client raised
+                out["stopped"] = _lighthouse_lost(e)
+                out["checkpoint"] = _checkpoint(tr, train, replica, manager.current_step())
+                break
+            step = manager.current_step()
+            if life > 0 and step < must_reach:  # no healthy peer brought it to the run's step
+                out["stopped"] = (f"replica {replica} restarted but found no healthy replica to recover from "
+                                  f"(the run was at step {must_reach}); it does not train alone from step 0")
+                break
+            if step >= train.steps:
+                break
+            if fault is not None:
+                fault(replica, life, step)
+            loss = tr.step(step)
+            if manager.current_step() == step + 1:  # committed
+                rec = _record(step, loss, tr, replica, life, tr.comm.size(REPLICA_AXIS), ft.replicas)
+                for f in files:
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+    finally:
+        for f in files:
+            f.close()
+    out["params"] = gather_full(tr) if out["stopped"] is None else None
+    return out
+
+
+def _record(step: int, loss: float, tr: Trainer, replica: int, life: int, n: int, of: int) -> dict:
+    """A committed step as the metrics say it: which replica, how many took part, of how many."""
+    return {"step": step + 1, "loss": loss, "grad_norm": float(tr.last_grad_norm), "replica": replica,
+            "life": life, "replicas": n, "of": of, "fewer_replicas": n < of, "time": time.time()}
+
+
+def _lighthouse_lost(e: Exception) -> str:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    return f"no quorum: the Lighthouse at {os.environ.get(LIGHTHOUSE_ENV)} did not answer ({first})"
+
+
+def _checkpoint(tr: Trainer, train: TrainConfig, replica: int, step: int) -> str | None:
+    """The replica's state at its last committed step, through the engine's checkpoints."""
+    if not train.ckpt_dir or step == 0:
+        return None
+    from . import checkpoint as ckpt
+
+    return str(ckpt.save(str(Path(train.ckpt_dir) / f"replica{replica}"), step, tr))
+
+
+# --- the launcher: the Lighthouse, the replica groups, restarts -----------------------------------
+def _torchft_extension() -> str:
+    """The file of torchft's native extension (found without importing torchft)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchft")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("_torchft*.so")) if spec else []
+    if not found:
+        raise ConfigError("--ft-replicas needs torchft (pip install torchft==0.2.0; `make env` installs it)")
+    return str(found[0])
+
+
+class Lighthouse:
+    """torchft's Lighthouse in a process of its own, on a free port, for the job's lifetime:
+    it prints its address, then lives until its stdin closes (the launcher stopped or died)."""
+
+    # torchft's native extension alone (it needs no torch: the process is up in a fraction of a second)
+    CODE = ("import sys, importlib.util as u; spec = u.spec_from_file_location('torchft._torchft', sys.argv[1]); "
+            "m = u.module_from_spec(spec); spec.loader.exec_module(m); "
+            "s = m.LighthouseServer(bind='[::]:0', min_replicas=1, join_timeout_ms=int(sys.argv[2]), "
+            "heartbeat_timeout_ms=int(sys.argv[3])); print(s.address(), flush=True); sys.stdin.read(); s.shutdown()")
+
+    def __init__(self, ft: FaultTolerance, start_timeout_s: float = 30.0):
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "error")}
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, _torchft_extension(), str(ft.join_timeout_ms),
+                                      str(ft.heartbeat_timeout_ms)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        ready, _, _ = select.select([self.proc.stdout], [], [], start_timeout_s)
+        line = self.proc.stdout.readline().decode().strip() if ready else ""
+        if not line.startswith("http"):
+            self.stop()
+            raise ConfigError(f"torchft's Lighthouse did not start within {start_timeout_s:.0f} s "
+                              f"(is torchft installed? `make env` installs it)")
+        self.address = line
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            f.close()
+
+
+def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, timeout_s: float) -> None:
+    """A replica's rank process: its group's environment, dies with the launcher, runs
+    :func:`replica_job` and leaves its result for the launcher."""
+    os.environ.update(env)
+    die_with(launcher)
+    if not os.environ.get("MINITRON_DEBUG"):  # torchft's and its HTTP server's log lines: into the scratch folder
+        log = os.open(result + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    out = rank_main(replica_job, layout, args, timeout_s)
+    torch.save(out, result + ".tmp")
+    os.replace(result + ".tmp", result)
+
+
+@dataclass
+class ReplicaGroup:
+    """One start (`life`) of a replica: its rank processes and where their results go."""
+
+    replica: int
+    life: int
+    procs: list
+    results: list
+
+    def ended(self) -> bool:
+        return all(p.exitcode is not None for p in self.procs)
+
+    def lost(self) -> bool:
+        """A rank ended without leaving a result (killed, crashed)."""
+        return any(p.exitcode is not None and not Path(r).exists() for p, r in zip(self.procs, self.results))
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=10)
+
+    def outcome(self) -> list:
+        return [torch.load(r, weights_only=False) for r in self.results]
+
+
+def journal_of(scratch: Path, replica: int, life: int) -> Path:
+    """Where a replica's life records its committed steps (rank 0 writes, the launcher reads)."""
+    return scratch / f"replica{replica}.life{life}.steps.jsonl"
+
+
+def _run_step(scratch: Path) -> int:
+    """The last step any replica has committed so far (from the journals)."""
+    last = 0
+    for f in scratch.glob("*.steps.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                last = max(last, json.loads(line)["step"])
+            except ValueError:  # the line being written
+                pass
+    return last
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life: int, job_args: tuple,
+                 layout: ParallelConfig, ft: FaultTolerance, fault) -> ReplicaGroup:
+    """Start the ranks of one replica group: its own world (RANK, WORLD_SIZE, a free port)."""
+    world, port, procs, results = layout.world, _free_port(), [], []
+    for k in range(world):
+        env = {"RANK": str(k), "WORLD_SIZE": str(world), "LOCAL_RANK": str(k), "LOCAL_WORLD_SIZE": str(world),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LIGHTHOUSE_ENV: lighthouse.address,
+               LIGHTHOUSE_PID_ENV: str(lighthouse.proc.pid), "RUST_LOG": os.environ.get("RUST_LOG", "error")}
+        result = str(scratch / f"replica{replica}.life{life}.rank{k}.pt")
+        args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), _run_step(scratch), fault)
+        p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3),
+                        daemon=True)
+        p.start()
+        procs.append(p)
+        results.append(result)
+    return ReplicaGroup(replica, life, procs, results)
+
+
+def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus,
+                   ft: FaultTolerance, fault=None, log=None) -> dict:
+    """Train on `ft.replicas` fault-tolerant replicas of `layout` on this machine: the
+    Lighthouse started on a free port, each replica group started, a replica whose rank died
+    ended and restarted (up to `ft.max_restarts` times, while no replica has finished and
+    the Lighthouse lives), everything stopped on the way out. `fault(replica, life, step)`:
+    called on every rank before each step (a test's planted fault). Returns :func:`summary`."""
+    import multiprocessing as mp
+
+    check(model, layout, train, ft)
+    mp.set_forkserver_preload(["torch", "torch.distributed", "minitron.train"])
+    _start_fork_server()
+    ctx = mp.get_context("forkserver")
+    scratch = Path(tempfile.mkdtemp(prefix="minitron_ranks_"))
+    lighthouse, groups = None, {}
+    try:
+        lighthouse = Lighthouse(ft)
+        start = lambda r, life: _start_group(ctx, scratch, lighthouse, r, life, (model, layout, train, corpus),  # noqa: E731
+                                             layout, ft, fault)
+        groups = {r: start(r, 0) for r in range(ft.replicas)}
+        outcomes, restarts = _supervise(groups, start, lighthouse, ft, log)
+        journals = [json.loads(line) for f in sorted(scratch.glob("*.steps.jsonl"))
+                    for line in f.read_text().splitlines() if line.strip()]
+    finally:
+        for g in groups.values():
+            g.kill()
+        if lighthouse is not None:
+            lighthouse.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return summary(outcomes, restarts, journals, ft)
+
+
+def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, log) -> tuple[dict, dict]:
+    """Watch the replica groups until each has ended: a lost one is ended and, after
+    `ft.restart_after_s`, started again, while no replica has finished, the Lighthouse
+    lives and it has restarts left; returns ({replica: its ranks' results}, {replica: restarts})."""
+    outcomes, restarts, due, deadline = {}, {r: 0 for r in groups}, {}, time.monotonic() + ft.deadline_s
+    grace, first_end = ft.quorum_timeout_s + ft.timeout_s, []  # how long the rest may take after one finished
+    while len(outcomes) < len(groups):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the fault-tolerant run did not end within {ft.deadline_s:.0f} s")
+        time.sleep(0.05)
+        for r, g in groups.items():
+            if r in outcomes:
+                continue
+            if first_end and r not in due and time.monotonic() - first_end[0] > grace:  # stopped or hung
+                g.kill()
+                outcomes[r] = [f"replica {r} did not end within {grace:.0f} s of the others (stopped or hung): ended"]
+                continue
+            if r in due:  # lost, waiting to be restarted
+                if first_end or not lighthouse.alive():
+                    outcomes[r] = [f"replica {r} lost after {restarts[r] - 1} restarts; not restarted "
+                                   f"({'another replica finished' if first_end else 'the Lighthouse is gone'})"]
+                elif time.monotonic() >= due[r]:
+                    del due[r]
+                    groups[r] = start(r, restarts[r])
+            elif g.lost():
+                g.kill()
+                if restarts[r] >= ft.max_restarts:
+                    outcomes[r] = [f"replica {r} lost after {restarts[r]} restarts (--ft-max-restarts)"]
+                    continue
+                restarts[r] += 1
+                due[r] = time.monotonic() + ft.restart_after_s
+                if log:
+                    log(f"minitron: replica {r} lost a rank; restarting it in {ft.restart_after_s:g} s "
+                        f"(restart {restarts[r]})")
+            elif g.ended():
+                outcomes[r] = g.outcome()
+                first_end.append(time.monotonic())
+    return outcomes, restarts
+
+
+def summary(outcomes: dict, restarts: dict, journals: list, ft: FaultTolerance) -> dict:
+    """What the run did: per step the replicas that committed it (`taken`, from every life's
+    journal: a killed life's steps included), the steps with fewer replicas, the restarts,
+    and each replica's end (its final parameters, or why it stopped or was lost)."""
+    failed = [x for ranks in outcomes.values() for x in ranks if isinstance(x, RankFailed)]
+    if any(f.config for f in failed):
+        raise ConfigError(next(f.message for f in failed if f.config))
+    ends = {}
+    for r, ranks in sorted(outcomes.items()):
+        first = ranks[0]
+        if isinstance(first, (str, RankFailed)):
+            ends[r] = {"lost": first if isinstance(first, str) else first.message}
+        else:
+            ends[r] = {k: first[k] for k in ("stopped", "checkpoint", "params", "life")}
+    taken, said = {}, {}
+    for rec in journals:
+        taken.setdefault(rec["step"] - 1, set()).add(rec["replica"])
+        said.setdefault(rec["step"] - 1, set()).add(rec["replicas"])
+    taken = {s: sorted(rs) for s, rs in sorted(taken.items())}
+    agree = all(said[s] == {len(rs)} for s, rs in taken.items())  # each replica's quorum size = who committed
+    return {"taken": taken, "quorum_sizes_agree": agree, "restarts": restarts, "replicas": ends,
+            "fewer_replicas": [s + 1 for s, rs in taken.items() if len(rs) < ft.replicas]}
+
+
+# --- the oracle -------------------------------------------------------------------------------------
+def replay(model: ModelConfig, train: TrainConfig, taken: dict, replicas: int, corpus=None) -> dict:
+    """The steps as they were taken, on one device: step s's batch is the rows of the
+    replicas in its quorum (`taken`: {step: [replica, ...]}); returns the full parameters."""
+    from .checkpoint import gather_full
+
+    tr = Trainer(model, ParallelConfig(), train, corpus=corpus,
+                 rows_of=participants_rows(train.global_batch, replicas, taken))
+    for step in sorted(taken):
+        tr.step(step)
+    return gather_full(tr)
