@@ -243,6 +243,15 @@ CLUSTERS: dict[str, Cluster] = {
                     80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
                     fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
                     software="megatron-core-2024"),
+    # Meta's Grand Teton H100s of torchtitan's benchmarks (benchmarks/llama3_h100_202412_torchtitan.md:
+    # "96GB HBM2e with 2.4 TB/sec", NVLink inside the 8-GPU host, "400 Gb/s per GPU" RDMA, "the
+    # default 500W power limit"; its peak is "between SXM and NVL", not stated): priced at the
+    # SXM5's dense peaks and the fitted H100 GEMM fractions (fitted at 700 W), so the power cap is
+    # not in the model, with HBM2e's bandwidth and capacity.
+    "h100-96gb": Cluster("h100-96gb", "H100-HBM2e-96GB", 989e12, 8, 450e9, 400e9, 4e-6, 8e-6,
+                         96e9, 2.4e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
+                         fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
+                         software="torchtitan-2024"),
 }
 
 # Memory of the common training GPUs (datasheets), for `minitron memory`'s warning: the
