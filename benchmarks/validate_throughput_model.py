@@ -20,6 +20,7 @@ import argparse
 import statistics
 
 from minitron.analysis import published as P
+from minitron.analysis import validation as V
 
 
 def main() -> None:
@@ -57,6 +58,7 @@ def main() -> None:
         pa, pb = P.PTDP_FUSION_GAINS[k]
         print(f"| {k} | {pa} → {pb} ({pb / pa - 1:+.0%}) | {a:.0f} → {b:.0f} ({b / a - 1:+.0%}) |")
     h100_tables()
+    family_tables()
 
 
 def _layout(r: dict) -> str:
@@ -98,6 +100,35 @@ def h100_tables() -> None:
     for g in P.release_spread():
         print(f"| {g['model']} | {', '.join(g['runs'])} | {', '.join(map(str, g['values']))} | {g['spread']:.2f}x | "
               f"{g['least_worst_error']:.1%} |")
+
+
+def family_tables() -> None:
+    """Every validation run of every software family (minitron.analysis.validation), its
+    error and source, then each family's median and worst scored error (groups of one
+    configuration published several times scored by the rule of validation.group_scores)."""
+    rows = V.family_comparison()
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    print("\nValidation runs by software family (nothing fitted on any; error = predicted/published − 1):\n")
+    print("| family | run | model | seq | GPUs | batch | mb | layout | stack | published | predicted | error | source |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['family']} | {r['run']} | {r['model']} | {r['seq']} | {r['gpus']} | {r['batch']} | {r['mb']} | "
+              f"{r['layout']} | {r['software']} on {r['cluster']} | {r['published']} {r['unit']} | "
+              f"{r['predicted']:.0f} | {r['error']:+.1%} | [{sources.index(r['source']) + 1}] |")
+    print("\nSources:")
+    for i, src in enumerate(sources, 1):
+        print(f"{i}. {src}")
+    print("\n| family | runs | scored units | median |error| | worst | runs with s ≥ 32k | their worst |")
+    print("|---|---|---|---|---|---|---|")
+    for fam, f in V.family_summary(rows).items():
+        long_ = f"{f['long_worst']:.1%}" if f["long_worst"] is not None else "-"
+        print(f"| {fam} | {f['runs']} | {f['units']} | {f['median']:.1%} | {f['worst']:.1%} | {f['long_runs']} | "
+              f"{long_} |")
+    print("\nGroups scored by the published bound (worst |error| beyond the least any one prediction can have):\n")
+    print("| runs | least worst error | score |\n|---|---|---|")
+    for u in V.group_scores(rows):
+        if len(u["runs"]) > 1:
+            print(f"| {', '.join(u['runs'])} | {u['bound']:.1%} | {u['score']:.1%} |")
 
 
 if __name__ == "__main__":

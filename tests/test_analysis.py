@@ -472,7 +472,7 @@ def test_planner_errors():
         plan(PRESETS["gpt-1.3b"], 12, 48, "a100-dgx", tp=8)
     with pytest.raises(ValueError, match="fits no layout"):
         plan(PRESETS["ptdp-1t"], 8, 8, "a100-dgx")
-    assert set(CLUSTERS) == {"v100-dgx2", "a100-dgx", "h100-dgx", "h800"}
+    assert set(CLUSTERS) == {"v100-dgx2", "a100-dgx", "h100-dgx", "h800", "h100-96gb"}
     assert get_cluster("h100-dgx").gpus_per_node == 8
 
 

@@ -96,7 +96,8 @@ def test_plan_default_software_in_the_api():
     from minitron.analysis.cluster import CLUSTERS
     from minitron.analysis.planner import cluster_software
     assert [cluster_software(None, c).name for c in CLUSTERS] == ["megatron-2019", "ptdp-2021",
-                                                                "megatron-core-2024", "megatron-core-2024"]
+                                                                "megatron-core-2024", "megatron-core-2024",
+                                                                "torchtitan-2024"]
     assert cluster_software("current", "h100-dgx").name == "current"
 
 
@@ -212,7 +213,7 @@ def test_plan_json_names_a_model_given_by_flags_custom(capsys, flags, words):
 @pytest.mark.parametrize("argv,words", [
     (["--model", "llama3-8b", "--tp", "8", "--pp", "4", "--nproc", "32"],
      "does not fit V100-SXM3-32GB 32 GB, A100-SXM4-80GB 80 GB, H100-SXM5-80GB 80 GB, H800-SXM5-80GB 80 GB, "
-     "H200-SXM-141GB 141 GB "
+     "H100-HBM2e-96GB 96 GB, H200-SXM-141GB 141 GB "
      "(only B200-180GB)"),
     (["--model", "llama3-8b", "--tp", "8", "--pp", "4", "--nproc", "32", "--seq-len", "16384"],
      "fits no GPU of V100-SXM3-32GB 32 GB, A100-SXM4-80GB 80 GB"),

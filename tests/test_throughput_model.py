@@ -21,6 +21,7 @@ from minitron.config import PRESETS
 
 def test_presets_are_values_and_bad_names_are_refused():
     assert set(SOFTWARE) == {"megatron-2019", "ptdp-2021", "korthikanti-2022", "current", "megatron-core-2024",
+                             "llm-foundry-2023", "torchtitan-2024",
                              "minitron"}
     assert get_software(None).name == DEFAULT_SOFTWARE == "megatron-2019"  # the calibration's
     assert get_software(SOFTWARE["current"]) is SOFTWARE["current"]
@@ -101,7 +102,9 @@ def test_gpt3_and_ptdp_gains_side_by_side(capsys):
 
 
 def test_planner_keeps_ptdp_layout_for_1t_under_every_software():
-    for sw in (s for s in SOFTWARE if s != "megatron-core-2024"):  # (the H100 stack: tested below)
+    # the Megatron lineage and minitron (the H100 stack: tested below; the PyTorch-FSDP stacks of the
+    # validation families, llm-foundry-2023 and torchtitan-2024, never ran PTD-P's layouts: not held here)
+    for sw in (s for s in SOFTWARE if s not in ("megatron-core-2024", "llm-foundry-2023", "torchtitan-2024")):
         # minitron recomputes nothing unless told: the 1T model then fits no layout
         rc = "full" if sw in ("minitron", "megatron-core-2024") else None
         top = plan(PRESETS["ptdp-1t"], 3072, 3072, "a100-dgx", software=sw, recompute=rc, top=1)[0]
@@ -373,7 +376,8 @@ def test_each_stack_names_its_kernel_and_explain_cites_it(capsys):
     from minitron.analysis.software import ATTENTION_KERNELS, SOFTWARE
     kernels = {name: sw.kernel for name, sw in SOFTWARE.items()}
     assert kernels == {"megatron-2019": "unfused", "ptdp-2021": "fused-softmax", "korthikanti-2022": "fused-softmax",
-                       "current": "flash-attention-2", "megatron-core-2024": "cudnn", "minitron": "flash-attention-2"}
+                       "current": "flash-attention-2", "megatron-core-2024": "cudnn", "minitron": "flash-attention-2",
+                       "llm-foundry-2023": "triton", "torchtitan-2024": "flash-attention-2"}
     assert set(kernels.values()) <= set(ATTENTION_KERNELS)
     m = PRESETS["llama3-70b"]
     for flash in ("flash-attention-2", "flash-attention-3", "cudnn"):
@@ -440,3 +444,105 @@ def test_h800_is_an_h100_with_a_narrower_nvlink():
     out = {c: predict(PRESETS["deepseek-v3"], PlannedLayout(pp=16, ep=64, dp=128, vpp=2, schedule="dualpipe-v"),
                       2048 * 8, c, software="megatron-core-2024").tflops_per_gpu for c in ("h100-dgx", "h800")}
     assert 0 < out["h800"] <= out["h100-dgx"]
+
+
+def _fsdp_run(model, dp, sw, rc="none"):
+    """A _Run of `model` on dp ranks of h100-dgx with ZeRO-3, and its units."""
+    from minitron.analysis import cluster as C
+    from minitron.analysis.params import layout_placement, rank_layers
+    L = C.PlannedLayout(dp=dp, zero=3)
+    r = C._Run(model, L, C.get_cluster("h100-dgx"), sw, rc, "1f1b", dp, None, 0.0, 16)
+    pipe = {"pp": 1, "vpp": 1, "schedule": "1f1b"}
+    return r, C.fsdp_units(r, rank_layers(model, pipe), layout_placement(pipe), 0.0)
+
+
+def test_fsdp_prices_each_unit_with_the_bytes_of_a_zero3_unit():
+    """The FSDP units the cluster model prices are the engine's ZeRO-3 units (analysis/zero.py),
+    and one unit's two gathers and reduce-scatter move what zero_wire_bytes says a ZeRO-3
+    unit moves: 2-byte parameters, gradients in the stack's fsdp_reduce_bytes."""
+    from minitron.analysis import cluster as C
+    from minitron.analysis.calls import ring_allgather_wire_bytes, ring_reduce_scatter_wire_bytes
+    from minitron.analysis.validation import mpt_model
+    from minitron.analysis.zero import zero_units, zero_wire_bytes
+    from minitron.config import ParallelConfig
+    model, d = mpt_model("mpt-1b", 2048), 8
+    units = zero_units(model, ParallelConfig(dp=d, zero=3))
+    for reduce_bytes in (2, 4):
+        sw = get_software("llm-foundry-2023").replace(fsdp_reduce_bytes=reduce_bytes)
+        r, u = _fsdp_run(model, d, sw)
+        assert (u.blocks, u.root) == (model.layers, units[0]["numel"])
+        assert u.block == pytest.approx(units[1]["numel"], rel=1e-12)
+        c = r.c
+        ag, rs = C.fsdp_unit_seconds(r, u.block)
+        wire = (2 * ag + rs - 3 * (d - 1) * c.intra_latency) * c.intra_bw * C.COMM_BW_FRACTION
+        expected = (zero_wire_bytes(int(u.block), d, 3, 2) if reduce_bytes == 2 else
+                    2 * ring_allgather_wire_bytes(u.block * 2, d) + ring_reduce_scatter_wire_bytes(u.block * 4, d))
+        assert wire == pytest.approx(expected, rel=1e-9)
+
+
+def test_fsdp_schedule_what_hides_and_what_cannot():
+    """Per microbatch: the first unit's gather and the last unit's reduce-scatter are always
+    exposed, and with compute to spare nothing else is; resharding after the forward gathers
+    every block a second time; a recomputed block gathers nothing more (FSDP2's pre-backward
+    hook has gathered it), it only adds compute to hide under."""
+    from minitron.analysis import cluster as C
+    from minitron.analysis.validation import mpt_model
+    sw = get_software("llm-foundry-2023")
+    for seq, d in ((16384, 8), (512, 512)):
+        model = mpt_model("mpt-7b", seq)
+        r, u = _fsdp_run(model, d, sw)
+        ag, rs = C.fsdp_unit_seconds(r, u.block)
+        ag_root, rs_root = C.fsdp_unit_seconds(r, u.root)
+        for rc in ("none", "full"):
+            p = predict(model, C.PlannedLayout(dp=d, zero=3), d, "h100-dgx", software=sw.replace(recompute=rc))
+            parts = p.breakdown["parts"]
+            total = parts["fsdp_comm"] + parts["fsdp_comm_hidden"]
+            assert total == pytest.approx(ag_root + 2 * u.blocks * ag + rs_root + u.blocks * rs, rel=1e-9)
+            assert parts["fsdp_comm"] >= ag_root + ag + rs + rs_root - 1e-12
+            if seq == 16384:  # compute dominates: only the two ends are exposed
+                assert parts["fsdp_comm"] == pytest.approx(ag_root + ag + rs + rs_root, rel=1e-9)
+        none, full = (predict(model, C.PlannedLayout(dp=d, zero=3), d, "h100-dgx", software=sw.replace(recompute=rc))
+                      for rc in ("none", "full"))
+        assert full.breakdown["parts"]["fsdp_comm"] <= none.breakdown["parts"]["fsdp_comm"] + 1e-12
+    grad_op = predict(model, C.PlannedLayout(dp=d, zero=3), d, "h100-dgx",
+                      software=sw.replace(fsdp_reshard_after_forward=False)).breakdown["parts"]
+    assert grad_op["fsdp_comm"] + grad_op["fsdp_comm_hidden"] == pytest.approx(
+        ag_root + u.blocks * ag + rs_root + u.blocks * rs, rel=1e-9)
+
+
+def test_validation_families_parse_and_carry_sources():
+    """Every validation run names its family, a stack and cluster that exist, and its source
+    (a repository path with its commit, or a paper); at least 10 runs come from outside
+    Megatron/NeMo, long sequences among them; the MPT shapes give the published NumParams."""
+    from minitron.analysis.cluster import CLUSTERS
+    from minitron.analysis.params import param_count
+    from minitron.analysis.software import SOFTWARE
+    from minitron.analysis.validation import FAMILIES, LLM_FOUNDRY_RUNS, mpt_model, validation_runs
+    runs = validation_runs()
+    assert len({r.run for r in runs}) == len(runs)
+    for r in runs:
+        assert r.family in FAMILIES and r.software in SOFTWARE and r.cluster in CLUSTERS
+        assert r.gpus % (r.tp * r.pp * r.cp) == 0
+        assert r.source and ("commit" in r.source or r.family == "Megatron/NeMo" or "arXiv" in r.source), r.source
+    outside = [r for r in runs if r.family != "Megatron/NeMo"]
+    assert len(outside) >= 10 and sum(r.seq >= 32768 for r in outside) >= 10
+    assert len({r.family for r in runs}) >= 3 and len(LLM_FOUNDRY_RUNS) == 70
+    # the table's NumParams column (7b at 2,048 and at 65,536; 70b)
+    for name, seq, numel in (("mpt-7b", 2048, 6658859008), ("mpt-7b", 65536, 6918905856),
+                             ("mpt-70b", 2048, 64862437376), ("mpt-760m", 32768, 807656448)):
+        assert param_count(mpt_model(name, seq)) == numel
+
+
+def test_family_validation_in_results_md():
+    """The per-family lines benchmarks/validate_throughput_model.py prints for the families
+    outside Megatron/NeMo are the ones benchmarks/RESULTS.md records."""
+    from pathlib import Path
+    from minitron.analysis.validation import (LLM_FOUNDRY_RUNS, TORCHTITAN_RUNS, family_comparison,
+                                              family_summary)
+    summary = family_summary(family_comparison(LLM_FOUNDRY_RUNS + TORCHTITAN_RUNS))
+    results = (Path(__file__).resolve().parents[1] / "benchmarks" / "RESULTS.md").read_text()
+    for fam in ("llm-foundry", "torchtitan"):
+        f = summary[fam]
+        line = (f"| {fam} | {f['runs']} | {f['units']} | {f['median']:.1%} | {f['worst']:.1%} | {f['long_runs']} | "
+                f"{f['long_worst']:.1%} |")
+        assert line in results, line

@@ -134,7 +134,7 @@ from .params import layout_get, layout_placement, padded_vocab, params_given_lay
 from .software import Software, get_software, kernel_source, kernel_tflops
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
-           "predict", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
+           "predict", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP", "DROPLESS_MOE_HOST_S", "GPU_MEMORY_BYTES"]
 
@@ -243,6 +243,15 @@ CLUSTERS: dict[str, Cluster] = {
                     80e9, 3.35e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
                     fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
                     software="megatron-core-2024"),
+    # Meta's Grand Teton H100s of torchtitan's benchmarks (benchmarks/llama3_h100_202412_torchtitan.md:
+    # "96GB HBM2e with 2.4 TB/sec", NVLink inside the 8-GPU host, "400 Gb/s per GPU" RDMA, "the
+    # default 500W power limit"; its peak is "between SXM and NVL", not stated): priced at the
+    # SXM5's dense peaks and the fitted H100 GEMM fractions (fitted at 700 W), so the power cap is
+    # not in the model, with HBM2e's bandwidth and capacity.
+    "h100-96gb": Cluster("h100-96gb", "H100-HBM2e-96GB", 989e12, 8, 450e9, 400e9, 4e-6, 8e-6,
+                         96e9, 2.4e12, gemm_max_efficiency=H100_GEMM_MAX_EFFICIENCY,
+                         fp8_peak_flops=1979e12, fp8_gemm_max_efficiency=H100_FP8_GEMM_MAX_EFFICIENCY,
+                         software="torchtitan-2024"),
 }
 
 # Memory of the common training GPUs (datasheets), for `minitron memory`'s warning: the
@@ -781,8 +790,9 @@ def _iteration_times(r: _Run) -> _Times:
     pp_total, pp_hidden = _pp_comm_s(r)
     pp_mb = pp_total - pp_hidden
     dense_w, expert_w = _heaviest_stage_weights(r, layers, where, per.moe_share)
-    fsdp_mb, dp_s = _dp_comm_s(r, dense_w, expert_w)
-    fsdp_hidden_mb = min(fsdp_mb, DP_OVERLAP * (st.fwd + B)) if r.sw.dp_overlap else 0.0
+    dp_s = _dp_comm_s(r, dense_w, expert_w)
+    fsdp_mb, fsdp_hidden_mb = _fsdp_s(r, st, fsdp_units(r, layers, where, per.moe_share)) if r.L.zero == 3 \
+        else (0.0, 0.0)
     per_mb = st.seconds + pp_mb + fsdp_mb - fsdp_hidden_mb
     bub = _bubble(r, st)
     ideal = r.m * per_mb
@@ -954,32 +964,95 @@ def _ring_bw(r: _Run, span: int) -> tuple[float, float]:
     return c.inter_bw / min(t, c.gpus_per_node), c.inter_latency  # one ring per tensor rank shares the NICs
 
 
-def _dp_comm_s(r: _Run, dense_w: float, expert_w: float) -> tuple[float, float]:
-    """(FSDP seconds per microbatch, data-parallel seconds per step) over the dp·cp ranks
-    that hold the same weights (the routed experts: over tp·cp·dp/ep ranks). Plain or
-    distributed optimizer (zero 0, 1): one all-reduce (reduce-scatter + all-gather, the
-    same bytes) of the 2-byte gradients per step, partly hidden behind the last backward
-    when the software overlaps it (DP_OVERLAP), else after the flush. FSDP / ZeRO-3 (zero
-    3): every microbatch all-gathers each layer's weights forward and again backward and
-    reduce-scatters its gradients, each unit's collective prefetched under the compute of
-    the one before (hidden up to DP_OVERLAP of the compute); HSDP shards over fsdp_shard
-    ranks and all-reduces the shards across the replicas once per step."""
+def _dp_comm_s(r: _Run, dense_w: float, expert_w: float) -> float:
+    """Data-parallel seconds per step over the dp·cp ranks that hold the same weights (the
+    routed experts: over tp·cp·dp/ep ranks). Plain or distributed optimizer (zero 0, 1):
+    one all-reduce (reduce-scatter + all-gather, the same bytes) of the 2-byte gradients
+    per step, partly hidden behind the last backward when the software overlaps it
+    (DP_OVERLAP), else after the flush. FSDP / ZeRO-3 (zero 3) gathers and reduces per
+    unit and microbatch (:func:`_fsdp_s`); with HSDP (``fsdp_shard``) the shards are
+    all-reduced across the replicas once per step, this."""
     L, c = r.L, r.c
     group, egroup = L.dp * L.cp, max(L.tp * L.cp * L.dp // L.ep, 1)
     if L.zero == 3:
         g = L.fsdp_shard or group
-        bw_g, lat_g = _ring_bw(r, g)
-        unit = (dense_w + expert_w) * GRAD_BYTES
-        fsdp_mb = 3 * _allgather_s(unit, g, bw_g, lat_g)  # all-gather ×2 and a reduce-scatter
         replicas = group // g
         bw_r, lat_r = _ring_bw(r, group) if replicas > 1 else (c.intra_bw, c.intra_latency)
-        return fsdp_mb, _allreduce_s(unit / g, replicas, bw_r, lat_r)
+        return _allreduce_s((dense_w + expert_w) * GRAD_BYTES / g, replicas, bw_r, lat_r)
     bw_d, lat_d = _ring_bw(r, group)
     dp_s = _allreduce_s(dense_w * GRAD_BYTES, group, bw_d, lat_d)
     if expert_w:
         bw_e, lat_e = _ring_bw(r, egroup)
         dp_s += _allreduce_s(expert_w * GRAD_BYTES, egroup, bw_e, lat_e)
-    return 0.0, dp_s
+    return dp_s
+
+
+@dataclass(frozen=True)
+class FsdpUnits:
+    """The FSDP units of the heaviest pipeline stage's rank: ``blocks`` transformer blocks
+    of ``block`` parameter elements each (its dense and expert weights, on this tensor
+    rank) and the root unit of ``root`` elements (embedding, final norm, head; 0 on a
+    stage without the ends)."""
+
+    blocks: int
+    block: float
+    root: float
+
+
+def fsdp_units(r: _Run, layers: list, where: Any, moe_share: float) -> FsdpUnits:
+    """The units FSDP wraps on the rank :func:`_heaviest_stage_weights` prices: one per
+    transformer block (its weights, the stage's over its blocks) and the root."""
+    L = r.L
+    heavy = {*where.end_ranks(), max(range(L.pp), key=layers.__getitem__)}
+
+    def weights(rank: int, n: int) -> float:
+        return sum(stage_weights(r.model, L.tp, L.pp, L.vpp, rank, n, L.ep, round(n * moe_share), r.head_dim, r.kind))
+
+    rank = max(sorted(heavy), key=lambda k: weights(k, layers[k]))
+    root = weights(rank, 0)
+    n = layers[rank]
+    return FsdpUnits(n, (weights(rank, n) - root) / max(n, 1), root)
+
+
+def fsdp_unit_seconds(r: _Run, numel: float) -> tuple[float, float]:
+    """(All-gather, reduce-scatter) seconds of one FSDP unit of `numel` elements over its
+    shard group: the 2-byte parameters gathered, the gradients reduced in the software's
+    ``fsdp_reduce_bytes`` (a ring reduce-scatter moves what a ring all-gather does)."""
+    g = r.L.fsdp_shard or r.L.dp * r.L.cp
+    bw, lat = _ring_bw(r, g)
+    return (_allgather_s(numel * GRAD_BYTES, g, bw, lat),
+            _allgather_s(numel * r.sw.fsdp_reduce_bytes, g, bw, lat))
+
+
+def _fsdp_s(r: _Run, st: _StageTime, u: FsdpUnits) -> tuple[float, float]:
+    """(Seconds, of which hidden) per microbatch of FSDP's collectives, unit by unit as
+    PyTorch runs them (Zhao et al. 2023; software.py): forward, the root and the first
+    block gathered with nothing to hide under, then each block's gather under the block
+    before it; backward (with ``fsdp_reshard_after_forward``), the last block's gather
+    under the head's backward (nothing on a stage without the root), then under each
+    block the next gather and the previous reduce-scatter together; the first block's
+    and the root's reduce-scatters exposed at the end. A collective hides under at most
+    DP_OVERLAP of a unit's compute (the model's one overlap constant); the recomputed
+    forward of a checkpointed block is in its backward's compute (no third gather). The
+    stage's compute is shared evenly over its blocks."""
+    n = max(u.blocks, 1)
+    ag, rs = fsdp_unit_seconds(r, u.block)
+    ag_root, rs_root = fsdp_unit_seconds(r, u.root)
+    hide = DP_OVERLAP if r.sw.dp_overlap else 0.0
+    f, b = hide * st.fwd / n, hide * (st.b_in + st.b_w) / n
+    exposed = ag_root + ag + (n - 1) * max(ag - f, 0.0)
+    total = ag_root + n * ag + rs_root + n * rs
+    if r.sw.fsdp_reshard_after_forward:
+        total += n * ag
+        exposed += max(ag - b, 0.0) if u.root else ag          # the last block's, under the head
+        if n > 1:
+            exposed += max(ag - b, 0.0)                         # under the last block: a gather
+            exposed += max(ag + rs - b, 0.0) * (n - 2)          # under the middle ones: both
+            exposed += max(rs - b, 0.0)                         # under the first: a reduce
+    else:
+        exposed += max(rs - b, 0.0) * (n - 1)
+    exposed += rs + rs_root                                     # the first block's and the root's
+    return total, total - exposed
 
 
 def _bubble(r: _Run, st: _StageTime) -> float:

@@ -73,6 +73,25 @@ kernels are itemised both ways):
   its host time. 0 (every preset): the host is never the limit; set per published run
   (a dropless Megatron-Core layer, whose dispatcher reads the token counts back to the
   host to size its buffers: ``cluster.DROPLESS_MOE_HOST_S``);
+* **FSDP as PyTorch runs it** (``fsdp_reshard_after_forward``, ``fsdp_reduce_bytes``; Zhao et
+  al. 2023, "PyTorch FSDP", §3.2–3.3 and §4; the FSDP and ``fully_shard`` documentation) —
+  each unit (a transformer block; the root holds the embedding, final norm and head) is
+  all-gathered before its forward and, with ``reshard_after_forward`` (FULL_SHARD, FSDP2's
+  default), freed after it and gathered again before its backward; its gradients are
+  reduce-scattered after its backward. The next unit's all-gather is issued while the
+  current unit computes (FSDP1's rate limiter and FSDP2's all-gather buffers keep one
+  unit in flight ahead: prefetch depth one), so the first unit's gather and the last
+  unit's reduce-scatter have nothing to hide under; in the backward the next gather and
+  the previous reduce-scatter share the link under one unit's compute. The root is not
+  freed after the forward (its parameters are used first in the backward). A checkpointed
+  unit's recomputed forward runs inside that unit's backward, whose pre-backward hook has
+  already gathered its parameters (FSDP2 ``_pre_forward``: "When composing with
+  module-hook-based activation checkpointing, the pre-backward hook is responsible for the
+  unshard"): recomputation adds compute to hide under, not a third gather.
+  ``fsdp_reduce_bytes``: 4 where the gradients are reduced in fp32 (torchtitan's
+  ``mixed_precision_reduce = "float32"``; Composer's FSDP ``mixed_precision: DEFAULT``,
+  reduce_dtype fp32), 2 where in bf16 (Megatron's default). Every microbatch gathers and
+  reduces (gradient accumulation without ``no_sync``);
 * **schedules, context_parallel, fsdp** — what the system can run beyond PTD-P's
   layouts: its pipeline schedules (PTD-P's 1F1B and interleaved; the zero-bubble and V
   schedules where it splits the backward into input and weight gradients), its
@@ -244,6 +263,11 @@ class Software:
     # the flash kernel when `attention` is "flash" (ATTENTION_KERNELS), priced from its
     # published benchmarks (kernel_tflops); the `kernel` property names the one run
     flash_kernel: str = "flash-attention-2"
+    # FSDP / ZeRO-3 (zero 3) as the stack runs it (module docstring): whether a unit is
+    # freed after its forward and gathered again for its backward, and the bytes of a
+    # reduce-scattered gradient element (4: reduced in fp32)
+    fsdp_reshard_after_forward: bool = True
+    fsdp_reduce_bytes: int = 2
 
     @property
     def kernel(self) -> str:
@@ -262,6 +286,9 @@ class Software:
             if value not in allowed:
                 raise ValueError(f"software '{self.name}': {field} must be one of "
                                  f"{', '.join(allowed)} (got '{value}')")
+        if self.fsdp_reduce_bytes not in (2, 4):
+            raise ValueError(f"software '{self.name}': fsdp_reduce_bytes must be 2 (bf16) or 4 (fp32) "
+                             f"(got {self.fsdp_reduce_bytes})")
         if self.moe_host_s < 0:
             raise ValueError(f"software '{self.name}': moe_host_s must be at least 0 seconds (got {self.moe_host_s})")
 
@@ -322,6 +349,18 @@ SOFTWARE: dict[str, Software] = {
         no_transposes=True, recompute="none", sequence_parallel=True, dp_overlap=True, tp_overlap="all",
         pp_overlap=True, precision="bf16", context_parallel=("ring", "allgather", "a2a"), fsdp=True,
         flash_kernel="cudnn"),
+    "llm-foundry-2023": Software(
+        "llm-foundry-2023", "MosaicML llm-foundry / Composer of 2023 (the MPT benchmark tables): PyTorch FSDP "
+        "FULL_SHARD (gradients reduced in fp32, mixed_precision DEFAULT), MPT's Triton flash attention, eager "
+        "PyTorch element-wise kernels, activation checkpointing per run", attention="flash", recompute="none",
+        dp_overlap=True, precision="bf16", fsdp=True, flash_kernel="triton", fsdp_reduce_bytes=4),
+    "torchtitan-2024": Software(
+        "torchtitan-2024", "torchtitan of December 2024 (its H100 benchmark tables): FSDP2 (fully_shard, "
+        "gradients reduced in fp32), scaled_dot_product_attention's FlashAttention-2 kernel, sequence-parallel "
+        "TP, all-gather context parallelism; torch.compile, Float8 and async TP per run", attention="flash",
+        recompute="none", sequence_parallel=True, dp_overlap=True, precision="bf16",
+        schedules=("1f1b", "interleaved"), context_parallel=("allgather",), fsdp=True,
+        flash_kernel="flash-attention-2", fsdp_reduce_bytes=4),
     "minitron": Software(
         "minitron", "minitron on GPUs: flash attention (scaled_dot_product_attention), unfused "
         "element-wise kernels (eager PyTorch), bucketed data-parallel all-reduce overlapped "
