@@ -478,9 +478,30 @@ def _try_it_1gib_10():
     return [1.0], [1.0], 0
 
 
+def _trust_06():
+    """Lesson 6's "how far to trust these numbers", against the validation the engine computes
+    (published.h100_comparison, validation.family_summary): not a stored output, the model itself."""
+    import statistics
+
+    from minitron.analysis import published, validation
+
+    rows = published.h100_comparison()
+    dense = [abs(r["ratio"] - 1) for r in rows if not r["moe"]]
+    moe = [abs(r["ratio"] - 1) for r in rows if r["moe"]]
+    other = validation.family_summary(validation.family_comparison())["outside Megatron/NeMo"]
+    stated = said("06", r"on (\d+) published H100 runs of Llama-family dense models.*?within ([\d.]+) % at the\s+"
+                        r"median and ([\d.]+) % at worst; on (\d+) runs of mixtures of experts within ([\d.]+) % at "
+                        r"the median.*?\(\+(\d+) % at worst\)\. On (\d+) runs of software.*?within ([\d.]+) % at "
+                        r"the\s+median, and it predicts the longest sequences \(32k tokens and more\) up to ([\d.]+)× too fast")
+    computed = [len(dense), 100 * statistics.median(dense), 100 * max(dense), len(moe), 100 * statistics.median(moe),
+                round(100 * max(moe)), other["runs"], 100 * other["median"], 1 + other["long_worst"]]
+    return stated, computed, 0.051
+
+
 CLAIMS.update({
     "00 alpha-beta errors": _alpha_beta_errors_00,
     "06 V bubbles GPT-3": _v_gpt3_06,
+    "06 how far to trust": _trust_06,
     "08 alpha range": _alphas_08,
     "08 dp2 efficiency": _dp2_08,
     "08 worst point": _worst_08,
