@@ -174,8 +174,11 @@ class Attention(nn.Module):
             s, group = q.shape[-2], q.shape[1] // k.shape[1]
             if group > 1:  # query head i on kv head i // G (repeat_interleave copies even for 1)
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            hidden = ~sees(s, self.window, docs, q.device)
-            att = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))).masked_fill(hidden, float("-inf"))
+            # an additive mask, a constant: autograd saves nothing for it (masked_fill on the
+            # scores would keep its s x s boolean mask for backward, bytes the memory formula has not)
+            mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
+                ~sees(s, self.window, docs, q.device), float("-inf"))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + mask
             y = self.drop(att.softmax(dim=-1), key) @ v
         elif docs is not None:  # the block-diagonal causal mask (and the window's, if any)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees(q.shape[-2], self.window, docs, q.device),

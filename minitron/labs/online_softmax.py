@@ -27,8 +27,9 @@ A wrong number is diagnosed against the usual mistakes (outputs added or average
 log-sum-exps added or maxed, one maximum for all the queries, a rescaling relative to one
 side alone, dimensions counted from the front, an input changed in place).
 The ranks agree on the first problem found; otherwise the function is swapped into the
-engine, a tiny GPT trains with ``--cp 2`` (every rank combining its ring's blocks with
-it) for 2 float64 steps, and rank 0 compares it with the single-device model.
+engine, a tiny GPT trains with ``--cp 2 --dp 2`` and then ``--cp 4`` (every rank combining
+its ring's blocks with it: a query meets two blocks, then four) for 2 float64 steps each,
+and rank 0 compares each run with the single-device model.
 
     result = check_online_softmax(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
 """
@@ -41,7 +42,8 @@ import torch
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import block_attention
-from .runner import LabError, Tripwire, agree, call, load, run_sources, train_swapped, training_verdict
+from .runner import (LabError, Tripwire, agree, call, comm_on, load, run_sources, train_swapped, training_verdict,
+                     verdict_over_runs)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
@@ -51,6 +53,9 @@ NAME = "combine"
 SCALE = 0.5
 BLOCKS = ((0, 5), (5, 9), (9, 12))  # three blocks of 12 keys
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
+# the notebook's ring of 2 (in 2 replicas), then a ring of 4: a combine right only for the pair a
+# ring of 2 folds (one diagonal block and one full block) fails there
+LAYOUTS = (ParallelConfig(cp=2, dp=2, device="cpu"), ParallelConfig(cp=4, device="cpu"))
 # the engine's own version of the piece: not an answer to this lab
 FORBIDDEN = ("minitron.parallel.context_parallel.combine",)
 RULE = "L' = log(e^L + e^L_b) (torch.logaddexp) and O' = e^(L - L')·O + e^(L_b - L')·O_b"
@@ -198,25 +203,32 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     except LabError as e:  # the learner's code raised or returned a malformed value
         problem = str(e)
     agree(comm, f"online-softmax/{case}", problem, timeout)
-    layout = ParallelConfig(cp=comm.size("cp"), device="cpu")
-    res = train_swapped(comm, MODEL, layout, TRAIN, watch, layers=tensor.layers(combine=fn))
-    return training_verdict(res, NAME, f"your {NAME} trains exactly like the single-device model "
-                            f"(--cp {layout.cp}: ring attention)", TOL)
+    runs = []  # every rank trains every layout (they stay in step); rank 0 judges at the end
+    for i, layout in enumerate(LAYOUTS):
+        res = train_swapped(comm if i == 0 else comm_on(comm, layout), MODEL, layout,
+                            TRAIN.replace(global_batch=TRAIN.global_batch * layout.dp), watch,
+                            layers=tensor.layers(combine=fn))
+        runs.append((f"--cp {layout.cp}" + (f" --dp {layout.dp}" if layout.dp > 1 else ""),
+                     training_verdict(res, NAME, "", TOL)))
+    if comm.grid.rank != 0:
+        return None
+    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model (" +
+                             " and ".join(flags for flags, _ in runs) + ": ring attention)")
 
 
-def check_online_softmax_all(sources: list[str], cp: int = 2, timeout: float = 60) -> list[dict]:
+def check_online_softmax_all(sources: list[str], timeout: float = 60) -> list[dict]:
     """`check_online_softmax` for several sources, in as few launches as their outcomes allow."""
-    return run_sources(_job, ParallelConfig(cp=cp, device="cpu"), sources, timeout, timeout,
-                       forbidden=FORBIDDEN, names=(NAME,))
+    return run_sources(_job, LAYOUTS[0], sources, timeout, timeout, forbidden=FORBIDDEN, names=(NAME,))
 
 
-def check_online_softmax(source: str, cp: int = 2, timeout: float = 60) -> dict:
-    """Lab 09: check the function `combine` defined in `source` on `cp` gloo ranks against
-    full softmax attention (two blocks, three in either order, scores around +1000 in either
-    order, grouped-query blocks of five dimensions), then
-    train a tiny GPT with it in place of the engine's (``--cp``, float64, 2 steps) and
-    compare with the single-device model. Returns {"ok", "message", "max_loss_abs_diff",
+def check_online_softmax(source: str, timeout: float = 60) -> dict:
+    """Lab 09: check the function `combine` defined in `source` against full softmax
+    attention (two blocks, three in either order, scores around +1000 in either order,
+    grouped-query blocks of five dimensions), then train a tiny GPT with it in place of the
+    engine's on 4 gloo ranks, twice: ``--cp 2 --dp 2`` (two blocks a query meets), then
+    ``--cp 4`` (four: the pair folded three times); float64, 2 steps each, against the
+    single-device model. Returns {"ok", "message", "max_loss_abs_diff",
     "max_param_rel_diff"}, or {"ok": False, "message"} naming the first problem, also when
     the code does not compile, raises, returns something malformed or runs past `timeout`
     seconds."""
-    return check_online_softmax_all([source], cp, timeout)[0]
+    return check_online_softmax_all([source], timeout)[0]
