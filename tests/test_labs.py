@@ -333,10 +333,11 @@ def test_zero1_on_4_ranks_in_one_launch():
         "it is the mean divided by d = 4 once more (1/d²): divide the sum by d once, before or after the "
         "reduce-scatter, not both")
     assert msg["twice the mean"].startswith(where) and msg["twice the mean"].endswith(
-        "it is 2× the mean: the reduce-scatter sums the d = 4 ranks' gradients; divide by d once")
+        "it is the sum divided by 2, not by d = 4 (2× the mean): the mean divides by the size of the data-parallel "
+        "group, comm.size('dp') (a d hard-wired to 2, or another group's size?)")
     assert msg["d hard-wired"].startswith("--tp 2 --dp 2: " + where) and msg["d hard-wired"].endswith(
-        "it is the sum divided by 4, not by d = 2: the mean divides by the size of the data-parallel group, "
-        "comm.size('dp') (a d hard-wired to 4, or another group's size?)")
+        "it is the sum divided by 4, not by d = 2 (0.5× the mean): the mean divides by the size of the data-parallel "
+        "group, comm.size('dp') (a d hard-wired to 4, or another group's size?)")
     assert msg["the launch's size"] == (
         "--tp 2 --dp 2: ValueError: reduce_scatter over 'dp' (2 ranks): out holds 660 elements, 1/2 of 2640 is "
         "1320: size it by comm.size('dp') in reduce_scatter_grads, line 5 of your code: "

@@ -93,8 +93,8 @@ def _diagnose(got, grad, full_mean, d: int, r: int, world: int) -> str:
         return (f"it is the mean divided by d = {d} once more (1/d²): divide the sum by d once, before or after "
                 f"the reduce-scatter, not both")
     if c:
-        return (f"it is the sum divided by {c}, not by d = {d}: the mean divides by the size of the data-parallel "
-                f"group, comm.size('dp') (a d hard-wired to {c}, or another group's size?)")
+        return (f"it is the sum divided by {c}, not by d = {d} ({d / c:.4g}× the mean): the mean divides by the size "
+                f"of the data-parallel group, comm.size('dp') (a d hard-wired to {c}, or another group's size?)")
     scale = float(got.abs().sum() / full_mean[mine].abs().sum().clamp_min(1e-300))
     if abs(scale - 1) > 1e-9 and close(got, full_mean[mine] * scale):
         return f"it is {scale:.4g}× the mean: the reduce-scatter sums the d = {d} ranks' gradients; divide by d once"
