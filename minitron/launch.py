@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -373,6 +373,28 @@ class RankLost(ChildFailedError):
         self.lost = lost
 
 
+def _unreported_failure(watchdog: "Watchdog", name: str, wait_s: float = 5.0) -> ChildFailedError:
+    """The failure of a run that the elastic agent could not report (it stopped at a rank's
+    unwritten error file, with the other ranks left running): the watchdog is given `wait_s`
+    to name the dead rank, every rank still running is ended (SIGKILL), and the failure is a
+    RankLost naming it (a ChildFailedError with one entry per rank when it names none)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    end = time.monotonic() + wait_s
+    while watchdog.lost is None and time.monotonic() < end:
+        time.sleep(0.05)
+    ranks = watchdog._ranks()
+    signals = {r: _end_signal(pid) for r, pid in ranks.items()}  # read before they are reaped
+    for pid in ranks.values():
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    failed = ChildFailedError(name, {r: ProcessFailure(local_rank=r, pid=pid, exitcode=-signals[r] or 1,
+                                                        error_file="") for r, pid in ranks.items()}
+                              or {0: ProcessFailure(local_rank=0, pid=-1, exitcode=1, error_file="")})
+    lost = watchdog.verdict(failed) or watchdog.cause_of_failure()
+    return RankLost(lost, failed) if lost else failed
+
+
 def _end_signal(pid: int) -> int:
     """The signal that ended the (not yet reaped) process `pid`, 0 if none or unknown (reaped):
     the exit status in /proc/PID/stat's 52nd field, as wait() reports it (its low 7 bits)."""
@@ -502,6 +524,9 @@ def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
     watchdog = Watchdog(log_dir, timeout_s).start()
     try:
         return elastic_launch(cfg, _rank_of)(os.getpid(), log_dir, stop_on_signal, fn, *args)
+    except EOFError:  # torch's spawn read the error file of a rank that ended with an error before
+        # the rank had written it (a race inside torch.multiprocessing): the watchdog's eyes instead
+        raise _unreported_failure(watchdog, getattr(fn, "__name__", "rank")) from None
     except ChildFailedError as e:
         if forward.received:  # the ranks ended because we passed a signal on: say that
             sig = signal.Signals(forward.received[0])
