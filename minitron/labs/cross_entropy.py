@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, loaded, on_each_layout, run_sources,
-                     train_swapped, training_verdict, verdict_over_runs, watched)
+from .runner import (LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
+                     swapped_on_each_layout, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 260 on 4 ranks
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -297,15 +297,13 @@ def _ce_job(comm, source: str, timeout: float) -> dict | None:
     case = next(_CASE)
     watch = Tripwire(watched("minitron.parallel.tensor._VocabParallelCrossEntropy"))
     cls, = loaded(comm, source, (NAME,), {"torch": torch}, watch, f"ce/{case}", timeout)
-    runs = on_each_layout(comm, LAYOUTS, f"ce/{case}", timeout, watch, lambda c: _unit_check(c, cls),
-                          lambda c, layout: training_verdict(
-                              train_swapped(c, MODEL, layout, TRAIN, watch, layers=tensor.layers(vocab_cross_entropy=cls)),
-                              NAME, "", TOL))
+    runs = swapped_on_each_layout(comm, LAYOUTS, f"ce/{case}", timeout, watch, lambda c: _unit_check(c, cls),
+                                  tensor.layers(vocab_cross_entropy=cls), NAME, MODEL, TRAIN, TOL)
     if comm.grid.rank != 0:
         return None
     padded = " and ".join(f"{pad_vocab(MODEL.vocab, layout.tp)} on {layout.tp} ranks" for layout in LAYOUTS)
     return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model (vocabulary {MODEL.vocab}, "
-                                   f"padded to {padded}: " + " and ".join(flags for flags, _ in runs) + ")")
+                                   f"padded to {padded}: {flags_of(runs)})")
 
 
 def check_vocab_parallel_ce_all(sources: list[str], timeout: float = 60) -> list[dict]:

@@ -20,8 +20,8 @@ import itertools
 import torch
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, loaded, on_each_layout, run_sources, traced,
-                     train_swapped, training_verdict, verdict_over_runs, watched)
+from .runner import (LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
+                     swapped_on_each_layout, traced, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -143,14 +143,11 @@ def _f_and_g_job(comm, source: str, timeout: float) -> dict | None:
     case = next(_CASE)
     watch = Tripwire(watched("minitron.parallel.tensor._F", "minitron.parallel.tensor._G"))
     F, G = loaded(comm, source, ("F", "G"), {"torch": torch}, watch, f"f-and-g/{case}", timeout)
-    runs = on_each_layout(comm, LAYOUTS, f"f-and-g/{case}", timeout, watch, lambda c: _unit_check(c, F, G),
-                          lambda c, layout: training_verdict(
-                              train_swapped(c, MODEL, layout, TRAIN, watch, layers=tensor.layers(f=F, g=G)),
-                              "F and G", "", TOL))
+    runs = swapped_on_each_layout(comm, LAYOUTS, f"f-and-g/{case}", timeout, watch, lambda c: _unit_check(c, F, G),
+                                  tensor.layers(f=F, g=G), "F and G", MODEL, TRAIN, TOL)
     if comm.grid.rank != 0:
         return None
-    return verdict_over_runs(runs, "your F and G train exactly like the single-device model (" +
-                             " and ".join(flags for flags, _ in runs) + ")")
+    return verdict_over_runs(runs, f"your F and G train exactly like the single-device model ({flags_of(runs)})")
 
 
 def check_f_and_g_all(sources: list[str], timeout: float = 60) -> list[dict]:

@@ -42,8 +42,8 @@ import torch
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import block_attention
-from .runner import (LabError, Tripwire, agree, call, comm_on, load, run_sources, train_swapped, training_verdict,
-                     verdict_over_runs)
+from .runner import (LabError, Tripwire, agree, call, comm_on, flags_of, layout_flags, load, run_sources, train_swapped,
+                     training_verdict, verdict_over_runs)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
@@ -208,12 +208,11 @@ def _job(comm, source: str, timeout: float) -> dict | None:
         res = train_swapped(comm if i == 0 else comm_on(comm, layout), MODEL, layout,
                             TRAIN.replace(global_batch=TRAIN.global_batch * layout.dp), watch,
                             layers=tensor.layers(combine=fn))
-        runs.append((f"--cp {layout.cp}" + (f" --dp {layout.dp}" if layout.dp > 1 else ""),
-                     training_verdict(res, NAME, "", TOL)))
+        runs.append((layout_flags(layout), training_verdict(res, NAME, "", TOL)))
     if comm.grid.rank != 0:
         return None
-    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model (" +
-                             " and ".join(flags for flags, _ in runs) + ": ring attention)")
+    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model ({flags_of(runs)}: ring "
+                                   f"attention)")
 
 
 def check_online_softmax_all(sources: list[str], timeout: float = 60) -> list[dict]:

@@ -266,6 +266,20 @@ def on_each_layout(comm, layouts, key: str, timeout: float, watch, unit_check, t
     return out
 
 
+def swapped_on_each_layout(comm, layouts, key: str, timeout: float, watch, unit_check, layers, name: str,
+                           model, train, tol: float) -> list[tuple[str, dict | None]]:
+    """:func:`on_each_layout` for a lab whose piece is one of the tensor-parallel layers: the
+    unit checks, then the Trainer built with `layers` (the learner's piece in the engine's
+    place) trained on each layout and judged against one device (:func:`training_verdict`)."""
+    return on_each_layout(comm, layouts, key, timeout, watch, unit_check, lambda c, layout: training_verdict(
+        train_swapped(c, model, layout, train, watch, layers=layers), name, "", tol))
+
+
+def flags_of(runs: list[tuple[str, dict | None]]) -> str:
+    """'--tp 4 and --tp 2 --dp 2': the layouts a lab's runs were on, as its messages say them."""
+    return " and ".join(flags for flags, _ in runs)
+
+
 def refuse_checker(source: str) -> None:
     """Raise LabError when `source` imports or names the checker itself (``minitron.labs``: its
     reference answers, its functions, its watch)."""

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, agree, call, describe_calls, load, loaded, on_each_layout, run_sources,
-                     train_swapped, training_verdict, verdict_over_runs, watched)
+from .runner import (LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
+                     swapped_on_each_layout, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
@@ -291,14 +291,11 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     case = next(_CASE)
     watch = Tripwire(watched("minitron.parallel.tensor._AllGatherLinear"))
     cls, = loaded(comm, source, (NAME,), {"torch": torch, "F": F}, watch, f"sp/{case}", timeout)
-    runs = on_each_layout(comm, LAYOUTS, f"sp/{case}", timeout, watch, lambda c: _unit_check(c, cls),
-                          lambda c, layout: training_verdict(
-                              train_swapped(c, MODEL, layout, TRAIN, watch, layers=tensor.layers(all_gather_linear=cls)),
-                              NAME, "", TOL))
+    runs = swapped_on_each_layout(comm, LAYOUTS, f"sp/{case}", timeout, watch, lambda c: _unit_check(c, cls),
+                                  tensor.layers(all_gather_linear=cls), NAME, MODEL, TRAIN, TOL)
     if comm.grid.rank != 0:
         return None
-    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model (" +
-                             " and ".join(flags for flags, _ in runs) + ")")
+    return verdict_over_runs(runs, f"your {NAME} trains exactly like the single-device model ({flags_of(runs)})")
 
 
 def check_all_gather_linear_all(sources: list[str], timeout: float = 60) -> list[dict]:
