@@ -40,19 +40,22 @@ def _train(tmp_path, steps: int) -> TrainConfig:
 
 class Pace:
     """Every step takes at least `seconds` (a planted slowness, on every rank), and rank
-    `rank` of replica `kill` SIGKILLs itself at step `at` in its first life (`lighthouse`:
-    replica 0 kills the Lighthouse instead)."""
+    `rank` of replica `kill` SIGKILLs itself at the first step from `at` on in its first life
+    at which it has already taken two steps (a replica that started late and healed is killed
+    only once it has trained; `lighthouse`: replica 0 kills the Lighthouse at step `at`)."""
 
     def __init__(self, seconds: float, kill: int | None = None, at: int = -1, lighthouse: bool = False,
                  rank: int = 0):
         self.seconds, self.kill, self.at, self.lighthouse, self.rank = seconds, kill, at, lighthouse, rank
+        self.taken = 0  # steps this process has begun (each rank counts its own)
 
     def __call__(self, replica: int, life: int, step: int) -> None:
-        if step == self.at and life == 0:
-            if self.lighthouse and replica == 0:
-                os.kill(int(os.environ[ftm.LIGHTHOUSE_PID_ENV]), signal.SIGKILL)
-            elif replica == self.kill and int(os.environ["RANK"]) == self.rank:
-                os.kill(os.getpid(), signal.SIGKILL)
+        if life == 0 and self.lighthouse and replica == 0 and step == self.at:
+            os.kill(int(os.environ[ftm.LIGHTHOUSE_PID_ENV]), signal.SIGKILL)
+        elif (life == 0 and replica == self.kill and int(os.environ["RANK"]) == self.rank and step >= self.at
+              and self.taken >= 2):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.taken += 1
         time.sleep(self.seconds)
 
 
@@ -75,10 +78,13 @@ def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
     taken = out["taken"]
     assert sorted(taken) == list(range(40)), (taken, out["restarts"], lines)  # every step by someone
     assert out["quorum_sizes_agree"], taken
-    assert 1 in taken[4]  # replica 1 took part in the step before its kill (a replica may start late:
-    # the first quorum does not wait for it, it then recovers live from the other, as after a kill)
-    back = min(s for s in taken if s > 5 and taken[s] == [0, 1])
-    assert all(taken[s] == [0] for s in range(5, back)), taken  # the killed step retaken alone, and on
+    # a replica may start late (the first quorum does not wait for it; it then recovers live from the
+    # other, as after a kill): replica 1 is killed once it has trained, at step 5 or later
+    first = min(s for s in taken if 1 in taken[s])
+    kill = min(s for s in taken if s > first and 1 not in taken[s])
+    assert kill >= 5 and 1 in taken[kill - 1], taken  # it took part in the step before its kill
+    back = min(s for s in taken if s > kill and taken[s] == [0, 1])
+    assert all(taken[s] == [0] for s in range(kill, back)), taken  # the killed step retaken alone, and on
     assert all(taken[s] == [0, 1] for s in range(back, 40)), taken  # rejoined, to the end
     alone = [s for s, rs in taken.items() if len(rs) == 1]
     assert out["fewer_replicas"] == [s + 1 for s in alone]
