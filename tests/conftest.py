@@ -79,6 +79,21 @@ def _remove_scratch(state: dict) -> None:
         shutil.rmtree(state["scratch"], ignore_errors=True)
 
 
+# The markers of tests that start processes which take the machine's cores for themselves: ranks,
+# a Slurm cluster, a browser. Under `make test` (pytest-xdist, `-n 2 --dist loadgroup`) they run
+# one after another on one worker while the other runs the single-process tests beside them: two
+# launches of 8 ranks at once on 2 cores would only slow each other, and a timing-sensitive test
+# (a watchdog, a heartbeat, a preemption) keeps the machine it was written for.
+RANKS_GROUP_MARKERS = ("multirank", "slurm", "browser")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in RANKS_GROUP_MARKERS):
+            item.add_marker(pytest.mark.xdist_group("ranks"))
+
+
 def pytest_sessionstart(session):
     scratch = Path(tempfile.mkdtemp(prefix="minitron_tests_"))
     state = {"scratch": scratch, "shm": _shm_entries(), "env": os.environ.get("TMPDIR"), "tempdir": tempfile.tempdir}
