@@ -92,9 +92,11 @@ def _latency_word():
     return "alpha" if 2 * (p - 1) * alpha > 2 * (p - 1) / p * n / beta else "beta"
 
 
-def _dp_group_of_1():
+def _dp_group_of_5():
     groups = json.loads(out("00", r"^dp groups: (\[\[.*\]\])$"))
-    return next(g for g in groups if 1 in g)
+    assert groups == [[0, 2], [1, 3]]               # tp = 2, dp = 2: a group strides by t
+    t, d, rank = 2, 4, 5                            # the question's grid
+    return [rank % t + t * i for i in range(d)]
 
 
 def _zero_table(stage: int, d: int) -> float:
@@ -136,12 +138,15 @@ def _zero1_over_allreduce():
     return z / a
 
 
-def _zero1_d8():
-    return num(out("03", r"^mixed precision, ZeRO-1\s+[\d.]+\s+[\d.]+\s+([\d.]+)"))
+def _zero1_d16():
+    d8 = num(out("03", r"^mixed precision, ZeRO-1\s+[\d.]+\s+[\d.]+\s+([\d.]+)"))
+    return 4 + (d8 - 4) * 8 / 16                    # the 12 sharded bytes: 12/8 at d = 8, 12/16 at 16
 
 
 def _cube_copies():
-    return int(out("05", r"^(\d+) copies \(plane cube_i x cube_k\)\s+attn.qkv.bias"))
+    copies = int(out("05", r"^(\d+) copies \(plane cube_i x cube_k\)\s+attn.qkv.bias"))
+    assert copies == 2 ** 2                         # q = 2: a piece on the plane of the other two axes
+    return 4 ** 2
 
 
 def _cube_devices():
@@ -171,12 +176,43 @@ def _fewest_bytes():
 
 
 def _rank_111():
-    row = re.search(r"^\s+(\d+)\s+1\s+1\s+1$", outputs("06"), re.M)
-    return int(row.group(1))
+    table = {tuple(map(int, r[1:])): int(r[0])
+             for r in re.findall(r"^\s+(\d+)\s+(\d)\s+(\d)\s+(\d)$", outputs("06"), re.M)}
+    strides = [table[(1, 0, 0)], table[(0, 1, 0)], table[(0, 0, 1)]]
+    assert strides == [1, 2, 4]                     # t = d = p = 2: 1, t, t·d
+    t, d = 4, 2                                     # the question's grid
+    return 1 + t + t * d
 
 
-def _checkpoints_96():
-    return int(out("06", r"l = 96: .*best c = (\d+)"))
+def _checkpoints_48():
+    a_in, a_mid = (num(x) for x in re.search(r"l = 96: A_input\s+([\d.]+) MB, A_intermediate\s+([\d.]+) MB",
+                                               outputs("06")).groups())
+    layers = 48                                     # the question's stage: minimise c·A_in + (l/c)·A_mid
+    return min(range(1, layers + 1), key=lambda c: c * a_in + layers / c * a_mid)
+
+
+def _compute_share(scheme: str) -> float:
+    """A scheme's compute over its layer time, from lesson 5's table of the four schemes."""
+    row = re.search(rf"^\s+{re.escape(scheme)}\s+\{{.*?\}}\s+.*?([\d.]+) ms\s+[\d,.]+ ms\s+([\d,.]+) ms$",
+                    outputs("05"), re.M)
+    return num(row.group(1)) / num(row.group(2))
+
+
+def _gpus_d12():
+    t, p, d = (int(x) for x in out("06", r"^\s+t\s+p\s+d.*\n\s+(8\s+64\s+\d+)\s").split())
+    gpus = int(out("06", r"^ptdp-1t on (\d+) GPUs"))
+    assert t * p * d == gpus                        # n = t·p·d, the lesson's own 1T layout
+    return t * p * 12
+
+
+def _best_b_2048():
+    """Section 8's sweep at B = 512, its ms per sequence and bubble: the time per step
+    ∝ (ms per sequence) · (1 + (p − 1)/m) with m = B/b, weighed at the question's B."""
+    rows = re.findall(r"^\s+(\d)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$",
+                      out("06", r"^\s+b\s+m\s+ms per sequence.*\n((?:.*\n)+?)B = 512"), re.M)
+    p, B = 8, 2048
+    return min((int(b) for b, _, _, _ in rows),
+               key=lambda b: num(dict((int(r[0]), r[2]) for r in rows)[b]) * (1 + (p - 1) * b / B))
 
 
 def _hfu_over_mfu():
@@ -210,11 +246,12 @@ WITNESSES = {
     "00.ring_steps": _ring_steps,
     "00.ring_bytes": _ring_bytes,
     "00.latency_bound": _latency_word,
-    "00.dp_group": _dp_group_of_1,
-    "01.bytes_per_param": lambda: _zero_table(0, 1),
+    "00.dp_group": _dp_group_of_5,
+    "01.bytes_per_param": lambda: _zero_table(0, 1) * 7.5,                  # GB for 7.5e9 parameters
     "01.gpus_175b": _gpus_175b,
     "01.zero3_d128": lambda: _zero_table(3, 8) * 8 / 128,        # stage 3: 16/d
-    "01.full_recompute": lambda: num(out("01", r"^\s+full\s+False\s+([\d.]+)")),
+    # GPT-3's layer (s 2048, h 12288) keeps s·b·h 16-bit values; the question's s 4096, h 8192
+    "01.full_recompute": lambda: num(out("01", r"^\s+full\s+False\s+([\d.]+)")) * 4096 * 8192 / (2048 * 12288),
     "02.bubble_1f1b": lambda: _bubble("1f1b") * 8 / 16 * (8 - 1) / (4 - 1),   # (p-1)/m from p=4, m=8
     "02.bubble_interleaved": lambda: _bubble("interleaved") * 8 / 16 * (8 - 1) / (4 - 1),
     "02.stash_gpipe": _gpipe_stash,
@@ -223,7 +260,7 @@ WITNESSES = {
     "02.zbv_idle": lambda: num(out("02", r"^\s*16(?:\s+[\d.]+){6}\s+([\d.]+)\s+[\d.]+$")),
     "03.ring_wire": _ring_share_03,
     "03.zero1_over_allreduce": _zero1_over_allreduce,
-    "03.zero1_bytes": _zero1_d8,
+    "03.zero1_bytes": _zero1_d16,
     "04.f_backward": lambda: re.search(r"f's (all-reduce) is needed", outputs("04")).group(1),
     "04.allreduces_per_layer": lambda: int(out("04", r"tp: per layer traced all_reduce (\d+) x")),
     "04.ce_allreduces": lambda: {"three": 3}[out("04", r"^(three) all-reduces:")],
@@ -234,12 +271,13 @@ WITNESSES = {
     "05.linear_collectives": _linear_collectives,
     "05.naive_output_ranks": _naive_outputs,
     "05.fewest_bytes_64": _fewest_bytes,
-    "05.overlap_bound": lambda: num(out("05", r"overlap can hide at most ([\d.]+)% of the layer")) / 100,
+    "05.overlap_bound": lambda: _compute_share("2.5d"),
     "06.rank_of": _rank_111,
-    "06.gpus_1t": lambda: 8 * 64 * int(out("06", r"^\s+8\s+64\s+(\d+)\s+1\s+1\s+[\d.]+")),
-    "06.bubble_dp": lambda: num(out("06", r"^\s+8\s+8\s+[\d.]+\s+([\d.]+)$")),
-    "06.checkpoints": _checkpoints_96,
-    "06.microbatch_b512": lambda: int(out("06", r"^B = 512: best b = (\d+)")),
+    "06.gpus_1t": _gpus_d12,
+    # the table's d = 16 at b' = 512; the bubble (n/d - 1)/(b'/d) halves when b' doubles
+    "06.bubble_dp": lambda: num(out("06", r"^\s+16\s+4\s+[\d.]+\s+([\d.]+)$")) * 512 / 1024,
+    "06.checkpoints": _checkpoints_48,
+    "06.microbatch_b2048": _best_b_2048,
     "06.zero3_state_gb": lambda: 16 * num(out("01", r"^\s+gpt3-175b\s+96\s+12288\s+96\s+[\d,]+\s+[\d,]+\s+([\d,]+)$"))
     / 1536 / 1e9,
     "07.hfu_over_mfu": _hfu_over_mfu,
@@ -286,9 +324,9 @@ def test_quiz_accepts_what_the_lesson_shows(qid):
 @pytest.mark.parametrize("qid, tempting", [
     ("07.mfu", 163 / 312),                           # the HFU: PTD-P counted with Eq. 3
     ("02.warmup", (8 - 0 - 1) * 2 + (2 - 1) * 8),    # the warm-up alone, not the forwards before B
-    ("01.full_recompute", 48.0 / 8),                 # what one rank holds under sequence parallelism
-    ("00.dp_group", [1, 2]),
-    ("06.microbatch_b512", 1),                       # the optimum at B = 128, not at 512
+    ("01.full_recompute", 64.0 / 8),                 # what one rank holds under sequence parallelism
+    ("00.dp_group", [4, 5, 6, 7]),
+    ("06.microbatch_b2048", 2),                      # the optimum at B = 512, not at 2048
 ])
 def test_quiz_refuses_what_the_lesson_warns_against(qid, tempting):
     assert not quiz.grade(qid, tempting)[0]
@@ -538,7 +576,7 @@ LABELS = {
     "05.linear_collectives": r"collectives|qkv:", "05.naive_output_ranks": r"naive.*ranks", "05.fewest_bytes_64": r"fewest|least",
     "05.overlap_bound": r"overlap can hide", "06.rank_of": r"rank_of|\(1, 1, 1\)|^\s+\d+\s+1\s+1\s+1$",
     "06.gpus_1t": r"GPUs", "06.bubble_dp": r"^\s+8\s+8\s", "06.checkpoints": r"best c", "06.zero3_state_gb": r"ZeRO-3.*GB",
-    "06.microbatch_b512": r"B = 512: best b", "07.hfu_over_mfu": r"HFU.*MFU|full / none", "07.mfu": r"\bMFU\b",
+    "06.microbatch_b2048": r"B = 2048: best b", "07.hfu_over_mfu": r"HFU.*MFU|full / none", "07.mfu": r"\bMFU\b",
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes", "08.weak_efficiency": r"weak.*efficiency",
     "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
@@ -551,10 +589,9 @@ LABELS = {
 # Lessons 00-09 still show these answers before they ask (their questions ask the learner to read
 # a figure the lesson printed): listed so that no new one appears and a fixed one is struck off.
 SHOWN_BEFORE_ASKED = {
-    "00.dp_group", "01.bytes_per_param", "01.full_recompute", "04.f_backward", "04.allreduces_per_layer",
-    "05.vector_copies", "05.overlap_bound", "06.rank_of", "06.bubble_dp", "06.checkpoints", "06.gpus_1t",
-    "06.microbatch_b512", "07.hfu_over_mfu", "07.mfu", "03.zero1_bytes", "04.max_t", "07.fusion_passes",
-    "07.flops_per_token", "12.colwise_dim",
+    "04.f_backward", "04.allreduces_per_layer",
+    "07.hfu_over_mfu", "07.mfu", "04.max_t", "07.fusion_passes",
+    "07.flops_per_token",
 }
 _FIGURE = re.compile(r"(?<![\w.-])(?<![\w.][-+])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?(?:\s?(?:%|[A-Za-z]+))?")
 

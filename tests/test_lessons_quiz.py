@@ -40,13 +40,13 @@ def test_each_check_grades_right_and_wrong(qid, capsys):
 
 def test_answers_are_forgiving_about_form():
     assert quiz.grade("04.f_backward", "All_Reduce")[0]
-    assert quiz.grade("00.dp_group", (1, 3))[0]
-    assert quiz.grade("00.dp_group", [3, 1])[0]          # a group is a set: any order
-    assert not quiz.grade("00.dp_group", [1, 3, 3])[0] and not quiz.grade("00.dp_group", "13")[0]
+    assert quiz.grade("00.dp_group", (1, 3, 5, 7))[0]
+    assert quiz.grade("00.dp_group", [7, 3, 5, 1])[0]    # a group is a set: any order
+    assert not quiz.grade("00.dp_group", [1, 3, 5, 7, 7])[0] and not quiz.grade("00.dp_group", "1357")[0]
     assert quiz.grade("09.chunks", [6, 1])[0] and not quiz.grade("09.chunks", [1, 5])[0]
     assert quiz.grade("02.bubble_1f1b", "0.4375")[0]
     assert not quiz.grade("02.bubble_1f1b", "three eighths")[0]
-    assert not quiz.grade("12.colwise_dim", False)[0] and quiz.grade("12.colwise_dim", 0)[0]
+    assert not quiz.grade("12.colwise_dim", True)[0] and quiz.grade("12.colwise_dim", 1)[0]
     with pytest.raises(KeyError, match="no question"):
         quiz.grade("99.nothing", 1)
 
@@ -55,12 +55,12 @@ def test_answers_are_forgiving_about_form():
 # each must be refused (the right answers in other forms are accepted below).
 PLAUSIBLY_WRONG = {
     "00.all_reduce": [(8, "the number of ranks"), (28, "1 + ... + 7"), (37, "off by one")],
-    "00.dp_group": [((0, 1), "the tensor group"), ((1, 2), "contiguous ranks")],
+    "00.dp_group": [((4, 5), "the tensor group"), ((4, 5, 6, 7), "contiguous ranks"), ((1, 3), "dp = 2's group")],
     "00.latency_bound": [("beta", "the bandwidth term"), ("bandwidth", "the bandwidth term")],
     "00.ring_bytes": [(16e6, "2N, no (p - 1)/p"), (6e6, "one phase"), ("12 MiB", "MiB for MB")],
     "00.ring_steps": [(7, "one phase"), (16, "2p"), (15, "off by one")],
-    "01.bytes_per_param": [(12, "Adam's state only"), (18, "fp32 gradients"), (17, "off by one")],
-    "01.full_recompute": [(96, "4 bytes per value"), (24, "1 byte per value"), (49, "off by one")],
+    "01.bytes_per_param": [(90, "Adam's state only"), (135, "fp32 gradients"), (16, "bytes per parameter, not in all")],
+    "01.full_recompute": [(128, "4 bytes per value"), (32, "1 byte per value"), (48, "GPT-3's layer")],
     "01.gpus_175b": [(39, "rounded down"), (41, "off by one")],
     "01.zero3_d128": [(16, "nothing sharded"), (2 + 14 / 128, "stage 2")],
     "02.bubble_1f1b": [(7 / 23, "share of the total time"), (0.5, "p/m")],
@@ -69,25 +69,25 @@ PLAUSIBLY_WRONG = {
     "02.warmup": [(22, "the warm-up alone"), (24, "off by one")],
     "02.zbv_idle": [(14, "2(p - 1)"), (8, "off by one")],
     "03.ring_wire": [(8, "2N"), (3.5, "one phase")],
-    "03.zero1_bytes": [(16, "nothing sharded"), (3.5, "gradients forgotten")],
+    "03.zero1_bytes": [(16, "nothing sharded"), (2.75, "gradients forgotten"), (5.5, "d = 8's")],
     "03.zero1_over_allreduce": [(0.5, "one collective"), (1.5, "three halves")],
     "04.f_backward": [("identity", "f's forward"), ("all-gather", "sequence parallelism's")],
     "04.allreduces_per_layer": [(2, "forward only"), (5, "off by one")],
     "04.ce_allreduces": [(2, "the target forgotten"), (1, "one collective")],
     "04.max_t": [(16, "a DGX-2"), (4, "a quarter node")],
     "05.devices": [(16, "q squared"), (12, "3q")],
-    "05.vector_copies": [(2, "q"), (8, "q cubed")],
+    "05.vector_copies": [(4, "q"), (64, "q cubed")],
     "05.min_batch": [(3, "q"), (27, "q cubed")],
     "05.linear_collectives": [(3, "forward only"), (5, "off by one")],
     "05.naive_output_ranks": [(8, "every rank"), (2, "q")],
     "05.fewest_bytes_64": [("2d", "SUMMA"), ("1d", "Megatron's")],
-    "05.overlap_bound": [(0.964, "the communication share"), ("36%", "a factor 10")],
-    "06.rank_of": [(6, "off by one"), (8, "1-based")],
-    "06.gpus_1t": [(512, "t · p"), (3071, "off by one")],
-    "06.bubble_dp": [(63 / 512, "p = n"), (7 / 71, "share of the total time")],
-    "06.checkpoints": [(26, "rounded down"), (28, "off by one")],
+    "05.overlap_bound": [(0.947, "the communication share"), (0.036, "the 3-D layer's"), ("53%", "a factor 10")],
+    "06.rank_of": [(12, "off by one"), (14, "1-based"), (7, "t = 2's")],
+    "06.gpus_1t": [(512, "t · p"), (3072, "the paper's d = 6"), (6143, "off by one")],
+    "06.bubble_dp": [(63 / 1024, "p = n"), (3 / 67, "share of the total time"), (7 / 64, "b' = 512 at d = 8")],
+    "06.checkpoints": [(18, "c* rounded down"), (20, "off by one"), (27, "96 layers'")],
     "06.zero3_state_gb": [(12 * 175e9 / 1536 / 1e9, "Adam's state only"), (2 * 175e9 / 1536 / 1e9, "weights only")],
-    "06.microbatch_b512": [(1, "the smallest"), (4, "the largest")],
+    "06.microbatch_b2048": [(1, "the smallest"), (2, "B = 512's"), (8, "the largest")],
     "07.hfu_over_mfu": [(0.75, "inverted"), (1.5, "two passes")],
     "07.mfu": [(163 / 312, "the HFU"), ("52%", "the HFU")],
     "07.flops_per_token": [(7.8, "6N without attention, 14 % low"), (2.6, "forward only")],
@@ -115,7 +115,7 @@ PLAUSIBLY_WRONG = {
     "12.fsdp2_gathers": [(384, "the root forgotten"), (385, "minitron's count"), (200, "one gather per block")],
     "12.zero3_gathers": [(392, "FSDP2's count"), (384, "the root forgotten")],
     "12.tp_all_reduces": [(48, "forward only"), (192, "twice per linear")],
-    "12.colwise_dim": [(1, "the input features"), (False, "a boolean")],
+    "12.colwise_dim": [(0, "an nn.Linear's"), (True, "a boolean")],
 }
 
 # right answers written as a learner writes them
@@ -123,7 +123,7 @@ RIGHT_IN_OTHER_FORMS = [
     ("11.capacity", "1,280"), ("10.swiglu_params", "704,643,072"), ("02.bubble_1f1b", "43.75%"),
     ("02.bubble_1f1b", 0.44), ("00.ring_bytes", "12 MB"), ("00.ring_bytes", "12,000,000 bytes"),
     ("11.mixtral_active", "7.24B"), ("11.mixtral_active", "7.24 billion"), ("11.host_wait_pct", "39.4 %"),
-    ("11.a2a_mib", "0.25 GiB"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "3,072"),
+    ("11.a2a_mib", "0.25 GiB"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "6,144"),
     ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"),
 ]
 

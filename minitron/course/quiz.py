@@ -111,12 +111,13 @@ def _fewest_bytes_scheme(devices: int) -> str:
     return min(rows, key=lambda r: r["layer_wire_bytes"])["scheme"]
 
 
-def _cube_overlap_bound(devices: int) -> float:
-    """Lesson 5: the largest share of the cube layer's time (Bian et al.'s 64 Longhorn GPUs,
-    the cost model) that overlapping communication with computation could hide: its compute."""
+def _overlap_bound(devices: int, scheme: str) -> float:
+    """Lesson 5: the largest share of a tensor-parallel scheme's layer time (Bian et al.'s
+    Longhorn GPUs, the cost model) that overlapping communication with computation could
+    hide: its compute."""
     from ..analysis.tp_schemes import project_tp_schemes
     from .tp_schemes import BIAN_SHAPE
-    r = next(r for r in project_tp_schemes(*BIAN_SHAPE, devices) if r["scheme"] == "3d")
+    r = next(r for r in project_tp_schemes(*BIAN_SHAPE, devices) if r["scheme"] == scheme)
     return r["compute_s"] / r["layer_s"]
 
 
@@ -159,17 +160,17 @@ QUESTIONS: dict[str, Question] = {
         "each rank sends 2·(p − 1)/p of its buffer: (p − 1) chunks of size N/p in each "
         "of the two phases.", rel_tol=1e-3, unit="B"),
     "00.dp_group": Question(
-        lambda: frozenset(_grid(tp=2, dp=2).axis_ranks("dp", 1)),
-        "the tensor-parallel index runs fastest: rank = tp_rank + t·dp_rank. Keep rank 1's "
-        "tp_rank and vary dp_rank."),
+        lambda: frozenset(_grid(tp=2, dp=4).axis_ranks("dp", 5)),
+        "the tensor-parallel index runs fastest: rank = tp_rank + t·dp_rank. Keep rank 5's "
+        "tp_rank and vary dp_rank over all d."),
     "00.latency_bound": Question(
         _words("alpha", "α", "latency"),
         "for a tiny message the n·β term is negligible: what is left is the per-step cost."),
     # --- lesson 1: memory and FLOPs ----------------------------------------------------
     "01.bytes_per_param": Question(
-        lambda: _A().zero_bytes_per_param(0, 1),
+        lambda: _A().zero_bytes_per_param(0, 1) * 7.5e9 / 1e9,
         "count fp16 parameters, fp16 gradients, and Adam's fp32 master weights, momentum "
-        "and variance (ZeRO §3.1).", unit="B"),
+        "and variance per parameter (ZeRO §3.1), times 7.5 billion.", rel_tol=1e-3, unit="GB"),
     "01.gpus_175b": Question(
         lambda: _gpus_for_states("gpt3-175b", 18, 80e9),
         "divide 18 bytes × the exact parameter count (param_count) by 80 GB, and round *up*: "
@@ -178,7 +179,7 @@ QUESTIONS: dict[str, Question] = {
         lambda: _A().zero_bytes_per_param(3, 128),
         "stage 3 shards all 16 bytes of every parameter over the d data-parallel ranks.", rel_tol=1e-3, unit="B"),
     "01.full_recompute": Question(
-        lambda: _A().korthikanti_activation_bytes_per_layer(2048, 1, 12288, 96, 8,
+        lambda: _A().korthikanti_activation_bytes_per_layer(4096, 1, 8192, 64, 8,
                                                              recompute="full") / 2**20,
         "full recomputation keeps only the layer's input: s·b·h values of 2 bytes each.", rel_tol=1e-3, unit="MiB"),
     # --- lesson 2: pipeline schedules --------------------------------------------------
@@ -209,7 +210,7 @@ QUESTIONS: dict[str, Question] = {
         lambda: _dp_wire_ratio(10**6, 8),
         "a reduce-scatter and an all-gather are exactly the two halves of a ring all-reduce.", rel_tol=1e-3),
     "03.zero1_bytes": Question(
-        lambda: _A().zero_bytes_per_param(1, 8),
+        lambda: _A().zero_bytes_per_param(1, 16),
         "stage 1 shards only Adam's 12 bytes: 2 + 2 + 12/d.", rel_tol=1e-3, unit="B"),
     # --- lesson 4: tensor parallelism --------------------------------------------------
     "04.f_backward": Question(
@@ -232,7 +233,7 @@ QUESTIONS: dict[str, Question] = {
         lambda: 4 ** 3,
         "the cube has q ranks along each of its three axes."),
     "05.vector_copies": Question(
-        lambda: 2 ** 2,
+        lambda: 4 ** 2,
         "a bias is split q ways along one axis of the cube; each piece is replicated on the "
         "plane of the two other axes."),
     "05.min_batch": Question(
@@ -250,31 +251,32 @@ QUESTIONS: dict[str, Question] = {
         "compare the 'sent per microbatch' column of section 6: activations shrink with the "
         "grid, and the cube splits them over all three axes."),
     "05.overlap_bound": Question(
-        lambda: _cube_overlap_bound(64),
+        lambda: _overlap_bound(64, "2.5d"),
         "overlap hides communication behind computation, so it can hide at most the compute "
         "time: compare the layer's compute with its total.", rel_tol=0.05, unit="fraction"),  # the lesson prints 3.6%
     # --- lesson 6: PTD-P -----------------------------------------------------------------
     "06.rank_of": Question(
-        lambda: _grid(tp=2, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
+        lambda: _grid(tp=4, dp=2, pp=2).rank_of(tp=1, dp=1, pp=1),
         "rank = tp_rank + t·dp_rank + t·d·pp_rank."),
     "06.gpus_1t": Question(
-        lambda: 8 * 64 * 6,
+        lambda: 8 * 64 * 12,
         "n = t · p · d."),
     "06.bubble_dp": Question(
-        lambda: (64 / 8 - 1) / (512 / 8),
+        lambda: (64 / 16 - 1) / (1024 / 16),
         "with n GPUs, d-way data parallelism leaves p = n/d stages and b′/d microbatches "
         "per pipeline: the bubble is (n/d − 1)/(b′/d).", rel_tol=5e-3, unit="fraction"),  # the table: 3 decimals
     "06.checkpoints": Question(
-        lambda: _checkpoints("gpt3-175b", 1, 96, 8),
+        lambda: _checkpoints("gpt3-175b", 1, 48, 8),
         "minimise c·A_input + (l/c)·A_intermediate: c* = sqrt(l·A_intermediate/A_input), then "
         "try the whole numbers on either side."),
     "06.zero3_state_gb": Question(
         lambda: 16 * _A().param_count(_preset("gpt3-175b")) / 1536 / 1e9,
         "ZeRO-3 shards all 16 bytes per parameter over the d GPUs: 16·Ψ/d.", rel_tol=1e-2, unit="GB"),
-    "06.microbatch_b512": Question(
-        lambda: _best_microbatch(512),
-        "compare the TFLOP/s column at B = 512: a larger b runs each sequence a little faster "
-        "but leaves fewer microbatches, and the bubble (p − 1)/m grows with b."),
+    "06.microbatch_b2048": Question(
+        lambda: _best_microbatch(2048),
+        "a larger b runs each sequence a little faster (the ms per sequence column) but leaves "
+        "fewer microbatches, m = B/b, and the bubble (p − 1)/m grows with b: weigh the two at "
+        "B = 2048, where the bubble costs less than at 512."),
     # --- lesson 7: performance -----------------------------------------------------------
     "07.hfu_over_mfu": Question(
         lambda: 96 / 72,
@@ -377,9 +379,9 @@ QUESTIONS: dict[str, Question] = {
         "each block has two row-wise linears (an all-reduce of the output in the forward: g) and two "
         "column-wise ones (an all-reduce of the input's gradient in the backward: f)."),
     "12.colwise_dim": Question(
-        lambda: 0,
-        "nn.Linear stores its weight as [out_features, in_features]: splitting the output features "
-        "splits the weight's rows."),
+        lambda: 1,
+        "colwise splits the output features: an nn.Linear stores them as its weight's rows "
+        "([out, in]), an nn.Embedding as its columns ([num_embeddings, embedding_dim])."),
 }
 
 
