@@ -13,7 +13,8 @@ import torch
 
 from minitron.tools.bench import MatmulProbe, alternate
 from minitron.config import ParallelConfig, TrainConfig, preset
-from minitron.train import Trainer, model_flops_per_step
+from minitron.model_flops import model_flops_per_step
+from minitron.train import Trainer
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ from minitron.tools.testing import run_on_ranks  # noqa: E402
 def _chunks(model, layout, comm, dtype=torch.float32):
     from minitron.context import Context
     from minitron.model import GPT
-    from minitron.config import stage_layers
+    from minitron.placement import stage_layers
 
     ctx = Context(comm, layout, dtype)
     stages, r, p = stage_layers(model, layout), comm.index("pp"), layout.pp

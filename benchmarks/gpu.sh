@@ -77,7 +77,7 @@ done
 
 # 3. A Llama 3 8B-shaped run: h 4096, ffn 14336 (SwiGLU), 32 heads over 8 kv heads, rotary
 # positions (θ 500,000), RMSNorm, vocabulary 128,256; 4 of its 32 layers at sequence 4096,
-# bf16 autocast. Model FLOPs from config.model_flops_per_step (GQA and SwiGLU counted).
+# bf16 autocast. Model FLOPs from model_flops.model_flops_per_step (GQA and SwiGLU counted).
 LLAMA=(train --model llama3-8b --layers 4 --seq-len 4096 --precision bf16 --global-batch 8 --microbatches 8
        --steps 12 --log-every 4 --eval-every 0 --sample 0 --no-progress --metrics "$OUT/llama3_8b_shape.jsonl")
 $PY -m minitron "${LLAMA[@]}" | tee "$OUT/llama3_8b_shape.txt"

@@ -1,4 +1,5 @@
-"""Stage placement: which pipeline rank holds which model chunk, the embedding and the head.
+"""Stage placement: which layers each model chunk holds, and which pipeline rank holds
+which chunk, the embedding and the head.
 
 A pipeline of p ranks with v chunks each runs p·v virtual stages (model chunks, in
 model order). A :class:`Placement` says which (rank, local chunk) holds each of them,
@@ -12,12 +13,15 @@ chunks, the run report and every analysis module read it.
 * "v" (v = 2): rank r holds stages r and 2p−1−r (Qi et al.'s ZB-V, DeepSeek's
   DualPipe-V): the model goes down the ranks and back up, so rank 0 holds the first
   *and* the last stage, rank p−1 the two middle ones.
+
+Which layers a virtual stage holds (:func:`stage_layers`: even, or ``--stage-layers``) is
+the other half of the same fact, kept here beside it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import V_SCHEDULES
+from .config import V_SCHEDULES, ModelConfig, ParallelConfig
 
 PLACEMENTS = ("loop", "v")
 
@@ -92,3 +96,35 @@ def placement_of(layout) -> Placement:
     """The placement of a :class:`~minitron.config.ParallelConfig`'s pipeline (its
     schedule's)."""
     return placement_for(layout.schedule, layout.pp, layout.vpp)
+
+
+# --------------------------------------------------------------------------------------
+# Pipeline stages: which layers each virtual stage (model chunk) holds
+# --------------------------------------------------------------------------------------
+def split_layers(layers: int, chunks: int) -> list[int]:
+    """Layer counts of `chunks` contiguous chunks, as even as possible (the first
+    ``layers % chunks`` chunks get one more layer)."""
+    if chunks < 1 or chunks > layers:
+        raise ValueError(f"cannot split {layers} layers into {chunks} pipeline chunks")
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def stage_layer_counts(layers: int, pp: int = 1, vpp: int = 1, explicit: tuple[int, ...] = ()) -> list[int]:
+    """Layers of each of the pp·vpp virtual stages, in model order: `explicit`
+    (``--stage-layers``) when given, else :func:`split_layers`."""
+    if explicit:
+        if len(explicit) != pp * vpp or sum(explicit) != layers:
+            raise ValueError(f"stage_layers {tuple(explicit)} must have pp*vpp = {pp * vpp} entries "
+                             f"summing to {layers}")
+        return list(explicit)
+    return split_layers(layers, pp * vpp)
+
+
+def stage_layers(model: ModelConfig, layout: ParallelConfig) -> list[list[int]]:
+    """Global layer ids of each of the pp·vpp virtual stages (model chunks), in order."""
+    out, start = [], 0
+    for n in stage_layer_counts(model.layers, layout.pp, layout.vpp, tuple(layout.stage_layers)):
+        out.append(list(range(start, start + n)))
+        start += n
+    return out

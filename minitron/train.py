@@ -18,10 +18,11 @@ import torch
 
 from . import data as data_mod
 from .comm import Comm, wire_dtype_for
-from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step, stage_layers
+from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
 from .model import GPT, layers_for
+from .model_flops import model_flops_per_step
 from .moe import moe_layers
 from .optim import AdamW, Optimizer, lr_at, unique_params
 from .packing import PackedCorpus
@@ -30,7 +31,7 @@ from .parallel import fp8
 from .parallel.data import make_data_parallel, sharded_optimizer
 from .parallel.pipeline import PipelineRuntime, forward_microbatch, microbatch_parts
 from .parallel.zero import sharded_data_parallel
-from .placement import placement_of
+from .placement import placement_of, stage_layers
 from .preemption import StopOnSignal, process_group_store
 
 class NonFiniteLoss(ConfigError):

@@ -311,7 +311,7 @@ def test_deepseek_v3_equals_transformers():
 def test_mla_flops_read_the_built_projections():
     """The projections' FLOPs are 2 per weight of the built attention (norms aside), with or
     without the query latent; the core counts scores (nope + rope) and values (v)."""
-    from minitron.config import mla_flops_per_token
+    from minitron.model_flops import mla_flops_per_token
     from minitron.model import GPT
 
     for cfg in (TINY, TINY.replace(q_lora_rank=0)):

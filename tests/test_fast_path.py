@@ -11,7 +11,8 @@ from minitron.tools.cli import main
 from minitron.config import ParallelConfig, TrainConfig, preset
 from minitron.optim import clip_
 from minitron.tools.testing import last_json, run_cli
-from minitron.train import Trainer, model_flops_per_step, train
+from minitron.model_flops import model_flops_per_step
+from minitron.train import Trainer, train
 
 TINY = preset("tiny")
 

@@ -98,7 +98,7 @@ def test_flops_formula_equals_the_matmuls_a_windowed_step_runs(window, kv):
     exactly, below the global model's (a window as long as the sequence: one block, equal)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from minitron.config import model_flops_per_step
+    from minitron.model_flops import model_flops_per_step
     from minitron.model import GPT
 
     model = LLAMA.replace(window=window, kv_heads=kv)

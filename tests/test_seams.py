@@ -4,7 +4,7 @@ no module patches another.
 Every `import` and `from ... import` is parsed, function-level ones included (a lazy
 import is still a dependency). The engine's layers, lowest first:
 
-    config, placement, grid → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
+    config, placement, grid, model_flops → comm, data, tokenizer, optim, checkpoint, recompute, launch, preemption, hf, corpus, rope
     → context → parallel/ → moe, mla → mtp → model → train → fault_tolerance
 
 and around them, never imported by the engine: analysis/, viz/, tools/, course/, labs/.
@@ -17,7 +17,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "minitron"
 
 ENGINE_LAYERS = [
-    {"config", "placement", "grid"},
+    {"config", "placement", "grid", "model_flops"},
     {"comm", "data", "tokenizer", "optim", "checkpoint", "dcp_format", "recompute", "launch", "preemption", "hf",
      "hf_moe", "hf_deepseek", "hf_families", "corpus", "rope"},
     {"context"},

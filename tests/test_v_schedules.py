@@ -132,8 +132,8 @@ def test_memory_per_rank_matches_the_published_table():
     for p in (4, 8):
         PP = 2 * p
         model = ModelConfig(layers=4 * PP)
-        layers_1f1b = C.stage_layers(model, ParallelConfig(pp=PP))
-        layers_v = C.stage_layers(model, ParallelConfig(pp=p, vpp=2, schedule="dualpipe-v"))
+        layers_1f1b = P.stage_layers(model, ParallelConfig(pp=PP))
+        layers_v = P.stage_layers(model, ParallelConfig(pp=p, vpp=2, schedule="dualpipe-v"))
         pl = S.placement_for("dualpipe-v", p, 2)
         per_rank_v = [sum(len(layers_v[s]) for s in pl.table()[r]) for r in range(p)]
         assert set(per_rank_v) == {2 * len(layers_1f1b[0])}  # 2x

@@ -21,7 +21,8 @@ that each sustain X FLOP/s (PTD-P §5.1)::
 """
 from __future__ import annotations
 
-from ..config import ModelConfig, model_flops_per_step
+from ..config import ModelConfig
+from ..model_flops import model_flops_per_step
 
 __all__ = [
     "recompute_policy",
@@ -110,7 +111,7 @@ def transformer_flops_per_iteration(model: ModelConfig, global_batch: int, recom
     """FLOPs of one training iteration of any block :class:`ModelConfig` describes
     (grouped-query attention, SwiGLU or GELU MLPs, the active experts of a mixture), with
     `recompute` as a policy name or a bool: the engine's one formula,
-    :func:`minitron.config.model_flops_per_step`, whose docstring derives it. For GPT-2
+    :func:`minitron.model_flops.model_flops_per_step`, whose docstring derives it. For GPT-2
     shapes it is PTD-P Eq. 3 (``recompute="full"``) and Korthikanti's model FLOPs
     (``"none"``); tests/test_throughput_model.py checks both.
     """

@@ -38,8 +38,8 @@ from typing import Any
 
 from .dry_run import block_params, ends_params
 from ..placement import Placement, placement_for
-from ..config import (ModelConfig, cube_edge, element_bytes, pad_vocab, split_layers, square_edge,
-                      stage_layer_counts)
+from ..config import ModelConfig, cube_edge, element_bytes, pad_vocab, square_edge
+from ..placement import split_layers, stage_layer_counts
 
 __all__ = [
     "layout_get",
@@ -161,7 +161,7 @@ def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     """Layers of each of the pp·vpp model chunks, in model order (virtual stage order).
 
     Uses ``layout.stage_layers`` when given, else an even split
-    (:func:`minitron.config.stage_layer_counts`). Chunk c lives on
+    (:func:`minitron.placement.stage_layer_counts`). Chunk c lives on
     pipeline rank ``c % pp`` (Megatron's interleaving: rank r holds chunks r, r+p, ...).
     """
     _, p, v, _ = layout_degrees(layout)

@@ -317,7 +317,7 @@ def pp_job(comm, train: TrainConfig = TRAIN) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from ..checkpoint import gather_full
-    from ..config import stage_layers
+    from ..placement import stage_layers
 
     p, r = dist.get_world_size(), dist.get_rank()
     layout = ParallelConfig(pp=p, schedule="1f1b")

@@ -344,7 +344,7 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     blocks in reach (:func:`pair_kind`), combined by the online softmax, so the work is
     about 2·W·s query-key pairs instead of s² (Beltagy et al. 2020; Mistral). Plain
     matmuls, differentiated by autograd: the one-device kernel of a windowed layer, whose
-    FLOPs PyTorch's ``FlopCounterMode`` counts (``config.attention_core_flops``)."""
+    FLOPs PyTorch's ``FlopCounterMode`` counts (``model_flops.attention_core_flops``)."""
     s, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
     c = window_block(s, window)
     ahead = -(-(window - 1) // c)  # key blocks before a query block that the window reaches

@@ -17,7 +17,7 @@ so GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipe-V are all the same lo
 Stages and chunks. Chunk c of pipeline rank r is the virtual stage the schedule's
 ``Placement`` gives it (``Trainer._build_chunks`` builds it from the same object):
 ``c*p + r`` in Megatron's interleaved loop, r and 2p-1-r in the V of ZB-V and
-DualPipe-V; its layers come from ``config.stage_layers`` (even, or ``--stage-layers``
+DualPipe-V; its layers come from ``placement.stage_layers`` (even, or ``--stage-layers``
 for an uneven split). The first stage embeds, the last one applies the final norm, the
 head and the loss: under the V both are chunks of rank 0, which therefore holds the
 loss. Where two consecutive stages share a rank (the V's turn on rank p-1) the output

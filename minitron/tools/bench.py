@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..analysis.flops import hardware_flops_per_iteration
-from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, model_flops_per_step
+from ..config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from ..model_flops import model_flops_per_step
 from ..context import TORCH_DTYPES
 from ..data import batch
 from ..train import Trainer

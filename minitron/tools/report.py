@@ -104,7 +104,7 @@ class RunReport:
         everyone = tr.comm.gather_object(facts)
         if everyone is None:
             return None
-        from ..train import model_flops_per_step
+        from ..model_flops import model_flops_per_step
 
         flops_per_token = model_flops_per_step(self.model, self.train.global_batch) / (
             self.train.global_batch * self.model.seq_len)
