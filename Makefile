@@ -74,12 +74,11 @@ $(BROWSER_STAMP): scripts/install_browser.sh
 	@if bash scripts/install_browser.sh; then touch $@; \
 	else echo "make: going on without Chromium (see above): tests/test_browser.py installs it when root, else skips"; fi
 
-# The whole test suite (what CI runs), on TEST_WORKERS pytest-xdist workers: the tests that
-# start ranks, a Slurm cluster or a browser run one at a time on one of them (tests/conftest.py,
-# RANKS_GROUP_MARKERS), the single-process tests beside them. TEST_WORKERS=1 runs it all in turn.
-TEST_WORKERS ?= 2
+# The whole test suite (what CI runs): two pytest sessions side by side, one per core: the tests
+# that start ranks, a Slurm cluster or a browser one after another, the single-process tests and
+# the notebooks beside them (scripts/run_tests.sh; the split: tests/conftest.py, test_share).
 test: $(STAMP) $(FT_STAMP) $(BROWSER_STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	bash scripts/run_tests.sh $(BIN)/python
 
 test-fast: $(STAMP) $(FT_STAMP)
 	$(BIN)/python -m pytest -q -m "not multirank and not browser and not slurm"

@@ -29,6 +29,7 @@ SHM = Path("/dev/shm")
 # its ranks when the launcher is killed) and a lab checker's result folder
 SCRATCH_LEFTOVERS = ("torchelastic_*", "minitron_ranks_*", "minitron-lab-*")
 _STATE = pytest.StashKey[dict]()
+_SHARE = pytest.StashKey["str | None"]()
 
 
 def _shm_entries() -> set[str]:
@@ -79,19 +80,39 @@ def _remove_scratch(state: dict) -> None:
         shutil.rmtree(state["scratch"], ignore_errors=True)
 
 
-# The markers of tests that start processes which take the machine's cores for themselves: ranks,
-# a Slurm cluster, a browser. Under `make test` (pytest-xdist, `-n 2 --dist loadgroup`) they run
-# one after another on one worker while the other runs the single-process tests beside them: two
-# launches of 8 ranks at once on 2 cores would only slow each other, and a timing-sensitive test
-# (a watchdog, a heartbeat, a preemption) keeps the machine it was written for.
-RANKS_GROUP_MARKERS = ("multirank", "slurm", "browser")
+# `make test` (scripts/run_tests.sh) runs the suite as two sessions side by side, one per core:
+# the "ranks" share (tests that start ranks, a Slurm cluster or a browser: each takes the
+# machine's cores for itself, so they run one after another, and a timing-sensitive test — a
+# watchdog, a heartbeat, a preemption — keeps the machine it was written for) and the "single"
+# share (single-process tests, and the notebooks: a kernel is one process, their launches are
+# of 2-4 ranks). MINITRON_TEST_SHARE picks one; unset, a session runs everything.
+RANKS_SHARE_MARKERS = ("multirank", "slurm", "browser")
+SINGLE_SHARE_FILES = ("test_notebooks.py", "test_lab_notebooks.py")
+SHARES = ("ranks", "single")
+SHARE_ENV = "MINITRON_TEST_SHARE"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def test_share(item) -> str:
+    """The share ("ranks" or "single") a collected test runs in."""
+    if item.path.name in SINGLE_SHARE_FILES:
+        return "single"
+    return "ranks" if any(item.get_closest_marker(m) for m in RANKS_SHARE_MARKERS) else "single"
+
+
+def pytest_configure(config):
+    share = os.environ.pop(SHARE_ENV, None)  # popped: the pytest sessions a test starts run whole
+    if share is not None and share not in SHARES:
+        raise pytest.UsageError(f"{SHARE_ENV}={share!r}: choose one of {', '.join(SHARES)} (or leave it unset)")
+    config.stash[_SHARE] = share
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if any(item.get_closest_marker(m) for m in RANKS_GROUP_MARKERS):
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+    share = config.stash.get(_SHARE, None)
+    if share is None:
+        return
+    keep = [i for i in items if test_share(i) == share]
+    config.hook.pytest_deselected(items=[i for i in items if test_share(i) != share])
+    items[:] = keep
 
 
 def pytest_sessionstart(session):
