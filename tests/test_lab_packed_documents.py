@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minitron.labs.runner import Tripwire
 from minitron.labs.packed_documents import (_LearnersMask, _document_ids, _visible, check_packed_documents,
                                             check_packed_documents_all)
+from minitron.labs.runner import Tripwire
 from minitron.packing import SEPARATOR_BYTE, Documents, document_ids
 from minitron.parallel.context_parallel import ChunkMask
 from planted import assert_each_named
