@@ -59,9 +59,10 @@ def _ids(corpus) -> np.ndarray:
 
 class PackedCorpus:
     """A corpus (or one split of it) read as whole documents: where each one starts, and
-    the packed rows of a global batch (:meth:`batch`)."""
+    the packed rows of a global batch (:meth:`batch`). `ids_of`: the rule giving each token its
+    document (default :func:`document_ids`)."""
 
-    def __init__(self, corpus, seq_len: int, what: str = "the corpus"):
+    def __init__(self, corpus, seq_len: int, what: str = "the corpus", ids_of=None):
         sep = separator_of(corpus)
         if sep is None:
             raise ConfigError(f"--pack needs a document separator and {what} defines none: tokenize with a "
@@ -76,6 +77,7 @@ class PackedCorpus:
             raise ConfigError(f"--pack: {what} has no document separator ({name}) with a whole sequence of "
                               f"--seq-len {seq_len} after it: end each document with it, or drop --pack")
         self.corpus, self.seq_len, self.separator = corpus, seq_len, sep
+        self.ids_of = ids_of or document_ids  # a lab passes a learner's (the Trainer's ``document_ids=``)
 
     def batch(self, global_batch: int, seed: int, step: int, rows: slice | None = None):
         """Inputs and targets [rows, s] of the global batch of `step`, each row starting at a
@@ -87,7 +89,15 @@ class PackedCorpus:
         x, y = xy[:, :-1], xy[:, 1:]
         counted = int((x != self.separator).sum())
         rows = rows or slice(0, global_batch)
-        return x[rows], y[rows], Documents.of(x[rows], self.separator, x.numel() / max(counted, 1))
+        return x[rows], y[rows], Documents.of(x[rows], self.separator, x.numel() / max(counted, 1), self.ids_of)
+
+
+def document_ids(x: torch.Tensor, separator: int) -> torch.Tensor:
+    """The document of each token of the rows `x` [b, s]: 0, 1, .. along a row, a new one
+    after each separator (a document is its tokens and the separator that ends it)."""
+    new = torch.zeros_like(x, dtype=torch.long)
+    new[:, 1:] = (x[:, :-1] == separator).long()
+    return new.cumsum(1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +111,16 @@ class Documents:
     loss_weight: torch.Tensor
 
     @staticmethod
-    def of(x: torch.Tensor, separator: int, scale: float = 1.0) -> "Documents":
-        """The documents of token rows `x` [b, s]: a new one begins after each separator."""
-        sep = x == separator
-        new = torch.ones_like(sep)
-        new[:, 1:] = sep[:, :-1]
+    def of(x: torch.Tensor, separator: int, scale: float = 1.0, ids=document_ids) -> "Documents":
+        """The documents of token rows `x` [b, s] (`ids`: each token's document, by default
+        a new one after each separator, :func:`document_ids`); positions restart where the
+        document changes (Megatron's reset_position_ids)."""
+        seg = torch.as_tensor(ids(x, separator)).long()
+        new = torch.ones_like(seg, dtype=torch.bool)
+        new[:, 1:] = seg[:, 1:] != seg[:, :-1]
         idx = torch.arange(x.shape[1]).expand_as(x)
         start = torch.cummax(idx * new, dim=1).values  # the first token of each token's document
-        return Documents(new.long().cumsum(1) - 1, idx - start, (~sep).double() * scale)
+        return Documents(seg, idx - start, (x != separator).double() * scale)
 
     def chunk(self, m: int) -> list["Documents"]:
         """The documents of the `m` microbatches (rows split as ``Tensor.chunk``)."""

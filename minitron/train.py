@@ -107,14 +107,16 @@ class Trainer:
       (default :func:`default_optimizer`);
     * `rows_of`: ``rows_of(step)`` -> the rows of step's global batch this rank reads (default:
       its data rank's share, ``data.dp_rows``; a fault-tolerant replica's share, or the
-      rows of the replicas a step really averaged for its single-device replay).
+      rows of the replicas a step really averaged for its single-device replay);
+    * `document_ids`: ``document_ids(x, separator)`` -> each token's document under --pack
+      (default ``packing.document_ids``; lab 09c passes a learner's).
 
     Two Trainers in one process share nothing.
     """
 
     def __init__(self, model: ModelConfig, layout: ParallelConfig, train: TrainConfig,
                  comm: Comm | None = None, corpus=None, *, layers=None, schedule=None,
-                 data_parallel=None, optimizer=None, rows_of=None):
+                 data_parallel=None, optimizer=None, rows_of=None, document_ids=None):
         self.mcfg, self.layout, self.tcfg = model, layout, train
         self.rows_of = rows_of
         # activations travel in bf16 under --precision bf16 (tensor-parallel collectives, p2p):
@@ -127,8 +129,9 @@ class Trainer:
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
         # --pack: each split read as whole documents (packing.py); None draws plain windows
-        self.packed = {"train": PackedCorpus(self.train_data, model.seq_len, "the training split"),
-                       "val": PackedCorpus(self.val_data, model.seq_len, "the held-out tenth")} if train.pack else None
+        self.packed = {"train": PackedCorpus(self.train_data, model.seq_len, "the training split", document_ids),
+                       "val": PackedCorpus(self.val_data, model.seq_len, "the held-out tenth", document_ids)} \
+            if train.pack else None
         self.layers = layers or layers_for(layout)
         self.chunks = self._build_chunks(schedule)
         if layout.compile:  # fuse each block's elementwise work; Comm's collectives run eager

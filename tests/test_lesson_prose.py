@@ -241,6 +241,34 @@ def _ring_messages():
     return total // layers // directions
 
 
+def _separator_document():
+    """Lesson 9 prints a separator's document beside its neighbours': the one it ends, or the next."""
+    sep, before, after = (int(x) for x in re.search(
+        r"a separator \(token \d+\): document (\d+); the token before it: document (\d+), the token after it: "
+        r"document (\d+)", outputs("09")).groups())
+    assert before != after                          # the lesson's separator ends one document
+    return "ends" if sep == before else "next"
+
+
+def _restart(tokens: str) -> list[int]:
+    """Positions restarting after each separator ('|'), as lesson 9 states the rule."""
+    _stated("09", r"a new one after each\s+separator\) and its position in that document", None)
+    out, p = [], 0
+    for t in tokens:
+        out.append(p)
+        p = 0 if t == "|" else p + 1
+    return out
+
+
+def _skipped_by_the_stated_rule(lengths, n):
+    """The pairs a > b whose key chunk's last token's document ends before the query chunk
+    begins (lesson 9's stated rule), applied by hand."""
+    _stated("09", r"the document of chunk \$b\$'s last token ends before chunk \$a\$\s+begins", None)
+    seg = [i for i, k in enumerate(lengths) for _ in range(k)]
+    c = len(seg) // (2 * n)
+    return sum(seg[(b + 1) * c - 1] != seg[a * c] for a in range(2 * n) for b in range(a))
+
+
 WITNESSES = {
     "00.all_reduce": _all_reduce_sum,
     "00.ring_steps": _ring_steps,
@@ -297,6 +325,9 @@ WITNESSES = {
     "09.lse": lambda: _stated("09", r"L' = \\log\\left\(e\^\{L\} \+ e\^\{L_b\}\\right\)", math.log(2 * math.exp(2))),
     "09.ring_messages": _ring_messages,
     "09.message_mib": lambda: 2 * 1 * (32768 / 8) * 2048 * 2 / 2**20,   # 2·b·(s/N)·(h/t), 2 bytes
+    "09.separator_document": _separator_document,
+    "09.packed_positions": lambda: _restart("xy|z||uv"),
+    "09.skipped_pairs": lambda: _skipped_by_the_stated_rule([5, 3, 4, 4], 2),
 }
 
 
@@ -580,7 +611,8 @@ LABELS = {
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes", "08.weak_efficiency": r"weak.*efficiency",
     "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
-    "09.message_mib": r"message", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
+    "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",
+    "09.skipped_pairs": r"skip", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
     "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
     "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
     "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",

@@ -326,6 +326,18 @@ QUESTIONS: dict[str, Question] = {
         lambda: _cp_message_elements(_preset("gpt-1.3b").replace(seq_len=32768), 1, 1, 8) * 2 / 2**20,
         "one message is K and V of the rank's s/N tokens over its h/t columns: 2·b·(s/N)·(h/t) "
         "elements of 2 bytes.", rel_tol=1e-3, unit="MiB"),
+    "09.separator_document": Question(
+        lambda: ("ends", "the one it ends", "it ends", "previous", "the previous one", "its own"),
+        "a document is its tokens and the separator that ends it: the token after a separator starts the "
+        "next one (the separator's target is the next document's first token, given no loss)."),
+    "09.packed_positions": Question(
+        lambda: _packed_positions("xy|z||uv"),
+        "positions restart at 0 with each document, and a document ends with its separator: "
+        "x y | is one document, z | the next, the lone | a third."),
+    "09.skipped_pairs": Question(
+        lambda: _skipped_pairs([5, 3, 4, 4], 2),
+        "a causal pair (query chunk a after key chunk b) is empty when the document of chunk b's last "
+        "token ends before chunk a begins; count those among the pairs with a ≥ b."),
     # --- lesson 10: modern blocks under parallelism ----------------------------------------
     "10.kv_rows": Question(
         lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 4) * _preset("llama3-70b").head_dim,
@@ -437,6 +449,29 @@ def _saved_per_kv_element() -> float:
 def _chunks(n: int, r: int) -> tuple[int, int]:
     from ..parallel.context_parallel import chunk_ids
     return chunk_ids(n, r)
+
+
+def _packed_positions(row: str) -> list[int]:
+    """Lesson 9: the positions in their documents of the tokens of `row` ('|' the separator)."""
+    import torch
+
+    from ..packing import SEPARATOR_BYTE, Documents
+    x = torch.tensor([[SEPARATOR_BYTE if ch == "|" else ord(ch) for ch in row]])
+    return Documents.of(x, SEPARATOR_BYTE).positions[0].tolist()
+
+
+def _skipped_pairs(lengths: list[int], n: int) -> int:
+    """Lesson 9: the causal chunk pairs the ring skips for one row of documents of `lengths`
+    under cp `n` (the engine's ChunkMask)."""
+    import torch
+
+    from ..packing import Documents
+    from ..parallel.context_parallel import ChunkMask
+    seg = torch.cat([torch.full((k,), i) for i, k in enumerate(lengths)])[None]
+    docs = Documents(seg, torch.zeros_like(seg), torch.ones_like(seg, dtype=torch.float64))
+    c = seg.shape[1] // (2 * n)
+    rule, causal = ChunkMask(n, c, 0, docs), ChunkMask(n, c)
+    return sum(rule.kinds[ab] == "none" for ab, kind in causal.kinds.items() if kind != "none")
 
 
 def _norm_word(s: str) -> str:

@@ -18,6 +18,7 @@ lab                         checker                                     module
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 09b Ulysses' all-to-all     ``check_ulysses(SOURCE)``                   :mod:`.ulysses`
+09c packed documents        ``check_packed_documents(SOURCE)``          :mod:`.packed_documents`
 10a GQA under tp            ``check_gqa(SOURCE)``                       :mod:`.gqa`
 10b rotary under cp         ``check_rope_cp(SOURCE)``                   :mod:`.rope_cp`
 11a token dispatch          ``check_dispatch(SOURCE)``                  :mod:`.dispatch`
@@ -38,6 +39,7 @@ from .interleaved import check_interleaved
 from .linear3d import check_linear3d
 from .memory_estimator import check_memory_estimator
 from .online_softmax import check_online_softmax
+from .packed_documents import check_packed_documents
 from .pipeline import check_one_f_one_b
 from .ring_allreduce import check_ring_allreduce
 from .rope_cp import check_rope_cp
@@ -49,5 +51,6 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses", "check_rope_cp",
+           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses",
+           "check_packed_documents", "check_rope_cp",
            "check_dispatch", "LabError"]
