@@ -106,7 +106,8 @@ def test_reference_passes_and_mistakes_get_one_line():
     ref = res.pop("reference")
     assert ref["ok"], ref["message"]
     assert ref["max_loss_abs_diff"] <= 1e-9 and ref["max_param_rel_diff"] <= 1e-9
-    assert 1 <= ref["max_nodes_per_token"] <= 2  # the worst layout's: M = 2 of 4 nodes, or 1 of 2
+    # k = 3 experts on M = 2 nodes of 2 need both nodes; M = 1 of 2 nodes of 8: one
+    assert ref["max_nodes_per_token"] == {"--ep 2 --dp 2": 2, "--ep 4": 1}
     assert_each_named(res, {
         "nodes by their best expert": "scores each node by its single best expert",
         "nodes by all their experts": "scores each node by the sum of all its experts' affinities",

@@ -27,7 +27,7 @@ router with the loss-free bias) trains 3 float64 steps on 4 ranks in one launch:
 the engine's routing (``group_mask``, ``route``, ``top``) and the checker's own answers,
 whatever the route, while the learner's code runs.
 
-    result = check_node_routing(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ..., "max_nodes_per_token"}
+    result = check_node_routing(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ..., "max_nodes_per_token": {layout: n}}
 """
 from __future__ import annotations
 
@@ -283,9 +283,11 @@ def _job(comm, source: str, timeout: float) -> dict | None:
                           lambda c, layout: _train(c, layout, ns, watch, comm))
     if comm.grid.rank != 0:
         return None
-    return verdict_over_runs(runs, "your node-limited routing trains exactly like the single-device model (--ep 2 "
-                                   "--dp 2 with nodes of 2 experts, --ep 4 with nodes of 8 experts on 2 ranks each), "
-                                   "no token's experts on more than M nodes")
+    most = {flags: v["max_nodes_per_token"] for flags, v in runs}  # each layout's, before one verdict is kept
+    verdict = verdict_over_runs(runs, "your node-limited routing trains exactly like the single-device model (--ep 2 "
+                                      "--dp 2 with nodes of 2 experts, --ep 4 with nodes of 8 experts on 2 ranks each), "
+                                      "no token's experts on more than M nodes")
+    return {**verdict, "max_nodes_per_token": most}
 
 
 def check_node_routing_all(sources: list[str], timeout: float = 90) -> list[dict]:
@@ -298,7 +300,7 @@ def check_node_routing(source: str, timeout: float = 90) -> dict:
     scores (six (E, nodes, M, k), ties among them) against the engine's routing, then train a
     tiny DeepSeek-V3 with them in the engine's place on 4 gloo ranks (--ep 2 --dp 2 and --ep 4,
     nodes of 2 and of 8 experts; float64, 3 steps) against the single-device model. Returns
-    {"ok", "message", "max_loss_abs_diff", "max_param_rel_diff", "max_nodes_per_token", ...},
+    {"ok", "message", "max_loss_abs_diff", "max_param_rel_diff", "max_nodes_per_token" (per layout), ...},
     or {"ok": False, "message"} naming the first problem (also when the code does not compile,
     is a stub, uses the engine's own routing, raises or runs past `timeout`)."""
     return check_node_routing_all([source], timeout)[0]
