@@ -94,7 +94,8 @@ def route(logits: torch.Tensor, cfg: ModelConfig, bias: torch.Tensor | None = No
     """Top-k routing of T tokens' router logits [T, E]: returns (scores [T, E], the
     experts [T, k], the gates [T, k]). Ties go to the lower expert index (stable sort).
     With expert groups the choice is limited to each token's best groups
-    (:func:`group_mask`); the gates are then scaled by ``routed_scaling``."""
+    (:func:`group_mask`); the gates are then scaled by ``routed_scaling``. A layer namespace
+    may carry its own ``route`` of this contract (lab 11b, through ``Trainer(layers=...)``)."""
     scores = logits.softmax(-1) if cfg.router == "softmax" else logits.sigmoid()
     choice = (scores if bias is None else scores + bias).detach()
     if cfg.expert_groups > 1:
@@ -249,8 +250,10 @@ class MoE(nn.Module):
         xt = self.enter(x)
         b, s, h = xt.shape
         tokens = xt.reshape(b * s, h)
-        # the selection bias: zero unless moved (bias_update) or loaded (a DeepSeek-V3 checkpoint)
-        scores, experts, gates = route(tokens @ self.router.t(), cfg, self.score_bias)
+        # the selection bias: zero unless moved (bias_update) or loaded (a DeepSeek-V3 checkpoint);
+        # a layer namespace may bring its own routing of route's contract (a lab's, lab 11b)
+        router = getattr(self.layers, "route", route)
+        scores, experts, gates = router(tokens @ self.router.t(), cfg, self.score_bias)
         keep = keep_mask(experts, cfg)
         # permute, dispatch, the local experts, combine, un-permute (parallel/experts.py); a layer
         # namespace may bring its own of the same contract (a lab's, through Trainer(layers=...))

@@ -319,3 +319,17 @@ def test_mla_flops_read_the_built_projections():
         weights = sum(p.numel() for n, p in attn.named_parameters() if "norm" not in n)
         proj, core = mla_flops_per_token(cfg)
         assert proj == 2 * weights and core == 2 * cfg.seq_len * cfg.heads * (8 + 4 + 8)
+
+
+def test_kv_cache_read_off_the_model():
+    """The analysis' KV cache per token and layer is what the built attention computes: MLA's
+    down-projection width (the latent and the shared rotary key), a standard block's k and v."""
+    from minitron.analysis.kv_cache import decompressed_kv_elements_per_token, kv_cache_bytes_per_token, kv_elements_per_token
+    from minitron.model import GPT
+
+    attn = GPT(TINY).blocks["0"].attn
+    assert kv_elements_per_token(TINY) == attn.kv_a.weight.shape[0] == TINY.kv_lora_rank + TINY.qk_rope_head_dim
+    assert decompressed_kv_elements_per_token(TINY) == attn.kv_b.weight.shape[0] + TINY.heads * TINY.qk_rope_head_dim
+    llama = PRESETS["llama-tiny"]
+    assert kv_elements_per_token(llama) == 2 * llama.n_kv_heads * llama.head_dim
+    assert kv_cache_bytes_per_token(PRESETS["deepseek-v3"], 2) == 61 * (512 + 64) * 2  # DeepSeek-V3: 512 + 64 per layer

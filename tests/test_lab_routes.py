@@ -27,7 +27,7 @@ LABS = {  # lab -> (module, its check function)
     "04c": ("seq_parallel", "check_all_gather_linear"), "05": ("linear3d", "check_linear3d"),
     "06": ("trillion_layout", "check_trillion_layout"), "09": ("online_softmax", "check_online_softmax"),
     "09b": ("ulysses", "check_ulysses"), "09c": ("packed_documents", "check_packed_documents"), "10a": ("gqa", "check_gqa"), "10b": ("rope_cp", "check_rope_cp"),
-    "11a": ("dispatch", "check_dispatch"),
+    "11a": ("dispatch", "check_dispatch"), "11b": ("node_routing", "check_node_routing"),
 }
 # the routes written plainly: (the source, what the refusal says)
 PLAIN = {
@@ -161,7 +161,7 @@ def test_what_the_readme_says_is_not_refused_is_not():
     source = ("import gc\ndef f(x):\n    for o in gc.get_objects():\n        if type(o).__name__ == 'Tripwire':\n"
               "            o.codes.clear()\n    return PIECE(x)\n")
     _run_watched(source, _Tripwire)  # not refused: the README says so
-    assert "reached by built names in the\nlabs other than 10a and 11a" in readme
+    assert "reached by built names in the\nlabs other than 10a, 11a and 11b" in readme
     reference = ("import sys\ndef f(x):\n    return sys.modules['minitron.la' + 'bs.zero3'].divisor\n")
     _run_watched(reference, _Tripwire)  # a lab that does not watch its own answers: not refused either
 

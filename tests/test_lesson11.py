@@ -26,6 +26,9 @@ WITNESS = {
     "11.collapsed_aux": r"E = 64, fully collapsed, top-1: L/α = ([\d.]+)",
     "11.a2a_mib": r"balanced all-to-all, mixtral, 4096 tokens, bf16: ([\d.]+) MiB",
     "11.host_wait_pct": r"qwen3-30b-a3b-2602 \(ep 8\) microbatch 1: waiting for the host ([\d.]+) %",
+    "11.mla_cache_kib": r"deepseek-v2-lite KV cache: ([\d.]+) KiB per token",
+    "11.mtp_flops_pct": r"deepseek-v2-lite, D = 1: \+([\d.]+) % FLOPs",
+    "11.ib_bytes_max": r"all remote: ([\d,]+) bytes over IB",
 }
 
 
@@ -58,3 +61,18 @@ def test_stored_outputs_show_the_checks_holding(out):
     assert _number(r"microbatch 2: .*waiting for the host ([\d.]+)%", out) == 0
     # the FLOPs formula decomposed: 6·N_active + attention core − lookup = the formula
     assert _number(r"model FLOPs per token: ([\d.]+) GFLOP", out) == _number(r"lookup [\d.]+ = ([\d.]+) GFLOP", out)
+
+
+def test_deepseek_section_shows_its_checks_holding(out):
+    """Section 8: the analysis reads MLA's cache and MTP's parameters off the built model, MLA's
+    cache is the smallest of the three kinds, MTP adds a few per cent, and the node limit holds:
+    at most M = 4 nodes a token, fewer IB bytes than unlimited, the same rows one per choice."""
+    assert "-> agrees with the model: True" in out
+    assert re.search(r"built ([\d,]+) parameters, the analysis \1\n", out)
+    kib = {kind: _number(rf"^{kind}.* ([\d.]+) KiB per token over", out) for kind in ("multi-head", "grouped-query", "latent")}
+    assert kib["latent"] < kib["grouped-query"] < kib["multi-head"]
+    assert 0 < _number(r"\+([\d.]+) % FLOPs per training step", out) < 10
+    limited, free = (re.search(rf"^{w}.*nodes per token ([\d.]+) on average, (\d+) at most; IB once per remote node +([\d.]+) "
+                               rf"KiB.*one per choice ([\d.]+)", out, re.M).groups() for w in ("limited", "unlimited"))
+    assert int(limited[1]) == 4 < int(free[1]) and float(limited[2]) < float(free[2])
+    assert abs(float(limited[3]) - float(free[3])) < 0.1  # the engine's one row per choice: not shrunk by the limit

@@ -615,7 +615,8 @@ LABELS = {
     "09.skipped_pairs": r"skip", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
     "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
     "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
-    "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",
+    "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "11.mla_cache_kib": r"KiB per token|KV cache",
+    "11.mtp_flops_pct": r"FLOPs per (?:training )?step", "11.ib_bytes_max": r"\bIB\b", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",
     "12.tp_all_reduces": r"all.reduce", "12.colwise_dim": r"colwise",
 }
 # Lessons 00-09 still show these answers before they ask (their questions ask the learner to read

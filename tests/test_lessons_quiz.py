@@ -116,6 +116,12 @@ PLAUSIBLY_WRONG = {
     "11.a2a_mib": [(128, "forward only"), (64, "one pass")],
     "11.host_wait_pct": [(0.394, "a fraction where per cent is asked"), (13.8, "section 7's ep 16 run"),
                          (60.6, "the GPU's busy share")],
+    "11.mla_cache_kib": [(270, "every head's keys and values cached"), (1.125, "one layer"), (68.6, "DeepSeek-V3's"),
+                         (15.2, "one byte per element")],
+    "11.mtp_flops_pct": [(3.8, "DeepSeek-V3's, section 8"), (0.106, "a fraction where per cent is asked"),
+                         (21.2, "two depths")],
+    "11.ib_bytes_max": [(43008, "M - 1 nodes: the token's own node counted"), (114688, "one copy per expert, k = 8"),
+                        (14336, "one node"), (28672, "four bytes per value, one node")],
     "12.fsdp2_gathers": [(384, "the root forgotten"), (385, "minitron's count"), (200, "one gather per block")],
     "12.zero3_gathers": [(392, "FSDP2's count"), (384, "the root forgotten")],
     "12.tp_all_reduces": [(48, "forward only"), (192, "twice per linear")],
@@ -127,7 +133,7 @@ RIGHT_IN_OTHER_FORMS = [
     ("11.capacity", "1,280"), ("10.swiglu_params", "704,643,072"), ("02.bubble_1f1b", "43.75%"),
     ("02.bubble_1f1b", 0.44), ("00.ring_bytes", "12 MB"), ("00.ring_bytes", "12,000,000 bytes"),
     ("11.mixtral_active", "7.24B"), ("11.mixtral_active", "7.24 billion"), ("11.host_wait_pct", "39.4 %"),
-    ("11.a2a_mib", "0.25 GiB"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "6,144"),
+    ("11.a2a_mib", "0.25 GiB"), ("11.ib_bytes_max", "56 KiB"), ("11.mla_cache_kib", "31,104 bytes"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "6,144"),
     ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"),
 ]
 

@@ -376,6 +376,21 @@ QUESTIONS: dict[str, Question] = {
         "the prediction's part 'host_wait' over its iteration time, in per cent: per microbatch the host "
         "needs 48 layers × 8.8 ms, and the GPU waits for what its own work does not cover.", rel_tol=1e-2,
         unit="%"),
+    "11.mla_cache_kib": Question(
+        lambda: _kv_cache_bytes(_preset("deepseek-v2-lite"), 2) / 2**10,
+        "latent attention caches the latent and the one shared rotary key per token and layer, "
+        "(kv_lora_rank + qk_rope_head_dim) elements, over every layer, 2 bytes each: not the heads' "
+        "decompressed keys and values.", rel_tol=1e-2, unit="KiB"),
+    "11.mtp_flops_pct": Question(
+        lambda: 100 * (_step_flops(_preset("deepseek-v2-lite").replace(mtp_depths=1))
+                       / _step_flops(_preset("deepseek-v2-lite")) - 1),
+        "model_flops_per_step with mtp_depths=1 over the same without, less 1, in per cent: a depth is "
+        "the projection M_k, one dense block and the shared output layer, against 27 layers and the head.",
+        rel_tol=2e-2, unit="%"),
+    "11.ib_bytes_max": Question(
+        lambda: _preset("deepseek-v3").topk_groups * _preset("deepseek-v3").hidden * 2,
+        "at most M = 4 nodes, all of them other than the token's own: one copy of its h = 7168 bf16 "
+        "values per node, whatever its k = 8 experts.", unit="bytes"),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
@@ -420,6 +435,16 @@ def _collapsed_aux(experts: int) -> float:
     scores = torch.zeros(16, experts, dtype=torch.float64)
     scores[:, 0] = 1.0
     return float(balancing_loss(scores, torch.zeros(16, 1, dtype=torch.long), cfg))
+
+
+def _kv_cache_bytes(model, dtype_bytes: int) -> int:
+    from ..analysis.kv_cache import kv_cache_bytes_per_token
+    return kv_cache_bytes_per_token(model, dtype_bytes)
+
+
+def _step_flops(model) -> float:
+    from ..config import model_flops_per_step
+    return model_flops_per_step(model, 1)
 
 
 def _balanced_a2a(model, tokens: int, dtype_bytes: int) -> float:

@@ -22,6 +22,7 @@ lab                         checker                                     module
 10a GQA under tp            ``check_gqa(SOURCE)``                       :mod:`.gqa`
 10b rotary under cp         ``check_rope_cp(SOURCE)``                   :mod:`.rope_cp`
 11a token dispatch          ``check_dispatch(SOURCE)``                  :mod:`.dispatch`
+11b node-limited routing    ``check_node_routing(SOURCE)``              :mod:`.node_routing`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -38,6 +39,7 @@ from .gqa import check_gqa
 from .interleaved import check_interleaved
 from .linear3d import check_linear3d
 from .memory_estimator import check_memory_estimator
+from .node_routing import check_node_routing
 from .online_softmax import check_online_softmax
 from .packed_documents import check_packed_documents
 from .pipeline import check_one_f_one_b
@@ -53,4 +55,4 @@ __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b"
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
            "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses",
            "check_packed_documents", "check_rope_cp",
-           "check_dispatch", "LabError"]
+           "check_dispatch", "check_node_routing", "LabError"]

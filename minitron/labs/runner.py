@@ -228,7 +228,7 @@ def comm_on(comm, layout):
 
 def layout_flags(layout) -> str:
     """The command-line flags of a lab's layout, as its messages say them: '--tp 2 --dp 2 --sp'."""
-    flags = [f"--{axis} {getattr(layout, axis)}" for axis in ("tp", "cp", "dp") if getattr(layout, axis) > 1]
+    flags = [f"--{axis} {getattr(layout, axis)}" for axis in ("tp", "cp", "ep", "dp") if getattr(layout, axis) > 1]
     return " ".join(flags + (["--sp"] if layout.sp else []))
 
 
