@@ -235,6 +235,13 @@ def _chunks_rank1():
     return sorted({x // c for x in pos})
 
 
+def _overlap_bytes_04():
+    """The tp bytes sent per rank at t = 4 with and without --tp-overlap, from section 7's table."""
+    plain = num(out("04", r"^--tp 4 --sp\s+\d+\s+\d+\s+([\d,]+)$"))
+    overlapped = num(out("04", r"^--tp 4 --sp --tp-overlap\s+\d+\s+\d+\s+([\d,]+)$"))
+    return overlapped / plain
+
+
 def _ring_messages():
     total = int(out("09", r"rank 0's ring messages in one step: (\d+)"))
     layers, directions = 2, 2                       # the lesson's 2-layer GPT; sends and receives
@@ -293,6 +300,10 @@ WITNESSES = {
     "04.allreduces_per_layer": lambda: int(out("04", r"tp: per layer traced all_reduce (\d+) x")),
     "04.ce_allreduces": lambda: {"three": 3}[out("04", r"^(three) all-reduces:")],
     "04.max_t": lambda: int(re.search(r"DGX A100 servers of (\d+)", prose("04")).group(1)),
+    # section 7 states the ring's counts as formulas ($t - 1$ sends; shard (r - k) mod t at step k)
+    "04.overlap_sends": lambda: _stated("04", r"every one of the\s+\$t - 1\$ sends", 8 - 1),
+    "04.overlap_bytes_ratio": _overlap_bytes_04,
+    "04.ring_shard": lambda: _stated("04", r"multiplies shard \$\(r - k\) \\bmod t\$", (5 - 2) % 8),
     "05.devices": _cube_devices,
     "05.vector_copies": _cube_copies,
     "05.min_batch": _cube_min_batch,
@@ -603,6 +614,8 @@ LABELS = {
     "03.ring_wire": r"4 ?GB|wire", "03.zero1_over_allreduce": r"ZeRO-1.*all-reduce|ratio",
     "03.zero1_bytes": r"ZeRO-1", "04.f_backward": r"f's|\bf\b.*backward", "04.allreduces_per_layer": r"per layer.*all_reduce",
     "04.ce_allreduces": r"all-reduces:|cross-entropy", "04.max_t": r"DGX A100|per server|NVLink",
+    "04.overlap_sends": r"sends? per (?:decomposed|all-gather)", "04.overlap_bytes_ratio": r"overlap\s*/\s*plain|ratio",
+    "04.ring_shard": r"rank 5|step k ?= ?2",
     "05.devices": r"cube of|q ?= ?4", "05.vector_copies": r"copies", "05.min_batch": r"q ?= ?3|min.*batch",
     "05.linear_collectives": r"collectives|qkv:", "05.naive_output_ranks": r"naive.*ranks", "05.fewest_bytes_64": r"fewest|least",
     "05.overlap_bound": r"overlap can hide", "06.rank_of": r"rank_of|\(1, 1, 1\)|^\s+\d+\s+1\s+1\s+1$",

@@ -99,6 +99,17 @@ def _dp_wire_ratio(n_params: int, d: int) -> float:
     return dp_wire_bytes(n_params, d, zero1=True) / dp_wire_bytes(n_params, d)
 
 
+def _tp_sent_bytes(overlap: bool, t: int = 4) -> float:
+    """Lesson 4: the tensor-parallel bytes a rank of the tiny model sends per step under
+    ``--tp t --sp`` (float64, b = 2), with or without ``--tp-overlap`` (the analysis)."""
+    from ..analysis.calls import sent_bytes_by_axis
+    from ..analysis.comm import comm_items
+    from ..config import ParallelConfig, TrainConfig
+    items = comm_items(_preset("tiny"), ParallelConfig(tp=t, sp=True, tp_overlap=overlap),
+                       TrainConfig(global_batch=2, dtype="float64"))
+    return sent_bytes_by_axis([it for it in items if it["axis"] == "tp"], {"tp": t})["tp"]
+
+
 def _naive_output_ranks(q: int) -> int:
     from .tp_schemes import cube_placements
     rows = cube_placements(q, q * q, 4, 4 * q * q, 4 * q * q)["naive"]
@@ -228,6 +239,18 @@ QUESTIONS: dict[str, Question] = {
     "04.max_t": Question(
         lambda: 8,
         "count the GPUs that share one server's NVLink/NVSwitch in a DGX A100."),
+    "04.overlap_sends": Question(
+        lambda: 8 - 1,
+        "a ring moves one shard per step, and each rank starts with its own: the others arrive "
+        "one by one."),
+    "04.overlap_bytes_ratio": Question(
+        lambda: _tp_sent_bytes(True) / _tp_sent_bytes(False),
+        "count what leaves a rank: a ring of t − 1 shards of N/t against a ring all-gather of N.",
+        rel_tol=1e-3),
+    "04.ring_shard": Question(
+        lambda: (5 - 2) % 8,
+        "at step k a rank holds the shard that has come k places round the ring, from rank "
+        "(r − k) mod t."),
     # --- lesson 5: 3-D tensor parallelism ----------------------------------------------
     "05.devices": Question(
         lambda: 4 ** 3,

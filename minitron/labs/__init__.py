@@ -14,6 +14,7 @@ lab                         checker                                     module
 04a f and g                 ``check_f_and_g(SOURCE)``                   :mod:`.f_and_g`
 04b vocab-parallel CE       ``check_vocab_parallel_ce(SOURCE)``         :mod:`.cross_entropy`
 04c the all-gather linear   ``check_all_gather_linear(SOURCE)``         :mod:`.seq_parallel`
+04d all-gather-matmul       ``check_all_gather_matmul(SOURCE)``         :mod:`.collective_matmul`
 05 the 3-D linear           ``check_linear3d(SOURCE)``                  :mod:`.linear3d`
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
@@ -32,6 +33,7 @@ starts, the guarded ranks, deadlines, one-line failures, the one verdict rule fo
 against the single-device model) is :mod:`.runner`.
 """
 from .bucketed_dp import check_bucketed_dp
+from .collective_matmul import check_all_gather_matmul
 from .cross_entropy import check_vocab_parallel_ce
 from .dispatch import check_dispatch
 from .f_and_g import check_f_and_g
@@ -53,6 +55,6 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa", "check_ulysses",
-           "check_packed_documents", "check_rope_cp",
+           "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa",
+           "check_ulysses", "check_packed_documents", "check_rope_cp",
            "check_dispatch", "check_node_routing", "LabError"]

@@ -229,7 +229,7 @@ def comm_on(comm, layout):
 def layout_flags(layout) -> str:
     """The command-line flags of a lab's layout, as its messages say them: '--tp 2 --dp 2 --sp'."""
     flags = [f"--{axis} {getattr(layout, axis)}" for axis in ("tp", "cp", "ep", "dp") if getattr(layout, axis) > 1]
-    return " ".join(flags + (["--sp"] if layout.sp else []))
+    return " ".join(flags + (["--sp"] if layout.sp else []) + (["--tp-overlap"] if layout.tp_overlap else []))
 
 
 def loaded(comm, source: str, names: tuple, env: dict, watch, key: str, timeout: float) -> list:

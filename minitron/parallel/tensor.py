@@ -34,7 +34,7 @@ from torch import nn
 
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
-from .collective_matmul import all_gather_matmul, matmul_reduce_scatter
+from .collective_matmul import AllGatherMatmul, matmul_reduce_scatter
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
 from .fp8 import fp8_linear, fp8_state
@@ -95,6 +95,7 @@ class Ops:
     g: type  # g.apply(x, comm): all-reduce forward, identity backward
     all_gather_linear: type  # .apply(x, weight, bias, comm): --sp's column-parallel entry
     vocab_cross_entropy: type  # .apply(logits, target, start, vocab, comm): per-token loss
+    all_gather_matmul: type = AllGatherMatmul  # .apply(x, weight, bias, comm): --sp's entry under --tp-overlap
 
 
 def enter_region(x, ctx: Context, ops: Ops | None = None):
@@ -157,7 +158,7 @@ def entry_linear(x, weight, bias, ctx: Context, ops: Ops | None = None):
     """The column-parallel linear that enters the region under --sp: :func:`all_gather_linear`,
     or with --tp-overlap its all-gather decomposed under the matmul (``collective_matmul``)."""
     if ctx.layout.tp_overlap:
-        return all_gather_matmul(x, weight, bias, ctx.comm)
+        return (ops or OPS).all_gather_matmul.apply(x, weight, bias, ctx.comm)
     return all_gather_linear(x, weight, bias, ctx, ops)
 
 
@@ -382,12 +383,12 @@ OPS = Ops(f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_V
 
 
 def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_VocabParallelCrossEntropy,
-           combine=online_softmax_combine) -> Layers:
+           combine=online_softmax_combine, all_gather_matmul=AllGatherMatmul) -> Layers:
     """The 1-D layer namespace built from these operators: the engine's by default; a lab
-    passes a learner's f, g (Megatron-LM Fig. 3), fused all-gather linear (--sp), vocabulary-
-    parallel cross-entropy, or online-softmax `combine` (ring attention under --cp, which
-    composes with 1-D only) and hands the namespace to ``Trainer(..., layers=...)``."""
-    ops = Ops(f, g, all_gather_linear, vocab_cross_entropy)
+    passes a learner's f, g (Megatron-LM Fig. 3), fused all-gather linear (--sp), decomposed
+    all-gather-matmul (--sp --tp-overlap), vocabulary-parallel cross-entropy, or
+    online-softmax `combine` (ring attention under --cp, which composes with 1-D only) and hands the namespace to ``Trainer(..., layers=...)``."""
+    ops = Ops(f, g, all_gather_linear, vocab_cross_entropy, all_gather_matmul)
     return Layers(
         name="1d",
         linear_in=partial(ColumnParallelLinear, ops=ops),  # the first linear of a pair: output features split
