@@ -104,7 +104,7 @@ def _quantize_cases(g: torch.Generator) -> list[tuple[str, torch.Tensor, torch.T
         mag = 10.0 ** float(torch.empty(()).uniform_(-5, 4, generator=g))
         x = torch.randn(shape, generator=g, dtype=torch.float64) * mag
         for fmt in (E4M3, E5M2):
-            cases.append((f"a {NAMES_OF[fmt]} tensor of shape {shape}", x, x.abs().amax(), fmt))
+            cases.append((f"an {NAMES_OF[fmt]} tensor of shape {shape}", x, x.abs().amax(), fmt))
     x = torch.randn(7, 5, generator=g, dtype=torch.float64) * 300
     cases.append(("an amax 8x below the tensor's (a scale from an older amax, as delayed scaling's)", x,
                   x.abs().amax() / 8, E5M2))
@@ -185,11 +185,12 @@ def _coords(comm) -> list[dict]:
 
 
 def _shards(comm, g: torch.Generator, shape) -> list[torch.Tensor]:
-    """Every rank's shard (the same draw on every rank): magnitudes 10^k by a random
-    permutation of the ranks, so that each group's largest value sits on one rank of it."""
-    world = comm.grid.world
-    order = torch.randperm(world, generator=g)
-    return [torch.randn(shape, generator=g, dtype=torch.float64) * 10.0 ** (int(order[r]) - 1) for r in range(world)]
+    """Every rank's shard (the same draw on every rank), its magnitude growing with the rank
+    from a random start: the largest value of every group of ranks sits on its last rank,
+    so that on rank 0 no reduction, each set of axes and the whole world all differ."""
+    start = float(torch.empty(()).uniform_(-4, 2, generator=g))
+    return [torch.randn(shape, generator=g, dtype=torch.float64) * 10.0 ** (start + 2 * r)
+            for r in range(comm.grid.world)]
 
 
 def _over(local: list[float], coords: list[dict], me: int, axes, reduce=max) -> float:
@@ -204,12 +205,16 @@ def _amax_problem(comm, got, calls, axes: tuple, local: list[float], coords: lis
         return (f"your amax returned {type(got).__name__ if not isinstance(got, torch.Tensor) else list(got.shape)} "
                 f"for {what}: return max|x| as a tensor of one element")
     value, want = float(got.detach().double().reshape(())), _over(local, coords, me, axes)
-    flags = ", ".join(f"'{a}'" for a in axes) or "none"
+    flags = ", ".join(f"'{a}'" for a in axes)
+    split = f"split over {flags}" if axes else "whole on each rank (axes = ())"
+    no_reduction = (f"no amax reduction: your amax for {what} is this rank's own max, not the whole tensor's: "
+                    f"all-reduce it (comm.all_reduce(a, axis, op='max')) over each axis in axes ({flags})")
+    if axes and not calls and value == local[me]:  # right here only where this rank holds the largest value
+        return no_reduction
     if value != want:
         layout_axes = _axes_of(comm)
         if value == local[me]:
-            return (f"no amax reduction: your amax for {what} is this rank's own max, not the whole tensor's: "
-                    f"all-reduce it (comm.all_reduce(a, axis, op='max')) over each axis in axes ({flags})")
+            return no_reduction
         if value == _over(local, coords, me, axes, sum):
             return (f"your amax for {what} is the sum of the ranks' maxima: all-reduce with op='max' "
                     f"(comm.all_reduce's default op is 'sum')")
@@ -219,8 +224,8 @@ def _amax_problem(comm, got, calls, axes: tuple, local: list[float], coords: lis
                     world = set(wrong) == set(layout_axes)
                     return ((f"amax reduced over the whole world: " if world else "amax reduced over the wrong "
                              f"axes: ") + f"your amax for {what} is the max over "
-                            f"{', '.join(repr(a) for a in wrong)}, the tensor is split over {flags}: reduce over "
-                            f"the axes given (the ranks outside them hold other tensors: another replica's batch)")
+                            f"{', '.join(repr(a) for a in wrong)}, where the tensor is {split}: reduce over the axes "
+                            f"given only (the ranks outside them hold other tensors: another replica's batch)")
         return f"your amax for {what} is {value:.6g}, the whole tensor's max|x| is {want:.6g}"
     reduces = [c for c in calls if c["op"] == "all_reduce"]
     if axes and not calls:
@@ -228,7 +233,7 @@ def _amax_problem(comm, got, calls, axes: tuple, local: list[float], coords: lis
                 f"(the engine sees, and traces, all communication through comm)")
     if sorted(c["axis"] for c in reduces) != sorted(axes) or len(calls) != len(axes):
         return (f"your amax for {what} communicates {describe_calls(calls)}: it needs one all-reduce (op='max') "
-                f"of one element on each axis in axes ({flags})")
+                f"of one element on each axis in axes ({flags or 'none'})")
     return ""
 
 
@@ -243,7 +248,8 @@ def _check_amax(comm, amax) -> str:
             local = [float(s.abs().max()) for s in shards]
             x = shards[comm.grid.rank].clone()
             got, calls = traced(comm, call, "your amax", amax, x, comm, axes)
-            what = f"a shard of shape {shape} split over {', '.join(repr(a) for a in axes) or 'no axis'}"
+            what = (f"a shard of shape {shape} split over {', '.join(repr(a) for a in axes)}" if axes else
+                    f"a tensor of shape {shape} that no axis splits")
             problem = _amax_problem(comm, got, calls, axes, local, coords, what)
             if problem:
                 return problem
