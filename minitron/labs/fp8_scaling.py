@@ -40,9 +40,8 @@ import torch
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel import tensor
 from ..parallel.fp8 import TensorScaling
-from .runner import (LabError, Tripwire, agree, call, describe_calls, engine_piece, flags_of, loaded,
-                     on_each_layout, run_sources, traced, training_verdict, verdict_over_runs, versus_one_device,
-                     watched)
+from .runner import (Tripwire, call, describe_calls, engine_piece, flags_of, loaded, on_each_layout, run_sources,
+                     traced, training_verdict, verdict_over_runs, versus_one_device, watched)
 
 NAMES = ("amax", "quantize", "fp8_format")
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
@@ -159,7 +158,7 @@ def _values_problem(what: str, q, want: torch.Tensor, x: torch.Tensor, fmt: torc
     return ""
 
 
-def _check_quantize(quantize, fp8_format) -> str:
+def _check_quantize(quantize) -> str:
     g = torch.Generator().manual_seed(7)
     for what, x, amax, fmt in _quantize_cases(g):
         out = call("your quantize", quantize, x.clone(), amax.clone(), fmt)
@@ -258,7 +257,7 @@ def _check_amax(comm, amax) -> str:
 
 def _unit_check(comm, amax, quantize, fp8_format) -> str:
     """'' when the three pass every unit check on this rank's layout, else the first problem."""
-    return _check_formats(fp8_format) or _check_quantize(quantize, fp8_format) or _check_amax(comm, amax)
+    return _check_formats(fp8_format) or _check_quantize(quantize) or _check_amax(comm, amax)
 
 
 # --- the run inside the engine ------------------------------------------------------------
