@@ -229,6 +229,12 @@ def _flops_per_token():
     return num(out("07", r"gpt-1.3b, s = 2048: ([\d.]+) GFLOP per token"))
 
 
+def _mx_scales_07():
+    rows, cols = (int(v) for v in re.search(r"^x \[(\d+), (\d+)\], its rows", outputs("07"), re.M).groups())
+    scales = int(out("07", r"^\s+mxfp8\s+(\d+)\s+torch.float8_e8m0fnu"))
+    return 4096 * 4096 // (rows * cols // scales)   # the lesson's tensor: one scale per block of rows·cols/scales
+
+
 def _chunks_rank1():
     pos = json.loads(out("09", r"^rank 1: positions (\[.*?\])"))
     c = 4                                           # 32 positions, 2N = 8 chunks of 4
@@ -324,6 +330,12 @@ WITNESSES = {
     "07.flops_per_token": _flops_per_token,
     "07.fusion_passes": lambda: num(out("07", r"passes over memory of bias\+GeLU: unfused (\d+)"))
     / num(out("07", r"passes over memory of bias\+GeLU: unfused \d+, fused (\d+)")),
+    # lesson 7, FP8: the scale from E4M3's max (the formats' table) over the shards' MAX; the MX blocks
+    # of the lesson's tensor; Amdahl's law as the prose states it
+    "07.fp8_tp_scale": lambda: _stated("07", r"s = \\text\{max\}_\\text\{fp8\} / \\text\{amax\}",
+                                       num(out("07", r"^\s+E4M3\s+(\d+)\s")) / max(0.5, 2.0)),
+    "07.mx_scales": _mx_scales_07,
+    "07.fp8_amdahl": lambda: _stated("07", r"1 / \(\(1 - f\) \+ f/k\)", 1 / ((1 - 0.4) + 0.4 / 2)),
     # lesson 8 states its efficiencies as formulas (weak t1/tn, strong t1/(n tn)) and checks
     # them on its table; the witness applies the stated formulas to the question's times
     "08.weak_efficiency": lambda: _stated(
@@ -621,7 +633,9 @@ LABELS = {
     "05.overlap_bound": r"overlap can hide", "06.rank_of": r"rank_of|\(1, 1, 1\)|^\s+\d+\s+1\s+1\s+1$",
     "06.gpus_1t": r"GPUs", "06.bubble_dp": r"^\s+8\s+8\s", "06.checkpoints": r"best c", "06.zero3_state_gb": r"ZeRO-3.*GB",
     "06.microbatch_b2048": r"B = 2048: best b", "07.hfu_over_mfu": r"HFU.*MFU|full / none", "07.mfu": r"\bMFU\b",
-    "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes", "08.weak_efficiency": r"weak.*efficiency",
+    "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes",
+    "07.fp8_tp_scale": r"\bscale\b.*\brank\b|\brank\b.*\bscale\b", "07.mx_scales": r"E8M0|mxfp8",
+    "07.fp8_amdahl": r"Amdahl", "08.weak_efficiency": r"weak.*efficiency",
     "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",

@@ -64,6 +64,20 @@ def _host_wait_pct(run_id: str) -> float:
     return 100 * pred.breakdown["parts"]["host_wait"] / pred.iteration_s
 
 
+def _tensorwise_scale(amax: float) -> float:
+    """Lesson 7: the engine's tensorwise E4M3 scale of a tensor whose amax is `amax`."""
+    import torch
+
+    from ..parallel import fp8
+    return float(fp8.amax_to_scale(torch.tensor(amax), fp8.RECIPES["tensorwise"].forward))
+
+
+def _mx_scales(rows: int, cols: int) -> int:
+    """Lesson 7: the E8M0 scales MXFP8 keeps for a [rows, cols] operand (blocks along cols)."""
+    from ..config import MX_BLOCK
+    return rows * cols // MX_BLOCK
+
+
 def _A():
     from .. import analysis
     return analysis
@@ -318,6 +332,18 @@ QUESTIONS: dict[str, Question] = {
         lambda: (2 + 2) // 2,
         "count the passes over memory: each eager kernel reads its input and writes its output "
         "(x + b, then GeLU: four); the fused kernel reads x once and writes once (two)."),
+    "07.fp8_tp_scale": Question(
+        lambda: _whole(_tensorwise_scale(max(0.5, 2.0))),
+        "the scale is the whole tensor's: its amax is the MAX over the shards (an all-reduce over "
+        "'tp'), and both ranks quantize with max_E4M3 / amax, not with their own shard's max."),
+    "07.mx_scales": Question(
+        lambda: _mx_scales(4096, 4096),
+        "MXFP8 keeps one E8M0 scale per block of 32 consecutive elements along the reduction dim: "
+        "count the blocks of the whole weight (not one per row, not one per tensor)."),
+    "07.fp8_amdahl": Question(
+        lambda: 1 / ((1 - 0.4) + 0.4 / 2),
+        "Amdahl's law: only the GEMMs' share f = 0.4 runs k = 2 times faster; the step takes "
+        "(1 - f) + f / k of its time, and the speed-up is the inverse.", rel_tol=1e-2),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
         lambda: 10 / 12.5,

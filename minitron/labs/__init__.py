@@ -17,6 +17,7 @@ lab                         checker                                     module
 04d all-gather-matmul       ``check_all_gather_matmul(SOURCE)``         :mod:`.collective_matmul`
 05 the 3-D linear           ``check_linear3d(SOURCE)``                  :mod:`.linear3d`
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
+07a FP8 tensorwise scaling  ``check_fp8_scaling(SOURCE)``               :mod:`.fp8_scaling`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 09b Ulysses' all-to-all     ``check_ulysses(SOURCE)``                   :mod:`.ulysses`
 09c packed documents        ``check_packed_documents(SOURCE)``          :mod:`.packed_documents`
@@ -37,6 +38,7 @@ from .collective_matmul import check_all_gather_matmul
 from .cross_entropy import check_vocab_parallel_ce
 from .dispatch import check_dispatch
 from .f_and_g import check_f_and_g
+from .fp8_scaling import check_fp8_scaling
 from .gqa import check_gqa
 from .interleaved import check_interleaved
 from .linear3d import check_linear3d
@@ -55,6 +57,6 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_online_softmax", "check_gqa",
-           "check_ulysses", "check_packed_documents", "check_rope_cp",
+           "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_fp8_scaling",
+           "check_online_softmax", "check_gqa", "check_ulysses", "check_packed_documents", "check_rope_cp",
            "check_dispatch", "check_node_routing", "LabError"]

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -126,6 +127,19 @@ def quantize_scaled(x: torch.Tensor, amax: torch.Tensor, fmt: torch.dtype, pow2:
     return Quantized(to_fp8(x, scale, fmt), scale)
 
 
+def tensorwise_format(role: str) -> torch.dtype:
+    """The format tensorwise scaling quantizes a linear's `role` in ('input', 'weight',
+    'grad', the output gradient): E4M3 forward, E5M2 where gradients need range."""
+    r = RECIPES["tensorwise"]
+    return r.grad if role == "grad" else r.forward
+
+
+def tensorwise_quantize(x: torch.Tensor, amax: torch.Tensor, fmt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the FP8 values, the scale) of x with the scale of `amax`: :func:`quantize_scaled`."""
+    q = quantize_scaled(x, amax, fmt)
+    return q.data, q.scale
+
+
 def mx_scale(amax: torch.Tensor) -> torch.Tensor:
     """OCP MX v1.0's shared scale of a block: 2^(floor(log2 amax) − emax_E4M3), in E8M0
     (exponents −127..127; an all-zero block takes the smallest)."""
@@ -170,14 +184,30 @@ def global_amax(x: torch.Tensor, comm: Comm, axes, dims=None) -> torch.Tensor:
     return a
 
 
+ROLES = ("input", "weight", "grad")  # X, W, DY as tensorwise's `fmt` names them
+
+
+@dataclass(frozen=True)
+class TensorScaling:
+    """Tensorwise (current) scaling's three steps, as functions: the engine's by default;
+    lab 07a hands a learner's to ``tensor.layers(fp8_scaling=...)`` (nothing is patched).
+    `amax(x, comm, axes)`: max|x| of the single-device tensor; `quantize(x, amax, fmt)`:
+    (the FP8 values, the float32 scale); `fmt(role)`: the format of 'input', 'weight', 'grad'."""
+
+    amax: Callable = global_amax
+    quantize: Callable = tensorwise_quantize
+    fmt: Callable = tensorwise_format
+
+
 class Fp8State(nn.Module):
     """One linear's FP8 scaling: its recipe, the axes that split its tensors and, under
     ``delayed``, its amax history [3, 1024] (rows X, W, dY; newest first; a parameter
     without gradient, replicated, so the checkpoint holds it) and this step's amaxes."""
 
-    def __init__(self, name: str, recipe: str, shards: Shards, ctx: Context):
+    def __init__(self, name: str, recipe: str, shards: Shards, ctx: Context, scaling: TensorScaling | None = None):
         super().__init__()
         self.recipe, self.shards, self.comm = RECIPES[recipe], shards, ctx.comm
+        self.scaling = scaling or TensorScaling()  # tensorwise's steps (a lab's, or the engine's)
         self.amax_history = None
         if self.recipe.delayed:
             self.amax_history = make_param(f"{name}.amax_history", (3, AMAX_HISTORY_LEN), (), ctx, kind="zeros",
@@ -189,19 +219,28 @@ class Fp8State(nn.Module):
             self.grad_unit = float(ctx.layout.data_replicas * ctx.layout.cp)
 
     def fmt(self, tensor: int) -> torch.dtype:
+        if self.recipe.name == "tensorwise":
+            return self.scaling.fmt(ROLES[tensor])
         return self.recipe.grad if tensor == DY else self.recipe.forward
 
     def tensor_scaled(self, x: torch.Tensor, tensor: int, record: bool) -> Quantized:
         """Tensorwise or delayed: the scale of the whole (single-device) tensor."""
         if not self.recipe.delayed:
             axes = tuple(dict.fromkeys(self.shards.of(tensor, 0) + self.shards.of(tensor, 1)))
-            return quantize_scaled(x, global_amax(x, self.comm, axes), self.fmt(tensor))
+            s = self.scaling
+            return Quantized(*s.quantize(x, s.amax(x, self.comm, axes), self.fmt(tensor)))
         unit = self.grad_unit if tensor == DY else 1.0
         if record:  # this rank's amax; reduced over the sharing ranks at the step's end
             self.step_amax[tensor] = torch.maximum(self.step_amax[tensor], x.detach().abs().amax().double() / unit)
         past = self.amax_history[tensor].max()  # scale 1 while the history is empty (TE's initial scale)
         scale = torch.where(past > 0, amax_to_scale(past, self.fmt(tensor)), 1.0) / unit
         return Quantized(to_fp8(x, scale, self.fmt(tensor)), scale)
+
+    @staticmethod
+    def requantize(x: torch.Tensor, scale: torch.Tensor, fmt: torch.dtype) -> Quantized:
+        """x quantized again in `fmt` with the scale its forward computed (the backward
+        keeps x in the working dtype, not its FP8 copy)."""
+        return Quantized(to_fp8(x, scale, fmt), scale)
 
     def along(self, x: torch.Tensor, tensor: int, dim: int) -> Quantized:
         """Rowwise or MX: `tensor` x (2-D, as X [tokens, k], W [m, k], dY [tokens, m])
@@ -269,8 +308,7 @@ class _Fp8Linear(torch.autograd.Function):
         if state.recipe.granularity == "tensor":
             dyq = state.tensor_scaled(dy2, DY, record=True)
             sx, sw = fctx.scales
-            xq = Quantized(to_fp8(x2, sx, state.fmt(X)), sx)
-            wq = Quantized(to_fp8(weight, sw, state.fmt(W)), sw)
+            xq, wq = state.requantize(x2, sx, state.fmt(X)), state.requantize(weight, sw, state.fmt(W))
             if want_dx:
                 dx = gemm(dyq, transpose(wq), dy.dtype)
             if want_dw:
@@ -297,15 +335,16 @@ def fp8_linear(x, weight, bias, state: Fp8State, record: bool = True):
     return y if bias is None else y + bias
 
 
-def fp8_state(name: str, ctx: Context, k_split: bool = False, m_split: bool = False) -> Fp8State | None:
+def fp8_state(name: str, ctx: Context, k_split: bool = False, m_split: bool = False,
+              scaling: TensorScaling | None = None) -> Fp8State | None:
     """The FP8 state of linear `name` under ``--precision fp8`` (None otherwise): its input
     features split over tp (`k_split`, row-parallel) or its output features
-    (`m_split`, column-parallel), its tokens over cp."""
+    (`m_split`, column-parallel), its tokens over cp; `scaling`: tensorwise's steps."""
     if ctx.layout.precision != "fp8":
         return None
     tp = ("tp",) if ctx.tp > 1 else ()
     shards = Shards(tokens=("cp",) if ctx.layout.cp > 1 else (), k=tp if k_split else (), m=tp if m_split else ())
-    return Fp8State(name, ctx.layout.fp8_recipe, shards, ctx)
+    return Fp8State(name, ctx.layout.fp8_recipe, shards, ctx, scaling)
 
 
 # --- delayed scaling's step end -------------------------------------------------------

@@ -37,7 +37,7 @@ from ..context import Context, make_param, shard_slice
 from .collective_matmul import AllGatherMatmul, matmul_reduce_scatter
 from .context_parallel import combine as online_softmax_combine
 from .context_parallel import ring_attention
-from .fp8 import fp8_linear, fp8_state
+from .fp8 import TensorScaling, fp8_linear, fp8_state
 from .layers import Layers
 from .ops import (_AllGather, _ReduceScatter, _VocabParallelCrossEntropy, gather, grouped_rows,  # noqa: F401 (a lab watches them here)
                   reduce_scatter, vocab_parallel_cross_entropy, wants_grad)
@@ -96,6 +96,7 @@ class Ops:
     all_gather_linear: type  # .apply(x, weight, bias, comm): --sp's column-parallel entry
     vocab_cross_entropy: type  # .apply(logits, target, start, vocab, comm): per-token loss
     all_gather_matmul: type = AllGatherMatmul  # .apply(x, weight, bias, comm): --sp's entry under --tp-overlap
+    fp8_scaling: TensorScaling = TensorScaling()  # --fp8-recipe tensorwise's amax, quantize and formats
 
 
 def enter_region(x, ctx: Context, ops: Ops | None = None):
@@ -217,7 +218,8 @@ class ColumnParallelLinear(nn.Module):
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows,), ctx, std, **copies)
         self.bias = make_param(f"{name}.bias", (d_out,), (rows,), ctx, kind="zeros", **copies) if bias else None
         self.ctx, self.ops, self.parts = ctx, ops or OPS, parts
-        self.fp8 = fp8_state(f"{name}.fp8", ctx, m_split=True)  # --precision fp8: output features over tp
+        self.fp8 = fp8_state(f"{name}.fp8", ctx, m_split=True,  # --precision fp8: output features over tp
+                             scaling=self.ops.fp8_scaling)
 
     def forward(self, x):
         """x after enter_region: whole (f), or with --sp this rank's sequence shard,
@@ -237,12 +239,14 @@ class RowParallelLinear(nn.Module):
     """Y = X A with A's rows (input features) split; the caller reduces the partial
     sums (leave_region) and only then adds the bias, which is replicated."""
 
-    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02, bias: bool = True):
+    def __init__(self, name: str, d_in: int, d_out: int, ctx: Context, std: float = 0.02, bias: bool = True,
+                 ops: Ops | None = None):
         super().__init__()
         t, r = ctx.tp, ctx.tp_rank
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (slice(0, d_out), shard_slice(d_in, t, r)), ctx, std)
         self.bias = make_param(f"{name}.bias", (d_out,), (), ctx, kind="zeros", **replicated(ctx)) if bias else None
-        self.fp8 = fp8_state(f"{name}.fp8", ctx, k_split=True)  # --precision fp8: input features over tp
+        self.fp8 = fp8_state(f"{name}.fp8", ctx, k_split=True,  # --precision fp8: input features over tp
+                             scaling=(ops or OPS).fp8_scaling)
 
     def forward(self, x):
         if self.fp8 is not None:
@@ -383,16 +387,19 @@ OPS = Ops(f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_V
 
 
 def layers(*, f=_F, g=_G, all_gather_linear=_AllGatherLinear, vocab_cross_entropy=_VocabParallelCrossEntropy,
-           combine=online_softmax_combine, all_gather_matmul=AllGatherMatmul) -> Layers:
+           combine=online_softmax_combine, all_gather_matmul=AllGatherMatmul,
+           fp8_scaling: TensorScaling = TensorScaling()) -> Layers:
     """The 1-D layer namespace built from these operators: the engine's by default; a lab
     passes a learner's f, g (Megatron-LM Fig. 3), fused all-gather linear (--sp), decomposed
-    all-gather-matmul (--sp --tp-overlap), vocabulary-parallel cross-entropy, or
-    online-softmax `combine` (ring attention under --cp, which composes with 1-D only) and hands the namespace to ``Trainer(..., layers=...)``."""
-    ops = Ops(f, g, all_gather_linear, vocab_cross_entropy, all_gather_matmul)
+    all-gather-matmul (--sp --tp-overlap), vocabulary-parallel cross-entropy, online-softmax
+    `combine` (ring attention under --cp, which composes with 1-D only) or tensorwise FP8
+    scaling (`fp8_scaling`: its amax, quantize and formats) and hands the namespace to
+    ``Trainer(..., layers=...)``."""
+    ops = Ops(f, g, all_gather_linear, vocab_cross_entropy, all_gather_matmul, fp8_scaling)
     return Layers(
         name="1d",
         linear_in=partial(ColumnParallelLinear, ops=ops),  # the first linear of a pair: output features split
-        linear_out=RowParallelLinear,  # the second: partial sums; the caller leaves, then adds .bias
+        linear_out=partial(RowParallelLinear, ops=ops),  # the second: partial sums; the caller leaves, then adds .bias
         enter=partial(enter_region, ops=ops),
         leave=partial(leave_region, ops=ops),
         leave_linear=partial(leave_linear, ops=ops),
