@@ -492,7 +492,7 @@ def _kv_cache_bytes(model, dtype_bytes: int) -> int:
 
 
 def _step_flops(model) -> float:
-    from ..config import model_flops_per_step
+    from ..model_flops import model_flops_per_step
     return model_flops_per_step(model, 1)
 
 
