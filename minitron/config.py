@@ -346,6 +346,9 @@ MX_BLOCK = 32  # OCP MX v1.0: the elements one MXFP8 scale covers (parallel/fp8.
 CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023) or all-to-all (Ulysses)
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
 # gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
+# The oracle's bar: a layout against the single-device model (minitron verify, the labs): float64
+# agrees to rounding; float32 to its accumulated rounding over a few steps.
+TOLERANCE: dict[str, float] = {"float64": 1e-9, "float32": 2e-4}
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 

@@ -211,8 +211,8 @@ def _best_b_2048():
     rows = re.findall(r"^\s+(\d)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$",
                       out("06", r"^\s+b\s+m\s+ms per sequence.*\n((?:.*\n)+?)B = 512"), re.M)
     p, B = 8, 2048
-    return min((int(b) for b, _, _, _ in rows),
-               key=lambda b: num(dict((int(r[0]), r[2]) for r in rows)[b]) * (1 + (p - 1) * b / B))
+    per_sequence = {int(b): num(ms) for b, _, ms, _ in rows}
+    return min(per_sequence, key=lambda b: per_sequence[b] * (1 + (p - 1) * b / B))
 
 
 def _hfu_over_mfu():

@@ -41,7 +41,7 @@ from ..analysis.data_parallel import dp_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.buckets import bucket_elements
 from ..parallel.data import make_data_parallel
-from .runner import LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
+from .runner import TOL, LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=12, microbatches=2, dtype="float64", warmup=1, progress=False,
@@ -49,7 +49,6 @@ TRAIN = TrainConfig(steps=2, global_batch=12, microbatches=2, dtype="float64", w
 BUCKET_MB = 0.02  # ~2600 float64 elements: a handful of buckets in the lab's model
 # 3 ranks: an odd count, so that a mean hard-wired to 2 ranks fails
 LAYOUT = ParallelConfig(dp=3, dp_impl="bucketed", bucket_mb=BUCKET_MB, device="cpu")
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAMES = ("BucketedGradSync",)
 # the engine's own gradient synchronisation: not an answer to this lab
 FORBIDDEN = ("minitron.parallel.data.BucketedDataParallel", "minitron.parallel.data.make_data_parallel",

@@ -43,14 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, call, describe_calls, engine_piece, flags_of, loaded, run_sources,
+from ..config import ParallelConfig
+from .runner import (LAB_GPT, LAB_GPT_STEPS, TOL, LabError, Tripwire, call, describe_calls, engine_piece, flags_of, loaded, run_sources,
                      swapped_on_each_layout, verdict_over_runs, watched)
 
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
-TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
-                    eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+MODEL = LAB_GPT
+TRAIN = LAB_GPT_STEPS
 NAME = "AllGatherMatmul"
 TP = 4  # more than 2 tensor ranks: a ring hard-wired to one neighbour fails
 LAYOUTS = (ParallelConfig(tp=TP, sp=True, tp_overlap=True, device="cpu"),

@@ -35,14 +35,12 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig, pad_vocab
-from .runner import (LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
+from ..config import ModelConfig, ParallelConfig, pad_vocab
+from .runner import (LAB_GPT_STEPS, TOL, LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
                      swapped_on_each_layout, verdict_over_runs, watched)
 
 MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=257, name="lab")  # 260 on 4 ranks
-TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
-                    eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+TRAIN = LAB_GPT_STEPS
 TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 # the notebook's layout, then 2 tensor ranks in each of 2 replicas (other slices, other padding): a slice
 # start or a padding hard-wired to the notebook's t fails there

@@ -40,7 +40,7 @@ import torch
 
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel import experts as engine_experts
-from .runner import (LabError, Tripwire, agree, call, comm_on, describe_calls, run_sources, traced, training_verdict,
+from .runner import (TOL, LabError, Tripwire, agree, call, comm_on, describe_calls, run_sources, traced, training_verdict,
                      verdict_over_runs, versus_one_device)
 
 NAMES = ("permute", "exchange_counts", "all_to_all", "dispatch_tokens")
@@ -52,7 +52,6 @@ TRAIN = TrainConfig(steps=3, global_batch=4, dtype="float64", lr=1e-2, warmup=1,
                     sample_tokens=0)
 RUNS = ((ParallelConfig(ep=2, dp=2, device="cpu"), MODEL),
         (ParallelConfig(ep=4, device="cpu"), MODEL.replace(capacity_factor=1.0)))
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
 
 

@@ -19,14 +19,12 @@ import itertools
 
 import torch
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
+from ..config import ParallelConfig
+from .runner import (LAB_GPT, LAB_GPT_STEPS, TOL, LabError, Tripwire, agree, call, describe_calls, flags_of, loaded, run_sources,
                      swapped_on_each_layout, traced, verdict_over_runs, watched)
 
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
-TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
-                    eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+MODEL = LAB_GPT
+TRAIN = LAB_GPT_STEPS
 TP = 4  # tensor-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 # the notebook's layout, then 2 tensor ranks inside 2 data-parallel replicas: an operator right only at
 # the notebook's t, or reducing over the launch's ranks rather than the 'tp' group, fails there

@@ -37,17 +37,15 @@ import math
 
 import torch
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig
 from ..parallel import tensor
 from ..parallel.fp8 import TensorScaling
-from .runner import (Tripwire, call, describe_calls, engine_piece, flags_of, loaded, on_each_layout, run_sources,
+from .runner import (LAB_GPT, LAB_GPT_STEPS, TOL, Tripwire, call, describe_calls, engine_piece, flags_of, loaded, on_each_layout, run_sources,
                      traced, training_verdict, verdict_over_runs, versus_one_device, watched)
 
 NAMES = ("amax", "quantize", "fp8_format")
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
-TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False, eval_every=0,
-                    sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
+MODEL = LAB_GPT
+TRAIN = LAB_GPT_STEPS
 FP8 = dict(precision="fp8", fp8_recipe="tensorwise", device="cpu")
 # 4 ranks laid out twice: tensor shards inside 2 replicas (a reduction over the whole world mixes
 # the replicas' batches), then tensor x context (the tokens split over 'cp': a reduction over

@@ -46,13 +46,12 @@ from .. import optim
 from ..config import ParallelConfig
 from ..context import make_param
 from ..parallel import tensor
-from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, comm_on, describe_calls, load,
+from .runner import (TOL, LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, comm_on, describe_calls, load,
                      run_sources, traced, train_swapped, training_verdict, verdict_over_runs)
 
 NAMES = ("kv_rows", "sum_kv_grad")
 MODEL = LAB_LLAMA.replace(name="lab-gqa")
 TRAIN = TWO_FLOAT64_STEPS
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 WORLD = 4
 # (tp, kv heads) trained on the 4 ranks: one head replicated on all, each on a pair, two per rank (tp2 x dp2)
 RUNS = ((4, 1), (4, 2), (2, 4))

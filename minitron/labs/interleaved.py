@@ -46,13 +46,12 @@ from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.schedules import (Action, Placement, Schedule, ScheduleError, _with_comms, _with_timed_comms,
                                   interleaved_groups, make_schedule, num_warmup, simulate, validate)
 from .pipeline import GENERATORS
-from .runner import LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
+from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 RUN = ParallelConfig(pp=2, vpp=2, schedule="interleaved", device="cpu")
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # a typical shape first, then the rest of the grid: v = 1 (plain 1F1B), m not divisible by p
 SHAPES = [(4, 2, 8)] + [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (p, p + 1, 2 * p, 2 * p + 1)
                         if (p, v, m) != (4, 2, 8)] + [(8, 2, 16), (5, 4, 7), (6, 3, 13), (8, 4, 9)]  # deeper, longer

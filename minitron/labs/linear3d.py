@@ -37,14 +37,13 @@ from ..analysis.cube import linear_calls
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..context import shard_slice
 from ..parallel import cube
-from .runner import (LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict,
+from .runner import (TOL, LabError, Tripwire, agree, call, describe, fail, load, run_sources, training_verdict,
                      versus_one_device, watched)
 
 MODEL = ModelConfig(layers=2, hidden=16, heads=4, seq_len=8, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
 LAYOUT = ParallelConfig(tp=8, tp_mode="3d", device="cpu")
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # (batch, sequence, d_in, d_out): a square one (a transposed weight block still runs) and a wide one
 SHAPES = [(4, 3, 8, 8), (8, 2, 8, 16)]
 NAMES = ("Linear3DFunction",)

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import torch
 
 from ..config import PRESETS, ModelConfig, ParallelConfig, TrainConfig
-from .runner import (LabError, Tripwire, call, engine_piece, loaded, on_each_layout, run_sources, training_verdict,
+from .runner import (TOL, LabError, Tripwire, call, engine_piece, loaded, on_each_layout, run_sources, training_verdict,
                      verdict_over_runs, versus_one_device)
 
 NAMES = ("node_limited_topk", "gates")
@@ -56,7 +56,6 @@ MODELS = (TINY.replace(experts=8, expert_groups=4, topk_groups=2, top_k=3),  # n
           TINY.replace(experts=16, expert_groups=2, topk_groups=1, top_k=4))  # nodes of 8, a node on 2 ep ranks
 TRAIN = TrainConfig(steps=3, global_batch=4, dtype="float64", lr=1e-2, warmup=1, progress=False, eval_every=0,
                     sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 _CASE = itertools.count()  # the case number in this launch: the same on every rank
 
 

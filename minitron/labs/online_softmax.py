@@ -39,16 +39,15 @@ import itertools
 
 import torch
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig, TrainConfig
 from ..parallel import context_parallel, tensor
 from ..parallel.context_parallel import block_attention
-from .runner import (LabError, Tripwire, agree, call, comm_on, flags_of, layout_flags, load, run_sources, train_swapped,
+from .runner import (LAB_GPT, TOL, LabError, Tripwire, agree, call, comm_on, flags_of, layout_flags, load, run_sources, train_swapped,
                      training_verdict, verdict_over_runs)
 
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+MODEL = LAB_GPT
 TRAIN = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAME = "combine"
 SCALE = 0.5
 BLOCKS = ((0, 5), (5, 9), (9, 12))  # three blocks of 12 keys

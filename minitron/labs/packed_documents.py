@@ -48,13 +48,12 @@ from .. import packing
 from ..config import ParallelConfig
 from ..data import ByteCorpus
 from ..parallel import context_parallel, tensor
-from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, comm_on, layout_flags, loaded,
+from .runner import (TOL, LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, comm_on, layout_flags, loaded,
                      run_sources, train_swapped, training_verdict, verdict_over_runs)
 
 NAMES = ("document_ids", "visible")
 MODEL = LAB_LLAMA.replace(seq_len=32, name="lab-packed")
 TRAIN = dataclasses.replace(TWO_FLOAT64_STEPS, pack=True)
-TOL = 1e-9
 # the notebook's ring of 2 (in 2 replicas), then a ring of 4 on the same ranks
 LAYOUTS = (ParallelConfig(cp=2, dp=2, device="cpu"), ParallelConfig(cp=4, device="cpu"))
 FORBIDDEN = ("minitron.packing.document_ids", "minitron.packing", "minitron.parallel.context_parallel.ChunkMask",

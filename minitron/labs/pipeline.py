@@ -29,12 +29,11 @@ from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.schedules import COMM_OPS, Action, Schedule, ScheduleError, _with_comms
 from ..parallel.schedules import describe as describe_schedule
 from ..parallel.schedules import simulate, validate
-from .runner import LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, training_verdict, versus_one_device
+from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", warmup=1, progress=False,
                     eval_every=0, sample_tokens=0)
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 # the engine's own 1F1B (and the schedule builder that makes it): not an answer to this lab
 FORBIDDEN = ("minitron.parallel.schedules.make_schedule", "minitron.parallel.schedules._1f1b",
              "minitron.parallel.schedules._one_f_one_b", "minitron.parallel.schedules.num_warmup")

@@ -40,13 +40,12 @@ import torch
 from .. import model as model_module
 from ..config import ParallelConfig
 from ..parallel import context_parallel, tensor
-from .runner import (LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, load, run_sources, train_swapped,
+from .runner import (TOL, LAB_LLAMA, TWO_FLOAT64_STEPS, LabError, Tripwire, agree, call, load, run_sources, train_swapped,
                      training_verdict, verdict_over_runs)
 
 NAMES = ("positions", "rope")
 MODEL = LAB_LLAMA.replace(seq_len=32, rope_base=500.0, name="lab-rope")
 TRAIN = TWO_FLOAT64_STEPS
-TOL = 1e-9
 WORLD = 4
 RUNS = ((4, 1), (2, 2))  # (cp, tp)
 FORBIDDEN = ("minitron.parallel.context_parallel.local_positions", "minitron.parallel.context_parallel.chunk_ids",

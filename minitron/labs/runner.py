@@ -62,12 +62,20 @@ import uuid
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
-from ..config import ModelConfig, TrainConfig
+from ..config import TOLERANCE, ModelConfig, TrainConfig
 from .routes import changed, escape, refuse_routes, snapshot
+
+TOL = TOLERANCE["float64"]  # every lab's run against the single-device model (float64)
+
+# The labs that train the smallest GPT inside the engine (03b, 04a, 04c, 04d, 07a, 09): one block of
+# width 16 and 4 heads, context 16; and the run most of them judge: 2 float64 steps of 4 sequences.
+LAB_GPT = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+LAB_GPT_STEPS = TrainConfig(steps=2, global_batch=4, dtype="float64", warmup=1, progress=False,
+                            eval_every=0, sample_tokens=0)
 
 # The labs that train a small Llama inside the engine (09b, 10a, 10b): its block, at the labs'
 # sizes (not a lesson's: 8 query heads of d = 6, 2 kv heads), and its run: 2 float64 steps,
-# judged against the single-device model at minitron.tools.verify.TOLERANCE (1e-9).
+# judged against the single-device model at TOL.
 LAB_LLAMA = ModelConfig(layers=1, hidden=48, heads=8, kv_heads=2, ffn=64, seq_len=16, vocab=256, name="lab-llama",
                         norm="rmsnorm", activation="swiglu", positions="rope", bias=False, tied_embeddings=False)
 TWO_FLOAT64_STEPS = TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1, progress=False,
@@ -759,7 +767,7 @@ def train_swapped(comm, model, layout, train, watch: Tripwire | None = None, **i
 def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-9) -> dict | None:
     """The one verdict rule of every lab that trains (None off rank 0): `res` is
     :func:`versus_one_device`'s comparison; ok when losses and parameters agree with the
-    single-device model within `tol` (float64: minitron.tools.verify.TOLERANCE), with
+    single-device model within `tol` (float64: config.TOLERANCE), with
     `success` as the message, else one line saying by how much training differs. The
     other keys of `res` (a lab's own numbers) are kept."""
     if res is None:

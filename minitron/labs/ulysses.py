@@ -33,13 +33,12 @@ import torch
 from ..config import ParallelConfig
 from ..parallel import tensor
 from ..parallel.context_parallel import chunk_ids
-from .runner import (LAB_LLAMA, LabError, TWO_FLOAT64_STEPS, Tripwire, agree, call, describe_calls, load, run_sources,
+from .runner import (TOL, LAB_LLAMA, LabError, TWO_FLOAT64_STEPS, Tripwire, agree, call, describe_calls, load, run_sources,
                      traced, train_swapped, training_verdict, verdict_over_runs, watched)
 
 NAMES = ("seq_to_heads", "heads_to_seq")
 MODEL = LAB_LLAMA.replace(name="lab-ulysses")
 TRAIN = TWO_FLOAT64_STEPS
-TOL = 1e-9
 WORLD = 4
 RUNS = ((4, 1), (2, 2))  # (cp, tp) trained on the 4 ranks
 FORBIDDEN = ("minitron.parallel.context_parallel._seq_to_heads", "minitron.parallel.context_parallel._heads_to_seq",

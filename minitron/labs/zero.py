@@ -30,16 +30,15 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import ParallelConfig, TrainConfig
 from ..parallel.data import BucketedDataParallel, ShardedAdamW
-from .runner import (LabError, Tripwire, call, comm_on, layout_flags, load, run_sources, training_verdict,
+from .runner import (LAB_GPT, TOL, LabError, Tripwire, call, comm_on, layout_flags, load, run_sources, training_verdict,
                      verdict_over_runs, versus_one_device)
 
-MODEL = ModelConfig(layers=1, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
+MODEL = LAB_GPT
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", warmup=1, weight_decay=0.0,
                     clip=0.0, progress=False, eval_every=0, sample_tokens=0)
 BUCKET_MB = 0.02  # ~2.6k float64 elements: this 12k-parameter model gets 5 buckets
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 BETAS, EPS = (0.9, 0.95), 1e-8  # the engine's AdamW (minitron.optim.make_adamw)
 DP = 4  # data-parallel ranks: more than 2, so that nothing hard-wired to 2 passes
 # the notebook's layout, then 2 data-parallel ranks x 2 tensor ranks in the same launch: a mean hard-wired

@@ -41,7 +41,7 @@ from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..parallel.zero import ShardedDataParallel
 from ..train import Trainer, zero_units
 from .routes import changed, escape, snapshot
-from .runner import YOUR_CODE, LabError, agree, call, comm_on, describe_calls, engine_piece, load, run_sources, \
+from .runner import TOL, YOUR_CODE, LabError, agree, call, comm_on, describe_calls, engine_piece, load, run_sources, \
     training_verdict, verdict_over_runs, versus_one_device
 from .zero import close, divisor
 
@@ -53,7 +53,6 @@ DP = 4  # the ranks of the launch
 # the layouts each unit trains in, on the same 4 ranks: every rank a data-parallel rank, then 2
 # data-parallel ranks x 2 tensor ranks (a mean hard-wired to 4, or taken over the world, is wrong there)
 LAYOUTS = (ParallelConfig(dp=4, zero=3, device="cpu"), ParallelConfig(dp=2, tp=2, zero=3, device="cpu"))
-TOL = 1e-9  # float64 (minitron.tools.verify.TOLERANCE)
 NAMES = ("Unit",)
 FORBIDDEN = ("minitron.parallel.zero",)  # the engine's ZeRO-2/3, read in the source before any rank starts
 ENGINE_FILE = sys.modules[ShardedDataParallel.__module__].__file__

@@ -28,12 +28,11 @@ import torch
 
 from .. import data as data_mod
 from ..checkpoint import gather_full
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import TOLERANCE, ModelConfig, ParallelConfig, TrainConfig
 from ..train import Trainer, single_device_model
 
 # float64 sums in another order agree to ~1e-14; Adam's update amplifies that a little.
 # (bfloat16 has bounds of its own: bf16_measures.)
-TOLERANCE = {"float64": 1e-9, "float32": 2e-4}
 
 # bfloat16 keeps 8 significant bits: a rounding moves a value by at most u = 2^-8 of itself.
 BF16_UNIT = 2.0 ** -8
