@@ -172,25 +172,50 @@ LAYOUTS = {
     "dp2 zero3": (ParallelConfig(dp=2, zero=3), MODEL),
     "ep2 moe": (ParallelConfig(ep=2), PRESETS["moe-tiny"]),
 }
-TRACED = ("tp2+sp", "cp2", "dp2 zero3")  # whose traced step is held against the analysis
+TRACED = ("tp2+sp", "cp2", "dp2 zero3", "tp2 dp2 zero3")  # whose traced step is held against the analysis
+
+
+# planted mistakes (each must fail the oracle): a trainer's FP8 scaling with a reduction taken out
+def no_linear_amax_reduction(tr) -> None:
+    """Every linear quantizes with the amax of its own shard only."""
+    for m in (m for ch in tr.chunks for m in ch.modules() if isinstance(m, fp8.Fp8State)):
+        m.shards = fp8.Shards()
+
+
+def _fp8_gathers(tr):
+    parts = getattr(tr.dp, "parts", [tr.dp])
+    gathers = [g for part in parts for g in part.fp8_gathers.values()]
+    assert gathers, "this layout gathers no weight in FP8"
+    return gathers
+
+
+def gather_without_data_amax(tr) -> None:
+    """ZeRO-3's FP8 gather scales each shard by the amax of the data-parallel shard alone."""
+    for g in _fp8_gathers(tr):
+        g.axes = g.axes[1:]
+
+
+def gather_without_tensor_amax(tr) -> None:
+    """ZeRO-3's FP8 gather forgets that the tensor ranks split each weight."""
+    for g in _fp8_gathers(tr):
+        g.axes = g.axes[:1]
 
 
 def _layouts_job(comm, plan, train):
-    """Each (name, layout, model) of `plan` on these ranks (its own grid): losses, rank 0's
-    gathered weights and the traced step 0; the last, tp2 tensorwise with every amax
-    reduction taken out (a planted mistake, which must fail the oracle)."""
+    """Each (name, layout, model, plant) of `plan` on these ranks (its own grid): losses,
+    rank 0's gathered weights and the traced step 0; `plant` (one of the functions above,
+    or None) puts a mistake into the trainer first."""
     from minitron.checkpoint import gather_full
     from minitron.comm import Comm, CommTrace
     from minitron.grid import ProcessGrid
 
     out = {}
-    for name, lay, model, planted in plan:
+    for name, lay, model, plant in plan:
         grid = ProcessGrid.for_layout(lay, comm.grid.rank).build_groups()
         c = Comm(grid, CommTrace())
         tr = Trainer(model, lay, train, c)
-        if planted:
-            for m in (m for ch in tr.chunks for m in ch.modules() if isinstance(m, fp8.Fp8State)):
-                m.shards = fp8.Shards()
+        if plant:
+            plant(tr)
         losses = [tr.step(i) for i in range(train.steps)]
         out[name] = {"losses": losses, "full": gather_full(tr), "pp": c.index("pp"),
                      "records": [r for r in c.trace.records if r["step"] == 0]}
@@ -231,18 +256,61 @@ def test_every_layout_equals_one_device_under_every_recipe():
     from minitron.tools.testing import run_on_ranks
 
     plan = [(f"{name} {r}", ParallelConfig(**{**vars(lay), "precision": "fp8", "fp8_recipe": r, "device": "cpu"}),
-             model, False) for name, (lay, model) in LAYOUTS.items() for r in fp8.RECIPES]
-    plan.append(("tp2 without amax reduction", ParallelConfig(tp=2, precision="fp8", device="cpu"), MODEL, True))
-    for _, lay, model, _ in plan:
-        validate(model, lay, TRAIN)
+             model, None) for name, (lay, model) in LAYOUTS.items() for r in fp8.RECIPES]
+    plan += [("tp2 without amax reduction", ParallelConfig(tp=2, precision="fp8", device="cpu"), MODEL,
+              no_linear_amax_reduction),
+             ("zero3 gather without the data amax", ParallelConfig(dp=2, zero=3, precision="fp8", device="cpu"),
+              MODEL, gather_without_data_amax)]
+    ranks = run_on_ranks(_layouts_job, ParallelConfig(dp=2, device="cpu"), plan, TRAIN)
+    _hold_the_oracle(plan, ranks)
+    # ZeRO-3 gathers tensorwise's FP8 weights in FP8, the other recipes' in the working dtype
+    _fp8_gather_bytes(ranks[0], "dp2 zero3", MODEL, ParallelConfig(dp=2, zero=3))
+
+
+def _hold_the_oracle(plan, ranks) -> None:
+    """Every unplanted run of `plan` equals one device (1e-9) and every planted one does
+    not; the runs of TRACED layouts are traced = analysis on every rank."""
     from minitron.tools.verify import compare
 
-    ranks = run_on_ranks(_layouts_job, ParallelConfig(dp=2, device="cpu"), plan, TRAIN)
+    for _, lay, model, _ in plan:
+        validate(model, lay, TRAIN)
     cache: dict = {}
-    for name, lay, model, planted in plan:
+    for name, lay, model, plant in plan:
         run = ranks[0][name]
         v = compare(run["losses"], run["full"], *_one_device(model, lay, cache))
         ok = v["max_loss_abs_diff"] <= 1e-9 and v["max_param_rel_diff"] <= 1e-9
-        assert ok != planted, (name, v)
+        assert ok != bool(plant), (name, v)
         if name.rsplit(" ", 1)[0] in TRACED:
             _traced_equals_analysis(name, lay, model, ranks)
+
+
+def _fp8_gather_bytes(rank: dict, name: str, model, lay) -> None:
+    """The data-parallel all-gathers of step 0 under tensorwise move each FP8-gathered
+    weight in 1 byte an element (float64 training: 8 under rowwise): exactly the
+    difference the unit sizes give."""
+    from minitron.analysis.dry_run import block_params, fp8_gathered_weights
+
+    def gathered(recipe):
+        return sum(r["bytes"] for r in rank[f"{name} {recipe}"]["records"] if r["op"] == "all_gather")
+
+    fp8_lay = ParallelConfig(**{**vars(lay), "precision": "fp8", "fp8_recipe": "tensorwise"})
+    n8 = fp8_gathered_weights(model, fp8_lay, 0)[0]
+    assert 0 < n8 < block_params(model, fp8_lay)
+    m, d = TRAIN.microbatches, lay.dp
+    gathers = 2 * m * model.layers  # each block before its forward and its backward, per microbatch
+    assert gathered("rowwise") - gathered("tensorwise") == gathers * n8 // d * (8 - 1)
+
+
+@pytest.mark.multirank
+def test_zero3_gathers_fp8_weights_under_tensor_parallelism():
+    """tp2 × dp2 with ZeRO-3 under tensorwise: the weights' amax spans the data-parallel
+    shards and the tensor ranks; one device's numbers in float64 and the traced step =
+    the analysis; without either reduction the oracle fails."""
+    from minitron.tools.testing import run_on_ranks
+
+    lay = ParallelConfig(tp=2, dp=2, zero=3, precision="fp8", fp8_recipe="tensorwise", device="cpu")
+    plan = [("tp2 dp2 zero3 tensorwise", lay, MODEL, None),
+            ("tp2 dp2 zero3 without the tensor amax", lay, MODEL, gather_without_tensor_amax),
+            ("tp2 dp2 zero3 without the data amax", lay, MODEL, gather_without_data_amax)]
+    ranks = run_on_ranks(_layouts_job, ParallelConfig(dp=4, device="cpu"), plan, TRAIN)
+    _hold_the_oracle(plan, ranks)

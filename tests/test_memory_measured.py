@@ -1,6 +1,6 @@
 """`minitron memory` against the bytes of a real run.
 
-For the `tiny` and `small` presets, on one device and on one 8-rank launch of
+For the `tiny` and `small` presets (tiny also under each FP8 recipe), on one device and on one 8-rank launch of
 dp2 x tp2 x pp2 (1F1B; replicated AdamW, ZeRO-1 and sequence parallelism in the same
 launch), each rank runs one training step and measures
 (:func:`minitron.tools.measure.measure_step_memory`)
@@ -130,6 +130,25 @@ def test_memory_matches_a_single_device_run():
         _check_per_rank_max(rows[-1:], name, layout, train)
     _show(rows)
     assert not _check(rows), _check(rows)
+
+
+def test_memory_matches_a_single_device_fp8_run():
+    """Every FP8 recipe on one device: delayed scaling's amax histories are parameters
+    without gradient or optimizer state; the saved operands are the working dtype's."""
+    from minitron.config import FP8_RECIPES
+    from minitron.train import Trainer
+
+    _, train = ONE_DEVICE
+    rows = []
+    for recipe in FP8_RECIPES:
+        layout = ParallelConfig(precision="fp8", fp8_recipe=recipe)
+        validate(PRESETS["tiny"], layout, train)
+        rows += _rows(f"tiny fp8 {recipe}", {0: (0, measure_step(Trainer(PRESETS["tiny"], layout, train)))}, "tiny",
+                      layout, train)
+    _show(rows)
+    assert not _check(rows), _check(rows)
+    delayed, tensorwise = (next(r for r in rows if r["case"].endswith(k)) for k in ("delayed", "tensorwise"))
+    assert delayed["params"] > tensorwise["params"] and delayed["optimizer"] == tensorwise["optimizer"]
 
 
 def test_memory_matches_a_single_device_run_with_recomputation():

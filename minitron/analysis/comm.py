@@ -187,8 +187,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     dp_axis = grid.data_axis()
     if layout_get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
         for c in zero_calls(model, parallel, train, pp_rank, e, d * cp):
-            what = {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"], "parameters")
-            add(f"{what} ({c['phase']})", dp_axis, c["op"], c["calls"], c["bytes"])
+            what = c.get("what") or {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"],
+                                                                                                   "parameters")
+            add(f"{what} ({c['phase']})", c.get("axis") or dp_axis, c["op"], c["calls"], c["bytes"])
         return items
     sharded = []  # ZeRO-1's groups of shards: the dense weights', and the experts' under --ep
     for axes, n in params_by_data_axes(model, parallel, rank_chunks(model, parallel, pp_rank)).items():

@@ -47,7 +47,7 @@ def as_layout(layout: Any) -> ParallelConfig:
     if isinstance(layout, ParallelConfig):
         return layout
     keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "tp_overlap", "recompute", "schedule",
-            "stage_layers", "precision", "fp8_recipe")
+            "stage_layers", "precision", "fp8_recipe", "zero")
     get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
     given = {k: get(k) for k in keys if get(k) is not None}
     if "stage_layers" in given:
@@ -63,7 +63,8 @@ def _shape_only(layout: ParallelConfig) -> ParallelConfig:
                           recompute=layout.recompute,
                           precision=layout.precision, fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"),
                           dropout_rng=layout.dropout_rng,
-                          cp_mode=getattr(layout, "cp_mode", "ring"))
+                          cp_mode=getattr(layout, "cp_mode", "ring"),
+                          zero=3 if fp8.gathers_fp8_weights(layout) else 0)  # the FP8 linears' weight scales
 
 
 def _runnable(model: ModelConfig, i: int | None) -> tuple[ModelConfig, int | None]:
@@ -116,6 +117,33 @@ def ends_params(model: ModelConfig, layout: Any, first: bool, last: bool) -> int
     (`first`) and the final norm and output layer (`last`). Tied embeddings: a chunk
     holding both ends has one matrix; a last chunk without the first keeps its own copy."""
     return _ends_params(model, _shape_only(as_layout(layout)), first, last) if (first or last) else 0
+
+
+def _fp8_gathered(module: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules()
+               if isinstance(getattr(m, "fp8", None), fp8.Fp8State) and m.fp8.weight_gathered)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fp8_weight_split(model: ModelConfig, layout: ParallelConfig, i: int | None, first: bool, last: bool) -> tuple:
+    with FakeTensorMode():
+        ctx = dry_context(layout)
+        part = (Block(i, model, ctx, layers_for(layout)) if i is not None
+                else GPT(model, ctx, layer_ids=[], first=first, last=last))
+        return _fp8_gathered(part), sum(isinstance(getattr(m, "fp8", None), fp8.Fp8State) and m.fp8.weight_gathered
+                                        for m in part.modules())
+
+
+def fp8_gathered_weights(model: ModelConfig, layout: Any, i: int | None = 0, first: bool = False,
+                         last: bool = False) -> tuple[int, int]:
+    """(elements, linears) of the weights ZeRO-3 gathers in FP8 (``fp8.gathers_fp8_weights``)
+    in block `i` on one tensor rank, or with `i` None in a chunk's ends; (0, 0) otherwise."""
+    lay = _shape_only(as_layout(layout))
+    if not fp8.gathers_fp8_weights(lay) or (i is None and not (first or last)):
+        return 0, 0
+    if i is not None:  # one block of each kind, as block_params
+        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    return _fp8_weight_split(model, lay, i, first, last)
 
 
 def model_params(model: ModelConfig, layout: Any = None) -> int:

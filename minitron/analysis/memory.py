@@ -131,11 +131,12 @@ import math
 from typing import Any
 
 from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
-from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes
+from ..parallel.fp8 import AMAX_HISTORY_LEN
+from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes, fp8_histories
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
 from .params import (activation_element_bytes, layers_on_rank, layout_placement, layout_degrees, layout_get, local_model,
-                     padded_vocab, params_given_layers, params_on_rank, rank_layers)
+                     padded_vocab, params_given_layers, params_on_rank, rank_chunks, rank_layers)
 from .zero import zero_buffer_bytes, zero_state_bytes
 
 __all__ = [
@@ -469,7 +470,17 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
         z = zero_state_bytes(model, parallel, train, pp_rank, e, d * cp)
         states = (z["params_bytes"], z["grads_bytes"], z["optimizer_bytes"])
         buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e, d * cp).values())
-    return _assemble(*states, acts, buffers)
+    return _assemble(states[0] + fp8_history_bytes(model, parallel, pp_rank, e), *states[1:], acts, buffers)
+
+
+def fp8_history_bytes(model: ModelConfig, parallel: Any, pp_rank: int, e: int) -> int:
+    """Delayed scaling's amax histories on a rank: per FP8 linear a [3, 1024] parameter
+    without gradient or optimizer state, replicated (outside ZeRO's units). What else the
+    engine's FP8 keeps is a scale per quantized tensor (a few bytes); its linears save their
+    operands in the working dtype, as torchao's do, not FP8 copies."""
+    if layout_get(parallel, "precision", "fp32") != "fp8":
+        return 0
+    return fp8_histories(model, parallel, rank_chunks(model, parallel, pp_rank)) * 3 * AMAX_HISTORY_LEN * e
 
 
 def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: int, e: int) -> dict:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..config import ModelConfig, ParallelConfig, TrainConfig, element_bytes
 from ..parallel.buckets import plan_units
 from .calls import NORM_BYTES, ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes
-from .dry_run import block_params, ends_params
+from .dry_run import block_params, ends_params, fp8_gathered_weights
 from .params import layout_degrees, params_on_rank, rank_chunks
 
 __all__ = ["plan_units", "zero_units", "zero_calls", "zero_state_bytes", "zero_buffer_bytes",
@@ -47,10 +47,18 @@ def zero_units(model: ModelConfig, parallel: ParallelConfig, pp_rank: int = 0) -
     units = []
     for ids, first, last in rank_chunks(model, parallel, pp_rank):  # this rank's chunks, in order
         root = ends_params(model, lay, first, last)
-        if root:
-            units.append({"kind": "root", "numel": root})
-        units += [{"kind": "block", "numel": block_params(model, lay, i)} for i in ids]
+        units += _fp8_split("root", root, fp8_gathered_weights(model, parallel, None, first, last))
+        for i in ids:
+            units += _fp8_split("block", block_params(model, lay, i), fp8_gathered_weights(model, parallel, i))
     return units
+
+
+def _fp8_split(kind: str, numel: int, fp8: tuple[int, int]) -> list[dict]:
+    """A unit, or under ZeRO-3's FP8 gathers (``parallel/fp8_gather.py``) two: its FP8
+    linears' weights (`fp8`: elements, linears; gathered 1 byte an element) and the rest."""
+    n8, linears = fp8
+    parts = [{"kind": kind, "numel": n8, "fp8_linears": linears}] if n8 else []
+    return parts + ([{"kind": kind, "numel": numel - n8}] if numel - n8 else [])
 
 
 def _shard(numel: int, d: int) -> int:
@@ -66,7 +74,9 @@ def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     Per microbatch, every unit's gradient: one reduce-scatter (phase 'bwd'). Then the
     gradient norm's 8-byte all-reduce. Stage 2: one all-gather per unit of the updated
     shard after the step ('optim'). Stage 3: one all-gather per block before its forward
-    ('fwd') and one before its backward ('bwd') per microbatch, one per root per step.
+    ('fwd') and one before its backward ('bwd') per microbatch, one per root per step; a
+    unit of FP8-gathered weights moves 1 byte an element, after one all-reduce (MAX) of its
+    linears' amaxes per step over the data axis and, with t > 1, over 'tp' (item ``axis``).
     `degree`: the ranks the states are sharded over (default ``parallel.dp``; d·cp under
     context parallelism).
     """
@@ -79,16 +89,27 @@ def zero_calls(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     padded = [_shard(u["numel"], d) * d for u in units]
     out = [{"op": "reduce_scatter", "phase": "bwd", "calls": m * len(units), "bytes": m * sum(padded) * e}]
     if z == 3:
-        blocks = [s // d for s, u in zip(padded, units) if u["kind"] == "block"]
-        roots = [s // d for s, u in zip(padded, units) if u["kind"] == "root"]
+        wire = [1 if u.get("fp8_linears") else e for u in units]  # bytes an element on the wire
+        blocks = [s // d * w for s, u, w in zip(padded, units, wire) if u["kind"] == "block"]
+        roots = [s // d * w for s, u, w in zip(padded, units, wire) if u["kind"] == "root"]
         out.append({"op": "all_gather", "phase": "fwd", "calls": m * len(blocks) + len(roots),
-                    "bytes": (m * sum(blocks) + sum(roots)) * e})
+                    "bytes": m * sum(blocks) + sum(roots)})
         if blocks:
-            out.append({"op": "all_gather", "phase": "bwd", "calls": m * len(blocks), "bytes": m * sum(blocks) * e})
+            out.append({"op": "all_gather", "phase": "bwd", "calls": m * len(blocks), "bytes": m * sum(blocks)})
+        out += _fp8_amax_calls(units, parallel, e)
     out.append({"op": "all_reduce", "phase": "optim", "calls": 1, "bytes": NORM_BYTES})
     if z == 2:
         out.append({"op": "all_gather", "phase": "optim", "calls": len(units), "bytes": sum(padded) // d * e})
     return [c for c in out if c["calls"]]
+
+
+def _fp8_amax_calls(units: list[dict], parallel: ParallelConfig, e: int) -> list[dict]:
+    """The FP8 gathers' scales: per FP8 unit per step one all-reduce (MAX) of its linears'
+    amaxes (`e` bytes each) over the data axis, then over 'tp' when the tensor ranks split them."""
+    amax = [u["fp8_linears"] * e for u in units if u.get("fp8_linears")]
+    axes = [None] + (["tp"] if layout_degrees(parallel)[0] > 1 else [])
+    return [{"op": "all_reduce", "phase": "fwd", "calls": len(amax), "bytes": sum(amax), "axis": a,
+             "what": "FP8 weight amax"} for a in axes if amax]
 
 
 def zero_state_bytes(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,

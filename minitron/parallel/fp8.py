@@ -157,6 +157,16 @@ def quantize_mx(x: torch.Tensor, dim: int) -> Quantized:
     return Quantized(to_fp8(blocks, inv, E4M3).flatten(dim, dim + 1), scale, dim)
 
 
+def gathers_fp8_weights(layout) -> bool:
+    """ZeRO-3 all-gathers the FP8 linears' weights in FP8 (1 byte an element, with one
+    scale per weight from an amax reduction) under tensorwise scaling: torchao's
+    ``enable_fsdp_float8_all_gather`` with precomputed scales. The other recipes gather
+    in the working dtype: delayed's weight amax feeds its history, rowwise's and MX's
+    scales follow rows and blocks that ZeRO's flat shards cut across."""
+    return (getattr(layout, "precision", "fp32") == "fp8" and getattr(layout, "fp8_recipe", "") == "tensorwise"
+            and getattr(layout, "zero", 0) == 3)
+
+
 # --- which ranks share a tensor ---------------------------------------------------------
 @dataclass(frozen=True)
 class Shards:
@@ -208,6 +218,10 @@ class Fp8State(nn.Module):
         super().__init__()
         self.recipe, self.shards, self.comm = RECIPES[recipe], shards, ctx.comm
         self.scaling = scaling or TensorScaling()  # tensorwise's steps (a lab's, or the engine's)
+        # ZeRO-3 all-gathers this weight in FP8 (parallel/fp8_gather.py): the gather computes
+        # its scale and hands it over (`weight_scale`, set while the weight is gathered)
+        self.weight_gathered = gathers_fp8_weights(ctx.layout)
+        self.weight_scale: torch.Tensor | None = None
         self.amax_history = None
         if self.recipe.delayed:
             self.amax_history = make_param(f"{name}.amax_history", (3, AMAX_HISTORY_LEN), (), ctx, kind="zeros",
@@ -225,6 +239,8 @@ class Fp8State(nn.Module):
 
     def tensor_scaled(self, x: torch.Tensor, tensor: int, record: bool) -> Quantized:
         """Tensorwise or delayed: the scale of the whole (single-device) tensor."""
+        if tensor == W and self.weight_gathered:
+            return self.gathered_weight(x)
         if not self.recipe.delayed:
             axes = tuple(dict.fromkeys(self.shards.of(tensor, 0) + self.shards.of(tensor, 1)))
             s = self.scaling
@@ -235,6 +251,19 @@ class Fp8State(nn.Module):
         past = self.amax_history[tensor].max()  # scale 1 while the history is empty (TE's initial scale)
         scale = torch.where(past > 0, amax_to_scale(past, self.fmt(tensor)), 1.0) / unit
         return Quantized(to_fp8(x, scale, self.fmt(tensor)), scale)
+
+    def gathered_weight(self, w: torch.Tensor) -> Quantized:
+        """The weight ZeRO-3 gathered in FP8: its values lie on the grid of the scale the
+        gather computed from the whole weight's amax, so quantizing them again with that
+        scale gives back the gathered bytes. A dry run (the analysis) has no gather: it
+        takes the scale of its fake weight, with no communication, as the gather's own
+        amax reduction is counted with ZeRO's calls."""
+        scale = self.weight_scale
+        if scale is None:
+            if not self.comm.dry:
+                raise RuntimeError("an FP8 weight that ZeRO-3 gathers in FP8 was used without its gather's scale")
+            scale = amax_to_scale(w.detach().abs().amax(), self.fmt(W))
+        return Quantized(to_fp8(w, scale, self.fmt(W)), scale)
 
     @staticmethod
     def requantize(x: torch.Tensor, scale: torch.Tensor, fmt: torch.dtype) -> Quantized:

@@ -43,6 +43,7 @@ from .buckets import plan_units
 from ..comm import Comm
 from ..optim import unique_params
 from .data import FlatShards, GroupedData, by_data_group, grad_axis, param_axis
+from .fp8_gather import Fp8WeightGather, fp8_weights, split_fp8_units
 
 
 class ShardedDataParallel(FlatShards):
@@ -57,10 +58,12 @@ class ShardedDataParallel(FlatShards):
     ``before_forward()``, ``after_forward()``, ``before_backward()`` and
     ``after_backward(grad)`` -> this rank's shard of the mean gradient (`full`: the unit's
     flat buffer, its storage freed at rest; `shard`: this rank's slice of it).
+    `fp8`: {weight: Fp8State} of the units whose parameters are all FP8 linears' weights,
+    which stage 3 gathers in FP8 for the forward and backward (``parallel/fp8_gather.py``).
     """
 
     def __init__(self, units, comm: Comm, stage: int, axis: str | None = None, max_in_flight: int = 2,
-                 unit=None):
+                 unit=None, fp8: dict | None = None):
         if stage not in (2, 3):
             raise ValueError(f"ShardedDataParallel is ZeRO stage 2 or 3, not {stage}")
         self.comm, self.stage, self.shard = comm, stage, True
@@ -73,12 +76,13 @@ class ShardedDataParallel(FlatShards):
         self.max_in_flight = max_in_flight
         self._take_units(units)
         self._flat_layout()
+        self.fp8_gathers = self._fp8_gathers(fp8 or {})
         self._start_state()
         self._link_units()
         self.unit_ops = None  # the passed-in units' communication, when `unit` is given
         if unit is not None:
-            if stage != 3:
-                raise ValueError("a unit passed in does ZeRO-3's gathers: it needs stage 3")
+            if stage != 3 or self.fp8_gathers:
+                raise ValueError("a unit passed in does ZeRO-3's gathers: it needs stage 3 and no FP8 gathers")
             self.unit_ops = [unit(comm, self.axis, self.param_shard[slice(*self._shard_range(u))], self.full[u])
                              for u in range(len(self.units))]
         self._install_hooks()
@@ -118,11 +122,22 @@ class ShardedDataParallel(FlatShards):
         self.param_shard = torch.zeros(self.numel // self.d, dtype=dtype, device=device) if self.stage == 3 else None
         self.shard_grad = torch.zeros(self.numel // self.d, dtype=dtype, device=device)
 
+    def _fp8_gathers(self, weights: dict) -> dict:
+        """{unit: its Fp8WeightGather} for the units made only of FP8-gathered weights."""
+        gathers = {}
+        for u, (_, ps, _) in enumerate(self.units):
+            if self.stage == 3 and ps and all(p in weights for p in ps):
+                start = self.buckets[u].start
+                spans = [(self.offset[p] - start, p.numel(), weights[p]) for p in ps]
+                gathers[u] = Fp8WeightGather(spans, self.rank, self.buckets[u].numel // self.d, self.comm, self.axis)
+        return gathers
+
     def _start_state(self) -> None:
         """Every unit gathered, nothing in flight; stage 3 then writes the initial values
         into this rank's shard and frees every unit (sharded at rest, §5.3)."""
         self.gathered = [True] * len(self.units)
         self._gathers: dict = {}  # unit -> all-gather in flight
+        self._fp8_bytes: dict = {}  # unit -> the FP8 bytes its all-gather fills, decoded on the wait
         self._pinned: set = set()  # units gathered by materialize(): kept, written back on release
         self._staging: list = [None] * len(self.units)  # unit -> its gradients of this round
         self._pending = [len(ps) for _, ps, _ in self.units]
@@ -176,9 +191,10 @@ class ShardedDataParallel(FlatShards):
         return b.start // self.d, b.end // self.d
 
     # --- parameters: gather, free, and the optimizer's view of them ------------------------------
-    def _gather(self, u: int, wait: bool) -> None:
+    def _gather(self, u: int, wait: bool, exact: bool = False) -> None:
         """Make unit u's parameters whole: start its all-gather (stage 3: into re-allocated
-        storage) unless it is gathered or on its way; with `wait`, complete it."""
+        storage) unless it is gathered or on its way; with `wait`, complete it. A unit of
+        FP8 weights is gathered in FP8 for compute, in the working dtype when `exact`."""
         if not self.gathered[u]:
             b, full = self.buckets[u], self.full[u]
             full.untyped_storage().resize_(b.numel * self.element_size)
@@ -186,17 +202,26 @@ class ShardedDataParallel(FlatShards):
             self.gathered_bytes += b.numel * self.element_size
             self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
             lo, hi = self._shard_range(u)
-            self._gathers[u] = self.comm.all_gather(self.param_shard[lo:hi], self.axis, out=full, async_op=True)
+            if u in self.fp8_gathers and not exact:
+                self._fp8_bytes[u] = torch.empty(b.numel, dtype=torch.uint8, device=full.device)
+                message = self.fp8_gathers[u].encode(self.param_shard[lo:hi])
+                self._gathers[u] = self.comm.all_gather(message, self.axis, out=self._fp8_bytes[u], async_op=True)
+            else:
+                self._gathers[u] = self.comm.all_gather(self.param_shard[lo:hi], self.axis, out=full, async_op=True)
         if wait and u in self._gathers:
             work = self._gathers.pop(u)
             if work is not None:
                 work.wait()
+            if u in self._fp8_bytes:
+                self.fp8_gathers[u].decode(self._fp8_bytes.pop(u), self.full[u])
 
     def _free(self, u: int) -> None:
         """Stage 3: give unit u's full storage back (its parameters keep their shapes)."""
         if self.gathered[u] and u not in self._pinned:
             self._gather(u, wait=True)  # never free under a transfer
             self.full[u].untyped_storage().resize_(0)
+            if u in self.fp8_gathers:
+                self.fp8_gathers[u].release()
             self.gathered[u] = False
             self.gathered_bytes -= self.buckets[u].numel * self.element_size
 
@@ -220,6 +245,7 @@ class ShardedDataParallel(FlatShards):
         waits for its own. Stage 3: nothing (every forward gathers what it needs)."""
         if self.stage == 3:
             assert shard is self.param_shard, "ZeRO-3's optimizer steps the data-parallel shard itself"
+            self._new_weights()
             return
         self.wait_params()
         for u, b in enumerate(self.buckets):
@@ -239,7 +265,9 @@ class ShardedDataParallel(FlatShards):
         self.wait_params()
         if self.stage == 3:
             for u in range(len(self.units)):
-                self._gather(u, wait=True)
+                if u in self.fp8_gathers and u not in self._pinned:
+                    self._free(u)  # gathered on the FP8 grid for compute: gather the exact values
+                self._gather(u, wait=True, exact=True)
                 self._pinned.add(u)
 
     def _release(self) -> None:
@@ -251,6 +279,12 @@ class ShardedDataParallel(FlatShards):
         self._pinned.clear()
         for u in range(len(self.units)):
             self._free(u)
+        self._new_weights()
+
+    def _new_weights(self) -> None:
+        """The shard may have changed (an optimizer step, a load): FP8 scales are reduced anew."""
+        for g in self.fp8_gathers.values():
+            g.new_step()
 
     # --- forward and backward hooks ----------------------------------------------------------------
     def _before_forward(self, u: int):
@@ -375,12 +409,14 @@ def sharded_data_parallel(units, comm: Comm, stage: int):
     with expert parallelism one per data group (dense parameters over every data replica,
     experts over the replicas holding the same experts), each over the units' parameters
     of its group (a block is then two units, each gathered and freed by its own hooks)."""
+    fp8 = fp8_weights(units) if stage == 3 else {}
+    units = split_fp8_units(units, fp8)
     groups = by_data_group([p for _, ps, _ in units for p in ps], comm)
     if len(groups) == 1:
-        return ShardedDataParallel(units, comm, stage)
+        return ShardedDataParallel(units, comm, stage, fp8=fp8)
     parts = []
     for axis, ps in groups.items():
         mine = set(ps)
         parts.append(ShardedDataParallel([(m, [p for p in u if p in mine], k) for m, u, k in units], comm, stage,
-                                         axis=axis))
+                                         axis=axis, fp8=fp8))
     return GroupedData(parts)
