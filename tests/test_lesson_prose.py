@@ -336,6 +336,7 @@ WITNESSES = {
                                        num(out("07", r"^\s+E4M3\s+(\d+)\s")) / max(0.5, 2.0)),
     "07.mx_scales": _mx_scales_07,
     "07.fp8_amdahl": lambda: _stated("07", r"1 / \(\(1 - f\) \+ f/k\)", 1 / ((1 - 0.4) + 0.4 / 2)),
+    "07.fp8_gather_bytes": lambda: _fp8_gather_bytes(),
     # lesson 8 states its efficiencies as formulas (weak t1/tn, strong t1/(n tn)) and checks
     # them on its table; the witness applies the stated formulas to the question's times
     "08.weak_efficiency": lambda: _stated(
@@ -352,6 +353,17 @@ WITNESSES = {
     "09.packed_positions": lambda: _restart("xy|z||uv"),
     "09.skipped_pairs": lambda: _skipped_by_the_stated_rule([5, 3, 4, 4], 2),
 }
+
+
+def _fp8_gather_bytes():
+    """Lesson 7's printed ZeRO-3 case (tiny, d = 2, 2 microbatches, 2 blocks): the FP8 weights
+    save 3 of float32's 4 bytes an element in each of a block's two gathers per microbatch;
+    the same rule on the question's block (d = 4, one microbatch)."""
+    n8 = num(out("07", r"a block's \d+ FP8 weights \(([\d,]+) elements\)"))
+    fp32 = num(out("07", r"dp all-gather bytes fp32 ([\d,]+)"))
+    fp8 = num(out("07", r"dp all-gather bytes fp32 [\d,]+, fp8 tensorwise ([\d,]+)"))
+    assert fp32 - fp8 == 2 * 2 * 2 * (n8 / 2) * (4 - 1)
+    return 2 * 12_582_912 / 4 * 1
 
 
 def _stated(lesson: str, formula: str, value):
@@ -635,7 +647,7 @@ LABELS = {
     "06.microbatch_b2048": r"B = 2048: best b", "07.hfu_over_mfu": r"HFU.*MFU|full / none", "07.mfu": r"\bMFU\b",
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes",
     "07.fp8_tp_scale": r"\bscale\b.*\brank\b|\brank\b.*\bscale\b", "07.mx_scales": r"E8M0|mxfp8",
-    "07.fp8_amdahl": r"Amdahl", "08.weak_efficiency": r"weak.*efficiency",
+    "07.fp8_amdahl": r"Amdahl", "07.fp8_gather_bytes": r"all-gather bytes|1 byte", "08.weak_efficiency": r"weak.*efficiency",
     "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",

@@ -98,6 +98,8 @@ PLAUSIBLY_WRONG = {
     "07.fp8_tp_scale": [(896, "the shard's own amax"), (28672, "E5M2's max"), (1 / 224, "inverted")],
     "07.mx_scales": [(4096, "one per row"), (128, "one row's blocks"), (1, "one per tensor")],
     "07.fp8_amdahl": [(2, "the GEMMs' speed-up"), (0.8, "the step's time, not its speed-up"), (1.2, "1 + f/k")],
+    "07.fp8_gather_bytes": [(3_145_728, "one gather: the backward gathers again"), (25_165_824, "float32's 4 bytes"),
+                            (12_582_912, "bf16's 2 bytes, or the whole weight")],
     "08.weak_efficiency": [(1.25, "inverted"), (0.2, "the loss")],
     "08.strong_efficiency": [(2.5, "no factor n"), (1.6, "inverted")],
     "08.oversubscription": [(2, "the cores"), (0.25, "inverted")],

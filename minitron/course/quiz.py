@@ -344,6 +344,11 @@ QUESTIONS: dict[str, Question] = {
         lambda: 1 / ((1 - 0.4) + 0.4 / 2),
         "Amdahl's law: only the GEMMs' share f = 0.4 runs k = 2 times faster; the step takes "
         "(1 - f) + f / k of its time, and the speed-up is the inverse.", rel_tol=1e-2),
+    "07.fp8_gather_bytes": Question(
+        lambda: 2 * 12_582_912 // 4,
+        "each all-gather takes the rank's shard, n/d elements of 1 byte (E4M3), and ZeRO-3 gathers "
+        "a block before its forward and again before its backward; the scales' all-reduce is a few "
+        "bytes on top."),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
         lambda: 10 / 12.5,
