@@ -225,6 +225,23 @@ def _mfu_1t():
     return num(out("07", r"MFU ([\d.]+)%")) / 100
 
 
+def _max_t_dgx2():
+    """Lesson 4's rule, t at most the GPUs sharing a server's NVLink, as it states it for DGX
+    A100 (8) and its table's NVLink rows reach; applied to a DGX-2 (16 GPUs on NVSwitch)."""
+    per_server = int(re.search(r"DGX A100 servers of (\d+)", prose("04")).group(1))
+    nvlink_t = [int(t) for t in re.findall(r"^\s*(\d+)\s+NVLink\s", outputs("04"), re.M)]
+    assert max(nvlink_t) == per_server
+    return 16
+
+
+def _fusion_three_kernels():
+    """Lesson 7's bias+GeLU count (two kernels: unfused 4 passes, fused 2) gives 2 passes per
+    eager kernel; three kernels fused into one: 6 passes against 2."""
+    unfused = num(out("07", r"passes over memory of bias\+GeLU: unfused (\d+)"))
+    fused = num(out("07", r"passes over memory of bias\+GeLU: unfused \d+, fused (\d+)"))
+    return 3 * (unfused / 2) / fused
+
+
 def _flops_per_token():
     return num(out("07", r"gpt-1.3b, s = 2048: ([\d.]+) GFLOP per token"))
 
@@ -305,7 +322,7 @@ WITNESSES = {
     "04.f_backward": lambda: re.search(r"f's (all-reduce) is needed", outputs("04")).group(1),
     "04.allreduces_per_layer": lambda: int(out("04", r"tp: per layer traced all_reduce (\d+) x")),
     "04.ce_allreduces": lambda: {"three": 3}[out("04", r"^(three) all-reduces:")],
-    "04.max_t": lambda: int(re.search(r"DGX A100 servers of (\d+)", prose("04")).group(1)),
+    "04.max_t": _max_t_dgx2,
     # section 7 states the ring's counts as formulas ($t - 1$ sends; shard (r - k) mod t at step k)
     "04.overlap_sends": lambda: _stated("04", r"every one of the\s+\$t - 1\$ sends", 8 - 1),
     "04.overlap_bytes_ratio": _overlap_bytes_04,
@@ -328,8 +345,7 @@ WITNESSES = {
     "07.hfu_over_mfu": _hfu_over_mfu,
     "07.mfu": _mfu_1t,
     "07.flops_per_token": _flops_per_token,
-    "07.fusion_passes": lambda: num(out("07", r"passes over memory of bias\+GeLU: unfused (\d+)"))
-    / num(out("07", r"passes over memory of bias\+GeLU: unfused \d+, fused (\d+)")),
+    "07.fusion_passes": _fusion_three_kernels,
     # lesson 7, FP8: the scale from E4M3's max (the formats' table) over the shards' MAX; the MX blocks
     # of the lesson's tensor; Amdahl's law as the prose states it
     "07.fp8_tp_scale": lambda: _stated("07", r"s = \\text\{max\}_\\text\{fp8\} / \\text\{amax\}",
@@ -662,7 +678,7 @@ LABELS = {
 # a figure the lesson printed): listed so that no new one appears and a fixed one is struck off.
 SHOWN_BEFORE_ASKED = {
     "04.f_backward", "04.allreduces_per_layer",
-    "07.hfu_over_mfu", "07.mfu", "04.max_t", "07.fusion_passes",
+    "07.hfu_over_mfu", "07.mfu",
     "07.flops_per_token",
 }
 _FIGURE = re.compile(r"(?<![\w.-])(?<![\w.][-+])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?(?:\s?(?:%|[A-Za-z]+))?")

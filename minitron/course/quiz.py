@@ -251,8 +251,9 @@ QUESTIONS: dict[str, Question] = {
         "the cross-entropy needs the largest logit, the target logit and the sum of the "
         "exponentials — each over the whole vocabulary."),
     "04.max_t": Question(
-        lambda: 8,
-        "count the GPUs that share one server's NVLink/NVSwitch in a DGX A100."),
+        lambda: 16,
+        "count the GPUs that share one server's NVLink: a DGX-2's NVSwitches join all sixteen (a DGX "
+        "A100's eight); beyond them the tensor group's all-reduces would cross the network."),
     "04.overlap_sends": Question(
         lambda: 8 - 1,
         "a ring moves one shard per step, and each rank starts with its own: the others arrive "
@@ -329,9 +330,9 @@ QUESTIONS: dict[str, Question] = {
         "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
         rel_tol=0.1, unit="GFLOP"),  # the 6·N rule of thumb, attention included
     "07.fusion_passes": Question(
-        lambda: (2 + 2) // 2,
+        lambda: (3 * 2) // 2,
         "count the passes over memory: each eager kernel reads its input and writes its output "
-        "(x + b, then GeLU: four); the fused kernel reads x once and writes once (two)."),
+        "(three kernels: six); the fused kernel reads x once and writes once (two)."),
     "07.fp8_tp_scale": Question(
         lambda: _whole(_tensorwise_scale(max(0.5, 2.0))),
         "the scale is the whole tensor's: its amax is the MAX over the shards (an all-reduce over "
