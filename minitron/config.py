@@ -609,8 +609,12 @@ def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
           f"mixture-of-experts blocks compose with 1-D tensor parallelism only: use --tp-mode 1d (got {layout.tp_mode})")
     _need(model.moe_ffn_hidden % layout.tp == 0,
           f"expert FFN size {model.moe_ffn_hidden} is not divisible by --tp {layout.tp}: pick --moe-ffn a multiple of it")
-    _need(layout.cp == 1, "mixture-of-experts blocks route each rank's whole sequences: drop --cp "
-          "(the balancing loss and the capacity are taken over a microbatch's tokens)")
+    # each token is routed alone (DeepSeek-V3's bias-balanced, dropless router): nothing to see beyond
+    # this context rank's tokens; a balancing loss or a capacity is taken over a microbatch's tokens
+    _need(layout.cp == 1 or not (model.aux_loss or model.capacity_factor),
+          "mixture-of-experts blocks with a balancing loss or a capacity take them over whole sequences, which "
+          "--cp splits: set --aux-loss 0 --capacity-factor 0 (e.g. --bias-update) or drop --cp")
+    _need(layout.cp == 1 or layout.ep == 1, "--ep is not written to compose with --cp: drop --cp or --ep")
     _need(layout.zero < 2 or layout.tp == 1,
           f"--zero {layout.zero} cannot shard the router's gradient (summed over tensor ranks first): use --zero 1 or --tp 1")
 
@@ -830,7 +834,6 @@ def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(model.positions == "rope", "--attention mla rotates its decoupled key: set --positions rope")
     _need(layout.tp_mode == "1d" or layout.tp == 1, "--attention mla is written for 1-D tensor parallelism: "
                                                       "use --tp-mode 1d")
-    _need(layout.cp == 1, "--attention mla does not run under context parallelism yet: drop --cp")
     _need(model.dropout == 0.0, "--attention mla has no attention dropout: set --dropout 0")
 
 

@@ -42,7 +42,7 @@ from torch import nn
 from .config import ModelConfig
 from .context import Context, make_param
 from .parallel import tensor as tp
-from .parallel.context_parallel import local_positions
+from .parallel.context_parallel import local_positions, ulysses_attention
 from .parallel.random import NO_KEY
 from .recompute import recompute
 
@@ -120,8 +120,18 @@ class MLA(nn.Module):
         q_rope, k_rope = rotate_interleaved(q_rope, cos, sin), rotate_interleaved(k_rope[:, None], cos, sin)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=(self.dn + self.dr) ** -0.5)
-        return rearrange(y, "b nh s d -> b s (nh d)")
+        return rearrange(self.attend(q, k, v), "b nh s d -> b s (nh d)")
+
+    def attend(self, q, k, v):
+        """Causal attention of the decompressed heads (q, k [b, nh, s, dn+dr], v [b, nh, s, dv]),
+        scale 1/√(dn+dr): on this rank's tokens alone, or under --cp over the context group,
+        by the ring or the all-to-all of standard attention (both take dv ≠ dk)."""
+        layout = self.ctx.layout
+        if layout.cp > 1 and layout.cp_mode == "a2a":
+            return ulysses_attention(q, k, v, self.ctx.comm)
+        if layout.cp > 1:
+            return self.layers.ring_attention(q, k, v, self.ctx.comm)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=(self.dn + self.dr) ** -0.5)
 
     def forward(self, x, key=NO_KEY):
         parts = self.project(x)

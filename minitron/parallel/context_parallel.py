@@ -165,11 +165,20 @@ def _grouped_q(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q if q.shape[1] == kv_heads else q.unflatten(1, (kv_heads, q.shape[1] // kv_heads))
 
 
-def _grouped_kv(kv: torch.Tensor, heads: int) -> torch.Tensor:
-    """Stacked keys and values [2, b, kv, s, d] as [2, b, kv, 1, s, d] under grouped-query
-    attention, so that a block broadcasts over the G queries of its group: the ring
-    carries the kv heads only, never copies for each query head."""
-    return kv if kv.shape[2] == heads else kv.unsqueeze(3)
+def _kv_message(k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Keys [b, kv, s, dk] and values [b, kv, s, dv] as one message [b, kv, s, dk+dv]
+    (MLA's value heads are narrower than its query/key heads, so they are joined along
+    the width, not stacked); [b, kv, 1, s, dk+dv] under grouped-query attention, so that
+    a block broadcasts over the G queries of its group: the ring carries the kv heads
+    only, never copies for each query head."""
+    kv = torch.cat([k, v], dim=-1)
+    return kv if k.shape[1] == heads else kv.unsqueeze(2)
+
+
+def _kv_parts(kv: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of a message of :func:`_kv_message` (views): the first `dk`
+    columns, the rest."""
+    return kv[..., :dk], kv[..., dk:]
 
 
 class _RingAttention(torch.autograd.Function):
@@ -184,13 +193,13 @@ class _RingAttention(torch.autograd.Function):
         heads = q.shape[1]
         with torch.autocast(q.device.type, enabled=False):
             # one message per hop, in the activations' dtype: only the key/value heads travel
-            kv = _grouped_kv(torch.stack([k, v]), heads)
+            kv, dk = _kv_message(k, v, heads), k.shape[-1]
             qc = _grouped_q(q, k.shape[1]).to(cd)
             out = lse = None
             for i in range(n):
                 nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
                 src = (r - i) % n
-                kc, vc = kv[0].to(cd), kv[1].to(cd)
+                kc, vc = (t.to(cd) for t in _kv_parts(kv, dk))
                 if i == 0:  # own blocks: the ordinary causal mask on the local sequence
                     out, lse = block_attention(qc, kc, vc, scale, causal=True)
                 elif src < r:  # every query sees src's early chunk; its late one is in the future
@@ -222,30 +231,30 @@ class _RingAttention(torch.autograd.Function):
             dout, q, out = (_grouped_q(t, kv_heads) for t in (dout.to(cd), q.to(cd), out))
             delta = (dout * out.to(cd)).sum(-1)
             dq = torch.zeros_like(q)
-            kv = _grouped_kv(torch.stack([k, v]), heads)  # travels again in the activations' dtype
+            kv, width = _kv_message(k, v, heads), k.shape[-1]  # travels again in the activations' dtype
             own = acc = None
             acc_handles: list = []
             for i in range(n):
                 nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
                 src = (r - i) % n
-                kc, vc = kv[0].to(cd), kv[1].to(cd)
+                kc, vc = (t.to(cd) for t in _kv_parts(kv, width))
                 if i == 0:
                     dq_b, dk, dv = block_attention_backward(q, kc, vc, dout, lse, delta, scale, causal=True)
                     dq += dq_b
-                    own = torch.stack([dk, dv])
+                    own = torch.cat([dk, dv], dim=-1)
                 else:
                     # the gradient of src's blocks from this rank (accumulated in the compute dtype)
-                    blk = torch.zeros((2, *kc.shape), dtype=cd, device=kc.device)
                     if src < r:
                         dq_b, dk, dv = block_attention_backward(q, kc[..., :c, :], vc[..., :c, :], dout,
                                                                 lse, delta, scale, causal=False)
                         dq += dq_b
-                        blk[0, ..., :c, :], blk[1, ..., :c, :] = dk, dv
+                        blk = torch.zeros(kv.shape, dtype=cd, device=kc.device)
+                        blk[..., :c, :] = torch.cat([dk, dv], dim=-1)
                     else:
                         dq_b, dk, dv = block_attention_backward(q[..., c:, :], kc, vc, dout[..., c:, :],
                                                                 lse[..., c:], delta[..., c:], scale, causal=False)
                         dq[..., c:, :] += dq_b
-                        blk[0], blk[1] = dk, dv
+                        blk = torch.cat([dk, dv], dim=-1)
                     if i > 1:  # add what the ranks before us contributed to src's blocks
                         _wait(acc_handles)
                         blk += acc
@@ -258,8 +267,9 @@ class _RingAttention(torch.autograd.Function):
             if acc is not None:
                 own += acc
             if dq.dim() == 5:  # back from the grouped layout
-                dq, own = dq.flatten(1, 2), own.squeeze(3)
-        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None
+                dq, own = dq.flatten(1, 2), own.squeeze(2)
+        dk, dv = _kv_parts(own, width)
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None
 
 
 # --- the ring under a sliding window or a document mask ------------------------------------------
@@ -348,7 +358,7 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     s, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
     c = window_block(s, window)
     ahead = -(-(window - 1) // c)  # key blocks before a query block that the window reaches
-    qg, kv = _grouped_q(q, k.shape[1]), _grouped_kv(torch.stack([k, v]), q.shape[1])
+    qg, (kg, vg) = _grouped_q(q, k.shape[1]), _kv_parts(_kv_message(k, v, q.shape[1]), k.shape[-1])
     outs = []
     for a in range(s // c):
         acc = None
@@ -357,8 +367,8 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
             if kind == "none":
                 continue
             mask = window_mask(c, c, a * c, b * c, window, q.device) if kind == "masked" else None
-            blk = block_attention(qg[..., a * c:(a + 1) * c, :], kv[0, ..., b * c:(b + 1) * c, :],
-                                  kv[1, ..., b * c:(b + 1) * c, :], scale, causal=False, mask=mask)
+            blk = block_attention(qg[..., a * c:(a + 1) * c, :], kg[..., b * c:(b + 1) * c, :],
+                                  vg[..., b * c:(b + 1) * c, :], scale, causal=False, mask=mask)
             acc = blk if acc is None else combine(*acc, *blk)
         outs.append(acc[0])
     y = torch.cat(outs, dim=-2)
@@ -420,14 +430,14 @@ class _MaskedRing(torch.autograd.Function):
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
-            msg, held = _grouped_kv(torch.stack([k, v]), q.shape[1]), [0, 1]
+            msg, held, dk = _kv_message(k, v, q.shape[1]), [0, 1], k.shape[-1]
             like, qs = msg, _halves(_grouped_q(q, k.shape[1]).to(cd), c)
             acc: list = [None, None]
             for i in range(n):
                 src = (r - i) % n
                 nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, rule) if i < n - 1 else (None, [], [])
                 for qa, idx, mask in _pairs(comm, src, held, rule, q.device, qs[0].dim() == 5):
-                    kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
+                    kc, vc = (t[..., idx * c:(idx + 1) * c, :].to(cd) for t in _kv_parts(msg, dk))
                     o, lse = block_attention(qs[qa], kc, vc, scale, causal=False, mask=mask)
                     acc[qa] = (o, lse) if acc[qa] is None else combine(*acc[qa], o, lse)
                 _wait(handles)
@@ -453,28 +463,28 @@ class _MaskedRing(torch.autograd.Function):
             qs, douts = _halves(q, c), _halves(dout, c)
             lses, deltas = [lse[..., :c], lse[..., c:]], [delta[..., :c], delta[..., c:]]
             dq = [torch.zeros_like(t) for t in qs]
-            msg, held = _grouped_kv(torch.stack([k, v]), heads), [0, 1]
+            msg, held, width = _kv_message(k, v, heads), [0, 1], k.shape[-1]
             like, ring = msg, _AccumulatorRing(comm, rule)
             for i in range(n):
                 src = (r - i) % n
                 nxt, nxt_held, handles = _pass_on(comm, msg, held, i, like, rule) if i < n - 1 else (None, [], [])
-                grads = {s_: torch.zeros((2, *like.shape[1:-2], c, like.shape[-1]), dtype=cd, device=q.device)
+                grads = {s_: torch.zeros((*like.shape[:-2], c, like.shape[-1]), dtype=cd, device=q.device)
                          for s_ in held}
                 for qa, idx, mask in _pairs(comm, src, held, rule, q.device, qs[0].dim() == 5):
-                    kc, vc = (msg[j, ..., idx * c:(idx + 1) * c, :].to(cd) for j in (0, 1))
+                    kc, vc = (t[..., idx * c:(idx + 1) * c, :].to(cd) for t in _kv_parts(msg, width))
                     dq_b, dk, dv = block_attention_backward(qs[qa], kc, vc, douts[qa], lses[qa], deltas[qa],
                                                             scale, causal=False, mask=mask)
                     dq[qa] += dq_b
-                    grads[held[idx]][0] += dk
-                    grads[held[idx]][1] += dv
+                    grads[held[idx]] += torch.cat([dk, dv], dim=-1)
                 ring.step(i, held, grads)
                 _wait(handles)
                 msg, held = nxt, nxt_held
             own = ring.finish()
             dq = torch.cat(dq, dim=-2)
             if dq.dim() == 5:
-                dq, own = dq.flatten(1, 2), own.squeeze(3)
-        return dq.to(dtype), own[0].to(dtype), own[1].to(dtype), None, None, None
+                dq, own = dq.flatten(1, 2), own.squeeze(2)
+        dk, dv = _kv_parts(own, width)
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None, None
 
 
 class _AccumulatorRing:
@@ -625,7 +635,7 @@ def _heads_to_seq(y, comm):
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0,
                       docs=None) -> torch.Tensor:
-    """Causal attention of this context rank's tokens (q [b, nh, 2c, d], k, v [b, kv, 2c, d]:
+    """Causal attention of this context rank's tokens (q, k [b, nh | kv, 2c, dk], v [b, kv, 2c, dv]:
     chunks r and 2N−1−r) by all-to-all (Ulysses): heads split over the 'cp' axis during
     attention. With kv < N (and N a multiple of kv) each kv head is sent to the N/kv
     ranks holding its queries (its gradient summed back by the backward's all-to-all).
@@ -634,15 +644,14 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
     if n == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=k.shape[1] != q.shape[1])
-    kv = torch.stack([k, v])  # one all-to-all for both: [2, b, kv, 2c, d] -> [2b, kv, 2c, d]
-    if kv.shape[2] < n:  # too few kv heads to split: each one to the ranks of its query heads
-        kv = kv.repeat_interleave(n // kv.shape[2], dim=2)
+    kv = torch.cat([k, v], dim=-1)  # one all-to-all for both: [b, kv, 2c, dk+dv] (MLA: dv != dk)
+    if kv.shape[1] < n:  # too few kv heads to split: each one to the ranks of its query heads
+        kv = kv.repeat_interleave(n // kv.shape[1], dim=1)
     order = _natural_order(n, q.shape[-2] // 2, q.device)
     qh = _SeqToHeads.apply(q, comm)[:, :, order]
-    kvh = _SeqToHeads.apply(kv.flatten(0, 1), comm)[:, :, order].unflatten(0, (2, -1))
+    kh, vh = _kv_parts(_SeqToHeads.apply(kv, comm)[:, :, order], k.shape[-1])
     s = qh.shape[-2]
     mask = {"attn_mask": sees(s, window, docs, q.device)} if window or docs is not None else {"is_causal": True}
-    y = torch.nn.functional.scaled_dot_product_attention(qh, kvh[0], kvh[1], **mask,
-                                                         enable_gqa=kvh.shape[2] != qh.shape[1])
+    y = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, **mask, enable_gqa=kh.shape[1] != qh.shape[1])
     return _HeadsToSeq.apply(y[:, :, torch.argsort(order)], comm)
 
