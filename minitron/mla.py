@@ -29,6 +29,23 @@ gathering the latents (b·s·(q_lora + kv_lora + rope) instead of b·s·h; Megat
 MLA does the same) and the replicated weights' gradients summed over the tensor group, as
 a LayerNorm's. Pipelines need nothing of their own; the analysis reads all of it off the
 model (``analysis/dry_run.py``).
+
+Context parallelism (--cp; ``parallel/context_parallel.py``). The projections, the latents
+and their norms are per token, so they run on the rank's own tokens; the rotary angles are
+those of the tokens' global positions (chunks r and 2N−1−r, ``local_positions``); only
+the attention core spans the context group. It runs on the *decompressed* heads, by
+standard attention's ring (Liu et al. 2023) or all-to-all (Ulysses, arXiv 2309.14509),
+which join K [.., dn+dr] and V [.., dv] into one message along the width. What the ring
+passes is a choice: these per-head K and V, heads/t·(dn + dr + dv) elements per token,
+or the latent c_KV and the shared k_R, (kv_lora + dr) per token, every receiver
+decompressing each visiting block with ``kv_b`` and the backward returning the latent's
+gradient. The latent is the smaller message (71× for DeepSeek-V3 at t = 1, 8.9× at t = 8:
+``analysis.context_parallel.cp_message_elements``, which prices both), but it costs each
+rank the up-projection of every block it receives, forward and again backward (N times
+the decompression, ≈ kv_lora/c of a block pair's attention for chunks of c tokens), and a
+ring of its own. The heads are passed: the one ring, proven on every mask, runs unchanged
+and computes nothing twice; the latent ring is the better trade where the link, not the
+FLOPs, bounds the step, and is priced, not built.
 """
 from __future__ import annotations
 

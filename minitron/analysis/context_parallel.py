@@ -24,11 +24,19 @@ microbatch:
 Grouped-query attention: only the rank's key/value heads travel (kv/t of them, or the one
 kv head a rank holds when t > kv), ``2·b·(s/N)·kv_t·d`` elements per message.
 
+Multi-head latent attention (``mla.py``): the ring passes the decompressed heads, keys of
+width dk = qk_nope + qk_rope and values of dv = v_head_dim, ``b·(s/N)·(h_t)·(dk + dv)``
+elements per message (:func:`head_widths`). The alternative, a ring of the latent c_KV
+and the shared rotary key k_R (each receiver decompressing with ``kv_b``), would carry
+``b·(s/N)·(kv_lora + qk_rope)``: :func:`cp_message_elements` prices both (``carries``),
+a ratio of heads/t·(dk + dv)/(kv_lora + qk_rope), 71 for DeepSeek-V3 at t = 1.
+
 The all-to-all (``--cp-mode a2a``, Ulysses) moves no K, V around a ring: per layer and
-microbatch two all-to-alls of Q and of K, V (stacked) turn the sequence shard into a head
+microbatch two all-to-alls of Q and of K, V (joined along the width) turn the sequence shard into a head
 shard and one turns the output back; the backward mirrors the three (gradients), and
 recomputation repeats the forward's. Call bytes (the whole tensor, the block a rank keeps
-included) ``b·(s/N)·d·(2·nh_t + 2·kv_sent)`` per pass, nh_t = heads/t, kv_sent = kv_t or N
+included) ``b·(s/N)·d·(2·nh_t + 2·kv_sent)`` per pass (MLA: Q and K of width dk, V and
+the output dv), nh_t = heads/t, kv_sent = kv_t or N
 when N > kv_t (each kv head replicated to the ranks of its queries): :func:`a2a_comm_items`.
 
 Sliding windows (``--window W``): a chunk of c = s/(2N) tokens is seen only by the query
@@ -55,7 +63,7 @@ from .flops import recompute_policy
 from .memory import memory_on_rank
 from .params import layers_on_rank, layout_get, local_model, rank_chunks
 
-__all__ = ["cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table",
+__all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table",
            "window_chunk_reach", "window_ring_items", "chunk_reach_of", "document_last_chunks"]
 
 
@@ -64,18 +72,40 @@ def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
     return max(1, model.n_kv_heads // tp)
 
 
-def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> int:
-    """Elements of one ring message: K and V of the rank's s/N tokens on its key/value
-    heads, ``2·b·(s/N)·kv_t·d`` (``2·b·(s/N)·(h/t)`` with every head a kv head)."""
-    return 2 * micro_batch * (model.seq_len // cp) * kv_heads_per_rank(model, tp) * model.head_dim
+RING_CARRIES = ("heads", "latent")
+
+
+def head_widths(model: ModelConfig) -> tuple[int, int]:
+    """A head's (query/key, value) widths in the attention core: (d, d); MLA's decompressed
+    heads (qk_nope + qk_rope, v_head_dim)."""
+    if model.attention == "mla":
+        return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    return model.head_dim, model.head_dim
+
+
+def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int, carries: str = "heads") -> int:
+    """Elements of one ring message for the rank's s/N tokens. `carries` "heads" (what the
+    engine passes): K and V on its key/value heads, ``b·(s/N)·kv_t·(dk+dv)`` (``2·b·(s/N)·(h/t)``
+    with every head a kv head of width d). "latent" (MLA only, priced, not run): the
+    compressed c_KV and the shared rotary key k_R, ``b·(s/N)·(kv_lora + qk_rope)``, the
+    whole latent on every tensor rank (each decompresses its own heads from it)."""
+    tokens = micro_batch * (model.seq_len // cp)
+    if carries == "latent":
+        if model.attention != "mla":
+            raise ValueError("a ring of latents needs --attention mla (standard attention has no latent)")
+        return tokens * (model.kv_lora_rank + model.qk_rope_head_dim)
+    if carries != "heads":
+        raise ValueError(f"unknown ring message '{carries}': one of {', '.join(RING_CARRIES)}")
+    return tokens * kv_heads_per_rank(model, tp) * sum(head_widths(model))
 
 
 def a2a_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> dict:
     """Elements of the three all-to-alls of one layer's forward under ``--cp-mode a2a``:
-    ``{"q": b·(s/N)·nh_t·d, "kv": 2·b·(s/N)·kv_sent·d, "out": b·(s/N)·nh_t·d}``."""
-    tok = micro_batch * (model.seq_len // cp) * model.head_dim
-    kv = kv_heads_per_rank(model, tp)
-    return {"q": tok * model.heads // tp, "kv": 2 * tok * max(kv, cp), "out": tok * model.heads // tp}
+    ``{"q": b·(s/N)·nh_t·dk, "kv": b·(s/N)·kv_sent·(dk+dv), "out": b·(s/N)·nh_t·dv}``
+    (dk = dv = d but for MLA, :func:`head_widths`)."""
+    tok = micro_batch * (model.seq_len // cp)
+    (dk, dv), kv = head_widths(model), kv_heads_per_rank(model, tp)
+    return {"q": tok * model.heads // tp * dk, "kv": tok * max(kv, cp) * (dk + dv), "out": tok * model.heads // tp * dv}
 
 
 def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -98,11 +128,14 @@ def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
 
 
 def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
-                  act_bytes: int = 4, cp_rank: int = 0) -> list[dict]:
+                  act_bytes: int = 4, cp_rank: int = 0, carries: str = "heads") -> list[dict]:
     """The ring's calls on the 'cp' axis of a rank of pipeline stage `pp_rank` in one
     step, as ``analysis.comm.comm_items`` lists them: ``{what, axis, op, calls, bytes}``.
     `act_bytes` is the element size of activations on the wire (K and V); the dK, dV
-    accumulators travel in the compute dtype, ``max(act_bytes, 4)``."""
+    accumulators travel in the compute dtype, ``max(act_bytes, 4)``. `carries`: what a
+    message holds (:func:`cp_message_elements`): "heads", what the engine runs, or for MLA
+    "latent", the ring of c_KV and k_R with the same hops (their gradients travelling
+    back as dK, dV do), priced for comparison."""
     n = int(layout_get(parallel, "cp", 1) or 1)
     if n == 1:
         return []
@@ -114,15 +147,16 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     m = train.microbatches
     b = train.global_batch // (d * m)
     layers = layers_on_rank(model, parallel, pp_rank)
-    el = cp_message_elements(model, b, t, n)
+    el = cp_message_elements(model, b, t, n, carries)
     hops = m * layers * (n - 1)  # per pass of the ring over this rank's layers
     forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+    kv, grads = ("K, V", "dK, dV") if carries == "heads" else ("the latent c_KV, k_R", "their gradients")
     items = []
     for op in ("send", "recv"):
-        items.append({"what": "ring attention: K, V (forward" + (", recomputed" if forwards > 1 else "")
+        items.append({"what": f"ring attention: {kv} (forward" + (", recomputed" if forwards > 1 else "")
                       + " and backward)", "axis": "cp", "op": op, "calls": (forwards + 1) * hops,
                       "bytes": (forwards + 1) * hops * el * act_bytes})
-        items.append({"what": "ring attention: dK, dV accumulated around the ring (backward)", "axis": "cp",
+        items.append({"what": f"ring attention: {grads} accumulated around the ring (backward)", "axis": "cp",
                       "op": op, "calls": hops, "bytes": hops * el * max(act_bytes, 4)})
     return items
 
@@ -227,7 +261,7 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     m = train.microbatches
     b = train.global_batch // (d * m)
     c = model.seq_len // (2 * n)
-    chunk = 2 * b * c * kv_heads_per_rank(model, t) * model.head_dim
+    chunk = b * c * kv_heads_per_rank(model, t) * sum(head_widths(model))
     forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
     ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}

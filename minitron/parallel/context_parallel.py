@@ -13,8 +13,9 @@ early, one late), so every rank does the same attention work. Its local sequence
 two chunks one after the other: positions ``local_positions`` and tokens
 ``local_tokens`` pick them out of the full sequence.
 
-Forward (``ring_attention``). Each rank starts with its own K and V (one [2, b, nh, 2c, d]
-message) and passes them on N−1 times: at ring step i it holds the blocks of rank
+Forward (``ring_attention``). Each rank starts with its own K and V (one [b, nh, 2c, dk+dv]
+message, joined along the width: MLA's values are narrower than its keys, ``mla.py``) and
+passes them on N−1 times: at ring step i it holds the blocks of rank
 src = r − i (mod N) and sends them to r+1 while it computes with them (the send and
 receive are posted before the computation and waited for after it: overlap). Which
 block pairs are needed follows from the chunk indices:
@@ -37,7 +38,8 @@ dQ = dS·K/√d, dK = dSᵀQ/√d. K and V go around the ring again (N−1 sends
 the local blocks was kept, so memory stays 1/N), and so do the gradients of the visiting
 blocks: the accumulator of block o is started on rank o+1, travels with the block and
 finally returns to o, N−1 sends of the same size. Per rank, per layer and microbatch:
-N−1 sends (and receives) of 2·b·(s/N)·(h/t) elements forward, 2(N−1) backward
+N−1 sends (and receives) of 2·b·(s/N)·(h/t) elements forward (b·(s/N)·kv_t·(dk+dv) in
+general), 2(N−1) backward
 (``minitron.analysis.context_parallel``). The communication goes through the door
 (``Comm.p2p`` on axis 'cp'), so a traced step shows every byte.
 
@@ -550,7 +552,7 @@ def _split(t: torch.Tensor, c: int) -> list[torch.Tensor]:
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine,
                    window: int = 0, docs=None) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
-    keys and values [b, kv, 2c, d] of every rank of the 'cp' axis (each holding chunks r
+    keys [b, kv, 2c, d] and values [b, kv, 2c, dv] (MLA: dv ≠ d) of every rank of the 'cp' axis (each holding chunks r
     and 2N−1−r of the sequence; kv < nh: grouped-query attention, query head i on kv head
     i // (nh/kv), and only the kv heads travel). Equal to full causal attention on the
     whole sequence, sliced. `combine`: the online-softmax combination of the forward (a
@@ -576,8 +578,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
 # Tokens keep the ring's placement (chunks r and 2N−1−r), so everything outside
 # attention is the same for both modes; the gathered sequence is put in order locally.
 # Per layer and microbatch each rank sends (all_to_all's call bytes: the whole tensor,
-# its own block included) Q, K and V and receives the output: forward
-# ``b·(s/N)·d·(2·nh + 2·kv_sent)`` elements (nh, kv: the rank's query and kv heads after
+# its own block included) Q, K and V (K and V joined along the width, one call) and
+# receives the output: forward ``b·(s/N)·d·(2·nh + 2·kv_sent)`` elements (MLA: queries
+# and keys of width dk, values and output dv) (nh, kv: the rank's query and kv heads after
 # tensor parallelism; kv_sent = kv, or N when N > kv and each kv head is replicated to
 # the N/kv ranks of its queries), and the same again in the backward for the gradients
 # (``analysis.context_parallel.a2a_comm_items``).
