@@ -601,7 +601,8 @@ def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
     """Mixture-of-experts blocks and expert parallelism (``--ep``): the experts split over
     ep ranks (each also reads its own rows of the batch), composed with data, 1-D tensor
     (each expert split over the tensor group like a dense MLP), sequence and pipeline
-    parallelism. What is not written is refused here."""
+    parallelism, and context parallelism where routing is per token. What is not written
+    is refused here."""
     _need(layout.ep == 1 or model.experts > 0, f"--ep {layout.ep} splits experts: add --experts (a multiple of {layout.ep})")
     _need(model.experts % layout.ep == 0,
           f"--experts {model.experts} cannot be split over --ep {layout.ep}: pick --experts a multiple of --ep")

@@ -45,6 +45,17 @@ def test_latent_ring_is_the_closed_form_ratio_smaller(name, tp):
         assert round(float(ratio), 1) == 71.1
 
 
+@pytest.mark.parametrize("name,tp", [("deepseek-v3", 8), ("deepseek-v3-tiny", 2), ("llama3-8b", 4), ("llama3-8b", 16)])
+def test_planner_prices_the_message_the_ring_passes(name, tp):
+    """The throughput model's context-parallel exchange carries, per token, the K and V
+    widths of the engine's message (MLA: heads/t·(qk_nope + qk_rope + v), not 2·hidden/t)."""
+    from minitron.analysis.cluster import cp_widths
+
+    model = PRESETS[name]
+    tokens = model.seq_len // 2
+    assert cp_widths(model, tp)[1] * tokens == cp_message_elements(model, 1, tp, 2)
+
+
 def test_latent_ring_needs_a_latent():
     with pytest.raises(ValueError, match="needs --attention mla"):
         cp_message_elements(PRESETS["llama-tiny"], 1, 1, 2, carries="latent")

@@ -126,6 +126,7 @@ from typing import Any
 from ..config import ModelConfig, validate_a2a_heads
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
+from .context_parallel import head_widths
 from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
@@ -430,6 +431,18 @@ def attention_widths(model: ModelConfig, t: int, head_dim: int | None = None) ->
     replicated on t/kv_heads ranks (the known way past GQA's limit), never more."""
     d = head_dim or model.head_dim
     return model.heads * d // t, max(model.n_kv_heads * d / t, d)
+
+
+def cp_widths(model: ModelConfig, t: int, head_dim: int | None = None) -> tuple[float, float]:
+    """(query + output, key + value) widths per token on one tensor rank: what context
+    parallelism exchanges, twice :func:`attention_widths`'; MLA's decompressed heads,
+    heads/t·(dk + dv) each (``context_parallel.head_widths``: keys qk_nope + qk_rope wide,
+    values v_head_dim, not hidden/heads)."""
+    if model.attention == "mla" and not head_dim:
+        width = model.heads / t * sum(head_widths(model))
+        return width, width
+    q, kv = attention_widths(model, t, head_dim)
+    return 2 * q, 2 * kv
 
 
 def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: Software,
@@ -844,12 +857,12 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     if cp == 1:
         return 0.0, 0.0
     cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
-    q_w, kv_w = attention_widths(model, t, r.head_dim)
+    qo_w, kv_w = cp_widths(model, t, r.head_dim)
     b = L.microbatch_size
     if L.cp_kind == "a2a":
-        per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (2 * q_w + 2 * kv_w) * 2
+        per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (qo_w + kv_w) * 2
         return (r.replay + 1) * (clat + per / (cbw * COMM_BW_FRACTION)), 0.0
-    kv_bytes = b * model.seq_len // cp * 2 * kv_w * 2
+    kv_bytes = b * model.seq_len // cp * kv_w * 2
     layer_cp = (r.replay + 2) * ((cp - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
     return layer_cp, (min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind == "ring" else 0.0)
 
