@@ -186,7 +186,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     grid = ProcessGrid.for_layout(parallel)
     dp_axis = grid.data_axis()
     if layout_get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
-        for c in zero_calls(model, parallel, train, pp_rank, e, d * cp):
+        for c in zero_calls(model, parallel, train, pp_rank, e):
             what = c.get("what") or {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"],
                                                                                                    "parameters")
             add(f"{what} ({c['phase']})", c.get("axis") or dp_axis, c["op"], c["calls"], c["bytes"])

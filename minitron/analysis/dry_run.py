@@ -489,16 +489,25 @@ def _by_data_axes(model: ModelConfig, layout: ParallelConfig, i: int | None, fir
     return tuple(sorted(out.items()))
 
 
+def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0, first: bool = False,
+                             last: bool = False) -> dict[tuple, int]:
+    """Trained parameter elements of block `i` on one rank (or, with `i` None, of a chunk's
+    ends), by the data axes their gradients are averaged over (``ShardInfo.data_axes``: a
+    dense weight over dp, cp and ep, an expert over dp and cp only)."""
+    if i is None and not (first or last):
+        return {}
+    if i is not None:  # one block of each kind, as block_params
+        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    return dict(_by_data_axes(model, _shape_only(as_layout(layout)), i, first, last))
+
+
 def params_by_data_axes(model: ModelConfig, layout: Any, chunks) -> dict[tuple, int]:
-    """A rank's trained parameter elements grouped by the data axes their gradients are averaged
-    over (``ShardInfo.data_axes``: a dense weight over dp, cp and ep, an expert over dp and
-    cp only), for the chunks ``(layer ids, first, last)`` it holds."""
-    lay, out = _shape_only(as_layout(layout)), {}
+    """A rank's trained parameter elements grouped by the data axes their gradients are
+    averaged over (:func:`unit_params_by_data_axes`), for the chunks ``(layer ids, first,
+    last)`` it holds."""
+    out: dict[tuple, int] = {}
     for ids, first, last in chunks:
-        parts = [(i if model.is_moe_block(i) else 0, False, False) for i in ids] + [(None, first, last)]
-        for i, f, l in parts:
-            if i is None and not (f or l):
-                continue
-            for axes, n in _by_data_axes(model, lay, i, f, l):
+        for i, f, l in [(i, False, False) for i in ids] + [(None, first, last)]:
+            for axes, n in unit_params_by_data_axes(model, layout, i, f, l).items():
                 out[axes] = out.get(axes, 0) + n
     return out

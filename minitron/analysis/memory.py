@@ -467,9 +467,9 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
     if layout_get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
-        z = zero_state_bytes(model, parallel, train, pp_rank, e, d * cp)
+        z = zero_state_bytes(model, parallel, train, pp_rank, e)
         states = (z["params_bytes"], z["grads_bytes"], z["optimizer_bytes"])
-        buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e, d * cp).values())
+        buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e).values())
     return _assemble(states[0] + fp8_history_bytes(model, parallel, pp_rank, e), *states[1:], acts, buffers)
 
 

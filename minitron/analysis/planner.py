@@ -132,7 +132,9 @@ def _schedules_for(model: ModelConfig, p: int, m: int, schedules, vpp, max_vpp: 
         for v in vs:
             if vpp and v != vpp:
                 continue
-            if v > 1 and model.layers % (p * v):
+            # Megatron's interleaving needs equal chunks; a V splits as the engine does (placement.
+            # split_layers: DeepSeek-V3's 61 layers run DualPipe on 16 ranks, arXiv 2412.19437 §3.2)
+            if p * v > model.layers or (v > 1 and kind not in V_SCHEDULES and model.layers % (p * v)):
                 continue
             if m < min_microbatches(kind, p):
                 continue
