@@ -79,6 +79,9 @@ MISTAKES = {  # name: (source, words the one-line message must contain)
                                .replace("        if not self.last:\n", "        if not self.last or p not in "
                                         "self.bucket_of:\n"), "never sent"),
     # what the old checker (2 ranks, the first step only) let through or misnamed
+    "bucket size hard-wired to the notebook's": (BUCKETED.replace(
+        "cap = bucket_elements(bucket_mb, self.params[0].element_size())", "cap = 2621"),
+        "at a size the notebook does not show"),
     "mean hard-wired to 2 ranks": (BUCKETED.replace(") / self.d\n", ") / 2\n"),
                                    "1.5× the mean over the d = 3 ranks"),
     "counters not reset": (BUCKETED.replace("        self.missing, self.next, self.handles = [len(b) for b in "

@@ -10,9 +10,11 @@ gradients) and close at the first parameter that brings them to ``bucket_element
 complete bucket's all-reduce starts at once, asynchronously, and ``finish()`` waits for
 them all. The result is the mean over the d data-parallel ranks.
 
-The checker runs on 3 gloo ranks (``--dp 3``: an odd count, float64, a 4-layer GPT, 2
-microbatches, buckets of ``BUCKET_MB``), checks every step as below (a counter that is not
-reset between steps fails in the second), and
+The checker runs on 3 gloo ranks (``--dp 3``: an odd count, float64), at the notebook's
+size (a 4-layer GPT, 2 microbatches, buckets of ``BUCKET_MB``) and then at ``HELD_OUT``, a
+size the notebook does not show (another model, bucket size and microbatch count: buckets
+planned for the notebook's parameters fail there), checks every step as below (a counter
+that is not reset between steps fails in the second), and
 
 1. passes the learner's class to the Trainer (``Trainer(data_parallel=...)``) behind a
    look-out: its own gradient hooks, registered first, log when each gradient is ready,
@@ -31,6 +33,7 @@ reset between steps fails in the second), and
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from contextlib import contextmanager
 
@@ -49,6 +52,10 @@ TRAIN = TrainConfig(steps=2, global_batch=12, microbatches=2, dtype="float64", w
 BUCKET_MB = 0.02  # ~2600 float64 elements: a handful of buckets in the lab's model
 # 3 ranks: an odd count, so that a mean hard-wired to 2 ranks fails
 LAYOUT = ParallelConfig(dp=3, dp_impl="bucketed", bucket_mb=BUCKET_MB, device="cpu")
+# a second size the notebook does not show: another model, bucket size and microbatch count,
+# so that buckets planned for the notebook's parameters (or its bucket count) fail there
+HELD_OUT = (ModelConfig(layers=3, hidden=24, heads=4, seq_len=16, vocab=320, name="lab-held-out"),
+            dataclasses.replace(LAYOUT, bucket_mb=0.013), TRAIN.replace(global_batch=18, microbatches=3))
 NAMES = ("BucketedGradSync",)
 # the engine's own gradient synchronisation: not an answer to this lab
 FORBIDDEN = ("minitron.parallel.data.BucketedDataParallel", "minitron.parallel.data.make_data_parallel",
@@ -181,13 +188,13 @@ def _overlap_problem(log: list, m: int) -> str:
     return ""
 
 
-def _trace_problem(comm, tr, n: int, e: int, step: int = 0) -> tuple[str, dict]:
+def _trace_problem(comm, tr, n: int, e: int, bucket_mb: float, step: int = 0) -> tuple[str, dict]:
     """('', {calls, bytes}) when the traced data-parallel calls of `step` equal the analysis."""
     d = comm.size("dp")
     recs = [r for r in comm.trace.records if r["axis"] == "dp" and r["step"] == step and r["op"] == "all_reduce"]
     calls, nbytes = len(recs), sum(r["bytes"] for r in recs)
     order = [p for p in reversed(tr.params) if p.requires_grad]
-    want = dp_calls([p.numel() for p in order], d, "bucketed", False, LAYOUT.bucket_mb, e)[0]
+    want = dp_calls([p.numel() for p in order], d, "bucketed", False, bucket_mb, e)[0]
     total = dp_bytes_per_step(n, d, False, e)["all_reduce"]
     got = {"calls": calls, "bytes": nbytes}
     if nbytes != total:
@@ -197,7 +204,7 @@ def _trace_problem(comm, tr, n: int, e: int, step: int = 0) -> tuple[str, dict]:
                 + ("a bucket is never sent? (the last one may not be full: send it in finish())"
                    if nbytes < total else "a gradient is sent twice?")), got
     if calls != want["calls"]:
-        cap = bucket_elements(LAYOUT.bucket_mb, e)
+        cap = bucket_elements(bucket_mb, e)
         return (f"{calls} all-reduces per step, the analysis' bucket plan has {want['calls']} (a bucket "
                 f"closes at the first parameter that brings it to bucket_elements(bucket_mb, "
                 f"element_size) = {cap} elements)"), got
@@ -238,39 +245,52 @@ def _watch() -> Tripwire:
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:
-    from ..train import Trainer
-
     case = next(_CASE)
     with _watch().armed():  # the source's top level runs watched too
         cls = load(source, NAMES, learner_namespace())["BucketedGradSync"]
+    verdicts = [_one_size(comm, cls, model, layout, train, f"{case}/{size}", timeout,
+                          f"at a size the notebook does not show ({model.layers} layers of {model.hidden}, buckets "
+                          f"of {layout.bucket_mb} MB, {train.microbatches} microbatches): " if size else "")
+                for size, (model, layout, train) in enumerate([(MODEL, LAYOUT, TRAIN), HELD_OUT])]
+    if verdicts[0] is None:  # not rank 0
+        return None
+    return next((v for v in verdicts if not v["ok"]), verdicts[0])
+
+
+def _one_size(comm, cls, model, layout, train, key: str, timeout: float, where: str) -> dict | None:
+    """The checks at one size: every step the overlap, the trace against the analysis and
+    the gradients against the engine's; then the run against the single-device model.
+    `where` leads every message (which size)."""
+    from ..train import Trainer
+
     made = {}
 
-    def factory(make, key):
-        def build(params, c, layout, chunks):
-            made[key] = _LookOut(make, params, c, layout)
-            return made[key]
+    def factory(make, name):
+        def build(params, c, lay, chunks):
+            made[name] = _LookOut(make, params, c, lay)
+            return made[name]
         return build
 
-    ref = Trainer(MODEL, LAYOUT, TRAIN, comm, data_parallel=factory(_engine, "engine"))
+    ref = Trainer(model, layout, train, comm, data_parallel=factory(_engine, "engine"))
     ref_grads = []
-    for i in range(TRAIN.steps):  # the engine's gradients of every step, to compare with
+    for i in range(train.steps):  # the engine's gradients of every step, to compare with
         ref.step(i)
         ref_grads.append(made["engine"].grads)
     comm.trace.records.clear()
     watch = _watch()
     tr, losses, numbers = None, [], {}
-    for i in range(TRAIN.steps):  # every step: a hook or a counter that works only once fails
+    for i in range(train.steps):  # every step: a hook or a counter that works only once fails
         try:
             with watch.armed():
                 if tr is None:
-                    tr = Trainer(MODEL, LAYOUT, TRAIN, comm, data_parallel=factory(_make_learner(cls), "yours"))
+                    tr = Trainer(model, layout, train, comm, data_parallel=factory(_make_learner(cls), "yours"))
                 losses.append(tr.step(i))
             look = made["yours"]
             n = sum(p.numel() for p in look.params)
             e = look.params[0].element_size()
-            problem = _overlap_problem(look.log, TRAIN.microbatches)
+            problem = _overlap_problem(look.log, train.microbatches)
             if not problem:
-                problem, got = _trace_problem(comm, tr, n, e, i)
+                problem, got = _trace_problem(comm, tr, n, e, layout.bucket_mb, i)
                 numbers = numbers or got
             if not problem:
                 names = [p.shard.name for p in look.params]
@@ -279,13 +299,14 @@ def _job(comm, source: str, timeout: float) -> dict | None:
                 problem = f"in step {i + 1} (step 1 was right): {problem}"
         except LabError as e:  # the learner's code raised, or ran the engine's own
             problem = str(e)
-        agree(comm, f"bucketed-dp/{case}/{i}", problem, timeout)
-    res = versus_one_device(comm, tr, losses, MODEL, TRAIN)
+        agree(comm, f"bucketed-dp/{key}/{i}", where + problem if problem else "", timeout)
+    res = versus_one_device(comm, tr, losses, model, train)
     verdict = training_verdict(res, "gradient sync", "your buckets fill in backward order, their all-reduces "
                                "overlap backward, carry the analysis' bytes, average over the ranks, and "
-                               f"train on {LAYOUT.dp} ranks exactly like the single-device model", TOL)
+                               f"train on {layout.dp} ranks exactly like the single-device model, at the "
+                               "notebook's size and at another one", TOL)
     if verdict is not None:
-        verdict.update(numbers, overlapped=True)
+        verdict.update(numbers, overlapped=True, message=verdict["message"] if verdict["ok"] else where + verdict["message"])
     return verdict
 
 
@@ -296,8 +317,8 @@ def check_bucketed_dp_all(sources: list, timeout: float = 60) -> list[dict]:
 
 
 def check_bucketed_dp(source: str, timeout: float = 60) -> dict:
-    """Lab 03a: the learner's `BucketedGradSync` on 3 data-parallel gloo ranks (float64,
-    2 microbatches), every step: the all-reduces overlap backward (issued asynchronously from the
+    """Lab 03a: the learner's `BucketedGradSync` on 3 data-parallel gloo ranks (float64), at
+    the notebook's size and at a held-out one (``HELD_OUT``), every step: the all-reduces overlap backward (issued asynchronously from the
     hooks before the last gradient, waited for in finish), calls and bytes equal the
     analysis, the gradients after finish() are the mean the engine computes, and 2
     training steps equal the single-device model. Returns {"ok", "message", "calls",
