@@ -33,6 +33,10 @@ from . import hf_moe
 from .config import LLAMA, ConfigError, ModelConfig
 
 DEEPSEEK_TYPES = ("deepseek_v3",)
+# transformers' DeepseekV3Attention (as DeepSeek's own modeling_deepseek.py) builds its latent
+# RMSNorms, q_a_layernorm and kv_a_layernorm, with the default epsilon whatever rms_norm_eps;
+# minitron's MLA normalises with the model's one norm_eps, so only this epsilon is the same model
+LATENT_EPS = 1e-6
 _ATTN = {"q_a_proj": "q_a", "q_a_layernorm": "q_a_norm", "q_b_proj": "q_b", "q_proj": "q",
          "kv_a_proj_with_mqa": "kv_a", "kv_a_layernorm": "kv_a_norm", "kv_b_proj": "kv_b", "o_proj": "proj"}
 
@@ -59,6 +63,7 @@ def problem(cfg: ModelConfig) -> str:
             "moe_every": 1, "capacity_factor": 0.0, "kv_heads": 0, "qk_norm": False, "qkv_bias": False, "window": 0,
             "rope_scaling": "", "gate_norm": "auto" if cfg.gate_norm == "auto" else "always"}
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
+    bad += [f"norm_eps {cfg.norm_eps} (its latent norms use {LATENT_EPS})"] if cfg.norm_eps != LATENT_EPS else []
     bad += ["experts 0"] if not cfg.experts else []
     bad += ["shared_experts 0"] if cfg.experts and not cfg.shared_experts else []
     if bad:
@@ -77,7 +82,7 @@ def model_config(c, seq_len: int = 0, name: str = "deepseek-v3-hf") -> ModelConf
     return ModelConfig(
         layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"],
         vocab=c["vocab_size"], seq_len=seq_len or c.get("max_position_embeddings") or 4096,
-        ffn=c["intermediate_size"], norm_eps=float(c.get("rms_norm_eps") or 1e-6),
+        ffn=c["intermediate_size"], norm_eps=float(c.get("rms_norm_eps") or LATENT_EPS),
         rope_base=float(rope.get("rope_theta") or 10000.0), attention="mla", q_lora_rank=c.get("q_lora_rank") or 0,
         kv_lora_rank=c["kv_lora_rank"], qk_nope_head_dim=c["qk_nope_head_dim"],
         qk_rope_head_dim=c["qk_rope_head_dim"], v_head_dim=c["v_head_dim"], experts=c["n_routed_experts"],
@@ -99,6 +104,9 @@ def check_config(c: dict, where) -> None:
          "minitron's MLA rotates with plain rotary angles (no yarn softmax scale); use rope_type default"),
         (c.get("norm_topk_prob") is False, "norm_topk_prob false",
          "minitron's sigmoid router renormalises the chosen gates (DeepSeek-V3 §2.1.2); set it to true"),
+        (float(c.get("rms_norm_eps") or LATENT_EPS) != LATENT_EPS, f"rms_norm_eps {c.get('rms_norm_eps')}",
+         f"its latent norms (q_a_layernorm, kv_a_layernorm) use {LATENT_EPS} and minitron's MLA one epsilon for "
+         f"every norm; use rms_norm_eps {LATENT_EPS}"),
         (c.get("hidden_act", "silu") != "silu", f"hidden_act '{c.get('hidden_act')}'", "minitron's SwiGLU is silu only"),
         (bool(c.get("attention_bias")), "attention_bias true", "minitron's MLA has no biases"),
         (not c.get("n_shared_experts"), f"n_shared_experts {c.get('n_shared_experts')}",
