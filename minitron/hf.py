@@ -100,7 +100,8 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 
 def family_problem(cfg: ModelConfig) -> str:
-    """'' when `cfg` is a GPT-2, a Llama-shaped family's or a DeepSeek-V3 model that Hugging Face can hold, else the reason."""
+    """'' when `cfg` is a GPT-2, a Llama-shaped family's or a DeepSeek-V3 model that Hugging Face
+    can hold, else the reason."""
     if hf_deepseek.is_deepseek(cfg):  # not a Llama's or Mixtral's blocks: DeepseekV3ForCausalLM's
         return hf_deepseek.problem(cfg)
     if is_llama(cfg):
@@ -420,7 +421,8 @@ def check_config(c: dict, where) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2, Llama-shaped, Mixtral or DeepSeek-V3 directory; `seq_len` may shorten the context.
+    """The minitron ModelConfig of a GPT-2, Llama-shaped, Mixtral or DeepSeek-V3 directory; `seq_len`
+    may shorten the context.
     It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
     cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
     try:
@@ -437,11 +439,7 @@ def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: floa
     if c.get("model_type") in hf_moe.MIXTRAL_TYPES:  # a Llama with experts
         return _llama_model_config(c, hf_dir, seq_len, dropout).replace(**hf_moe.model_fields(c, hf_dir))
     if c.get("model_type") in hf_deepseek.DEEPSEEK_TYPES:
-        n_pos = int(c.get("max_position_embeddings") or 4096)
-        if seq_len is not None and not 0 < seq_len <= n_pos:
-            raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}: "
-                              f"use {n_pos} or less")
-        return hf_deepseek.model_config(c, seq_len or n_pos, Path(hf_dir).name or "deepseek-v3").replace(
+        return hf_deepseek.model_config(c, _context(c, seq_len, 4096), Path(hf_dir).name or "deepseek-v3").replace(
             dropout=dropout or 0.0)
     n_pos = int(c.get("n_positions", 1024))
     if seq_len is not None and not 0 < seq_len <= n_pos:
@@ -454,16 +452,22 @@ def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: floa
                        norm_eps=float(c.get("layer_norm_epsilon") or 1e-5), name=Path(hf_dir).name or "gpt2")
 
 
-def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
-    n_pos = int(c.get("max_position_embeddings", 2048))
+def _context(c: dict, seq_len: int | None, default: int) -> int:
+    """The context of a rotary config.json: `seq_len`, at most its max_position_embeddings
+    (`default` when absent), or all of them."""
+    n_pos = int(c.get("max_position_embeddings") or default)
     if seq_len is not None and not 0 < seq_len <= n_pos:
         raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}: "
                           f"use {n_pos} or less")
+    return seq_len or n_pos
+
+
+def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
     nh = int(c["num_attention_heads"])
     kv = int(c.get("num_key_value_heads") or nh)
     return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
                        kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
-                       seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
+                       seq_len=_context(c, seq_len, 2048), vocab=int(c["vocab_size"]),
                        norm_eps=float(c.get("rms_norm_eps") or 1e-6), dropout=dropout or 0.0,
                        name=Path(hf_dir).name or "llama", **hf_families.model_fields(c, Path(hf_dir) / CONFIG, seq_len),
                        **{**LLAMA, "tied_embeddings": c.get("tie_word_embeddings") is True})

@@ -61,7 +61,7 @@ def problem(cfg: ModelConfig) -> str:
                 f"{cfg.mtp_depths} would be lost; export a model trained with --mtp-depths 0")
     want = {"attention": "mla", "norm": "rmsnorm", "activation": "swiglu", "bias": False, "router": "sigmoid",
             "moe_every": 1, "capacity_factor": 0.0, "kv_heads": 0, "qk_norm": False, "qkv_bias": False, "window": 0,
-            "rope_scaling": "", "gate_norm": "auto" if cfg.gate_norm == "auto" else "always"}
+            "rope_scaling": ""}  # the gates: a sigmoid router's are renormalised under either gate_norm
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
     bad += [f"norm_eps {cfg.norm_eps} (its latent norms use {LATENT_EPS})"] if cfg.norm_eps != LATENT_EPS else []
     bad += ["experts 0"] if not cfg.experts else []
@@ -107,7 +107,8 @@ def check_config(c: dict, where) -> None:
         (float(c.get("rms_norm_eps") or LATENT_EPS) != LATENT_EPS, f"rms_norm_eps {c.get('rms_norm_eps')}",
          f"its latent norms (q_a_layernorm, kv_a_layernorm) use {LATENT_EPS} and minitron's MLA one epsilon for "
          f"every norm; use rms_norm_eps {LATENT_EPS}"),
-        (c.get("hidden_act", "silu") != "silu", f"hidden_act '{c.get('hidden_act')}'", "minitron's SwiGLU is silu only"),
+        (c.get("hidden_act", "silu") != "silu", f"hidden_act '{c.get('hidden_act')}'",
+         "minitron's SwiGLU is silu only"),
         (bool(c.get("attention_bias")), "attention_bias true", "minitron's MLA has no biases"),
         (not c.get("n_shared_experts"), f"n_shared_experts {c.get('n_shared_experts')}",
          "minitron's DeepSeek-V3 has shared experts; give n_shared_experts 1 or more"),
