@@ -63,7 +63,8 @@ def problem(cfg: ModelConfig) -> str:
             "moe_every": 1, "capacity_factor": 0.0, "kv_heads": 0, "qk_norm": False, "qkv_bias": False, "window": 0,
             "rope_scaling": ""}  # the gates: a sigmoid router's are renormalised under either gate_norm
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
-    bad += [f"norm_eps {cfg.norm_eps} (its latent norms use {LATENT_EPS})"] if cfg.norm_eps != LATENT_EPS else []
+    bad += [f"norm_eps {cfg.norm_eps} (its latent norms use {LATENT_EPS}, as the deepseek-v3 preset)"] \
+        if cfg.norm_eps != LATENT_EPS else []
     bad += ["experts 0"] if not cfg.experts else []
     bad += ["shared_experts 0"] if cfg.experts and not cfg.shared_experts else []
     if bad:

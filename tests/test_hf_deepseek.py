@@ -131,7 +131,7 @@ def test_minitron_deepseek_exports_what_transformers_loads(tmp_path):
     (dict(mtp_depths=0, router="softmax"), "not router softmax"),
     (dict(mtp_depths=0, attention="standard"), "not attention standard"),
     (dict(mtp_depths=0, shared_experts=0), "shared_experts 0"),
-    (dict(mtp_depths=0, norm_eps=1e-5), "norm_eps 1e-05 (its latent norms use 1e-06)"),
+    (dict(mtp_depths=0, norm_eps=1e-5), "norm_eps 1e-05 (its latent norms use 1e-06"),
 ])
 def test_export_refused_with_one_line(change, msg):
     problem = hf.export_problem(PRESETS["deepseek-v3-tiny"].replace(**change))
