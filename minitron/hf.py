@@ -1,6 +1,8 @@
 """Hugging Face checkpoints in and out, by family: GPT-2, Llama and the Llama-shaped
 Qwen2, Qwen3 and Mistral (``hf_families.py``: a table of what each adds to Llama, and the
-``llama3`` / ``yarn`` rope scaling of any of them), Mixtral (``hf_moe.py``).
+``llama3`` / ``yarn`` rope scaling of any of them), Mixtral (``hf_moe.py``), DeepSeek-V3
+(``hf_deepseek.py``: multi-head latent attention, group-limited sigmoid routing, shared
+experts, its names, shapes and config.json; no MTP modules, as transformers has none).
 
 A directory with `config.json` and `model.safetensors` is all either side needs; its
 ``model_type`` picks the family. Each family is a name map (minitron's layout-independent
@@ -77,6 +79,10 @@ DERIVED = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 LLAMA_TYPES = tuple(hf_families.FAMILIES)  # model_types of the Llama-shaped families' config.json
+# the sizes a DeepSeek-V3 config.json must give, each a positive integer
+DEEPSEEK_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+                  "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts")
 
 
 def _safetensors():
@@ -94,9 +100,10 @@ def is_llama(cfg: ModelConfig) -> bool:
 
 
 def family_problem(cfg: ModelConfig) -> str:
-    """'' when `cfg` is a GPT-2, or a Llama-shaped family's model, that Hugging Face can hold, else the reason."""
-    if hf_deepseek.deepseek_knobs(cfg):  # not a Llama's or Mixtral's: hf_deepseek.py, not wired here yet
-        return f"DeepSeek-V3's blocks are not written to Hugging Face yet: drop {', '.join(hf_deepseek.deepseek_knobs(cfg))}"
+    """'' when `cfg` is a GPT-2, a Llama-shaped family's or a DeepSeek-V3 model that Hugging Face
+    can hold, else the reason."""
+    if hf_deepseek.is_deepseek(cfg):  # not a Llama's or Mixtral's blocks: DeepseekV3ForCausalLM's
+        return hf_deepseek.problem(cfg)
     if is_llama(cfg):
         want = {"norm": "rmsnorm", "activation": "swiglu", "bias": False}
         bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
@@ -117,7 +124,8 @@ def export_problem(cfg: ModelConfig) -> str:
     """'' when the family's config.json holds all of `cfg`, else what it cannot express:
     :func:`family_problem`'s reasons, then, generic over every field of ModelConfig, any
     field that would come back otherwise when the written config.json is read again (a
-    field added to the engine is refused until a family writes it)."""
+    field added to the engine is refused until a family writes it; those of INIT_APPLIES
+    act in training only and need not come back)."""
     from .checkpoint import model_changes, model_record
 
     problem = family_problem(cfg)
@@ -125,7 +133,7 @@ def export_problem(cfg: ModelConfig) -> str:
         return problem
     c = hf_config(cfg, torch.float32)
     back = config_model(check_config(c, Path(cfg.name) / CONFIG), cfg.name, cfg.seq_len, cfg.dropout)
-    lost = [ch for ch in model_changes(model_record(back), cfg) if ch[0] not in ("name", "dropout")]
+    lost = [ch for ch in model_changes(model_record(back), cfg) if ch[0] not in INIT_APPLIES]
     if lost:
         return (f"{c['architectures'][0]}'s config.json cannot express "
                 + ", ".join(f"{k} {now} (it would load as {was})" for k, was, now in lost))
@@ -218,6 +226,8 @@ def _join_heads(kind: str, cfg: ModelConfig) -> int:
 
 def to_hf(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """minitron's full tensors {name: tensor} -> the family's Hugging Face state dict."""
+    if hf_deepseek.is_deepseek(cfg):
+        return hf_deepseek.to_hf(full, cfg)
     if is_llama(cfg):
         out = {}
         for mine, theirs, kind in llama_name_map(cfg):
@@ -242,6 +252,8 @@ def to_hf(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Te
 def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The family's Hugging Face state dict -> minitron's full tensors (GPT-2's positions
     cut to cfg.seq_len)."""
+    if hf_deepseek.is_deepseek(cfg):
+        return hf_deepseek.from_hf(state, cfg)
     if is_llama(cfg):
         out = {}
         for mine, theirs, kind in llama_name_map(cfg):
@@ -267,6 +279,8 @@ def from_hf(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
 # --- config ----------------------------------------------------------------------------
 def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     """The family's `config.json` for minitron model `cfg`."""
+    if hf_deepseek.is_deepseek(cfg):
+        return hf_deepseek.config_fields(cfg, dtype)
     if is_llama(cfg):
         return llama_config(cfg, dtype)
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -387,8 +401,13 @@ def check_config(c: dict, where) -> dict:
         if arch in hf_moe.MIXTRAL_TYPES:
             hf_moe.model_fields(c, d / CONFIG)
         return c
+    if arch in hf_deepseek.DEEPSEEK_TYPES:
+        _positive_ints(c, DEEPSEEK_SIZES, ("max_position_embeddings", "q_lora_rank", "n_group", "topk_group"),
+                       d / CONFIG)
+        hf_deepseek.check_config(c, d / CONFIG)
+        return c
     if arch != "gpt2":
-        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MIXTRAL_TYPES))
+        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MIXTRAL_TYPES, *hf_deepseek.DEEPSEEK_TYPES))
         raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads the model_types {known} only; "
                           f"use a checkpoint of one of them")
     _positive_ints(c, ("n_embd", "n_layer", "n_head", "vocab_size"), ("n_positions", "n_inner"), d / CONFIG)
@@ -402,7 +421,8 @@ def check_config(c: dict, where) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2, Llama-shaped or Mixtral directory; `seq_len` may shorten the context.
+    """The minitron ModelConfig of a GPT-2, Llama-shaped, Mixtral or DeepSeek-V3 directory; `seq_len`
+    may shorten the context.
     It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
     cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
     try:
@@ -418,6 +438,9 @@ def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: floa
         return _llama_model_config(c, hf_dir, seq_len, dropout)
     if c.get("model_type") in hf_moe.MIXTRAL_TYPES:  # a Llama with experts
         return _llama_model_config(c, hf_dir, seq_len, dropout).replace(**hf_moe.model_fields(c, hf_dir))
+    if c.get("model_type") in hf_deepseek.DEEPSEEK_TYPES:
+        return hf_deepseek.model_config(c, _context(c, seq_len, 4096), Path(hf_dir).name or "deepseek-v3").replace(
+            dropout=dropout or 0.0)
     n_pos = int(c.get("n_positions", 1024))
     if seq_len is not None and not 0 < seq_len <= n_pos:
         raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's {n_pos} positions: use {n_pos} or less")
@@ -429,25 +452,32 @@ def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: floa
                        norm_eps=float(c.get("layer_norm_epsilon") or 1e-5), name=Path(hf_dir).name or "gpt2")
 
 
-def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
-    n_pos = int(c.get("max_position_embeddings", 2048))
+def _context(c: dict, seq_len: int | None, default: int) -> int:
+    """The context of a rotary config.json: `seq_len`, at most its max_position_embeddings
+    (`default` when absent), or all of them."""
+    n_pos = int(c.get("max_position_embeddings") or default)
     if seq_len is not None and not 0 < seq_len <= n_pos:
         raise ConfigError(f"--seq-len {seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}: "
                           f"use {n_pos} or less")
+    return seq_len or n_pos
+
+
+def _llama_model_config(c: dict, hf_dir: str, seq_len: int | None, dropout: float | None) -> ModelConfig:
     nh = int(c["num_attention_heads"])
     kv = int(c.get("num_key_value_heads") or nh)
     return ModelConfig(layers=int(c["num_hidden_layers"]), hidden=int(c["hidden_size"]), heads=nh,
                        kv_heads=0 if kv == nh else kv, ffn=int(c["intermediate_size"]),
-                       seq_len=seq_len or n_pos, vocab=int(c["vocab_size"]),
+                       seq_len=_context(c, seq_len, 2048), vocab=int(c["vocab_size"]),
                        norm_eps=float(c.get("rms_norm_eps") or 1e-6), dropout=dropout or 0.0,
                        name=Path(hf_dir).name or "llama", **hf_families.model_fields(c, Path(hf_dir) / CONFIG, seq_len),
                        **{**LLAMA, "tied_embeddings": c.get("tie_word_embeddings") is True})
 
 
 # Model fields a run may set over an --init-from directory: they change neither the loaded
-# parameters nor the function they compute (dropout and the balancing loss's weight act in
-# training only; the name is a label). Every other field the directory decides.
-INIT_APPLIES = ("name", "dropout", "aux_loss")
+# parameters nor the function they compute (dropout, the balancing loss's weight and the
+# speed of DeepSeek-V3's selection-bias update act in training only; the name is a label).
+# Every other field the directory decides.
+INIT_APPLIES = ("name", "dropout", "aux_loss", "bias_update")
 
 
 def apply_flags(hf_dir: str, stored: ModelConfig, given: dict) -> ModelConfig:
@@ -521,6 +551,8 @@ def shapes_in_files(hf_dir: str) -> dict[str, tuple]:
 def expected_shapes(cfg: ModelConfig, names) -> dict[str, tuple]:
     """{their name as stored: shape} of every tensor model `cfg` needs (GPT-2's positions:
     as many rows as the file holds, at least seq_len; ConfigError for a missing tensor)."""
+    if hf_deepseek.is_deepseek(cfg):
+        return hf_deepseek.shapes(cfg)
     if is_llama(cfg):
         return llama_shapes(cfg)
     out = {}
@@ -554,7 +586,7 @@ def check_weights(hf_dir: str, cfg: ModelConfig) -> None:
     where = Path(hf_dir) / (WEIGHTS if (Path(hf_dir) / WEIGHTS).is_file() else INDEX)
     _check_counts(cfg, shapes, Path(hf_dir) / CONFIG)
     want = expected_shapes(cfg, shapes)
-    family = "Llama" if is_llama(cfg) else "GPT-2"
+    family = "DeepSeek-V3" if hf_deepseek.is_deepseek(cfg) else "Llama" if is_llama(cfg) else "GPT-2"
     for name, shape in want.items():
         if name not in shapes:
             raise ConfigError(f"{where} has no tensor '{name}': it is not the {family} of its config.json "

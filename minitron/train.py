@@ -139,7 +139,7 @@ class Trainer:
                 for block in c.blocks.values():
                     block.compile()  # in place: parameter names and checkpoints unchanged
         self.params = params_of(self.chunks)
-        if train.init_from:  # GPT-2 weights, sliced for this layout like a checkpoint's
+        if train.init_from:  # Hugging Face weights, sliced for this layout like a checkpoint's
             from .checkpoint import import_state
             from .hf import load_full
 
