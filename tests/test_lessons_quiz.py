@@ -39,7 +39,7 @@ def test_each_check_grades_right_and_wrong(qid, capsys):
 
 
 def test_answers_are_forgiving_about_form():
-    assert quiz.grade("04.f_backward", "All_Reduce")[0]
+    assert quiz.grade("04.f_backward", "Reduce_Scatter")[0]
     assert quiz.grade("00.dp_group", (1, 3, 5, 7))[0]
     assert quiz.grade("00.dp_group", [7, 3, 5, 1])[0]    # a group is a set: any order
     assert not quiz.grade("00.dp_group", [1, 3, 5, 7, 7])[0] and not quiz.grade("00.dp_group", "1357")[0]
@@ -71,8 +71,9 @@ PLAUSIBLY_WRONG = {
     "03.ring_wire": [(8, "2N"), (3.5, "one phase")],
     "03.zero1_bytes": [(16, "nothing sharded"), (2.75, "gradients forgotten"), (5.5, "d = 8's")],
     "03.zero1_over_allreduce": [(0.5, "one collective"), (1.5, "three halves")],
-    "04.f_backward": [("identity", "f's forward"), ("all-gather", "sequence parallelism's")],
-    "04.allreduces_per_layer": [(2, "forward only"), (5, "off by one")],
+    "04.f_backward": [("all-reduce", "f's without sequence parallelism"), ("all-gather", "the entry's forward"),
+                      ("identity", "g's backward")],
+    "04.allreduces_per_layer": [(4, "no replay"), (8, "the backward's f's replayed too"), (5, "off by one")],
     "04.ce_allreduces": [(2, "the target forgotten"), (1, "one collective")],
     "04.max_t": [(8, "a DGX A100's eight"), (32, "two servers"), (2, "pairs of NVLink-bridged GPUs")],
     "04.overlap_sends": [(8, "t, not t - 1"), (1, "one call, as the all-gather")],
@@ -91,9 +92,10 @@ PLAUSIBLY_WRONG = {
     "06.checkpoints": [(18, "c* rounded down"), (20, "off by one"), (27, "96 layers'")],
     "06.zero3_state_gb": [(12 * 175e9 / 1536 / 1e9, "Adam's state only"), (2 * 175e9 / 1536 / 1e9, "weights only")],
     "06.microbatch_b2048": [(1, "the smallest"), (2, "B = 512's"), (8, "the largest")],
-    "07.hfu_over_mfu": [(0.75, "inverted"), (1.5, "two passes")],
-    "07.mfu": [(163 / 312, "the HFU"), ("52%", "the HFU")],
-    "07.flops_per_token": [(7.8, "6N without attention, 14 % low"), (2.6, "forward only")],
+    "07.hfu_over_mfu": [(96 / 72, "full recomputation"), (75.43 / 72, "the printed s = h"), (1.0, "no replay"),
+                        (0.88, "inverted")],
+    "07.mfu": [(153 / 312, "the HFU"), ("49%", "the HFU"), (0.392, "the 1T run's")],
+    "07.flops_per_token": [(7.9, "6N without attention"), (9.08, "the preset's s = 2048"), (4.2, "forward only")],
     "07.fusion_passes": [(2, "the two-kernel case"), (6, "the eager passes"), (1, "one pass")],
     "07.fp8_tp_scale": [(896, "the shard's own amax"), (28672, "E5M2's max"), (1 / 224, "inverted")],
     "07.mx_scales": [(4096, "one per row"), (128, "one row's blocks"), (1, "one per tensor")],
@@ -141,7 +143,7 @@ RIGHT_IN_OTHER_FORMS = [
     ("11.capacity", "1,280"), ("10.swiglu_params", "704,643,072"), ("02.bubble_1f1b", "43.75%"),
     ("02.bubble_1f1b", 0.44), ("00.ring_bytes", "12 MB"), ("00.ring_bytes", "12,000,000 bytes"),
     ("11.mixtral_active", "7.24B"), ("11.mixtral_active", "7.24 billion"), ("11.host_wait_pct", "39.4 %"),
-    ("11.a2a_mib", "0.25 GiB"), ("11.ib_bytes_max", "56 KiB"), ("11.mla_cache_kib", "31,104 bytes"), ("07.flops_per_token", "9.1 GFLOP"), ("07.mfu", "39 %"), ("06.gpus_1t", "6,144"),
+    ("11.a2a_mib", "0.25 GiB"), ("11.ib_bytes_max", "56 KiB"), ("11.mla_cache_kib", "31,104 bytes"), ("07.flops_per_token", "12.7 GFLOP"), ("07.mfu", "37 %"), ("06.gpus_1t", "6,144"),
     ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"),
 ]
 

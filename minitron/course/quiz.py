@@ -124,6 +124,28 @@ def _tp_sent_bytes(overlap: bool, t: int = 4) -> float:
     return sent_bytes_by_axis([it for it in items if it["axis"] == "tp"], {"tp": t})["tp"]
 
 
+def _sp_entry_backward() -> tuple[str]:
+    """Lesson 4: the collective a block's entry makes in the backward pass under sequence
+    parallelism (f's place: the all-gather of the sequence shards forward), read off a dry
+    run of one `tiny` block at ``--tp 2 --sp``: the block's backward ends at its entry."""
+    from ..analysis.dry_run import dry_trace
+    from ..config import ParallelConfig
+    records = dry_trace(_preset("tiny"), ParallelConfig(tp=2, sp=True), 2, layer_ids=[0],
+                        first=False, last=False).records
+    return ([r["op"] for r in records if r["phase"] == "bwd"][-1],)
+
+
+def _tp_layer_all_reduces(recompute: str) -> int:
+    """Lesson 4: the all-reduces one layer of `tiny` makes per microbatch at ``--tp 2``
+    (forward and backward) under `recompute`, read off the model by the analysis's dry run."""
+    from ..analysis.comm import comm_items
+    from ..config import ParallelConfig, TrainConfig
+    tiny = _preset("tiny")
+    items = comm_items(tiny, ParallelConfig(tp=2, recompute=recompute), TrainConfig(global_batch=2))
+    calls = sum(it["calls"] for it in items if it["what"] == "transformer layers" and it["op"] == "all_reduce")
+    return calls // tiny.layers
+
+
 def _naive_output_ranks(q: int) -> int:
     from .tp_schemes import cube_placements
     rows = cube_placements(q, q * q, 4, 4 * q * q, 4 * q * q)["naive"]
@@ -166,9 +188,24 @@ def _model_mfu_of_eq3(name: str, tflops: float, peak: float) -> float:
     return tflops * _A().model_flops_per_iteration(m, 1) / _A().flops_per_iteration(m, 1) / peak
 
 
-def _model_flops_per_token(name: str) -> float:
-    m = _preset(name)
+def _model_flops_per_token(name: str, seq_len: int) -> float:
+    """Lesson 7: the model FLOPs of one training token of preset `name` at context `seq_len`."""
+    m = _preset(name).replace(seq_len=seq_len)
     return _A().model_flops_per_iteration(m, 1) / m.seq_len
+
+
+def _layers_hfu_over_mfu(name: str, seq_len: int, recompute: str) -> float:
+    """Lesson 7: hardware FLOPs over model FLOPs of preset `name` at context `seq_len` under
+    `recompute`, the logit layer left out (it is never replayed)."""
+    m = _preset(name).replace(seq_len=seq_len)
+    logits = 3 * _A().logit_forward_flops(1, m.seq_len, m.hidden, m.vocab)
+    return (_A().hardware_flops_per_iteration(m, 1, recompute) - logits) / (_A().model_flops_per_iteration(m, 1) - logits)
+
+
+def _ptdp_175b_tflops() -> float:
+    """PTD-P §5.2: GPT-3 175B's TFLOP/s per A100 on its fewest GPUs (384), counted with Eq. 3."""
+    from ..analysis.published import PTDP_GPT3_175B
+    return min(PTDP_GPT3_175B)[1]
 
 
 QUESTIONS: dict[str, Question] = {
@@ -239,13 +276,13 @@ QUESTIONS: dict[str, Question] = {
         "stage 1 shards only Adam's 12 bytes: 2 + 2 + 12/d.", rel_tol=1e-3, unit="B"),
     # --- lesson 4: tensor parallelism --------------------------------------------------
     "04.f_backward": Question(
-        _words("all-reduce", "allreduce", "all_reduce", "all reduce"),
-        "f copies its input to every tensor rank in forward; in backward each rank holds "
-        "only its part of the input's gradient."),
+        _sp_entry_backward,
+        "the entry's forward all-gathers the sequence shards; its backward is the conjugate: each "
+        "rank holds a partial gradient of the whole sequence and keeps the sum over its own shard."),
     "04.allreduces_per_layer": Question(
-        lambda: 4,
-        "one g after attention and one after the MLP in forward, and the matching f's in "
-        "backward."),
+        lambda: _tp_layer_all_reduces("full"),
+        "one g after attention and one after the MLP in forward, the matching f's in backward, "
+        "and the replayed forward's two g's again inside the backward."),
     "04.ce_allreduces": Question(
         lambda: 3,
         "the cross-entropy needs the largest logit, the target logit and the sum of the "
@@ -317,18 +354,18 @@ QUESTIONS: dict[str, Question] = {
         "B = 2048, where the bubble costs less than at 512."),
     # --- lesson 7: performance -----------------------------------------------------------
     "07.hfu_over_mfu": Question(
-        lambda: 96 / 72,
-        "full recomputation replays one forward: 4 passes' worth of work (96) where the "
-        "model needs 3 (72).", rel_tol=5e-3),  # 1.333 or 4/3
+        lambda: _layers_hfu_over_mfu("gpt-1.3b", 8192, "selective"),
+        "selective recomputation replays the attention core, 4Bs²h per layer, on top of the model's "
+        "72Bsh²(1 + s/6h): the ratio is 1 + (s/18h)/(1 + s/6h), at s = 4h.", rel_tol=5e-3),
     "07.mfu": Question(
-        lambda: _model_mfu_of_eq3("ptdp-1t", 163e12, 312e12),
-        "PTD-P counted its 163 TFLOP/s with Eq. 3, which includes the recomputed forward (the "
-        "96): that is a hardware-FLOPs rate (HFU 163/312). Scale it by model FLOPs / Eq. 3 FLOPs "
+        lambda: _model_mfu_of_eq3("gpt3-175b", _ptdp_175b_tflops() * 1e12, 312e12),
+        "PTD-P counted its TFLOP/s with Eq. 3, which includes the recomputed forward (the 96): "
+        "that is a hardware-FLOPs rate (HFU 153/312). Scale it by model FLOPs / Eq. 3 FLOPs "
         "(about 72/96) before dividing by the peak.", rel_tol=1e-2, unit="fraction"),
     "07.flops_per_token": Question(
-        lambda: _model_flops_per_token("gpt-1.3b") / 1e9,
-        "about 6 FLOPs per parameter per token (2 forward, 4 backward), plus attention.",
-        rel_tol=0.1, unit="GFLOP"),  # the 6·N rule of thumb, attention included
+        lambda: _model_flops_per_token("gpt-1.3b", 8192) / 1e9,
+        "72·l·h²·(1 + s/6h + V/12lh) per token: the attention term s/6h grows with the context, "
+        "four times the preset's at s = 8192.", rel_tol=0.1, unit="GFLOP"),
     "07.fusion_passes": Question(
         lambda: (3 * 2) // 2,
         "count the passes over memory: each eager kernel reads its input and writes its output "
