@@ -126,3 +126,35 @@ def test_mtp_under_cp_and_v_traced_step_and_params_equal_the_analysis(two):
     for b in bad[:4]:
         print(b)
     assert not bad, f"{len(bad)} rank-layouts differ from the analysis"
+
+
+# --------------------------------------------------------------------------------------
+# in process: a parameter two chunks share (the V's wte) is reduced after both gradients
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("listed_per_chunk", [True, False])
+def test_bucket_of_a_shared_parameter_waits_for_both_chunks(listed_per_chunk):
+    """Overlapped buckets on a dry dp2 Comm, in the V's order: the last stage's backward
+    (the shared weight, alone in its bucket), then the first stage's (a block, then the
+    embedding). The shared bucket is all-reduced only once the embedding's gradient is in;
+    listed once (the planted mistake: the uses not counted) it goes before, right after
+    the block's bucket."""
+    from minitron.comm import Comm, CommTrace
+    from minitron.context import Context, make_param
+    from minitron.grid import ProcessGrid
+    from minitron.parallel.data import BucketedDataParallel
+
+    comm = Comm(ProcessGrid.for_layout(ParallelConfig(dp=2)), CommTrace(), dry=True)
+    ctx = Context(comm, ParallelConfig(dp=2), torch.float64)
+    shared, own = make_param("wte", (64, 4), (), ctx), make_param("blocks.0.w", (4,), (), ctx)
+    params = [shared, own, shared] if listed_per_chunk else [shared, own]  # chunk 0's, then chunk 1's
+    dp = BucketedDataParallel(params, comm, bucket_mb=4 * 8 / 2 ** 20)  # a bucket per parameter
+    dp.zero_grad()
+    with dp.microbatch(last=True):
+        (shared.sum() * 2).backward()  # the last stage
+        own.sum().backward()  # the first stage: its block,
+        before = [r["bytes"] for r in comm.trace.records if r["op"] == "all_reduce"]
+        shared.sum().backward()  # then its embedding
+    assert 4 * 8 in before and (64 * 4 * 8 in before) != listed_per_chunk, before
+    dp.finish()
+    # both uses pre-scaled by 1/dp; the plant scaled the last stage's only, before the embedding's came
+    assert torch.equal(shared.grad, torch.full_like(shared, 3.0 / 2)) == listed_per_chunk
