@@ -68,6 +68,7 @@ The interface every implementation offers the training loop and the pipeline run
 """
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -178,9 +179,7 @@ class BucketedDataParallel(FlatShards):
         self.replicas = comm.size(grad_axis(comm))  # every gradient is a mean over all data replicas
         self.shard = shard
         params = list(params)
-        uses = {id(p): 0 for p in params}
-        for p in params:
-            uses[id(p)] += 1
+        uses = Counter(map(id, params))  # the chunks that use each parameter
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
             order = [p for p in order if not p.shard.grad_sync] + [p for p in order if p.shard.grad_sync]
