@@ -847,6 +847,6 @@ def validate_mtp(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(0 < d < model.seq_len, f"--mtp-depths {d} must be in 1..{model.seq_len - 1} (tokens ahead within a sequence)")
     _need(model.mtp_weight >= 0 and math.isfinite(model.mtp_weight), f"--mtp-weight must be 0 or positive (got {model.mtp_weight})")
     _need(layout.tp_mode == "1d" or layout.tp == 1, "--mtp-depths is written for 1-D tensor parallelism: use --tp-mode 1d")
-    _need(layout.zero < 2 or layout.pp * layout.vpp == 1,
-          f"--zero {layout.zero} cannot shard the last stage's copy of the embedding (summed with the first "
-          "stage's first): use --zero 1")
+    shared = ("the embedding that the V's first and last stage share on rank 0" if layout.schedule in V_SCHEDULES
+              else "the last stage's copy of the embedding (summed with the first stage's first)")
+    _need(layout.zero < 2 or layout.pp * layout.vpp == 1, f"--zero {layout.zero} cannot shard {shared}: use --zero 1")

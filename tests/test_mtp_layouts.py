@@ -8,7 +8,8 @@ MoE, MTP) under cp2 ring, cp2 a2a, pp2 dualpipe-v and pp2 zb-v equals one device
 float64 at 1e-9, each rank's traced step equals the analysis per axis and operation and
 its parameters the analysis' count; two planted mistakes are caught: the tokens ahead
 shifted inside the local chunk, and the V's last stage with its own copy of the embedding.
-In process: the data-parallel buckets of a parameter two chunks share wait for both.
+In process: the data-parallel buckets of a parameter two chunks share wait for both; ZeRO-2/3
+still refused under a pipeline (in a V it would shard the embedding both ends share).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
-from minitron.config import PRESETS, ParallelConfig, TrainConfig, validate
+from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
 
 TINY = PRESETS["deepseek-v3-tiny"].replace(mtp_depths=2)  # two depths: t_{i+2} and t_{i+3} ahead
 TOL = 1e-9
@@ -158,3 +159,12 @@ def test_bucket_of_a_shared_parameter_waits_for_both_chunks(listed_per_chunk):
     dp.finish()
     # both uses pre-scaled by 1/dp; the plant scaled the last stage's only, before the embedding's came
     assert torch.equal(shared.grad, torch.full_like(shared, 3.0 / 2)) == listed_per_chunk
+
+
+@pytest.mark.parametrize("layout,msg", [
+    (ParallelConfig(dp=2, pp=2, vpp=2, schedule="zb-v", zero=2), "cannot shard the embedding that the V's first and"),
+])
+def test_refused_with_one_line(layout, msg):
+    with pytest.raises(ConfigError, match=msg) as e:
+        validate(TINY, layout)
+    assert "\n" not in str(e.value)
