@@ -840,15 +840,13 @@ def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
 
 def validate_mtp(model: ModelConfig, layout: ParallelConfig) -> None:
     """Multi-token prediction (mtp.py): D depths on the last stage, reading the embedding
-    there (a copy summed with the first stage's, as a tied embedding)."""
+    there (a copy summed with the first stage's, as a tied embedding; in a V the first
+    stage's own, on the same rank) and the tokens ahead of each position (taken from whole
+    rows before --cp cuts them)."""
     d = model.mtp_depths
     _need(0 < d < model.seq_len, f"--mtp-depths {d} must be in 1..{model.seq_len - 1} (tokens ahead within a sequence)")
     _need(model.mtp_weight >= 0 and math.isfinite(model.mtp_weight), f"--mtp-weight must be 0 or positive (got {model.mtp_weight})")
-    _need(layout.cp == 1, "--mtp-depths reads tokens ahead of each position, which --cp keeps on other ranks: drop --cp")
     _need(layout.tp_mode == "1d" or layout.tp == 1, "--mtp-depths is written for 1-D tensor parallelism: use --tp-mode 1d")
-    _need(layout.schedule not in V_SCHEDULES or layout.pp == 1,
-          f"--mtp-depths puts the embedding's copy on the last stage, which --schedule {layout.schedule} places on the "
-          "first stage's rank: use 1f1b or interleaved")
-    _need(layout.zero < 2 or layout.pp * layout.vpp == 1,
-          f"--zero {layout.zero} cannot shard the last stage's copy of the embedding (summed with the first "
-          "stage's first): use --zero 1")
+    shared = ("the embedding that the V's first and last stage share on rank 0" if layout.schedule in V_SCHEDULES
+              else "the last stage's copy of the embedding (summed with the first stage's first)")
+    _need(layout.zero < 2 or layout.pp * layout.vpp == 1, f"--zero {layout.zero} cannot shard {shared}: use --zero 1")

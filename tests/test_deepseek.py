@@ -124,7 +124,6 @@ def test_mla_params_read_off_the_model():
     (dict(qk_rope_head_dim=3), ParallelConfig(), "pick it even"),
     (dict(attention="latent"), ParallelConfig(), "unknown --attention 'latent'"),
     (dict(), ParallelConfig(tp=4, tp_mode="2d"), "1-D tensor parallelism"),
-    (dict(), ParallelConfig(pp=2, vpp=2, schedule="dualpipe-v"), "--schedule dualpipe-v places on the first"),
     (dict(), ParallelConfig(dp=2, pp=2, zero=3), "cannot shard the last stage's copy of the embedding"),
     (dict(mtp_depths=16), ParallelConfig(), "--mtp-depths 16 must be in 1..15"),
 ])

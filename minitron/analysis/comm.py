@@ -167,8 +167,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         add("gradient norm", "pp", "all_reduce", 1, NORM_BYTES)
 
     # tied embedding between the first and the last stage (an axis of one rank when
-    # p = 1: nothing crosses a wire); multi-token prediction's copy on the last stage alike
-    if (model.tied_embeddings or model.mtp_depths) and p > 1 and (first or last):
+    # p = 1, or in a V, whose rank 0 holds both: nothing crosses a wire); multi-token
+    # prediction's copy on the last stage alike
+    if (model.tied_embeddings or model.mtp_depths) and p > 1 and first != last:
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
 
     # experts: each MoE block's token dispatch and combine over 'ep' (routing is data: the
