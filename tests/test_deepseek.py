@@ -171,14 +171,15 @@ def test_mtp_loss_is_the_papers_and_joins_the_backward_only():
 # --------------------------------------------------------------------------------------
 # on real ranks: the oracle and the trace against the analysis
 # --------------------------------------------------------------------------------------
-NO_MTP = TINY.replace(mtp_depths=0)
 FOUR = [
     (TINY, ParallelConfig(dp=2, tp=2, sp=True)),
     (TINY, ParallelConfig(tp=2, ep=2)),
     (TINY, ParallelConfig(dp=2, ep=2)),
     (TINY, ParallelConfig(pp=2, tp=2, sp=True)),  # MTP on the last stage, under tp + sp
     (TINY, ParallelConfig(pp=2, vpp=2, ep=2, schedule="interleaved")),
-    (NO_MTP, ParallelConfig(pp=2, vpp=2, dp=2, schedule="dualpipe-v")),
+    (TINY, ParallelConfig(pp=2, vpp=2, dp=2, schedule="dualpipe-v")),  # MTP on rank 0's last chunk
+    (TINY, ParallelConfig(cp=2, dp=2)),  # ring: MLA's heads pass around, MTP's tokens ahead from whole rows
+    (TINY, ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
     (TINY, ParallelConfig(dp=2, ep=2, zero=1)),
     (TINY, ParallelConfig(dp=2, ep=2, zero=3)),
 ]
@@ -206,7 +207,7 @@ def _layouts_job(comm, cases):
 
     corpus, rank, out = load_corpus(""), comm.grid.rank, []
     for model, layout in cases:
-        grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, ep=layout.ep, rank=rank).build_groups()
+        grid = ProcessGrid.for_layout(layout, rank).build_groups()
         c, train = Comm(grid, CommTrace()), _train(layout)
         tr = Trainer(model, layout, train, c, corpus)
         losses = [tr.step(0)]
@@ -230,8 +231,8 @@ def four():
 @pytest.mark.multirank
 def test_deepseek_v3_tiny_on_every_layout_equals_one_device(four):
     """verify --dtype float64 (1e-9): MLA + group-limited MoE + MTP on tp2+sp, tp2 x ep2,
-    ep2 x dp2, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, ZeRO-1
-    and ZeRO-3; dualpipe-v without MTP."""
+    ep2 x dp2, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, dualpipe-v x dp2
+    (MTP on rank 0, reading its embedding), cp2 ring and cp2 a2a (x dp2), ZeRO-1 and ZeRO-3."""
     for i, (model, layout) in enumerate(FOUR):
         res = four[0][i]["res"]
         print(f"{layout.describe():<36} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")

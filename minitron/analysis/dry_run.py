@@ -511,10 +511,12 @@ def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0,
 def params_by_data_axes(model: ModelConfig, layout: Any, chunks) -> dict[tuple, int]:
     """A rank's trained parameter elements grouped by the data axes their gradients are
     averaged over (:func:`unit_params_by_data_axes`), for the chunks ``(layer ids, first,
-    last)`` it holds."""
+    last)`` it holds: every block, and the ends once per rank (a V's rank 0 holds both, its
+    last stage reading the first's embedding)."""
+    chunks = list(chunks)
+    first, last = any(c[1] for c in chunks), any(c[2] for c in chunks)
     out: dict[tuple, int] = {}
-    for ids, first, last in chunks:
-        for i, f, l in [(i, False, False) for i in ids] + [(None, first, last)]:
-            for axes, n in unit_params_by_data_axes(model, layout, i, f, l).items():
-                out[axes] = out.get(axes, 0) + n
+    for i, f, l in [(i, False, False) for ids, _, _ in chunks for i in ids] + [(None, first, last)]:
+        for axes, n in unit_params_by_data_axes(model, layout, i, f, l).items():
+            out[axes] = out.get(axes, 0) + n
     return out
