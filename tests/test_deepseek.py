@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minitron.analysis.experts import active_params, dispatch_fan_out, total_params
-from minitron.analysis.calls import bytes_by_axis
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
 from minitron.moe import route
+from minitron.tools.testing import traced_step_bytes
 
 TINY = PRESETS["deepseek-v3-tiny"]
 TOL = 1e-9
@@ -191,10 +191,6 @@ def _train(layout: ParallelConfig) -> TrainConfig:
                        lr=1e-2, warmup=1, eval_every=0, progress=False, sample_tokens=0)
 
 
-def _by_axis(records, rank: int) -> dict:
-    """Step 0's traced bytes on `rank`, per axis and op (the analysis's own sum)."""
-    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"])
-
 
 def _layouts_job(comm, cases):
     """Every case on this launch's ranks: the oracle's verdict (rank 0), step 0's traced
@@ -215,7 +211,7 @@ def _layouts_job(comm, cases):
         losses += [tr.step(i) for i in range(1, train.steps)]
         res = versus_one_device(c, tr, losses, model, train.replace(microbatches=train.microbatches
                                                                     * layout.data_replicas))
-        out.append(dict(res=res, coord=vars(grid.coord()), traced=_by_axis(c.trace.records, rank), calls=calls))
+        out.append(dict(res=res, coord=vars(grid.coord()), traced=traced_step_bytes(c.trace.records, rank), calls=calls))
     return out
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
+from minitron.tools.testing import traced_step_bytes
 
 TINY = PRESETS["deepseek-v3-tiny"].replace(mtp_depths=2)  # two depths: t_{i+2} and t_{i+3} ahead
 TOL = 1e-9
@@ -65,7 +66,6 @@ def _cases_job(comm, cases):
     """Every case on this launch's ranks (its own grid): the oracle's verdict (rank 0),
     step 0's traced bytes by axis and op (the 'log' phase's routing counts left out), the
     rank's pipeline coordinate and its parameter elements."""
-    from minitron.analysis.calls import bytes_by_axis
     from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
     from minitron.grid import ProcessGrid
@@ -81,8 +81,7 @@ def _cases_job(comm, cases):
             losses = [tr.step(i) for i in range(train.steps)]
         res = versus_one_device(c, tr, losses, TINY, train.replace(microbatches=train.microbatches
                                                                    * layout.data_replicas))
-        step0 = [r for r in c.trace.records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"]
-        out[name] = dict(res=res, traced=bytes_by_axis(step0), pp=grid.coord().pp,
+        out[name] = dict(res=res, traced=traced_step_bytes(c.trace.records, rank), pp=grid.coord().pp,
                          params=sum(p.numel() for p in tr.params))
     return out
 
