@@ -218,6 +218,7 @@ class ParallelConfig:
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
     tp_overlap: bool = False  # --sp's all-gathers and reduce-scatters decomposed under their matmuls
+    ep_overlap: bool = False  # the experts' all-to-alls in two halves, each in flight under the other's experts
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
     zero: int = 0  # ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
@@ -274,7 +275,7 @@ class ParallelConfig:
             s += f".{self.schedule}"
             if self.vpp > 1:
                 s += f".v{self.vpp}"
-        for flag in ("sp", "tp_overlap", "zero1", "scatter_gather"):
+        for flag in ("sp", "tp_overlap", "ep_overlap", "zero1", "scatter_gather"):
             if getattr(self, flag):
                 s += f".zero{self.zero}" if flag == "zero1" else f".{flag}"
         if self.recompute != "none":
@@ -618,6 +619,19 @@ def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(layout.cp == 1 or layout.ep == 1, "--ep is not written to compose with --cp: drop --cp or --ep")
     _need(layout.zero < 2 or layout.tp == 1,
           f"--zero {layout.zero} cannot shard the router's gradient (summed over tensor ranks first): use --zero 1 or --tp 1")
+    if layout.ep_overlap:
+        validate_ep_overlap(model, layout)
+
+
+def validate_ep_overlap(model: ModelConfig, layout: ParallelConfig) -> None:
+    """--ep-overlap splits each MoE call's rows in two halves by local expert
+    (parallel/expert_overlap.py): it needs an all-to-all and two experts on every ep rank."""
+    _need(layout.ep > 1, "--ep-overlap with --ep 1: nothing to overlap (no expert all-to-all): add --ep 2 or more, "
+                         "or drop --ep-overlap")
+    _need(model.experts // layout.ep >= 2,
+          f"--ep-overlap splits each ep rank's experts in two halves, but --experts {model.experts} over --ep "
+          f"{layout.ep} leaves {model.experts // layout.ep} per rank: use --experts {2 * layout.ep} or more, or a "
+          f"smaller --ep")
 
 
 def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> None:
