@@ -750,8 +750,6 @@ def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
           f"unknown --ckpt-format '{train.ckpt_format}': choose one of {', '.join(CKPT_FORMATS)}")
     _need(not (train.ckpt_every or train.keep_last) or bool(train.ckpt_dir),
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
-    _need(not train.timeline or layout.pp > 1,
-          "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
     if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= p: microbatches go in groups
         _need(train.microbatches >= layout.pp,
               f"interleaved schedule needs --microbatches ({train.microbatches}) of at least --pp {layout.pp}")

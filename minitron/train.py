@@ -17,7 +17,7 @@ from dataclasses import asdict
 import torch
 
 from . import data as data_mod
-from .comm import Comm, wire_dtype_for
+from .comm import Comm, TimedTrace, wire_dtype_for
 from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
@@ -365,10 +365,19 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     once the Trainer is built, then it runs each step itself, ``observer.step(trainer, step)``
     returning its loss, and ``observer.finish(trainer)`` is called on every rank after
     training; its result is the summary's "report".
+    With ``tc.timeline`` every call of the run is timed (:class:`~minitron.comm.TimedTrace`)
+    and written to the timeline beside the pipeline's actions.
     """
+    comm = comm or Comm()
+    with comm.tracing(TimedTrace() if tc.timeline else comm.trace):
+        return _train_run(model, layout, tc, comm, corpus, log, observer)
+
+
+def _train_run(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm, corpus, log,
+               observer) -> dict:
+    """:func:`train`'s run, inside the trace it installs."""
     from .checkpoint import gather_full
 
-    comm = comm or Comm()
     tr = Trainer(model, layout, tc, comm, corpus)
     if observer is not None:
         observer.start(tr)
@@ -486,7 +495,7 @@ def _publish(tr: Trainer, recs: list[dict], observer, metrics, bar) -> None:
 
 def _close_run(tr: Trainer, tc: TrainConfig, comm: Comm, bar, metrics) -> None:
     """After the last step: close the progress bar and metrics file, write the trace and
-    (collectively) the pipeline timeline where asked."""
+    (collectively) the timeline where asked: the pipeline's actions, then every rank's calls."""
     if bar is not None:
         bar.close()
     if metrics:
@@ -495,6 +504,8 @@ def _close_run(tr: Trainer, tc: TrainConfig, comm: Comm, bar, metrics) -> None:
         comm.trace.write(tc.trace)
     if tc.timeline and tr.pipeline is not None:
         tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
+    if tc.timeline:
+        comm.write_spans(tc.timeline)  # collective: rank 0 writes every rank's
 
 
 def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:

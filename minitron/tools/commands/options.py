@@ -86,7 +86,8 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
                    "(from `minitron tokenize`; with --vocab N) (default: Shakespeare)")
     g.add_argument("--dtype", default=dtype, help="float32, float64 or bfloat16")
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
-    g.add_argument("--timeline", default="", help="write pipeline action timings here")
+    g.add_argument("--timeline", default="", help="write a timeline here: each rank's calls (issued, waited for, done) and, with --pp, "
+                        "the pipeline's actions")
     g.add_argument("--pack", action="store_true",
                    help="whole documents per sequence (ended by byte 0x1E, or the tokenizer's <|endoftext|>): "
                         "positions restart and attention stays inside each document")
