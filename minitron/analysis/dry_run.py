@@ -72,12 +72,13 @@ def _runnable(model: ModelConfig, i: int | None) -> tuple[ModelConfig, int | Non
     """The block a dry run can run for block `i`. A mixture of experts routes by the data
     (how many tokens each expert gets is known only once the router has run), which fake
     tensors cannot follow: its forward is read off a dense twin of the active width, one
-    MLP of (top_k + shared)·f_e — the expectation under balanced routing, an estimate where
+    MLP of top_k·f_e + the shared width — the expectation under balanced routing, an estimate where
     the dense figures are exact. (Its parameters are counted exactly, from the block itself;
     the experts' all-to-all is priced from routing counts in analysis/experts.py.)"""
     if i is None or not model.is_moe_block(i):
         return model, i
-    return model.replace(experts=0, ffn=(model.top_k + model.shared_experts) * model.moe_ffn_hidden), 0
+    return model.replace(experts=0, ffn=model.top_k * model.moe_ffn_hidden + model.shared_ffn_hidden,
+                         dense_blocks=""), 0
 
 
 def dry_context(layout: ParallelConfig, rank: int = 0, dtype: torch.dtype = torch.float32,
