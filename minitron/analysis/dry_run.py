@@ -94,6 +94,13 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def kind_block(model: ModelConfig, i: int) -> int:
+    """The first block of block `i`'s kind (dense or MoE), which stands for every block of
+    that kind in the counts read off one built block (a dense block need not be block 0:
+    Qwen2-MoE's ``dense_blocks``, DeepSeek-V3's first dense ones come first)."""
+    return next(j for j in range(model.layers) if model.is_moe_block(j) == model.is_moe_block(i))
+
+
 @functools.lru_cache(maxsize=4096)
 def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
     with FakeTensorMode():
@@ -104,7 +111,7 @@ def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
     holds as many), read from the module built under FakeTensorMode (one block of each
     kind: every dense block holds what block 0 holds, every MoE block what the first does)."""
-    kind = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    kind = kind_block(model, i)
     return _block_params(model, _shape_only(as_layout(layout)), kind)
 
 
@@ -144,7 +151,7 @@ def fp8_gathered_weights(model: ModelConfig, layout: Any, i: int | None = 0, fir
     if not fp8.gathers_fp8_weights(lay) or (i is None and not (first or last)):
         return 0, 0
     if i is not None:  # one block of each kind, as block_params
-        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+        i = kind_block(model, i)
     return _fp8_weight_split(model, lay, i, first, last)
 
 
@@ -505,7 +512,7 @@ def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0,
     if i is None and not (first or last):
         return {}
     if i is not None:  # one block of each kind, as block_params
-        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+        i = kind_block(model, i)
     return dict(_by_data_axes(model, _shape_only(as_layout(layout)), i, first, last))
 
 
