@@ -584,7 +584,8 @@ ONLY_WITH_EXPERTS = ("top_k", "moe_ffn", "shared_experts", "moe_every", "router"
                      "capacity_factor", "gate_norm", "shared_ffn", "shared_gate", "dense_blocks")
 ONLY_WITH_ROPE = ("rope_base",)
 # 0 means "the default size": compared by the size it stands for
-EFFECTIVE = {"ffn": "ffn_hidden", "kv_heads": "n_kv_heads", "moe_ffn": "moe_ffn_hidden", "shared_ffn": "shared_ffn_hidden"}
+EFFECTIVE = {"ffn": "ffn_hidden", "kv_heads": "n_kv_heads", "moe_ffn": "moe_ffn_hidden",
+             "shared_ffn": "shared_ffn_hidden"}
 UNKNOWN = "(a field this minitron does not know)"
 
 

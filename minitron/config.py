@@ -457,7 +457,8 @@ def validate_model(model: ModelConfig) -> None:
 
 def validate_shared_and_dense(model: ModelConfig) -> None:
     """The shared experts' own width and gate, and the blocks kept dense (Qwen2-MoE's knobs)."""
-    _need(model.shared_ffn >= 0, f"--shared-ffn must be positive, or 0 for shared_experts*moe_ffn (got {model.shared_ffn})")
+    _need(model.shared_ffn >= 0,
+          f"--shared-ffn must be positive, or 0 for shared_experts*moe_ffn (got {model.shared_ffn})")
     _need(not (model.shared_ffn or model.shared_gate) or (model.experts and model.shared_experts),
           "--shared-ffn and --shared-gate act on the shared experts: add --experts and --shared-experts 1")
     ids = [i.strip() for i in model.dense_blocks.split(",") if i.strip()]

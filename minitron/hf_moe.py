@@ -194,7 +194,8 @@ def model_fields(c: dict, where) -> dict:
         (c.get("use_sliding_window"), "use_sliding_window", "minitron loads its full attention only; set it to false"),
         (c.get("router_jitter_noise"), f"router_jitter_noise {c.get('router_jitter_noise')}",
          "minitron's router has no jitter; set it to 0"),
-        (c.get("clip_qkv") is not None, f"clip_qkv {c.get('clip_qkv')}", "minitron does not clip q, k, v; set it to null"),
+        (c.get("clip_qkv") is not None, f"clip_qkv {c.get('clip_qkv')}",
+         "minitron does not clip q, k, v; set it to null"),
     ]
     for bad, what, fix in refusals:
         if bad:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from minitron import hf, model as model_module  # noqa: E402
+from minitron import hf, hf_moe, model as model_module  # noqa: E402
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, validate  # noqa: E402
 from minitron.tools import cli  # noqa: E402
 from minitron.tools.sampling import load_model  # noqa: E402
@@ -190,7 +190,8 @@ def _verify_job(comm, cases):
             calls = [d[0] for m in tr.moe for d in m.dispatches]
             losses += [tr.step(i) for i in range(1, train.steps)]
         res = versus_one_device(c, tr, losses, model, train.replace(microbatches=layout.data_replicas))
-        out.append(dict(res=res, coord=vars(grid.coord()), traced=traced_step_bytes(c.trace.records, rank), calls=calls))
+        out.append(dict(res=res, coord=vars(grid.coord()), traced=traced_step_bytes(c.trace.records, rank),
+                        calls=calls))
     return out
 
 
@@ -318,3 +319,34 @@ def test_bad_directory_gets_one_line(tmp_path, capsys):
         err = _error(capsys, train + [d])
         assert msg in err, err
     assert all(t in err for t in ("mixtral", "qwen2_moe", "olmoe", "deepseek_v3")), err
+
+
+# engine models of each family's knobs (as `minitron train` flags would set them)
+ENGINE = {"qwen2_moe": dict(layers=3, shared_experts=1, shared_ffn=24, shared_gate=True, dense_blocks="1",
+                            qkv_bias=True, moe_ffn=16, gate_norm="never"),
+          "olmoe": dict(qk_norm=True, qk_norm_span="all", gate_norm="never")}
+
+
+@pytest.mark.parametrize("kind", list(ENGINE))
+def test_minitron_export_writes_what_transformers_loads(tmp_path, kind):
+    """`minitron export --hf` of an engine model of the family's knobs trained two steps (the
+    shared gate, the norms and the experts moved): transformers' class loads it with the
+    engine's logits (1e-9, float64 parts), and it reads back into the engine bit for bit."""
+    from minitron import checkpoint
+    from minitron.config import PRESETS
+    from minitron.train import Trainer
+
+    cfg = PRESETS["moe-tiny"].replace(**ENGINE[kind])
+    tr = Trainer(cfg, ParallelConfig(), TrainConfig(steps=2, global_batch=2, dtype="float64", lr=1e-2, warmup=1,
+                                                    eval_every=0, progress=False))
+    for i in range(2):
+        tr.step(i)
+    checkpoint.save(str(tmp_path / "ckpt"), 2, tr)
+    assert cli.main(["export", "--ckpt-dir", str(tmp_path / "ckpt"), "--hf", str(tmp_path / "hf")]) == 0
+    theirs = float64_parts(transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), dtype=torch.float64, experts_implementation="eager").eval())
+    assert type(theirs).__name__ == hf_moe.MOE_FAMILIES[kind].architecture
+    x, _ = tr.local_batch(5)
+    assert _rel(_logits(tr.model.eval(), x), _logits(theirs, x)) < TOL
+    back = hf.load_full(str(tmp_path / "hf"), hf.model_config(str(tmp_path / "hf")))
+    assert all(torch.equal(back[p.shard.name]["param"], p.detach()) for p in tr.params)

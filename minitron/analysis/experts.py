@@ -4,8 +4,8 @@ expert-parallel all-to-all's bytes and the memory an ep rank holds.
 A MoE block (``minitron/moe.py``) replaces the dense MLP with a router (E·h), E experts of
 the MLP's kind (each h·W + f·h, W = f or 2f for SwiGLU; biases W + h when the model has
 them), an optional shared MLP of width shared_experts·f (or its own, ``shared_ffn``) with
-Qwen2-MoE's optional gate (h), and DeepSeek-V3's selection bias (E elements, no gradient). A token uses the router, k experts and the shared MLP: its
-*active* parameters.
+Qwen2-MoE's optional gate (h), and DeepSeek-V3's selection bias (E elements, no gradient).
+A token uses the router, k experts and the shared MLP: its *active* parameters.
 
 The all-to-all (``parallel/experts.py``): per MoE layer and microbatch, each ep rank sends
 the E counts (int64) once and its token rows four times: dispatch (S rows out, R in) and
