@@ -23,7 +23,8 @@ from minitron.tools.sampling import load_model  # noqa: E402
 from minitron.tools.testing import traced_step_bytes  # noqa: E402
 from minitron.train import single_device_model  # noqa: E402
 
-from hf_models import float64_norms  # noqa: E402
+from hf_models import float64_norms, sharpened  # noqa: E402
+from test_hf_families import _error  # noqa: E402
 
 # transformers' RMSNorms and these routers' softmax compute in float32 whatever the model's
 # dtype (bf16 guards); with them computing in float64 (the same formulas: float64_parts) the
@@ -67,12 +68,7 @@ def random_moe(kind, path, norm_topk_prob=False):
     else:
         config = transformers.OlmoeConfig(num_hidden_layers=2, intermediate_size=16, **common)
     model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif n.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(6.0)
+    sharpened(model)
     model.save_pretrained(str(path))
     return model
 
@@ -289,14 +285,6 @@ def test_export_refused_with_one_line(change, msg):
 
     problem = hf.export_problem(PRESETS["moe-tiny"].replace(**change))
     assert msg in problem and "\n" not in problem, problem
-
-
-def _error(capsys, argv) -> str:
-    capsys.readouterr()
-    assert cli.main([str(a) for a in argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("minitron: error: ") and "Traceback" not in err, err
-    return err
 
 
 def test_bad_directory_gets_one_line(tmp_path, capsys):
