@@ -338,3 +338,24 @@ def test_minitron_export_writes_what_transformers_loads(tmp_path, kind):
     assert _rel(_logits(tr.model.eval(), x), _logits(theirs, x)) < TOL
     back = hf.load_full(str(tmp_path / "hf"), hf.model_config(str(tmp_path / "hf")))
     assert all(torch.equal(back[p.shard.name]["param"], p.detach()) for p in tr.params)
+
+
+@pytest.mark.parametrize("kind", list(ENGINE))
+def test_analysis_counts_the_families_knobs(kind):
+    """analysis.experts counts a MoE block as built (the shared expert's own width and its
+    gate); the model-FLOPs formula adds the gate's 2h per token and MoE block."""
+    from minitron.analysis.experts import moe_layer_params, total_params
+    from minitron.config import PRESETS
+    from minitron.model import GPT, num_params
+    from minitron.model_flops import model_flops_per_step
+    from minitron.moe import moe_layers
+
+    cfg = PRESETS["moe-tiny"].replace(**ENGINE[kind])
+    gpt = GPT(cfg)
+    moe = moe_layers([gpt])
+    assert [m.layer for m in moe] == ([0, 2] if kind == "qwen2_moe" else [0, 1])  # Qwen2-MoE's block 1 dense
+    assert all(sum(p.numel() for p in m.parameters()) == sum(moe_layer_params(cfg).values()) for m in moe)
+    assert total_params(cfg) == num_params(gpt)
+    ungated = model_flops_per_step(cfg.replace(shared_gate=False), 1) if cfg.shared_gate else None
+    if ungated is not None:
+        assert model_flops_per_step(cfg, 1) - ungated == 3 * cfg.seq_len * len(moe) * 2 * cfg.hidden
