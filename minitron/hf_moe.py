@@ -86,11 +86,11 @@ def moe_problem(cfg: ModelConfig) -> str:
         each = ", ".join(f"{t} {k}" for t, k in FAMILY_KNOBS.items())
         return f"no Hugging Face MoE family has {' and '.join(FAMILY_KNOBS.values())} together (each holds one: {each})"
     fam = MOE_FAMILIES[kind]
-    bad = [f"{k} {getattr(cfg, k)}" for k, v in fam.fixed.items() if getattr(cfg, k) != v]
+    said = lambda k, v: f"{k} {v if v != '' else repr(v)}"  # noqa: E731 (an empty text shows as '')
+    bad = [said(k, getattr(cfg, k)) for k, v in fam.fixed.items() if getattr(cfg, k) != v]
     bad += ["gate_norm never"] if kind == "mixtral" and cfg.gate_norm == "never" else []
     if bad:
-        return (f"{fam.architecture} holds {', '.join(f'{k} {v}' for k, v in fam.fixed.items())}, not "
-                f"{', '.join(bad)}")
+        return f"{fam.architecture} holds {', '.join(said(k, v) for k, v in fam.fixed.items())}, not {', '.join(bad)}"
     if cfg.top_k == 1 and cfg.gate_norm == "auto" and kind == "mixtral":
         return ("Mixtral renormalises the top-k scores, so its top-1 gate is 1, and this model's is the softmax "
                 "score (gate_norm auto): train it with --gate-norm always")
