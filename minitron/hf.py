@@ -38,6 +38,12 @@ engine's ``head_width``; Mistral's ``sliding_window`` is ``window`` (W keys, the
 own included, in both). An export picks the family whose knob the model has
 (tests/test_hf_families.py).
 
+**Mixtral, Qwen2-MoE, OLMoE** (``hf_moe.MOE_FAMILIES``) are the Llama mapping with each
+MoE block's rows from the family's table: the router, the experts stacked, Qwen2-MoE's
+gated shared expert; OLMoE's ``q_norm`` / ``k_norm`` over the whole projection are
+``attn.q_norm`` / ``k_norm`` of heads·d and kv·d (``qk_norm_span`` "all")
+(tests/test_hf_moe_families.py).
+
 Loading returns full tensors under minitron's layout-independent names, the form a
 checkpoint is assembled into (`checkpoint.assemble`), so `checkpoint.import_state` slices
 them for any layout — tensor, pipeline, cube — exactly as it does a minitron checkpoint.
