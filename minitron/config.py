@@ -48,7 +48,10 @@ class ModelConfig:
     top_k: int = 2  # experts each token is sent to
     moe_ffn: int = 0  # FFN size of one expert; 0 means the dense FFN size
     shared_experts: int = 0  # experts every token passes through (DeepSeek-MoE), beside the routed ones
+    shared_ffn: int = 0  # the shared experts' one MLP width; 0 means shared_experts * moe_ffn (Qwen2-MoE sets it)
+    shared_gate: bool = False  # the shared MLP's output times sigmoid(x·w), w [1, h] (Qwen2-MoE's shared_expert_gate)
     moe_every: int = 1  # block i is a MoE block when (i + 1) % moe_every == 0
+    dense_blocks: str = ""  # comma-separated blocks that keep a dense MLP (Qwen2-MoE's mlp_only_layers)
     router: str = "softmax"  # scores: "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
     aux_loss: float = 0.01  # α of the load-balancing loss α·E·Σ f_i·P_i (Switch Transformer); 0 off
     bias_update: float = 0.0  # γ of DeepSeek-V3's auxiliary-loss-free balancing; 0 off
@@ -56,7 +59,8 @@ class ModelConfig:
     # --- long context and the Hugging Face families (Qwen2/3, Mistral, Llama 3.1) ---
     head_width: int = 0  # a head's width d; 0 means hidden/heads (Qwen3 and others set it apart)
     qkv_bias: bool = False  # biases on the Q, K, V projections even without --bias (Qwen2)
-    qk_norm: bool = False  # RMSNorm over each head's d of q and k, before the rotation (Qwen3, OLMoE)
+    qk_norm: bool = False  # RMSNorm of q and k before the rotation (Qwen3, OLMoE), over qk_norm_span
+    qk_norm_span: str = "head"  # "head": each head's d (Qwen3); "all": the whole projection, heads·d and kv·d (OLMoE)
     window: int = 0  # sliding-window attention: a query sees its `window` latest keys (itself included); 0 off
     window_layers: str = ""  # pattern of L (windowed) and G (global) repeated over the layers; "" every layer
     rope_scaling: str = ""  # "" (none), "llama3" (Llama 3.1) or "yarn" (Peng et al. 2023), as transformers
@@ -67,7 +71,8 @@ class ModelConfig:
     rope_beta_fast: float = 32.0  # yarn's beta_fast (extrapolation boundary)
     rope_beta_slow: float = 1.0  # yarn's beta_slow (interpolation boundary)
     # the gates: "auto" renormalises the chosen scores when k > 1 or sigmoid (Switch's top-1 keeps its
-    # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1)
+    # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1);
+    # "never": the chosen scores as they are (Qwen2-MoE and OLMoE with norm_topk_prob false, their default)
     gate_norm: str = "auto"
     # --- DeepSeek-V3's blocks (moe.py's group-limited routing, mla.py) ---
     expert_groups: int = 0  # n_group: the experts in equal groups (nodes); 0 or 1: no groups
@@ -112,9 +117,20 @@ class ModelConfig:
     def moe_ffn_hidden(self) -> int:
         return self.moe_ffn or self.ffn_hidden
 
+    @property
+    def shared_ffn_hidden(self) -> int:
+        """The shared experts' MLP width: ``shared_ffn``, or shared_experts·moe_ffn (0 without them)."""
+        return (self.shared_ffn or self.shared_experts * self.moe_ffn_hidden) if self.shared_experts else 0
+
+    @property
+    def dense_block_ids(self) -> tuple[int, ...]:
+        """The blocks ``dense_blocks`` keeps dense, as integers (validate_model checks the text)."""
+        return tuple(int(i) for i in self.dense_blocks.split(",") if i.strip())
+
     def is_moe_block(self, i: int) -> bool:
         """Whether block `i` holds a mixture of experts instead of a dense MLP."""
-        return self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
+        return (self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
+                and i not in self.dense_block_ids)
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -339,8 +355,10 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("softmax", "sigmoid")
-GATE_NORMS = ("auto", "always")  # ModelConfig.gate_norm
-MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS, "gate_norm": GATE_NORMS}
+GATE_NORMS = ("auto", "always", "never")  # ModelConfig.gate_norm
+QK_NORM_SPANS = ("head", "all")  # ModelConfig.qk_norm_span
+MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS,
+                 "gate_norm": GATE_NORMS, "qk_norm_span": QK_NORM_SPANS}
 RECOMPUTE = ("none", "selective", "full")
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "mxfp8")  # --fp8-recipe; their numerics: parallel/fp8.py
 MX_BLOCK = 32  # OCP MX v1.0: the elements one MXFP8 scale covers (parallel/fp8.py reads it)
@@ -430,6 +448,24 @@ def validate_model(model: ModelConfig) -> None:
               f"unknown --gate-norm '{model.gate_norm}': choose one of {', '.join(GATE_NORMS)}")
         _need(model.aux_loss >= 0 and model.bias_update >= 0 and model.capacity_factor >= 0,
               "--aux-loss, --bias-update and --capacity-factor must be 0 (off) or positive")
+    validate_shared_and_dense(model)
+    _need(model.qk_norm_span in QK_NORM_SPANS,
+          f"unknown --qk-norm-span '{model.qk_norm_span}': choose one of {', '.join(QK_NORM_SPANS)}")
+    _need(model.qk_norm_span == "head" or model.qk_norm,
+          f"--qk-norm-span {model.qk_norm_span} says what --qk-norm normalises: add --qk-norm")
+
+
+def validate_shared_and_dense(model: ModelConfig) -> None:
+    """The shared experts' own width and gate, and the blocks kept dense (Qwen2-MoE's knobs)."""
+    _need(model.shared_ffn >= 0,
+          f"--shared-ffn must be positive, or 0 for shared_experts*moe_ffn (got {model.shared_ffn})")
+    _need(not (model.shared_ffn or model.shared_gate) or (model.experts and model.shared_experts),
+          "--shared-ffn and --shared-gate act on the shared experts: add --experts and --shared-experts 1")
+    ids = [i.strip() for i in model.dense_blocks.split(",") if i.strip()]
+    _need(all(i.isdigit() and int(i) < model.layers for i in ids) and len(set(ids)) == len(ids),
+          f"--dense-blocks '{model.dense_blocks}' must list distinct block indices in 0..{model.layers - 1}, "
+          f"comma-separated (e.g. 0,3)")
+    _need(not ids or model.experts, "--dense-blocks keeps blocks of a mixture dense: add --experts")
 
 
 ROPE_SCALINGS = ("llama3", "yarn")  # transformers' ROPE_INIT_FUNCTIONS kinds minitron computes (rope.py)
@@ -462,6 +498,11 @@ def validate_head_layout(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(not custom or layout.tp_mode == "1d" or layout.tp == 1,
           f"--head-width, --qkv-bias and --qk-norm compose with 1-D tensor parallelism only: "
           f"use --tp-mode 1d (got {layout.tp_mode})")
+    # OLMoE's norm over all kv heads sums squares over the tensor group: a kv head copied on t/kv ranks
+    # (t > kv, model.Attention) would be counted t/kv times
+    _need(not model.qk_norm or model.qk_norm_span == "head" or layout.tp <= model.n_kv_heads,
+          f"--qk-norm-span all normalises k over all {model.n_kv_heads} key/value heads, which --tp {layout.tp} "
+          f"would replicate: use --tp {model.n_kv_heads} or less")
 
 
 def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | None = None) -> None:

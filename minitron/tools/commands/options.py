@@ -92,8 +92,8 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
                    help="whole documents per sequence (ended by byte 0x1E, or the tokenizer's <|endoftext|>): "
                         "positions restart and attention stays inside each document")
     g.add_argument("--init-from", default="", metavar="HF_DIR",
-                   help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or DeepSeek-V3 checkpoint "
-                        "(config.json + model.safetensors, Hugging Face format); "
+                   help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, OLMoE or "
+                        "DeepSeek-V3 checkpoint (config.json + model.safetensors, Hugging Face format); "
                         "it decides the model's shape")
 
 
@@ -119,9 +119,10 @@ def model_from(args) -> ModelConfig:
 
 def model_from_hf(args) -> ModelConfig:
     """The model of --init-from's Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral,
-    Mixtral, DeepSeek-V3), checked like the engine's own before any rank starts (``hf.model_config``, names,
-    shapes and values of the files); --seq-len may shorten its context, the model flags that
-    do not change the loaded model apply, any other that differs is refused (``hf.apply_flags``)."""
+    Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3), checked like the engine's own before any rank
+    starts (``hf.model_config``, names, shapes and values of the files); --seq-len may shorten
+    its context, the model flags that do not change the loaded model apply, any other that
+    differs is refused (``hf.apply_flags``)."""
     from ...hf import apply_flags, check_values, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))
