@@ -46,7 +46,8 @@ def add_layout_args(ap):
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --sp on 1-D: each all-gather/reduce-scatter of the sequence decomposed into t chunks "
-                        "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP)")
+                        "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP); on 2-D: "
+                        "each SUMMA step's broadcasts sent while the step before multiplies")
     g.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
     g.add_argument("--zero", type=int, default=0,
                    help="ZeRO stage over dp: 1 AdamW state, 2 + gradients (reduce-scattered in backward), "
