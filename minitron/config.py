@@ -572,7 +572,7 @@ def validate_tp_overlap(layout: ParallelConfig) -> None:
                                           f"parallelism and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp "
                                           f"or --tp-mode 2d (got --tp-mode {layout.tp_mode})")
     _need(layout.sp or layout.tp_mode == "2d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "
-                                               "on 1-D only with sequence parallelism for now, add --sp")
+                                               "only 1-D with sequence parallelism for now, add --sp")
     _need(layout.precision != "fp8", "--tp-overlap decomposes the fp32/bf16 linears; the FP8 linears gather "
                                      "their input whole: use --precision fp32 or bf16, or drop --tp-overlap")
     split = layout.schedule in ("zb-h1", *V_SCHEDULES) and layout.pp > 1

@@ -1,0 +1,213 @@
+"""--tp-overlap on 2-D tensor parallelism (SUMMA, parallel/summa.py): each step's row and
+column broadcasts posted under the product of the step before, each partial product's
+reduce waited under the product after it; the same calls as the plain schedule.
+
+In-process: what is accepted and the one-line refusals that remain (2.5-D, the cube, the
+split backward); the order in which a SUMMA product posts and waits its calls around its
+products, with the step each call belongs to (forward and backward, the linears' X·W and
+the output layer's X·Bᵀ, q = 2 and 3), with two planted mistakes (every call waited before
+its product, and the prefetch of the wrong step) caught; a whole model's dry run making the
+same calls with and without the flag. On real ranks (one launch of 4): 2-D tp4 with
+--tp-overlap equals one device in float64 (1e-9) over 2 steps and the plain run's losses,
+the planted wrong step does not, and each traced step equals the analysis per axis and op
+exactly, with the bytes the plain layout sends.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from contextlib import nullcontext
+from unittest import mock
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minitron.analysis import comm as A
+from minitron.analysis.dry_run import dry_context, dry_trace
+from minitron.comm import Comm, CommTrace, Pending
+from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, validate
+from minitron.parallel import summa
+from minitron.parallel.summa import _SummaAB, _SummaABT
+from minitron.tools.testing import traced_step_bytes
+
+MODEL = ModelConfig(layers=2, hidden=32, heads=4, seq_len=16, vocab=256)
+TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", lr=1e-2, warmup=1, eval_every=0,
+                    progress=False, sample_tokens=0)
+TOL = 1e-9
+REAL_STEPS = summa.summa_steps
+
+
+def wrong_step(q, post, overlap):
+    """The planted mistake: each step handed the blocks of the step before (step 0's
+    twice), as a prefetch of the wrong step would; the same calls and bytes."""
+    return REAL_STEPS(q, lambda l: post(max(l - 1, 0)), overlap)
+
+
+# --- what is built, what is refused ---------------------------------------------------------------
+@pytest.mark.parametrize("layout", [dict(tp=4, tp_mode="2d"), dict(tp=4, tp_mode="2d", dp=2),
+                                    dict(tp=4, tp_mode="2d", pp=2, schedule="interleaved", vpp=1),
+                                    dict(tp=2, sp=True)])
+def test_two_d_overlap_is_accepted(layout):
+    validate(MODEL, ParallelConfig(tp_overlap=True, **layout))
+
+
+@pytest.mark.parametrize("layout,words", [
+    (dict(tp=8, tp_mode="2.5d", tp_depth=2), "and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp or --tp-mode 2d"),
+    (dict(tp=8, tp_mode="3d"), "and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp or --tp-mode 2d"),
+    (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-h1"), "not checked under --schedule zb-h1"),
+    (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-v"), "not checked under --schedule zb-v"),
+])
+def test_the_rest_is_refused_with_one_line(layout, words):
+    with pytest.raises(ConfigError, match=re.escape(words)) as e:
+        validate(MODEL, ParallelConfig(tp_overlap=True, **layout))
+    assert "\n" not in str(e.value)
+
+
+# --- the order of issue: every call in flight under a product ----------------------------------------
+class _Matmuls(TorchDispatchMode):
+    """Writes 'mm' into the log for every matrix product as it starts."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in ("mm", "addmm", "bmm"):
+            self.events.append("mm")
+        return func(*args, **(kwargs or {}))
+
+
+def expected(q: int, posts: int, products: int, reduces: bool, overlap: bool) -> list[str]:
+    """A SUMMA product's events ('b{l}': a broadcast of step l's block posted, 'r{l}': step
+    l's reduce posted, 'wait' for either, 'mm' a product begins) for `posts` broadcasts,
+    `products` products and at most one reduce per step. Overlapped: step l+1's broadcasts
+    posted before step l's products and waited after them; step l's reduce waited after
+    step l+1's products. Plain: each call waited before anything else starts."""
+    def post(l):
+        return [f"b{l}"] * posts
+
+    if not overlap:
+        return [e for l in range(q) for e in post(l) + ["wait"] * posts + ["mm"] * products + [f"r{l}", "wait"] * reduces]
+    seq = post(0) + ["wait"] * posts
+    for l in range(q):
+        ahead = l < q - 1
+        seq += post(l + 1) * ahead + ["mm"] * products
+        seq += ([f"r{l}"] + ["wait"] * (l > 0)) * reduces + ["wait"] * posts * ahead
+    return seq + ["wait"] * reduces
+
+
+def _issue_order(q: int, fn, overlap: bool, rank: int, monkeypatch) -> tuple[list, list]:
+    """(forward, backward) event logs of one SUMMA product (`fn`: _SummaAB or _SummaABT) on
+    grid rank `rank` of q×q, on a dry Comm (nothing sent): each broadcast and reduce logged
+    with its root, the step it belongs to, as it is posted."""
+    events: list = []
+    wait, broadcast, reduce = Pending.wait, Comm.broadcast, Comm.reduce
+    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), wait(self))[1])
+    monkeypatch.setattr(Comm, "broadcast", lambda self, t, axis, src_index=0, async_op=False: (
+        events.append(f"b{src_index}"), broadcast(self, t, axis, src_index, async_op))[1])
+    monkeypatch.setattr(Comm, "reduce", lambda self, t, axis, dst_index=0, async_op=False: (
+        events.append(f"r{dst_index}"), reduce(self, t, axis, dst_index, async_op))[1])
+    ctx = dry_context(ParallelConfig(tp=q * q, tp_mode="2d", tp_overlap=overlap), rank, torch.float64, CommTrace())
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
+    with _Matmuls(events):
+        y = fn.apply(x, w, ctx.comm, overlap)
+        forward = list(events)
+        events.clear()
+        y.backward(torch.ones_like(y))
+    return forward, list(events)
+
+
+@pytest.mark.parametrize("q", [2, 3])
+def test_each_call_is_posted_before_the_product_it_hides_under_and_waited_after(q, monkeypatch):
+    """X·W forward: X(r, l+1) and W(l+1, c) broadcast while X(r, l)·W(l, c) runs; backward,
+    dX then dW, each W (X) block broadcast under the product before and each partial
+    product's reduce waited under the product after. X·Bᵀ (the output layer) forward:
+    the B blocks prefetched, the partial logits' reduces under the next product; backward
+    dZ and B prefetched together, two products per step. Planted: the plain schedule
+    (every call waited before its product) and the prefetch of the wrong step read otherwise."""
+    ab = {"fwd": expected(q, 2, 1, False, True), "bwd": expected(q, 1, 1, True, True) * 2}
+    abt = {"fwd": expected(q, 1, 1, True, True), "bwd": expected(q, 2, 2, True, True)}
+    for rank in (0, q * q - 1):
+        for fn, want in ((_SummaAB, ab), (_SummaABT, abt)):
+            fwd, bwd = _issue_order(q, fn, True, rank, monkeypatch)
+            assert fwd == want["fwd"], (fn.__name__, fwd)
+            assert bwd == want["bwd"], (fn.__name__, bwd)
+    fwd, bwd = _issue_order(q, _SummaAB, False, 0, monkeypatch)  # planted: waited before the product
+    assert fwd == expected(q, 2, 1, False, False) != ab["fwd"]
+    assert bwd == expected(q, 1, 1, True, False) * 2 != ab["bwd"]
+    monkeypatch.setattr(summa, "summa_steps", wrong_step)  # planted: the wrong step prefetched
+    fwd, bwd = _issue_order(q, _SummaAB, True, 0, monkeypatch)
+    assert fwd != ab["fwd"] and bwd != ab["bwd"]
+
+
+@pytest.mark.parametrize("tp", [4, 9])
+def test_the_model_makes_the_plain_calls(tp):
+    """A whole model's forward and backward (a dry run) posts the same calls with the
+    flag as without it: every (phase, axis, op, bytes), so analysis/summa.py counts both."""
+    model = MODEL.replace(hidden=48, heads=6) if tp == 9 else MODEL  # q = 3 splits the heads and the hidden
+
+    def calls(overlap):
+        layout = ParallelConfig(tp=tp, tp_mode="2d", tp_overlap=overlap)
+        return Counter((r["phase"], r["axis"], r["op"], r["bytes"]) for r in dry_trace(model, layout, tp, 0, 8).records)
+    plain = calls(False)
+    assert plain and calls(True) == plain
+
+
+# --- on real ranks: one launch of 4 -------------------------------------------------------------------
+LAYOUT = dict(tp=4, tp_mode="2d")
+CASES = [("plain", dict(LAYOUT), False), ("overlap", dict(LAYOUT, tp_overlap=True), False),
+         ("overlap, wrong step prefetched (planted)", dict(LAYOUT, tp_overlap=True), True)]
+
+
+def _grid_overlap_job(comm, cases):
+    """Each case's 2 float64 steps on these ranks, traced: the oracle's verdict (rank 0),
+    the losses, step 0's traced bytes per axis and op and the analysis's."""
+    from minitron.data import load_corpus
+    from minitron.tools.verify import versus_one_device
+    from minitron.train import Trainer
+
+    corpus, out = load_corpus(""), {}
+    for name, kw, planted in cases:
+        layout, c = ParallelConfig(**kw), Comm(comm.grid, CommTrace())
+        with mock.patch("minitron.parallel.summa.summa_steps", wrong_step) if planted else nullcontext():
+            tr = Trainer(MODEL, layout, TRAIN, c, corpus)
+            losses = [tr.step(i) for i in range(TRAIN.steps)]
+        want = A.comm_bytes_per_step(MODEL, layout, TRAIN, c.index("pp"))
+        out[name] = {"losses": losses, "traced": traced_step_bytes(c.trace.records, comm.grid.rank),
+                     "want": {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items() if ops},
+                     "one_device": versus_one_device(c, tr, losses, MODEL, TRAIN)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def four():
+    from minitron.tools.testing import run_on_ranks
+
+    for _, kw, _ in CASES:
+        validate(MODEL, ParallelConfig(**kw), TRAIN, world=4)
+    return run_on_ranks(_grid_overlap_job, ParallelConfig(**LAYOUT), CASES)
+
+
+@pytest.mark.multirank
+def test_overlapped_summa_equals_one_device_and_the_plant_is_caught(four):
+    """verify --dtype float64 (1e-9), loss and parameters; the plain run's losses to 1e-9;
+    the wrong step prefetched is caught."""
+    for name, _, planted in CASES:
+        res = four[0][name]["one_device"]
+        print(f"{name:<44} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
+        assert (res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL) != planted, (name, res)
+    for rank, res in four.items():
+        assert max(abs(a - b) for a, b in zip(res["overlap"]["losses"], res["plain"]["losses"])) <= TOL, rank
+
+
+@pytest.mark.multirank
+def test_overlapped_summa_traced_step_equals_the_analysis_and_the_plain_bytes(four):
+    """Each rank's step 0 equals comm_bytes_per_step per axis and op, with and without the
+    flag, and the overlapped step sends the plain step's bytes on every axis and op."""
+    for rank, res in four.items():
+        for name in ("plain", "overlap"):
+            got, want = res[name]["traced"], res[name]["want"]
+            assert got == want and {"summa_row", "summa_col"} <= set(got), (rank, name, got, want)
+        assert res["overlap"]["traced"] == res["plain"]["traced"], rank
