@@ -564,14 +564,15 @@ def validate_tp_overlap(layout: ParallelConfig) -> None:
     with --sp: the all-gathers and reduce-scatters decomposed into t chunks on a ring
     (parallel/collective_matmul.py), the chunks the t sequence shards --sp already requires,
     so no chunk count of its own can fail to divide the sequence. 2-D (SUMMA): each step's
-    broadcasts prefetched under the step before's product (parallel/summa.py), the same
-    calls. The 2.5-D and 3-D modes are refused until they are built and checked."""
+    broadcasts prefetched under the step before's product (parallel/summa.py). 3-D (the
+    cube): the two gathers of a product at once, dX's reduce-scatter under dW's product
+    (parallel/cube.py). Both make the plain calls. 2.5-D is refused until it is checked."""
     _need(layout.tp > 1, "--tp-overlap with --tp 1: nothing to overlap (no tensor-parallel collective): "
                          "add --tp 2 or more with --sp, or drop --tp-overlap")
-    _need(layout.tp_mode in ("1d", "2d"), f"--tp-overlap is built for 1-D tensor parallelism with sequence "
-                                          f"parallelism and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp "
-                                          f"or --tp-mode 2d (got --tp-mode {layout.tp_mode})")
-    _need(layout.sp or layout.tp_mode == "2d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "
+    _need(layout.tp_mode != "2.5d", "--tp-overlap is built for 1-D tensor parallelism with sequence parallelism, "
+                                    "2-D (SUMMA) and 3-D (the cube), not for 2.5-D (Tesseract) for now: use --tp-mode "
+                                    "2d (tp = q²) or 3d (tp = q³), or drop --tp-overlap")
+    _need(layout.sp or layout.tp_mode != "1d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "
                                                "only 1-D with sequence parallelism for now, add --sp")
     _need(layout.precision != "fp8", "--tp-overlap decomposes the fp32/bf16 linears; the FP8 linears gather "
                                      "their input whole: use --precision fp32 or bf16, or drop --tp-overlap")
@@ -579,8 +580,8 @@ def validate_tp_overlap(layout: ParallelConfig) -> None:
     _need(not split or layout.tp_mode != "1d",
           f"--tp-overlap with --schedule {layout.schedule}: the split backward would all-gather a row-parallel "
           "linear's output gradient twice (in B and in W); use --schedule 1f1b, gpipe or interleaved")
-    _need(not split, f"--tp-overlap on --tp-mode 2d is not checked under --schedule {layout.schedule}'s split "
-                     "backward: use --schedule 1f1b, gpipe or interleaved")
+    _need(not split, f"--tp-overlap on --tp-mode {layout.tp_mode} is not checked under --schedule "
+                     f"{layout.schedule}'s split backward: use --schedule 1f1b, gpipe or interleaved")
 
 
 def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:

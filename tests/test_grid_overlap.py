@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from contextlib import nullcontext
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -27,7 +28,7 @@ from minitron.analysis import comm as A
 from minitron.analysis.dry_run import dry_context, dry_trace
 from minitron.comm import Comm, CommTrace, Pending
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, validate
-from minitron.parallel import summa
+from minitron.parallel import cube, summa
 from minitron.parallel.summa import _SummaAB, _SummaABT
 from minitron.tools.testing import traced_step_bytes
 
@@ -47,14 +48,15 @@ def wrong_step(q, post, overlap):
 # --- what is built, what is refused ---------------------------------------------------------------
 @pytest.mark.parametrize("layout", [dict(tp=4, tp_mode="2d"), dict(tp=4, tp_mode="2d", dp=2),
                                     dict(tp=4, tp_mode="2d", pp=2, schedule="interleaved", vpp=1),
-                                    dict(tp=2, sp=True)])
-def test_two_d_overlap_is_accepted(layout):
+                                    dict(tp=2, sp=True), dict(tp=8, tp_mode="3d"),
+                                    dict(tp=8, tp_mode="3d", pp=2, schedule="interleaved", vpp=1)])
+def test_two_d_and_the_cube_are_accepted(layout):
     validate(MODEL, ParallelConfig(tp_overlap=True, **layout))
 
 
 @pytest.mark.parametrize("layout,words", [
-    (dict(tp=8, tp_mode="2.5d", tp_depth=2), "and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp or --tp-mode 2d"),
-    (dict(tp=8, tp_mode="3d"), "and for 2-D (SUMMA) only for now: use --tp-mode 1d --sp or --tp-mode 2d"),
+    (dict(tp=8, tp_mode="2.5d", tp_depth=2), "not for 2.5-D (Tesseract) for now: use --tp-mode 2d (tp = q²) or 3d"),
+    (dict(tp=8, tp_mode="3d", pp=2, schedule="zb-h1"), "--tp-mode 3d is not checked under --schedule zb-h1"),
     (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-h1"), "not checked under --schedule zb-h1"),
     (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-v"), "not checked under --schedule zb-v"),
 ])
@@ -155,59 +157,130 @@ def test_the_model_makes_the_plain_calls(tp):
     assert plain and calls(True) == plain
 
 
-# --- on real ranks: one launch of 4 -------------------------------------------------------------------
-LAYOUT = dict(tp=4, tp_mode="2d")
-CASES = [("plain", dict(LAYOUT), False), ("overlap", dict(LAYOUT, tp_overlap=True), False),
-         ("overlap, wrong step prefetched (planted)", dict(LAYOUT, tp_overlap=True), True)]
+# --- the cube: the paper's schedule ---------------------------------------------------------------
+def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tuple[list, list]:
+    """(forward, backward) event logs of one cube product (placement (j, k), rank 5 of the
+    2×2×2 cube) on a dry Comm: each gather 'ag' and reduce-scatter 'rs' logged with its axis
+    as it is posted ('~': async), 'wait' for a Pending, 'mm' a product begins. `planted`:
+    every async call waited at once (a wait before the product it should run under)."""
+    events: list = []
+    wait, gather, scatter = Pending.wait, Comm.all_gather, Comm.reduce_scatter
+
+    def logged(real, op):
+        def call(self, t, axis, dim=0, async_op=False, **kw):
+            events.append(f"{op}:{axis[-1]}{'~' * async_op}")
+            done = real(self, t, axis, dim, async_op, **kw)
+            return (done, done.wait())[0] if planted and async_op else done
+        return call
+    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), wait(self))[1])
+    monkeypatch.setattr(Comm, "all_gather", logged(gather, "ag"))
+    monkeypatch.setattr(Comm, "reduce_scatter", logged(scatter, "rs"))
+    ctx = dry_context(ParallelConfig(tp=8, tp_mode="3d", tp_overlap=overlap), 5, torch.float64, CommTrace())
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)  # columns d_in/q² (gathered along i: d_in/q)
+    with _Matmuls(events):
+        y = cube.cube_product(x, w, ctx.comm, cube.J, 1, cube.K, overlap)
+        forward = list(events)
+        events.clear()
+        y.backward(torch.ones_like(y))
+    return forward, list(events)
 
 
-def _grid_overlap_job(comm, cases):
-    """Each case's 2 float64 steps on these ranks, traced: the oracle's verdict (rank 0),
-    the losses, step 0's traced bytes per axis and op and the analysis's."""
+def test_cube_product_follows_the_papers_schedule(monkeypatch):
+    """Forward: X's gather along j and W's along i posted together, both waited, the
+    product, the reduce-scatter along k. Backward: dY gathered along k, dX's product, its
+    reduce-scatter along j posted and left in flight while dW's product runs, dW's
+    reduce-scatter along i posted, then both waited. Planted: every call waited at once
+    reads otherwise, and so does the plain schedule."""
+    fwd, bwd = _cube_issue_order(True, monkeypatch)
+    assert fwd == ["ag:j~", "ag:i~", "wait", "wait", "mm", "rs:k"], fwd
+    assert bwd == ["ag:k", "mm", "rs:j~", "mm", "rs:i~", "wait", "wait"], bwd
+    planted = _cube_issue_order(True, monkeypatch, planted=True)
+    assert planted[1] == ["ag:k", "mm", "rs:j~", "wait", "mm", "rs:i~", "wait", "wait", "wait"], planted
+    assert _cube_issue_order(False, monkeypatch) != (fwd, bwd)
+
+
+def test_the_cube_makes_the_plain_calls():
+    """A whole model on the 2×2×2 cube (a dry run, every rank) posts the same calls with the
+    flag as without it, so analysis/cube.py counts both."""
+    def calls(overlap, rank):
+        layout = ParallelConfig(tp=8, tp_mode="3d", tp_overlap=overlap)
+        return Counter((r["phase"], r["axis"], r["op"], r["bytes"]) for r in dry_trace(MODEL, layout, 8, rank, 8).records)
+    for rank in (0, 5):
+        plain = calls(False, rank)
+        assert plain and calls(True, rank) == plain
+
+
+# --- on real ranks: one launch of 8 -------------------------------------------------------------------
+GRID = dict(tp=4, tp_mode="2d")
+CASES = [("2d tp4 x dp2", dict(GRID, dp=2), False), ("2d tp4 x dp2 overlap", dict(GRID, dp=2, tp_overlap=True), False),
+         ("2d tp4 x dp2 overlap, wrong step prefetched (planted)", dict(GRID, dp=2, tp_overlap=True), True),
+         ("2d tp4 x pp2 overlap", dict(GRID, pp=2, tp_overlap=True), False),
+         ("3d tp8", dict(tp=8, tp_mode="3d"), False), ("3d tp8 overlap", dict(tp=8, tp_mode="3d", tp_overlap=True), False)]
+PLAIN_OF = {"2d tp4 x dp2 overlap": "2d tp4 x dp2", "3d tp8 overlap": "3d tp8"}
+
+
+def _overlap_job(comm, cases):
+    """Each case's 2 float64 steps on these ranks (its own grid), traced: the oracle's
+    verdict (rank 0), the losses, step 0's traced bytes per axis and op and the analysis's
+    for the layout and for it without --tp-overlap."""
     from minitron.data import load_corpus
+    from minitron.grid import ProcessGrid
     from minitron.tools.verify import versus_one_device
     from minitron.train import Trainer
 
-    corpus, out = load_corpus(""), {}
+    corpus, rank, out = load_corpus(""), comm.grid.rank, {}
     for name, kw, planted in cases:
-        layout, c = ParallelConfig(**kw), Comm(comm.grid, CommTrace())
+        layout = ParallelConfig(**kw)
+        c = Comm(ProcessGrid.for_layout(layout, rank).build_groups(), CommTrace())
         with mock.patch("minitron.parallel.summa.summa_steps", wrong_step) if planted else nullcontext():
             tr = Trainer(MODEL, layout, TRAIN, c, corpus)
             losses = [tr.step(i) for i in range(TRAIN.steps)]
-        want = A.comm_bytes_per_step(MODEL, layout, TRAIN, c.index("pp"))
-        out[name] = {"losses": losses, "traced": traced_step_bytes(c.trace.records, comm.grid.rank),
-                     "want": {a: {op: nb for op, nb in ops.items() if nb} for a, ops in want.items() if ops},
-                     "one_device": versus_one_device(c, tr, losses, MODEL, TRAIN)}
+        out[name] = {"losses": losses, "traced": traced_step_bytes(c.trace.records, rank),
+                     "want": {flag: _nonzero(A.comm_bytes_per_step(MODEL, replace(layout, tp_overlap=flag), TRAIN,
+                                                                   c.index("pp"))) for flag in (False, True)},
+                     "one_device": versus_one_device(c, tr, losses, MODEL,
+                                                     TRAIN.replace(microbatches=TRAIN.microbatches * layout.data_replicas))}
     return out
 
 
+def _nonzero(by_axis: dict) -> dict:
+    """comm_bytes_per_step without the axes and ops it prices at zero (a trace has no such entries)."""
+    return {a: {op: nb for op, nb in ops.items() if nb} for a, ops in by_axis.items() if any(ops.values())}
+
+
 @pytest.fixture(scope="module")
-def four():
+def eight():
     from minitron.tools.testing import run_on_ranks
 
     for _, kw, _ in CASES:
-        validate(MODEL, ParallelConfig(**kw), TRAIN, world=4)
-    return run_on_ranks(_grid_overlap_job, ParallelConfig(**LAYOUT), CASES)
+        validate(MODEL, ParallelConfig(**kw), TRAIN, world=8)
+    return run_on_ranks(_overlap_job, ParallelConfig(tp=8, tp_mode="3d"), CASES)
 
 
 @pytest.mark.multirank
-def test_overlapped_summa_equals_one_device_and_the_plant_is_caught(four):
-    """verify --dtype float64 (1e-9), loss and parameters; the plain run's losses to 1e-9;
-    the wrong step prefetched is caught."""
+def test_overlapped_layouts_equal_one_device_and_the_plant_is_caught(eight):
+    """verify --dtype float64 (1e-9), loss and parameters: 2-D tp4 × dp2 and × pp2 and the
+    cube tp8, each with --tp-overlap, and their plain layouts; the overlapped runs' losses
+    equal the plain runs' (1e-9) on every rank; the wrong step prefetched is caught."""
     for name, _, planted in CASES:
-        res = four[0][name]["one_device"]
-        print(f"{name:<44} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
+        res = eight[0][name]["one_device"]
+        print(f"{name:<54} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
         assert (res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL) != planted, (name, res)
-    for rank, res in four.items():
-        assert max(abs(a - b) for a, b in zip(res["overlap"]["losses"], res["plain"]["losses"])) <= TOL, rank
+    for rank, res in eight.items():
+        for overlapped, plain in PLAIN_OF.items():
+            assert max(abs(a - b) for a, b in zip(res[overlapped]["losses"], res[plain]["losses"])) <= TOL, rank
 
 
 @pytest.mark.multirank
-def test_overlapped_summa_traced_step_equals_the_analysis_and_the_plain_bytes(four):
+def test_overlapped_traced_step_equals_the_analysis_and_the_plain_bytes(eight):
     """Each rank's step 0 equals comm_bytes_per_step per axis and op, with and without the
-    flag, and the overlapped step sends the plain step's bytes on every axis and op."""
-    for rank, res in four.items():
-        for name in ("plain", "overlap"):
+    flag; the analysis prices the overlapped layout as the plain one, and the overlapped
+    step's traced bytes equal the plain step's on every axis and op."""
+    for rank, res in eight.items():
+        for name, kw, _ in CASES:
             got, want = res[name]["traced"], res[name]["want"]
-            assert got == want and {"summa_row", "summa_col"} <= set(got), (rank, name, got, want)
-        assert res["overlap"]["traced"] == res["plain"]["traced"], rank
+            lines = ({"summa_row", "summa_col"} if kw["tp_mode"] == "2d" else {"cube_i", "cube_j", "cube_k"})
+            assert got == want[kw.get("tp_overlap", False)] == want[False] and lines <= set(got), (rank, name, got, want)
+        for overlapped, plain in PLAIN_OF.items():
+            assert res[overlapped]["traced"] == res[plain]["traced"], (rank, overlapped)

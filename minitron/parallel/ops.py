@@ -54,6 +54,13 @@ def reduce_scatter(x, comm, axis: str, dim: int):
     return _ReduceScatter.apply(x, comm, axis, dim)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a mode's own products run in (SUMMA's, the cube's under --tp-overlap):
+    autocast's (bf16) when it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
 def wants_grad(fctx, i: int) -> bool:
     """Does the running backward pass want the gradient of input `i` of this node?
 

@@ -75,8 +75,8 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .layers import Layers, grid_layers
-from .ops import (MeanOverAxes, bias_keywords, grouped_rows, reduce_scatter, sharded_norm, vocab_parallel_cross_entropy,
-                  wants_grad)
+from .ops import (MeanOverAxes, bias_keywords, compute_dtype, grouped_rows, reduce_scatter, sharded_norm,
+                  vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
@@ -102,12 +102,6 @@ def replicated_over(ctx: Context, *axes: str) -> dict:
 
 
 # --- SUMMA products -----------------------------------------------------------------------
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the products run in: autocast's (bf16) when it is on, else x's."""
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
 def _broadcast_block(t: torch.Tensor, comm, axis: str, src: int):
     """The block of the rank at position `src` of `axis`, on every rank of the line: a
     Pending (posted now, waited by the caller)."""
@@ -178,7 +172,7 @@ class _SummaAB(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x, weight, comm, overlap=False):
         q, r, c, _ = grid_of(comm)
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         xs, w = x.detach().to(cdt).contiguous(), weight.detach()
         y = None
         post = lambda l: (_broadcast_block(xs, comm, ROW, l), _broadcast_block(w, comm, COL, l))  # X(r, l), W(l, c)ᵀ
@@ -220,7 +214,7 @@ class _SummaABT(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x, weight, comm, overlap=False):
         q, r, c, _ = grid_of(comm)
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         xs, w = x.detach().to(cdt), weight.detach()
         sums = Sums(comm, ROW, c, overlap)
         for l, (w_l,) in summa_steps(q, lambda l: (_broadcast_block(w, comm, COL, l),), overlap):  # B(l, c)
