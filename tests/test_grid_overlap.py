@@ -1,16 +1,19 @@
-"""--tp-overlap on 2-D tensor parallelism (SUMMA, parallel/summa.py): each step's row and
-column broadcasts posted under the product of the step before, each partial product's
-reduce waited under the product after it; the same calls as the plain schedule.
+"""--tp-overlap on 2-D tensor parallelism (SUMMA, parallel/summa.py) and on the cube (3-D,
+parallel/cube.py). SUMMA: each step's row and column broadcasts posted under the product of
+the step before, each partial product's reduce waited under the product after it. The cube:
+a product's two gathers in flight at once, dX's reduce-scatter under dW's product (the 3-D
+paper's own order). Both make the plain schedule's calls.
 
-In-process: what is accepted and the one-line refusals that remain (2.5-D, the cube, the
-split backward); the order in which a SUMMA product posts and waits its calls around its
-products, with the step each call belongs to (forward and backward, the linears' X·W and
-the output layer's X·Bᵀ, q = 2 and 3), with two planted mistakes (every call waited before
-its product, and the prefetch of the wrong step) caught; a whole model's dry run making the
-same calls with and without the flag. On real ranks (one launch of 4): 2-D tp4 with
---tp-overlap equals one device in float64 (1e-9) over 2 steps and the plain run's losses,
-the planted wrong step does not, and each traced step equals the analysis per axis and op
-exactly, with the bytes the plain layout sends.
+In-process: what is accepted and the one-line refusals that remain (2.5-D, the split
+backward); the order in which a SUMMA product posts and waits its calls around its products,
+with the step each call belongs to (forward and backward, the linears' X·W and the output
+layer's X·Bᵀ, q = 2 and 3), and the cube product's order, with planted mistakes (every call
+waited before its product; the prefetch of the wrong step) caught; whole models' dry runs
+making the same calls with and without the flag. On real ranks (one launch of 8): 2-D tp4 ×
+dp2 and × pp2 and the cube tp8 with --tp-overlap equal one device in float64 (1e-9) over 2
+steps, the planted wrong step does not, each traced step equals the analysis per axis and op
+exactly, which prices the flag at the plain layout's bytes, and the cube's traced bytes and
+losses equal its plain run's.
 """
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ from unittest import mock
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from minitron.analysis import comm as A
 from minitron.analysis.dry_run import dry_context, dry_trace
@@ -31,6 +33,7 @@ from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfi
 from minitron.parallel import cube, summa
 from minitron.parallel.summa import _SummaAB, _SummaABT
 from minitron.tools.testing import traced_step_bytes
+from test_tp_overlap import _Matmuls  # 'mm' logged as each matrix product starts
 
 MODEL = ModelConfig(layers=2, hidden=32, heads=4, seq_len=16, vocab=256)
 TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", lr=1e-2, warmup=1, eval_every=0,
@@ -67,19 +70,6 @@ def test_the_rest_is_refused_with_one_line(layout, words):
 
 
 # --- the order of issue: every call in flight under a product ----------------------------------------
-class _Matmuls(TorchDispatchMode):
-    """Writes 'mm' into the log for every matrix product as it starts."""
-
-    def __init__(self, events):
-        super().__init__()
-        self.events = events
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in ("mm", "addmm", "bmm"):
-            self.events.append("mm")
-        return func(*args, **(kwargs or {}))
-
-
 def expected(q: int, posts: int, products: int, reduces: bool, overlap: bool) -> list[str]:
     """A SUMMA product's events ('b{l}': a broadcast of step l's block posted, 'r{l}': step
     l's reduce posted, 'wait' for either, 'mm' a product begins) for `posts` broadcasts,
@@ -144,19 +134,6 @@ def test_each_call_is_posted_before_the_product_it_hides_under_and_waited_after(
     assert fwd != ab["fwd"] and bwd != ab["bwd"]
 
 
-@pytest.mark.parametrize("tp", [4, 9])
-def test_the_model_makes_the_plain_calls(tp):
-    """A whole model's forward and backward (a dry run) posts the same calls with the
-    flag as without it: every (phase, axis, op, bytes), so analysis/summa.py counts both."""
-    model = MODEL.replace(hidden=48, heads=6) if tp == 9 else MODEL  # q = 3 splits the heads and the hidden
-
-    def calls(overlap):
-        layout = ParallelConfig(tp=tp, tp_mode="2d", tp_overlap=overlap)
-        return Counter((r["phase"], r["axis"], r["op"], r["bytes"]) for r in dry_trace(model, layout, tp, 0, 8).records)
-    plain = calls(False)
-    assert plain and calls(True) == plain
-
-
 # --- the cube: the paper's schedule ---------------------------------------------------------------
 def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tuple[list, list]:
     """(forward, backward) event logs of one cube product (placement (j, k), rank 5 of the
@@ -200,24 +177,30 @@ def test_cube_product_follows_the_papers_schedule(monkeypatch):
     assert _cube_issue_order(False, monkeypatch) != (fwd, bwd)
 
 
-def test_the_cube_makes_the_plain_calls():
-    """A whole model on the 2×2×2 cube (a dry run, every rank) posts the same calls with the
-    flag as without it, so analysis/cube.py counts both."""
-    def calls(overlap, rank):
-        layout = ParallelConfig(tp=8, tp_mode="3d", tp_overlap=overlap)
-        return Counter((r["phase"], r["axis"], r["op"], r["bytes"]) for r in dry_trace(MODEL, layout, 8, rank, 8).records)
-    for rank in (0, 5):
-        plain = calls(False, rank)
-        assert plain and calls(True, rank) == plain
+@pytest.mark.parametrize("tp,mode,rank,precision", [(4, "2d", 0, "fp32"), (4, "2d", 3, "bf16"), (8, "3d", 5, "fp32"),
+                                                    (8, "3d", 6, "bf16")])
+def test_the_model_makes_the_plain_calls(tp, mode, rank, precision):
+    """A whole model's forward and backward (a dry run) posts the same calls with the flag
+    as without it: every (phase, axis, op, bytes, dtype), in fp32 and under bf16's autocast
+    (activations in bf16 on the wire, weights and their gradients in fp32), so
+    analysis/summa.py and analysis/cube.py count both."""
+    def calls(overlap):
+        layout = ParallelConfig(tp=tp, tp_mode=mode, tp_overlap=overlap, precision=precision)
+        return Counter((r["phase"], r["axis"], r["op"], r["bytes"], r["dtype"])
+                       for r in dry_trace(MODEL, layout, tp, rank).records)
+    plain = calls(False)
+    assert plain and calls(True) == plain
 
 
 # --- on real ranks: one launch of 8 -------------------------------------------------------------------
 GRID = dict(tp=4, tp_mode="2d")
-CASES = [("2d tp4 x dp2", dict(GRID, dp=2), False), ("2d tp4 x dp2 overlap", dict(GRID, dp=2, tp_overlap=True), False),
+# the 2-D plain layouts' runs are test_summa.py's (their traced step = the same analysis); the cube's plain
+# run is here, its product being new code in both schedules
+CASES = [("2d tp4 x dp2 overlap", dict(GRID, dp=2, tp_overlap=True), False),
          ("2d tp4 x dp2 overlap, wrong step prefetched (planted)", dict(GRID, dp=2, tp_overlap=True), True),
          ("2d tp4 x pp2 overlap", dict(GRID, pp=2, tp_overlap=True), False),
          ("3d tp8", dict(tp=8, tp_mode="3d"), False), ("3d tp8 overlap", dict(tp=8, tp_mode="3d", tp_overlap=True), False)]
-PLAIN_OF = {"2d tp4 x dp2 overlap": "2d tp4 x dp2", "3d tp8 overlap": "3d tp8"}
+PLAIN_OF = {"3d tp8 overlap": "3d tp8"}
 
 
 def _overlap_job(comm, cases):
@@ -261,8 +244,8 @@ def eight():
 @pytest.mark.multirank
 def test_overlapped_layouts_equal_one_device_and_the_plant_is_caught(eight):
     """verify --dtype float64 (1e-9), loss and parameters: 2-D tp4 × dp2 and × pp2 and the
-    cube tp8, each with --tp-overlap, and their plain layouts; the overlapped runs' losses
-    equal the plain runs' (1e-9) on every rank; the wrong step prefetched is caught."""
+    cube tp8, each with --tp-overlap, and the plain cube; the overlapped cube's losses equal
+    the plain one's (1e-9) on every rank; the wrong step prefetched is caught."""
     for name, _, planted in CASES:
         res = eight[0][name]["one_device"]
         print(f"{name:<54} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
@@ -275,8 +258,9 @@ def test_overlapped_layouts_equal_one_device_and_the_plant_is_caught(eight):
 @pytest.mark.multirank
 def test_overlapped_traced_step_equals_the_analysis_and_the_plain_bytes(eight):
     """Each rank's step 0 equals comm_bytes_per_step per axis and op, with and without the
-    flag; the analysis prices the overlapped layout as the plain one, and the overlapped
-    step's traced bytes equal the plain step's on every axis and op."""
+    flag; the analysis prices the overlapped layout as the plain one (whose traced step
+    test_summa.py and test_cube.py hold equal to it), and the overlapped cube's traced bytes
+    equal its plain run's on every axis and op."""
     for rank, res in eight.items():
         for name, kw, _ in CASES:
             got, want = res[name]["traced"], res[name]["want"]

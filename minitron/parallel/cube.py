@@ -58,6 +58,15 @@ shard, tied embeddings need nothing special. The vocabulary is padded to a multi
 of q². Each rank's loss is the mean over its batch piece; a scalar all-reduce over the
 (i, k) plane makes every rank hold the global mean (its backward passes 1/q² down).
 
+**--tp-overlap** runs the same calls in the order of the paper's own implementation
+(Colossal-AI's ``linear_3d``; :class:`_OverlappedProduct`, behind :func:`cube_product`, in
+every Linear3D and the output layer): forward, X's gather along a and W's along i are
+posted together and waited together, so the two lines carry their blocks at once;
+backward, dX's reduce-scatter along a is posted as soon as dX is computed and waited only
+after dW's product has run under it. The messages and bytes are the plain schedule's, so
+``analysis/cube.py`` counts both; the embedding's lookup, the norms and the loss, with no
+product to hide under, stay as they are.
+
 With q = 1 every collective is a no-op and these layers are the single-device ones.
 """
 from __future__ import annotations
