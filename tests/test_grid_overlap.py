@@ -40,6 +40,9 @@ TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", lr
                     progress=False, sample_tokens=0)
 TOL = 1e-9
 REAL_STEPS = summa.summa_steps
+# the real calls, taken once: the event logs below wrap them afresh for each product they watch
+WAIT, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER = (Pending.wait, Comm.broadcast, Comm.reduce, Comm.all_gather,
+                                                       Comm.reduce_scatter)
 
 
 def wrong_step(q, post, overlap):
@@ -94,12 +97,11 @@ def _issue_order(q: int, fn, overlap: bool, rank: int, monkeypatch) -> tuple[lis
     grid rank `rank` of q×q, on a dry Comm (nothing sent): each broadcast and reduce logged
     with its root, the step it belongs to, as it is posted."""
     events: list = []
-    wait, broadcast, reduce = Pending.wait, Comm.broadcast, Comm.reduce
-    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), wait(self))[1])
+    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), WAIT(self))[1])
     monkeypatch.setattr(Comm, "broadcast", lambda self, t, axis, src_index=0, async_op=False: (
-        events.append(f"b{src_index}"), broadcast(self, t, axis, src_index, async_op))[1])
+        events.append(f"b{src_index}"), BROADCAST(self, t, axis, src_index, async_op))[1])
     monkeypatch.setattr(Comm, "reduce", lambda self, t, axis, dst_index=0, async_op=False: (
-        events.append(f"r{dst_index}"), reduce(self, t, axis, dst_index, async_op))[1])
+        events.append(f"r{dst_index}"), REDUCE(self, t, axis, dst_index, async_op))[1])
     ctx = dry_context(ParallelConfig(tp=q * q, tp_mode="2d", tp_overlap=overlap), rank, torch.float64, CommTrace())
     x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(8, 6, dtype=torch.float64, requires_grad=True)
@@ -141,7 +143,6 @@ def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tupl
     as it is posted ('~': async), 'wait' for a Pending, 'mm' a product begins. `planted`:
     every async call waited at once (a wait before the product it should run under)."""
     events: list = []
-    wait, gather, scatter = Pending.wait, Comm.all_gather, Comm.reduce_scatter
 
     def logged(real, op):
         def call(self, t, axis, dim=0, async_op=False, **kw):
@@ -149,9 +150,9 @@ def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tupl
             done = real(self, t, axis, dim, async_op, **kw)
             return (done, done.wait())[0] if planted and async_op else done
         return call
-    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), wait(self))[1])
-    monkeypatch.setattr(Comm, "all_gather", logged(gather, "ag"))
-    monkeypatch.setattr(Comm, "reduce_scatter", logged(scatter, "rs"))
+    monkeypatch.setattr(Pending, "wait", lambda self: (events.append("wait"), WAIT(self))[1])
+    monkeypatch.setattr(Comm, "all_gather", logged(ALL_GATHER, "ag"))
+    monkeypatch.setattr(Comm, "reduce_scatter", logged(REDUCE_SCATTER, "rs"))
     ctx = dry_context(ParallelConfig(tp=8, tp_mode="3d", tp_overlap=overlap), 5, torch.float64, CommTrace())
     x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)  # columns d_in/q² (gathered along i: d_in/q)
