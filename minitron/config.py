@@ -217,7 +217,7 @@ class ParallelConfig:
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
-    tp_overlap: bool = False  # communication under the products it feeds: --sp's rings (1-D), SUMMA's prefetch (2-D), the cube's (3-D)
+    tp_overlap: bool = False  # communication under the products it feeds: --sp's rings (1-D), SUMMA's (2-D), the cube's (3-D)
     ep_overlap: bool = False  # the experts' all-to-alls in two halves, each in flight under the other's experts
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1

@@ -80,8 +80,8 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .layers import Layers, grid_layers
-from .ops import (MeanOverAxes, bias_keywords, compute_dtype, gather, grouped_rows, reduce_scatter, sharded_norm,
-                  vocab_parallel_cross_entropy, wants_grad)
+from .ops import (MeanOverAxes, bias_keywords, compute_dtype, gather, grouped_rows, over_tokens, reduce_scatter,
+                  sharded_norm, vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
 I, J, K = "cube_i", "cube_j", "cube_k"
@@ -121,11 +121,6 @@ def on_plane(ctx: Context, *axes: str) -> dict:
 
 
 # --- the cube's product ----------------------------------------------------------------------
-def _t(x: torch.Tensor) -> torch.Tensor:
-    """[..., n] -> [n, tokens]: the transposed token matrix (for weight gradients)."""
-    return x.reshape(-1, x.shape[-1]).t()
-
-
 class _OverlappedProduct(torch.autograd.Function):
     """``reduce-scatter_c(gather_a(X)·gather_i(W)ᵀ)``, the cube's product, with --tp-overlap's
     schedule (the 3-D paper's own, as its authors' Colossal-AI ``linear_3d`` runs it): the
@@ -157,7 +152,7 @@ class _OverlappedProduct(torch.autograd.Function):
             dx = comm.reduce_scatter((dy @ w_all.to(cdt)).to(x_all.dtype), x_axis, BATCH, async_op=True,
                                      activation=True)
         if wants_grad(fctx, 1):
-            dw = comm.reduce_scatter((_t(dy) @ _t(x_all.to(cdt)).t()).to(w_all.dtype), I, fctx.w_dim, async_op=True)
+            dw = comm.reduce_scatter(over_tokens(dy, x_all.to(cdt)).to(w_all.dtype), I, fctx.w_dim, async_op=True)
         return (dx.wait() if dx is not None else None), (dw.wait() if dw is not None else None), None, None, None, None
 
 

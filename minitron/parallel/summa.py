@@ -75,7 +75,7 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .layers import Layers, grid_layers
-from .ops import (MeanOverAxes, bias_keywords, compute_dtype, grouped_rows, reduce_scatter, sharded_norm,
+from .ops import (MeanOverAxes, bias_keywords, compute_dtype, grouped_rows, over_tokens, reduce_scatter, sharded_norm,
                   vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
@@ -157,11 +157,6 @@ class Sums:
         return self.kept
 
 
-def _t(x: torch.Tensor) -> torch.Tensor:
-    """[..., n] -> [n, tokens]: the transposed token matrix (for weight gradients)."""
-    return x.reshape(-1, x.shape[-1]).t()
-
-
 class _SummaAB(torch.autograd.Function):
     """``Y = X·W`` on the grid, W given as the torch weight block ``[d_out/q, d_in/q]``
     (= W(r, c)ᵀ); see the module docstring. Activations travel in the compute dtype
@@ -198,7 +193,7 @@ class _SummaAB(torch.autograd.Function):
         if wants_grad(fctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
             sums, xs = Sums(comm, COL, r, overlap), x.detach().to(cdt).contiguous()
             for l, (x_l,) in summa_steps(q, lambda l: (_broadcast_block(xs, comm, ROW, l),), overlap):
-                sums.add((_t(dy) @ _t(x_l).t()).to(weight.dtype), l)
+                sums.add(over_tokens(dy, x_l).to(weight.dtype), l)
             dw = sums.result()
         return dx, dw, None, None
 
@@ -239,7 +234,7 @@ class _SummaABT(torch.autograd.Function):
                 part = dz_l @ w_l[0].to(cdt)
                 dx = part if dx is None else dx.add_(part)
             if want_w:
-                sums.add((_t(dz_l) @ _t(xs).t()).to(weight.dtype), l)
+                sums.add(over_tokens(dz_l, xs).to(weight.dtype), l)
         return (dx.to(x.dtype) if dx is not None else None), sums.result() if want_w else None, None, None
 
 
