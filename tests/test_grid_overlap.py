@@ -1,19 +1,19 @@
-"""--tp-overlap on 2-D tensor parallelism (SUMMA, parallel/summa.py) and on the cube (3-D,
-parallel/cube.py). SUMMA: each step's row and column broadcasts posted under the product of
-the step before, each partial product's reduce waited under the product after it. The cube:
-a product's two gathers in flight at once, dX's reduce-scatter under dW's product (the 3-D
-paper's own order). Both make the plain schedule's calls.
+"""--tp-overlap on 2-D and 2.5-D tensor parallelism (SUMMA, parallel/summa.py) and on the
+cube (3-D, parallel/cube.py). SUMMA: each step's row and column broadcasts posted under the
+product of the step before, each partial product's reduce waited under the product after
+it. The cube: a product's two gathers in flight at once, dX's reduce-scatter under dW's
+product (the 3-D paper's own order). Both make the plain schedule's calls.
 
-In-process: what is accepted and the one-line refusals that remain (2.5-D, the split
-backward); the order in which a SUMMA product posts and waits its calls around its products,
-with the step each call belongs to (forward and backward, the linears' X·W and the output
-layer's X·Bᵀ, q = 2 and 3), and the cube product's order, with planted mistakes (every call
-waited before its product; the prefetch of the wrong step) caught; whole models' dry runs
-making the same calls with and without the flag. On real ranks (one launch of 8): 2-D tp4 ×
-dp2 and × pp2 and the cube tp8 with --tp-overlap equal one device in float64 (1e-9) over 2
-steps, the planted wrong step does not, each traced step equals the analysis per axis and op
-exactly, which prices the flag at the plain layout's bytes, and the cube's traced bytes and
-losses equal its plain run's.
+In-process: every mode accepted, the one-line refusal that remains (the split backward);
+the order in which a SUMMA product posts and waits its calls around its products, with the
+step each call belongs to (forward and backward, the linears' X·W and the output layer's
+X·Bᵀ, q = 2 and 3), and the cube product's order, with planted mistakes (every call waited
+before its product; the prefetch of the wrong step) caught; whole models' dry runs making
+the same calls with and without the flag (fp32 and bf16). On real ranks (one launch of 8):
+2-D tp4 × dp2 and × pp2, 2.5-D tp8 (q = 2, d = 2) and the cube tp8 with --tp-overlap equal
+one device in float64 (1e-9) over 2 steps, the planted wrong step does not, each traced
+step equals the analysis per axis and op exactly, which prices the flag at the plain
+layout's bytes, and the cube's traced bytes and losses equal its plain run's.
 """
 from __future__ import annotations
 
@@ -55,13 +55,13 @@ def wrong_step(q, post, overlap):
 @pytest.mark.parametrize("layout", [dict(tp=4, tp_mode="2d"), dict(tp=4, tp_mode="2d", dp=2),
                                     dict(tp=4, tp_mode="2d", pp=2, schedule="interleaved", vpp=1),
                                     dict(tp=2, sp=True), dict(tp=8, tp_mode="3d"),
-                                    dict(tp=8, tp_mode="3d", pp=2, schedule="interleaved", vpp=1)])
-def test_two_d_and_the_cube_are_accepted(layout):
+                                    dict(tp=8, tp_mode="3d", pp=2, schedule="interleaved", vpp=1),
+                                    dict(tp=8, tp_mode="2.5d", tp_depth=2)])
+def test_every_tensor_parallel_mode_is_accepted(layout):
     validate(MODEL, ParallelConfig(tp_overlap=True, **layout))
 
 
 @pytest.mark.parametrize("layout,words", [
-    (dict(tp=8, tp_mode="2.5d", tp_depth=2), "not for 2.5-D (Tesseract) for now: use --tp-mode 2d (tp = q²) or 3d"),
     (dict(tp=8, tp_mode="3d", pp=2, schedule="zb-h1"), "--tp-mode 3d is not checked under --schedule zb-h1"),
     (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-h1"), "not checked under --schedule zb-h1"),
     (dict(tp=4, tp_mode="2d", pp=2, schedule="zb-v"), "not checked under --schedule zb-v"),
@@ -200,6 +200,7 @@ GRID = dict(tp=4, tp_mode="2d")
 CASES = [("2d tp4 x dp2 overlap", dict(GRID, dp=2, tp_overlap=True), False),
          ("2d tp4 x dp2 overlap, wrong step prefetched (planted)", dict(GRID, dp=2, tp_overlap=True), True),
          ("2d tp4 x pp2 overlap", dict(GRID, pp=2, tp_overlap=True), False),
+         ("2.5d tp8 (q 2, d 2) overlap", dict(tp=8, tp_mode="2.5d", tp_depth=2, tp_overlap=True), False),
          ("3d tp8", dict(tp=8, tp_mode="3d"), False), ("3d tp8 overlap", dict(tp=8, tp_mode="3d", tp_overlap=True), False)]
 PLAIN_OF = {"3d tp8 overlap": "3d tp8"}
 
@@ -244,8 +245,8 @@ def eight():
 
 @pytest.mark.multirank
 def test_overlapped_layouts_equal_one_device_and_the_plant_is_caught(eight):
-    """verify --dtype float64 (1e-9), loss and parameters: 2-D tp4 × dp2 and × pp2 and the
-    cube tp8, each with --tp-overlap, and the plain cube; the overlapped cube's losses equal
+    """verify --dtype float64 (1e-9), loss and parameters: 2-D tp4 × dp2 and × pp2, 2.5-D tp8
+    and the cube tp8, each with --tp-overlap, and the plain cube; the overlapped cube's losses equal
     the plain one's (1e-9) on every rank; the wrong step prefetched is caught."""
     for name, _, planted in CASES:
         res = eight[0][name]["one_device"]
@@ -265,7 +266,7 @@ def test_overlapped_traced_step_equals_the_analysis_and_the_plain_bytes(eight):
     for rank, res in eight.items():
         for name, kw, _ in CASES:
             got, want = res[name]["traced"], res[name]["want"]
-            lines = ({"summa_row", "summa_col"} if kw["tp_mode"] == "2d" else {"cube_i", "cube_j", "cube_k"})
+            lines = {"summa_row", "summa_col"} if kw["tp_mode"] != "3d" else {"cube_i", "cube_j", "cube_k"}
             assert got == want[kw.get("tp_overlap", False)] == want[False] and lines <= set(got), (rank, name, got, want)
         for overlapped, plain in PLAIN_OF.items():
             assert res[overlapped]["traced"] == res[plain]["traced"], (rank, overlapped)
