@@ -428,29 +428,30 @@ class Comm:
         return out.to(dtype)
 
     @eager
-    def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0) -> torch.Tensor:
-        """Broadcast `t` from the rank at position `src_index` of the axis."""
-        if self.size(axis) == 1:
-            return t
-        rec = self._record("broadcast", axis, t)
-        if self.dry:
-            return t
-        src = self.grid.axis_ranks(axis)[src_index]
-        dist.broadcast(t, src=src, group=self.group(axis))
-        self._done(rec)
-        return t
+    def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0, async_op: bool = False):
+        """Broadcast `t` from the rank at position `src_index` of the axis. Returns `t`, or
+        with `async_op` a :class:`Pending` whose ``wait()`` gives it (SUMMA's prefetch under
+        --tp-overlap); traced when posted, the same record either way."""
+        return self._rooted("broadcast", dist.broadcast, t, axis, src_index, async_op)
 
     @eager
-    def reduce(self, t: torch.Tensor, axis: str, dst_index: int = 0) -> torch.Tensor:
+    def reduce(self, t: torch.Tensor, axis: str, dst_index: int = 0, async_op: bool = False):
         """Sum `t` over the axis into the rank at position `dst_index` (SUMMA's partial
-        products): there `t` holds the sum afterwards; elsewhere its content is undefined."""
+        products): there `t` holds the sum afterwards; elsewhere its content is undefined.
+        Returns `t`, or with `async_op` a :class:`Pending` whose ``wait()`` gives it."""
+        return self._rooted("reduce", lambda x, root, group, async_op: dist.reduce(
+            x, dst=root, op=dist.ReduceOp.SUM, group=group, async_op=async_op), t, axis, dst_index, async_op)
+
+    def _rooted(self, op: str, collective, t: torch.Tensor, axis: str, index: int, async_op: bool):
+        """A collective with a root (broadcast from it, reduce into it) on `t` in place."""
         if self.size(axis) == 1:
-            return t
-        rec = self._record("reduce", axis, t)
+            return Pending(t) if async_op else t
+        rec = self._record(op, axis, t)
         if self.dry:
-            return t
-        dst = self.grid.axis_ranks(axis)[dst_index]
-        dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM, group=self.group(axis))
+            return Pending(t) if async_op else t
+        work = collective(t, self.grid.axis_ranks(axis)[index], group=self.group(axis), async_op=async_op)
+        if async_op:
+            return self._pending(t, work, rec)
         self._done(rec)
         return t
 

@@ -233,7 +233,7 @@ class ParallelConfig:
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
-    tp_overlap: bool = False  # --sp's all-gathers and reduce-scatters decomposed under their matmuls
+    tp_overlap: bool = False  # communication under the products it feeds: --sp's rings (1-D), SUMMA's (2-D, 2.5-D), the cube's (3-D)
     ep_overlap: bool = False  # the experts' all-to-alls in two halves, each in flight under the other's experts
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
@@ -601,21 +601,25 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
 
 
 def validate_tp_overlap(layout: ParallelConfig) -> None:
-    """--tp-overlap decomposes sequence parallelism's all-gathers and reduce-scatters of 1-D
-    tensor parallelism into t chunks on a ring (parallel/collective_matmul.py): the chunks are
-    the t sequence shards --sp already requires, so no chunk count of its own can fail to
-    divide the sequence."""
+    """--tp-overlap hides tensor-parallel communication under the products it feeds. 1-D
+    with --sp: the all-gathers and reduce-scatters decomposed into t chunks on a ring
+    (parallel/collective_matmul.py), the chunks the t sequence shards --sp already requires,
+    so no chunk count of its own can fail to divide the sequence. 2-D and 2.5-D (SUMMA on
+    each of the d grids): each step's broadcasts prefetched under the step before's product
+    (parallel/summa.py). 3-D (the cube): the two gathers of a product at once, dX's
+    reduce-scatter under dW's product (parallel/cube.py). Both make the plain calls."""
     _need(layout.tp > 1, "--tp-overlap with --tp 1: nothing to overlap (no tensor-parallel collective): "
                          "add --tp 2 or more with --sp, or drop --tp-overlap")
-    _need(layout.tp_mode == "1d", f"--tp-overlap is built for 1-D tensor parallelism with sequence parallelism "
-                                  f"only for now: use --tp-mode 1d --sp (got --tp-mode {layout.tp_mode})")
-    _need(layout.sp, "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: only 1-D with sequence "
-                     "parallelism for now, add --sp")
+    _need(layout.sp or layout.tp_mode != "1d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "
+                                               "only 1-D with sequence parallelism for now, add --sp")
     _need(layout.precision != "fp8", "--tp-overlap decomposes the fp32/bf16 linears; the FP8 linears gather "
                                      "their input whole: use --precision fp32 or bf16, or drop --tp-overlap")
-    _need(layout.schedule not in ("zb-h1", *V_SCHEDULES) or layout.pp == 1,
+    split = layout.schedule in ("zb-h1", *V_SCHEDULES) and layout.pp > 1
+    _need(not split or layout.tp_mode != "1d",
           f"--tp-overlap with --schedule {layout.schedule}: the split backward would all-gather a row-parallel "
           "linear's output gradient twice (in B and in W); use --schedule 1f1b, gpipe or interleaved")
+    _need(not split, f"--tp-overlap on --tp-mode {layout.tp_mode} is not checked under --schedule "
+                     f"{layout.schedule}'s split backward: use --schedule 1f1b, gpipe or interleaved")
 
 
 def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:
