@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, pad_vocab,
                       square_edge, statistics_bytes)
-from ..parallel.schedules import SPLIT_BACKWARD
+from ..parallel.schedule_actions import SPLIT_BACKWARD
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .flops import recompute_policy
 from .params import activation_element_bytes, layers_on_rank, layout_get, layout_placement, params_on_rank

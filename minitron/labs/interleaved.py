@@ -3,7 +3,7 @@
 The learner writes ``interleaved_1f1b(p, v, m, rank)``: the ordered compute actions of
 pipeline rank `rank` in one training step, ``Action("F", k, c)`` and ``Action("B", k, c)``
 for microbatch k on the rank's local model chunk c (virtual stage ``c·p + rank``; the
-engine's representation, :mod:`minitron.parallel.schedules`). The checker adds the sends
+engine's representation, :mod:`minitron.parallel.schedule_actions`). The checker adds the sends
 and receives the engine's way and then
 
 1. checks the actions (each F and B once per microbatch and chunk), the warm-up (the
@@ -42,9 +42,12 @@ from numbers import Integral
 
 from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank, v_bubble
 from ..analysis.comm import comm_items
+from ..analysis.pipeline_sim import simulate
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel.schedules import (Action, Placement, Schedule, ScheduleError, _with_comms, _with_timed_comms,
-                                  interleaved_groups, make_schedule, num_warmup, simulate, validate)
+from ..parallel.schedule_actions import Action, Schedule, ScheduleError
+from ..parallel.schedule_check import validate
+from ..parallel.schedule_comms import with_comms, with_timed_comms
+from ..parallel.schedules import Placement, interleaved_groups, make_schedule, num_warmup
 from .pipeline import GENERATORS
 from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
@@ -187,9 +190,9 @@ def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved", watch:
     timed = (kind == "interleaved" and v > 1 and m % p) or kind == "zb-h1"
     try:
         if timed:
-            actions = _with_timed_comms(kind, p, v, m, [[(a,) for a in acts] for acts in rows])
+            actions = with_timed_comms(kind, p, v, [[(a,) for a in acts] for acts in rows])
         else:
-            actions = tuple(_with_comms(p, v, r, _units(acts, pair=v > 1)) for r, acts in enumerate(rows))
+            actions = tuple(with_comms(p, v, r, _units(acts, pair=v > 1)) for r, acts in enumerate(rows))
     except ScheduleError as e:
         raise LabError(f"p={p}, v={v}, m={m}: your schedule cannot run: {e}") from None
     return Schedule(kind, p, v, m, actions)
@@ -361,7 +364,7 @@ def v_schedule(pl: Placement, m: int) -> Schedule:
     p = pl.p
     engine = make_schedule("zb-v", p, 2, m)
     orders = [[(a,) for a in engine.compute_actions(r)] for r in range(p)]
-    return PlacedSchedule("zb-v", p, 2, m, _with_timed_comms("zb-v", p, 2, m, orders, pl), placed=pl)
+    return PlacedSchedule("zb-v", p, 2, m, with_timed_comms("zb-v", p, 2, orders, pl), placed=pl)
 
 
 def _v_check(fn) -> tuple[str, dict, Schedule | None]:
