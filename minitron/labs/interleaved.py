@@ -48,7 +48,7 @@ from ..parallel.schedule_actions import Action, Schedule, ScheduleError
 from ..parallel.schedule_check import validate
 from ..parallel.schedule_comms import with_comms, with_timed_comms
 from ..parallel.schedules import Placement, interleaved_groups, make_schedule, num_warmup
-from .pipeline import GENERATORS
+from .pipeline import FORMULA_TOL, GENERATORS
 from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
@@ -218,7 +218,7 @@ def _static_check(fn) -> tuple[str, dict]:
             return f"p={p}, v={v}, m={m}: your schedule cannot run: {e}", {}
         sim = simulate(s, eager=True)  # PTD-P's bubble: eager sends (any m >= p)
         want = bubble_fraction("interleaved", p, m, v)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("the forwards of a group of microbatches go through chunk 0, then chunk 1, ...: "
                     "a rank that runs one microbatch through all its chunks first waits for it to "
                     "come round the pipeline" if sim.bubble_fraction > want else "does it flush the pipeline?")
@@ -248,7 +248,7 @@ def _zb_check(fn) -> str:
             return f"your zb_h1: p={p}, m={m}: the schedule cannot run: {e}"
         sim = simulate(s, eager=True)
         want = bubble_fraction("zb-h1", p, m, **ZB_COSTS)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("defer W: rank r keeps r weight-gradient passes back and runs them in the cool-down, "
                     "where it would wait" if sim.bubble_fraction > want else "does it flush the pipeline?")
             return (f"your zb_h1: p={p}, m={m}: bubble fraction {sim.bubble_fraction:.4f}, ZB-H1's "
@@ -385,7 +385,7 @@ def _v_check(fn) -> tuple[str, dict, Schedule | None]:
         except ScheduleError as e:
             return f"your v_stage: ZB-V on your placement, p={p}, m={m}, cannot run: {e}", {}, None
         want = v_bubble("zb-v", p, t_f=2.0)
-        if m >= 2 * p - 1 and any(abs(i - want) > 1e-9 for i in sim.idle):
+        if m >= 2 * p - 1 and any(abs(i - want) > FORMULA_TOL for i in sim.idle):
             return (f"your v_stage: ZB-V on your placement, p={p}, m={m}: ranks idle {list(sim.idle)}, "
                     f"Qi et al.'s (p-1)*T_F/2 = {want:g}"), {}, None
         if not numbers:

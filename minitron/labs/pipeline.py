@@ -39,6 +39,8 @@ TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", wa
 # the engine's own 1F1B (and the schedule builder that makes it): not an answer to this lab
 FORBIDDEN = ("minitron.parallel.schedules.make_schedule", "minitron.parallel.schedules._1f1b",
              "minitron.parallel.schedules._one_f_one_b", "minitron.parallel.schedules.num_warmup")
+# a simulated bubble (or idle time) against its closed form: equal but for float rounding
+FORMULA_TOL = 1e-9
 # every p <= 6 with every m <= 10 (m < p among them), then deeper and longer pipelines than
 # a table of small cases covers
 LARGE = [(7, 3), (8, 16), (9, 20), (12, 13), (16, 40)]
@@ -118,7 +120,7 @@ def _static_check(fn) -> tuple[str, dict]:
     for (p, m), s in built.items():
         sim = simulate(s)
         want = bubble_fraction("1f1b", p, m)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("a rank idles waiting for work it could have had: begin with p-r-1 warm-up forwards, "
                     "then alternate one forward and one backward" if sim.bubble_fraction > want else
                     "is that a schedule that flushes the pipeline?")
