@@ -22,6 +22,8 @@ from minitron import data
 from minitron.config import RANK_TIMEOUT_S, TOLERANCE
 from minitron.labs.runner import TOL
 
+from test_lab_seams import _module  # the module a `from X import` names, relative ones resolved
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULE_MODULES = ("minitron.parallel.schedules", "minitron.parallel.schedule_actions",
                     "minitron.parallel.schedule_comms", "minitron.parallel.schedule_check",
@@ -44,21 +46,13 @@ def _sources():
         yield path, _notebook_code(path), None
 
 
-def _absolute(node: ast.ImportFrom, package: str | None) -> str:
-    """The module a ``from X import`` names (relative imports resolved inside `package`)."""
-    if not node.level:
-        return node.module or ""
-    base = package.split(".")[:len(package.split(".")) - node.level + 1] if package else []
-    return ".".join(base + ([node.module] if node.module else []))
-
-
 def private_schedule_names(source: str, package: str | None = None) -> list[str]:
     """'line N: module._name' for each private name of a schedule module imported, or read
     through a name bound to one (``from minitron.parallel import schedules as S``; ``S._x``)."""
     tree, modules, found = ast.parse(source), {}, []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            mod = _absolute(node, package)
+            mod = _module(node, package)
             for a in node.names:
                 full = f"{mod}.{a.name}"
                 if full in SCHEDULE_MODULES:
