@@ -248,7 +248,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     first, last = layout_placement(parallel).holds_ends(pp_rank)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
-    # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedules.py)
+    # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedule_actions.py)
     split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") in SPLIT_BACKWARD
     step.add_per_microbatch(summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
                                               act_bytes_per_el=ea, split_backward=split_backward), m)
