@@ -368,6 +368,7 @@ CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023)
 # The oracle's bar: a layout against the single-device model (minitron verify, the labs): float64
 # agrees to rounding; float32 to its accumulated rounding over a few steps.
 TOLERANCE: dict[str, float] = {"float64": 1e-9, "float32": 2e-4}
+RANK_TIMEOUT_S = 300  # the ranks' collective timeout (--timeout's default): a peer silent this long has hung
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 

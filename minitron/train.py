@@ -155,7 +155,7 @@ class Trainer:
         elif schedule is not None:
             raise ValueError("a pipeline schedule needs pipeline parallelism (pp > 1)")
         self.step_idx = 0
-        self.last_moe = None  # the last step's routing (routing_step), with MoE layers
+        self.last_moe = None  # the last step's routing (reduce_routing_and_update_bias), with MoE layers
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
     def _build_chunks(self, schedule=None) -> list[GPT]:
@@ -271,7 +271,7 @@ class Trainer:
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
             # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
             self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)
-        self.last_moe = self.routing_step()
+        self.last_moe = self.reduce_routing_and_update_bias()
         return self.reduce_loss(loss_sum)
 
     @property
@@ -279,11 +279,12 @@ class Trainer:
         """This rank's mixture-of-experts blocks (``moe.MoE``), in layer order."""
         return moe_layers(self.chunks)
 
-    def routing_step(self) -> dict | None:
-        """The step's routing over the global batch, per MoE layer of the model (every
-        stage's): choices per expert before capacity, summed over the data replicas (the
-        load balance), and the fraction of choices dropped by capacity. DeepSeek-V3's bias
-        moves from these counts, the same on every rank. None without MoE layers."""
+    def reduce_routing_and_update_bias(self) -> dict | None:
+        """Sum the step's routing counts over the data replicas and the pipeline (all-reduces
+        on the 'log' phase), move each router's DeepSeek-V3 selection bias from them (the same
+        on every rank; arXiv 2412.19437 §2.1.2), and return the routing per MoE layer of the
+        model (every stage's): choices per expert before capacity (the load balance) and the
+        fraction of choices dropped by capacity. None without MoE layers."""
         ids = [i for i in range(self.mcfg.layers) if self.mcfg.is_moe_block(i)]
         if not ids:
             return None
@@ -332,7 +333,7 @@ class Trainer:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
-            x, y, docs = self.rows(10_000_000 + i, subset="val")
+            x, y, docs = self.rows(data_mod.VALIDATION_STEP + i, subset="val")
             x, y = self._on_rank(x, y)
             if self.pipeline is not None:
                 out = self.pipeline.forward_only(x, y, docs=docs)  # eval: no dropout, so no key

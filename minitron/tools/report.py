@@ -20,8 +20,8 @@ steps after it, and at the end gathers every rank's facts to rank 0:
   the process' peak resident memory (which includes PyTorch itself);
 * tokens/s and MFU (model FLOP/s over the world's matmul peak, measured at the start);
 * with mixture-of-experts blocks, the load balance: tokens per expert of each MoE layer
-  (the step's choices over the global batch, ``Trainer.routing_step``), the most loaded
-  expert over the mean, the dropped fraction, and a *collapse* warning when the router
+  (the step's choices over the global batch, ``Trainer.reduce_routing_and_update_bias``), the
+  most loaded expert over the mean, the dropped fraction, and a *collapse* warning when the router
   sends almost every choice to k experts (:func:`routing_summary`).
 
 :func:`format_report` prints it; :func:`plot_losses` (minitron.viz.loss) draws the loss curve next to the

@@ -116,7 +116,7 @@ class TrainedFunction:
     def __init__(self, model: ModelConfig, train: TrainConfig, precision, ref: Trainer, unit: float):
         self.init = gather_full(Trainer(model, one_device(precision), train, corpus=ref.corpus))
         self.ref_full = gather_full(ref)
-        x, _ = data_mod.batch(ref.val_data, model.seq_len, HELD_OUT_SEQUENCES, train.seed, 10_000_000)
+        x, _ = data_mod.batch(ref.val_data, model.seq_len, HELD_OUT_SEQUENCES, train.seed, data_mod.VALIDATION_STEP)
         self.fn = _Float64Function(model, train, self.ref_full, x)
         self.z_ref = self.fn.logits()
         self.moved = float((self.fn.logits(self.init) - self.z_ref).norm())  # what training did

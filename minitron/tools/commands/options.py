@@ -7,8 +7,8 @@ import argparse
 import dataclasses
 import zlib
 
-from ...config import (CP_MODES, MODEL_CHOICES, PRESETS, SCHEDULES, ConfigError, ModelConfig, ParallelConfig,
-                       TrainConfig, preset)
+from ...config import (CP_MODES, MODEL_CHOICES, PRESETS, RANK_TIMEOUT_S, SCHEDULES, ConfigError, ModelConfig,
+                       ParallelConfig, TrainConfig, preset)
 
 
 def add_model_args(ap):
@@ -73,7 +73,7 @@ def add_layout_args(ap):
                    help="torch.compile each transformer block (first steps pay the compilation)")
     g.add_argument("--dropout-rng", default=None,
                    help="tensor: per-rank streams (train default); global: single-device masks (verify default)")
-    g.add_argument("--timeout", type=float, default=300, help="collective timeout, seconds")
+    g.add_argument("--timeout", type=float, default=RANK_TIMEOUT_S, help="collective timeout, seconds")
 
 
 def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
