@@ -507,7 +507,7 @@ QUESTIONS: dict[str, Question] = {
         "from its forward to its backward, freed after it) and every block twice: before its forward "
         "and before its backward."),
     "12.zero3_gathers": Question(
-        lambda: 1 + 2 * 24 * 8,
+        lambda: _zero3_gathers(24, 8),
         "minitron gathers the root once per step and keeps it to the end; every block is gathered "
         "before its forward and again before its backward, in every microbatch."),
     "12.tp_all_reduces": Question(
@@ -605,6 +605,16 @@ def _rope_kept(model) -> int:
     """Lesson 9: the frequency pairs Llama 3.1's rope scaling leaves unchanged (rope.py)."""
     from ..rope import default_inv_freq, rope_frequencies
     return int((rope_frequencies(model)[0] == default_inv_freq(model.head_dim, model.rope_base)).sum())
+
+
+def _zero3_gathers(layers: int, microbatches: int) -> int:
+    """Lesson 12: the all-gathers of one ``--zero 3`` step of `tiny` with `layers` blocks on 2
+    data ranks, from the analysis' calls (``analysis.zero.zero_calls``, which a trace equals)."""
+    from ..analysis.zero import zero_calls
+    from ..config import ParallelConfig, TrainConfig
+    calls = zero_calls(_preset("tiny").replace(layers=layers), ParallelConfig(dp=2, zero=3),
+                       TrainConfig(global_batch=2 * microbatches, microbatches=microbatches))
+    return sum(c["calls"] for c in calls if c["op"] == "all_gather")
 
 
 def _chunks(n: int, r: int) -> tuple[int, int]:
