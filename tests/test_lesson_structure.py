@@ -84,12 +84,13 @@ def test_section_7_prints_what_the_engine_computes():
     import torch
 
     from minitron.config import preset
+    from minitron.course import context_parallel as CCP
     from minitron.model_flops import attention_core_flops
     from minitron.parallel.context_parallel import ChunkMask
     from minitron.rope import default_inv_freq, rope_frequencies
 
     out = _outputs("09")
-    mistral = preset("llama3-8b").replace(vocab=32000, window=4096)
+    mistral = CCP.MISTRAL_7B
     q = mistral.heads * mistral.head_dim
     rows = re.findall(r"^\s+(\d+)\s+[\d.]+ MFLOP\s+[\d.]+ MFLOP\s+([\d.]+)\s", out, re.M)
     assert [int(s) for s, _ in rows] == [4096, 8192, 16384, 32768]

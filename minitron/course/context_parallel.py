@@ -12,6 +12,8 @@ from ..config import PRESETS, ModelConfig, ParallelConfig, TrainConfig
 from ..grid import ProcessGrid
 
 WINDOWED = PRESETS["llama-tiny"]  # 2 layers, s = 32: under cp = 2 four chunks of 8 tokens
+# Mistral 7B's shape (Jiang et al. 2023): Llama 3 8B's block, a 32,000-token vocabulary, a window of 4,096
+MISTRAL_7B = PRESETS["llama3-8b"].replace(vocab=32000, window=4096, name="mistral-7b")
 RING = ModelConfig(layers=2, hidden=32, heads=4, seq_len=64, vocab=256, name="ring")
 MEMORY_LAYOUTS = (ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4))
 

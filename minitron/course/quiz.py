@@ -435,7 +435,7 @@ QUESTIONS: dict[str, Question] = {
         "a causal pair (query chunk a after key chunk b) is empty when the document of chunk b's last "
         "token ends before chunk a begins; count those among the pairs with a ≥ b."),
     "09.window_core_share": Question(
-        lambda: _window_core_share(_preset("llama3-8b").replace(vocab=32000, window=4096, seq_len=65536)),
+        lambda: _window_core_share(_mistral_7b().replace(seq_len=65536)),
         "the window runs the blocks of beta = 4096 keys in reach: each query block meets its own and the one "
         "before it, 2·s/beta − 1 block pairs of beta² against the global core's s².", rel_tol=1e-2, unit="fraction"),
     "09.window_hops": Question(
@@ -594,6 +594,11 @@ def _window_core_share(model) -> float:
     from ..model_flops import attention_core_flops
     q = model.heads * model.head_dim
     return attention_core_flops(model, 0, q) / attention_core_flops(model.replace(window=0), 0, q)
+
+
+def _mistral_7b():
+    from .context_parallel import MISTRAL_7B
+    return MISTRAL_7B
 
 
 def _chunk_mask(n: int, c: int, window: int):
