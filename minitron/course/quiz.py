@@ -389,15 +389,16 @@ QUESTIONS: dict[str, Question] = {
         "bytes on top."),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
-        lambda: 10 / 12.5,
+        lambda: _sweep_efficiency("weak", "dp4", 10e-3, 12.5e-3),
         "weak scaling keeps the work per rank fixed, so the ideal step time is the one-rank "
         "time: efficiency = t(1 rank) / t(n ranks).", rel_tol=1e-3, unit="fraction"),
     "08.strong_efficiency": Question(
-        lambda: 10 / (4 * 4),
+        lambda: _sweep_efficiency("strong", "dp4", 10e-3, 4e-3),
         "strong scaling keeps the global batch fixed, so the ideal is t(1)/n: efficiency = "
         "t(1) / (n · t(n)).", rel_tol=1e-3, unit="fraction"),
     "08.oversubscription": Question(
-        lambda: 8 // 2,
+        lambda: _whole(_predicted_compute_s("tiny", "dp8", 1, cores=2, flops_per_s=1e9)
+                       / _predicted_compute_s("tiny", "dp8", 1, cores=8, flops_per_s=1e9)),
         "ranks beyond the cores take turns: each of 8 single-threaded ranks gets 2/8 of a core, "
         "so its compute takes 8/2 times as long."),
     "08.bubble_pp2": Question(
@@ -587,6 +588,16 @@ def _predicted_compute_s(name: str, layout: str, base_batch: int, cores: int, fl
     model, lay = _preset(name), parse_layout(layout)
     machine = MachineProfile("the question's", cores, flops_per_s, name)
     return predict_step(model, lay, point_config(model, lay, "weak", base_batch, 1, 1), machine, [])["compute_s"]
+
+
+def _sweep_efficiency(series: str, layout: str, one_rank_step_s: float, step_s: float) -> float:
+    """Lesson 8: the efficiency `minitron sweep` reports for a point of `series` that took
+    `step_s` where one rank took `one_rank_step_s` (``tools.sweep.finish_row``)."""
+    from ..tools.sweep import finish_row, parse_layout, point_config
+    model, lay = _preset("tiny"), parse_layout(layout)
+    row = finish_row({"calls_per_rank": [], "step_s": step_s}, model, lay, point_config(model, lay, series, 4, 1, 1),
+                     series, None, one_rank_step_s)
+    return row["efficiency"]
 
 
 def _window_core_share(model) -> float:
