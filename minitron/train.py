@@ -225,12 +225,7 @@ class Trainer:
         `saved_tensors`: a ``(pack, unpack)`` pair of saved-tensor hooks to run the step
         under (a memory meter's): every tensor saved for the backward goes through them,
         what activation recomputation saves again in the backward included."""
-        self.ctx.saved_tensors = saved_tensors
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(*saved_tensors) if saved_tensors else nullcontext():
-                loss = self.step_async(step)
-        finally:
-            self.ctx.saved_tensors = None
+        loss = self.step_async(step, saved_tensors=saved_tensors)
         self.optimizer.wait_params()
         return float(loss)
 
@@ -240,15 +235,21 @@ class Trainer:
         the device (``last_grad_norm`` is the same as a device tensor)."""
         return float(self.last_grad_norm)
 
-    def step_async(self, step: int | None = None) -> torch.Tensor:
+    def step_async(self, step: int | None = None, *, saved_tensors: tuple | None = None) -> torch.Tensor:
         """`step` without reading anything back from the device: returns the global mean
         loss as a 0-dim tensor, so that a GPU keeps working while the host queues the
         next step. The training loop reads losses back every `--log-every` steps.
         With ZeRO-1 the parameters' all-gather is still in flight on return: the next
-        forward waits for it layer by layer; anything else calls ``optimizer.wait_params()``."""
+        forward waits for it layer by layer; anything else calls ``optimizer.wait_params()``.
+        `saved_tensors`: as :meth:`step` (the hook through which a memory meter observes)."""
         step = self.step_idx if step is None else step
         self.comm.begin_step(step)  # the trace's label; the step itself is passed on
-        loss = self._run_step(step)
+        self.ctx.saved_tensors = saved_tensors
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(*saved_tensors) if saved_tensors else nullcontext():
+                loss = self._run_step(step)
+        finally:
+            self.ctx.saved_tensors = None
         self.step_idx = step + 1
         return loss
 
@@ -363,9 +364,10 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
 
     Returns a summary dict (first/last validation loss, losses per step, ...).
     `observer` (the run report's, passed in by the command line): ``observer.start(trainer)``
-    once the Trainer is built, then it runs each step itself, ``observer.step(trainer, step)``
-    returning its loss, and ``observer.finish(trainer)`` is called on every rank after
-    training; its result is the summary's "report".
+    once the Trainer is built; each step runs inside ``observer.watching(trainer, step)``,
+    which installs what it observes through (a trace, the pipeline's recording) and yields
+    the saved-tensor hooks the Trainer's step takes (or None); ``observer.finish(trainer)``
+    is called on every rank after training; its result is the summary's "report".
     With ``tc.timeline`` every call of the run is timed (:class:`~minitron.comm.TimedTrace`)
     and written to the timeline beside the pipeline's actions.
     """
@@ -439,7 +441,8 @@ def _train_steps(tr: Trainer, tc: TrainConfig, start: int, observer, metrics, ba
     stop, preempted = StopOnSignal(process_group_store()), None  # SIGTERM/SIGINT: checkpoint, then stop
     with stop:
         for step in range(start, end):
-            loss = observer.step(tr, step) if observer is not None else tr.step_async(step)
+            with observer.watching(tr, step) if observer is not None else nullcontext() as hooks:
+                loss = tr.step_async(step, saved_tensors=hooks)  # the loop always runs the Trainer's step
             pending.append((step, loss, tr.last_grad_norm, tr.last_moe))
             evaluate = tc.eval_every and ((step + 1) % tc.eval_every == 0 or step + 1 == end)
             ckpt_now = tc.ckpt_dir and ((tc.ckpt_every and (step + 1) % tc.ckpt_every == 0) or step + 1 == end)

@@ -146,3 +146,21 @@ def test_gpt2_tokenizer_token_file_trains_and_samples(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["sample", "--init-from", str(gpt2), "--prompt", "ROMEO:", "--tokens", "10"]) == 0
     assert capsys.readouterr().out.startswith("ROMEO:")  # through the directory's tokenizer.json
+
+
+def test_the_report_only_observes_the_steps_the_loop_runs():
+    """The training loop runs every step (``Trainer.step_async``); the run report neither
+    calls a step nor assigns to the pipeline runtime: it observes through the hooks the
+    Trainer offers (saved-tensor hooks, a trace installed for a scope, the pipeline's
+    ``recording()``)."""
+    import ast
+    import inspect
+
+    from minitron.tools import report
+
+    tree = ast.parse(inspect.getsource(report))
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not calls & {"step", "step_async"}, "the run report runs a training step itself"
+    stores = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+              and not (isinstance(n.value, ast.Name) and n.value.id == "self")]
+    assert not stores, f"the run report assigns to another object's attribute: {ast.unparse(stores[0])}"

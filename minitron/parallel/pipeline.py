@@ -287,6 +287,16 @@ class PipelineRuntime:
         self.sends_in_order = [a for i in batches for a in self.steps[i] if a.op.startswith("send")]
 
     @contextmanager
+    def recording(self, on: bool = True):
+        """Record the compute actions of the steps run within the block (``--timeline`` and
+        the run report's bubble), as well as whatever was recorded before."""
+        old, self.record = self.record, self.record or on
+        try:
+            yield self
+        finally:
+            self.record = old
+
+    @contextmanager
     def observing(self, observer):
         """Call `observer(action, stage_input)` after every compute action within the block."""
         old, self.observer = self.observer, observer

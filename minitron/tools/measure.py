@@ -23,7 +23,7 @@ From a notebook: ``run_on_ranks(memory_job, layout, model, layout, train)``.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 from ..analysis.dry_run import SavedBytes
 
@@ -64,17 +64,42 @@ def measure_step_memory(trainer, step: int = 0) -> dict:
 
 
 def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
-    """:func:`measure_step_memory` that also returns the step's loss: (loss, bytes), so
-    that a training run can measure its own first step (the run report)."""
+    """:func:`measure_step_memory` that also returns the step's loss: (loss, bytes)."""
+    with measuring(trainer) as memory:
+        loss = trainer.step(step, saved_tensors=memory.hooks)
+    return loss, memory.bytes
+
+
+class StepMemory:
+    """What :func:`measuring` hands out: ``hooks``, the saved-tensor hooks the Trainer's
+    step runs under, and after the block ``bytes``, the rank's bytes (as
+    :func:`measure_step_memory` returns them)."""
+
+    def __init__(self, meter):
+        self.hooks, self.bytes = (meter.pack, meter.unpack), None
+
+
+@contextmanager
+def measuring(trainer):
+    """Measure the memory of the one step the block runs (``trainer.step`` or
+    ``step_async`` with ``saved_tensors=memory.hooks``): the saved tensors through the
+    hooks, the pipeline's stash through its observer; yields a :class:`StepMemory`
+    whose ``bytes`` are set on exit. How a training run measures its own first step
+    without anything but the Trainer running it (the run report)."""
     tr = trainer
     meter = SavedBytes(tr.params)
-    stash = tr.pipeline.observing(stash_observer(meter)) if tr.pipeline is not None else nullcontext()
-    with stash:
-        loss = tr.step(step, saved_tensors=(meter.pack, meter.unpack))
+    memory = StepMemory(meter)
+    with tr.pipeline.observing(stash_observer(meter)) if tr.pipeline is not None else nullcontext():
+        yield memory
     if meter.now or meter.alive:  # a leak would make the peak meaningless
         raise RuntimeError("saved tensors outlived the step")
+    memory.bytes = _held_bytes(tr, meter.peak)
+
+
+def _held_bytes(tr, activations: int) -> dict:
+    """The bytes a rank holds after a step whose saved activations peaked at `activations`."""
     if tr.layout.zero >= 2:
-        return loss, _sharded_state_bytes(tr, meter.peak)
+        return _sharded_state_bytes(tr, activations)
     grads = [p.grad for p in tr.params if p.grad is not None]
     if tr.layout.zero1:  # one buffer set per data group under --ep (parallel/data.GroupedData)
         parts = zip(getattr(tr.dp, "parts", [tr.dp]), getattr(tr.optimizer, "parts", [tr.optimizer]))
@@ -83,10 +108,10 @@ def measured_step(trainer, step: int = 0) -> tuple[float, dict]:
         flat = [tr.dp.grad_buffer] if hasattr(tr.dp, "grad_buffer") else []
     params, grad_bytes = _nbytes(tr.params), _nbytes(grads)
     out = {"params_bytes": params, "grads_bytes": grad_bytes, "optimizer_bytes": _nbytes(tr.optimizer.state_tensors()),
-           "activations_bytes": meter.peak,
+           "activations_bytes": activations,
            "buffers_bytes": _storages([*tr.params, *grads, *flat]) - params - grad_bytes}
     out["total_bytes"] = sum(out.values())
-    return loss, out
+    return out
 
 
 def _sharded_state_bytes(tr, activations: int) -> dict:

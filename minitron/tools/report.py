@@ -1,10 +1,12 @@
 """The run report: what the ranks of a `minitron train` run did, measured, next to what
 the analysis predicts.
 
-`RunReport` is handed to :func:`minitron.train.train` by the command line. It runs the
-first training step itself under the memory meter (:func:`minitron.tools.measure.measured_step`)
-with a communication trace attached, records the pipeline's compute actions for a few
-steps after it, and at the end gathers every rank's facts to rank 0:
+`RunReport` is handed to :func:`minitron.train.train` by the command line. It observes
+the steps the training loop runs (:meth:`RunReport.watching`): the first one under the
+memory meter (:func:`minitron.tools.measure.measuring`, through the saved-tensor hooks
+the Trainer's step takes) with a communication trace installed, the pipeline's compute
+actions recorded for a few steps after it, and at the end gathers every rank's facts to
+rank 0:
 
 * the layout: each rank's coordinates, the layers it holds and the region of one weight
   matrix it holds (the tensor shard), its data-parallel replica;
@@ -32,6 +34,7 @@ from __future__ import annotations
 import os
 import resource
 import statistics
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -65,30 +68,41 @@ class RunReport:
 
             self.peak_flops = matmul_peak(probe_dtype(self.layout, self.train))
 
-    def step(self, tr, step: int):
-        """Run training step `step`; the first one measured (memory, trace)."""
-        from .measure import measured_step
-
-        pipe = tr.pipeline
+    @contextmanager
+    def watching(self, tr, step: int):
+        """What the report observes of step `step`, which the training loop runs inside
+        (``Trainer.step_async(step, saved_tensors=hooks)``): the first step traced and its
+        memory measured (yields the meter's saved-tensor hooks), then `TIMED_STEPS` steps
+        timed and `PIPELINE_STEPS` steps' pipeline actions recorded (all of them under
+        --timeline); yields None where nothing is measured through the step's hooks."""
         if self.first is None:
             self.first = step
-            # one step's trace (a long run must not keep every record), or the run's own
-            with tr.comm.tracing(tr.comm.trace or CommTrace()) as trace:
-                mark = len(trace.records)
-                if tr.layout.compile:  # compiled blocks do not run the saved-tensor hooks the meter needs
-                    loss = tr.step(step)
-                else:
-                    loss, self.memory = measured_step(tr, step)
-            self.trace_records = [r for r in trace.records[mark:] if r.get("phase") != "log"]
-            if pipe is not None:
-                self._timeline_was = pipe.record
-            return loss
-        if pipe is not None:  # time the pipeline for a few steps (all of them under --timeline)
-            pipe.record = self._timeline_was or step <= self.first + PIPELINE_STEPS
-        if step <= self.first + TIMED_STEPS and tr.comm.trace is None:
-            with tr.comm.tracing(self.timed):
-                return tr.step_async(step)
-        return tr.step_async(step)
+            with self._first_step(tr) as hooks:
+                yield hooks
+            return
+        with ExitStack() as scopes:
+            if tr.pipeline is not None:  # time the pipeline for a few steps (the bubble)
+                scopes.enter_context(tr.pipeline.recording(step <= self.first + PIPELINE_STEPS))
+            if step <= self.first + TIMED_STEPS and tr.comm.trace is None:
+                scopes.enter_context(tr.comm.tracing(self.timed))
+            yield None
+
+    @contextmanager
+    def _first_step(self, tr):
+        """The first step's trace (a long run must not keep every record, so one step's, or
+        the run's own) and its memory (not under --compile: compiled blocks do not run the
+        saved-tensor hooks the meter needs)."""
+        from .measure import measuring
+
+        with tr.comm.tracing(tr.comm.trace or CommTrace()) as trace:
+            mark = len(trace.records)
+            if tr.layout.compile:
+                yield None
+            else:
+                with measuring(tr) as memory:
+                    yield memory.hooks
+                self.memory = memory.bytes
+        self.trace_records = [r for r in trace.records[mark:] if r.get("phase") != "log"]
 
     def records(self, tr, recs: list[dict]) -> None:
         """Add MFU to the step records (rank 0's, before they are written) and mirror them
