@@ -100,7 +100,8 @@ def test_train_timeline_holds_every_ranks_calls_and_the_report_says_what_was_hid
                  "--timeline", str(path)])
     out = capsys.readouterr().out
     assert code in (0, None), out
-    spans = load_timeline(path)
+    spans = load_timeline(path, calls=True)
+    assert load_timeline(path) == []  # no pipeline: no compute actions beside the calls
     assert {r["global_rank"] for r in spans} == {0, 1} and {r["step"] for r in spans} == {0, 1, 2}
     assert all(r["kind"] == "comm" and r["start"] <= r["waited"] <= r["end"] for r in spans)
     shifts = [r for r in spans if r["op"] == "send" and r["phase"] == "fwd"]

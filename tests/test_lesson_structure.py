@@ -15,9 +15,9 @@ from minitron.course import quiz
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = {p.name[:2]: p for p in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))}
 ENDING = ("## Check yourself", "## Try it", "## Solutions")
-# Lessons without the common ending, tolerated until they get it (00: no Check yourself; 02: its
-# V-schedule question in section 7); strict both ways (a lesson that gains it must be struck off).
-WITHOUT_THE_ENDING = {"00", "02"}
+# Lessons without the common ending, tolerated until they get it (none now); strict both ways (a
+# lesson that gains it must be struck off).
+WITHOUT_THE_ENDING: set = set()
 
 
 def _cells(lesson: str) -> list[dict]:

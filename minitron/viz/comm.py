@@ -279,7 +279,8 @@ def plot_overlap(run: dict, step: int = -1, ax=None, axis: str = "dp", title: st
 # What ran under what: a --timeline's calls beside the pipeline's actions
 # --------------------------------------------------------------------------------------
 def plot_spans(timeline: list[dict], step: int = -1, ax=None, title: str | None = None):
-    """One lane per rank of a ``--timeline`` (:func:`minitron.viz.pipeline.load_timeline`):
+    """One lane per rank of a ``--timeline`` file's records (all of them,
+    :func:`minitron.comm.read_trace`):
     the pipeline's F/B/W actions of `step` (-1: the last) as grey boxes, each call of that
     step as a thin bar while in flight before its rank waited (compute ran under it) and a
     thick bar while the rank waited (exposed), coloured by op. Returns the axes."""

@@ -17,10 +17,12 @@ from ..comm import read_trace
 OP_COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
 
 
-def load_timeline(path) -> list[dict]:
-    """Read a runtime `--timeline` file: JSON lines, like a ``--trace`` file, so
-    :func:`minitron.comm.read_trace` reads it."""
-    return read_trace(path)
+def load_timeline(path, calls: bool = False) -> list[dict]:
+    """The pipeline's compute actions of a runtime `--timeline` file (JSON lines, like a
+    ``--trace`` file: :func:`minitron.comm.read_trace` reads every line); with `calls`,
+    the ranks' timed calls written beside them instead (``"kind": "comm"``,
+    :meth:`minitron.comm.Comm.write_spans`)."""
+    return [r for r in read_trace(path) if (r.get("kind") == "comm") == calls]
 
 
 def _records(sim_or_timeline) -> tuple[list[dict], str | None]:
