@@ -396,23 +396,27 @@ class Comm:
 
     @eager
     def all_to_all(self, t: torch.Tensor, axis: str, send_splits=None, recv_splits=None,
-                   activation: bool = False) -> torch.Tensor:
+                   activation: bool = False, async_op: bool = False):
         """All-to-all along dim 0 over `axis`: the i-th block of `t`'s rows goes to the
         axis' i-th rank, and the result holds the blocks received, in axis order. Blocks
         are equal without splits; `send_splits` / `recv_splits` give each block's rows (the
         experts' token dispatch, whose sizes vary, exchanged beforehand). The trace records
-        `t`, the rows sent (the block kept by this rank included)."""
+        `t`, the rows sent (the block kept by this rank included), when the call is posted.
+        With `async_op`, returns a :class:`Pending` whose ``wait()`` gives the result
+        (``--ep-overlap``'s halves, ``parallel/expert_overlap.py``)."""
         n = self.size(axis)
         if n == 1:
-            return t
-        w = self.on_wire(t, activation)
+            return Pending(t) if async_op else t
+        w = self.on_wire(t, activation).contiguous()
         self._record("all_to_all", axis, w)
         rows = sum(recv_splits) if recv_splits is not None else w.shape[0]
         out = torch.empty((rows, *w.shape[1:]), dtype=w.dtype, device=w.device)
+        work = None
         if not self.dry:
-            dist.all_to_all_single(out, w.contiguous(), None if recv_splits is None else list(recv_splits),
-                                   None if send_splits is None else list(send_splits), group=self.group(axis))
-        return out.to(t.dtype)
+            work = dist.all_to_all_single(out, w, None if recv_splits is None else list(recv_splits),
+                                          None if send_splits is None else list(send_splits), group=self.group(axis),
+                                          async_op=async_op)
+        return self._result(out, work, w, t.dtype, async_op)
 
     def gather_object(self, obj, dst: int = 0):
         """Pickle-gather `obj` from every rank to global rank `dst` (checkpoint assembly,

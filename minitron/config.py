@@ -220,6 +220,7 @@ class ParallelConfig:
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
     tp_overlap: bool = False  # --sp's all-gathers and reduce-scatters decomposed under their matmuls
+    ep_overlap: bool = False  # the experts' all-to-alls in two halves, each in flight under the other's experts
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
     zero: int = 0  # ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp
@@ -277,7 +278,7 @@ class ParallelConfig:
             s += f".{self.schedule}"
             if self.vpp > 1:
                 s += f".v{self.vpp}"
-        for flag in ("sp", "tp_overlap", "zero1", "scatter_gather"):
+        for flag in ("sp", "tp_overlap", "ep_overlap", "zero1", "scatter_gather"):
             if getattr(self, flag):
                 s += f".zero{self.zero}" if flag == "zero1" else f".{flag}"
         if self.recompute != "none":
@@ -624,6 +625,19 @@ def validate_experts(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(layout.cp == 1 or layout.ep == 1, "--ep is not written to compose with --cp: drop --cp or --ep")
     _need(layout.zero < 2 or layout.tp == 1,
           f"--zero {layout.zero} cannot shard the router's gradient (summed over tensor ranks first): use --zero 1 or --tp 1")
+    if layout.ep_overlap:
+        validate_ep_overlap(model, layout)
+
+
+def validate_ep_overlap(model: ModelConfig, layout: ParallelConfig) -> None:
+    """--ep-overlap splits each MoE call's rows in two halves by local expert
+    (parallel/expert_overlap.py): it needs an all-to-all and two experts on every ep rank."""
+    _need(layout.ep > 1, "--ep-overlap with --ep 1: nothing to overlap (no expert all-to-all): add --ep 2 or more, "
+                         "or drop --ep-overlap")
+    _need(model.experts // layout.ep >= 2,
+          f"--ep-overlap splits each ep rank's experts in two halves, but --experts {model.experts} over --ep "
+          f"{layout.ep} leaves {model.experts // layout.ep} per rank: use --experts {2 * layout.ep} or more, or a "
+          f"smaller --ep")
 
 
 def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> None:
@@ -865,15 +879,13 @@ def validate_mla(model: ModelConfig, layout: ParallelConfig) -> None:
 
 def validate_mtp(model: ModelConfig, layout: ParallelConfig) -> None:
     """Multi-token prediction (mtp.py): D depths on the last stage, reading the embedding
-    there (a copy summed with the first stage's, as a tied embedding)."""
+    there (a copy summed with the first stage's, as a tied embedding; in a V the first
+    stage's own, on the same rank) and the tokens ahead of each position (taken from whole
+    rows before --cp cuts them)."""
     d = model.mtp_depths
     _need(0 < d < model.seq_len, f"--mtp-depths {d} must be in 1..{model.seq_len - 1} (tokens ahead within a sequence)")
     _need(model.mtp_weight >= 0 and math.isfinite(model.mtp_weight), f"--mtp-weight must be 0 or positive (got {model.mtp_weight})")
-    _need(layout.cp == 1, "--mtp-depths reads tokens ahead of each position, which --cp keeps on other ranks: drop --cp")
     _need(layout.tp_mode == "1d" or layout.tp == 1, "--mtp-depths is written for 1-D tensor parallelism: use --tp-mode 1d")
-    _need(layout.schedule not in V_SCHEDULES or layout.pp == 1,
-          f"--mtp-depths puts the embedding's copy on the last stage, which --schedule {layout.schedule} places on the "
-          "first stage's rank: use 1f1b or interleaved")
-    _need(layout.zero < 2 or layout.pp * layout.vpp == 1,
-          f"--zero {layout.zero} cannot shard the last stage's copy of the embedding (summed with the first "
-          "stage's first): use --zero 1")
+    shared = ("the embedding that the V's first and last stage share on rank 0" if layout.schedule in V_SCHEDULES
+              else "the last stage's copy of the embedding (summed with the first stage's first)")
+    _need(layout.zero < 2 or layout.pp * layout.vpp == 1, f"--zero {layout.zero} cannot shard {shared}: use --zero 1")

@@ -23,7 +23,7 @@ from .config import ModelConfig, ParallelConfig
 from .context import Context
 from .mla import MLA
 from .moe import MoE
-from .mtp import MTP, AddToBackward
+from .mtp import MTP, AddToBackward, tokens_ahead
 from .parallel import cube, summa
 from .parallel import tensor as tp
 from .context import make_param
@@ -291,18 +291,26 @@ class GPT(nn.Module):
     microbatch's tokens (or logits when `targets` is None), else the hidden states.
     `key` = (step, microbatch of the global batch) picks every dropout mask. `docs` (--pack:
     the microbatch's ``packing.Documents``, whole rows) restarts the positions per document,
-    keeps attention inside each and weighs the loss.
+    keeps attention inside each and weighs the loss. With multi-token prediction the
+    targets may be [b, s, 1 + D] (``mtp.tokens_ahead``: the tokens ahead beside each
+    target, as the Trainer hands them to a context rank); [b, s] are whole rows.
+
+    `embedding`: the first stage's ``wte`` when this rank holds it in another chunk (the V
+    placement's rank 0), which the last stage's multi-token prediction reads itself: no
+    copy, no sum over 'embed' (the Trainer passes it; ``placement.Placement``).
     """
 
     def __init__(self, cfg: ModelConfig, ctx: Context | None = None, layer_ids=None,
-                 first: bool = True, last: bool = True, *, layers=None):
+                 first: bool = True, last: bool = True, *, layers=None, embedding=None):
         super().__init__()
         ctx = ctx or Context()
         self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
         self.layers = layers = layers or layers_for(ctx.layout)
         self.layer_ids = list(range(cfg.layers) if layer_ids is None else layer_ids)
-        # the last stage's copy of the embedding (tied, or read by multi-token prediction) sums with the first's
-        tied_sync = ("embed",) if (cfg.tied_embeddings or cfg.mtp_depths) and not (first and last) else ()
+        # the last stage's copy of the embedding (tied, or read by multi-token prediction) sums with the
+        # first's, when the two are on different pipeline ranks (the grid's 'embed' group: not in a V)
+        copied = not (first and last) and ctx.comm.size("embed") > 1
+        tied_sync = ("embed",) if (cfg.tied_embeddings or cfg.mtp_depths) and copied else ()
         if first:
             self.wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
             if cfg.positions == "learned":  # rotary positions have no table (Attention rotates q, k)
@@ -318,8 +326,9 @@ class GPT(nn.Module):
             else:
                 self.lm_head = self.wte
         self.mtp = MTP(cfg, ctx, layers, Block) if last and cfg.mtp_depths else None  # mtp.py
-        if self.mtp is not None and not first and not cfg.tied_embeddings:
-            self.mtp_wte = layers.embedding("wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
+        if self.mtp is not None and not first and not cfg.tied_embeddings:  # the first stage's, or a copy
+            self.mtp_wte = embedding if embedding is not None else layers.embedding(
+                "wte", cfg.vocab, cfg.hidden, ctx, grad_sync=tied_sync)
 
     def mtp_embed(self, idx):
         """Multi-token prediction's embedding of token ids: the model's own table, or the
@@ -369,10 +378,21 @@ class GPT(nn.Module):
         logits = self.head(x)
         if targets is None:
             return logits
-        loss = self.loss(logits, targets, docs)
+        ahead = targets if targets.dim() == 3 else None  # [b, s, 1 + D]: the tokens ahead beside each target
+        loss = self.loss(logits, targets if ahead is None else ahead[..., 0], docs)
         if self.mtp is not None and self.training:  # the MTP loss joins the backward only (mtp.py)
-            loss = AddToBackward.apply(loss, self.mtp.loss(x, targets, self.mtp_embed, self.lm_head, key))
+            if ahead is None:
+                ahead = self.whole_rows_ahead(targets)
+            loss = AddToBackward.apply(loss, self.mtp.loss(x, ahead, self.mtp_embed, self.lm_head, key))
         return loss
+
+    def whole_rows_ahead(self, targets):
+        """Multi-token prediction's tokens ahead of [b, s] targets, which must be whole rows:
+        a context rank's chunks have lost the tokens other ranks hold (``mtp.targets_on_rank``)."""
+        if self.ctx.comm.size("cp") > 1:
+            raise ValueError("under --cp multi-token prediction needs the tokens ahead taken from whole rows: "
+                             "pass the targets of mtp.targets_on_rank")
+        return tokens_ahead(targets, self.cfg.mtp_depths)
 
     @torch.no_grad()
     def generate(self, idx, n: int, temperature: float = 0.8, top_k: int = 40, generator=None):

@@ -50,6 +50,7 @@ from torch import nn
 from .config import ModelConfig
 from .context import Context, make_param, shard_slice
 from .parallel import tensor as tp
+from .parallel.expert_overlap import overlapped_token_dispatch
 from .parallel.experts import local_experts, token_dispatch
 
 EXPERT_DATA_AXES = ("dp", "cp")  # an expert's copies: not over ep, which splits the experts
@@ -257,7 +258,9 @@ class MoE(nn.Module):
         keep = keep_mask(experts, cfg)
         # permute, dispatch, the local experts, combine, un-permute (parallel/experts.py); a layer
         # namespace may bring its own of the same contract (a lab's, through Trainer(layers=...))
-        dispatch = getattr(self.layers, "token_dispatch", token_dispatch)
+        # (--ep-overlap: the all-to-alls in two halves under the experts, parallel/expert_overlap.py)
+        dispatch = getattr(self.layers, "token_dispatch",
+                           overlapped_token_dispatch if ctx.layout.ep_overlap else token_dispatch)
         y = dispatch(tokens, experts, gates, keep, cfg.experts, ctx.comm, self.experts_forward)
         y = self.layers.leave(y.view(b, s, h), ctx)
         if self.training and torch.is_grad_enabled() and cfg.aux_loss:

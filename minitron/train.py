@@ -24,6 +24,7 @@ from .launch import resolve_device
 from .model import GPT, layers_for
 from .model_flops import model_flops_per_step
 from .moe import moe_layers
+from .mtp import targets_on_rank
 from .optim import AdamW, Optimizer, lr_at, unique_params
 from .packing import PackedCorpus
 from .parallel.context_parallel import local_tokens
@@ -71,10 +72,11 @@ def default_data_parallel(params, comm: Comm, layout: ParallelConfig, chunks):
     ``(params, comm, layout, chunks) -> dp`` (`chunks`: this rank's model chunks, which the
     Trainer hands every factory): ZeRO-2/3's unit-by-unit reduce-scatter (``--zero 2|3``:
     units from the chunks' blocks), else naive, bucketed or ZeRO-1's bucketed reduce-scatter
-    (``--dp-impl``, ``--zero1``)."""
+    (``--dp-impl``, ``--zero1``), given each chunk's parameters (one a chunk shares with
+    another, the V's embedding, once per chunk: its gradient is whole after both backwards)."""
     if layout.zero >= 2:  # ZeRO-2/3: gradients (and parameters) sharded unit by unit
         return sharded_data_parallel([u for c in chunks for u in zero_units(c)], comm, layout.zero)
-    return make_data_parallel(params, comm, layout)
+    return make_data_parallel([p for c in chunks for p in c.parameters()], comm, layout)
 
 
 def default_optimizer(chunks):
@@ -160,11 +162,19 @@ class Trainer:
         """This rank's model chunks: one unless the schedule has several per rank, each
         the stage its placement gives it (the interleaved loop of PTD-P §2.2.2, or the V of
         zb-v and dualpipe-v: stages r and 2p-1-r) as the layout schedule's placement says
-        (:func:`~minitron.placement.placement_of`); a schedule handed in brings its own."""
+        (:func:`~minitron.placement.placement_of`); a schedule handed in brings its own.
+        A rank holding both ends (the V's rank 0) builds the first stage's chunk first and
+        hands its embedding to the last stage's (``GPT(embedding=)``: one ``wte``)."""
         pp_rank, stages = self.comm.index("pp"), stage_layers(self.mcfg, self.layout)
         placement = schedule.placement if schedule is not None else placement_of(self.layout)
-        return [GPT(self.mcfg, self.ctx, stages[placement.stage(pp_rank, c)], *placement.chunk_ends(pp_rank, c),
-                    layers=self.layers) for c in range(self.layout.vpp)]
+        order = sorted(range(self.layout.vpp), key=lambda c: placement.stage(pp_rank, c))  # the first stage first
+        chunks: dict[int, GPT] = {}
+        for c in order:
+            first, last = placement.chunk_ends(pp_rank, c)
+            shared = chunks[order[0]].wte if last and not first and chunks and chunks[order[0]].first else None
+            chunks[c] = GPT(self.mcfg, self.ctx, stages[placement.stage(pp_rank, c)], first, last,
+                            layers=self.layers, embedding=shared)
+        return [chunks[c] for c in range(self.layout.vpp)]
 
     @property
     def model(self) -> GPT:
@@ -193,8 +203,9 @@ class Trainer:
         return self._on_rank(*self.rows(step, subset)[:2])
 
     def _on_rank(self, x, y):
-        """Whole rows -> this context rank's chunks of them, on the device."""
-        x, y = local_tokens(x, self.comm), local_tokens(y, self.comm)
+        """Whole rows -> this context rank's chunks of them, on the device (the targets with
+        the tokens ahead of each that multi-token prediction reads: ``mtp.targets_on_rank``)."""
+        x, y = local_tokens(x, self.comm), targets_on_rank(y, self.mcfg.mtp_depths, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def microbatches(self, step: int):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minitron.analysis.experts import active_params, dispatch_fan_out, total_params
-from minitron.analysis.calls import bytes_by_axis
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
 from minitron.moe import route
+from minitron.tools.testing import traced_step_bytes
 
 TINY = PRESETS["deepseek-v3-tiny"]
 TOL = 1e-9
@@ -124,7 +124,6 @@ def test_mla_params_read_off_the_model():
     (dict(qk_rope_head_dim=3), ParallelConfig(), "pick it even"),
     (dict(attention="latent"), ParallelConfig(), "unknown --attention 'latent'"),
     (dict(), ParallelConfig(tp=4, tp_mode="2d"), "1-D tensor parallelism"),
-    (dict(), ParallelConfig(pp=2, vpp=2, schedule="dualpipe-v"), "--schedule dualpipe-v places on the first"),
     (dict(), ParallelConfig(dp=2, pp=2, zero=3), "cannot shard the last stage's copy of the embedding"),
     (dict(mtp_depths=16), ParallelConfig(), "--mtp-depths 16 must be in 1..15"),
 ])
@@ -172,14 +171,15 @@ def test_mtp_loss_is_the_papers_and_joins_the_backward_only():
 # --------------------------------------------------------------------------------------
 # on real ranks: the oracle and the trace against the analysis
 # --------------------------------------------------------------------------------------
-NO_MTP = TINY.replace(mtp_depths=0)
 FOUR = [
     (TINY, ParallelConfig(dp=2, tp=2, sp=True)),
     (TINY, ParallelConfig(tp=2, ep=2)),
     (TINY, ParallelConfig(dp=2, ep=2)),
     (TINY, ParallelConfig(pp=2, tp=2, sp=True)),  # MTP on the last stage, under tp + sp
     (TINY, ParallelConfig(pp=2, vpp=2, ep=2, schedule="interleaved")),
-    (NO_MTP, ParallelConfig(pp=2, vpp=2, dp=2, schedule="dualpipe-v")),
+    (TINY, ParallelConfig(pp=2, vpp=2, dp=2, schedule="dualpipe-v")),  # MTP on rank 0's last chunk
+    (TINY, ParallelConfig(cp=2, dp=2)),  # ring: MLA's heads pass around, MTP's tokens ahead from whole rows
+    (TINY, ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
     (TINY, ParallelConfig(dp=2, ep=2, zero=1)),
     (TINY, ParallelConfig(dp=2, ep=2, zero=3)),
 ]
@@ -190,10 +190,6 @@ def _train(layout: ParallelConfig) -> TrainConfig:
     return TrainConfig(steps=2, global_batch=2 * layout.data_replicas * m, microbatches=m, dtype="float64",
                        lr=1e-2, warmup=1, eval_every=0, progress=False, sample_tokens=0)
 
-
-def _by_axis(records, rank: int) -> dict:
-    """Step 0's traced bytes on `rank`, per axis and op (the analysis's own sum)."""
-    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"])
 
 
 def _layouts_job(comm, cases):
@@ -207,7 +203,7 @@ def _layouts_job(comm, cases):
 
     corpus, rank, out = load_corpus(""), comm.grid.rank, []
     for model, layout in cases:
-        grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, ep=layout.ep, rank=rank).build_groups()
+        grid = ProcessGrid.for_layout(layout, rank).build_groups()
         c, train = Comm(grid, CommTrace()), _train(layout)
         tr = Trainer(model, layout, train, c, corpus)
         losses = [tr.step(0)]
@@ -215,7 +211,7 @@ def _layouts_job(comm, cases):
         losses += [tr.step(i) for i in range(1, train.steps)]
         res = versus_one_device(c, tr, losses, model, train.replace(microbatches=train.microbatches
                                                                     * layout.data_replicas))
-        out.append(dict(res=res, coord=vars(grid.coord()), traced=_by_axis(c.trace.records, rank), calls=calls))
+        out.append(dict(res=res, coord=vars(grid.coord()), traced=traced_step_bytes(c.trace.records, rank), calls=calls))
     return out
 
 
@@ -231,8 +227,8 @@ def four():
 @pytest.mark.multirank
 def test_deepseek_v3_tiny_on_every_layout_equals_one_device(four):
     """verify --dtype float64 (1e-9): MLA + group-limited MoE + MTP on tp2+sp, tp2 x ep2,
-    ep2 x dp2, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, ZeRO-1
-    and ZeRO-3; dualpipe-v without MTP."""
+    ep2 x dp2, pp2 x tp2+sp (MTP on the last stage), interleaved pp2 x ep2, dualpipe-v x dp2
+    (MTP on rank 0, reading its embedding), cp2 ring and cp2 a2a (x dp2), ZeRO-1 and ZeRO-3."""
     for i, (model, layout) in enumerate(FOUR):
         res = four[0][i]["res"]
         print(f"{layout.describe():<36} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")

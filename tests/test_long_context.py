@@ -16,7 +16,7 @@ from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, e
 from minitron.model import rotary_angles
 from minitron.parallel.context_parallel import chunk_reach, window_mask
 from minitron.rope import rope_frequencies
-from minitron.tools.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks, traced_step_bytes
 
 LLAMA = PRESETS["llama-tiny"]
 # every new attention knob at once: a head width apart from h/heads (12, not 8), biases on
@@ -196,11 +196,6 @@ def _verify_train(layout: ParallelConfig) -> TrainConfig:
                        progress=False)
 
 
-def _by_axis(records, rank) -> dict:
-    """Step 0's traced bytes on `rank`, per axis and op (the analysis's own sum)."""
-    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"])
-
-
 def _all_layouts(comm):
     from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
@@ -212,7 +207,7 @@ def _all_layouts(comm):
         grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=rank).build_groups()
         c = Comm(grid, CommTrace())
         res = verify_job(c, model, layout, _verify_train(layout), corpus, None)
-        out[name] = (res, c.index("cp"), _by_axis(c.trace.records, rank))
+        out[name] = (res, c.index("cp"), traced_step_bytes(c.trace.records, rank))
     return out
 
 

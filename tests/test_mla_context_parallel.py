@@ -16,6 +16,7 @@ import pytest
 from minitron.analysis.calls import bytes_by_axis
 from minitron.analysis.context_parallel import cp_comm_items, cp_message_elements
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
+from minitron.tools.testing import traced_step_bytes
 
 TINY = PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
 TOL = 1e-9
@@ -113,8 +114,7 @@ def _cases_job(comm, cases):
             tr = Trainer(TINY, layout, train, c, corpus)
             losses = [tr.step(i) for i in range(train.steps)]
         res = versus_one_device(c, tr, losses, TINY, train.replace(microbatches=layout.data_replicas))
-        step0 = [r for r in c.trace.records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"]
-        out[name] = dict(res=res, traced=bytes_by_axis(step0))
+        out[name] = dict(res=res, traced=traced_step_bytes(c.trace.records, rank))
     return out
 
 

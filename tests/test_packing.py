@@ -20,7 +20,7 @@ from minitron.data import ByteCorpus
 from minitron.model import GPT
 from minitron.packing import SEPARATOR_BYTE, Documents, PackedCorpus
 from minitron.parallel.context_parallel import ChunkMask
-from minitron.tools.testing import run_cli, run_on_ranks
+from minitron.tools.testing import run_cli, run_on_ranks, traced_step_bytes
 
 TINY, LLAMA = PRESETS["tiny"], PRESETS["llama-tiny"]
 SEP = chr(SEPARATOR_BYTE)
@@ -146,8 +146,7 @@ def _all_layouts(comm, corpus):
         grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=rank).build_groups()
         c = Comm(grid, CommTrace())
         res = verify_job(c, model, layout, _train(layout), corpus, None)
-        step0 = [r for r in c.trace.records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"]
-        out[name] = (res, (c.index("cp"), c.grid.data_index(), c.index("pp")), bytes_by_axis(step0))
+        out[name] = (res, (c.index("cp"), c.grid.data_index(), c.index("pp")), traced_step_bytes(c.trace.records, rank))
     return out
 
 

@@ -47,7 +47,7 @@ from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exa
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
 from ..parallel.fp8 import history_axes, history_reduce_bytes
 from .dry_run import boundary_elements, embedding_elements, fp8_histories, model_calls, params_by_data_axes
-from .experts import balanced_all_to_all_bytes
+from .experts import all_to_all_calls, balanced_all_to_all_bytes
 from .flops import recompute_policy
 from .params import activation_element_bytes, layout_get, layout_placement, local_model, padded_vocab, rank_chunks
 from .summa import summa_comm_items
@@ -167,8 +167,9 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         add("gradient norm", "pp", "all_reduce", 1, NORM_BYTES)
 
     # tied embedding between the first and the last stage (an axis of one rank when
-    # p = 1: nothing crosses a wire); multi-token prediction's copy on the last stage alike
-    if (model.tied_embeddings or model.mtp_depths) and p > 1 and (first or last):
+    # p = 1, or in a V, whose rank 0 holds both: nothing crosses a wire); multi-token
+    # prediction's copy on the last stage alike
+    if (model.tied_embeddings or model.mtp_depths) and p > 1 and first != last:
         add("tied embedding gradient", "embed", "all_reduce", 1, padded_vocab(model, t) // t * h * e)
 
     # experts: each MoE block's token dispatch and combine over 'ep' (routing is data: the
@@ -177,7 +178,8 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     moe_blocks = sum(model.is_moe_block(i) for ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in ids)
     if ep > 1 and moe_blocks:
         tokens = b * s // (t if sp else 1)
-        add("expert dispatch and combine (balanced routing: expected)", "ep", "all_to_all", 5 * m * moe_blocks,
+        add("expert dispatch and combine (balanced routing: expected)", "ep", "all_to_all",
+            all_to_all_calls(bool(layout_get(parallel, "ep_overlap", False))) * m * moe_blocks,
             m * moe_blocks * balanced_all_to_all_bytes(model, tokens, ea))
         add("gradient norm", "ep", "all_reduce", 1, NORM_BYTES)
 

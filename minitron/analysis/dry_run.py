@@ -35,6 +35,7 @@ from ..config import ModelConfig, ParallelConfig
 from ..context import Context
 from ..grid import ProcessGrid
 from ..model import GPT, Block, layers_for
+from ..mtp import targets_on_rank
 from ..parallel import fp8
 
 CPU = torch.device("cpu")
@@ -279,6 +280,12 @@ def block_rebuilt_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes
     return _block_saved(*_runnable(model, i), _shape_only(as_layout(layout)), micro_batch, bytes_per_el)[1]
 
 
+def _targets(model: ModelConfig, b: int, s: int) -> torch.Tensor:
+    """The targets a last stage is handed for `s` positions, as the Trainer hands them (with
+    multi-token prediction the tokens ahead beside each: ``mtp.targets_on_rank``)."""
+    return targets_on_rank(torch.zeros(b, s, dtype=torch.long), model.mtp_depths, Comm())
+
+
 @functools.lru_cache(maxsize=1024)
 def _ends_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, first: bool, last: bool) -> int:
     with FakeTensorMode():
@@ -289,7 +296,7 @@ def _ends_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, firs
         x = torch.zeros(b, s, dtype=torch.long) if first else _hidden_input(stage, ctx, b)
         counter = SavedBytes(stage.parameters())
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-            out = stage(x, torch.zeros(b, s, dtype=torch.long) if last else None, (0, 0))
+            out = stage(x, _targets(model, b, s) if last else None, (0, 0))
             return counter.now
 
 
@@ -318,7 +325,7 @@ def dry_trace(model: ModelConfig, layout: Any, micro_batch: int, rank: int = 0, 
         stage.train()
         s = model.seq_len // lay.cp
         x = torch.zeros(micro_batch, s, dtype=torch.long) if first else _hidden_input(stage, ctx, micro_batch)
-        targets = torch.zeros(micro_batch, s, dtype=torch.long) if last else None
+        targets = _targets(model, micro_batch, s) if last else None
         with ctx.comm.in_phase("fwd"), ctx.autocast():
             out = stage(x, targets, (0, 0))
         with ctx.comm.in_phase("bwd"):
@@ -504,10 +511,12 @@ def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0,
 def params_by_data_axes(model: ModelConfig, layout: Any, chunks) -> dict[tuple, int]:
     """A rank's trained parameter elements grouped by the data axes their gradients are
     averaged over (:func:`unit_params_by_data_axes`), for the chunks ``(layer ids, first,
-    last)`` it holds."""
+    last)`` it holds: every block, and the ends once per rank (a V's rank 0 holds both, its
+    last stage reading the first's embedding)."""
+    chunks = list(chunks)
+    first, last = any(c[1] for c in chunks), any(c[2] for c in chunks)
     out: dict[tuple, int] = {}
-    for ids, first, last in chunks:
-        for i, f, l in [(i, False, False) for i in ids] + [(None, first, last)]:
-            for axes, n in unit_params_by_data_axes(model, layout, i, f, l).items():
-                out[axes] = out.get(axes, 0) + n
+    for i, f, l in [(i, False, False) for ids, _, _ in chunks for i in ids] + [(None, first, last)]:
+        for axes, n in unit_params_by_data_axes(model, layout, i, f, l).items():
+            out[axes] = out.get(axes, 0) + n
     return out

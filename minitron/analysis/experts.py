@@ -12,7 +12,8 @@ the E counts (int64) once and its token rows four times: dispatch (S rows out, R
 combine (R out, S in) forward, and the same two with the split sizes swapped backward.
 Counted as ``Comm.all_to_all`` traces a call (the input tensor: the rows kept by the rank
 itself included), a rank's traced bytes are ``8·E + (S + R + R + S)·h·b``, with S the rows
-it routes and R the rows its experts receive. Balanced routing in expectation: R = S =
+it routes and R the rows its experts receive; under ``--ep-overlap`` the same rows travel
+in two messages each (:func:`all_to_all_calls`), so the bytes are the same. Balanced routing in expectation: R = S =
 T·k dropless (T the microbatch's tokens), and (ep−1)/ep of them leave the rank.
 """
 from __future__ import annotations
@@ -75,6 +76,13 @@ def all_to_all_bytes(sent_rows: int, received_rows: int, cfg: ModelConfig, dtype
     """A rank's traced all-to-all bytes for one MoE layer and microbatch, forward and
     backward: the E counts (int64) and the token rows of dispatch and combine, both ways."""
     return cfg.experts * INDEX_BYTES + 2 * (sent_rows + received_rows) * cfg.hidden * dtype_bytes
+
+
+def all_to_all_calls(ep_overlap: bool = False) -> int:
+    """A rank's all-to-all calls per MoE layer and microbatch: the counts once, dispatch
+    and combine forward and backward (5); under ``--ep-overlap`` each of those four in two
+    halves by local expert (9: the same bytes, ``parallel/expert_overlap.py``)."""
+    return 1 + 4 * (2 if ep_overlap else 1)
 
 
 def dispatch_rows(counts: list[list[int]], ep_rank: int) -> tuple[int, int]:

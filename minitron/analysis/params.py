@@ -27,9 +27,11 @@ lm_head    [V_pad, h], no bias    rows split (last stage; none when tied on one 
 V_pad is the vocabulary padded up to a multiple of t (:func:`minitron.config.pad_vocab`).
 On the 3-D cube (t = q³ ranks, ``parallel/cube.py``) every matrix is split q³ ways, the
 vectors and the position embedding q ways, and the vocabulary is padded to q².
-With tied embeddings and more than one pipeline chunk, the last chunk keeps its own
-copy of ``wte`` (its gradient is summed with the first stage's by an all-reduce), so
-it is counted on that rank by :func:`params_on_rank` but once by :func:`param_count`.
+With tied embeddings (or multi-token prediction) and the last stage on another pipeline
+rank than the first, the last chunk keeps its own copy of ``wte`` (its gradient is summed
+with the first stage's by an all-reduce), so it is counted on that rank by
+:func:`params_on_rank` but once by :func:`param_count`; a rank holding both ends (the V
+of zb-v and dualpipe-v) holds one.
 """
 from __future__ import annotations
 
@@ -201,10 +203,11 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     if not 0 <= pp_rank < p or not 0 <= tp_rank < t:
         raise ValueError(f"rank (pp={pp_rank}, tp={tp_rank}) outside a layout of pp={p}, tp={t}")
     lay = {"tp": t, "tp_mode": mode, "ep": int(layout_get(layout, "ep", 1) or 1)}
-    # every chunk the rank holds, where the schedule's placement puts it (a V puts both ends
-    # on rank 0), block by block (a mixture of experts holds E/ep experts)
-    return sum(sum(block_params(model, lay, i) for i in ids) + ends_params(model, lay, first, last)
-               for ids, first, last in rank_chunks(model, layout, pp_rank))
+    # every chunk the rank holds, where the schedule's placement puts it, block by block (a
+    # mixture of experts holds E/ep experts); the ends once per rank: a V puts both on rank 0,
+    # whose last stage reads the first's embedding (multi-token prediction: no copy)
+    blocks = sum(block_params(model, lay, i) for ids, _, _ in rank_chunks(model, layout, pp_rank) for i in ids)
+    return blocks + ends_params(model, lay, *layout_placement(layout).holds_ends(pp_rank))
 
 
 def layout_placement(layout: Any) -> Placement:
@@ -223,11 +226,9 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
     the stages (the planner calls this often)."""
     lay = {"tp": t, "tp_mode": mode}
     first, last = placement_for(kind or "1f1b", p, v).holds_ends(pp_rank)
-    n = n_layers * local_layer_params(model, t, mode)
-    if p * v == 1:  # one chunk holds both ends (a tied embedding once)
-        return n + ends_params(model, lay, first, last)
-    # chunk 0's embedding; the last chunk's norm and output layer (or its copy of a tied wte)
-    return n + ends_params(model, lay, first, False) + ends_params(model, lay, False, last)
+    # the ends once per rank (one embedding where a rank holds both: one chunk, or the V's
+    # rank 0); a last stage apart from the first keeps its copy of a tied or MTP-read wte
+    return n_layers * local_layer_params(model, t, mode) + ends_params(model, lay, first, last)
 
 
 def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:

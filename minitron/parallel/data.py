@@ -68,6 +68,7 @@ The interface every implementation offers the training loop and the pipeline run
 """
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -166,7 +167,9 @@ class BucketedDataParallel(FlatShards):
     ``p.grad``). `shard=True` (ZeRO-1): reduce-scatter into ``shard_grad`` (this rank's
     1/d of the averaged flat gradient), and the parameters become views into
     ``param_buffer`` so that the optimizer can all-gather into them. `overlap=False`
-    makes one bucket that starts in ``finish()`` (the naive flavour).
+    makes one bucket that starts in ``finish()`` (the naive flavour). A parameter listed
+    more than once in `params` (used by that many of the rank's model chunks: the V's
+    embedding) gets a gradient from each chunk's last backward: its buckets wait for all.
     """
 
     def __init__(self, params, comm: Comm, bucket_mb: float = 4.0, shard: bool = False,
@@ -175,6 +178,8 @@ class BucketedDataParallel(FlatShards):
         self.comm, self.d, self.rank = comm, comm.size(self.axis), comm.index(self.axis)
         self.replicas = comm.size(grad_axis(comm))  # every gradient is a mean over all data replicas
         self.shard = shard
+        params = list(params)
+        uses = Counter(map(id, params))  # the chunks that use each parameter
         order = [p for p in reversed(unique_params(params)) if p.requires_grad]  # ~ order of backward
         if shard:  # summed over another axis before the reduce-scatter: at the end (see finish)
             order = [p for p in order if not p.shard.grad_sync] + [p for p in order if p.shard.grad_sync]
@@ -185,6 +190,7 @@ class BucketedDataParallel(FlatShards):
         order = [p for g in groups for p, a in zip(order, axes) if a == g]
         axes = sorted(axes, key=groups.index)
         self.params = order
+        self.uses = [uses[id(p)] for p in order]  # gradients each parameter receives in a last microbatch
         dtypes = {p.dtype for p in order}
         if len(dtypes) != 1:
             raise ValueError(f"bucketed data parallelism needs one parameter dtype, got {sorted(map(str, dtypes))}")
@@ -235,7 +241,7 @@ class BucketedDataParallel(FlatShards):
         self._reset()
 
     def _reset(self) -> None:
-        self._pending = [len(b.tensors) for b in self.buckets]
+        self._pending = [sum(self.uses[i] for i in b.tensors) for b in self.buckets]
         self._next = 0  # the next bucket to start: buckets start in order on every rank
 
     @contextmanager
@@ -606,7 +612,7 @@ def make_data_parallel(params, comm: Comm, layout: ParallelConfig):
         return NaiveDataParallel(params, comm)
     overlap = layout.dp_impl == "bucketed"
     if layout.zero1:
-        groups = by_data_group([p for p in unique_params(params) if p.requires_grad], comm)
+        groups = by_data_group([p for p in params if p.requires_grad], comm)  # a shared one as often as used
         if len(groups) > 1:
             return GroupedData([BucketedDataParallel(ps, comm, layout.bucket_mb, shard=True, overlap=overlap, axis=a)
                                 for a, ps in groups.items()])

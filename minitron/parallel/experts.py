@@ -52,6 +52,19 @@ class AllToAll(torch.autograd.Function):
         return ctx.comm.all_to_all(g.contiguous(), ctx.axis, ctx.recv, ctx.send, activation=True), None, None, None, None
 
 
+def by_expert(received_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that arrived in (source, expert) order, ``received_counts[r, j]`` rows from
+    source r for local expert j: the permutation that regroups them as (expert, source),
+    and its inverse."""
+    n, e_local = received_counts.shape
+    flat = received_counts.flatten()
+    starts = (torch.cumsum(flat, 0) - flat).view(n, e_local)
+    pieces = [torch.arange(int(starts[r, j]), int(starts[r, j] + received_counts[r, j]))
+              for j in range(e_local) for r in range(n)]
+    perm = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+    return perm, torch.argsort(perm)
+
+
 class Dispatch:
     """One dispatch of permuted rows over the ep axis, and what its combine needs.
 
@@ -72,13 +85,7 @@ class Dispatch:
         self.local_counts = self.received_counts.sum(0)
         if n == 1:
             return
-        # arrival order is (source, expert); regroup as (expert, source)
-        starts = torch.cumsum(self.received_counts.flatten(), 0) - self.received_counts.flatten()
-        starts = starts.view(n, e_local)
-        pieces = [torch.arange(int(starts[r, j]), int(starts[r, j] + self.received_counts[r, j]))
-                  for j in range(e_local) for r in range(n)]
-        self.perm = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
-        self.inverse = torch.argsort(self.perm)
+        self.perm, self.inverse = by_expert(self.received_counts)
 
     def dispatch(self, rows: torch.Tensor) -> torch.Tensor:
         """Send `rows` (this rank's, in expert order); return the rows of the local experts,
@@ -105,11 +112,23 @@ def token_dispatch(tokens: torch.Tensor, experts: torch.Tensor, gates: torch.Ten
     local expert. Returns [T, h]: each token's gate-weighted sum of its kept experts' outputs.
     A layer namespace may carry its own ``token_dispatch`` of this contract (lab 11a)."""
     k = experts.shape[1]
-    # permute: the kept (token, choice) pairs sorted by expert, token order within one
+    order, counts = permute(experts, keep, num_experts)
+    plan = Dispatch(counts, comm)
+    out_rows = plan.combine(run_experts(plan.dispatch(tokens[order // k]), plan.local_counts.tolist()))
+    return unpermute(tokens, order, k, gates, out_rows)
+
+
+def permute(experts: torch.Tensor, keep: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept (token, choice) pairs, as indices into ``experts.flatten()``, sorted by
+    expert (token order within one), and the kept choices per expert (all E)."""
     choice = experts.flatten()
     kept = keep.flatten().nonzero().squeeze(1)
     order = kept[torch.sort(choice[kept], stable=True).indices]
-    plan = Dispatch(torch.bincount(choice[kept], minlength=num_experts), comm)
-    out_rows = plan.combine(run_experts(plan.dispatch(tokens[order // k]), plan.local_counts.tolist()))
-    # un-permute: each token gets the gate-weighted sum of its experts' outputs
+    return order, torch.bincount(choice[kept], minlength=num_experts)
+
+
+def unpermute(tokens: torch.Tensor, order: torch.Tensor, k: int, gates: torch.Tensor,
+              out_rows: torch.Tensor) -> torch.Tensor:
+    """Each token the gate-weighted sum of its experts' outputs: `out_rows` row i is the
+    output for pair ``order[i]`` (token ``order[i] // k``)."""
     return torch.zeros_like(tokens).index_add(0, order // k, out_rows * gates.flatten()[order, None])

@@ -33,6 +33,15 @@ def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict
     return launch_local(_rank_entry, (fn, layout, trace, args), layout.world)
 
 
+def traced_step_bytes(records: list[dict], rank: int, step: int = 0) -> dict:
+    """One rank's traced bytes in one step, per axis and op (``analysis.calls.bytes_by_axis``,
+    what ``comm_bytes_per_step`` predicts): the 'log' phase (the logged loss's all-reduce,
+    not training traffic) left out."""
+    from ..analysis.calls import bytes_by_axis
+
+    return bytes_by_axis([r for r in records if r["rank"] == rank and r["step"] == step and r["phase"] != "log"])
+
+
 def routed_all_to_all_bytes(ranks: list[dict], r: dict, model, dtype_bytes: int) -> int:
     """What analysis.experts.step_all_to_all_bytes says rank result `r` moved over 'ep' in
     the step, from the routing counts of its whole expert-parallel group (routing is data:

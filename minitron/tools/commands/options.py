@@ -47,6 +47,9 @@ def add_layout_args(ap):
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --sp on 1-D: each all-gather/reduce-scatter of the sequence decomposed into t chunks "
                         "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP)")
+    g.add_argument("--ep-overlap", action="store_true",
+                   help="with --ep: each MoE call's all-to-alls in two halves (by local expert), one in flight while "
+                        "the other's experts run (DeepSeek-V3 §3.2.1)")
     g.add_argument("--schedule", default="1f1b", help=", ".join(SCHEDULES))
     g.add_argument("--zero", type=int, default=0,
                    help="ZeRO stage over dp: 1 AdamW state, 2 + gradients (reduce-scattered in backward), "
@@ -140,7 +143,8 @@ def layout_from(args) -> ParallelConfig:
     return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
                           cp_mode=getattr(args, "cp_mode", "ring"),
                           tp_mode=args.tp_mode, tp_depth=args.tp_depth, sp=args.sp,
-                          tp_overlap=getattr(args, "tp_overlap", False), schedule=args.schedule, zero1=args.zero1, zero=args.zero,
+                          tp_overlap=getattr(args, "tp_overlap", False),
+                          ep_overlap=getattr(args, "ep_overlap", False), schedule=args.schedule, zero1=args.zero1, zero=args.zero,
                           dp_impl=args.dp_impl, bucket_mb=args.bucket_mb, recompute=args.recompute,
                           scatter_gather=args.scatter_gather, stage_layers=stage, backend=args.backend,
                           device=args.device, compile=args.compile,
