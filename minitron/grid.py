@@ -16,9 +16,9 @@ names the group of such a set ('dp', 'dp_cp' — Megatron's data-parallel group 
 context parallel" —, 'dp_ep', 'dp_cp_ep').
 
 USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024): the N context ranks form a U × R
-grid, cp_rank = u + U·j (u fastest, so that the all-to-all's ranks are neighbours); the
-sub-axis 'cp_a2a' is the U ranks of one row (j fixed: its all-to-all), 'cp_ring' the R of
-one column (u fixed: its ring).
+grid, cp_rank = u + U·j (u fastest, so that the all-to-all's ranks are neighbours, and a
+row's chunks r, 2N−1−r make the ring's load-balanced pair); the sub-axis 'cp_a2a' is the
+U ranks of one row (j fixed: its all-to-all), 'cp_ring' the R of one column (u fixed: its ring).
 
 With 3-D tensor parallelism the tp ranks form a q×q×q cube with coordinates
 (i, j, k), i fastest: tp_rank = i + q*j + q*q*k (Bian et al. 2021).

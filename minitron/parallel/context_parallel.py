@@ -43,6 +43,14 @@ general), 2(N−1) backward
 (``minitron.analysis.context_parallel``). The communication goes through the door
 (``Comm.p2p`` on axis 'cp'), so a traced step shows every byte.
 
+USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024, arXiv 2405.07719) composes the
+two: the N ranks form a U × R grid (cp rank u + U·j); Ulysses' all-to-all over the U
+ranks of a row (axis 'cp_a2a') gathers their tokens onto 1/U of the heads, then the ring
+above runs over the R ranks of a column ('cp_ring') on those heads. The tokens stay where
+the ring puts them (chunks r and 2N−1−r): the row of j holds chunks U·j … U·j+U−1 and
+their mirrors, which are the ring's own load-balanced pair j and 2R−1−j of 2R
+(:func:`usp_attention`). The all-to-all's volume falls with U, the ring's hops with R.
+
 Weights are replicated over the context group and see different tokens; their gradients
 are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
 as each rank's loss is the mean over its own s/N tokens of each sequence.
@@ -67,43 +75,26 @@ def chunk_ids(n: int, r: int) -> tuple[int, int]:
     return r, 2 * n - 1 - r
 
 
-def usp_chunk_ids(u: int, n_ring: int, i: int, j: int) -> tuple[int, int]:
-    """The two chunks (of 2·u·n_ring) that USP's cp rank (i of a row of `u`, j of a ring of
-    `n_ring`) holds: part i of each of the ring's chunks j and 2R−1−j (of 2R), so that the
-    row's all-to-all gathers exactly the ring's load-balanced pair (then put in order)."""
-    a, b = chunk_ids(n_ring, j)
-    return a * u + i, b * u + i
-
-
-def held_chunks(comm: Comm) -> tuple[int, int]:
-    """The two chunks (of 2N) this context rank holds: r and 2N−1−r (ring, all-to-all);
-    under USP (a 'cp_a2a' axis of U > 1 ranks) :func:`usp_chunk_ids`."""
-    u = comm.size(A2A_AXIS)
-    if u == 1:
-        return chunk_ids(comm.size(AXIS), comm.index(AXIS))
-    return usp_chunk_ids(u, comm.size(RING_AXIS), comm.index(A2A_AXIS), comm.index(RING_AXIS))
-
-
 def local_tokens(t: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
-    """This context rank's tokens of full sequences `t` (the sequence along `dim`): its two
-    chunks (:func:`held_chunks`), concatenated; `t` itself without context parallelism."""
+    """This context rank's tokens of full sequences `t` (the sequence along `dim`):
+    chunks r and 2N−1−r, concatenated; `t` itself without context parallelism."""
     n = comm.size(AXIS)
     if n == 1:
         return t
     parts = t.chunk(2 * n, dim=dim)
-    a, b = held_chunks(comm)
+    a, b = chunk_ids(n, comm.index(AXIS))
     return torch.cat([parts[a], parts[b]], dim=dim).contiguous()
 
 
 def local_positions(n_local: int, comm: Comm, device=None):
     """The positions of this rank's `n_local` tokens in the full sequence: ``slice(0,
     n_local)`` without context parallelism (the sequence is whole), else the indices
-    of its two chunks (:func:`held_chunks`; the sequence cut into 2N chunks of n_local/2 tokens)."""
+    of chunks r and 2N−1−r (the sequence cut into 2N chunks of n_local/2 tokens)."""
     n = comm.size(AXIS)
     if n == 1:
         return slice(0, n_local)
     c = n_local // 2
-    a, b = held_chunks(comm)
+    a, b = chunk_ids(n, comm.index(AXIS))
     return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)]).to(device)
 
 
@@ -617,13 +608,12 @@ def _natural_order(chunks: list[int], c: int, device) -> torch.Tensor:
 
 
 def _gathered_chunks(comm: Comm, axis: str) -> list[int]:
-    """The chunks the all-to-all on `axis` gathers, in its order: every rank's two, rank
-    by rank ('cp': Ulysses' whole sequence; 'cp_a2a': USP's row, :func:`usp_chunk_ids`)."""
-    if axis == AXIS:
-        n = comm.size(AXIS)
-        return [a for r in range(n) for a in chunk_ids(n, r)]
-    u, n_ring, j = comm.size(A2A_AXIS), comm.size(RING_AXIS), comm.index(RING_AXIS)
-    return [a for i in range(u) for a in usp_chunk_ids(u, n_ring, i, j)]
+    """The chunks the all-to-all on `axis` gathers, in its order: each rank's two
+    (:func:`chunk_ids` of its cp rank), rank by rank ('cp': Ulysses' whole sequence;
+    'cp_a2a': USP's row, cp ranks U·j … U·j+U−1, which hold chunks U·j … U·j+U−1 and their
+    mirrors: sorted, the ring's load-balanced pair j and 2R−1−j of 2R)."""
+    n = comm.size(AXIS)
+    return [a for r in comm.grid.axis_ranks(axis, comm.grid.rank) for a in chunk_ids(n, comm.grid.coord(r).cp)]
 
 
 class _SeqToHeads(torch.autograd.Function):
@@ -704,11 +694,10 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention) -> torch.Tensor:
     """Causal attention by USP (Fang & Zhao 2024, ``--cp-mode usp``): the cp ranks a U × R
-    grid (``grid.py``); the all-to-all over the U ranks of this rank's row ('cp_a2a') turns
-    [b, nh, s/N, d] into [b, nh/U, s/R, d], the ring's chunk pair j, 2R−1−j of the sequence
-    (:func:`usp_chunk_ids`); `ring` (:func:`ring_attention`, or a layer namespace's) over
-    the R ranks of its column ('cp_ring') on those heads; the all-to-all back. Per layer
-    and microbatch: Ulysses' calls with N = U, and the ring's with N = R and the rank's
-    nh/U query and max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``)."""
+    grid (``grid.py``: cp rank u + U·j); the all-to-all over the U ranks of this rank's row
+    ('cp_a2a') turns [b, nh, s/N, d] into [b, nh/U, s/R, d], the ring's chunk pair j,
+    2R−1−j of the sequence (:func:`_gathered_chunks`); `ring` (:func:`ring_attention`, or a
+    layer namespace's) over the R ranks of its column ('cp_ring') on those heads; the
+    all-to-all back. Per layer and microbatch: Ulysses' calls with the heads over U, and
+    the ring's with N = R on max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``)."""
     return _over_heads(q, k, v, comm, A2A_AXIS, lambda qh, kh, vh: ring(qh, kh, vh, comm, axis=RING_AXIS))
-
