@@ -270,8 +270,7 @@ class ParallelConfig:
         elif self.tp_mode == "2.5d":
             s += f".tesseract-d{self.tp_depth}"
         if self.cp > 1:
-            s += f".cp{self.cp}" + (f".usp{self.cp_a2a}x{self.cp // self.cp_a2a}" if self.cp_mode == "usp"
-                                    else ".a2a" if self.cp_mode == "a2a" else "")
+            s += f".cp{self.cp}" + (f".usp{self.cp_a2a}x{self.cp // self.cp_a2a}" if self.cp_mode == "usp" else "")
         if self.ep > 1:
             s += f".ep{self.ep}"
         if self.pp > 1:
@@ -476,6 +475,9 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
     _need(layout.ep >= 1, f"--ep must be at least 1 (got {layout.ep})")
     _need(layout.cp_a2a == 1 or layout.cp_mode == "usp",
           f"--cp-a2a {layout.cp_a2a} sizes USP's all-to-all: add --cp-mode usp or drop --cp-a2a")
+    _need(layout.cp > 1 or layout.cp_mode != "usp",
+          "--cp-mode usp splits the context ranks into all-to-all rows and rings: add --cp N (and --cp-a2a U) "
+          "or drop --cp-mode usp")
     world = world if world is not None else (layout.nproc or layout.world)
     names = "dp*tp*pp" + ("*cp" if layout.cp > 1 else "") + ("*ep" if layout.ep > 1 else "")
     degrees = "*".join(str(getattr(layout, a)) for a in names.split("*"))
