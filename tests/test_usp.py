@@ -4,7 +4,7 @@ of a column (parallel/context_parallel.py, the grid's 'cp_a2a' and 'cp_ring').
 
 In-process: the refusals, one line each; the grid's rows and columns; a row's chunks are
 the ring's load-balanced pair; the closed form (usp_comm_items) equals the analysis read
-off the model. On real ranks (one launch of 8): llama-tiny (grouped-query attention; under
+off the model; the planner's search and pricing of USP. On real ranks (one launch of 8): llama-tiny (grouped-query attention; under
 tp2 one kv head per tensor rank, replicated over the row) on cp4 = 2 × 2 with dp2 and with
 tp2 (+sp, selective recomputation) against one device in float64 at 1e-9, each rank's
 traced step equal to the analysis per axis and op; and two planted mistakes caught (the
@@ -77,13 +77,12 @@ def test_a_row_gathers_the_rings_load_balanced_pair(n, u):
         assert sorted(_gathered_chunks(comm, "cp_a2a")) == want
 
 
-@pytest.mark.parametrize("model,layout", [
-    (LLAMA, usp()), (LLAMA, usp(tp=2, sp=True, recompute="selective")), (PRESETS["tiny"], usp(cp=8)),
-    (PRESETS["tiny"], usp(cp=8, cp_a2a=4)),
-])
-def test_closed_form_equals_the_model_read_off(model, layout):
+@pytest.mark.parametrize("layout", [usp(cp=8), usp(cp=8, cp_a2a=4)])
+def test_closed_form_equals_the_model_read_off(layout):
     """usp_comm_items (the all-to-all over U, the ring over R) equals what the dry run reads
-    off the model's forward and backward, per axis and op."""
+    off the model's forward and backward, per axis and op, on the grids the ranks below do
+    not run (2 × 4 and 4 × 2; 2 × 2 is checked against a trace there)."""
+    model = PRESETS["tiny"]
     from minitron.analysis.comm import comm_bytes_per_step
 
     train = TrainConfig(global_batch=4, microbatches=2, dtype="float64")
@@ -187,3 +186,46 @@ def test_usp_traced_step_equals_the_analysis(eight):
     for b in bad[:4]:
         print(b)
     assert not bad, f"{len(bad)} rank-layouts differ from the analysis"
+
+
+# --------------------------------------------------------------------------------------
+# the planner prices USP
+# --------------------------------------------------------------------------------------
+def test_planner_searches_usp_once_per_grid_that_splits_the_heads():
+    """cp 8 under t = 8 (llama3-8b: 32 heads, 8 kv heads, so 4 and 1 per tensor rank): USP
+    for U = 2 and 4 (U = 8 is Ulysses, which cannot split 4 heads over 8); `cp_a2a` fixes U."""
+    from minitron.analysis.planner import valid_layouts
+
+    model = PRESETS["llama3-8b"].replace(seq_len=65536)
+    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_kinds=("usp", "a2a"))
+    assert {(e["cp_kind"], e.get("cp_a2a")) for e in lays} == {("usp", 2), ("usp", 4)}
+    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_kinds=("usp",), cp_a2a=2)
+    assert {e["cp_a2a"] for e in lays} == {2}
+
+
+def test_usp_exposes_the_all_to_all_of_its_rows_only():
+    """llama3-8b at 64k tokens on cp 8: the ring hides its exchange under attention, Ulysses
+    exposes its all-to-all over 8 ranks, USP the all-to-all over its U (fewer bytes per rank
+    for a smaller U) with the ring over the rest hidden: ring < usp 2x4 < usp 4x2 < a2a."""
+    from minitron.analysis.cluster import PlannedLayout, predict
+
+    model = PRESETS["llama3-8b"].replace(seq_len=65536)
+
+    def exposed(kind, u=1):
+        lay = PlannedLayout(cp=8, dp=1, cp_kind=kind, cp_a2a=u)
+        return predict(model, lay, 8, "h100-dgx", software="minitron").breakdown["cp_comm"]
+
+    assert exposed("ring") < exposed("usp", 2) < exposed("usp", 4) < exposed("a2a")
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(cp=8, cp_kind="usp", cp_a2a=3), "cp kind usp needs --cp-a2a U with 1 < U < --cp 8"),
+    (dict(cp=8, cp_kind="usp", cp_a2a=1), "cp kind usp needs --cp-a2a U"),
+    (dict(cp=16, tp=8, cp_kind="usp", cp_a2a=8), "usp splits each tensor rank's 4 heads over --cp-a2a 8"),
+])
+def test_planner_refuses_what_train_refuses(kw, msg):
+    from minitron.analysis.cluster import PlannedLayout, predict
+
+    with pytest.raises(ValueError, match=msg) as e:
+        predict(PRESETS["llama3-8b"].replace(seq_len=65536), PlannedLayout(**kw), 8, "h100-dgx", software="minitron")
+    assert "\n" not in str(e.value)
