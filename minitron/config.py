@@ -672,8 +672,6 @@ def validate_usp(model: ModelConfig, layout: ParallelConfig) -> None:
           f"U = 1 is --cp-mode ring, U = cp is --cp-mode a2a)")
     validate_a2a_heads(model, layout.tp, u, mode="usp", over="--cp-a2a")
     _need(not model.window, "--cp-mode usp runs the unmasked ring: drop --window or use --cp-mode ring or a2a")
-    _need(model.attention != "mla", "--cp-mode usp runs standard attention only: drop --attention mla or "
-                                    "use --cp-mode ring or a2a")
 
 
 def validate_a2a_heads(model: ModelConfig, tp: int, cp: int, flag: str = "--cp-mode", mode: str = "a2a",

@@ -4,11 +4,13 @@ of a column (parallel/context_parallel.py, the grid's 'cp_a2a' and 'cp_ring').
 
 In-process: the refusals, one line each; the grid's rows and columns; a row's chunks are
 the ring's load-balanced pair; the closed form (usp_comm_items) equals the analysis read
-off the model; the planner's search and pricing of USP. On real ranks (one launch of 8): llama-tiny (grouped-query attention; under
-tp2 one kv head per tensor rank, replicated over the row) on cp4 = 2 × 2 with dp2 and with
-tp2 (+sp, selective recomputation) against one device in float64 at 1e-9, each rank's
-traced step equal to the analysis per axis and op; and two planted mistakes caught (the
-ring over the all-to-all's sub-axis; the gathered chunks left in the order they arrive).
+off the model; the planner's search and pricing of USP. On real ranks (one launch of 8):
+llama-tiny (grouped-query attention; under tp2 one kv head per tensor rank, replicated over
+the row) on cp4 = 2 × 2 with dp2 and with tp2 (+sp, selective recomputation), and the tiny
+DeepSeek-V3 without MTP (MLA's decompressed heads, keys wider than values; its MoE
+blocks) on cp4 × dp2, against one device in float64 at 1e-9, each rank's traced step
+equal to the analysis per axis and op; and two planted mistakes caught (the ring over the
+all-to-all's sub-axis; the gathered chunks left in the order they arrive).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from minitron.analysis.context_parallel import cp_comm_items
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
 from minitron.tools.testing import traced_step_bytes
 
-LLAMA = PRESETS["llama-tiny"]
+LLAMA, DSV3 = PRESETS["llama-tiny"], PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
 TOL = 1e-9
 
 
@@ -39,7 +41,6 @@ def usp(**kw) -> ParallelConfig:
     (LLAMA.replace(hidden=48, heads=6, kv_heads=3), usp(), False,
      "usp cannot split or replicate 3 key/value heads per tensor rank over --cp-a2a 2"),
     (LLAMA.replace(window=8), usp(), False, "--cp-mode usp runs the unmasked ring"),
-    (PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0), usp(), False, "--cp-mode usp runs standard attention only"),
     (LLAMA, usp(), True, "--pack masks the ring and the all-to-all apart"),
 ])
 def test_refused_with_one_line(model, layout, pack, msg):
@@ -112,12 +113,13 @@ def _plant(planted: str | None):
     return nullcontext()
 
 
-# (name, layout, planted): each fills the launch's 8 ranks
+# (name, model, layout, planted): each fills the launch's 8 ranks
 CASES = [
-    ("cp4 usp 2x2 x dp2", usp(dp=2), None),
-    ("cp4 usp 2x2 x tp2 sp, selective", usp(tp=2, sp=True, recompute="selective"), None),
-    ("planted: the ring over cp_a2a", usp(dp=2), "ring on cp_a2a"),
-    ("planted: chunks in arrival order", usp(dp=2), "arrival order"),
+    ("cp4 usp 2x2 x dp2", LLAMA, usp(dp=2), None),
+    ("cp4 usp 2x2 x tp2 sp, selective", LLAMA, usp(tp=2, sp=True, recompute="selective"), None),
+    ("DeepSeek-V3 (MLA) cp4 usp 2x2 x dp2", DSV3, usp(dp=2), None),
+    ("planted: the ring over cp_a2a", LLAMA, usp(dp=2), "ring on cp_a2a"),
+    ("planted: chunks in arrival order", LLAMA, usp(dp=2), "arrival order"),
 ]
 
 
@@ -136,13 +138,13 @@ def _cases_job(comm, cases):
     from minitron.train import Trainer
 
     corpus, rank, out = load_corpus(""), comm.grid.rank, {}
-    for name, layout, planted in cases:
+    for name, model, layout, planted in cases:
         grid = ProcessGrid.for_layout(layout, rank).build_groups()
         c, train = Comm(grid, CommTrace()), _train(layout)
         with _plant(planted):
-            tr = Trainer(LLAMA, layout, train, c, corpus)
+            tr = Trainer(model, layout, train, c, corpus)
             losses = [tr.step(i) for i in range(train.steps)]
-        res = versus_one_device(c, tr, losses, LLAMA, train.replace(microbatches=layout.data_replicas))
+        res = versus_one_device(c, tr, losses, model, train.replace(microbatches=layout.data_replicas))
         out[name] = dict(res=res, traced=traced_step_bytes(c.trace.records, rank))
     return out
 
@@ -151,16 +153,16 @@ def _cases_job(comm, cases):
 def eight():
     from minitron.tools.testing import run_on_ranks
 
-    for _, layout, _ in CASES:
-        validate(LLAMA, layout, _train(layout), world=8)
+    for _, model, layout, _ in CASES:
+        validate(model, layout, _train(layout), world=8)
     return run_on_ranks(_cases_job, ParallelConfig(dp=8), CASES)
 
 
 @pytest.mark.multirank
 def test_usp_equals_one_device_and_the_plants_are_caught(eight):
     """verify --dtype float64 (1e-9), loss and parameters, on cp4 = 2 × 2 with dp2 and with
-    tp2 (+sp, selective recomputation); each planted mistake exceeds it."""
-    for name, layout, planted in CASES:
+    tp2 (+sp, selective recomputation), MLA with dp2; each planted mistake exceeds it."""
+    for name, _, layout, planted in CASES:
         res = eight[0][name]["res"]
         print(f"{name:<36} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
         ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
@@ -174,11 +176,11 @@ def test_usp_traced_step_equals_the_analysis(eight):
     from minitron.analysis.comm import comm_bytes_per_step
 
     bad = []
-    for name, layout, planted in CASES:
+    for name, model, layout, planted in CASES:
         if planted:
             continue
-        want = comm_bytes_per_step(LLAMA, layout, _train(layout), pp_rank=0)
-        closed = bytes_by_axis(cp_comm_items(LLAMA, layout, _train(layout), act_bytes=8))
+        want = comm_bytes_per_step(model, layout, _train(layout), pp_rank=0)
+        closed = bytes_by_axis(cp_comm_items(model, layout, _train(layout), act_bytes=8))
         for rank in sorted(eight):
             traced = eight[rank][name]["traced"]
             if traced != want or any(traced[a] != closed[a] for a in ("cp_a2a", "cp_ring")):
