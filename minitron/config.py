@@ -671,7 +671,6 @@ def validate_usp(model: ModelConfig, layout: ParallelConfig) -> None:
           f"--cp-mode usp needs --cp-a2a U with 1 < U < --cp {n} and U dividing it (got {u}; "
           f"U = 1 is --cp-mode ring, U = cp is --cp-mode a2a)")
     validate_a2a_heads(model, layout.tp, u, mode="usp", over="--cp-a2a")
-    _need(not model.window, "--cp-mode usp runs the unmasked ring: drop --window or use --cp-mode ring or a2a")
 
 
 def validate_a2a_heads(model: ModelConfig, tp: int, cp: int, flag: str = "--cp-mode", mode: str = "a2a",

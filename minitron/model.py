@@ -169,7 +169,7 @@ class Attention(nn.Module):
         if self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "a2a":
             y = ulysses_attention(q, k, v, self.ctx.comm, **win)  # heads over the context ranks (Ulysses)
         elif self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "usp":  # both: heads over a row, a ring per column
-            y = usp_attention(q, k, v, self.ctx.comm, ring=self.layers.ring_attention)
+            y = usp_attention(q, k, v, self.ctx.comm, ring=self.layers.ring_attention, **win)
         elif self.ctx.layout.cp > 1:
             y = self.layers.ring_attention(q, k, v, self.ctx.comm, **win)
         elif self.training and self.drop.p > 0:

@@ -43,7 +43,8 @@ USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024): the N ranks a U × R grid.
 all-to-alls run over the U ranks of the axis 'cp_a2a' on the rank's s/N tokens (kv_sent =
 max(kv_t, U)), then the ring over the R = N/U ranks of 'cp_ring' with the rank's s/R
 tokens on nh_t/U query and kv_sent/U key/value heads: a message of ``b·(s/N)·kv_sent·(dk+dv)``
-elements (the all-to-all's K, V), R−1 hops per pass: :func:`usp_comm_items`.
+elements (the all-to-all's K, V), R−1 hops per pass, or under a window the chunks that
+reach (the ring of R ranks on the sequence's 2R chunks): :func:`usp_comm_items`.
 
 Sliding windows (``--window W``): a chunk of c = s/(2N) tokens is seen only by the query
 chunks within ⌈(W−1)/c⌉ chunks after it, so it travels only to the farthest rank holding
@@ -151,17 +152,19 @@ def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_
 
 
 def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
-                   act_bytes: int = 4) -> list[dict]:
-    """USP's calls (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024) of a rank of pipeline
-    stage `pp_rank` in one step: Ulysses' all-to-alls of the rank's s/N tokens with the heads
-    split over the U ranks of 'cp_a2a', and the ring's hops over the R = N/U ranks of
-    'cp_ring', each message the K, V of s/R tokens on max(kv_t, U)/U heads, as many
-    elements as the all-to-all's K, V (``b·(s/N)·max(kv_t, U)·(dk + dv)``)."""
+                   act_bytes: int = 4, cp_rank: int = 0) -> list[dict]:
+    """USP's calls (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024) of context rank `cp_rank`
+    of pipeline stage `pp_rank` in one step: Ulysses' all-to-alls of the rank's s/N tokens
+    with the heads split over the U ranks of 'cp_a2a', and the ring's hops over the R = N/U
+    ranks of 'cp_ring', each message the K, V of s/R tokens on max(kv_t, U)/U heads, as many
+    elements as the all-to-all's K, V (``b·(s/N)·max(kv_t, U)·(dk + dv)``); under a sliding
+    window the ring's chunks that reach (:func:`window_ring_items`, from ring rank cp_rank // U)."""
     n, u = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "cp_a2a", 1) or 1)
     _, _, b = _microbatch_of(parallel, train)
     ring_el = a2a_elements(model, b, int(layout_get(parallel, "tp", 1) or 1), n, u)["kv"]
-    return (_a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)")
-            + _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring"))
+    ring = (_window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2, "cp_ring")
+            if model.window else _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring"))
+    return _a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)") + ring
 
 
 def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -181,7 +184,7 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     if mode == "a2a":
         return a2a_comm_items(model, parallel, train, pp_rank, act_bytes)
     if mode == "usp":
-        return usp_comm_items(model, parallel, train, pp_rank, act_bytes)
+        return usp_comm_items(model, parallel, train, pp_rank, act_bytes, cp_rank)
     if model.window:
         return window_ring_items(model, parallel, train, cp_rank, pp_rank, act_bytes)
     t, _, b = _microbatch_of(parallel, train)
@@ -301,12 +304,19 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     every layer passes only the chunks the documents (and the window) let later queries see,
     microbatch by microbatch (:func:`document_last_chunks`). ``{what, axis, op, calls, bytes}``."""
     n = int(layout_get(parallel, "cp", 1) or 1)
-    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    t, _, b = _microbatch_of(parallel, train)
+    chunk = b * (model.seq_len // (2 * n)) * kv_heads_per_rank(model, t) * sum(head_widths(model))
+    return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents)
+
+
+def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_rank: int, pp_rank: int,
+                  act_bytes: int, chunk: int, axis: str, documents: list | None = None) -> list[dict]:
+    """:func:`window_ring_items` of a ring of `n` ranks on `axis` (the 'cp' ranks, or USP's
+    'cp_ring' columns), seen from its rank `ring_rank`, whose chunks of s/(2n) tokens hold
+    `chunk` elements of K and V."""
     m = train.microbatches
-    b = train.global_batch // (d * m)
     c = model.seq_len // (2 * n)
-    chunk = b * c * kv_heads_per_rank(model, t) * sum(head_widths(model))
-    forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+    forwards = _forwards(parallel)
     ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
     totals = {key: [0, 0] for key in whole}
@@ -314,9 +324,9 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
         for i in ids:
             w = model.window_of(i)
             if rows is not None:
-                hops = _window_hops(n, cp_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
+                hops = _window_hops(n, ring_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
             else:
-                hops = _window_hops(n, cp_rank, window_chunk_reach(n, c, w)) if w else whole
+                hops = _window_hops(n, ring_rank, window_chunk_reach(n, c, w)) if w else whole
             for key, msgs in hops.items():
                 passes = (forwards + 1) if key.startswith("kv") else 1
                 totals[key][0] += passes * len(msgs)
@@ -325,8 +335,8 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     items = []
     for op in ("send", "recv"):
         kv, acc = totals[f"kv_{op}"], totals[f"acc_{op}"]
-        items.append({"what": f"ring attention under {what}: the K, V chunks it reaches", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: the K, V chunks it reaches", "axis": axis,
                       "op": op, "calls": kv[0], "bytes": kv[1] * act_bytes})
-        items.append({"what": f"ring attention under {what}: dK, dV accumulated, sent home", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: dK, dV accumulated, sent home", "axis": axis,
                       "op": op, "calls": acc[0], "bytes": acc[1] * max(act_bytes, 4)})
     return items

@@ -311,10 +311,11 @@ class ChunkMask:
     ``kinds[(a, b)]`` is 'none', 'full' or 'masked' (:func:`pair_kind`, ``Documents.pair_kind``:
     a pair is empty if either mask empties it, whole if both leave it whole), ``reach[(src,
     slot)]`` the last ring step at which a rank needs chunk `slot` (0: early, 1: late) of rank
-    src's keys and values (rank src + j holds it at step j). Built once per attention call."""
+    src's keys and values (rank src + j holds it at step j); `axis` the ring's ranks ('cp', or
+    USP's 'cp_ring'). Built once per attention call."""
 
-    def __init__(self, n: int, c: int, window: int = 0, docs=None):
-        self.n, self.c, self.window, self.docs = n, c, window, docs
+    def __init__(self, n: int, c: int, window: int = 0, docs=None, axis: str = AXIS):
+        self.n, self.c, self.window, self.docs, self.axis = n, c, window, docs, axis
         self.kinds = {(a, b): self._kind(a, b) for a in range(2 * n) for b in range(2 * n)}
         self.reach = {(src, slot): max(j for j in range(n) if any(
             self.kinds[(a, chunk_ids(n, src)[slot])] != "none" for a in chunk_ids(n, (src + j) % n)))
@@ -403,7 +404,7 @@ def _select(msg: torch.Tensor, held: list[int], want: list[int], c: int) -> torc
 def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, rule: ChunkMask):
     """Step `step`'s hop: send on the chunks of the held message that reach further,
     receive those of the previous rank's; returns (buffer, its chunks, handles)."""
-    n, r, c = comm.size(AXIS), comm.index(AXIS), rule.c
+    n, r, c = comm.size(rule.axis), comm.index(rule.axis), rule.c
     send, recv = _reaching(rule, (r - step) % n, step), _reaching(rule, (r - 1 - step) % n, step)
     ops, buf = [], None
     if send:
@@ -411,13 +412,13 @@ def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, ru
     if recv:
         buf = like.new_empty((*like.shape[:-2], len(recv) * c, like.shape[-1]))
         ops.append(("recv", buf, (r - 1) % n))
-    return buf, recv, comm.p2p(ops, AXIS)
+    return buf, recv, comm.p2p(ops, rule.axis)
 
 
 def _pairs(comm: Comm, src: int, held: list[int], rule: ChunkMask, device, grouped: bool):
     """(query slot, index of the key chunk in the message, mask or None) of each block pair
     in reach between this rank's query chunks and rank src's held key chunks."""
-    n, r = comm.size(AXIS), comm.index(AXIS)
+    n, r = comm.size(rule.axis), comm.index(rule.axis)
     out = []
     for idx, k in enumerate(held):
         b = chunk_ids(n, src)[k]
@@ -439,7 +440,7 @@ class _MaskedRing(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, q, k, v, comm: Comm, rule: ChunkMask, combine=combine):
-        n, r = comm.size(AXIS), comm.index(AXIS)
+        n, r = comm.size(rule.axis), comm.index(rule.axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
@@ -466,7 +467,7 @@ class _MaskedRing(torch.autograd.Function):
     def backward(fctx, dout):
         q, k, v, out, lse = fctx.saved_tensors
         comm, rule = fctx.comm, fctx.rule
-        n, r = comm.size(AXIS), comm.index(AXIS)
+        n, r = comm.size(rule.axis), comm.index(rule.axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
@@ -513,7 +514,7 @@ class _AccumulatorRing:
 
     def step(self, i: int, held: list[int], grads: dict) -> None:
         """Step `i`: this rank's gradients `grads` of the held chunks (its own at step 0)."""
-        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        n, r = self.comm.size(self.rule.axis), self.comm.index(self.rule.axis)
         if i == 0:
             self.own = torch.cat([grads[0], grads[1]], dim=-2)
             return
@@ -529,12 +530,12 @@ class _AccumulatorRing:
             if slots:
                 ops.append(("send", torch.cat([grads[s_] for s_ in slots], dim=-2).contiguous(), peer))
         self.incoming = self._receive(ops, i, self.own)
-        self.handles = self.comm.p2p(ops, AXIS)
+        self.handles = self.comm.p2p(ops, self.rule.axis)
 
     def _receive(self, ops: list, i: int, like: torch.Tensor):
         """Post-to-be receives of step i: the previous rank's onward accumulators (returned,
         for step i+1) and this rank's own chunks whose last user sends them home now."""
-        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        n, r = self.comm.size(self.rule.axis), self.comm.index(self.rule.axis)
         ring = _reaching(self.rule, (r - 1 - i) % n, i)
         mine = [s_ for s_ in (0, 1) if self.rule.reach[(r, s_)] == i]
         bufs = []
@@ -570,7 +571,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
     lab passes a learner's). A sliding `window` or the microbatch's documents `docs` (--pack,
     ``packing.Documents`` of whole rows): the ring of :class:`_MaskedRing`, which passes
     only the chunks the mask lets later queries see. `axis`: the ring's ranks ('cp', or
-    USP's 'cp_ring', unmasked: ``config.validate_usp``)."""
+    USP's 'cp_ring')."""
     n = comm.size(axis)
     if n == 1:
         return torch.nn.functional.scaled_dot_product_attention(
@@ -578,7 +579,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
             **({"is_causal": True} if docs is None and not window else {"attn_mask": sees(q.shape[-2], window, docs,
                                                                                           q.device)}))
     if window or docs is not None:
-        return _MaskedRing.apply(q, k, v, comm, ChunkMask(n, q.shape[-2] // 2, window, docs), combine)
+        return _MaskedRing.apply(q, k, v, comm, ChunkMask(n, q.shape[-2] // 2, window, docs, axis), combine)
     return _RingAttention.apply(q, k, v, comm, combine, axis)
 
 
@@ -692,12 +693,15 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
     return _over_heads(q, k, v, comm, AXIS, attend)
 
 
-def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention) -> torch.Tensor:
+def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention,
+                  window: int = 0) -> torch.Tensor:
     """Causal attention by USP (Fang & Zhao 2024, ``--cp-mode usp``): the cp ranks a U × R
     grid (``grid.py``: cp rank u + U·j); the all-to-all over the U ranks of this rank's row
     ('cp_a2a') turns [b, nh, s/N, d] into [b, nh/U, s/R, d], the ring's chunk pair j,
     2R−1−j of the sequence (:func:`_gathered_chunks`); `ring` (:func:`ring_attention`, or a
     layer namespace's) over the R ranks of its column ('cp_ring') on those heads; the
     all-to-all back. Per layer and microbatch: Ulysses' calls with the heads over U, and
-    the ring's with N = R on max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``)."""
-    return _over_heads(q, k, v, comm, A2A_AXIS, lambda qh, kh, vh: ring(qh, kh, vh, comm, axis=RING_AXIS))
+    the ring's with N = R on max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``).
+    A sliding `window`: the ring's own (:class:`_MaskedRing`), its chunks being the sequence's 2R."""
+    win = {"window": window} if window else {}
+    return _over_heads(q, k, v, comm, A2A_AXIS, lambda qh, kh, vh: ring(qh, kh, vh, comm, axis=RING_AXIS, **win))
