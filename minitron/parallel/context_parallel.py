@@ -644,7 +644,7 @@ class _HeadsToSeq(torch.autograd.Function):
         return _seq_to_heads(dx, fctx.comm, fctx.axis), None, None
 
 
-def _seq_to_heads(x, comm, axis):
+def _seq_to_heads(x, comm, axis=AXIS):
     n = comm.size(axis)
     b, h, s, d = x.shape
     blocks = x.reshape(b, n, h // n, s, d).transpose(0, 1).contiguous()  # head block j goes to rank j
@@ -652,7 +652,7 @@ def _seq_to_heads(x, comm, axis):
     return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
 
-def _heads_to_seq(y, comm, axis):
+def _heads_to_seq(y, comm, axis=AXIS):
     n = comm.size(axis)
     b, h, s, d = y.shape
     blocks = y.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4).contiguous()  # sequence block j to rank j
