@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minitron.config import ModelConfig, ParallelConfig, TrainConfig
-from minitron.data import batch, load_corpus
+from minitron.data import VALIDATION_STEP, batch, load_corpus
 from minitron.train import Trainer, sample
 
 VARIANTS = ("plain", "minitron")
@@ -114,7 +114,7 @@ class Plain:
         self.net.eval()
         # the same held-out batches as Trainer.evaluate draws
         losses = [float(self.net(*batch(self.val_data, self.m.seq_len, self.t.global_batch, self.t.seed,
-                                        10_000_000 + i))) for i in range(self.t.eval_batches)]
+                                        VALIDATION_STEP + i))) for i in range(self.t.eval_batches)]
         self.net.train()
         return sum(losses) / len(losses)
 

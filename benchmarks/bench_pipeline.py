@@ -122,7 +122,8 @@ def timeline_vs_simulation(records, kind: str, p: int, v: int, m: int) -> list[d
     which replays the same schedule with each action's *measured* duration and free
     communication: the idle the dependencies alone cost. The difference is time spent
     waiting for messages and, with more ranks than cores, for a core."""
-    from minitron.parallel.schedules import make_schedule, simulate
+    from minitron.analysis.pipeline_sim import simulate
+    from minitron.parallel.schedules import make_schedule
 
     s = make_schedule(kind, p, v, m)
     out = []

@@ -59,6 +59,7 @@ def main() -> None:
         print(f"| {k} | {pa} → {pb} ({pb / pa - 1:+.0%}) | {a:.0f} → {b:.0f} ({b / a - 1:+.0%}) |")
     h100_tables()
     family_tables()
+    async_tp_table()
 
 
 def _layout(r: dict) -> str:
@@ -129,6 +130,16 @@ def family_tables() -> None:
     for u in V.group_scores(rows):
         if len(u["runs"]) > 1:
             print(f"| {', '.join(u['runs'])} | {u['bound']:.1%} | {u['score']:.1%} |")
+
+
+def async_tp_table() -> None:
+    """Published async-TP speed-ups beside the model's (its hidden/exposed split for TP)."""
+    print("\nAsync TP over vanilla TP (torchtitan's published comparison; the model prices both layouts):\n")
+    print("| model | GPUs | quantization | published speed-up | predicted | vanilla TP error |\n|---|---|---|---|---|---|")
+    for r in V.async_tp_speedups():
+        print(f"| {r['model']} | {r['gpus']} | {r['quantization']} | {r['published']:.3f} | {r['predicted']:.3f} | "
+              f"{r['vanilla_error']:+.1%} |")
+    print(f"\nSource: {V.ASYNC_TP_SOURCE}")
 
 
 if __name__ == "__main__":

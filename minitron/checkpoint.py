@@ -581,10 +581,11 @@ MODEL_FREE = ("name", "dropout")
 # Fields that mean nothing without experts (a dense model has no router), or without rotary
 # positions; they are compared only where they act.
 ONLY_WITH_EXPERTS = ("top_k", "moe_ffn", "shared_experts", "moe_every", "router", "aux_loss", "bias_update",
-                     "capacity_factor", "gate_norm")
+                     "capacity_factor", "gate_norm", "shared_ffn", "shared_gate", "dense_blocks")
 ONLY_WITH_ROPE = ("rope_base",)
 # 0 means "the default size": compared by the size it stands for
-EFFECTIVE = {"ffn": "ffn_hidden", "kv_heads": "n_kv_heads", "moe_ffn": "moe_ffn_hidden"}
+EFFECTIVE = {"ffn": "ffn_hidden", "kv_heads": "n_kv_heads", "moe_ffn": "moe_ffn_hidden",
+             "shared_ffn": "shared_ffn_hidden"}
 UNKNOWN = "(a field this minitron does not know)"
 
 
@@ -613,7 +614,7 @@ def model_from_record(saved: dict):
 def _effective(m, name: str):
     if name in ONLY_WITH_EXPERTS and not m.experts or name in ONLY_WITH_ROPE and m.positions != "rope":
         return None
-    if name == "gate_norm" and (m.top_k > 1 or m.router == "sigmoid"):
+    if name == "gate_norm" and m.gate_norm == "auto" and (m.top_k > 1 or m.router == "sigmoid"):
         return "always"  # "auto" renormalises there too: the same gates
     return _plain(getattr(m, EFFECTIVE.get(name, name)))
 

@@ -16,7 +16,9 @@ Comm is given where it is made (:meth:`Comm.with_replicas`); its size is the ste
 """
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -40,8 +42,14 @@ class CommTrace:
 
     records: list = field(default_factory=list)
 
-    def add(self, **rec) -> None:
+    def add(self, **rec) -> dict:
         self.records.append(rec)
+        return rec
+
+    def completed(self, rec: dict, waited: float | None) -> None:
+        """The call of `rec` is done, waited for since `waited` (a ``time.perf_counter()``;
+        None: since it was issued, a blocking call). Nothing here: a :class:`TimedTrace`
+        stamps the record."""
 
     def write(self, path: str) -> None:
         with open(path, "a") as f:
@@ -55,6 +63,32 @@ class CommTrace:
         return sum(r["bytes"] for r in self.select(**match))
 
 
+class TimedTrace(CommTrace):
+    """A :class:`CommTrace` whose records also carry ``t`` (the
+    ``time.perf_counter()`` when the call was issued) and ``seq``, a counter shared with
+    :meth:`stamp`, so that calls and other events have one total order; once the call is
+    done, ``waited`` (when the rank began to wait for it: ``t`` for a blocking call, the
+    ``Pending.wait()`` for an asynchronous one) and ``done`` (when the wait returned).
+    Between ``t`` and ``waited`` the rank computed while the call was in flight: that is
+    the time the call could hide under (:func:`minitron.viz.comm.exposure_by_axis`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counter = itertools.count()
+
+    def stamp(self) -> tuple[int, float]:
+        """(sequence number, time) for an event that is not a call."""
+        return next(self.counter), time.perf_counter()
+
+    def add(self, **rec) -> dict:
+        seq, t = self.stamp()
+        return super().add(**rec, seq=seq, t=t)
+
+    def completed(self, rec: dict, waited: float | None) -> None:
+        rec["waited"] = rec["t"] if waited is None else waited
+        rec["done"] = time.perf_counter()
+
+
 @dataclass
 class Pending:
     """A collective in flight: ``wait()`` blocks until it is done and returns its
@@ -65,15 +99,21 @@ class Pending:
     source: torch.Tensor | None = None
     dtype: torch.dtype | None = None  # the caller's dtype, when the wire's differs
     then: object = None  # local work that completes the result once the transfer is done
+    records: tuple = ()  # the trace records of the call(s), told when they are done
+    trace: CommTrace | None = None
 
     @eager
     def wait(self) -> torch.Tensor:
+        waited = time.perf_counter() if self.records else None
         if self.work is not None:
             self.work.wait()
             self.work = None
         if self.then is not None:
             self.then, then = None, self.then
             then()
+        for rec in self.records:
+            self.trace.completed(rec, waited)
+        self.records = ()
         return self.result if self.dtype is None else self.result.to(self.dtype)
 
 
@@ -255,12 +295,23 @@ class Comm:
         finally:
             self._scope.phase = old
 
-    def _record(self, op: str, axis: str, t: torch.Tensor, labels: dict | None = None) -> None:
+    def _record(self, op: str, axis: str, t: torch.Tensor, labels: dict | None = None) -> dict | None:
+        """Append the call's record to the trace installed (if any) and return it."""
         if self.trace is not None:
             rec = dict(rank=self.grid.rank, step=self.step, microbatch=self.microbatch, op=op, axis=axis,
                        bytes=t.numel() * t.element_size(), phase=self.phase,
                        shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""))
-            self.trace.add(**{**rec, **(labels or {})})
+            return self.trace.add(**{**rec, **(labels or {})})
+        return None
+
+    def _done(self, rec: dict | None) -> None:
+        """A blocking call of `rec` has returned: tell the trace (a timed one stamps it)."""
+        if rec is not None:
+            self.trace.completed(rec, None)
+
+    def _pending(self, result, work, rec: dict | None, source=None, dtype=None) -> Pending:
+        """A call in flight whose `rec` the trace is told of when it is waited for."""
+        return Pending(result, work, source, dtype, records=(rec,) if rec is not None else (), trace=self.trace)
 
     def wire_dtype_of(self, dtype: torch.dtype, activation: bool = True) -> torch.dtype:
         """The dtype a tensor of `dtype` travels in: `wire_dtype` when it carries activations
@@ -286,14 +337,15 @@ class Comm:
         if self.size(axis) == 1:
             return None if async_op else t
         x = self.on_wire(t, activation)
-        self._record("all_reduce", axis, x)
+        rec = self._record("all_reduce", axis, x)
         if self.dry:
             return None if async_op else t
         rop = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         work = dist.all_reduce(x, op=rop, group=self.group(axis), async_op=async_op)
         if async_op:
             assert x is t, "an asynchronous all-reduce cannot change dtype on the wire"
-            return work
+            return self._pending(t, work, rec)
+        self._done(rec)
         return t if x is t else t.copy_(x)
 
     def _replica_all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
@@ -301,10 +353,11 @@ class Comm:
         `Manager.allreduce` on its reconfigurable gloo group. A replica lost during the call
         is not an error here: torchft notes it, the tensor is then unusable, and the step is
         not committed (``Manager.should_commit``), so nothing reads it."""
-        self._record("all_reduce", REPLICA_AXIS, t)
+        rec = self._record("all_reduce", REPLICA_AXIS, t)
         if not self.dry:
             rop = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM}[op]
             self._replicas.allreduce(t, reduce_op=rop).wait()
+            self._done(rec)
         return t
 
     @eager
@@ -340,11 +393,11 @@ class Comm:
         times t's, reduce-scatter: 1/n): moved to dim 0 for torch's single-tensor
         collectives, and back."""
         w = self.on_wire(t, activation)
-        self._record(op, axis, w)
+        rec = self._record(op, axis, w)
         x = w.movedim(dim, 0).contiguous()
         out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
         work = None if self.dry else collective(out, x, group=self.group(axis), async_op=async_op)
-        return self._result(out.movedim(0, dim), work, x, t.dtype, async_op)
+        return self._result(out.movedim(0, dim), work, x, t.dtype, async_op, rec)
 
     def _into(self, out, t, axis: str, op: str, collective, async_op: bool):
         """`op` of `t` into the caller's buffer `out` (master dtype: parameters and
@@ -358,40 +411,48 @@ class Comm:
         if n == 1:
             out.copy_(t)
             return Pending(out) if async_op else out
-        self._record(op, axis, t)
+        rec = self._record(op, axis, t)
         work = None if self.dry else collective(out, t, group=self.group(axis), async_op=async_op)
-        return Pending(out, work, t) if async_op else out
-
-    @staticmethod
-    def _result(out, work, source, dtype, async_op):
-        """The collective's output in the caller's `dtype`: now, or a Pending for later."""
         if async_op:
-            return Pending(out, work, source, dtype if out.dtype != dtype else None)
+            return self._pending(out, work, None if self.dry else rec, t)
+        if not self.dry:
+            self._done(rec)
+        return out
+
+    def _result(self, out, work, source, dtype, async_op, rec):
+        """The collective's output in the caller's `dtype`: now, or a Pending for later."""
+        rec = None if self.dry else rec
+        if async_op:
+            return self._pending(out, work, rec, source, dtype if out.dtype != dtype else None)
+        self._done(rec)
         return out.to(dtype)
 
     @eager
-    def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0) -> torch.Tensor:
-        """Broadcast `t` from the rank at position `src_index` of the axis."""
-        if self.size(axis) == 1:
-            return t
-        self._record("broadcast", axis, t)
-        if self.dry:
-            return t
-        src = self.grid.axis_ranks(axis)[src_index]
-        dist.broadcast(t, src=src, group=self.group(axis))
-        return t
+    def broadcast(self, t: torch.Tensor, axis: str, src_index: int = 0, async_op: bool = False):
+        """Broadcast `t` from the rank at position `src_index` of the axis. Returns `t`, or
+        with `async_op` a :class:`Pending` whose ``wait()`` gives it (SUMMA's prefetch under
+        --tp-overlap); traced when posted, the same record either way."""
+        return self._rooted("broadcast", dist.broadcast, t, axis, src_index, async_op)
 
     @eager
-    def reduce(self, t: torch.Tensor, axis: str, dst_index: int = 0) -> torch.Tensor:
+    def reduce(self, t: torch.Tensor, axis: str, dst_index: int = 0, async_op: bool = False):
         """Sum `t` over the axis into the rank at position `dst_index` (SUMMA's partial
-        products): there `t` holds the sum afterwards; elsewhere its content is undefined."""
+        products): there `t` holds the sum afterwards; elsewhere its content is undefined.
+        Returns `t`, or with `async_op` a :class:`Pending` whose ``wait()`` gives it."""
+        return self._rooted("reduce", lambda x, root, group, async_op: dist.reduce(
+            x, dst=root, op=dist.ReduceOp.SUM, group=group, async_op=async_op), t, axis, dst_index, async_op)
+
+    def _rooted(self, op: str, collective, t: torch.Tensor, axis: str, index: int, async_op: bool):
+        """A collective with a root (broadcast from it, reduce into it) on `t` in place."""
         if self.size(axis) == 1:
-            return t
-        self._record("reduce", axis, t)
+            return Pending(t) if async_op else t
+        rec = self._record(op, axis, t)
         if self.dry:
-            return t
-        dst = self.grid.axis_ranks(axis)[dst_index]
-        dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM, group=self.group(axis))
+            return Pending(t) if async_op else t
+        work = collective(t, self.grid.axis_ranks(axis)[index], group=self.group(axis), async_op=async_op)
+        if async_op:
+            return self._pending(t, work, rec)
+        self._done(rec)
         return t
 
     @eager
@@ -408,7 +469,7 @@ class Comm:
         if n == 1:
             return Pending(t) if async_op else t
         w = self.on_wire(t, activation).contiguous()
-        self._record("all_to_all", axis, w)
+        rec = self._record("all_to_all", axis, w)
         rows = sum(recv_splits) if recv_splits is not None else w.shape[0]
         out = torch.empty((rows, *w.shape[1:]), dtype=w.dtype, device=w.device)
         work = None
@@ -416,7 +477,7 @@ class Comm:
             work = dist.all_to_all_single(out, w, None if recv_splits is None else list(recv_splits),
                                           None if send_splits is None else list(send_splits), group=self.group(axis),
                                           async_op=async_op)
-        return self._result(out, work, w, t.dtype, async_op)
+        return self._result(out, work, w, t.dtype, async_op, rec)
 
     def gather_object(self, obj, dst: int = 0):
         """Pickle-gather `obj` from every rank to global rank `dst` (checkpoint assembly,
@@ -426,6 +487,24 @@ class Comm:
         out = [None] * self.grid.world if self.grid.rank == dst else None
         dist.gather_object(obj, out, dst=dst)
         return out
+
+    def write_spans(self, path: str) -> None:
+        """Append every rank's timed calls (the :class:`TimedTrace` installed) to `path` as
+        JSON lines ``{"kind": "comm", "global_rank", "axis", "op", "step", "phase",
+        "microbatch", "bytes", "start", "waited", "end"}``, in ``time.time()`` seconds like
+        the pipeline's actions (``--timeline``): issued, begun to be waited for, done.
+        Collective: every rank calls it; global rank 0 writes. Receives are left out (a
+        ring shift is its send's span), and the pipeline's sends and receives (unstamped)."""
+        offset = time.time() - time.perf_counter()
+        mine = [{"kind": "comm", "global_rank": self.grid.rank, "axis": r["axis"], "op": r["op"], "step": r["step"],
+                 "phase": r["phase"], "microbatch": r["microbatch"], "bytes": r["bytes"], "start": r["t"] + offset,
+                 "waited": r["waited"] + offset, "end": r["done"] + offset}
+                for r in (self.trace.records if self.trace is not None else []) if "done" in r and r["op"] != "recv"]
+        everyone = self.gather_object(mine, dst=0)
+        if self.grid.rank == 0:
+            with open(path, "a") as f:
+                for recs in everyone:
+                    f.writelines(json.dumps(r) + "\n" for r in recs)
 
     def barrier(self) -> None:
         if self.grid.world > 1 and not self.dry:
@@ -467,11 +546,12 @@ class Comm:
         n, i = self.size(axis), self.index(axis)
         w = self.on_wire(t, activation).contiguous()
         buf = torch.empty_like(w)
-        for kind, x in (("send", w), ("recv", buf)):
-            self._record(kind, axis, x, labels)
+        recs = [self._record(kind, axis, x, labels) for kind, x in (("send", w), ("recv", buf))]
+        dtype = t.dtype if buf.dtype != t.dtype else None
         if self.dry:
-            return Pending(buf, None, w, t.dtype if buf.dtype != t.dtype else None)
+            return Pending(buf, None, w, dtype)
         ranks, group = self.grid.axis_ranks(axis), self.group(axis)
         ops = [dist.P2POp(dist.isend, w, ranks[(i + step) % n], group=group, tag=tag),
                dist.P2POp(dist.irecv, buf, ranks[(i - step) % n], group=group, tag=tag)]
-        return Pending(buf, _Works(dist.batch_isend_irecv(ops)), w, t.dtype if buf.dtype != t.dtype else None)
+        return Pending(buf, _Works(dist.batch_isend_irecv(ops)), w, dtype,
+                       records=tuple(r for r in recs if r is not None), trace=self.trace)

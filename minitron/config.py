@@ -48,7 +48,10 @@ class ModelConfig:
     top_k: int = 2  # experts each token is sent to
     moe_ffn: int = 0  # FFN size of one expert; 0 means the dense FFN size
     shared_experts: int = 0  # experts every token passes through (DeepSeek-MoE), beside the routed ones
+    shared_ffn: int = 0  # the shared experts' one MLP width; 0 means shared_experts * moe_ffn (Qwen2-MoE sets it)
+    shared_gate: bool = False  # the shared MLP's output times sigmoid(x·w), w [1, h] (Qwen2-MoE's shared_expert_gate)
     moe_every: int = 1  # block i is a MoE block when (i + 1) % moe_every == 0
+    dense_blocks: str = ""  # comma-separated blocks that keep a dense MLP (Qwen2-MoE's mlp_only_layers)
     router: str = "softmax"  # scores: "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
     aux_loss: float = 0.01  # α of the load-balancing loss α·E·Σ f_i·P_i (Switch Transformer); 0 off
     bias_update: float = 0.0  # γ of DeepSeek-V3's auxiliary-loss-free balancing; 0 off
@@ -56,7 +59,8 @@ class ModelConfig:
     # --- long context and the Hugging Face families (Qwen2/3, Mistral, Llama 3.1) ---
     head_width: int = 0  # a head's width d; 0 means hidden/heads (Qwen3 and others set it apart)
     qkv_bias: bool = False  # biases on the Q, K, V projections even without --bias (Qwen2)
-    qk_norm: bool = False  # RMSNorm over each head's d of q and k, before the rotation (Qwen3, OLMoE)
+    qk_norm: bool = False  # RMSNorm of q and k before the rotation (Qwen3, OLMoE), over qk_norm_span
+    qk_norm_span: str = "head"  # "head": each head's d (Qwen3); "all": the whole projection, heads·d and kv·d (OLMoE)
     window: int = 0  # sliding-window attention: a query sees its `window` latest keys (itself included); 0 off
     window_layers: str = ""  # pattern of L (windowed) and G (global) repeated over the layers; "" every layer
     rope_scaling: str = ""  # "" (none), "llama3" (Llama 3.1) or "yarn" (Peng et al. 2023), as transformers
@@ -67,7 +71,8 @@ class ModelConfig:
     rope_beta_fast: float = 32.0  # yarn's beta_fast (extrapolation boundary)
     rope_beta_slow: float = 1.0  # yarn's beta_slow (interpolation boundary)
     # the gates: "auto" renormalises the chosen scores when k > 1 or sigmoid (Switch's top-1 keeps its
-    # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1)
+    # softmax score); "always" whatever k (Mixtral as transformers computes it: a top-1 gate is 1);
+    # "never": the chosen scores as they are (Qwen2-MoE and OLMoE with norm_topk_prob false, their default)
     gate_norm: str = "auto"
     # --- DeepSeek-V3's blocks (moe.py's group-limited routing, mla.py) ---
     expert_groups: int = 0  # n_group: the experts in equal groups (nodes); 0 or 1: no groups
@@ -112,9 +117,20 @@ class ModelConfig:
     def moe_ffn_hidden(self) -> int:
         return self.moe_ffn or self.ffn_hidden
 
+    @property
+    def shared_ffn_hidden(self) -> int:
+        """The shared experts' MLP width: ``shared_ffn``, or shared_experts·moe_ffn (0 without them)."""
+        return (self.shared_ffn or self.shared_experts * self.moe_ffn_hidden) if self.shared_experts else 0
+
+    @property
+    def dense_block_ids(self) -> tuple[int, ...]:
+        """The blocks ``dense_blocks`` keeps dense, as integers (validate_model checks the text)."""
+        return tuple(int(i) for i in self.dense_blocks.split(",") if i.strip())
+
     def is_moe_block(self, i: int) -> bool:
         """Whether block `i` holds a mixture of experts instead of a dense MLP."""
-        return self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
+        return (self.experts > 0 and (i + 1) % self.moe_every == 0 and i >= self.dense_layers
+                and i not in self.dense_block_ids)
 
     def replace(self, **kw) -> "ModelConfig":
         return dataclasses.replace(self, **kw)
@@ -219,7 +235,7 @@ class ParallelConfig:
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
     sp: bool = False
-    tp_overlap: bool = False  # --sp's all-gathers and reduce-scatters decomposed under their matmuls
+    tp_overlap: bool = False  # communication under the products it feeds: --sp's rings (1-D), SUMMA's (2-D, 2.5-D), the cube's (3-D)
     ep_overlap: bool = False  # the experts' all-to-alls in two halves, each in flight under the other's experts
     schedule: str = "1f1b"
     zero1: bool = False  # alias of zero=1 (kept for old call sites): True whenever zero >= 1
@@ -341,8 +357,10 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 ROUTERS = ("softmax", "sigmoid")
-GATE_NORMS = ("auto", "always")  # ModelConfig.gate_norm
-MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS, "gate_norm": GATE_NORMS}
+GATE_NORMS = ("auto", "always", "never")  # ModelConfig.gate_norm
+QK_NORM_SPANS = ("head", "all")  # ModelConfig.qk_norm_span
+MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITIONS, "router": ROUTERS,
+                 "gate_norm": GATE_NORMS, "qk_norm_span": QK_NORM_SPANS}
 RECOMPUTE = ("none", "selective", "full")
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "mxfp8")  # --fp8-recipe; their numerics: parallel/fp8.py
 MX_BLOCK = 32  # OCP MX v1.0: the elements one MXFP8 scale covers (parallel/fp8.py reads it)
@@ -353,6 +371,7 @@ CP_MODES = ("ring", "a2a", "usp")
 # The oracle's bar: a layout against the single-device model (minitron verify, the labs): float64
 # agrees to rounding; float32 to its accumulated rounding over a few steps.
 TOLERANCE: dict[str, float] = {"float64": 1e-9, "float32": 2e-4}
+RANK_TIMEOUT_S = 300  # the ranks' collective timeout (--timeout's default): a peer silent this long has hung
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "float64": 8, "bfloat16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 
@@ -433,6 +452,24 @@ def validate_model(model: ModelConfig) -> None:
               f"unknown --gate-norm '{model.gate_norm}': choose one of {', '.join(GATE_NORMS)}")
         _need(model.aux_loss >= 0 and model.bias_update >= 0 and model.capacity_factor >= 0,
               "--aux-loss, --bias-update and --capacity-factor must be 0 (off) or positive")
+    validate_shared_and_dense(model)
+    _need(model.qk_norm_span in QK_NORM_SPANS,
+          f"unknown --qk-norm-span '{model.qk_norm_span}': choose one of {', '.join(QK_NORM_SPANS)}")
+    _need(model.qk_norm_span == "head" or model.qk_norm,
+          f"--qk-norm-span {model.qk_norm_span} says what --qk-norm normalises: add --qk-norm")
+
+
+def validate_shared_and_dense(model: ModelConfig) -> None:
+    """The shared experts' own width and gate, and the blocks kept dense (Qwen2-MoE's knobs)."""
+    _need(model.shared_ffn >= 0,
+          f"--shared-ffn must be positive, or 0 for shared_experts*moe_ffn (got {model.shared_ffn})")
+    _need(not (model.shared_ffn or model.shared_gate) or (model.experts and model.shared_experts),
+          "--shared-ffn and --shared-gate act on the shared experts: add --experts and --shared-experts 1")
+    ids = [i.strip() for i in model.dense_blocks.split(",") if i.strip()]
+    _need(all(i.isdigit() and int(i) < model.layers for i in ids) and len(set(ids)) == len(ids),
+          f"--dense-blocks '{model.dense_blocks}' must list distinct block indices in 0..{model.layers - 1}, "
+          f"comma-separated (e.g. 0,3)")
+    _need(not ids or model.experts, "--dense-blocks keeps blocks of a mixture dense: add --experts")
 
 
 ROPE_SCALINGS = ("llama3", "yarn")  # transformers' ROPE_INIT_FUNCTIONS kinds minitron computes (rope.py)
@@ -465,6 +502,11 @@ def validate_head_layout(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(not custom or layout.tp_mode == "1d" or layout.tp == 1,
           f"--head-width, --qkv-bias and --qk-norm compose with 1-D tensor parallelism only: "
           f"use --tp-mode 1d (got {layout.tp_mode})")
+    # OLMoE's norm over all kv heads sums squares over the tensor group: a kv head copied on t/kv ranks
+    # (t > kv, model.Attention) would be counted t/kv times
+    _need(not model.qk_norm or model.qk_norm_span == "head" or layout.tp <= model.n_kv_heads,
+          f"--qk-norm-span all normalises k over all {model.n_kv_heads} key/value heads, which --tp {layout.tp} "
+          f"would replicate: use --tp {model.n_kv_heads} or less")
 
 
 def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | None = None) -> None:
@@ -568,21 +610,25 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
 
 
 def validate_tp_overlap(layout: ParallelConfig) -> None:
-    """--tp-overlap decomposes sequence parallelism's all-gathers and reduce-scatters of 1-D
-    tensor parallelism into t chunks on a ring (parallel/collective_matmul.py): the chunks are
-    the t sequence shards --sp already requires, so no chunk count of its own can fail to
-    divide the sequence."""
+    """--tp-overlap hides tensor-parallel communication under the products it feeds. 1-D
+    with --sp: the all-gathers and reduce-scatters decomposed into t chunks on a ring
+    (parallel/collective_matmul.py), the chunks the t sequence shards --sp already requires,
+    so no chunk count of its own can fail to divide the sequence. 2-D and 2.5-D (SUMMA on
+    each of the d grids): each step's broadcasts prefetched under the step before's product
+    (parallel/summa.py). 3-D (the cube): the two gathers of a product at once, dX's
+    reduce-scatter under dW's product (parallel/cube.py). Both make the plain calls."""
     _need(layout.tp > 1, "--tp-overlap with --tp 1: nothing to overlap (no tensor-parallel collective): "
                          "add --tp 2 or more with --sp, or drop --tp-overlap")
-    _need(layout.tp_mode == "1d", f"--tp-overlap is built for 1-D tensor parallelism with sequence parallelism "
-                                  f"only for now: use --tp-mode 1d --sp (got --tp-mode {layout.tp_mode})")
-    _need(layout.sp, "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: only 1-D with sequence "
-                     "parallelism for now, add --sp")
+    _need(layout.sp or layout.tp_mode != "1d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "
+                                               "only 1-D with sequence parallelism for now, add --sp")
     _need(layout.precision != "fp8", "--tp-overlap decomposes the fp32/bf16 linears; the FP8 linears gather "
                                      "their input whole: use --precision fp32 or bf16, or drop --tp-overlap")
-    _need(layout.schedule not in ("zb-h1", *V_SCHEDULES) or layout.pp == 1,
+    split = layout.schedule in ("zb-h1", *V_SCHEDULES) and layout.pp > 1
+    _need(not split or layout.tp_mode != "1d",
           f"--tp-overlap with --schedule {layout.schedule}: the split backward would all-gather a row-parallel "
           "linear's output gradient twice (in B and in W); use --schedule 1f1b, gpipe or interleaved")
+    _need(not split, f"--tp-overlap on --tp-mode {layout.tp_mode} is not checked under --schedule "
+                     f"{layout.schedule}'s split backward: use --schedule 1f1b, gpipe or interleaved")
 
 
 def validate_zero(model: ModelConfig, layout: ParallelConfig) -> None:
@@ -772,8 +818,6 @@ def validate_train(train: TrainConfig, layout: ParallelConfig) -> None:
           f"unknown --ckpt-format '{train.ckpt_format}': choose one of {', '.join(CKPT_FORMATS)}")
     _need(not (train.ckpt_every or train.keep_last) or bool(train.ckpt_dir),
           "--ckpt-every and --keep-last need --ckpt-dir: name the folder to write the checkpoints to")
-    _need(not train.timeline or layout.pp > 1,
-          "--timeline records the pipeline's forward/backward actions: it needs --pp 2 or more (drop it otherwise)")
     if layout.pp > 1 and layout.vpp > 1 and layout.schedule == "interleaved":  # any m >= p: microbatches go in groups
         _need(train.microbatches >= layout.pp,
               f"interleaved schedule needs --microbatches ({train.microbatches}) of at least --pp {layout.pp}")

@@ -221,6 +221,12 @@ def check_corpus(corpus, seq_len: int, vocab: int | None = None, held_out: bool 
                           f"give more text or a shorter sequence")
 
 
+# Validation batch i is the held-out split's batch of step VALIDATION_STEP + i: far past any
+# training step, and the same rows for the Trainer's evaluation, verify's held-out sequences
+# and the benchmark's plain-PyTorch GPT.
+VALIDATION_STEP = 10_000_000
+
+
 def batch(corpus, seq_len: int, global_batch: int, seed: int, step: int,
           rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets [rows, seq_len] of the global batch of `step`.

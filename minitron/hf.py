@@ -1,6 +1,7 @@
 """Hugging Face checkpoints in and out, by family: GPT-2, Llama and the Llama-shaped
 Qwen2, Qwen3 and Mistral (``hf_families.py``: a table of what each adds to Llama, and the
-``llama3`` / ``yarn`` rope scaling of any of them), Mixtral (``hf_moe.py``), DeepSeek-V3
+``llama3`` / ``yarn`` rope scaling of any of them), the Llama-shaped mixtures Mixtral,
+Qwen2-MoE and OLMoE (``hf_moe.py``: a table of what each MoE block holds), DeepSeek-V3
 (``hf_deepseek.py``: multi-head latent attention, group-limited sigmoid routing, shared
 experts, its names, shapes and config.json; no MTP modules, as transformers has none).
 
@@ -37,6 +38,12 @@ engine's ``head_width``; Mistral's ``sliding_window`` is ``window`` (W keys, the
 own included, in both). An export picks the family whose knob the model has
 (tests/test_hf_families.py).
 
+**Mixtral, Qwen2-MoE, OLMoE** (``hf_moe.MOE_FAMILIES``) are the Llama mapping with each
+MoE block's rows from the family's table: the router, the experts stacked, Qwen2-MoE's
+gated shared expert; OLMoE's ``q_norm`` / ``k_norm`` over the whole projection are
+``attn.q_norm`` / ``k_norm`` of heads·d and kv·d (``qk_norm_span`` "all")
+(tests/test_hf_moe_families.py).
+
 Loading returns full tensors under minitron's layout-independent names, the form a
 checkpoint is assembled into (`checkpoint.assemble`), so `checkpoint.import_state` slices
 them for any layout — tensor, pipeline, cube — exactly as it does a minitron checkpoint.
@@ -66,6 +73,10 @@ FIELD_TYPES = {"tie_word_embeddings": bool, "attention_bias": bool, "mlp_bias": 
                "router_jitter_noise": float, "hidden_act": str, "activation_function": str, "rope_parameters": dict,
                "rope_scaling": dict, "num_local_experts": int, "num_experts_per_tok": int, "sliding_window": int,
                "pretraining_tp": int, "use_sliding_window": bool,
+               # the MoE families' (hf_moe.MOE_FAMILIES)
+               "num_experts": int, "norm_topk_prob": bool, "qkv_bias": bool, "moe_intermediate_size": int,
+               "shared_expert_intermediate_size": int, "decoder_sparse_step": int, "mlp_only_layers": list,
+               "clip_qkv": float,
                # rope scaling's options (hf_families.ROPE_KINDS), in rope_parameters or rope_scaling
                "rope_type": str, "type": str, "factor": float, "original_max_position_embeddings": int,
                "low_freq_factor": float, "high_freq_factor": float, "beta_fast": float, "beta_slow": float,
@@ -110,7 +121,7 @@ def family_problem(cfg: ModelConfig) -> str:
         if bad:
             return f"a Llama (rotary positions) needs RMSNorm, SwiGLU and no biases, not {', '.join(bad)}"
         if cfg.experts:
-            return hf_moe.moe_problem(cfg)  # Mixtral: a Llama with experts
+            return hf_moe.moe_problem(cfg)  # Mixtral, Qwen2-MoE or OLMoE: a Llama with experts
         return hf_families.family_problem(cfg)  # Llama, Qwen2, Qwen3 or Mistral
     if cfg.experts:
         return "experts are written in Mixtral's format, a Llama's (rotary positions, RMSNorm, SwiGLU, no biases)"
@@ -194,7 +205,7 @@ def llama_name_map(cfg: ModelConfig) -> list[tuple[str, str, str]]:
                          (f"{b}.attn.kv.{p}", f"{a}.k_proj.{p},{a}.v_proj.{p}", "join:kv")]
             else:
                 attn += [(f"{b}.attn.qkv.{p}", f"{a}.q_proj.{p},{a}.k_proj.{p},{a}.v_proj.{p}", "join:qkv")]
-        if cfg.qk_norm:  # Qwen3's per-head norms of q and k
+        if cfg.qk_norm:  # Qwen3's per-head norms of q and k, OLMoE's over the whole projection
             attn += [(f"{b}.attn.{n}.weight", f"{a}.{n}.weight", "copy") for n in ("q_norm", "k_norm")]
         mlp = hf_moe.block_rows(cfg, i) if cfg.is_moe_block(i) else [
             (f"{b}.mlp.fc.weight", f"{h}.mlp.gate_proj.weight,{h}.mlp.up_proj.weight", "join:swiglu"),
@@ -296,7 +307,8 @@ def hf_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     """A Llama-shaped `config.json` (``LlamaForCausalLM``, or the Qwen2, Qwen3, Mistral class
-    that holds `cfg`'s knob: ``hf_families``) for minitron model `cfg`; the rotary base both
+    that holds `cfg`'s knob: ``hf_families``; with experts the MoE family's: ``hf_moe``) for
+    minitron model `cfg`; the rotary base both
     as transformers 5 writes it (``rope_parameters``, with its scaling) and as 4.x reads it."""
     family = hf_families.config_fields(cfg) if hf_families.family_of(cfg) else {}
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -315,7 +327,8 @@ def llama_config(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 def _check_types(c: dict, where) -> None:
     """Every field of FIELD_TYPES that is set has its JSON type, and those of POSITIVE are
     positive finite numbers; else one line naming the field and its value."""
-    words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer"}
+    words = {bool: "true or false", float: "a number", str: "a string", dict: "an object", int: "an integer",
+             list: "a list"}
     fields = dict(c)
     for r in ("rope_parameters", "rope_scaling"):
         if isinstance(c.get(r), dict):
@@ -324,7 +337,7 @@ def _check_types(c: dict, where) -> None:
         kind = FIELD_TYPES.get(k.split(".")[-1]) if "." in k or k not in ROPE_OPTIONS else None
         if kind is None or v is None:
             continue
-        ok = isinstance(v, kind) if kind in (bool, str, dict) else not isinstance(v, bool) and (
+        ok = isinstance(v, kind) if kind in (bool, str, dict, list) else not isinstance(v, bool) and (
             isinstance(v, int) if kind is int else isinstance(v, (int, float)) and math.isfinite(v))
         if not ok:
             raise ConfigError(f"{where} has {k} = {json.dumps(v)[:40]}: it must be {words[kind]}; save the model again")
@@ -396,9 +409,9 @@ def check_config(c: dict, where) -> dict:
     _check_types(c, where)
     d = Path(str(where)).parent
     arch = c.get("model_type")
-    if arch in LLAMA_TYPES + hf_moe.MIXTRAL_TYPES:
+    if arch in LLAMA_TYPES + hf_moe.MOE_TYPES:
         _check_llama(c, d / CONFIG)
-        if arch in hf_moe.MIXTRAL_TYPES:
+        if arch in hf_moe.MOE_TYPES:
             hf_moe.model_fields(c, d / CONFIG)
         return c
     if arch in hf_deepseek.DEEPSEEK_TYPES:
@@ -407,7 +420,7 @@ def check_config(c: dict, where) -> dict:
         hf_deepseek.check_config(c, d / CONFIG)
         return c
     if arch != "gpt2":
-        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MIXTRAL_TYPES, *hf_deepseek.DEEPSEEK_TYPES))
+        known = ", ".join(("gpt2", *LLAMA_TYPES, *hf_moe.MOE_TYPES, *hf_deepseek.DEEPSEEK_TYPES))
         raise ConfigError(f"{d / CONFIG} is a '{arch}' model: minitron loads the model_types {known} only; "
                           f"use a checkpoint of one of them")
     _positive_ints(c, ("n_embd", "n_layer", "n_head", "vocab_size"), ("n_positions", "n_inner"), d / CONFIG)
@@ -421,7 +434,7 @@ def check_config(c: dict, where) -> dict:
 
 
 def model_config(hf_dir: str, seq_len: int | None = None, dropout: float | None = None) -> ModelConfig:
-    """The minitron ModelConfig of a GPT-2, Llama-shaped, Mixtral or DeepSeek-V3 directory; `seq_len`
+    """The minitron ModelConfig of a GPT-2, Llama-shaped, Mixtral, Qwen2-MoE, OLMoE or DeepSeek-V3 directory; `seq_len`
     may shorten the context.
     It passes the engine's own checks (``config.validate_model``), or one line naming the file."""
     cfg = config_model(read_config(hf_dir), hf_dir, seq_len, dropout)
@@ -436,7 +449,7 @@ def config_model(c: dict, hf_dir: str, seq_len: int | None = None, dropout: floa
     """The ModelConfig of a checked config.json `c` (of directory `hf_dir`)."""
     if c.get("model_type") in LLAMA_TYPES:
         return _llama_model_config(c, hf_dir, seq_len, dropout)
-    if c.get("model_type") in hf_moe.MIXTRAL_TYPES:  # a Llama with experts
+    if c.get("model_type") in hf_moe.MOE_TYPES:  # a Llama with experts
         return _llama_model_config(c, hf_dir, seq_len, dropout).replace(**hf_moe.model_fields(c, hf_dir))
     if c.get("model_type") in hf_deepseek.DEEPSEEK_TYPES:
         return hf_deepseek.model_config(c, _context(c, seq_len, 4096), Path(hf_dir).name or "deepseek-v3").replace(
@@ -673,8 +686,10 @@ def llama_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         if cfg.qkv_bias:
             out.update({f"{a}.q_proj.bias": (cfg.heads * d,), f"{a}.k_proj.bias": (cfg.n_kv_heads * d,),
                         f"{a}.v_proj.bias": (cfg.n_kv_heads * d,)})
-        if cfg.qk_norm:
-            out.update({f"{a}.q_norm.weight": (d,), f"{a}.k_norm.weight": (d,)})
+        if cfg.qk_norm:  # each head's d (Qwen3) or the whole projection (OLMoE)
+            whole = cfg.qk_norm_span == "all"
+            out.update({f"{a}.q_norm.weight": (cfg.heads * d if whole else d,),
+                        f"{a}.k_norm.weight": (cfg.n_kv_heads * d if whole else d,)})
         out.update(hf_moe.shapes(cfg, i) if cfg.is_moe_block(i) else {
             f"{m}.gate_proj.weight": (f, h), f"{m}.up_proj.weight": (f, h), f"{m}.down_proj.weight": (h, f)})
     return out

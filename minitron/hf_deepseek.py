@@ -65,6 +65,7 @@ def problem(cfg: ModelConfig) -> str:
     bad = [f"{k} {getattr(cfg, k)}" for k, v in want.items() if getattr(cfg, k) != v]
     bad += [f"norm_eps {cfg.norm_eps} (its latent norms use {LATENT_EPS}, as the deepseek-v3 preset)"] \
         if cfg.norm_eps != LATENT_EPS else []
+    bad += ["gate_norm never (its gates are renormalised: norm_topk_prob true)"] if cfg.gate_norm == "never" else []
     bad += ["experts 0"] if not cfg.experts else []
     bad += ["shared_experts 0"] if cfg.experts and not cfg.shared_experts else []
     if bad:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .comm import Comm, CommTrace, wire_dtype_for
-from .config import ConfigError
+from .config import RANK_TIMEOUT_S, ConfigError
 from .grid import ProcessGrid
 from .preemption import SignalLog, installed_log
 
@@ -84,7 +84,7 @@ def resolve_device(layout, world: int) -> torch.device:
     return torch.device("cpu")
 
 
-def setup_rank(layout, backend: str = "gloo", timeout_s: float = 300, trace: bool = False) -> Comm:
+def setup_rank(layout, backend: str = "gloo", timeout_s: float = RANK_TIMEOUT_S, trace: bool = False) -> Comm:
     """Join the process group (if world > 1), build the grid's groups, return a Comm."""
     world = env_world() if under_launcher() else 1
     grid = ProcessGrid.for_layout(layout)
@@ -107,7 +107,7 @@ def teardown() -> None:
 
 
 @contextmanager
-def rank_session(layout, timeout_s: float = 300, trace: bool = False):
+def rank_session(layout, timeout_s: float = RANK_TIMEOUT_S, trace: bool = False):
     """On one rank: join the process group and build the grid and its `Comm` (`setup_rank`),
     and leave the group on the way out, whatever happened in between."""
     comm = setup_rank(layout, layout.backend, timeout_s, trace=trace)
@@ -126,7 +126,7 @@ class RankFailed:
     config: bool  # a ConfigError (the cause) rather than a consequence (a peer that left)
 
 
-def rank_main(job, layout, args: tuple, timeout_s: float = 300, trace: bool = False):
+def rank_main(job, layout, args: tuple, timeout_s: float = RANK_TIMEOUT_S, trace: bool = False):
     """A job's entry on every rank, local or under torchrun/srun: `job(comm, *args)` in a
     :func:`rank_session`; its result, or a :class:`RankFailed` (a ConfigError's text, or the
     first line of any other error) for the launcher to report."""
@@ -480,7 +480,7 @@ def _quiet_agent_logs() -> dict:
 
 
 def launch_local(fn, args: tuple, nproc: int, start_method: str = "forkserver",
-                 stop_on_signal: bool = False, timeout_s: float = 300) -> dict:
+                 stop_on_signal: bool = False, timeout_s: float = RANK_TIMEOUT_S) -> dict:
     """Run `fn(*args)` on `nproc` local ranks via torch.distributed's elastic launcher.
     Returns {rank: return value}. SIGTERM/SIGINT to the launcher are passed on to the
     ranks; with `stop_on_signal` the ranks note them instead of dying (a training loop

@@ -26,7 +26,8 @@ from .moe import MoE
 from .mtp import MTP, AddToBackward, tokens_ahead
 from .parallel import cube, summa
 from .parallel import tensor as tp
-from .context import make_param
+from .parallel.ops import sharded_norm
+from .context import make_param, shard_slice
 from .parallel.context_parallel import (blockwise_window_attention, local_positions, local_tokens, sees,
                                        ulysses_attention, usp_attention)
 from .parallel.random import NO_KEY, Dropout
@@ -110,7 +111,9 @@ class Attention(nn.Module):
     h -> heads·d and heads·d -> h); biases on Q, K, V only (``qkv_bias``, Qwen2); RMSNorm
     over each head's d of q and k before the rotation (``qk_norm``, Qwen3: weights [d],
     copied on every tensor rank, whose gradients are partial sums over its heads, so
-    summed over 'tp'); a sliding `window` (Mistral: a query sees its `window` latest keys)."""
+    summed over 'tp'), or over the whole projection (``qk_norm_span="all"``, OLMoE:
+    :class:`ProjectionNorm`, one all-reduce of a sum of squares per token over 'tp'); a
+    sliding `window` (Mistral: a query sees its `window` latest keys)."""
 
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers, window: int = 0):
         super().__init__()
@@ -128,7 +131,10 @@ class Attention(nn.Module):
             self.qkv = layers.linear_in(f"{name}.qkv", h, 3 * qw, ctx, std, **qkv_bias)
         self.proj = layers.linear_out(f"{name}.proj", qw, h, ctx, std / math.sqrt(2 * cfg.layers), **_bias(cfg))
         self.drop = Dropout(f"{name}.probs", cfg.dropout, ctx, layers.keep_mask, inside=True)  # per-rank stream
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.qk_norm_span == "all":  # OLMoE: over the whole projection
+            self.q_norm, self.k_norm = (ProjectionNorm(f"{name}.{n}", heads * d, ctx, cfg.norm_eps)
+                                        for n, heads in (("q_norm", cfg.heads), ("k_norm", cfg.n_kv_heads)))
+        elif cfg.qk_norm:
             self.q_norm, self.k_norm = HeadNorm(f"{name}.q_norm", d, ctx, cfg.norm_eps), HeadNorm(
                 f"{name}.k_norm", d, ctx, cfg.norm_eps)
 
@@ -142,7 +148,7 @@ class Attention(nn.Module):
             k, v = rearrange(kv, "b s (nkv two d) -> two b nkv s d", two=2, d=self.head_dim)
         else:
             q, k, v = rearrange(x, "b s (nh three d) -> three b nh s d", three=3, d=self.head_dim)
-        if hasattr(self, "q_norm"):  # Qwen3: each head's q and k normalised, then rotated
+        if hasattr(self, "q_norm"):  # Qwen3, OLMoE: q and k normalised, then rotated
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_base is not None:
             # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
@@ -213,6 +219,25 @@ class HeadNorm(nn.Module):
 
     def forward(self, x):
         return tp.rms_norm(x, self.weight, self.eps)
+
+
+class ProjectionNorm(nn.Module):
+    """RMSNorm over all heads of q (or k) at once, n = heads·d features (OLMoE's q_norm and
+    k_norm, weight [n]; Groeneveld et al. 2024 normalise the whole projection, not each head).
+    Under 1-D tensor parallelism a rank holds its heads' slice of the weight (no copies) and
+    the sum of squares is all-reduced over 'tp' (forward, and Σ(g·x̂) in backward:
+    ``ops.ShardedRMSNormFn``, the 2-D and 3-D modes' split-hidden RMSNorm)."""
+
+    def __init__(self, name: str, n: int, ctx: Context, eps: float):
+        super().__init__()
+        self.n, self.eps, self.comm = n, eps, ctx.comm
+        self.weight = make_param(f"{name}.weight", (n,), (shard_slice(n, ctx.tp, ctx.tp_rank),), ctx, kind="ones")
+
+    def forward(self, x):
+        """x [b, heads here, s, d] normalised over (heads here, d) and the other ranks' heads."""
+        flat = rearrange(x, "b nh s d -> b s (nh d)")
+        y = sharded_norm(flat, self.weight, None, self.comm, "tp", self.n, self.eps, rms=True)
+        return rearrange(y, "b s (nh d) -> b nh s d", d=x.shape[-1])
 
 
 def _bias(cfg: ModelConfig) -> dict:

@@ -22,8 +22,9 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     and kv = kv_heads·d (d = `head_dim`, default h/heads: grouped-query attention shrinks
     K and V); the attention core ``4·s·q`` (halved when `causal` counts only the unmasked
     half); an MLP of width f ``4hf`` (GELU: two matrices) or ``6hf`` (SwiGLU: gate, up,
-    down); a mixture of experts only its *active* experts, ``(top_k + shared)·(4 or 6)·h·f_e``,
-    and the router ``2hE``. The logit layer ``2hV``. Training is 3× the forward; 4× for the
+    down); a mixture of experts only its *active* experts, ``(top_k·f_e + f_s)·(4 or 6)·h``
+    (f_s the shared experts' width, ``shared_ffn_hidden``), the router ``2hE`` and a shared
+    expert's gate ``2h`` (Qwen2-MoE). The logit layer ``2hV``. Training is 3× the forward; 4× for the
     layers under full recomputation (`recompute`), selective adds the attention core once.
 
     For GPT-2 shapes (multi-head, GELU 4h, dense) and no recomputation this is the model
@@ -36,7 +37,8 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     mats = 3 if model.activation == "swiglu" else 2
     attn = 2 * h * (q + 2 * kv) + 2 * q * h
     dense = 2 * mats * h * model.ffn_hidden
-    moe = 2 * mats * h * model.moe_ffn_hidden * (model.top_k + model.shared_experts) + 2 * h * model.experts
+    moe = 2 * mats * h * (model.top_k * model.moe_ffn_hidden + model.shared_ffn_hidden) + 2 * h * model.experts \
+        + (2 * h if model.shared_gate else 0)  # Qwen2-MoE's shared-expert gate, h -> 1
     if model.attention == "mla":
         attn, mla_core = mla_flops_per_token(model, causal)
         cores = [mla_core] * model.layers

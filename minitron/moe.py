@@ -9,7 +9,8 @@ is ``Σ_j g_j · expert_{e_j}(x)`` (+ the shared experts' MLP on every token):
   (DeepSeek-V3); the top-k by score, ties broken by the lower index (a stable sort, so
   every layout picks the same experts); gates the chosen scores, renormalized to sum 1
   when k > 1 (for softmax that is Mixtral's softmax over the chosen k), or whatever k with
-  ``gate_norm="always"`` (transformers' Mixtral: a top-1 gate is then 1).
+  ``gate_norm="always"`` (transformers' Mixtral: a top-1 gate is then 1), or never with
+  ``gate_norm="never"`` (Qwen2-MoE and OLMoE: the softmax over all E experts, as chosen).
 * **group-limited routing** (DeepSeek-V3 §2.1.2, ``expert_groups``, ``topk_groups``): the
   E experts in G groups of consecutive indices (a node's experts); each token first picks
   its best ``topk_groups`` groups, then its k experts inside them (:func:`group_mask`), and
@@ -103,9 +104,17 @@ def route(logits: torch.Tensor, cfg: ModelConfig, bias: torch.Tensor | None = No
         choice = choice.masked_fill(~group_mask(choice, cfg), float("-inf"))
     experts = top(choice, cfg.top_k)
     gates = scores.gather(1, experts)
-    if cfg.top_k > 1 or cfg.router == "sigmoid" or cfg.gate_norm == "always":
+    if renormalised(cfg):
         gates = gates / gates.sum(-1, keepdim=True)
     return scores, experts, gates if cfg.routed_scaling == 1.0 else gates * cfg.routed_scaling
+
+
+def renormalised(cfg: ModelConfig) -> bool:
+    """Whether the chosen gates are divided by their sum: gate_norm "always", never with
+    "never" (Qwen2-MoE's and OLMoE's norm_topk_prob false), else ("auto") when k > 1 or sigmoid."""
+    if cfg.gate_norm in ("always", "never"):
+        return cfg.gate_norm == "always"
+    return cfg.top_k > 1 or cfg.router == "sigmoid"
 
 
 def capacity(cfg: ModelConfig, tokens: int) -> int:
@@ -152,7 +161,9 @@ class MoE(nn.Module):
     balancing loss, computed alike on every tensor rank, enters each backward with 1/t.
 
     `dense_mlp`: the dense MLP class (``model.MLP``), for the shared experts: one MLP of
-    width shared_experts·f_moe on every token (DeepSeek-MoE's shared experts).
+    width ``shared_ffn_hidden`` (shared_experts·f_moe, DeepSeek-MoE's shared experts, or a
+    width of its own) on every token, its output scaled per token by sigmoid(x·w) with
+    ``shared_gate`` (Qwen2-MoE's ``shared_expert_gate``, w [1, h]).
     """
 
     def __init__(self, name: str, cfg: ModelConfig, ctx: Context, layers, dense_mlp=None):
@@ -181,9 +192,11 @@ class MoE(nn.Module):
                                       **expert)
             self.fc2_bias = make_param(f"{name}.experts.fc2.bias", (E, h), (ex,), ctx, kind="zeros",
                                        **expert, **tp_sync)
-        self.shared = None
+        self.shared = self.shared_gate = None
         if cfg.shared_experts and dense_mlp is not None:
-            self.shared = dense_mlp(f"{name}.shared", cfg.replace(ffn=cfg.shared_experts * f), ctx, layers)
+            self.shared = dense_mlp(f"{name}.shared", cfg.replace(ffn=cfg.shared_ffn_hidden), ctx, layers)
+        if self.shared is not None and cfg.shared_gate:  # Qwen2-MoE: copied on every tensor rank, as a norm
+            self.shared_gate = make_param(f"{name}.shared_gate.weight", (1, h), (), ctx, 0.02, **tp.replicated(ctx))
         self.reset_stats()
 
     @property
@@ -272,7 +285,9 @@ class MoE(nn.Module):
             self.routed += torch.bincount(choice, minlength=cfg.experts).double().cpu()
             self.kept += counts.double().cpu()
             self.dispatches.append((counts.tolist(), counts.view(ctx.comm.size("ep"), -1).sum(1).tolist()))
-        if self.shared is not None:
+        if self.shared_gate is not None:  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) · shared_expert(x)
+            y = y + torch.sigmoid(x @ self.shared_gate.t()) * self.shared(x)
+        elif self.shared is not None:
             y = y + self.shared(x)
         return y
 

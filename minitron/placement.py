@@ -5,7 +5,7 @@ A pipeline of p ranks with v chunks each runs p·v virtual stages (model chunks,
 model order). A :class:`Placement` says which (rank, local chunk) holds each of them,
 and so which rank holds the first stage (the embeddings) and the last (the final norm,
 the output layer and the loss). It is the one home of that fact: the schedule
-(``parallel/schedules.Schedule.placement``), the grid's ``embed`` group, the Trainer's
+(``parallel/schedule_actions.Schedule.placement``), the grid's ``embed`` group, the Trainer's
 chunks, the run report and every analysis module read it.
 
 * "loop": Megatron's interleaving (PTD-P §2.2.2): stage ``chunk·p + rank``, the model

@@ -17,7 +17,7 @@ from dataclasses import asdict
 import torch
 
 from . import data as data_mod
-from .comm import Comm, wire_dtype_for
+from .comm import Comm, TimedTrace, wire_dtype_for
 from .config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
 from .context import TORCH_DTYPES, Context
 from .launch import resolve_device
@@ -155,7 +155,7 @@ class Trainer:
         elif schedule is not None:
             raise ValueError("a pipeline schedule needs pipeline parallelism (pp > 1)")
         self.step_idx = 0
-        self.last_moe = None  # the last step's routing (routing_step), with MoE layers
+        self.last_moe = None  # the last step's routing (reduce_routing_and_update_bias), with MoE layers
         self.last_grad_norm = torch.zeros(())  # the last step's gradient norm, on the device
 
     def _build_chunks(self, schedule=None) -> list[GPT]:
@@ -271,7 +271,7 @@ class Trainer:
             self.dp.finish()  # gradients averaged over dp, summed over grad_sync axes
             # exact global clipping and AdamW (ZeRO: on this rank's shard, then the all-gather)
             self.last_grad_norm = self.optimizer.step(lr_at(step, self.tcfg), max_norm=self.tcfg.clip)
-        self.last_moe = self.routing_step()
+        self.last_moe = self.reduce_routing_and_update_bias()
         return self.reduce_loss(loss_sum)
 
     @property
@@ -279,11 +279,12 @@ class Trainer:
         """This rank's mixture-of-experts blocks (``moe.MoE``), in layer order."""
         return moe_layers(self.chunks)
 
-    def routing_step(self) -> dict | None:
-        """The step's routing over the global batch, per MoE layer of the model (every
-        stage's): choices per expert before capacity, summed over the data replicas (the
-        load balance), and the fraction of choices dropped by capacity. DeepSeek-V3's bias
-        moves from these counts, the same on every rank. None without MoE layers."""
+    def reduce_routing_and_update_bias(self) -> dict | None:
+        """Sum the step's routing counts over the data replicas and the pipeline (all-reduces
+        on the 'log' phase), move each router's DeepSeek-V3 selection bias from them (the same
+        on every rank; arXiv 2412.19437 §2.1.2), and return the routing per MoE layer of the
+        model (every stage's): choices per expert before capacity (the load balance) and the
+        fraction of choices dropped by capacity. None without MoE layers."""
         ids = [i for i in range(self.mcfg.layers) if self.mcfg.is_moe_block(i)]
         if not ids:
             return None
@@ -332,7 +333,7 @@ class Trainer:
             c.eval()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for i in range(n):
-            x, y, docs = self.rows(10_000_000 + i, subset="val")
+            x, y, docs = self.rows(data_mod.VALIDATION_STEP + i, subset="val")
             x, y = self._on_rank(x, y)
             if self.pipeline is not None:
                 out = self.pipeline.forward_only(x, y, docs=docs)  # eval: no dropout, so no key
@@ -365,10 +366,19 @@ def train(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Com
     once the Trainer is built, then it runs each step itself, ``observer.step(trainer, step)``
     returning its loss, and ``observer.finish(trainer)`` is called on every rank after
     training; its result is the summary's "report".
+    With ``tc.timeline`` every call of the run is timed (:class:`~minitron.comm.TimedTrace`)
+    and written to the timeline beside the pipeline's actions.
     """
+    comm = comm or Comm()
+    with comm.tracing(TimedTrace() if tc.timeline else comm.trace):
+        return _train_run(model, layout, tc, comm, corpus, log, observer)
+
+
+def _train_run(model: ModelConfig, layout: ParallelConfig, tc: TrainConfig, comm: Comm, corpus, log,
+               observer) -> dict:
+    """:func:`train`'s run, inside the trace it installs."""
     from .checkpoint import gather_full
 
-    comm = comm or Comm()
     tr = Trainer(model, layout, tc, comm, corpus)
     if observer is not None:
         observer.start(tr)
@@ -486,7 +496,7 @@ def _publish(tr: Trainer, recs: list[dict], observer, metrics, bar) -> None:
 
 def _close_run(tr: Trainer, tc: TrainConfig, comm: Comm, bar, metrics) -> None:
     """After the last step: close the progress bar and metrics file, write the trace and
-    (collectively) the pipeline timeline where asked."""
+    (collectively) the timeline where asked: the pipeline's actions, then every rank's calls."""
     if bar is not None:
         bar.close()
     if metrics:
@@ -495,6 +505,8 @@ def _close_run(tr: Trainer, tc: TrainConfig, comm: Comm, bar, metrics) -> None:
         comm.trace.write(tc.trace)
     if tc.timeline and tr.pipeline is not None:
         tr.pipeline.write_timeline(tc.timeline)  # collective: rank 0 writes the first pipeline's
+    if tc.timeline:
+        comm.write_spans(tc.timeline)  # collective: rank 0 writes every rank's
 
 
 def single_device_model(model: ModelConfig, full: dict, tc: TrainConfig) -> GPT:

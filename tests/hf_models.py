@@ -23,6 +23,18 @@ def float64_norms(model):
     return model
 
 
+def sharpened(model):
+    """`model` with its norms and biases perturbed and its queries and keys scaled up (sharp
+    attention), so that a misplaced tensor, a wrong window or wrong angles cannot go unseen."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+            elif n.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)
+    return model
+
+
 def random_family(name, path):
     """A random float64 model of FAMILIES[name] (2 layers, hidden 32, 4 heads on 2 kv heads,
     vocab 256), saved by transformers to `path`, its norms computing in float64; norms and
@@ -37,12 +49,7 @@ def random_family(name, path):
         num_key_value_heads=2, max_position_embeddings=SEQ, rms_norm_eps=1e-5, tie_word_embeddings=False,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
     model = getattr(transformers, f"{prefix}ForCausalLM")(config).double().eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif n.endswith(("q_proj.weight", "k_proj.weight")):
-                p.mul_(6.0)
+    sharpened(model)
     model.save_pretrained(str(path))
     return float64_norms(model)
 

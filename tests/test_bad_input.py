@@ -4,7 +4,7 @@ rank starts — these run the command in-process, so a case that got as far as s
 ranks would show up as a slow test, and one that trained would change no exit code.
 
 Also the silently-wrong cases: token ids past --vocab under --tp, --resume into another
-model, outputs that overwrite an input, --timeline without a pipeline, a non-finite loss,
+model, outputs that overwrite an input, a non-finite loss,
 a validation loss compared with itself.
 """
 import json
@@ -101,7 +101,6 @@ CASES = [
     (TRAIN + ["--timeout", "nan"], "--timeout must be a positive finite number"),
     (TRAIN + ["--timeout", "-1"], "--timeout must be a positive finite number"),
     (TRAIN + ["--timeout", "inf"], "--timeout must be a positive finite number"),
-    (TRAIN + ["--timeline", "{dir}/t.json"], "--timeline records the pipeline"),
     # --- data ---
     (TRAIN + ["--data", "/no/such/file.txt"], "does not exist"),
     (TRAIN + ["--data", "{gz}"], "cannot be read (error: Error -3"),

@@ -42,17 +42,19 @@ sync_api = pytest.importorskip("playwright.sync_api",
                                reason="playwright is not installed: pip install -e .[test]")
 
 from minitron.analysis.bubble import bubble_fraction  # noqa: E402
-from minitron.parallel import schedules as S  # noqa: E402
+from minitron.analysis.pipeline_sim import simulate  # noqa: E402
+from minitron.parallel.schedule_actions import default_costs  # noqa: E402
+from minitron.parallel.schedules import make_schedule  # noqa: E402
 
 
 def expected_line(kind: str, p: int, m: int, v: int = 1) -> str:
     """The explorer's text line for a shape, computed here from the engine; for a shape
     the engine refuses, its one-line error."""
     try:
-        sim = S.simulate(S.make_schedule(kind, p, v, m))
+        sim = simulate(make_schedule(kind, p, v, m))
     except ValueError as e:
         return f"⚠ {e}"
-    c = S.default_costs(kind)
+    c = default_costs(kind)
     closed = bubble_fraction(kind, p, m, v, t_f=c["F"], t_b=c["B"], t_w=c["W"])
     return (f"bubble fraction {sim.bubble_fraction:.3f} (closed form {closed:.3f})"
             f" · peak stash {max(sim.peak_stashed)}")

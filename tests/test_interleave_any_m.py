@@ -5,8 +5,11 @@ closed forms, and the runtime equals one device (float64)."""
 import pytest
 
 from minitron.analysis import bubble as A
+from minitron.analysis.pipeline_sim import simulate
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, PRESETS, validate as validate_config
-from minitron.parallel import schedules as S
+from minitron.parallel.schedule_actions import Schedule
+from minitron.parallel.schedule_check import execute, validate
+from minitron.parallel.schedules import interleaved_groups, interleaved_order, make_schedule, num_warmup
 from minitron.parallel.pipeline import forward_only_actions
 from minitron.tools.testing import last_json, run_cli
 
@@ -22,23 +25,23 @@ def shapes():
 def test_groups_cover_m_with_at_least_p_each_largest_first():
     for p in range(1, 9):
         for m in range(p, 5 * p + 3):
-            g = S.interleaved_groups(p, m)
+            g = interleaved_groups(p, m)
             assert sum(g) == m and min(g) >= p and g == sorted(g, reverse=True)
             assert len(g) == max(m // p, 1) and max(g) - min(g) <= 1
             assert g[0] == A.first_group(p, m)
             if m % p == 0:
                 assert g == [p] * (m // p)          # PTD-P's schedule, unchanged
-    assert S.interleaved_groups(4, 6) == [6] and S.interleaved_groups(4, 9) == [5, 4]
+    assert interleaved_groups(4, 6) == [6] and interleaved_groups(4, 9) == [5, 4]
     # the order: each group through chunk 0, then chunk 1 (Megatron's table for PP2, M5)
-    assert S.interleaved_order(2, 2, 5) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1),
+    assert interleaved_order(2, 2, 5) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1),
                                             (3, 0), (4, 0), (3, 1), (4, 1)]
 
 
 def test_any_m_validates_and_hits_the_closed_forms():
     for p, v, m in shapes():
-        s = S.validate(S.make_schedule("interleaved", p, v, m))
-        eager = S.simulate(s, eager=True)
-        blocking = S.simulate(s)
+        s = validate(make_schedule("interleaved", p, v, m))
+        eager = simulate(s, eager=True)
+        blocking = simulate(s)
         # gloo's runtime leaves sends in flight (eager): the bubble is PTD-P's (p-1)/(v m)
         assert eager.bubble_fraction == pytest.approx(A.bubble_fraction("interleaved", p, m, v), rel=1e-12)
         # a runtime that blocks on every batch never does better
@@ -47,28 +50,28 @@ def test_any_m_validates_and_hits_the_closed_forms():
         for r in range(p):
             assert eager.peak_stashed[r] == pytest.approx(v * A.stashed_on_rank("interleaved", p, m, v, r))
         # evaluation (the forward half alone) cannot deadlock either
-        fwd = S.Schedule("interleaved", p, v, m, forward_only_actions(s))
+        fwd = Schedule("interleaved", p, v, m, forward_only_actions(s))
         for mode in (False, True):
-            assert len(S._execute(fwd, lambda r, a: 1.0, mode)) == p * v * m
+            assert len(execute(fwd, lambda r, a: 1.0, mode)) == p * v * m
 
 
 def test_the_issue_shape_is_exact_in_both_p2p_semantics():
-    s = S.validate(S.make_schedule("interleaved", 4, 2, 6))
+    s = validate(make_schedule("interleaved", 4, 2, 6))
     for eager in (False, True):
-        sim = S.simulate(s, eager=eager)
+        sim = simulate(s, eager=eager)
         assert sim.bubble_fraction == pytest.approx(3 / 12, rel=1e-12)
         # min((p-1)*2 + (v-1)*g + 1, v*m) with g = 6: one group, rank 0 holds all 12 chunk-microbatches
         assert sim.peak_stashed[0] == min(2 * 3 + 6 + 1, 12)
     # warm-up: (p - r - 1) * 2 + (v - 1) * g with g = 6
-    assert [S.num_warmup("interleaved", 4, 2, 6, r) for r in range(4)] == [12, 10, 8, 6]
+    assert [num_warmup("interleaved", 4, 2, 6, r) for r in range(4)] == [12, 10, 8, 6]
 
 
 def test_vpp_1_is_1f1b():
     for p in range(1, 6):
         for m in (1, p, 2 * p + 1):
-            il, ref = S.make_schedule("interleaved", p, 1, m), S.make_schedule("1f1b", p, 1, m)
+            il, ref = make_schedule("interleaved", p, 1, m), make_schedule("1f1b", p, 1, m)
             assert il.actions == ref.actions and il.kind == "interleaved"
-            assert S.simulate(S.validate(il)).bubble_fraction == pytest.approx(
+            assert simulate(validate(il)).bubble_fraction == pytest.approx(
                 A.bubble_fraction("interleaved", p, m, 1))
 
 
@@ -83,7 +86,7 @@ def test_config_accepts_any_m_at_least_p_and_vpp_1():
                         TrainConfig(microbatches=3, global_batch=6))
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="at least p=4 microbatches"):
-        S.make_schedule("interleaved", 4, 2, 3)
+        make_schedule("interleaved", 4, 2, 3)
 
 
 @pytest.mark.multirank

@@ -10,12 +10,7 @@ import pathlib
 
 import pytest
 
-from minitron.parallel import schedules
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# still private in the engine until the schedules' comms insertion gets its public API (when
-# schedules.py is split by concept): the two labs that lay out a schedule call it
-PENDING = {"minitron.parallel.schedules._with_comms", "minitron.parallel.schedules._with_timed_comms"}
 
 
 def _sources():
@@ -55,7 +50,7 @@ def violations(source: str, package: str | None) -> list[str]:
                 full = f"{mod}.{a.name}"
                 if _engine(full):
                     bound[a.asname or a.name] = full
-                    if _private(a.name) and full not in PENDING:
+                    if _private(a.name):
                         found.append(f"line {node.lineno}: imports {full}")
         elif isinstance(node, ast.Import):
             for a in node.names:
@@ -100,10 +95,3 @@ ok = zero.ShardedDataParallel.__init__
     found = violations(planted, "minitron.labs")
     assert sorted(f.split(":")[0] for f in found) == ["line 10", "line 11", "line 3", "line 7"], found
     assert violations("from .runner import _frames\n", "minitron.labs") == []  # the labs' own helpers
-
-
-def test_pending_private_names_still_exist():
-    """The allowance is for names the engine still keeps private; once the schedules' public
-    comms insertion lands, the two labs move to it and PENDING goes."""
-    for name in PENDING:
-        assert hasattr(schedules, name.rsplit(".", 1)[1]), f"{name} is gone: use its public successor, drop PENDING"

@@ -336,6 +336,41 @@ def _skipped_by_the_stated_rule(lengths, n):
     return sum(seg[(b + 1) * c - 1] != seg[a * c] for a in range(2 * n) for b in range(a))
 
 
+def _compute_ms_08():
+    """Lesson 8's stated compute part, F/(n R)·max(1, n/c), applied to the question's point."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    _stated("08", r"\$F/\(n\\,R\) \\cdot \\max\(1, n/c\)\$", None)
+    return A.model_flops_per_iteration(PRESETS["tiny"], 32) / (4 * 4e9) * max(1, 4 / 2) * 1e3
+
+
+def _window_share_by_the_stated_rule(s, w):
+    """Lesson 9's windowed blocks (beta the largest divisor of s not above W; a query block meets
+    its own and the ceil((W - 1)/beta) before it) over the global core's s x s, by hand."""
+    _stated("09", r"each query block meeting its own\s+and the \$\\lceil \(W-1\)/\\beta \\rceil\$ blocks before it", None)
+    beta = max(b for b in range(1, w + 1) if s % b == 0)
+    ahead = -(-(w - 1) // beta)
+    return sum(min(a, ahead) + 1 for a in range(s // beta)) * beta * beta / (s * s)
+
+
+def _window_hops_by_the_stated_rule(n, c, w):
+    """Lesson 9's reach: chunk b seen by the query chunks b .. b + ceil((W - 1)/c), held by rank a or
+    2N - 1 - a (section 2), passed to the farthest of them around the ring, by hand."""
+    _stated("09", r"the keys of chunk \$b\$ are needed by the query chunks \$b\$ to\s+\$b \+ \\lceil \(W-1\)/c \\rceil\$", None)
+    hops = 0
+    for o in range(n):
+        for b in (o, 2 * n - 1 - o):
+            holders = [a if a < n else 2 * n - 1 - a for a in range(b, min(2 * n - 1, b - (-(w - 1) // c)) + 1)]
+            hops += max((h - o) % n for h in holders)
+    return hops
+
+
+def _rope_kept_by_the_stated_rule(d, base, context, high_freq_factor):
+    """Lesson 9: llama3 keeps the pairs whose wavelength 2π·base^(2i/d) is shorter than L/high_freq_factor."""
+    _stated("09", r"keeps the pairs whose wavelengths are shorter than\s+\$L/\\text\{high\\_freq\\_factor\}\$", None)
+    return sum(2 * math.pi * base ** (2 * i / d) < context / high_freq_factor for i in range(d // 2))
+
+
 WITNESSES = {
     "00.all_reduce": _all_reduce_sum,
     "00.ring_steps": _ring_steps,
@@ -398,6 +433,7 @@ WITNESSES = {
         "08", r"efficiency is \$t_1 / \(n\\,t_n\)\$", 10 / (4 * 4)),
     "08.oversubscription": lambda: 8 / 2,
     "08.bubble_pp2": lambda: _bubble("1f1b") * 8 / 2 * (2 - 1) / (4 - 1),
+    "08.compute_ms": _compute_ms_08,
     "09.chunks": _chunks_rank1,
     "09.lse": lambda: _stated("09", r"L' = \\log\\left\(e\^\{L\} \+ e\^\{L_b\}\\right\)", math.log(2 * math.exp(2))),
     "09.ring_messages": _ring_messages,
@@ -405,6 +441,9 @@ WITNESSES = {
     "09.separator_document": _separator_document,
     "09.packed_positions": lambda: _restart("xy|z||uv"),
     "09.skipped_pairs": lambda: _skipped_by_the_stated_rule([5, 3, 4, 4], 2),
+    "09.window_core_share": lambda: _window_share_by_the_stated_rule(65536, 4096),
+    "09.window_hops": lambda: _window_hops_by_the_stated_rule(4, 4, 8),
+    "09.rope_kept": lambda: _rope_kept_by_the_stated_rule(128, 10000.0, 4096, 4.0),
 }
 
 
@@ -702,10 +741,11 @@ LABELS = {
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes",
     "07.fp8_tp_scale": r"\bscale\b.*\brank\b|\brank\b.*\bscale\b", "07.mx_scales": r"E8M0|mxfp8",
     "07.fp8_amdahl": r"Amdahl", "07.fp8_gather_bytes": r"all-gather bytes|1 byte", "08.weak_efficiency": r"weak.*efficiency",
-    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble",
+    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble", "08.compute_ms": r"compute",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",
-    "09.skipped_pairs": r"skip", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
+    "09.skipped_pairs": r"skip", "09.window_core_share": r"window|core", "09.window_hops": r"hops",
+    "09.rope_kept": r"kept|unchanged", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
     "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
     "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
     "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "11.mla_cache_kib": r"KiB per token|KV cache",

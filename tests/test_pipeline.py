@@ -14,15 +14,18 @@ from minitron import data as data_mod
 from minitron.config import V_SCHEDULES, ModelConfig, ParallelConfig, TrainConfig, min_microbatches
 from minitron.context import Context
 from minitron.model import GPT
-from minitron.parallel import schedules
+from minitron.parallel.schedule_actions import KINDS, Schedule
+from minitron.parallel.schedule_check import execute
+from minitron.parallel.schedules import make_schedule
 from minitron.parallel.pipeline import backward_input, forward_only_actions
+from minitron.placement import placement_for
 from minitron.tools.testing import run_cli, run_on_ranks
 
 TOL = 1e-9  # float64: losses absolute, parameters relative (never loosen: find the bug)
 
 
 # --- pure parts --------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", schedules.KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_forward_only_schedule_never_deadlocks(kind):
     """Evaluation runs the training schedule with the backward half removed: still matched
     FIFO messages and no deadlock, with blocking or eager sends."""
@@ -30,10 +33,10 @@ def test_forward_only_schedule_never_deadlocks(kind):
         least = min_microbatches(kind, p)
         for m in (1, p, 2 * p + 1) if least == 1 else (least, 2 * p, 3 * p):
             for v in ((2, 3) if kind == "interleaved" else (2,) if kind in V_SCHEDULES else (1,)):
-                s = schedules.make_schedule(kind, p, v, m)
-                fwd = schedules.Schedule(kind, p, v, m, forward_only_actions(s))
+                s = make_schedule(kind, p, v, m)
+                fwd = Schedule(kind, p, v, m, forward_only_actions(s))
                 for eager in (False, True):
-                    timeline = schedules._execute(fwd, lambda r, a: 1.0, eager)
+                    timeline = execute(fwd, lambda r, a: 1.0, eager)
                     assert Counter(a.op for _, a, _, _ in timeline) == {"F": p * v * m}
 
 
@@ -223,7 +226,7 @@ def _check_parity_and_trace(results):
         # gradient backward per microbatch, b*s*h float64 elements each (1/t with scatter/gather,
         # and with sequence parallelism, whose boundary activation is already a sequence shard)
         sg, t = res["sg"], res["t"]
-        pl = schedules.placement_for(res["kind"], res["p"], res["chunks"])
+        pl = placement_for(res["kind"], res["p"], res["chunks"])
         boundaries = sum(pl.locate(s)[0] != pl.locate(s + 1)[0] for s in range(pl.num_stages - 1))
         elems = res["b"] * res["seq"] * res["hidden"] // (t if sg or res.get("sp") else 1)
         sends = Counter()
@@ -243,7 +246,7 @@ def _check_parity_and_trace(results):
 
 def _check_timeline(path, p, m, kind, v=1):
     recs = [json.loads(line) for line in open(path)]
-    s = schedules.make_schedule(kind, p, v, m)
+    s = make_schedule(kind, p, v, m)
     for r in range(p):
         for step in (0, 1):
             mine = [x for x in recs if x["rank"] == r and x["step"] == step]

@@ -51,7 +51,11 @@ def test_run_report_layout_bytes_bubble_memory(run):
     for r in ranks:
         assert r["memory"]["params_bytes"] > 0 and r["memory"]["total_bytes"] >= r["memory"]["params_bytes"]
         assert r["process_peak_bytes"] > r["memory"]["total_bytes"]
+    for r in ranks:  # timed steps: tp's calls block (no --sp, no overlap), so none of their time is hidden
+        e = r["exposure"]["tp"]
+        assert e["steps"] == 3 and e["calls"] > 0 and e["exposed_s"] == e["in_flight_s"] > 0 and e["hidden"] == 0
     text = format_report(rep, summary["tokens_per_s"])
+    assert "communication hidden under compute, by axis (3 timed steps" in text
     assert "pipeline bubble" in text and "tokens/s" in text and len(text.splitlines()) >= 10
     assert plot_losses(summary["losses"], summary["val_losses"], str(d / "loss.png"))
     assert (d / "loss.png").stat().st_size > 1000

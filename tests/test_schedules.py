@@ -5,10 +5,11 @@ import json
 import pytest
 
 from minitron.config import V_SCHEDULES
-from minitron.parallel import schedules as S
-from minitron.parallel.schedules import (KINDS, Action, Schedule, ScheduleError,
-                                         describe, make_schedule, num_warmup, simulate,
-                                         to_json, validate)
+from minitron.analysis.pipeline_sim import describe, simulate, to_json
+from minitron.parallel.schedule_actions import KINDS, Action, Schedule, ScheduleError
+from minitron.parallel.schedule_check import execute, validate
+from minitron.parallel.schedule_comms import with_comms
+from minitron.parallel.schedules import make_schedule, num_warmup
 
 
 def grid(kind):
@@ -164,8 +165,8 @@ def test_unpaired_interleaved_deadlocks_only_with_blocking_sends():
     use is fine with eager sends but deadlocks a runtime that blocks on sends."""
     good = make_schedule("interleaved", 4, 2, 8)
     naive = Schedule(good.kind, 4, 2, 8, tuple(
-        S._with_comms(4, 2, r, [(a,) for a in good.compute_actions(r)]) for r in range(4)))
-    S._execute(naive, lambda r, a: 1.0, eager=True)
+        with_comms(4, 2, r, [(a,) for a in good.compute_actions(r)]) for r in range(4)))
+    execute(naive, lambda r, a: 1.0, eager=True)
     with pytest.raises(ScheduleError, match="deadlock with blocking sends"):
         validate(naive)
 

@@ -339,7 +339,7 @@ LONG_FUNCTIONS = {
     "minitron/config.py:validate_parallel",
     "minitron/launch.py:launch_local",
     "minitron/parallel/schedules.py:_dualpipe_v",
-    "minitron/parallel/schedules.py:_execute",
+    "minitron/parallel/schedule_check.py:execute",
 }
 
 

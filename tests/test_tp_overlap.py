@@ -38,8 +38,6 @@ TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=2, dtype="float64", lr
 @pytest.mark.parametrize("layout,words", [
     (dict(tp=1), "nothing to overlap"),
     (dict(tp=2), "only 1-D with sequence parallelism for now"),
-    (dict(tp=4, tp_mode="2d"), "only for now: use --tp-mode 1d --sp"),
-    (dict(tp=8, tp_mode="3d"), "only for now: use --tp-mode 1d --sp"),
     (dict(tp=2, sp=True, precision="fp8"), "FP8 linears"),
     (dict(tp=2, sp=True, pp=2, schedule="zb-h1"), "split backward"),
 ])

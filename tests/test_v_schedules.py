@@ -11,9 +11,12 @@ import pytest
 from minitron import config as C
 from minitron.analysis.bubble import bubble_fraction, stashed_on_rank, v_bubble
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
-from minitron.parallel import schedules as S
+from minitron.analysis.pipeline_sim import simulate
+from minitron.parallel.schedule_actions import KINDS, Action, ScheduleError
+from minitron.parallel.schedule_check import validate
+from minitron.parallel.schedules import make_schedule
 from minitron import placement as P
-from minitron.parallel.schedules import Placement, ScheduleError, make_schedule, simulate, validate
+from minitron.placement import Placement, placement_for
 from minitron.tools.testing import routed_all_to_all_bytes, run_on_ranks
 
 V = ("zb-v", "dualpipe-v")
@@ -42,8 +45,8 @@ def test_placement_v_and_loop():
             assert pl.holds_ends(r) == (r == 0, r == (0 if pl.kind == "v" else pl.p - 1))
     assert (v.first_rank, v.last_rank, v.end_ranks()) == (0, 0, [0])
     assert (loop.first_rank, loop.last_rank, loop.end_ranks()) == (0, 3, [0, 3])
-    assert S.placement_for("zb-v", 4, 2) == v and S.placement_for("interleaved", 4, 2) == loop
-    assert S.placement_for("zb-v", 1, 2) == Placement("loop", 1, 2)  # one rank: its chunks in order
+    assert placement_for("zb-v", 4, 2) == v and placement_for("interleaved", 4, 2) == loop
+    assert placement_for("zb-v", 1, 2) == Placement("loop", 1, 2)  # one rank: its chunks in order
     assert Placement is P.Placement and P.placement_of(ParallelConfig(pp=4, vpp=2, schedule="zb-v")) == v
     with pytest.raises(ValueError, match="two chunks per rank"):
         Placement("v", 4, 3)
@@ -68,7 +71,7 @@ def test_every_schedule_validates_for_p_up_to_8_and_m_up_to_24():
     2p (2p-1, 2p, 2p+1), 3p and 24 (test_schedules.py covers the older kinds in depth)."""
     count = 0
     for p in range(1, 9):
-        for kind in S.KINDS:
+        for kind in KINDS:
             vs = (2,) if kind in V else (2, 3) if kind == "interleaved" else (1,)
             if kind in V + ("interleaved",) and p < 2:
                 continue
@@ -134,7 +137,7 @@ def test_memory_per_rank_matches_the_published_table():
         model = ModelConfig(layers=4 * PP)
         layers_1f1b = P.stage_layers(model, ParallelConfig(pp=PP))
         layers_v = P.stage_layers(model, ParallelConfig(pp=p, vpp=2, schedule="dualpipe-v"))
-        pl = S.placement_for("dualpipe-v", p, 2)
+        pl = placement_for("dualpipe-v", p, 2)
         per_rank_v = [sum(len(layers_v[s]) for s in pl.table()[r]) for r in range(p)]
         assert set(per_rank_v) == {2 * len(layers_1f1b[0])}  # 2x
         m = 2 * PP
@@ -158,13 +161,13 @@ def test_dualpipe_v_pairs_are_overlapped_units():
         row = s.actions[r]
         for f, b in s.overlapped[r]:
             i = row.index(f)  # F, then its partner's B and W, with no message in between
-            assert row[i + 1] == b and row[i + 2] == S.Action("W", b.mb, b.chunk) and f.chunk != b.chunk
+            assert row[i + 1] == b and row[i + 2] == Action("W", b.mb, b.chunk) and f.chunk != b.chunk
     assert sum(len(x) for x in s.overlapped) > 0
     # priced as one block of F&B
     sim = simulate(s, {"F": 1, "B": 1, "W": 1, "F&B": 2})
     f, b = s.overlapped[0][0]
     spans = {a: (t0, t1) for a, t0, t1 in sim.timeline[0]}
-    assert spans[S.Action("W", b.mb, b.chunk)][1] - spans[f][0] == pytest.approx(2)
+    assert spans[Action("W", b.mb, b.chunk)][1] - spans[f][0] == pytest.approx(2)
 
 
 # --- refusals: one line, before any rank starts ----------------------------------------------------

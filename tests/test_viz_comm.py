@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minitron import PRESETS, ParallelConfig, TrainConfig
+from minitron.comm import TimedTrace
 from minitron.viz import comm as VC
 from minitron.tools.testing import run_on_ranks
 
@@ -37,7 +38,7 @@ def test_human_bytes():
 
 
 def test_timed_trace_orders_calls_and_stamps():
-    tr = VC.TimedTrace()
+    tr = TimedTrace()
     s0, _ = tr.stamp()
     tr.add(op="all_reduce", bytes=4)
     s2, _ = tr.stamp()

@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("ipywidgets", reason="the course extras are not installed: pip install -e .[course]")
 
 from minitron.analysis.bubble import bubble_fraction  # noqa: E402
-from minitron.parallel import schedules as S  # noqa: E402
+from minitron.analysis.pipeline_sim import simulate  # noqa: E402
+from minitron.parallel.schedule_actions import KINDS, default_costs  # noqa: E402
+from minitron.parallel.schedules import make_schedule  # noqa: E402
 from minitron.viz.widgets import ScheduleExplorer, schedule_explorer  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,8 +24,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def expected(kind, p, m, v=1):
     """The explorer's line for a shape, from the simulator and the closed form."""
-    sim = S.simulate(S.make_schedule(kind, p, v, m))
-    c = S.default_costs(kind)
+    sim = simulate(make_schedule(kind, p, v, m))
+    c = default_costs(kind)
     closed = bubble_fraction(kind, p, m, v, t_f=c["F"], t_b=c["B"], t_w=c["W"])
     return (f"bubble fraction {sim.bubble_fraction:.3f} (closed form {closed:.3f})"
             f" · peak stash {max(sim.peak_stashed)}")
@@ -44,7 +46,7 @@ def test_explorer_starts_with_a_timeline():
         "bubble fraction 0.375 (closed form 0.375) · peak stash 4"
     assert ex.v.disabled                      # v only matters for interleaving
     png_of(ex)
-    assert set(ex.kind.options) == set(S.KINDS)
+    assert set(ex.kind.options) == set(KINDS)
 
 
 def test_controls_resimulate_and_redraw():
@@ -74,7 +76,7 @@ def test_controls_resimulate_and_redraw():
 @pytest.mark.parametrize("kind, p, m, v", [("interleaved", 4, 3, 2), ("interleaved", 1, 4, 2)])
 def test_invalid_shape_shows_the_engines_one_line_error(kind, p, m, v):
     with pytest.raises(ValueError) as err:
-        S.make_schedule(kind, p, v, m)
+        make_schedule(kind, p, v, m)
     ex = schedule_explorer(kind, p=4, m=8, v=v)
     ex.p.value, ex.m.value = p, m
     assert ex.summary.value == f"⚠ {err.value}"

@@ -6,6 +6,7 @@
 * :mod:`.calls`   collective calls: ring wire volume, pipeline and data-parallel calls, a step's sum
 * :mod:`.comm`    communication volume per axis; 1-D/2-D/3-D tensor parallel compared
 * :mod:`.bubble`  pipeline bubble and stashed microbatches, per schedule
+* :mod:`.pipeline_sim` a schedule timed (`simulate`): its timeline, bubble and peak stash
 * :mod:`.cluster` a throughput model of GPU clusters, calibrated on Megatron-LM 2019
 * :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
 * :mod:`.breakdown` one predicted iteration part by part (`explain`)

@@ -500,7 +500,7 @@ def _moe_mlp(model: ModelConfig, T: int, t: int, c: Cluster, fp8: bool, ep: int,
     up = _gemm_s(rows, (2 if gated else 1) * f, h, c, count=local, fp8=fp8)
     down = _gemm_s(rows, h, f, c, count=local, fp8=fp8)
     router = _gemm_s(T, E, h, c)
-    fs = model.shared_experts * f
+    fs = model.shared_ffn_hidden
     parts = {"experts": tuple(x + y + z for x, y, z in zip(up, down, router)),
              "fc1": _gemm_s(T, (2 if gated else 1) * fs / t, h, c, fp8=fp8) if fs else (0.0, 0.0, 0.0),
              "fc2": _gemm_s(T, h, fs / t, c, fp8=fp8) if fs else (0.0, 0.0, 0.0)}
@@ -568,7 +568,7 @@ def _fp8_casts_s(model: ModelConfig, T: int, t: int, c: Cluster, sw: Software, m
     ins, outs = T * (h + q + h) + (T * f / t if not moe else 0.0), T * ((q + 2 * kv) + h + h)
     if moe:
         rows, local = _moe_rows(model, T, t, ep, imbalance)
-        fs = model.shared_experts * f
+        fs = model.shared_ffn_hidden
         ins += rows * local * (h + f) + (T * (h + fs / t) if fs else 0.0)
         outs += rows * local * (g * f + h) + (T * (g * fs / t + h) if fs else 0.0)
         ins -= T * h  # no dense fc1 input
@@ -644,7 +644,7 @@ def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_la
     mats = 3 if model.activation == "swiglu" else 2
     attn = h * (q + 2 * kv) + q * h + 2 * h * (2 if model.norm == "layernorm" else 1)
     dense_mlp = mats * h * model.ffn_hidden / t
-    shared = mats * h * model.shared_experts * model.moe_ffn_hidden / t + h * model.experts
+    shared = mats * h * model.shared_ffn_hidden / t + h * model.experts + (h if model.shared_gate else 0)
     experts = mats * h * model.moe_ffn_hidden * model.experts / ep
     dense = n_layers * attn + (n_layers - moe_layers) * dense_mlp + moe_layers * shared
     emb = padded_vocab(model, t) / t * h

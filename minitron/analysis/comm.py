@@ -42,7 +42,7 @@ import math
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes
 from ..grid import ProcessGrid
-from ..parallel.schedules import SPLIT_BACKWARD
+from ..parallel.schedule_actions import SPLIT_BACKWARD
 from .calls import (NORM_BYTES, StepCalls, bytes_by_axis, dp_bytes_per_step, exact_bytes, p2p_counts,
                     ring_allgather_wire_bytes, ring_allreduce_wire_bytes, ring_reduce_scatter_wire_bytes)
 from ..parallel.fp8 import history_axes, history_reduce_bytes

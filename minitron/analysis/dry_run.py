@@ -72,12 +72,13 @@ def _runnable(model: ModelConfig, i: int | None) -> tuple[ModelConfig, int | Non
     """The block a dry run can run for block `i`. A mixture of experts routes by the data
     (how many tokens each expert gets is known only once the router has run), which fake
     tensors cannot follow: its forward is read off a dense twin of the active width, one
-    MLP of (top_k + shared)·f_e — the expectation under balanced routing, an estimate where
+    MLP of top_k·f_e + the shared width — the expectation under balanced routing, an estimate where
     the dense figures are exact. (Its parameters are counted exactly, from the block itself;
     the experts' all-to-all is priced from routing counts in analysis/experts.py.)"""
     if i is None or not model.is_moe_block(i):
         return model, i
-    return model.replace(experts=0, ffn=(model.top_k + model.shared_experts) * model.moe_ffn_hidden), 0
+    return model.replace(experts=0, ffn=model.top_k * model.moe_ffn_hidden + model.shared_ffn_hidden,
+                         dense_blocks=""), 0
 
 
 def dry_context(layout: ParallelConfig, rank: int = 0, dtype: torch.dtype = torch.float32,
@@ -93,6 +94,13 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
+def kind_block(model: ModelConfig, i: int) -> int:
+    """The first block of block `i`'s kind (dense or MoE), which stands for every block of
+    that kind in the counts read off one built block (a dense block need not be block 0:
+    Qwen2-MoE's ``dense_blocks``, DeepSeek-V3's first dense ones come first)."""
+    return next(j for j in range(model.layers) if model.is_moe_block(j) == model.is_moe_block(i))
+
+
 @functools.lru_cache(maxsize=4096)
 def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
     with FakeTensorMode():
@@ -103,7 +111,7 @@ def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
     holds as many), read from the module built under FakeTensorMode (one block of each
     kind: every dense block holds what block 0 holds, every MoE block what the first does)."""
-    kind = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+    kind = kind_block(model, i)
     return _block_params(model, _shape_only(as_layout(layout)), kind)
 
 
@@ -143,7 +151,7 @@ def fp8_gathered_weights(model: ModelConfig, layout: Any, i: int | None = 0, fir
     if not fp8.gathers_fp8_weights(lay) or (i is None and not (first or last)):
         return 0, 0
     if i is not None:  # one block of each kind, as block_params
-        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+        i = kind_block(model, i)
     return _fp8_weight_split(model, lay, i, first, last)
 
 
@@ -504,7 +512,7 @@ def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0,
     if i is None and not (first or last):
         return {}
     if i is not None:  # one block of each kind, as block_params
-        i = next(j for j in range(model.layers) if model.is_moe_block(j)) if model.is_moe_block(i) else 0
+        i = kind_block(model, i)
     return dict(_by_data_axes(model, _shape_only(as_layout(layout)), i, first, last))
 
 

@@ -3,9 +3,9 @@ expert-parallel all-to-all's bytes and the memory an ep rank holds.
 
 A MoE block (``minitron/moe.py``) replaces the dense MLP with a router (E·h), E experts of
 the MLP's kind (each h·W + f·h, W = f or 2f for SwiGLU; biases W + h when the model has
-them), an optional shared MLP of width shared_experts·f, and DeepSeek-V3's selection bias
-(E elements, no gradient). A token uses the router, k experts and the shared MLP: its
-*active* parameters.
+them), an optional shared MLP of width shared_experts·f (or its own, ``shared_ffn``) with
+Qwen2-MoE's optional gate (h), and DeepSeek-V3's selection bias (E elements, no gradient).
+A token uses the router, k experts and the shared MLP: its *active* parameters.
 
 The all-to-all (``parallel/experts.py``): per MoE layer and microbatch, each ep rank sends
 the E counts (int64) once and its token rows four times: dispatch (S rows out, R in) and
@@ -35,7 +35,8 @@ def moe_layer_params(cfg: ModelConfig) -> dict:
     """A MoE block's MLP part, by piece: router, experts (all E), shared MLP, selection bias."""
     f = cfg.moe_ffn_hidden
     return {"router": cfg.experts * cfg.hidden, "experts": cfg.experts * mlp_params(cfg, f),
-            "shared": mlp_params(cfg, cfg.shared_experts * f) if cfg.shared_experts else 0,
+            "shared": (mlp_params(cfg, cfg.shared_ffn_hidden) + (cfg.hidden if cfg.shared_gate else 0)
+                       if cfg.shared_experts else 0),
             "score_bias": cfg.experts}
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, pad_vocab,
                       square_edge, statistics_bytes)
-from ..parallel.schedules import SPLIT_BACKWARD
+from ..parallel.schedule_actions import SPLIT_BACKWARD
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .flops import recompute_policy
 from .params import activation_element_bytes, layers_on_rank, layout_get, layout_placement, params_on_rank
@@ -248,7 +248,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     first, last = layout_placement(parallel).holds_ends(pp_rank)
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
-    # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedules.py)
+    # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedule_actions.py)
     split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") in SPLIT_BACKWARD
     step.add_per_microbatch(summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
                                               act_bytes_per_el=ea, split_backward=split_backward), m)

@@ -215,6 +215,38 @@ def _titan_runs() -> list[PublishedRun]:
 
 TORCHTITAN_RUNS = _titan_runs()
 
+# ---- async TP speed-ups (torchtitan, H100 Grand Teton, June 2025) -------------------------
+ASYNC_TP_SOURCE = ("torchtitan docs/async_tp.md, \"performance benchmarks done by the PyTorch team in June 2025\" "
+             "(github.com/pytorch/torchtitan)")
+# (model, GPUs, local batch, recompute, quantization, vanilla TP tokens/s, async TP tokens/s), TP 8 × FSDP;
+# the 70B: full AC; the 8B: per-op SAC (priced as selective); torch.compile in both
+ASYNC_TP_ROWS = [
+    ("llama3-70b", 256, 16, "full", "bf16", 597.3, 652.4),
+    ("llama3-70b", 256, 16, "full", "tensorwise", 809.8, 942.4),
+    ("llama3-70b", 256, 16, "full", "rowwise", 599.6, 624.8),
+    ("llama3-8b", 64, 12, "selective", "bf16", 4378, 4809.4),
+    ("llama3-8b", 64, 12, "selective", "tensorwise", 5078.1, 5570.1),
+    ("llama3-8b", 64, 12, "selective", "rowwise", 3708.5, 3914.9),
+]
+
+
+def async_tp_speedups() -> list[dict]:
+    """Each published async-TP comparison: the published speed-up (async over vanilla TP
+    tokens/s) beside the cluster model's, both layouts priced as the run states them
+    (torchtitan-2024, TP 8, compile, FP8 recipe as named), nothing fitted."""
+    rows = []
+    for model, gpus, lbs, rc, quant, vanilla, asynctp in ASYNC_TP_ROWS:
+        fp8 = {} if quant == "bf16" else {"fp8": True, "fp8_recipe": quant}
+        pred = []
+        for overlap, value in (("none", vanilla), ("all", asynctp)):
+            run = PublishedRun(f"titan-async-{model}-{quant}-{overlap}", "torchtitan", model, 8192, gpus,
+                               lbs * gpus // 8, lbs, value, "tokens/s", ASYNC_TP_SOURCE, "torchtitan-2024", "h100-96gb",
+                               tp=8, options={"recompute": rc, "tp_overlap": overlap, **_COMPILE, **fp8})
+            pred.append(predict_run(run)[1])
+        rows.append({"model": model, "gpus": gpus, "quantization": quant, "published": asynctp / vanilla,
+                     "predicted": pred[1] / pred[0], "vanilla_error": pred[0] / vanilla - 1})
+    return rows
+
 
 def _megatron_runs() -> list[PublishedRun]:
     """:data:`.published.H100_RUNS` as PublishedRuns (the Llama 3 paper's apart)."""

@@ -1,15 +1,19 @@
-"""The rank job of the context-parallelism lesson: one launch of 4 ranks that traces a
+"""The rank jobs of the context-parallelism lesson: one launch of 4 ranks that traces a
 training step of ``--cp 4`` (the ring's messages) and measures the activation memory
-per rank of long sequences at cp = 1, 2 and 4.
+per rank of long sequences at cp = 1, 2 and 4; and one launch of 2 ranks that traces a
+float64 step of a small Llama under ``--cp 2`` with and without a sliding window.
 
 It lives in a module because every rank is a fresh process that imports it by name.
 """
 from __future__ import annotations
 
 from ..comm import Comm, CommTrace
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config import PRESETS, ModelConfig, ParallelConfig, TrainConfig
 from ..grid import ProcessGrid
 
+WINDOWED = PRESETS["llama-tiny"]  # 2 layers, s = 32: under cp = 2 four chunks of 8 tokens
+# Mistral 7B's shape (Jiang et al. 2023): Llama 3 8B's block, a 32,000-token vocabulary, a window of 4,096
+MISTRAL_7B = PRESETS["llama3-8b"].replace(vocab=32000, window=4096, name="mistral-7b")
 RING = ModelConfig(layers=2, hidden=32, heads=4, seq_len=64, vocab=256, name="ring")
 MEMORY_LAYOUTS = (ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4))
 
@@ -45,3 +49,23 @@ def context_job(comm, seq_lens) -> dict:
             out["memory"][(s, lay.cp)] = measure_step_memory(tr)["activations_bytes"]
             del tr
     return out
+
+
+def window_job(comm, windows) -> dict:
+    """On each of 2 ranks: for each window of `windows` (0: global attention), one traced
+    float64 step of `WINDOWED` under cp = 2: the loss and this rank's 'cp' records."""
+    from ..data import load_corpus
+    from ..train import Trainer
+
+    corpus, rank, layout = load_corpus(""), comm.grid.rank, ParallelConfig(cp=2)
+    out = {}
+    for w in windows:
+        c = _comm(layout, rank, trace=True)
+        loss = Trainer(WINDOWED.replace(window=w), layout, window_train(), c, corpus).step(0)
+        out[w] = {"loss": loss, "cp": [r for r in c.trace.records if r["axis"] == "cp"]}
+    return out
+
+
+def window_train() -> TrainConfig:
+    """The windowed runs' step: one sequence, float64 (the single-device comparison is exact to rounding)."""
+    return TrainConfig(global_batch=1, dtype="float64", progress=False, eval_every=0)

@@ -80,14 +80,15 @@ def microbatch_sweep(model: ModelConfig, global_batch: int, sizes=(1, 2, 4, 8), 
     (its matrix multiplies at b's efficiency, kernels, tensor-parallel and pipeline
     communication; :func:`minitron.analysis.cluster.predict`) costs the forward and
     backward of the engine's own 1F1B schedule of m = B/(d·b) microbatches on p stages,
-    and :func:`minitron.parallel.schedules.simulate` times it. Returns per b: ``b, m,
+    and :func:`minitron.analysis.pipeline_sim.simulate` times it. Returns per b: ``b, m,
     per_sequence_s`` (a microbatch's forward and backward over b), ``bubble`` (the
     simulator's), ``iteration_s`` (the simulated makespan plus the data-parallel and
     optimizer time), ``formula_s`` (the same from the cluster model's closed form),
     ``tflops_per_gpu`` (Eq. 3) and ``memory_gb``."""
     from ..analysis.cluster import PlannedLayout, predict
     from ..analysis.flops import flops_per_iteration
-    from ..parallel.schedules import make_schedule, simulate
+    from ..analysis.pipeline_sim import simulate
+    from ..parallel.schedules import make_schedule
 
     rows = []
     for b in sizes:

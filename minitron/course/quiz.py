@@ -389,20 +389,25 @@ QUESTIONS: dict[str, Question] = {
         "bytes on top."),
     # --- lesson 8: scaling runs ----------------------------------------------------------
     "08.weak_efficiency": Question(
-        lambda: 10 / 12.5,
+        lambda: _sweep_efficiency("weak", "dp4", 10e-3, 12.5e-3),
         "weak scaling keeps the work per rank fixed, so the ideal step time is the one-rank "
         "time: efficiency = t(1 rank) / t(n ranks).", rel_tol=1e-3, unit="fraction"),
     "08.strong_efficiency": Question(
-        lambda: 10 / (4 * 4),
+        lambda: _sweep_efficiency("strong", "dp4", 10e-3, 4e-3),
         "strong scaling keeps the global batch fixed, so the ideal is t(1)/n: efficiency = "
         "t(1) / (n · t(n)).", rel_tol=1e-3, unit="fraction"),
     "08.oversubscription": Question(
-        lambda: 8 // 2,
+        lambda: _whole(_predicted_compute_s("tiny", "dp8", 1, cores=2, flops_per_s=1e9)
+                       / _predicted_compute_s("tiny", "dp8", 1, cores=8, flops_per_s=1e9)),
         "ranks beyond the cores take turns: each of 8 single-threaded ranks gets 2/8 of a core, "
         "so its compute takes 8/2 times as long."),
     "08.bubble_pp2": Question(
         lambda: _A().bubble_fraction("1f1b", 2, 2),
         "the 1F1B bubble is (p − 1)/m of the ideal time.", rel_tol=1e-3, unit="fraction"),
+    "08.compute_ms": Question(
+        lambda: _predicted_compute_s("tiny", "dp4", 8, cores=2, flops_per_s=4e9) * 1e3,
+        "the step's model FLOPs of a global batch of 32 shared by 4 ranks at 4 GFLOP/s, times 4/2: "
+        "four ranks take turns on two cores.", rel_tol=1e-2, unit="ms"),
     # --- lesson 9: context parallelism ---------------------------------------------------
     "09.chunks": Question(
         lambda: frozenset(_chunks(4, 1)),
@@ -430,6 +435,19 @@ QUESTIONS: dict[str, Question] = {
         lambda: _skipped_pairs([5, 3, 4, 4], 2),
         "a causal pair (query chunk a after key chunk b) is empty when the document of chunk b's last "
         "token ends before chunk a begins; count those among the pairs with a ≥ b."),
+    "09.window_core_share": Question(
+        lambda: _window_core_share(_mistral_7b().replace(seq_len=65536)),
+        "the window runs the blocks of beta = 4096 keys in reach: each query block meets its own and the one "
+        "before it, 2·s/beta − 1 block pairs of beta² against the global core's s².", rel_tol=1e-2, unit="fraction"),
+    "09.window_hops": Question(
+        lambda: sum(_chunk_mask(4, 4, 8).reach.values()),
+        "chunk b is seen by the query chunks b .. b + ceil((W − 1)/c), held by ranks a or 2N − 1 − a; a chunk "
+        "travels (holder − owner) mod N steps to the farthest of them: add them over the 8 chunks."),
+    "09.rope_kept": Question(
+        lambda: _rope_kept(_preset("llama3-8b").replace(rope_base=10000.0, rope_scaling="llama3",
+                                                        rope_original_context=4096)),
+        "a pair keeps its frequency when its wavelength 2π·base^(2i/d) is shorter than L/high_freq_factor "
+        "= 4096/4 tokens: count the pairs i < 64 below it."),
     # --- lesson 10: modern blocks under parallelism ----------------------------------------
     "10.kv_rows": Question(
         lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 4) * _preset("llama3-70b").head_dim,
@@ -490,7 +508,7 @@ QUESTIONS: dict[str, Question] = {
         "from its forward to its backward, freed after it) and every block twice: before its forward "
         "and before its backward."),
     "12.zero3_gathers": Question(
-        lambda: 1 + 2 * 24 * 8,
+        lambda: _zero3_gathers(24, 8),
         "minitron gathers the root once per step and keeps it to the end; every block is gathered "
         "before its forward and again before its backward, in every microbatch."),
     "12.tp_all_reduces": Question(
@@ -561,6 +579,58 @@ def _saved_per_kv_element() -> float:
     m = _preset("llama-small")
     fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), {}, 1, 4)
     return (block_saved_bytes(m, {}, 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
+
+
+def _predicted_compute_s(name: str, layout: str, base_batch: int, cores: int, flops_per_s: float) -> float:
+    """Lesson 8: the compute part the local throughput model predicts for one point of a weak
+    series of preset `name` on a machine of `cores` cores at a one-rank rate of `flops_per_s`."""
+    from ..tools.sweep import MachineProfile, parse_layout, point_config, predict_step
+    model, lay = _preset(name), parse_layout(layout)
+    machine = MachineProfile("the question's", cores, flops_per_s, name)
+    return predict_step(model, lay, point_config(model, lay, "weak", base_batch, 1, 1), machine, [])["compute_s"]
+
+
+def _sweep_efficiency(series: str, layout: str, one_rank_step_s: float, step_s: float) -> float:
+    """Lesson 8: the efficiency `minitron sweep` reports for a point of `series` that took
+    `step_s` where one rank took `one_rank_step_s` (``tools.sweep.finish_row``)."""
+    from ..tools.sweep import finish_row, parse_layout, point_config
+    model, lay = _preset("tiny"), parse_layout(layout)
+    row = finish_row({"calls_per_rank": [], "step_s": step_s}, model, lay, point_config(model, lay, series, 4, 1, 1),
+                     series, None, one_rank_step_s)
+    return row["efficiency"]
+
+
+def _window_core_share(model) -> float:
+    """Lesson 9: the FLOPs of the windowed attention core over the global core's (model_flops)."""
+    from ..model_flops import attention_core_flops
+    q = model.heads * model.head_dim
+    return attention_core_flops(model, 0, q) / attention_core_flops(model.replace(window=0), 0, q)
+
+
+def _mistral_7b():
+    from .context_parallel import MISTRAL_7B
+    return MISTRAL_7B
+
+
+def _chunk_mask(n: int, c: int, window: int):
+    from ..parallel.context_parallel import ChunkMask
+    return ChunkMask(n, c, window)
+
+
+def _rope_kept(model) -> int:
+    """Lesson 9: the frequency pairs Llama 3.1's rope scaling leaves unchanged (rope.py)."""
+    from ..rope import default_inv_freq, rope_frequencies
+    return int((rope_frequencies(model)[0] == default_inv_freq(model.head_dim, model.rope_base)).sum())
+
+
+def _zero3_gathers(layers: int, microbatches: int) -> int:
+    """Lesson 12: the all-gathers of one ``--zero 3`` step of `tiny` with `layers` blocks on 2
+    data ranks, from the analysis' calls (``analysis.zero.zero_calls``, which a trace equals)."""
+    from ..analysis.zero import zero_calls
+    from ..config import ParallelConfig, TrainConfig
+    calls = zero_calls(_preset("tiny").replace(layers=layers), ParallelConfig(dp=2, zero=3),
+                       TrainConfig(global_batch=2 * microbatches, microbatches=microbatches))
+    return sum(c["calls"] for c in calls if c["op"] == "all_gather")
 
 
 def _chunks(n: int, r: int) -> tuple[int, int]:

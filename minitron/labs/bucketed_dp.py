@@ -219,11 +219,11 @@ def _grad_problem(mine: list, ref: list, names: list, d: int) -> str:
         return ""
     i = bad[0]
     scale = float(mine[i].abs().sum() / ref[i].abs().sum().clamp_min(1e-300)) if mine[i] is not None else 0.0
-    if all(mine[j] is not None and torch.allclose(mine[j], ref[j] * scale, rtol=1e-9, atol=1e-300) for j in bad):
-        if abs(scale - d) < 1e-9 * d:
+    if all(mine[j] is not None and torch.allclose(mine[j], ref[j] * scale, rtol=TOL, atol=1e-300) for j in bad):
+        if abs(scale - d) < TOL * d:
             return (f"after finish() every gradient is {d} times the mean: the all-reduce sums over the d = {d} "
                     "ranks; divide by d (before or after it) for the mean")
-        if abs(scale - 1 / d) < 1e-9:
+        if abs(scale - 1 / d) < TOL:
             return (f"after finish() every gradient is the mean divided by d = {d} once more (1/d²): divide the "
                     "sum by d once, before or after the all-reduce, not both")
         return (f"after finish() every gradient is {scale:.4g}× the mean over the d = {d} ranks: the all-reduce "

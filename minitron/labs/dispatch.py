@@ -139,7 +139,7 @@ def _same_directions(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or not a.shape[0]:
         return False
     unit = lambda m: _sorted_rows(m / m.norm(dim=1, keepdim=True).clamp_min(1e-300))
-    return bool(torch.allclose(unit(a), unit(b), rtol=1e-9, atol=1e-12))
+    return bool(torch.allclose(unit(a), unit(b), rtol=TOL, atol=1e-12))
 
 
 def _sorted_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -262,7 +262,7 @@ def _check_dispatch(fn, comm, watch, seed, r, n) -> str:
         if torch.allclose(d, _want_y(x.detach(), experts, gates.detach(), keep, weighted=False), rtol=1e-12, atol=1e-12):
             return (f"{where} adds the experts' outputs unweighted: multiply each by its gate (the router's "
                     f"probability) before summing them per token")
-        if torch.allclose(d.sum(0), want.sum(0), rtol=1e-9, atol=1e-9):
+        if torch.allclose(d.sum(0), want.sum(0), rtol=TOL, atol=1e-9):
             return (f"{where} gives the right outputs to the wrong tokens: the combine brings the rows back in "
                     f"permuted (expert) order; un-permute them (row i belongs to token order[i] // k)")
         return f"{where} differs from the experts' gate-weighted sum by {float((d - want).abs().max()):.3g}"

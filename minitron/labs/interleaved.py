@@ -3,7 +3,7 @@
 The learner writes ``interleaved_1f1b(p, v, m, rank)``: the ordered compute actions of
 pipeline rank `rank` in one training step, ``Action("F", k, c)`` and ``Action("B", k, c)``
 for microbatch k on the rank's local model chunk c (virtual stage ``c·p + rank``; the
-engine's representation, :mod:`minitron.parallel.schedules`). The checker adds the sends
+engine's representation, :mod:`minitron.parallel.schedule_actions`). The checker adds the sends
 and receives the engine's way and then
 
 1. checks the actions (each F and B once per microbatch and chunk), the warm-up (the
@@ -42,10 +42,13 @@ from numbers import Integral
 
 from ..analysis.bubble import bubble_fraction, first_group, stashed_on_rank, v_bubble
 from ..analysis.comm import comm_items
+from ..analysis.pipeline_sim import simulate
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel.schedules import (Action, Placement, Schedule, ScheduleError, _with_comms, _with_timed_comms,
-                                  interleaved_groups, make_schedule, num_warmup, simulate, validate)
-from .pipeline import GENERATORS
+from ..parallel.schedule_actions import Action, Schedule, ScheduleError
+from ..parallel.schedule_check import validate
+from ..parallel.schedule_comms import with_comms, with_timed_comms
+from ..parallel.schedules import Placement, interleaved_groups, make_schedule, num_warmup
+from .pipeline import FORMULA_TOL, GENERATORS
 from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
@@ -187,9 +190,9 @@ def build_schedule(fn, p: int, v: int, m: int, kind: str = "interleaved", watch:
     timed = (kind == "interleaved" and v > 1 and m % p) or kind == "zb-h1"
     try:
         if timed:
-            actions = _with_timed_comms(kind, p, v, m, [[(a,) for a in acts] for acts in rows])
+            actions = with_timed_comms(kind, p, v, [[(a,) for a in acts] for acts in rows])
         else:
-            actions = tuple(_with_comms(p, v, r, _units(acts, pair=v > 1)) for r, acts in enumerate(rows))
+            actions = tuple(with_comms(p, v, r, _units(acts, pair=v > 1)) for r, acts in enumerate(rows))
     except ScheduleError as e:
         raise LabError(f"p={p}, v={v}, m={m}: your schedule cannot run: {e}") from None
     return Schedule(kind, p, v, m, actions)
@@ -215,7 +218,7 @@ def _static_check(fn) -> tuple[str, dict]:
             return f"p={p}, v={v}, m={m}: your schedule cannot run: {e}", {}
         sim = simulate(s, eager=True)  # PTD-P's bubble: eager sends (any m >= p)
         want = bubble_fraction("interleaved", p, m, v)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("the forwards of a group of microbatches go through chunk 0, then chunk 1, ...: "
                     "a rank that runs one microbatch through all its chunks first waits for it to "
                     "come round the pipeline" if sim.bubble_fraction > want else "does it flush the pipeline?")
@@ -245,7 +248,7 @@ def _zb_check(fn) -> str:
             return f"your zb_h1: p={p}, m={m}: the schedule cannot run: {e}"
         sim = simulate(s, eager=True)
         want = bubble_fraction("zb-h1", p, m, **ZB_COSTS)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("defer W: rank r keeps r weight-gradient passes back and runs them in the cool-down, "
                     "where it would wait" if sim.bubble_fraction > want else "does it flush the pipeline?")
             return (f"your zb_h1: p={p}, m={m}: bubble fraction {sim.bubble_fraction:.4f}, ZB-H1's "
@@ -361,7 +364,7 @@ def v_schedule(pl: Placement, m: int) -> Schedule:
     p = pl.p
     engine = make_schedule("zb-v", p, 2, m)
     orders = [[(a,) for a in engine.compute_actions(r)] for r in range(p)]
-    return PlacedSchedule("zb-v", p, 2, m, _with_timed_comms("zb-v", p, 2, m, orders, pl), placed=pl)
+    return PlacedSchedule("zb-v", p, 2, m, with_timed_comms("zb-v", p, 2, orders, pl), placed=pl)
 
 
 def _v_check(fn) -> tuple[str, dict, Schedule | None]:
@@ -382,7 +385,7 @@ def _v_check(fn) -> tuple[str, dict, Schedule | None]:
         except ScheduleError as e:
             return f"your v_stage: ZB-V on your placement, p={p}, m={m}, cannot run: {e}", {}, None
         want = v_bubble("zb-v", p, t_f=2.0)
-        if m >= 2 * p - 1 and any(abs(i - want) > 1e-9 for i in sim.idle):
+        if m >= 2 * p - 1 and any(abs(i - want) > FORMULA_TOL for i in sim.idle):
             return (f"your v_stage: ZB-V on your placement, p={p}, m={m}: ranks idle {list(sim.idle)}, "
                     f"Qi et al.'s (p-1)*T_F/2 = {want:g}"), {}, None
         if not numbers:

@@ -48,7 +48,8 @@ LAYOUT = ParallelConfig(tp=8, tp_mode="3d", device="cpu")
 SHAPES = [(4, 3, 8, 8), (8, 2, 8, 16)]
 NAMES = ("Linear3DFunction",)
 # the engine's own 3-D linear and the differentiable collectives it is made of: not an answer
-FORBIDDEN = ("minitron.parallel.cube.Linear3D", "minitron.parallel.tensor.gather",
+FORBIDDEN = ("minitron.parallel.cube.Linear3D", "minitron.parallel.cube.cube_product",
+             "minitron.parallel.cube._OverlappedProduct", "minitron.parallel.tensor.gather",
              "minitron.parallel.tensor.reduce_scatter", "minitron.parallel.tensor._AllGather",
              "minitron.parallel.tensor._ReduceScatter")
 DIRECTION = {"fwd": "forward", "bwd": "backward"}
@@ -251,7 +252,8 @@ def _job(comm, source: str, timeout: float) -> dict | None:
 
     case = next(_CASE)
     engine_linear = {"minitron.parallel.cube.Linear3D.forward": cube.Linear3D.forward}
-    units = Tripwire({**engine_linear, **watched("minitron.parallel.tensor._AllGather",
+    units = Tripwire({**engine_linear, **watched("minitron.parallel.cube.cube_product",
+                                                 "minitron.parallel.tensor._AllGather",
                                                  "minitron.parallel.tensor._ReduceScatter")})
     with units.armed():
         fn = load(source, NAMES, learner_namespace())["Linear3DFunction"]

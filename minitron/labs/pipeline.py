@@ -2,7 +2,7 @@
 
 The learner writes ``one_f_one_b(p, m, rank)``: the ordered actions of pipeline rank
 `rank` in one training step, ``Action("F", k)`` and ``Action("B", k)`` (the engine's
-representation, :mod:`minitron.parallel.schedules`). Sends and receives may be left
+representation, :mod:`minitron.parallel.schedule_actions`). Sends and receives may be left
 out: the checker then adds them the engine's way (a receive right before the compute that
 consumes it, a send right after the compute that produces it; consecutive ones form one
 batch). The checker
@@ -25,10 +25,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from ..analysis.bubble import bubble_fraction, stashed_on_rank
+from ..analysis.pipeline_sim import describe as describe_schedule
+from ..analysis.pipeline_sim import simulate
 from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..parallel.schedules import COMM_OPS, Action, Schedule, ScheduleError, _with_comms
-from ..parallel.schedules import describe as describe_schedule
-from ..parallel.schedules import simulate, validate
+from ..parallel.schedule_actions import COMM_OPS, Action, Schedule, ScheduleError
+from ..parallel.schedule_check import validate
+from ..parallel.schedule_comms import with_comms
 from .runner import TOL, LabError, Tripwire, deadline, describe, fail, load, run_cases, screen, training_verdict, versus_one_device
 
 MODEL = ModelConfig(layers=4, hidden=16, heads=4, seq_len=16, vocab=256, name="lab")
@@ -37,6 +39,8 @@ TRAIN = TrainConfig(steps=2, global_batch=8, microbatches=4, dtype="float64", wa
 # the engine's own 1F1B (and the schedule builder that makes it): not an answer to this lab
 FORBIDDEN = ("minitron.parallel.schedules.make_schedule", "minitron.parallel.schedules._1f1b",
              "minitron.parallel.schedules._one_f_one_b", "minitron.parallel.schedules.num_warmup")
+# a simulated bubble (or idle time) against its closed form: equal but for float rounding
+FORMULA_TOL = 1e-9
 # every p <= 6 with every m <= 10 (m < p among them), then deeper and longer pipelines than
 # a table of small cases covers
 LARGE = [(7, 3), (8, 16), (9, 20), (12, 13), (16, 40)]
@@ -79,7 +83,7 @@ def build_schedule(fn, p: int, m: int, watch: Tripwire | None = None) -> Schedul
             raise LabError(f"{call} returned a list holding {bad!r:.40} ({type(bad).__name__}): "
                            f"return Actions, e.g. Action('F', 0)")
         if not any(a.op in COMM_OPS for a in acts):
-            acts = _with_comms(p, 1, rank, [(a,) for a in acts])
+            acts = with_comms(p, 1, rank, [(a,) for a in acts])
         rows.append(tuple(acts))
     return Schedule("1f1b", p, 1, m, tuple(rows))
 
@@ -116,7 +120,7 @@ def _static_check(fn) -> tuple[str, dict]:
     for (p, m), s in built.items():
         sim = simulate(s)
         want = bubble_fraction("1f1b", p, m)
-        if abs(sim.bubble_fraction - want) > 1e-9:
+        if abs(sim.bubble_fraction - want) > FORMULA_TOL:
             hint = ("a rank idles waiting for work it could have had: begin with p-r-1 warm-up forwards, "
                     "then alternate one forward and one backward" if sim.bubble_fraction > want else
                     "is that a schedule that flushes the pipeline?")

@@ -764,7 +764,7 @@ def train_swapped(comm, model, layout, train, watch: Tripwire | None = None, **i
     return versus_one_device(comm, tr, losses, model, train)
 
 
-def training_verdict(res: dict | None, name: str, success: str, tol: float = 1e-9) -> dict | None:
+def training_verdict(res: dict | None, name: str, success: str, tol: float = TOL) -> dict | None:
     """The one verdict rule of every lab that trains (None off rank 0): `res` is
     :func:`versus_one_device`'s comparison; ok when losses and parameters agree with the
     single-device model within `tol` (float64: config.TOLERANCE), with

@@ -95,7 +95,7 @@ def _diagnose(got, grad, full_mean, d: int, r: int, world: int) -> str:
         return (f"it is the sum divided by {c}, not by d = {d} ({d / c:.4g}× the mean): the mean divides by the size "
                 f"of the data-parallel group, comm.size('dp') (a d hard-wired to {c}, or another group's size?)")
     scale = float(got.abs().sum() / full_mean[mine].abs().sum().clamp_min(1e-300))
-    if abs(scale - 1) > 1e-9 and close(got, full_mean[mine] * scale):
+    if abs(scale - 1) > TOL and close(got, full_mean[mine] * scale):
         return f"it is {scale:.4g}× the mean: the reduce-scatter sums the d = {d} ranks' gradients; divide by d once"
     for j in range(d):
         if j != r and close(got, full_mean[j * k:(j + 1) * k]):

@@ -58,6 +58,15 @@ shard, tied embeddings need nothing special. The vocabulary is padded to a multi
 of q². Each rank's loss is the mean over its batch piece; a scalar all-reduce over the
 (i, k) plane makes every rank hold the global mean (its backward passes 1/q² down).
 
+**--tp-overlap** runs the same calls in the order of the paper's own implementation
+(Colossal-AI's ``linear_3d``; :class:`_OverlappedProduct`, behind :func:`cube_product`, in
+every Linear3D and the output layer): forward, X's gather along a and W's along i are
+posted together and waited together, so the two lines carry their blocks at once;
+backward, dX's reduce-scatter along a is posted as soon as dX is computed and waited only
+after dW's product has run under it. The messages and bytes are the plain schedule's, so
+``analysis/cube.py`` counts both; the embedding's lookup, the norms and the loss, with no
+product to hide under, stay as they are.
+
 With q = 1 every collective is a no-op and these layers are the single-device ones.
 """
 from __future__ import annotations
@@ -71,8 +80,8 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .layers import Layers, grid_layers
-from .ops import (MeanOverAxes, bias_keywords, gather, grouped_rows, reduce_scatter, sharded_norm,
-                  vocab_parallel_cross_entropy)
+from .ops import (MeanOverAxes, bias_keywords, compute_dtype, gather, grouped_rows, over_tokens, reduce_scatter,
+                  sharded_norm, vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
 I, J, K = "cube_i", "cube_j", "cube_k"
@@ -111,6 +120,54 @@ def on_plane(ctx: Context, *axes: str) -> dict:
     return {"replicas": axes, "grad_sync": axes}
 
 
+# --- the cube's product ----------------------------------------------------------------------
+class _OverlappedProduct(torch.autograd.Function):
+    """``reduce-scatter_c(gather_a(X)·gather_i(W)ᵀ)``, the cube's product, with --tp-overlap's
+    schedule (the 3-D paper's own, as its authors' Colossal-AI ``linear_3d`` runs it): the
+    gathers of X along `x_axis` and of W along i posted together and waited together, so
+    the two lines' transfers run at once; backward, after dY's gather, dX's reduce-scatter
+    along `x_axis` posted as soon as dX is computed and waited only after dW's product has
+    run under it (dW's reduce-scatter along i posted then too). The calls, their dtypes and
+    bytes are the plain schedule's (:func:`cube_product` without `overlap`), so
+    ``analysis/cube.py`` counts both; the gathered blocks are saved, as F.linear saves them."""
+
+    @staticmethod
+    def forward(fctx, x, weight, comm, x_axis: str, w_dim: int, out_axis: str):
+        gx = comm.all_gather(x, x_axis, BATCH, async_op=True, activation=True)
+        gw = comm.all_gather(weight, I, w_dim, async_op=True)  # a parameter: the master dtype
+        x_all, w_all = gx.wait(), gw.wait()
+        cdt = compute_dtype(x)
+        y = comm.reduce_scatter(F.linear(x_all.to(cdt), w_all.to(cdt)), out_axis, BATCH, activation=True)
+        fctx.save_for_backward(x_all, w_all)
+        fctx.comm, fctx.axes, fctx.w_dim, fctx.cdt = comm, (x_axis, out_axis), w_dim, cdt
+        return y
+
+    @staticmethod
+    def backward(fctx, dy):
+        x_all, w_all = fctx.saved_tensors
+        comm, (x_axis, out_axis), cdt = fctx.comm, fctx.axes, fctx.cdt
+        dy = comm.all_gather(dy.contiguous(), out_axis, BATCH, activation=True).to(cdt)
+        dx = dw = None
+        if wants_grad(fctx, 0):  # in flight while dW's product runs
+            dx = comm.reduce_scatter((dy @ w_all.to(cdt)).to(x_all.dtype), x_axis, BATCH, async_op=True,
+                                     activation=True)
+        if wants_grad(fctx, 1):
+            dw = comm.reduce_scatter(over_tokens(dy, x_all.to(cdt)).to(w_all.dtype), I, fctx.w_dim, async_op=True)
+        return (dx.wait() if dx is not None else None), (dw.wait() if dw is not None else None), None, None, None, None
+
+
+def cube_product(x, weight, comm, x_axis: str, w_dim: int, out_axis: str, overlap: bool = False):
+    """The cube's product of local blocks: X all-gathered along `x_axis` (batch), the torch
+    weight block along i (on its dim `w_dim`), multiplied (``x·wᵀ``: partial sums) and
+    reduce-scattered along `out_axis` (batch). `overlap` (--tp-overlap): the same calls in
+    :class:`_OverlappedProduct`'s order."""
+    if overlap:
+        return _OverlappedProduct.apply(x, weight, comm, x_axis, w_dim, out_axis)
+    x = gather(x, comm, x_axis, BATCH)
+    w = gather(weight, comm, I, w_dim, param=True)
+    return reduce_scatter(F.linear(x, w), comm, out_axis, BATCH)
+
+
 # --- layers -----------------------------------------------------------------------------
 class Linear3D(nn.Module):
     """``Y = X·W + bias`` on placement (a, c); the output is in placement (c, a).
@@ -128,6 +185,7 @@ class Linear3D(nn.Module):
         q, comm = cube_q(ctx), ctx.comm
         self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add or not bias
         self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
+        self.overlap = ctx.layout.tp_overlap  # the paper's schedule: gathers at once, dX's reduce under dW
         a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
         rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
@@ -135,10 +193,11 @@ class Linear3D(nn.Module):
                      if bias else None)
 
     def forward(self, x):
+        # X gathered to [b/q, s, d_in/q] (batch block i, features c), W's columns to [d_out/q, d_in/q]
+        # (rows a, columns c); the product reduce-scattered to [b/q², s, d_out/q]. The rows are regrouped
+        # before the gather along the columns: the same block either way
         pl = self.placement
-        x = gather(x, self.comm, pl.a, BATCH)  # [b/q, s, d_in/q]: batch block i, features c
-        w = gather(self.weight, self.comm, I, 1, param=True)  # [d_out/q, d_in/q]: rows a, columns c
-        y = reduce_scatter(F.linear(x, grouped_rows(w, self.parts)), self.comm, pl.c, BATCH)  # [b/q², s, d_out/q]
+        y = cube_product(x, grouped_rows(self.weight, self.parts), self.comm, pl.a, 1, pl.c, self.overlap)
         return y if self.skip_bias_add else y + grouped_rows(self.bias, self.parts)
 
 
@@ -173,6 +232,7 @@ class Embedding3D(nn.Module):
         super().__init__()
         q, comm = cube_q(ctx), ctx.comm
         self.comm, self.vocab, self.q = comm, vocab, q
+        self.overlap = ctx.layout.tp_overlap  # the output layer's product too
         self.padded = pad_vocab(vocab, q * q)
         per = self.padded // (q * q)
         i, j, k = comm.index(I), comm.index(J), comm.index(K)
@@ -196,9 +256,8 @@ class Embedding3D(nn.Module):
     def logits(self, x):
         """x [b/q², s, h/q] in placement (j, k) -> local logits [b/q², s, V'/q] (batch piece
         (i, k), vocabulary slice j): a Linear3D on placement (j, k) with weight wteᵀ."""
-        x = gather(x, self.comm, J, BATCH)  # [b/q, s, h/q]
-        w = gather(self.weight, self.comm, I, 0, param=True)  # [V'/q, h/q]
-        return reduce_scatter(F.linear(x, w), self.comm, K, BATCH)
+        # x gathered to [b/q, s, h/q], the vocabulary rows of wte to [V'/q, h/q]
+        return cube_product(x, self.weight, self.comm, J, 0, K, self.overlap)
 
     def loss(self, logits, targets):
         """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""

@@ -54,6 +54,19 @@ def reduce_scatter(x, comm, axis: str, dim: int):
     return _ReduceScatter.apply(x, comm, axis, dim)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a mode's own products run in (SUMMA's, the cube's under --tp-overlap):
+    autocast's (bf16) when it is on, else x's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def over_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aᵀ·b`` summed over every token, [..., n] and [..., m] -> [n, m]: a weight gradient
+    (dY and X) of the products SUMMA and the cube write themselves."""
+    return a.reshape(-1, a.shape[-1]).t() @ b.reshape(-1, b.shape[-1])
+
+
 def wants_grad(fctx, i: int) -> bool:
     """Does the running backward pass want the gradient of input `i` of this node?
 

@@ -47,7 +47,7 @@ earlier, never later and never out of order: each send is posted as soon as its 
 exists (a stage output right after its F, not after the B the schedule batches it with)
 and stays in flight until the end of the step, so a rank never idles until its
 neighbour posts the matching receive: the *eager* semantics under which
-``schedules.validate`` proves every schedule deadlock-free; and each batch's receives
+``schedule_check.validate`` proves every schedule deadlock-free; and each batch's receives
 are posted with the batch before it, so the transfer overlaps this rank's compute
 (gloo moves the data only once both sides have posted). torch.distributed.pipelining
 does both. With NCCL's one handle per batch the runtime posts each batch where the
@@ -111,7 +111,9 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from .schedules import SPLIT_BACKWARD, Action, Schedule, make_schedule, validate
+from .schedule_actions import SPLIT_BACKWARD, Action, Schedule
+from .schedule_check import validate
+from .schedules import make_schedule
 
 
 # --- splitting a backward into B (input gradient) and W (weight gradients) -----------------

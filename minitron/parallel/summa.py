@@ -56,6 +56,13 @@ The same shard serves the lookup and the output layer: tied embeddings need noth
 special. Each rank's loss is the mean over its batch piece; a scalar all-reduce over
 the column and the depth gives every rank the global mean.
 
+**--tp-overlap** runs the same calls in another order: each SUMMA step's broadcasts
+are posted (async) before the product of the step before runs, and each step's reduce is
+waited only after the next step's product (:func:`summa_steps`, :class:`Sums`), forward
+and backward, in the linears and the output layer alike. The messages and their bytes are
+the plain schedule's, so ``analysis/summa.py`` counts both; the embedding's
+reduce-scatter and the norms' all-reduces, with no product to hide under, stay as they are.
+
 With q = d = 1 every collective is a no-op and these are the single-device layers.
 """
 from __future__ import annotations
@@ -68,8 +75,8 @@ from torch import nn
 from ..config import pad_vocab
 from ..context import Context, make_param, shard_slice
 from .layers import Layers, grid_layers
-from .ops import (MeanOverAxes, bias_keywords, grouped_rows, reduce_scatter, sharded_norm, vocab_parallel_cross_entropy,
-                  wants_grad)
+from .ops import (MeanOverAxes, bias_keywords, compute_dtype, grouped_rows, over_tokens, reduce_scatter, sharded_norm,
+                  vocab_parallel_cross_entropy, wants_grad)
 from .random import draw
 
 ROW, COL, DEP = "summa_row", "summa_col", "summa_dep"
@@ -95,64 +102,100 @@ def replicated_over(ctx: Context, *axes: str) -> dict:
 
 
 # --- SUMMA products -----------------------------------------------------------------------
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the products run in: autocast's (bf16) when it is on, else x's."""
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
-def _broadcast_block(t: torch.Tensor, comm, axis: str, src: int) -> torch.Tensor:
-    """The block of the rank at position `src` of `axis`, on every rank of the line."""
+def _broadcast_block(t: torch.Tensor, comm, axis: str, src: int):
+    """The block of the rank at position `src` of `axis`, on every rank of the line: a
+    Pending (posted now, waited by the caller)."""
     buf = t if comm.index(axis) == src else torch.empty_like(t)
-    return comm.broadcast(buf, axis, src)
+    return comm.broadcast(buf, axis, src, async_op=True)
 
 
-def _t(x: torch.Tensor) -> torch.Tensor:
-    """[..., n] -> [n, tokens]: the transposed token matrix (for weight gradients)."""
-    return x.reshape(-1, x.shape[-1]).t()
+def summa_steps(q: int, post, overlap: bool):
+    """SUMMA's steps l = 0..q−1 with their broadcast blocks: yields ``(l, blocks)``, where
+    ``post(l)`` posts step l's broadcasts and returns their Pendings. Without `overlap`
+    each step's are posted and waited before its product; with it (``--tp-overlap``) step
+    l+1's are posted *before* step l's blocks are handed to the caller, so they travel
+    while the caller multiplies, and are waited only when the caller asks for step l+1
+    (a look-ahead of one step: the communication of step l+1 hidden under the computation
+    of step l, as Wang et al. 2022 hide a decomposed collective's chunks)."""
+    coming = post(0)
+    for l in range(q):
+        blocks = [p.wait() for p in coming]
+        if overlap and l + 1 < q:
+            coming = post(l + 1)  # in flight under step l's product
+        yield l, blocks
+        if not overlap and l + 1 < q:
+            coming = post(l + 1)
+
+
+class Sums:
+    """The partial products of SUMMA's steps reduced along `axis` into position l at step
+    l; this rank keeps the one of step `mine`. Without `overlap` each reduce is waited at
+    once; with it each is waited only after the next step's product has been computed, so
+    it travels under that product."""
+
+    def __init__(self, comm, axis: str, mine: int, overlap: bool):
+        self.comm, self.axis, self.mine, self.overlap = comm, axis, mine, overlap
+        self.flying, self.kept = None, None
+
+    def add(self, part: torch.Tensor, l: int) -> None:
+        """Post step l's reduce of `part` (and wait the one before it, now under no product)."""
+        pending = self.comm.reduce(part, self.axis, l, async_op=True)
+        if not self.overlap:
+            pending.wait()
+            pending = None
+        if self.flying is not None:
+            self.flying.wait()
+        self.flying = pending
+        if l == self.mine:
+            self.kept = part
+
+    def result(self) -> torch.Tensor:
+        """This rank's sum, every reduce done."""
+        if self.flying is not None:
+            self.flying.wait()
+            self.flying = None
+        return self.kept
 
 
 class _SummaAB(torch.autograd.Function):
     """``Y = X·W`` on the grid, W given as the torch weight block ``[d_out/q, d_in/q]``
     (= W(r, c)ᵀ); see the module docstring. Activations travel in the compute dtype
-    (bf16 under autocast), the weight and its gradient in the master dtype."""
+    (bf16 under autocast), the weight and its gradient in the master dtype. `overlap`
+    (--tp-overlap): each step's broadcasts posted under the product before it, each
+    reduce waited under the product after it (:func:`summa_steps`, :class:`Sums`)."""
 
     @staticmethod
-    def forward(fctx, x, weight, comm):
+    def forward(fctx, x, weight, comm, overlap=False):
         q, r, c, _ = grid_of(comm)
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         xs, w = x.detach().to(cdt).contiguous(), weight.detach()
         y = None
-        for l in range(q):
-            x_l = _broadcast_block(xs, comm, ROW, l)  # X(r, l)
-            w_l = _broadcast_block(w, comm, COL, l).to(cdt)  # W(l, c)ᵀ
-            part = F.linear(x_l, w_l)
+        post = lambda l: (_broadcast_block(xs, comm, ROW, l), _broadcast_block(w, comm, COL, l))  # X(r, l), W(l, c)ᵀ
+        for l, (x_l, w_l) in summa_steps(q, post, overlap):
+            part = F.linear(x_l, w_l.to(cdt))
             y = part if y is None else y.add_(part)
         fctx.save_for_backward(x, weight)  # the local blocks only: the backward broadcasts again
-        fctx.comm, fctx.cdt = comm, cdt
+        fctx.comm, fctx.cdt, fctx.overlap = comm, cdt, overlap
         return y
 
     @staticmethod
     def backward(fctx, dy):
         x, weight = fctx.saved_tensors
-        comm, cdt = fctx.comm, fctx.cdt
+        comm, cdt, overlap = fctx.comm, fctx.cdt, fctx.overlap
         q, r, c, _ = grid_of(comm)
         dy = dy.to(cdt).contiguous()
         dx = dw = None
         if wants_grad(fctx, 0):  # dX(r, l) = Σ_c dY(r, c)·W(l, c)ᵀ, summed along the row into column l
-            for l in range(q):
-                w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)
-                part = comm.reduce((dy @ w_l).contiguous(), ROW, l)
-                if l == c:
-                    dx = part.to(x.dtype)
+            sums, w = Sums(comm, ROW, c, overlap), weight.detach()
+            for l, (w_l,) in summa_steps(q, lambda l: (_broadcast_block(w, comm, COL, l),), overlap):
+                sums.add((dy @ w_l.to(cdt)).contiguous(), l)
+            dx = sums.result().to(x.dtype)
         if wants_grad(fctx, 1):  # dW(l, c) = Σ_r X(r, l)ᵀ·dY(r, c), summed along the column into row l
-            xs = x.detach().to(cdt).contiguous()
-            for l in range(q):
-                x_l = _broadcast_block(xs, comm, ROW, l)
-                part = comm.reduce((_t(dy) @ _t(x_l).t()).to(weight.dtype), COL, l)
-                if l == r:
-                    dw = part
-        return dx, dw, None
+            sums, xs = Sums(comm, COL, r, overlap), x.detach().to(cdt).contiguous()
+            for l, (x_l,) in summa_steps(q, lambda l: (_broadcast_block(xs, comm, ROW, l),), overlap):
+                sums.add(over_tokens(dy, x_l).to(weight.dtype), l)
+            dw = sums.result()
+        return dx, dw, None, None
 
 
 class _SummaABT(torch.autograd.Function):
@@ -160,47 +203,45 @@ class _SummaABT(torch.autograd.Function):
     output layer, B = wte): Z(r, c) = Σ_l X(r, l)·B(c, l)ᵀ. For l: broadcast B(l, c)
     along the column, multiply, reduce along the row to column l. Backward: dX =
     dZ·B (broadcast dZ(r, l) along the row and B(l, c) along the column) and
-    dB(l, c) = Σ_r dZ(r, l)ᵀ·X(r, c) (reduced along the column to row l)."""
+    dB(l, c) = Σ_r dZ(r, l)ᵀ·X(r, c) (reduced along the column to row l). `overlap` as
+    for :class:`_SummaAB`."""
 
     @staticmethod
-    def forward(fctx, x, weight, comm):
+    def forward(fctx, x, weight, comm, overlap=False):
         q, r, c, _ = grid_of(comm)
-        cdt = _compute_dtype(x)
+        cdt = compute_dtype(x)
         xs, w = x.detach().to(cdt), weight.detach()
-        z = None
-        for l in range(q):
-            w_l = _broadcast_block(w, comm, COL, l).to(cdt)  # B(l, c)
-            part = comm.reduce(F.linear(xs, w_l).contiguous(), ROW, l)  # Z(r, l), partial over c
-            if l == c:
-                z = part
+        sums = Sums(comm, ROW, c, overlap)
+        for l, (w_l,) in summa_steps(q, lambda l: (_broadcast_block(w, comm, COL, l),), overlap):  # B(l, c)
+            sums.add(F.linear(xs, w_l.to(cdt)).contiguous(), l)  # Z(r, l), partial over c
         fctx.save_for_backward(x, weight)
-        fctx.comm, fctx.cdt = comm, cdt
-        return z
+        fctx.comm, fctx.cdt, fctx.overlap = comm, cdt, overlap
+        return sums.result()
 
     @staticmethod
     def backward(fctx, dz):
         x, weight = fctx.saved_tensors
-        comm, cdt = fctx.comm, fctx.cdt
+        comm, cdt, overlap = fctx.comm, fctx.cdt, fctx.overlap
         q, r, c, _ = grid_of(comm)
-        dz, xs = dz.to(cdt).contiguous(), x.detach().to(cdt)
+        dz, xs, w = dz.to(cdt).contiguous(), x.detach().to(cdt), weight.detach()
         want_x, want_w = wants_grad(fctx, 0), wants_grad(fctx, 1)
-        dx = dw = None
-        for l in range(q):
-            dz_l = _broadcast_block(dz, comm, ROW, l)  # dZ(r, l)
+        sums = Sums(comm, COL, r, overlap) if want_w else None
+        post = lambda l: (_broadcast_block(dz, comm, ROW, l),  # dZ(r, l), and B(l, c)
+                          *((_broadcast_block(w, comm, COL, l),) if want_x else ()))
+        dx = None
+        for l, (dz_l, *w_l) in summa_steps(q, post, overlap):
             if want_x:
-                w_l = _broadcast_block(weight.detach(), comm, COL, l).to(cdt)  # B(l, c)
-                part = dz_l @ w_l
+                part = dz_l @ w_l[0].to(cdt)
                 dx = part if dx is None else dx.add_(part)
             if want_w:
-                part = comm.reduce((_t(dz_l) @ _t(xs).t()).to(weight.dtype), COL, l)
-                if l == r:
-                    dw = part
-        return (dx.to(x.dtype) if dx is not None else None), dw, None
+                sums.add(over_tokens(dz_l, xs).to(weight.dtype), l)
+        return (dx.to(x.dtype) if dx is not None else None), sums.result() if want_w else None, None, None
 
 
-def summa_linear(x, weight, comm):
-    """Differentiable SUMMA product ``x·weightᵀ`` of the local blocks (no bias)."""
-    return _SummaAB.apply(x, weight, comm)
+def summa_linear(x, weight, comm, overlap: bool = False):
+    """Differentiable SUMMA product ``x·weightᵀ`` of the local blocks (no bias); `overlap`:
+    --tp-overlap's schedule (the same calls, each in flight under a product)."""
+    return _SummaAB.apply(x, weight, comm, overlap)
 
 
 # --- layers ---------------------------------------------------------------------------------
@@ -216,6 +257,7 @@ class LinearSumma(nn.Module):
                  skip_bias_add: bool = False, bias: bool = True, parts: int = 1):
         super().__init__()
         self.comm, self.skip_bias_add = ctx.comm, skip_bias_add or not bias
+        self.overlap = ctx.layout.tp_overlap  # SUMMA's steps each in flight under a product
         self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
         q, r, c, _ = grid_of(ctx.comm)
         rows, cols = shard_slice(d_out, q, c), shard_slice(d_in, q, r)
@@ -226,7 +268,7 @@ class LinearSumma(nn.Module):
 
     def forward(self, x):
         # every rank of a grid column holds the same rows: regrouping each block keeps them aligned
-        y = summa_linear(x, grouped_rows(self.weight, self.parts), self.comm)
+        y = summa_linear(x, grouped_rows(self.weight, self.parts), self.comm, self.overlap)
         return y if self.skip_bias_add else y + grouped_rows(self.bias, self.parts)
 
 
@@ -259,6 +301,7 @@ class EmbeddingSumma(nn.Module):
         comm = self.comm = ctx.comm
         q, r, c, k = grid_of(comm)
         self.vocab, self.q, self.depth = vocab, q, comm.size(DEP)
+        self.overlap = ctx.layout.tp_overlap  # the output layer's SUMMA steps too
         self.padded = pad_vocab(vocab, q)
         per = self.padded // q
         self.first = r * per  # first id of this rank's vocabulary rows (the lookup)
@@ -285,7 +328,7 @@ class EmbeddingSumma(nn.Module):
     def logits(self, x):
         """x [b/(q·d), s, h/q] -> local logits [b/(q·d), s, V'/q] (batch piece, vocabulary
         slice c): SUMMA's A·Bᵀ with B = wte."""
-        return _SummaABT.apply(x, self.weight, self.comm)
+        return _SummaABT.apply(x, self.weight, self.comm, self.overlap)
 
     def loss(self, logits, targets):
         """Mean cross-entropy of the whole microbatch (targets [b, s], every rank)."""

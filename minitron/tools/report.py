@@ -9,14 +9,19 @@ steps after it, and at the end gathers every rank's facts to rank 0:
 * the layout: each rank's coordinates, the layers it holds and the region of one weight
   matrix it holds (the tensor shard), its data-parallel replica;
 * bytes sent per axis in one step (the trace) against ``analysis.comm_bytes_per_step``;
+* how much of each axis' communication was hidden under compute, measured over the
+  `TIMED_STEPS` steps after the first with a timed trace
+  (:func:`minitron.viz.comm.exposure_by_axis`): the time in flight, the time the rank
+  stood waiting, and the share it did not wait (``--tp-overlap``, ``--ep-overlap`` and the
+  data-parallel buckets post calls early; every other call waits from its issue);
 * the measured pipeline bubble (idle time over compute time of the pipeline's ranks)
   against ``analysis.bubble_fraction`` — (p−1)/(v·m) for interleaved 1F1B;
 * peak memory per rank (the measured step) against ``minitron memory``'s formulas, and
   the process' peak resident memory (which includes PyTorch itself);
 * tokens/s and MFU (model FLOP/s over the world's matmul peak, measured at the start);
 * with mixture-of-experts blocks, the load balance: tokens per expert of each MoE layer
-  (the step's choices over the global batch, ``Trainer.routing_step``), the most loaded
-  expert over the mean, the dropped fraction, and a *collapse* warning when the router
+  (the step's choices over the global batch, ``Trainer.reduce_routing_and_update_bias``), the
+  most loaded expert over the mean, the dropped fraction, and a *collapse* warning when the router
   sends almost every choice to k experts (:func:`routing_summary`).
 
 :func:`format_report` prints it; :func:`plot_losses` (minitron.viz.loss) draws the loss curve next to the
@@ -31,10 +36,12 @@ from pathlib import Path
 
 import torch
 
-from ..comm import CommTrace
+from ..comm import CommTrace, TimedTrace
+from ..viz.comm import exposure_by_axis
 from ..viz.loss import plot_losses  # noqa: F401 - the figure's home is viz/loss.py; callers import it here too
 
 PIPELINE_STEPS = 10  # steps after the first whose compute actions time the bubble
+TIMED_STEPS = 3  # steps after the first whose calls are timed (the first also warms up)
 
 
 class RunReport:
@@ -48,6 +55,7 @@ class RunReport:
         self.measure_peak = measure_peak and peak_flops is None  # MFU's denominator, on rank 0, at the start
         self.tensorboard_dir, self.writer = tensorboard_dir, None
         self.routing: list[dict] = []  # the MoE routing of each step (rank 0)
+        self.timed = TimedTrace()  # the calls of the steps after the first, timed
 
     # --- called by the training loop -----------------------------------------------------
     def start(self, tr) -> None:
@@ -77,6 +85,9 @@ class RunReport:
             return loss
         if pipe is not None:  # time the pipeline for a few steps (all of them under --timeline)
             pipe.record = self._timeline_was or step <= self.first + PIPELINE_STEPS
+        if step <= self.first + TIMED_STEPS and tr.comm.trace is None:
+            with tr.comm.tracing(self.timed):
+                return tr.step_async(step)
         return tr.step_async(step)
 
     def records(self, tr, recs: list[dict]) -> None:
@@ -96,11 +107,19 @@ class RunReport:
                 self.writer = ScalarWriter(self.tensorboard_dir)
             self.writer.write(recs)
 
+    def _timed_records(self, tr) -> list[dict]:
+        """The calls of the timed steps: this report's own timed trace, or the run's when it
+        times every call (``--timeline``)."""
+        if self.timed.records or not isinstance(tr.comm.trace, TimedTrace):
+            return self.timed.records
+        return [r for r in tr.comm.trace.records if self.first < r["step"] <= self.first + TIMED_STEPS]
+
     def finish(self, tr) -> dict | None:
         """Gather every rank's facts to rank 0 (collective); rank 0 returns the report."""
         if self.writer is not None:
             self.writer.close()
         facts = rank_facts(tr, self.memory, self.trace_records)
+        facts["exposure"] = exposure_by_axis([r for r in self._timed_records(tr) if r.get("phase") != "log"])
         everyone = tr.comm.gather_object(facts)
         if everyone is None:
             return None
@@ -213,6 +232,21 @@ def _mib(n) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
+def _exposure_lines(ranks: list[dict]) -> list[str]:
+    """The measured hiding of each axis' calls: the rank that waited longest on it."""
+    axes = sorted({a for r in ranks for a in r.get("exposure") or {}})
+    if not axes:
+        return []
+    steps = max(e["steps"] for r in ranks for e in (r.get("exposure") or {}).values())
+    lines = [f"communication hidden under compute, by axis ({steps} timed steps after the first, the rank that "
+             f"waited longest; in flight: issue to done; waited: the rank stood still):"]
+    for a in axes:
+        e = max((r["exposure"][a] for r in ranks if a in (r.get("exposure") or {})), key=lambda x: x["exposed_s"])
+        lines.append(f"  {a:<8} {e['calls']:>5} calls   in flight {e['in_flight_s'] * 1e3:>9.1f} ms   "
+                     f"waited {e['exposed_s'] * 1e3:>9.1f} ms   hidden {e['hidden']:>4.0%}")
+    return lines
+
+
 def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
     """The report as text (a few lines per rank)."""
     lines = [f"--- run report: {rep['model']} on {rep['layout']} ({rep['world']} ranks) ---",
@@ -241,6 +275,7 @@ def format_report(rep: dict, tokens_per_s: list[float] | None = None) -> str:
             most = max(r["bytes_per_axis"].get(a, 0) for r in rep["ranks"])
             p = pred.get(a)
             lines.append(f"  {a:<8} {_mib(most):>10} MiB   predicted {_mib(p)} MiB")
+    lines += _exposure_lines(rep["ranks"])
     b = rep.get("bubble")
     if rep.get("predicted_bubble") is not None:
         measured = f"{b['measured']:.3f} (median of {b['steps']} steps)" if b else "not measured"

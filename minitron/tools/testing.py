@@ -20,7 +20,7 @@ from ..config import ParallelConfig
 def _rank_entry(fn, layout, trace, args):
     from ..launch import rank_session
 
-    with rank_session(layout, 300, trace) as comm:  # a test's error propagates, traceback and all
+    with rank_session(layout, trace=trace) as comm:  # a test's error propagates, traceback and all
         return fn(comm, *args)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from .. import data as data_mod
 from ..checkpoint import gather_full
+from ..comm import TimedTrace
 from ..config import TOLERANCE, ModelConfig, ParallelConfig, TrainConfig
 from ..train import Trainer, single_device_model
 
@@ -115,7 +116,7 @@ class TrainedFunction:
     def __init__(self, model: ModelConfig, train: TrainConfig, precision, ref: Trainer, unit: float):
         self.init = gather_full(Trainer(model, one_device(precision), train, corpus=ref.corpus))
         self.ref_full = gather_full(ref)
-        x, _ = data_mod.batch(ref.val_data, model.seq_len, HELD_OUT_SEQUENCES, train.seed, 10_000_000)
+        x, _ = data_mod.batch(ref.val_data, model.seq_len, HELD_OUT_SEQUENCES, train.seed, data_mod.VALIDATION_STEP)
         self.fn = _Float64Function(model, train, self.ref_full, x)
         self.z_ref = self.fn.logits()
         self.moved = float((self.fn.logits(self.init) - self.z_ref).norm())  # what training did
@@ -216,14 +217,17 @@ def verify_job(comm, model, layout, train, corpus, extra) -> dict | None:
     """Run on every rank; rank 0 returns the verdict (a dict), others None."""
     tr = Trainer(model, layout, train, comm, corpus)
     losses = []
-    for i in range(train.steps):
-        losses.append(tr.step(i))
-        progress(comm, f"{layout.describe()} on {comm.grid.world} ranks: step {i + 1}/{train.steps} done")
-    progress(comm, f"gathering the weights to rank 0; then the single-device reference, {train.steps} steps")
-    if comm.trace is not None and train.trace:
-        comm.trace.write(train.trace)
-    if train.timeline and tr.pipeline is not None:
-        tr.pipeline.write_timeline(train.timeline)
+    with comm.tracing(TimedTrace() if train.timeline else comm.trace):  # --timeline: every call timed
+        for i in range(train.steps):
+            losses.append(tr.step(i))
+            progress(comm, f"{layout.describe()} on {comm.grid.world} ranks: step {i + 1}/{train.steps} done")
+        progress(comm, f"gathering the weights to rank 0; then the single-device reference, {train.steps} steps")
+        if comm.trace is not None and train.trace:
+            comm.trace.write(train.trace)
+        if train.timeline and tr.pipeline is not None:
+            tr.pipeline.write_timeline(train.timeline)
+        if train.timeline:
+            comm.write_spans(train.timeline)
     # one reference microbatch per replica's microbatch (a MoE routes, balances and drops per microbatch)
     reference = train.replace(microbatches=train.microbatches * layout.data_replicas, trace="")
     tol = (extra or {}).get("tol")

@@ -17,6 +17,9 @@ A trace says *what* was sent, not *when*. To see when data-parallel buckets fire
 during the backward pass, :func:`dp_overlap_job` (run on every rank by
 :func:`minitron.tools.testing.run_on_ranks`) trains a few steps with a :class:`TimedTrace`
 and stamps the moment each parameter's gradient is produced;
+:func:`exposure_by_axis` sums a timed trace into each axis' time in flight and time waited;
+:func:`plot_spans` draws a ``--timeline``'s calls (in flight, then waited for) beside the
+pipeline's actions, one lane per rank.
 :func:`overlap_events` lists the calls against the gradients computed before them and
 :func:`plot_overlap` draws both on one time axis.
 
@@ -24,16 +27,16 @@ matplotlib is imported only inside the drawing functions: the rank job needs non
 """
 from __future__ import annotations
 
-import itertools
 import time
 from collections import defaultdict
 
-from ..comm import CommTrace, select
+from ..comm import TimedTrace, select
 
 OP_COLORS = {"all_reduce": "#4c72b0", "all_gather": "#55a868", "reduce_scatter": "#dd8452",
-             "broadcast": "#8172b2", "send": "#937860", "recv": "#da8bc3"}
+             "broadcast": "#8172b2", "send": "#937860", "recv": "#da8bc3", "all_to_all": "#c44e52",
+             "reduce": "#64b5cd"}
 OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC",
-            "send": "send", "recv": "recv"}
+            "send": "send", "recv": "recv", "all_to_all": "A2A", "reduce": "R"}
 PHASES = ("fwd", "bwd", "optim")
 
 
@@ -114,22 +117,29 @@ def plot_calls(records, ax=None, labels=None, phases=PHASES, title: str | None =
 # --------------------------------------------------------------------------------------
 # When do data-parallel calls fire? A timed trace and gradient stamps
 # --------------------------------------------------------------------------------------
-class TimedTrace(CommTrace):
-    """A :class:`~minitron.comm.CommTrace` whose records also carry ``t`` (the
-    ``time.perf_counter()`` when the call was issued) and ``seq``, a counter shared with
-    :meth:`stamp`, so that calls and other events have one total order."""
+def exposure_by_axis(records: list[dict]) -> dict:
+    """Per axis, from a :class:`TimedTrace`'s records (receives left out, and the pipeline's
+    sends and receives, ``Comm.p2p``, whose handles its runtime waits on unstamped): ``{"calls", "steps" (how many steps they span), "in_flight_s" (issue to done, summed),
+    "exposed_s" (waited to done: the rank stood still), "hidden" (1 − exposed/in flight)}``.
 
-    def __init__(self):
-        super().__init__()
-        self.counter = itertools.count()
-
-    def stamp(self) -> tuple[int, float]:
-        """(sequence number, time) for an event that is not a call."""
-        return next(self.counter), time.perf_counter()
-
-    def add(self, **rec) -> None:
-        seq, t = self.stamp()
-        super().add(**rec, seq=seq, t=t)
+    A blocking call is all exposed (hidden 0). An asynchronous call's in-flight time counts
+    the compute the rank ran between issuing and waiting in full, though the transfer may
+    have finished sooner: ``hidden`` is the share of that window the rank did not wait, an
+    upper bound on the share of the transfer's own time hidden; ``exposed_s`` is exact.
+    A ring shift's send and receive are one call (the send's record)."""
+    out: dict = {}
+    for r in records:
+        if r["op"] == "recv" or "done" not in r:
+            continue
+        a = out.setdefault(r["axis"], {"calls": 0, "steps": set(), "in_flight_s": 0.0, "exposed_s": 0.0})
+        a["calls"] += 1
+        a["steps"].add(r.get("step"))
+        a["in_flight_s"] += r["done"] - r["t"]
+        a["exposed_s"] += r["done"] - r["waited"]
+    for a in out.values():
+        a["steps"] = len(a["steps"])
+        a["hidden"] = 1 - a["exposed_s"] / a["in_flight_s"] if a["in_flight_s"] > 0 else 0.0
+    return out
 
 
 def dp_overlap_job(comm, model, train, layouts, steps: int = 2) -> list[dict] | None:
@@ -262,4 +272,45 @@ def plot_overlap(run: dict, step: int = -1, ax=None, axis: str = "dp", title: st
         handles.append(Line2D([], [], marker="o", ls="", color=shades[0], label="gradient (earlier)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     ax.set_title(title or run["layout"], fontsize=10, pad=14)
+    return ax
+
+
+# --------------------------------------------------------------------------------------
+# What ran under what: a --timeline's calls beside the pipeline's actions
+# --------------------------------------------------------------------------------------
+def plot_spans(timeline: list[dict], step: int = -1, ax=None, title: str | None = None):
+    """One lane per rank of a ``--timeline`` (:func:`minitron.viz.pipeline.load_timeline`):
+    the pipeline's F/B/W actions of `step` (-1: the last) as grey boxes, each call of that
+    step as a thin bar while in flight before its rank waited (compute ran under it) and a
+    thick bar while the rank waited (exposed), coloured by op. Returns the axes."""
+    from matplotlib.lines import Line2D
+
+    calls = [r for r in timeline if r.get("kind") == "comm"]
+    steps = sorted({r["step"] for r in calls})
+    s = steps[step] if step < 0 else step
+    calls = [r for r in calls if r["step"] == s]
+    acts = [r for r in timeline if r.get("kind") is None and r.get("step") == s]
+    t0 = min([r["start"] for r in calls + acts], default=0.0)
+    ranks = sorted({r["global_rank"] for r in calls + acts})
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(figsize=(10, 0.8 + 0.6 * len(ranks)))
+    ms = lambda t: (t - t0) * 1e3  # noqa: E731
+    for r in acts:
+        lane = ranks.index(r["global_rank"])
+        ax.barh(lane, ms(r["end"]) - ms(r["start"]), left=ms(r["start"]), height=0.7, color="#dddddd")
+    for r in calls:
+        lane, c = ranks.index(r["global_rank"]), OP_COLORS.get(r["op"], "black")
+        ax.plot([ms(r["start"]), ms(r["waited"])], [lane, lane], color=c, lw=1, alpha=0.6)
+        ax.plot([ms(r["waited"]), ms(r["end"])], [lane, lane], color=c, lw=6, solid_capstyle="butt")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlabel(f"ms since step {s} began")
+    ops = [o for o in OP_COLORS if any(r["op"] == o for r in calls)]
+    ax.legend(handles=[Line2D([], [], color="grey", lw=1, label="in flight, computing"),
+                       Line2D([], [], color="grey", lw=6, label="waited (exposed)")]
+              + [Line2D([], [], color=OP_COLORS[o], lw=4, label=o.replace("_", "-")) for o in ops],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
     return ax

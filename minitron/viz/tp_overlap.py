@@ -1,11 +1,15 @@
-"""What ran under what with ``--tp-overlap``: a timed trace of the tensor axis beside the
-matrix products, per rank (Wang et al. 2022's decomposition, seen on a real run).
+"""What ran under what: a timed trace beside the matrix products, per rank, on a real run
+(``--tp-overlap``: Wang et al. 2022's decomposition; ``--ep-overlap``: the experts' halves,
+DeepSeek-V3 §3.2.1; the data-parallel buckets).
 
 ``--timeline`` records the pipeline's actions; the decomposed collective matmuls of
-``parallel/collective_matmul.py`` run inside one action, so :func:`tp_overlap_job` (run on
+``parallel/collective_matmul.py`` run inside one action, so :func:`timed_steps_job` (run on
 every rank by :func:`minitron.tools.testing.run_on_ranks`) trains a few steps with a
-:class:`~minitron.viz.comm.TimedTrace` (each call stamped when issued) and a dispatch mode
-that stamps when each matrix product starts and ends, on one counter: calls and products
+:class:`~minitron.viz.comm.TimedTrace` (each call stamped when issued, when its rank began
+to wait for it and when it was done) and a dispatch mode that stamps when each matrix
+product starts and ends, on one counter (:func:`tp_overlap_job`: the plain and the
+overlapped tensor-parallel layouts; :func:`products_under`: the products a call was in
+flight over): calls and products
 have one total order (:func:`issue_order`) and times (:func:`plot_tp_overlap`). The plain
 layout's all-gather is one call followed by its product; the overlapped one posts each
 shift before the product that runs while it travels.
@@ -18,7 +22,8 @@ import time
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .comm import OP_COLORS, TimedTrace
+from ..comm import TimedTrace
+from .comm import OP_COLORS
 
 PRODUCTS = ("mm", "addmm", "bmm", "baddbmm")
 
@@ -44,27 +49,49 @@ def tp_overlap_job(comm, model, train, overlaps=(False, True), steps: int = 2) -
     """Rank job: for each of `overlaps`, a Trainer on ``--tp <world> --sp`` (with
     ``--tp-overlap`` when True) trains `steps` steps with a timed trace and stamped matrix
     products. Returns, on every rank, one dict per variant: ``{"overlap", "records" (the
-    timed trace), "products" [{seq, t0, t1, step, phase}], "steps" [(t0, t1)]}``."""
+    timed trace's tensor-axis calls), "products" [{seq, t0, t1, step, phase}], "steps"
+    [(t0, t1)]}``."""
     from ..config import ParallelConfig
+
+    layouts = [ParallelConfig(tp=comm.grid.world, sp=True, tp_overlap=o, device="cpu") for o in overlaps]
+    runs = timed_steps_job(comm, model, train, layouts, steps)
+    return [{**run, "overlap": o, "records": [r for r in run["records"] if r["axis"] == "tp"]}
+            for o, run in zip(overlaps, runs)]
+
+
+def timed_steps_job(comm, model, train, layouts, steps: int = 2) -> list[dict]:
+    """Rank job: for each layout of `layouts` (all of the launch's size), a Trainer trains
+    `steps` steps with a :class:`~minitron.viz.comm.TimedTrace` (each call stamped when
+    issued, waited for and done) and every matrix product's start and end stamped on the
+    same counter. Returns, on every rank, one dict per layout: ``{"layout" (its
+    description), "records", "products" [{seq, t0, t1, step, phase}], "steps" [(t0, t1)]}``:
+    what ran under what (:func:`products_under`)."""
+    from ..comm import Comm
     from ..data import load_corpus
+    from ..grid import ProcessGrid
     from ..train import Trainer
 
     corpus, out = load_corpus(train.data), []
-    for overlap in overlaps:
-        layout = ParallelConfig(tp=comm.grid.world, sp=True, tp_overlap=overlap, device="cpu")
+    for layout in layouts:
         spans: list = []
-        with comm.tracing(TimedTrace()) as trace:
-            tr = Trainer(model, layout, train, comm, corpus)
-            windows = []
-            with _Products(trace, tr.comm, spans):
-                for i in range(steps):
-                    comm.barrier()
-                    t0 = time.perf_counter()
-                    tr.step(i)
-                    windows.append((t0, time.perf_counter()))
-        out.append({"overlap": overlap, "records": [r for r in trace.records if r["axis"] == "tp"],
-                    "products": spans, "steps": windows})
+        grid = ProcessGrid.for_layout(layout, comm.grid.rank).build_groups()  # the layout's own axes
+        trace, windows = TimedTrace(), []
+        tr = Trainer(model, layout, train, Comm(grid, trace), corpus)
+        with _Products(trace, tr.comm, spans):
+            for i in range(steps):
+                comm.barrier()
+                t0 = time.perf_counter()
+                tr.step(i)
+                windows.append((t0, time.perf_counter()))
+        out.append({"layout": layout.describe(), "records": list(trace.records), "products": spans,
+                    "steps": windows})
     return out
+
+
+def products_under(run: dict, rec: dict) -> int:
+    """How many of `run`'s matrix products ran wholly while the call of `rec` was in
+    flight and its rank had not begun to wait for it (between its issue and its wait)."""
+    return sum(rec["t"] <= p["t0"] and p["t1"] <= rec["waited"] for p in run["products"])
 
 
 def issue_order(run: dict, step: int, phase: str = "fwd", first: int = 12) -> list[str]:

@@ -3,7 +3,7 @@
 `schedule_explorer()` puts a pipeline schedule's shape under sliders: pick the kind
 (gpipe, 1f1b, interleaved, zb-h1), the pipeline stages p, the microbatches m and, for
 interleaving, the chunks per rank v. Every change builds the schedule with
-`minitron.parallel.schedules`, simulates it, redraws its timeline with
+`minitron.parallel.schedules`, simulates it (`minitron.analysis.pipeline_sim`), redraws its timeline with
 `minitron.viz.pipeline.plot_timeline` and prints one line:
 
     bubble fraction 0.375 (closed form 0.375) · peak stash 4
@@ -25,26 +25,29 @@ import io
 import ipywidgets as W
 
 from ..analysis.bubble import bubble_fraction
+from ..analysis.pipeline_sim import Simulation, simulate
 from ..config import V_SCHEDULES
-from ..parallel import schedules as S
+from ..parallel.schedule_actions import KINDS, default_costs
+from ..parallel.schedule_check import validate
+from ..parallel.schedules import make_schedule
 from .pipeline import save_timeline_plot
 
 __all__ = ["ScheduleExplorer", "schedule_explorer", "summary_line"]
 
 
-def summary_line(sim: S.Simulation) -> str:
+def summary_line(sim: Simulation) -> str:
     """'bubble fraction 0.xxx (closed form 0.xxx) · peak stash N' for a simulation.
 
     The closed form is evaluated at the costs `simulate` used by default (F=1, B=2;
     zb-h1 F=B=W=1), so the two agree wherever the formula holds (zb-h1 needs m >= p)."""
     s = sim.schedule
-    c = S.default_costs(s.kind)
+    c = default_costs(s.kind)
     closed = bubble_fraction(s.kind, s.p, s.m, s.v, t_f=c["F"], t_b=c["B"], t_w=c["W"])
     return (f"bubble fraction {sim.bubble_fraction:.3f} (closed form {closed:.3f})"
             f" · peak stash {max(sim.peak_stashed)}")
 
 
-def _png_output(sim: S.Simulation) -> dict:
+def _png_output(sim: Simulation) -> dict:
     """The timeline as one Jupyter display_data output (a PNG drawn with Agg)."""
     buf = io.BytesIO()
     save_timeline_plot(sim, buf)
@@ -67,7 +70,7 @@ class ScheduleExplorer(W.VBox):
         def slider(value, lo, hi, description):       # redraws on release, not mid-drag
             return W.IntSlider(value, min=lo, max=hi, continuous_update=False, **look(description))
 
-        self.kind = W.Dropdown(options=list(S.KINDS), value=kind, **look("schedule"))
+        self.kind = W.Dropdown(options=list(KINDS), value=kind, **look("schedule"))
         self.p = slider(p, 1, max(8, p), "p (stages)")
         self.m = slider(m, 1, max(32, m), "m (microbatches)")
         self.v = slider(v, 2, max(4, v), "v (chunks)")   # used by interleaved only (V kinds: 2)
@@ -97,7 +100,7 @@ class ScheduleExplorer(W.VBox):
         kind, p, m, v = self.shape()
         self.v.disabled = kind != "interleaved"
         try:
-            sim = S.simulate(S.validate(S.make_schedule(kind, p, v, m)))
+            sim = simulate(validate(make_schedule(kind, p, v, m)))
         except ValueError as e:          # the engine's one-line refusal (ScheduleError too)
             self.summary.value = f"⚠ {e}"
             self.summary.style.text_color = "#b00020"

@@ -7,8 +7,8 @@ import argparse
 import dataclasses
 import zlib
 
-from ...config import (CP_MODES, MODEL_CHOICES, PRESETS, SCHEDULES, ConfigError, ModelConfig, ParallelConfig,
-                       TrainConfig, preset)
+from ...config import (CP_MODES, MODEL_CHOICES, PRESETS, RANK_TIMEOUT_S, SCHEDULES, ConfigError, ModelConfig,
+                       ParallelConfig, TrainConfig, preset)
 
 
 def add_model_args(ap):
@@ -49,7 +49,9 @@ def add_layout_args(ap):
     g.add_argument("--sp", action="store_true", help="sequence parallelism")
     g.add_argument("--tp-overlap", action="store_true",
                    help="with --sp on 1-D: each all-gather/reduce-scatter of the sequence decomposed into t chunks "
-                        "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP)")
+                        "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP); on 2-D and "
+                        "2.5-D: each SUMMA step's broadcasts sent while the step before multiplies; on 3-D: a product's "
+                        "two gathers at once and dX's reduce-scatter sent while dW is computed (Bian et al. 2021)")
     g.add_argument("--ep-overlap", action="store_true",
                    help="with --ep: each MoE call's all-to-alls in two halves (by local expert), one in flight while "
                         "the other's experts run (DeepSeek-V3 §3.2.1)")
@@ -74,7 +76,7 @@ def add_layout_args(ap):
                    help="torch.compile each transformer block (first steps pay the compilation)")
     g.add_argument("--dropout-rng", default=None,
                    help="tensor: per-rank streams (train default); global: single-device masks (verify default)")
-    g.add_argument("--timeout", type=float, default=300, help="collective timeout, seconds")
+    g.add_argument("--timeout", type=float, default=RANK_TIMEOUT_S, help="collective timeout, seconds")
 
 
 def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
@@ -89,13 +91,14 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
                    "(from `minitron tokenize`; with --vocab N) (default: Shakespeare)")
     g.add_argument("--dtype", default=dtype, help="float32, float64 or bfloat16")
     g.add_argument("--trace", default="", help="write every collective as JSON lines here")
-    g.add_argument("--timeline", default="", help="write pipeline action timings here")
+    g.add_argument("--timeline", default="", help="write a timeline here: each rank's calls (issued, waited for, done) and, with --pp, "
+                        "the pipeline's actions")
     g.add_argument("--pack", action="store_true",
                    help="whole documents per sequence (ended by byte 0x1E, or the tokenizer's <|endoftext|>): "
                         "positions restart and attention stays inside each document")
     g.add_argument("--init-from", default="", metavar="HF_DIR",
-                   help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral or DeepSeek-V3 checkpoint "
-                        "(config.json + model.safetensors, Hugging Face format); "
+                   help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, OLMoE or "
+                        "DeepSeek-V3 checkpoint (config.json + model.safetensors, Hugging Face format); "
                         "it decides the model's shape")
 
 
@@ -121,9 +124,10 @@ def model_from(args) -> ModelConfig:
 
 def model_from_hf(args) -> ModelConfig:
     """The model of --init-from's Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral,
-    Mixtral, DeepSeek-V3), checked like the engine's own before any rank starts (``hf.model_config``, names,
-    shapes and values of the files); --seq-len may shorten its context, the model flags that
-    do not change the loaded model apply, any other that differs is refused (``hf.apply_flags``)."""
+    Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3), checked like the engine's own before any rank
+    starts (``hf.model_config``, names, shapes and values of the files); --seq-len may shorten
+    its context, the model flags that do not change the loaded model apply, any other that
+    differs is refused (``hf.apply_flags``)."""
     from ...hf import apply_flags, check_values, check_weights, model_config
 
     model = model_config(args.init_from, getattr(args, "seq_len", None), getattr(args, "dropout", None))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ...config import ConfigError
+from ...config import RANK_TIMEOUT_S, ConfigError
 
 
 class Interrupted(Exception):
@@ -40,7 +40,8 @@ def run_ranks(job, model, layout, train, corpus, extra=None, stop_on_signal: boo
 
     preflight(model, layout, train)
     world = layout.world
-    entry = (job, layout, (model, layout, train, corpus, extra), (extra or {}).get("timeout", 300), bool(train.trace))
+    timeout_s = (extra or {}).get("timeout", RANK_TIMEOUT_S)
+    entry = (job, layout, (model, layout, train, corpus, extra), timeout_s, bool(train.trace))
     if world == 1 or launch.under_launcher():
         if launch.under_launcher() and launch.env_world() != world:
             raise ConfigError(f"the launcher started {launch.env_world()} ranks but the layout has {world}: "
@@ -51,7 +52,7 @@ def run_ranks(job, model, layout, train, corpus, extra=None, stop_on_signal: boo
     else:
         try:
             results = launch.launch_local(launch.rank_main, entry, world,
-                                          stop_on_signal=stop_on_signal, timeout_s=(extra or {}).get("timeout", 300))
+                                          stop_on_signal=stop_on_signal, timeout_s=timeout_s)
         except SignalException as e:
             raise Interrupted(e.sigval) from None
         except launch.RankLost as e:  # the launcher's watchdog: a rank died or stopped answering

@@ -51,21 +51,23 @@ def _schedule_sizes(args) -> tuple[int, int, int]:
 
 def cmd_schedule(args) -> int:
     """`minitron schedule`: the schedule built, validated and simulated, printed or as JSON."""
-    from ...parallel import schedules
+    from ...analysis.pipeline_sim import describe, simulate, to_json
+    from ...parallel.schedule_check import validate
+    from ...parallel.schedules import make_schedule
 
     pp, vpp, m = _schedule_sizes(args)
     if args.plot:
         check_output_file("--plot", args.plot, [], extensions=PLOT_TYPES)
     try:
-        s = schedules.make_schedule(args.schedule, pp, vpp, m)
-        schedules.validate(s)
+        s = make_schedule(args.schedule, pp, vpp, m)
+        validate(s)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    sim = schedules.simulate(s)
+    sim = simulate(s)
     if args.json:
-        print(json.dumps(schedules.to_json(s, sim)))
+        print(json.dumps(to_json(s, sim)))
     else:
-        print(schedules.describe(s, sim))
+        print(describe(s, sim))
     if args.plot:
         from ...viz.pipeline import save_timeline_plot
 

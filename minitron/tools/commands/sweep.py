@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ...config import ConfigError, TrainConfig, validate, validate_model
+from ...config import RANK_TIMEOUT_S, ConfigError, TrainConfig, validate, validate_model
 from ..output_paths import check_output_file
 from .options import add_model_args, check_data, model_from
 from .ranks import reporting, run_ranks
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     sw.add_argument("--warmup", type=int, default=2)
     sw.add_argument("--data", default="")
     sw.add_argument("--backend", default="gloo")
-    sw.add_argument("--timeout", type=float, default=300)
+    sw.add_argument("--timeout", type=float, default=RANK_TIMEOUT_S)
     sw.add_argument("--machine", default="", help="a machine profile (from --measure-machine): adds the prediction")
     sw.add_argument("--measure-machine", default="", metavar="FILE",
                     help="measure this machine (one-rank step rate, collectives' latency and bandwidth) into FILE")

@@ -23,7 +23,8 @@ def add_parsers(sub) -> None:
     sa = sub.add_parser("sample", help="text from a checkpoint (any layout) or a GPT-2 directory")
     sa.add_argument("--ckpt-dir", default="", help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
     sa.add_argument("--init-from", default="", metavar="HF_DIR",
-                    help="a Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, DeepSeek-V3)")
+                    help="a Hugging Face directory (GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, OLMoE, "
+                         "DeepSeek-V3)")
     sa.add_argument("--prompt", default="ROMEO:")
     sa.add_argument("--tokens", type=int, default=200, help="tokens to generate")
     sa.add_argument("--temperature", type=float, default=0.8)
@@ -36,7 +37,7 @@ def add_parsers(sub) -> None:
     sa.set_defaults(fn=cmd_sample)
 
     ex = sub.add_parser("export", help="write a checkpoint as a Hugging Face directory "
-                        "(GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, DeepSeek-V3)")
+                        "(GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, OLMoE, DeepSeek-V3)")
     ex.add_argument("--ckpt-dir", required=True, help="a minitron checkpoint folder (or a --ckpt-dir: its newest)")
     ex.add_argument("--hf", required=True, metavar="DIR", help="where to write config.json and model.safetensors")
     ex.set_defaults(fn=cmd_export)
