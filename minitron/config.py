@@ -228,7 +228,9 @@ class ParallelConfig:
     pp: int = 1
     vpp: int = 1
     cp: int = 1  # context parallel: the sequence split over cp ranks, ring attention
-    cp_mode: str = "ring"  # attention under --cp: "ring" (K, V passed around) or "a2a" (Ulysses: heads over cp)
+    cp_mode: str = "ring"  # attention under --cp: "ring" (K, V passed around), "a2a" (Ulysses: heads over cp)
+    # or "usp" (both: Fang & Zhao 2024, the cp ranks a cp_a2a x cp/cp_a2a grid)
+    cp_a2a: int = 1  # --cp-mode usp: U, the cp ranks of one all-to-all (the ring runs over the other cp/U)
     ep: int = 1  # expert parallel: the experts split over ep ranks, which also split the batch (like dp)
     tp_mode: str = "1d"  # "1d" (Megatron), "2d" (SUMMA, q^2), "2.5d" (Tesseract, q^2*d) or "3d" (cube, q^3)
     tp_depth: int = 1  # d of --tp-mode 2.5d: copies of the q x q grid, each on 1/d of the batch
@@ -284,7 +286,7 @@ class ParallelConfig:
         elif self.tp_mode == "2.5d":
             s += f".tesseract-d{self.tp_depth}"
         if self.cp > 1:
-            s += f".cp{self.cp}"
+            s += f".cp{self.cp}" + (f".usp{self.cp_a2a}x{self.cp // self.cp_a2a}" if self.cp_mode == "usp" else "")
         if self.ep > 1:
             s += f".ep{self.ep}"
         if self.pp > 1:
@@ -362,7 +364,8 @@ MODEL_CHOICES = {"activation": ACTIVATIONS, "norm": NORMS, "positions": POSITION
 RECOMPUTE = ("none", "selective", "full")
 FP8_RECIPES = ("tensorwise", "delayed", "rowwise", "mxfp8")  # --fp8-recipe; their numerics: parallel/fp8.py
 MX_BLOCK = 32  # OCP MX v1.0: the elements one MXFP8 scale covers (parallel/fp8.py reads it)
-CP_MODES = ("ring", "a2a")  # context-parallel attention: ring (Liu et al. 2023) or all-to-all (Ulysses)
+# context-parallel attention: ring (Liu et al. 2023), all-to-all (Ulysses) or both composed (USP, Fang & Zhao 2024)
+CP_MODES = ("ring", "a2a", "usp")
 # The training dtypes (``--dtype``) and the bytes of one element of each: parameters,
 # gradients and optimizer state are held in this dtype (mixed precision is ``--precision``).
 # The oracle's bar: a layout against the single-device model (minitron verify, the labs): float64
@@ -512,6 +515,11 @@ def validate_parallel(model: ModelConfig, layout: ParallelConfig, world: int | N
         _need(getattr(layout, k) >= 1, f"--{k} must be at least 1 (got {getattr(layout, k)})")
     _need(layout.cp >= 1, f"--cp must be at least 1 (got {layout.cp})")
     _need(layout.ep >= 1, f"--ep must be at least 1 (got {layout.ep})")
+    _need(layout.cp_a2a == 1 or layout.cp_mode == "usp",
+          f"--cp-a2a {layout.cp_a2a} sizes USP's all-to-all: add --cp-mode usp or drop --cp-a2a")
+    _need(layout.cp > 1 or layout.cp_mode != "usp",
+          "--cp-mode usp splits the context ranks into all-to-all rows and rings: add --cp N (and --cp-a2a U) "
+          "or drop --cp-mode usp")
     world = world if world is not None else (layout.nproc or layout.world)
     names = "dp*tp*pp" + ("*cp" if layout.cp > 1 else "") + ("*ep" if layout.ep > 1 else "")
     degrees = "*".join(str(getattr(layout, a)) for a in names.split("*"))
@@ -697,19 +705,33 @@ def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> Non
     _need(layout.cp_mode in CP_MODES, f"unknown --cp-mode '{layout.cp_mode}': use {' or '.join(CP_MODES)}")
     if layout.cp_mode == "a2a":
         validate_a2a_heads(model, layout.tp, layout.cp)
+    if layout.cp_mode == "usp":
+        validate_usp(model, layout)
 
 
-def validate_a2a_heads(model: ModelConfig, tp: int, cp: int, flag: str = "--cp-mode") -> None:
+def validate_usp(model: ModelConfig, layout: ParallelConfig) -> None:
+    """USP (Fang & Zhao 2024): the cp ranks a U x R grid, U = --cp-a2a ranks of one
+    all-to-all (each tensor rank's heads split over them), R = cp/U ranks of one ring."""
+    u, n = layout.cp_a2a, layout.cp
+    _need(1 < u < n and n % u == 0,
+          f"--cp-mode usp needs --cp-a2a U with 1 < U < --cp {n} and U dividing it (got {u}; "
+          f"U = 1 is --cp-mode ring, U = cp is --cp-mode a2a)")
+    validate_a2a_heads(model, layout.tp, u, mode="usp", over="--cp-a2a")
+
+
+def validate_a2a_heads(model: ModelConfig, tp: int, cp: int, flag: str = "--cp-mode", mode: str = "a2a",
+                       over: str = "--cp") -> None:
     """All-to-all (Ulysses) context parallelism splits each tensor rank's heads over the cp
-    ranks: the query heads must divide, the key/value heads divide or be divided. The one
-    rule `train` and the planner (`flag`: the option that chose a2a) both apply."""
+    ranks (`over`: USP's --cp-a2a, those of its all-to-all): the query heads must divide,
+    the key/value heads divide or be divided. The one rule `train` and the planner (`flag`:
+    the option that chose `mode`) both apply."""
     heads, kv = model.heads // tp, max(1, model.n_kv_heads // tp)
     _need(heads % cp == 0,
-          f"{flag} a2a splits each tensor rank's {heads} heads over --cp {cp}: "
-          f"pick --heads a multiple of tp*cp = {tp * cp} or use {flag} ring")
+          f"{flag} {mode} splits each tensor rank's {heads} heads over {over} {cp}: "
+          f"pick --heads a multiple of tp*{over[2:]} = {tp * cp} or use {flag} ring")
     _need(kv % cp == 0 or cp % kv == 0,
-          f"{flag} a2a cannot split or replicate {kv} key/value heads per tensor rank over --cp {cp}: "
-          f"pick --kv-heads so that it divides or is divided by --cp, or use {flag} ring")
+          f"{flag} {mode} cannot split or replicate {kv} key/value heads per tensor rank over {over} {cp}: "
+          f"pick --kv-heads so that it divides or is divided by {over}, or use {flag} ring")
 
 
 def validate_kv_heads(model: ModelConfig, layout: ParallelConfig) -> None:
@@ -839,6 +861,8 @@ def validate_pack(model: ModelConfig, layout: ParallelConfig) -> None:
     _need(not model.mtp_depths, "--pack does not mask multi-token prediction's extra depths: drop --mtp-depths or --pack")
     _need(layout.tp_mode == "1d",
           f"--pack composes with 1-D tensor parallelism only (--tp-mode {layout.tp_mode} given): use --tp-mode 1d")
+    _need(layout.cp == 1 or layout.cp_mode != "usp",
+          "--pack masks the ring and the all-to-all apart, not composed: use --cp-mode ring or a2a, or drop --pack")
 
 
 def pad_vocab(vocab: int, multiple: int) -> int:

@@ -15,6 +15,11 @@ a dense one over cp × ep × dp, an expert over cp × dp only. :meth:`ProcessGri
 names the group of such a set ('dp', 'dp_cp' — Megatron's data-parallel group "with
 context parallel" —, 'dp_ep', 'dp_cp_ep').
 
+USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024): the N context ranks form a U × R
+grid, cp_rank = u + U·j (u fastest, so that the all-to-all's ranks are neighbours, and a
+row's chunks r, 2N−1−r make the ring's load-balanced pair); the sub-axis 'cp_a2a' is the
+U ranks of one row (j fixed: its all-to-all), 'cp_ring' the R of one column (u fixed: its ring).
+
 With 3-D tensor parallelism the tp ranks form a q×q×q cube with coordinates
 (i, j, k), i fastest: tp_rank = i + q*j + q*q*k (Bian et al. 2021).
 
@@ -36,6 +41,7 @@ CUBE_AXES = ("cube_i", "cube_j", "cube_k")
 # 2-D / 2.5-D (SUMMA, Tesseract): tp_rank = c + q*r + q*q*k on a q×q×d grid; 'summa_row'
 # is the line through a rank along which c varies, 'summa_col' r, 'summa_dep' k.
 SUMMA_AXES = ("summa_row", "summa_col", "summa_dep")
+CP_SUB_AXES = ("cp_a2a", "cp_ring")  # USP's rows (all-to-all) and columns (ring) of the cp ranks
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class ProcessGrid:
     cp: int = 1
     summa_depth: int = 0  # d of the q×q×d SUMMA grid (--tp-mode 2d: 1, 2.5d: d); 0: no such grid
     ep: int = 1  # expert parallel: the experts split over ep ranks that also split the batch
+    cp_a2a: int = 1  # USP: the cp ranks of one all-to-all (U; the ring over cp/U); 1 otherwise
     # the pipeline's stage placement (the schedule's: who holds the embedding and the head);
     # None: the loop's, one chunk per rank
     placement: Placement | None = field(default=None, repr=False)
@@ -77,6 +84,7 @@ class ProcessGrid:
     def for_layout(cls, layout, rank: int = 0) -> "ProcessGrid":
         """The grid of a ParallelConfig (its degrees and tensor mode), seen from `rank`."""
         return cls(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, ep=getattr(layout, "ep", 1),
+                   cp_a2a=layout.cp_a2a if getattr(layout, "cp_mode", "ring") == "usp" else 1,
                    cube=layout.tp_mode == "3d", rank=rank, placement=placement_of(layout),
                    summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
 
@@ -153,6 +161,11 @@ class ProcessGrid:
         if axis in AXES:
             n = getattr(self, axis)
             return [self.rank_of(**{**vars(c), axis: x}) for x in range(n)]
+        if axis in CP_SUB_AXES:  # cp_rank = u + U·j: a row varies u, a column j
+            u, j = c.cp % self.cp_a2a, c.cp // self.cp_a2a
+            cps = ([x + self.cp_a2a * j for x in range(self.cp_a2a)] if axis == "cp_a2a"
+                   else [u + self.cp_a2a * x for x in range(self.cp // self.cp_a2a)])
+            return [self.rank_of(**{**vars(c), "cp": x}) for x in cps]
         if axis in CUBE_AXES:
             q = self.q
             i, j, k = self.cube_coord(rank)
@@ -216,6 +229,7 @@ class ProcessGrid:
 
     def axes(self) -> list[str]:
         return (list(AXES) + self.kv_share_axes() + (list(CUBE_AXES) if self.cube else [])
+                + (list(CP_SUB_AXES) if self.cp_a2a > 1 else [])
                 + (list(SUMMA_AXES) if self.summa_depth else []) + self.data_groups()
                 + ["embed", "world"])
 

@@ -59,7 +59,7 @@ from torch import nn
 from .config import ModelConfig
 from .context import Context, make_param
 from .parallel import tensor as tp
-from .parallel.context_parallel import local_positions, ulysses_attention
+from .parallel.context_parallel import local_positions, ulysses_attention, usp_attention
 from .parallel.random import NO_KEY
 from .recompute import recompute
 
@@ -142,10 +142,12 @@ class MLA(nn.Module):
     def attend(self, q, k, v):
         """Causal attention of the decompressed heads (q, k [b, nh, s, dn+dr], v [b, nh, s, dv]),
         scale 1/√(dn+dr): on this rank's tokens alone, or under --cp over the context group,
-        by the ring or the all-to-all of standard attention (both take dv ≠ dk)."""
+        by the ring, the all-to-all or USP of standard attention (all take dv ≠ dk)."""
         layout = self.ctx.layout
         if layout.cp > 1 and layout.cp_mode == "a2a":
             return ulysses_attention(q, k, v, self.ctx.comm)
+        if layout.cp > 1 and layout.cp_mode == "usp":
+            return usp_attention(q, k, v, self.ctx.comm, ring=self.layers.ring_attention)
         if layout.cp > 1:
             return self.layers.ring_attention(q, k, v, self.ctx.comm)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=(self.dn + self.dr) ** -0.5)

@@ -29,7 +29,7 @@ from .parallel import tensor as tp
 from .parallel.ops import sharded_norm
 from .context import make_param, shard_slice
 from .parallel.context_parallel import (blockwise_window_attention, local_positions, local_tokens, sees,
-                                       ulysses_attention)
+                                       ulysses_attention, usp_attention)
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 from .rope import default_inv_freq, rope_frequencies
@@ -166,7 +166,7 @@ class Attention(nn.Module):
         With dropout the core is written out, so that the mask comes from our streams
         (SDPA's internal dropout cannot be given a generator); otherwise SDPA. With
         context parallelism, ring attention over the context group (its keys and values
-        travel; parallel/context_parallel.py). A sliding window masks the keys beyond it;
+        travel; parallel/context_parallel.py), Ulysses' all-to-all or USP's both. A sliding window masks the keys beyond it;
         with --pack `docs` masks the keys of other documents (block-diagonal causal)."""
         q, k, v = self.split_heads(qkv, docs)
         win = {"window": self.window} if self.window else {}
@@ -174,6 +174,8 @@ class Attention(nn.Module):
             win["docs"] = docs
         if self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "a2a":
             y = ulysses_attention(q, k, v, self.ctx.comm, **win)  # heads over the context ranks (Ulysses)
+        elif self.ctx.layout.cp > 1 and self.ctx.layout.cp_mode == "usp":  # both: heads over a row, a ring per column
+            y = usp_attention(q, k, v, self.ctx.comm, ring=self.layers.ring_attention, **win)
         elif self.ctx.layout.cp > 1:
             y = self.layers.ring_attention(q, k, v, self.ctx.comm, **win)
         elif self.training and self.drop.p > 0:

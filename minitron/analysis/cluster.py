@@ -42,7 +42,9 @@ The blocks of today's models and the parallelism they are trained with (the H100
   sequence; ``ring`` passes the kv heads' K, V once around forward and K, V, dK, dV
   backward, hidden under the attention products up to DP_OVERLAP of them; ``allgather``
   moves the same bytes exposed; ``a2a`` (Ulysses) swaps sequence for head shards of q, k,
-  v and the output, exposed. Flash attention skips the masked half of causal attention
+  v and the output, exposed; ``usp`` (Fang & Zhao 2024) runs that all-to-all over U =
+  ``cp_a2a`` neighbouring ranks and the ring over the cp/U others, on 1/U of the heads
+  (the ring's part hidden as the ring's). Flash attention skips the masked half of causal attention
   and keeps the scores on chip: priced on the roofline of its Q, K, V, O traffic;
 * **FSDP / ZeRO-3** (``zero=3``) — every microbatch all-gathers each layer's weights
   forward and backward and reduce-scatters its gradients, prefetched under the compute
@@ -288,7 +290,9 @@ class PlannedLayout:
     scatter_gather: bool = True
     cp: int = 1                 # context parallel ranks (the sequence split over them)
     cp_kind: str = "ring"       # "ring" (K, V passed around, overlapped with attention),
-    #                             "allgather" (K, V gathered first, exposed), "a2a" (Ulysses)
+    #                             "allgather" (K, V gathered first, exposed), "a2a" (Ulysses),
+    #                             "usp" (Ulysses over cp_a2a ranks, a ring over cp/cp_a2a)
+    cp_a2a: int = 1             # "usp": U, the context ranks of one all-to-all
     ep: int = 1                 # expert parallel ranks (drawn from the tp·cp·dp ranks)
     zero: int = 0               # 0 plain data parallel, 1 distributed optimizer, 3 FSDP / ZeRO-3
     fsdp_shard: int = 0         # HSDP: parameters sharded over this many ranks (0: all dp·cp)
@@ -308,7 +312,7 @@ def as_planned_layout(layout: Any) -> PlannedLayout:
     return PlannedLayout(**kw)
 
 
-CP_KINDS = ("ring", "allgather", "a2a")
+CP_KINDS = ("ring", "allgather", "a2a", "usp")
 
 
 @dataclass
@@ -851,20 +855,40 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     block before it, so only what exceeds the attention's time (up to DP_OVERLAP of it)
     is exposed. "allgather" gathers them first (exposed, Llama 3); "a2a" (Ulysses) swaps
     a sequence shard of q, k, v and the output for a head shard, forward and backward
-    (exposed). The forward's exchange happens again under full recompute."""
+    (exposed). "usp" (Fang & Zhao 2024): Ulysses' swap over the U = cp_a2a neighbouring
+    ranks (exposed; kv heads fewer than U sent to each of their query heads' ranks), then a
+    ring over the cp/U others whose messages carry s/(cp/U) tokens on 1/U of those heads
+    (``analysis.context_parallel.usp_comm_items``), hidden as the ring's. The forward's
+    exchange happens again under full recompute."""
     L, c, model = r.L, r.c, r.model
     t, cp, G = L.tp, L.cp, c.gpus_per_node
     if cp == 1:
         return 0.0, 0.0
-    cbw, clat = (c.intra_bw, c.intra_latency) if t * cp <= G else (c.inter_bw / G, c.inter_latency)
     qo_w, kv_w = cp_widths(model, t, r.head_dim)
-    b = L.microbatch_size
-    if L.cp_kind == "a2a":
-        per = 2 * (cp - 1) / cp * b * model.seq_len // cp * (qo_w + kv_w) * 2
-        return (r.replay + 1) * (clat + per / (cbw * COMM_BW_FRACTION)), 0.0
+    b, u = L.microbatch_size, (L.cp_a2a if L.cp_kind == "usp" else cp if L.cp_kind == "a2a" else 1)
+    a2a_s = 0.0
+    if u > 1:  # the all-to-all's u ranks: t·u neighbours
+        abw, alat = _cp_link(c, t * u)
+        # USP: a kv head sent to each of its queries' ranks when fewer than U (the engine's);
+        # "a2a" as priced before, the kv heads once
+        kv_sent = kv_w * max(1.0, u / max(1, model.n_kv_heads // t)) if u < cp else kv_w
+        per = 2 * (u - 1) / u * b * model.seq_len // cp * (qo_w + kv_sent) * 2
+        a2a_s = (r.replay + 1) * (alat + per / (abw * COMM_BW_FRACTION))
+        if u == cp:
+            return a2a_s, 0.0
+        kv_w = kv_sent  # the ring's message: s/(cp/u) tokens on 1/u of the heads sent
+    cbw, clat = _cp_link(c, t * cp)
     kv_bytes = b * model.seq_len // cp * kv_w * 2
-    layer_cp = (r.replay + 2) * ((cp - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
-    return layer_cp, (min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind == "ring" else 0.0)
+    layer_cp = (r.replay + 2) * ((cp // u - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
+    hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind in ("ring", "usp") else 0.0
+    return a2a_s + layer_cp, hidden
+
+
+def _cp_link(c: Cluster, ranks: int) -> tuple[float, float]:
+    """(Bandwidth, latency) of a context-parallel group spanning `ranks` neighbouring
+    GPUs: NVLink inside a node, a node's share of the network cards across."""
+    G = c.gpus_per_node
+    return (c.intra_bw, c.intra_latency) if ranks <= G else (c.inter_bw / G, c.inter_latency)
 
 
 def _ep_layer_s(r: _Run) -> float:
@@ -1194,6 +1218,11 @@ def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind:
         raise ValueError(f"sequence {model.seq_len} does not split into 2·cp = {2 * L.cp} chunks")
     if L.cp > 1 and L.cp_kind == "a2a":  # what `train` refuses is never priced
         validate_a2a_heads(model, t, L.cp, flag="--cp-kind")
+    if L.cp_kind == "usp" and not (1 < L.cp_a2a < L.cp and L.cp % L.cp_a2a == 0):
+        raise ValueError(f"cp kind usp needs --cp-a2a U with 1 < U < --cp {L.cp} and U dividing it "
+                         f"(got {L.cp_a2a})")
+    if L.cp_kind == "usp":
+        validate_a2a_heads(model, t, L.cp_a2a, flag="--cp-kind", mode="usp", over="--cp-a2a")
     if L.ep > 1 and (not model.experts or model.experts % L.ep or (t * L.cp * d) % L.ep):
         raise ValueError(f"expert parallel degree {L.ep} must divide the {model.experts} experts "
                          f"and the tp·cp·dp = {t * L.cp * d} ranks")

@@ -39,6 +39,13 @@ included) ``b·(s/N)·d·(2·nh_t + 2·kv_sent)`` per pass (MLA: Q and K of widt
 the output dv), nh_t = heads/t, kv_sent = kv_t or N
 when N > kv_t (each kv head replicated to the ranks of its queries): :func:`a2a_comm_items`.
 
+USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024): the N ranks a U × R grid. Ulysses'
+all-to-alls run over the U ranks of the axis 'cp_a2a' on the rank's s/N tokens (kv_sent =
+max(kv_t, U)), then the ring over the R = N/U ranks of 'cp_ring' with the rank's s/R
+tokens on nh_t/U query and kv_sent/U key/value heads: a message of ``b·(s/N)·kv_sent·(dk+dv)``
+elements (the all-to-all's K, V), R−1 hops per pass, or under a window the chunks that
+reach (the ring of R ranks on the sequence's 2R chunks): :func:`usp_comm_items`.
+
 Sliding windows (``--window W``): a chunk of c = s/(2N) tokens is seen only by the query
 chunks within ⌈(W−1)/c⌉ chunks after it, so it travels only to the farthest rank holding
 one of them (its reach, :func:`window_chunk_reach`) and its dK, dV go straight home from
@@ -63,7 +70,8 @@ from .flops import recompute_policy
 from .memory import memory_on_rank
 from .params import layers_on_rank, layout_get, local_model, rank_chunks
 
-__all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items", "cp_activation_table",
+__all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items",
+           "usp_comm_items", "cp_activation_table",
            "window_chunk_reach", "window_ring_items", "chunk_reach_of", "document_last_chunks"]
 
 
@@ -99,13 +107,26 @@ def cp_message_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int, 
     return tokens * kv_heads_per_rank(model, tp) * sum(head_widths(model))
 
 
-def a2a_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int) -> dict:
+def a2a_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int, over: int | None = None) -> dict:
     """Elements of the three all-to-alls of one layer's forward under ``--cp-mode a2a``:
     ``{"q": b·(s/N)·nh_t·dk, "kv": b·(s/N)·kv_sent·(dk+dv), "out": b·(s/N)·nh_t·dv}``
-    (dk = dv = d but for MLA, :func:`head_widths`)."""
+    (dk = dv = d but for MLA, :func:`head_widths`); kv_sent = max(kv_t, `over`), the ranks
+    the heads are split over (N; USP's U)."""
     tok = micro_batch * (model.seq_len // cp)
     (dk, dv), kv = head_widths(model), kv_heads_per_rank(model, tp)
-    return {"q": tok * model.heads // tp * dk, "kv": tok * max(kv, cp) * (dk + dv), "out": tok * model.heads // tp * dv}
+    return {"q": tok * model.heads // tp * dk, "kv": tok * max(kv, over or cp) * (dk + dv),
+            "out": tok * model.heads // tp * dv}
+
+
+def _microbatch_of(parallel: Any, train: Any) -> tuple[int, int, int]:
+    """(tp, microbatches, microbatch size) of a layout's step."""
+    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    return t, train.microbatches, train.global_batch // (d * train.microbatches)
+
+
+def _forwards(parallel: Any) -> int:
+    """Forward passes of the attention core per step: 2 under recomputation (its replay)."""
+    return 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
 
 
 def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -116,15 +137,34 @@ def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
     n = int(layout_get(parallel, "cp", 1) or 1)
     if n == 1:
         return []
-    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
-    m = train.microbatches
-    b = train.global_batch // (d * m)
-    passes = 3 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 2
-    per_layer = m * layers_on_rank(model, parallel, pp_rank) * passes
-    el = a2a_elements(model, b, t, n)
-    return [{"what": "all-to-all attention (Ulysses): Q, K and V to heads, the output back, and their gradients",
-             "axis": "cp", "op": "all_to_all", "calls": 3 * per_layer,
+    return _a2a_items(model, parallel, train, pp_rank, act_bytes, n, "cp", "all-to-all attention (Ulysses)")
+
+
+def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, over: int,
+               axis: str, name: str) -> list[dict]:
+    """The all-to-alls of the rank's s/N tokens, heads split over `over` ranks of `axis`."""
+    (t, m, b), n = _microbatch_of(parallel, train), int(layout_get(parallel, "cp", 1) or 1)
+    per_layer = m * layers_on_rank(model, parallel, pp_rank) * (_forwards(parallel) + 1)
+    el = a2a_elements(model, b, t, n, over)
+    return [{"what": f"{name}: Q, K and V to heads, the output back, and their gradients",
+             "axis": axis, "op": "all_to_all", "calls": 3 * per_layer,
              "bytes": per_layer * sum(el.values()) * act_bytes}]
+
+
+def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
+                   act_bytes: int = 4, cp_rank: int = 0) -> list[dict]:
+    """USP's calls (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024) of context rank `cp_rank`
+    of pipeline stage `pp_rank` in one step: Ulysses' all-to-alls of the rank's s/N tokens
+    with the heads split over the U ranks of 'cp_a2a', and the ring's hops over the R = N/U
+    ranks of 'cp_ring', each message the K, V of s/R tokens on max(kv_t, U)/U heads, as many
+    elements as the all-to-all's K, V (``b·(s/N)·max(kv_t, U)·(dk + dv)``); under a sliding
+    window the ring's chunks that reach (:func:`window_ring_items`, from ring rank cp_rank // U)."""
+    n, u = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "cp_a2a", 1) or 1)
+    _, _, b = _microbatch_of(parallel, train)
+    ring_el = a2a_elements(model, b, int(layout_get(parallel, "tp", 1) or 1), n, u)["kv"]
+    ring = (_window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2, "cp_ring")
+            if model.window else _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring"))
+    return _a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)") + ring
 
 
 def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -135,28 +175,35 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     accumulators travel in the compute dtype, ``max(act_bytes, 4)``. `carries`: what a
     message holds (:func:`cp_message_elements`): "heads", what the engine runs, or for MLA
     "latent", the ring of c_KV and k_R with the same hops (their gradients travelling
-    back as dK, dV do), priced for comparison."""
+    back as dK, dV do), priced for comparison. ``--cp-mode a2a``: :func:`a2a_comm_items`;
+    ``usp``: :func:`usp_comm_items` (on its axes 'cp_a2a' and 'cp_ring')."""
     n = int(layout_get(parallel, "cp", 1) or 1)
     if n == 1:
         return []
-    if layout_get(parallel, "cp_mode", "ring") == "a2a":
+    mode = layout_get(parallel, "cp_mode", "ring")
+    if mode == "a2a":
         return a2a_comm_items(model, parallel, train, pp_rank, act_bytes)
+    if mode == "usp":
+        return usp_comm_items(model, parallel, train, pp_rank, act_bytes, cp_rank)
     if model.window:
         return window_ring_items(model, parallel, train, cp_rank, pp_rank, act_bytes)
-    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
-    m = train.microbatches
-    b = train.global_batch // (d * m)
-    layers = layers_on_rank(model, parallel, pp_rank)
-    el = cp_message_elements(model, b, t, n, carries)
-    hops = m * layers * (n - 1)  # per pass of the ring over this rank's layers
-    forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+    t, _, b = _microbatch_of(parallel, train)
+    return _ring_items(model, parallel, train, pp_rank, act_bytes, n, cp_message_elements(model, b, t, n, carries),
+                       "cp", carries)
+
+
+def _ring_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, n: int, el: int,
+                axis: str, carries: str = "heads") -> list[dict]:
+    """The sends and receives of a ring of `n` ranks on `axis` whose messages hold `el` elements."""
+    hops = train.microbatches * layers_on_rank(model, parallel, pp_rank) * (n - 1)  # per pass of the ring
+    forwards = _forwards(parallel)
     kv, grads = ("K, V", "dK, dV") if carries == "heads" else ("the latent c_KV, k_R", "their gradients")
     items = []
     for op in ("send", "recv"):
         items.append({"what": f"ring attention: {kv} (forward" + (", recomputed" if forwards > 1 else "")
-                      + " and backward)", "axis": "cp", "op": op, "calls": (forwards + 1) * hops,
+                      + " and backward)", "axis": axis, "op": op, "calls": (forwards + 1) * hops,
                       "bytes": (forwards + 1) * hops * el * act_bytes})
-        items.append({"what": f"ring attention: {grads} accumulated around the ring (backward)", "axis": "cp",
+        items.append({"what": f"ring attention: {grads} accumulated around the ring (backward)", "axis": axis,
                       "op": op, "calls": hops, "bytes": hops * el * max(act_bytes, 4)})
     return items
 
@@ -257,12 +304,19 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     every layer passes only the chunks the documents (and the window) let later queries see,
     microbatch by microbatch (:func:`document_last_chunks`). ``{what, axis, op, calls, bytes}``."""
     n = int(layout_get(parallel, "cp", 1) or 1)
-    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    t, _, b = _microbatch_of(parallel, train)
+    chunk = b * (model.seq_len // (2 * n)) * kv_heads_per_rank(model, t) * sum(head_widths(model))
+    return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents)
+
+
+def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_rank: int, pp_rank: int,
+                  act_bytes: int, chunk: int, axis: str, documents: list | None = None) -> list[dict]:
+    """:func:`window_ring_items` of a ring of `n` ranks on `axis` (the 'cp' ranks, or USP's
+    'cp_ring' columns), seen from its rank `ring_rank`, whose chunks of s/(2n) tokens hold
+    `chunk` elements of K and V."""
     m = train.microbatches
-    b = train.global_batch // (d * m)
     c = model.seq_len // (2 * n)
-    chunk = b * c * kv_heads_per_rank(model, t) * sum(head_widths(model))
-    forwards = 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+    forwards = _forwards(parallel)
     ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
     totals = {key: [0, 0] for key in whole}
@@ -270,9 +324,9 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
         for i in ids:
             w = model.window_of(i)
             if rows is not None:
-                hops = _window_hops(n, cp_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
+                hops = _window_hops(n, ring_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
             else:
-                hops = _window_hops(n, cp_rank, window_chunk_reach(n, c, w)) if w else whole
+                hops = _window_hops(n, ring_rank, window_chunk_reach(n, c, w)) if w else whole
             for key, msgs in hops.items():
                 passes = (forwards + 1) if key.startswith("kv") else 1
                 totals[key][0] += passes * len(msgs)
@@ -281,8 +335,8 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     items = []
     for op in ("send", "recv"):
         kv, acc = totals[f"kv_{op}"], totals[f"acc_{op}"]
-        items.append({"what": f"ring attention under {what}: the K, V chunks it reaches", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: the K, V chunks it reaches", "axis": axis,
                       "op": op, "calls": kv[0], "bytes": kv[1] * act_bytes})
-        items.append({"what": f"ring attention under {what}: dK, dV accumulated, sent home", "axis": "cp",
+        items.append({"what": f"ring attention under {what}: dK, dV accumulated, sent home", "axis": axis,
                       "op": op, "calls": acc[0], "bytes": acc[1] * max(act_bytes, 4)})
     return items

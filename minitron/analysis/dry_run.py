@@ -47,7 +47,7 @@ def as_layout(layout: Any) -> ParallelConfig:
     (the analysis accepts all three); only the fields that shape a rank's model count."""
     if isinstance(layout, ParallelConfig):
         return layout
-    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "tp_mode", "tp_depth", "sp", "tp_overlap", "recompute", "schedule",
+    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "cp_a2a", "tp_mode", "tp_depth", "sp", "tp_overlap", "recompute", "schedule",
             "stage_layers", "precision", "fp8_recipe", "zero")
     get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
     given = {k: get(k) for k in keys if get(k) is not None}
@@ -64,7 +64,7 @@ def _shape_only(layout: ParallelConfig) -> ParallelConfig:
                           recompute=layout.recompute,
                           precision=layout.precision, fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"),
                           dropout_rng=layout.dropout_rng,
-                          cp_mode=getattr(layout, "cp_mode", "ring"),
+                          cp_mode=getattr(layout, "cp_mode", "ring"), cp_a2a=getattr(layout, "cp_a2a", 1),
                           zero=3 if fp8.gathers_fp8_weights(layout) else 0)  # the FP8 linears' weight scales
 
 

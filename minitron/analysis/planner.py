@@ -103,6 +103,25 @@ def _a2a_splits(model: ModelConfig, t: int, k: int) -> bool:
     return True
 
 
+def _cp_variants(model: ModelConfig, t: int, k: int, cp_kinds, cp_a2a=None) -> list[dict]:
+    """The context-parallel kinds of `cp_kinds` on k ranks under t-way tensor parallelism,
+    as layout fields: all-to-all where it splits the heads, USP (Fang & Zhao 2024) once
+    per U = `cp_a2a` (default: every divisor of k with 1 < U < k) that splits them."""
+    out = []
+    for ck in cp_kinds:
+        if ck == "usp":
+            out += [{"cp_kind": ck, "cp_a2a": u} for u in ([cp_a2a] if cp_a2a else _divisors(k))
+                    if 1 < u < k and k % u == 0 and _a2a_splits(model, t, u)]
+        elif ck != "a2a" or _a2a_splits(model, t, k):
+            out.append({"cp_kind": ck})
+    return out
+
+
+def _cp_name(e: dict) -> str:
+    """A layout's context-parallel kind as the reasons print it: USP with its U × R grid."""
+    return f"usp {e['cp_a2a']}x{e['cp'] // e['cp_a2a']}" if e["cp_kind"] == "usp" else e["cp_kind"]
+
+
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -145,14 +164,15 @@ def _schedules_for(model: ModelConfig, p: int, m: int, schedules, vpp, max_vpp: 
 def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster,
                   tp=None, pp=None, vpp=None, microbatch_size=None, max_vpp: int = 8,
                   max_microbatch: int = 16, ep=None, cp=None, schedules=("1f1b", "interleaved"),
-                  cp_kinds=("ring",)) -> list[dict]:
+                  cp_kinds=("ring",), cp_a2a=None) -> list[dict]:
     """Every (tp, cp, pp, dp, vpp, microbatch_size, schedule, ep) the planner considers.
 
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
     MLP width and the GPU count; cp: 1, or (sequences of at least CP_MIN_SEQUENCE
     tokens) a power of two leaving chunks of at least CP_MIN_CHUNK, one layout per kind
     of `cp_kinds` (none when it is empty; all-to-all only where `train` can split the
-    heads over t·cp, :func:`minitron.config.validate_a2a_heads`); p: divides
+    heads over t·cp, :func:`minitron.config.validate_a2a_heads`; USP for each U of
+    :func:`_cp_variants`, or `cp_a2a`); p: divides
     gpus/(t·cp) and is at most the layer count; d = gpus/(t·cp·p); b divides
     global_batch/d (at most `max_microbatch`); the schedules of `schedules` that apply:
     1F1B (and zb-h1) with v = 1, interleaved with v > 1, the V schedules with v = 2, each
@@ -179,7 +199,7 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
         for k in cps:
             if (gpus // t) % k or (k > 1 and s % (2 * k)):  # 2·cp chunks: each rank a front and a back one
                 continue
-            kinds = [ck for ck in cp_kinds if ck != "a2a" or _a2a_splits(model, t, k)] if k > 1 else ["ring"]
+            kinds = _cp_variants(model, t, k, cp_kinds, cp_a2a) if k > 1 else [{"cp_kind": "ring"}]
             for p in ([pp] if pp else _divisors(gpus // (t * k))):
                 if p > model.layers or (gpus // (t * k)) % p:
                     continue
@@ -198,7 +218,7 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
                         for ck in kinds:
                             for e in eps:
                                 out.append({"tp": t, "pp": p, "dp": d, "vpp": v, "microbatch_size": b, "ep": e,
-                                            "cp": k, "cp_kind": ck, "schedule": kind})
+                                            "cp": k, **ck, "schedule": kind})
     return out
 
 
@@ -217,7 +237,7 @@ def _kinds(lay: dict) -> list[str]:
 
 
 def _describe(e: dict) -> str:
-    cp = f" cp={e['cp']} ({e['cp_kind']})" if e["cp"] > 1 else ""
+    cp = f" cp={e['cp']} ({_cp_name(e)})" if e["cp"] > 1 else ""
     ep = f" ep={e['ep']}" if e["ep"] > 1 else ""
     z = (f", FSDP" + (f" over {e['fsdp_shard']}" if e["fsdp_shard"] else "")) if e["zero"] == 3 else ""
     return (f"t={e['tp']} p={e['pp']}{cp} d={e['dp']}{ep} v={e['vpp']} b={e['microbatch_size']} "
@@ -260,7 +280,7 @@ def _reasons(e: dict, best: dict, smallest: dict, model: ModelConfig, sw_searche
     if sw_searched["cp"]:
         s = model.seq_len
         if e["cp"] > 1:
-            out["cp"] = (f"cp = {e['cp']} ({e['cp_kind']}): the {s}-token sequence in {s // e['cp']}-token chunks; "
+            out["cp"] = (f"cp = {e['cp']} ({_cp_name(e)}): the {s}-token sequence in {s // e['cp']}-token chunks; "
                          + _versus(e, best.get("no_cp"), smallest.get("no_cp"), "without cp", cap_gb))
         elif s < CP_MIN_SEQUENCE:
             out["cp"] = f"no cp: a {s}-token sequence is short (context parallelism is searched from {CP_MIN_SEQUENCE})"
@@ -290,7 +310,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
          recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
          microbatch_size=None, top: int | None = None, software: str | Software | None = None,
          zero: int = 0, ep=None, cp=None, schedules=None, cp_kinds=None,
-         fsdp: bool | str | None = None) -> list[dict]:
+         fsdp: bool | str | None = None, cp_a2a=None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
     Each entry: ``tp, pp, cp, cp_kind, dp, vpp, microbatch_size, ep, sp, schedule, zero,
@@ -298,7 +318,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     bubble_fraction``, and ``reasons`` (a dict: ``schedule, cp, fsdp``, for the axes
     searched) saying why against the best layout that differs there. `seq_len` overrides
     the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with fp32 gradient
-    accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree; `software` is the
+    accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree (`cp_a2a`: USP's U); `software` is the
     stack the layouts run (a :class:`~minitron.analysis.software.Software` or a preset
     name, see :func:`~minitron.analysis.cluster.predict`; default: predict's, so that a
     layout planned and then predicted is priced alike; ``minitron plan`` passes the
@@ -331,7 +351,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
                 "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
 
     layouts = valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
-                            schedules=schedules, cp_kinds=cp_kinds)
+                            schedules=schedules, cp_kinds=cp_kinds, cp_a2a=cp_a2a)
     entries, sharded, smallest, n_layouts = _fitting(layouts, priced, sw, zero, fsdp, c)
     if fsdp is True or not entries:
         entries += sharded

@@ -366,7 +366,8 @@ SOFTWARE: dict[str, Software] = {
         "element-wise kernels (eager PyTorch), bucketed data-parallel all-reduce overlapped "
         "with backward, blocking tensor- and pipeline-parallel communication",
         attention="flash", recompute="none", dp_overlap=True, precision="bf16",
-        schedules=("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"), context_parallel=("ring", "a2a"),
+        schedules=("1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"),
+        context_parallel=("ring", "a2a", "usp"),
         fsdp=True, flash_kernel="flash-attention-2"),
 }
 

@@ -43,6 +43,14 @@ general), 2(N−1) backward
 (``minitron.analysis.context_parallel``). The communication goes through the door
 (``Comm.p2p`` on axis 'cp'), so a traced step shows every byte.
 
+USP (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024, arXiv 2405.07719) composes the
+two: the N ranks form a U × R grid (cp rank u + U·j); Ulysses' all-to-all over the U
+ranks of a row (axis 'cp_a2a') gathers their tokens onto 1/U of the heads, then the ring
+above runs over the R ranks of a column ('cp_ring') on those heads. The tokens stay where
+the ring puts them (chunks r and 2N−1−r): the row of j holds chunks U·j … U·j+U−1 and
+their mirrors, which are the ring's own load-balanced pair j and 2R−1−j of 2R
+(:func:`usp_attention`). The all-to-all's volume falls with U, the ring's hops with R.
+
 Weights are replicated over the context group and see different tokens; their gradients
 are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
 as each rank's loss is the mean over its own s/N tokens of each sequence.
@@ -55,8 +63,10 @@ import math
 import torch
 
 from ..comm import Comm
+from ..grid import CP_SUB_AXES
 
 AXIS = "cp"
+A2A_AXIS, RING_AXIS = CP_SUB_AXES  # USP's all-to-all rows and ring columns of the cp ranks
 
 
 # --- which tokens a context rank holds ------------------------------------------------------------
@@ -143,12 +153,12 @@ def block_attention_backward(q, k, v, dout, lse, delta, scale: float, causal: bo
 
 
 # --- the ring ---------------------------------------------------------------------------------------------
-def _exchange(comm: Comm, t: torch.Tensor):
-    """Send `t` to the next rank of the ring and receive the previous rank's into a new
-    buffer; returns (buffer, handles). Posted now, waited for after the computation."""
-    n, r = comm.size(AXIS), comm.index(AXIS)
+def _exchange(comm: Comm, t: torch.Tensor, axis: str = AXIS):
+    """Send `t` to the next rank of the ring on `axis` and receive the previous rank's into a
+    new buffer; returns (buffer, handles). Posted now, waited for after the computation."""
+    n, r = comm.size(axis), comm.index(axis)
     buf = torch.empty_like(t)
-    return buf, comm.p2p([("send", t, (r + 1) % n), ("recv", buf, (r - 1) % n)], AXIS)
+    return buf, comm.p2p([("send", t, (r + 1) % n), ("recv", buf, (r - 1) % n)], axis)
 
 
 def _wait(handles) -> None:
@@ -185,11 +195,12 @@ def _kv_parts(kv: torch.Tensor, dk: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _RingAttention(torch.autograd.Function):
     """Causal attention of local queries on the keys and values of the whole context
-    group, with load-balanced chunks (see the module docstring)."""
+    group, with load-balanced chunks (see the module docstring); the ring runs on `axis`
+    ('cp', or USP's 'cp_ring')."""
 
     @staticmethod
-    def forward(fctx, q, k, v, comm: Comm, combine=combine):
-        n, r = comm.size(AXIS), comm.index(AXIS)
+    def forward(fctx, q, k, v, comm: Comm, combine=combine, axis: str = AXIS):
+        n, r = comm.size(axis), comm.index(axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         heads = q.shape[1]
@@ -199,7 +210,7 @@ class _RingAttention(torch.autograd.Function):
             qc = _grouped_q(q, k.shape[1]).to(cd)
             out = lse = None
             for i in range(n):
-                nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
+                nxt, handles = _exchange(comm, kv, axis) if i < n - 1 else (None, [])
                 src = (r - i) % n
                 kc, vc = (t.to(cd) for t in _kv_parts(kv, dk))
                 if i == 0:  # own blocks: the ordinary causal mask on the local sequence
@@ -217,15 +228,15 @@ class _RingAttention(torch.autograd.Function):
             # is then a view, and what is saved here is the projection's input (no second copy)
             out = out.flatten(1, 2) if out.dim() == 5 else out
             out = out.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
-        fctx.comm = comm
+        fctx.comm, fctx.axis = comm, axis
         fctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(fctx, dout):
         q, k, v, out, lse = fctx.saved_tensors
-        comm = fctx.comm
-        n, r = comm.size(AXIS), comm.index(AXIS)
+        comm, axis = fctx.comm, fctx.axis
+        n, r = comm.size(axis), comm.index(axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
@@ -237,7 +248,7 @@ class _RingAttention(torch.autograd.Function):
             own = acc = None
             acc_handles: list = []
             for i in range(n):
-                nxt, handles = _exchange(comm, kv) if i < n - 1 else (None, [])
+                nxt, handles = _exchange(comm, kv, axis) if i < n - 1 else (None, [])
                 src = (r - i) % n
                 kc, vc = (t.to(cd) for t in _kv_parts(kv, width))
                 if i == 0:
@@ -262,7 +273,7 @@ class _RingAttention(torch.autograd.Function):
                         blk += acc
                     # pass it on: the next rank holds src's blocks at step i+1; after the last
                     # step it is src itself, which adds the sum to its own
-                    acc, acc_handles = _exchange(comm, blk)
+                    acc, acc_handles = _exchange(comm, blk, axis)
                 _wait(handles)
                 kv = nxt
             _wait(acc_handles)
@@ -271,7 +282,7 @@ class _RingAttention(torch.autograd.Function):
             if dq.dim() == 5:  # back from the grouped layout
                 dq, own = dq.flatten(1, 2), own.squeeze(2)
         dk, dv = _kv_parts(own, width)
-        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None, None
 
 
 # --- the ring under a sliding window or a document mask ------------------------------------------
@@ -300,10 +311,11 @@ class ChunkMask:
     ``kinds[(a, b)]`` is 'none', 'full' or 'masked' (:func:`pair_kind`, ``Documents.pair_kind``:
     a pair is empty if either mask empties it, whole if both leave it whole), ``reach[(src,
     slot)]`` the last ring step at which a rank needs chunk `slot` (0: early, 1: late) of rank
-    src's keys and values (rank src + j holds it at step j). Built once per attention call."""
+    src's keys and values (rank src + j holds it at step j); `axis` the ring's ranks ('cp', or
+    USP's 'cp_ring'). Built once per attention call."""
 
-    def __init__(self, n: int, c: int, window: int = 0, docs=None):
-        self.n, self.c, self.window, self.docs = n, c, window, docs
+    def __init__(self, n: int, c: int, window: int = 0, docs=None, axis: str = AXIS):
+        self.n, self.c, self.window, self.docs, self.axis = n, c, window, docs, axis
         self.kinds = {(a, b): self._kind(a, b) for a in range(2 * n) for b in range(2 * n)}
         self.reach = {(src, slot): max(j for j in range(n) if any(
             self.kinds[(a, chunk_ids(n, src)[slot])] != "none" for a in chunk_ids(n, (src + j) % n)))
@@ -392,7 +404,7 @@ def _select(msg: torch.Tensor, held: list[int], want: list[int], c: int) -> torc
 def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, rule: ChunkMask):
     """Step `step`'s hop: send on the chunks of the held message that reach further,
     receive those of the previous rank's; returns (buffer, its chunks, handles)."""
-    n, r, c = comm.size(AXIS), comm.index(AXIS), rule.c
+    n, r, c = comm.size(rule.axis), comm.index(rule.axis), rule.c
     send, recv = _reaching(rule, (r - step) % n, step), _reaching(rule, (r - 1 - step) % n, step)
     ops, buf = [], None
     if send:
@@ -400,13 +412,13 @@ def _pass_on(comm: Comm, msg, held: list[int], step: int, like: torch.Tensor, ru
     if recv:
         buf = like.new_empty((*like.shape[:-2], len(recv) * c, like.shape[-1]))
         ops.append(("recv", buf, (r - 1) % n))
-    return buf, recv, comm.p2p(ops, AXIS)
+    return buf, recv, comm.p2p(ops, rule.axis)
 
 
 def _pairs(comm: Comm, src: int, held: list[int], rule: ChunkMask, device, grouped: bool):
     """(query slot, index of the key chunk in the message, mask or None) of each block pair
     in reach between this rank's query chunks and rank src's held key chunks."""
-    n, r = comm.size(AXIS), comm.index(AXIS)
+    n, r = comm.size(rule.axis), comm.index(rule.axis)
     out = []
     for idx, k in enumerate(held):
         b = chunk_ids(n, src)[k]
@@ -428,7 +440,7 @@ class _MaskedRing(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, q, k, v, comm: Comm, rule: ChunkMask, combine=combine):
-        n, r = comm.size(AXIS), comm.index(AXIS)
+        n, r = comm.size(rule.axis), comm.index(rule.axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
@@ -455,7 +467,7 @@ class _MaskedRing(torch.autograd.Function):
     def backward(fctx, dout):
         q, k, v, out, lse = fctx.saved_tensors
         comm, rule = fctx.comm, fctx.rule
-        n, r = comm.size(AXIS), comm.index(AXIS)
+        n, r = comm.size(rule.axis), comm.index(rule.axis)
         dtype, cd = q.dtype, _compute_dtype(q)
         c, scale = q.shape[-2] // 2, 1.0 / math.sqrt(q.shape[-1])
         with torch.autocast(q.device.type, enabled=False):
@@ -502,7 +514,7 @@ class _AccumulatorRing:
 
     def step(self, i: int, held: list[int], grads: dict) -> None:
         """Step `i`: this rank's gradients `grads` of the held chunks (its own at step 0)."""
-        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        n, r = self.comm.size(self.rule.axis), self.comm.index(self.rule.axis)
         if i == 0:
             self.own = torch.cat([grads[0], grads[1]], dim=-2)
             return
@@ -518,12 +530,12 @@ class _AccumulatorRing:
             if slots:
                 ops.append(("send", torch.cat([grads[s_] for s_ in slots], dim=-2).contiguous(), peer))
         self.incoming = self._receive(ops, i, self.own)
-        self.handles = self.comm.p2p(ops, AXIS)
+        self.handles = self.comm.p2p(ops, self.rule.axis)
 
     def _receive(self, ops: list, i: int, like: torch.Tensor):
         """Post-to-be receives of step i: the previous rank's onward accumulators (returned,
         for step i+1) and this rank's own chunks whose last user sends them home now."""
-        n, r = self.comm.size(AXIS), self.comm.index(AXIS)
+        n, r = self.comm.size(self.rule.axis), self.comm.index(self.rule.axis)
         ring = _reaching(self.rule, (r - 1 - i) % n, i)
         mine = [s_ for s_ in (0, 1) if self.rule.reach[(r, s_)] == i]
         bufs = []
@@ -550,7 +562,7 @@ def _split(t: torch.Tensor, c: int) -> list[torch.Tensor]:
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, combine=combine,
-                   window: int = 0, docs=None) -> torch.Tensor:
+                   window: int = 0, docs=None, axis: str = AXIS) -> torch.Tensor:
     """Causal softmax(QKᵀ/√d)V for this context rank's queries [b, nh, 2c, d] against the
     keys [b, kv, 2c, d] and values [b, kv, 2c, dv] (MLA: dv ≠ d) of every rank of the 'cp' axis (each holding chunks r
     and 2N−1−r of the sequence; kv < nh: grouped-query attention, query head i on kv head
@@ -558,16 +570,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
     whole sequence, sliced. `combine`: the online-softmax combination of the forward (a
     lab passes a learner's). A sliding `window` or the microbatch's documents `docs` (--pack,
     ``packing.Documents`` of whole rows): the ring of :class:`_MaskedRing`, which passes
-    only the chunks the mask lets later queries see."""
-    n = comm.size(AXIS)
+    only the chunks the mask lets later queries see. `axis`: the ring's ranks ('cp', or
+    USP's 'cp_ring')."""
+    n = comm.size(axis)
     if n == 1:
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, enable_gqa=k.shape[1] != q.shape[1],
             **({"is_causal": True} if docs is None and not window else {"attn_mask": sees(q.shape[-2], window, docs,
                                                                                           q.device)}))
     if window or docs is not None:
-        return _MaskedRing.apply(q, k, v, comm, ChunkMask(n, q.shape[-2] // 2, window, docs), combine)
-    return _RingAttention.apply(q, k, v, comm, combine)
+        return _MaskedRing.apply(q, k, v, comm, ChunkMask(n, q.shape[-2] // 2, window, docs, axis), combine)
+    return _RingAttention.apply(q, k, v, comm, combine, axis)
 
 
 # --- all-to-all (Ulysses) -------------------------------------------------------------------------
@@ -586,54 +599,79 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
 # (``analysis.context_parallel.a2a_comm_items``).
 
 
-def _natural_order(n: int, c: int, device) -> torch.Tensor:
-    """Positions, in the gathered order (rank 0's chunks 0 and 2N−1, rank 1's 1 and 2N−2,
-    ...), of the tokens of the natural order: ``gathered[:, :, order]`` is the sequence."""
-    gathered = torch.cat([torch.arange(a * c, (a + 1) * c) for r in range(n) for a in chunk_ids(n, r)])
+def _natural_order(chunks: list[int], c: int, device) -> torch.Tensor:
+    """Positions, in the gathered order (the chunks `chunks` of c tokens one after the
+    other: rank 0's two, rank 1's, ...), of the tokens in the order of the sequence:
+    ``gathered[:, :, order]`` is the gathered tokens sorted by position (Ulysses: the
+    whole sequence; USP's row: the ring's chunk pair j, 2R−1−j)."""
+    gathered = torch.cat([torch.arange(a * c, (a + 1) * c) for a in chunks])
     return torch.argsort(gathered).to(device)
+
+
+def _gathered_chunks(comm: Comm, axis: str) -> list[int]:
+    """The chunks the all-to-all on `axis` gathers, in its order: each rank's two
+    (:func:`chunk_ids` of its cp rank), rank by rank ('cp': Ulysses' whole sequence;
+    'cp_a2a': USP's row, cp ranks U·j … U·j+U−1, which hold chunks U·j … U·j+U−1 and their
+    mirrors: sorted, the ring's load-balanced pair j and 2R−1−j of 2R)."""
+    n = comm.size(AXIS)
+    return [a for r in comm.grid.axis_ranks(axis, comm.grid.rank) for a in chunk_ids(n, comm.grid.coord(r).cp)]
 
 
 class _SeqToHeads(torch.autograd.Function):
     """[b, H, s/N, d] (this rank's tokens of H heads) -> [b, H/N, s, d] (every token of its
-    H/N heads, in gathered order); backward the inverse all-to-all."""
+    H/N heads, in gathered order) over the N ranks of `axis`; backward the inverse all-to-all."""
 
     @staticmethod
-    def forward(fctx, x, comm):
-        fctx.comm = comm
-        return _seq_to_heads(x, comm)
+    def forward(fctx, x, comm, axis):
+        fctx.comm, fctx.axis = comm, axis
+        return _seq_to_heads(x, comm, axis)
 
     @staticmethod
     def backward(fctx, dy):
-        return _heads_to_seq(dy, fctx.comm), None
+        return _heads_to_seq(dy, fctx.comm, fctx.axis), None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
     """The inverse of :class:`_SeqToHeads`: [b, H/N, s, d] -> [b, H, s/N, d]."""
 
     @staticmethod
-    def forward(fctx, y, comm):
-        fctx.comm = comm
-        return _heads_to_seq(y, comm)
+    def forward(fctx, y, comm, axis):
+        fctx.comm, fctx.axis = comm, axis
+        return _heads_to_seq(y, comm, axis)
 
     @staticmethod
     def backward(fctx, dx):
-        return _seq_to_heads(dx, fctx.comm), None
+        return _seq_to_heads(dx, fctx.comm, fctx.axis), None, None
 
 
-def _seq_to_heads(x, comm):
-    n = comm.size(AXIS)
+def _seq_to_heads(x, comm, axis=AXIS):
+    n = comm.size(axis)
     b, h, s, d = x.shape
     blocks = x.reshape(b, n, h // n, s, d).transpose(0, 1).contiguous()  # head block j goes to rank j
-    got = comm.all_to_all(blocks, AXIS, activation=True)  # [n (source rank), b, h/n, s/N, d]
+    got = comm.all_to_all(blocks, axis, activation=True)  # [n (source rank), b, h/n, s/N, d]
     return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * s, d)
 
 
-def _heads_to_seq(y, comm):
-    n = comm.size(AXIS)
+def _heads_to_seq(y, comm, axis=AXIS):
+    n = comm.size(axis)
     b, h, s, d = y.shape
     blocks = y.reshape(b, h, n, s // n, d).permute(2, 0, 1, 3, 4).contiguous()  # sequence block j to rank j
-    got = comm.all_to_all(blocks, AXIS, activation=True)  # [n (source: its heads), b, h, s/N, d]
+    got = comm.all_to_all(blocks, axis, activation=True)  # [n (source: its heads), b, h, s/N, d]
     return got.transpose(0, 1).reshape(b, n * h, s // n, d)
+
+
+def _over_heads(q, k, v, comm: Comm, axis: str, attend) -> torch.Tensor:
+    """`attend(q, k, v)` on 1/N of the heads and the tokens of the N ranks of `axis`, in the
+    order of the sequence: the all-to-all there (K and V joined along the width in one, a kv
+    head sent to each rank of its queries when there are fewer than N), the all-to-all back."""
+    n = comm.size(axis)
+    kv = torch.cat([k, v], dim=-1)  # one all-to-all for both: [b, kv, 2c, dk+dv] (MLA: dv != dk)
+    if kv.shape[1] < n:  # too few kv heads to split: each one to the ranks of its query heads
+        kv = kv.repeat_interleave(n // kv.shape[1], dim=1)
+    order = _natural_order(_gathered_chunks(comm, axis), q.shape[-2] // 2, q.device)
+    qh = _SeqToHeads.apply(q, comm, axis)[:, :, order]
+    kh, vh = _kv_parts(_SeqToHeads.apply(kv, comm, axis)[:, :, order], k.shape[-1])
+    return _HeadsToSeq.apply(attend(qh, kh, vh)[:, :, torch.argsort(order)], comm, axis)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0,
@@ -643,18 +681,27 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
     attention. With kv < N (and N a multiple of kv) each kv head is sent to the N/kv
     ranks holding its queries (its gradient summed back by the backward's all-to-all).
     A sliding `window` and the documents `docs` (--pack) mask the gathered sequence as on one device."""
-    n = comm.size(AXIS)
-    if n == 1:
+    if comm.size(AXIS) == 1:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=k.shape[1] != q.shape[1])
-    kv = torch.cat([k, v], dim=-1)  # one all-to-all for both: [b, kv, 2c, dk+dv] (MLA: dv != dk)
-    if kv.shape[1] < n:  # too few kv heads to split: each one to the ranks of its query heads
-        kv = kv.repeat_interleave(n // kv.shape[1], dim=1)
-    order = _natural_order(n, q.shape[-2] // 2, q.device)
-    qh = _SeqToHeads.apply(q, comm)[:, :, order]
-    kh, vh = _kv_parts(_SeqToHeads.apply(kv, comm)[:, :, order], k.shape[-1])
-    s = qh.shape[-2]
-    mask = {"attn_mask": sees(s, window, docs, q.device)} if window or docs is not None else {"is_causal": True}
-    y = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, **mask, enable_gqa=kh.shape[1] != qh.shape[1])
-    return _HeadsToSeq.apply(y[:, :, torch.argsort(order)], comm)
 
+    def attend(qh, kh, vh):  # the single device's attention on the whole sequence of these heads
+        s = qh.shape[-2]
+        mask = {"attn_mask": sees(s, window, docs, q.device)} if window or docs is not None else {"is_causal": True}
+        return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, **mask,
+                                                                enable_gqa=kh.shape[1] != qh.shape[1])
+    return _over_heads(q, k, v, comm, AXIS, attend)
+
+
+def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention,
+                  window: int = 0) -> torch.Tensor:
+    """Causal attention by USP (Fang & Zhao 2024, ``--cp-mode usp``): the cp ranks a U × R
+    grid (``grid.py``: cp rank u + U·j); the all-to-all over the U ranks of this rank's row
+    ('cp_a2a') turns [b, nh, s/N, d] into [b, nh/U, s/R, d], the ring's chunk pair j,
+    2R−1−j of the sequence (:func:`_gathered_chunks`); `ring` (:func:`ring_attention`, or a
+    layer namespace's) over the R ranks of its column ('cp_ring') on those heads; the
+    all-to-all back. Per layer and microbatch: Ulysses' calls with the heads over U, and
+    the ring's with N = R on max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``).
+    A sliding `window`: the ring's own (:class:`_MaskedRing`), its chunks being the sequence's 2R."""
+    win = {"window": window} if window else {}
+    return _over_heads(q, k, v, comm, A2A_AXIS, lambda qh, kh, vh: ring(qh, kh, vh, comm, axis=RING_AXIS, **win))

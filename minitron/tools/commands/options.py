@@ -37,7 +37,10 @@ def add_layout_args(ap):
     g.add_argument("--cp", type=int, default=1,
                    help="context parallel: the sequence split over cp ranks (ring attention)")
     g.add_argument("--cp-mode", default="ring", choices=CP_MODES,
-                   help="attention under --cp: ring (keys and values passed around) or a2a (Ulysses all-to-all)")
+                   help="attention under --cp: ring (keys and values passed around), a2a (Ulysses all-to-all) "
+                        "or usp (both, Fang & Zhao 2024: an all-to-all over --cp-a2a ranks, a ring over the rest)")
+    g.add_argument("--cp-a2a", type=int, default=1,
+                   help="with --cp-mode usp: U, the context ranks of one all-to-all (the ring runs over cp/U)")
     g.add_argument("--ep", type=int, default=1,
                    help="expert parallel: the experts of --experts split over ep ranks, which also split the batch")
     g.add_argument("--tp-mode", default="1d",
@@ -145,7 +148,7 @@ def layout_from(args) -> ParallelConfig:
     except ValueError:
         raise ConfigError(f"--stage-layers '{args.stage_layers}' must be comma-separated integers, e.g. 1,3") from None
     return ParallelConfig(nproc=args.nproc, dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep,
-                          cp_mode=getattr(args, "cp_mode", "ring"),
+                          cp_mode=getattr(args, "cp_mode", "ring"), cp_a2a=getattr(args, "cp_a2a", 1),
                           tp_mode=args.tp_mode, tp_depth=args.tp_depth, sp=args.sp,
                           tp_overlap=getattr(args, "tp_overlap", False),
                           ep_overlap=getattr(args, "ep_overlap", False), schedule=args.schedule, zero1=args.zero1, zero=args.zero,

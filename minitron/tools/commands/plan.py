@@ -23,9 +23,12 @@ def add_parser(sub) -> None:
     pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (1: searched for long sequences)")
     pl.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
                     help="activation recomputation (default: the software's)")
-    pl.add_argument("--cp-kind", default=None, choices=("ring", "allgather", "a2a"),
-                    help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses); "
+    pl.add_argument("--cp-kind", default=None, choices=("ring", "allgather", "a2a", "usp"),
+                    help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses), "
+                         "usp (an all-to-all over --cp-a2a ranks, a ring over the rest); "
                          "default: every kind the software runs is searched")
+    pl.add_argument("--cp-a2a", type=int, default=0,
+                    help="with --cp-kind usp: U, the context ranks of one all-to-all (0: searched)")
     pl.add_argument("--ep", type=int, default=0, help="expert-parallel ranks of a MoE model (0: search)")
     pl.add_argument("--zero", type=int, default=0, choices=(0, 1, 3),
                     help="1: distributed optimizer; 3: FSDP / ZeRO-3 (weights gathered per layer)")
@@ -117,12 +120,14 @@ def _price(args, model):
             return sw, {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
                                            software=sw, zero=args.zero, ep=args.ep or None, recompute=args.recompute,
                                            cp=args.cp if args.cp > 1 else None, cp_kinds=cp_kinds,
+                                           cp_a2a=args.cp_a2a or None,
                                            **{k: v for k, v in fixed.items() if v})}, None, None
         _check_fixed_layout(args, model, sw)
         lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp * args.cp),
                "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
                "sp": sw.sequence_parallel and args.tp > 1,  # as the planner does
                "cp": args.cp, "cp_kind": args.cp_kind or (sw.context_parallel or ("ring",))[0],
+               "cp_a2a": args.cp_a2a or 1,
                "ep": args.ep or 1, "zero": args.zero, "fsdp_shard": args.fsdp_shard}
         pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute)
         out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
