@@ -699,9 +699,9 @@ def validate_context_parallel(model: ModelConfig, layout: ParallelConfig) -> Non
               f"--cp {layout.cp} with --sp splits each rank's {model.seq_len // layout.cp} tokens over --tp {layout.tp}: "
               f"--seq-len {model.seq_len} must be divisible by 2*cp*tp = {n * layout.tp}")
     _need(layout.tp_mode == "1d",
-          f"--cp composes with 1-D tensor parallelism only: use --tp-mode 1d or drop --cp")
+          "--cp composes with 1-D tensor parallelism only: use --tp-mode 1d or drop --cp")
     _need(model.dropout == 0.0,
-          f"--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
+          "--cp runs exact ring attention without dropout: set --dropout 0 or drop --cp")
     _need(layout.cp_mode in CP_MODES, f"unknown --cp-mode '{layout.cp_mode}': use {' or '.join(CP_MODES)}")
     if layout.cp_mode == "a2a":
         validate_a2a_heads(model, layout.tp, layout.cp)

@@ -85,35 +85,3 @@ def test_overlapped_calls_are_in_flight_under_a_product_and_plain_ones_wait_at_o
             assert calls and all(r["waited"] == r["t"] and products_under(run, r) == 0 for r in calls)
             assert exposure_by_axis(calls)[axis]["hidden"] == 0
 
-
-@pytest.mark.multirank
-def test_train_timeline_holds_every_ranks_calls_and_the_report_says_what_was_hidden(tmp_path, capsys):
-    """`minitron train --timeline` without a pipeline: every rank's calls of every step, each
-    issued, waited for and done in that order; the overlapped shifts waited after their
-    issue; the run report's per-axis lines; the drawing takes the file."""
-    from minitron.tools.cli import main
-    from minitron.viz.pipeline import load_timeline
-
-    path = tmp_path / "t.jsonl"
-    code = main(["train", "--model", "tiny", "--nproc", "2", "--tp", "2", "--sp", "--tp-overlap", "--steps", "3",
-                 "--global-batch", "4", "--eval-every", "0", "--sample", "0", "--no-progress",
-                 "--timeline", str(path)])
-    out = capsys.readouterr().out
-    assert code in (0, None), out
-    spans = load_timeline(path, calls=True)
-    assert load_timeline(path) == []  # no pipeline: no compute actions beside the calls
-    assert {r["global_rank"] for r in spans} == {0, 1} and {r["step"] for r in spans} == {0, 1, 2}
-    assert all(r["kind"] == "comm" and r["start"] <= r["waited"] <= r["end"] for r in spans)
-    shifts = [r for r in spans if r["op"] == "send" and r["phase"] == "fwd"]
-    assert shifts and all(r["waited"] > r["start"] for r in shifts)
-    assert "communication hidden under compute, by axis" in out and "\n  tp " in out
-    matplotlib = pytest.importorskip("matplotlib")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from minitron.viz.comm import plot_spans
-
-    ax = plot_spans(spans)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"] and len(ax.lines) == 2 * sum(
-        r["step"] == 2 for r in spans)
-    plt.close("all")

@@ -21,11 +21,11 @@ def _train_with_report(comm, model, layout, train, tb_dir):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """tp2 x pp2, 6 steps, a checkpoint, metrics and TensorBoard scalars."""
+    """tp2 x pp2, 6 steps, a checkpoint, metrics, a timeline and TensorBoard scalars."""
     d = tmp_path_factory.mktemp("run")
     m = preset("tiny")
     t = TrainConfig(steps=6, global_batch=8, microbatches=4, eval_every=3, progress=False, sample_tokens=0,
-                    ckpt_dir=str(d / "ckpt"), metrics=str(d / "metrics.jsonl"))
+                    ckpt_dir=str(d / "ckpt"), metrics=str(d / "metrics.jsonl"), timeline=str(d / "timeline.jsonl"))
     summary = run_on_ranks(_train_with_report, LAYOUT, m, LAYOUT, t, str(d / "tb"))[0]
     return d, m, t, summary
 
@@ -56,7 +56,27 @@ def test_run_report_layout_bytes_bubble_memory(run):
         assert e["steps"] == 3 and e["calls"] > 0 and e["exposed_s"] == e["in_flight_s"] > 0 and e["hidden"] == 0
     text = format_report(rep, summary["tokens_per_s"])
     assert "communication hidden under compute, by axis (3 timed steps" in text
-    assert "pipeline bubble" in text and "tokens/s" in text and len(text.splitlines()) >= 10
+    assert "pipeline bubble" in text
+    # the timeline: the first pipeline's actions, and every rank's calls of every step, each issued, then
+    # waited for, then done (the pipeline's own sends and receives unstamped, so not among them)
+    from minitron.viz.pipeline import load_timeline
+
+    actions, calls = load_timeline(d / "timeline.jsonl"), load_timeline(d / "timeline.jsonl", calls=True)
+    assert {a["op"] for a in actions} == {"F", "B"} and {a["global_rank"] for a in actions} == {0, 2}
+    assert {c["global_rank"] for c in calls} == {0, 1, 2, 3} and {c["step"] for c in calls} == set(range(6))
+    assert {c["axis"] for c in calls} >= {"tp"} and all(c["start"] <= c["waited"] <= c["end"] for c in calls)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minitron.comm import read_trace
+    from minitron.viz.comm import plot_spans
+
+    ax = plot_spans(read_trace(d / "timeline.jsonl"))  # the last step: its calls beside its actions
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(4)]
+    assert len(ax.lines) == 2 * sum(c["step"] == 5 for c in calls) and len(ax.patches) == sum(
+        a["step"] == 5 for a in actions)
+    plt.close("all") and "tokens/s" in text and len(text.splitlines()) >= 10
     assert plot_losses(summary["losses"], summary["val_losses"], str(d / "loss.png"))
     assert (d / "loss.png").stat().st_size > 1000
 

@@ -35,7 +35,6 @@ import os
 import resource
 import statistics
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import torch
 
@@ -175,7 +174,7 @@ def _region(p) -> str:
 
 def rank_facts(tr, memory: dict | None, trace_records: list[dict]) -> dict:
     """This rank's coordinates, model pieces, shard, bytes per axis, memory and timeline."""
-    grid, comm = tr.comm.grid, tr.comm
+    grid = tr.comm.grid
     coord = grid.coord()
     chunks = []
     for c in tr.chunks:
