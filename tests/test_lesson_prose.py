@@ -739,16 +739,19 @@ def _tour_00():
 
 def _ring_00():
     """Section 2: the chunk rank r owns after the reduce-scatter (solution 3's output), the
-    buffer of 4p bytes, and section 3's sizes and repeats (the table's rows, the launch's argument)."""
+    buffer of 4p bytes, the ring's share of it at 1000 and 8 ranks (the engine's), and section 3's sizes and repeats (the table's rows, the launch's argument)."""
     holds = json.loads(out("00", r"^rank 0 after the reduce-scatter phase: (\{.*\})$").replace("'", '"'))
     full = [int(c.split()[1]) for c, who in holds.items() if len(who) == 4]
     p = shown("00", r"^(\d+) ranks answered")[0]
     buffer = shown("00", r"^rank 0: sent \d+ B; formula .* \* (\d+) B")[0]
     sizes = [num(n) for n in re.findall(r"^\s*([\d,]+)\s+[\d.]+ms", outputs("00"), re.M)]
     repeats = int(re.search(r"run_on_ranks\(CC\.collectives_job, .*?, CC\.SIZES, (\d+),", code("00")).group(1))
+    from minitron import analysis as A
     return (said("00", r"rank \$r\$ holds the full\s+sum of chunk \$r\+(\d)\$") + said("00", r"\(\$(\d+)p\$ bytes\)")
+            + said("00", r"over (\d+) ranks costs barely more bandwidth than over (\d+) \(([\d.]+) against ([\d.]+) times the\s+buffer\)")
             + said("00", r"buffers from\s+(\d+) KiB to (\d+) MiB \((\d+) repeats"),
-            full + [buffer / p, min(sizes) / 2**10, max(sizes) / 2**20, repeats], 0)
+            full + [buffer / p, 1000, 8] + [A.ring_allreduce_wire_bytes(1, n) for n in (1000, 8)]
+            + [min(sizes) / 2**10, max(sizes) / 2**20, repeats], 0)
 
 
 def _door_00():
