@@ -974,7 +974,20 @@ def _zero_03():
             + [section, med.layers, med.hidden], 0.006)
 
 
+def _zero3_gathered_03():
+    """Section 7: what stage 3 gathers for a moment (the engine's estimate) against the
+    parameters it saves over stage 2 (the ladder's measured rows), on the 4-block small GPT."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis import zero
+    gathered = zero.zero_buffer_bytes(PRESETS["small"], ParallelConfig(dp=4, zero=3))["gathered"] / 2**20
+    saved = shown("03", r"^ZeRO-2\s+([\d.]+)")[0] - shown("03", r"^ZeRO-3\s+([\d.]+)")[0]
+    assert "outweigh what stage 3 saves" not in prose("03")
+    return (said("03", r"blocks; ([\d.]+) MiB by `zero.zero_buffer_bytes`\) take back most of the ([\d.]+) MiB"),
+            [round(gathered, 1), round(saved, 1)], 0)
+
+
 CLAIMS.update({
+    "03 ZeRO-3 gathered": _zero3_gathered_03,
     "00 tour": _tour_00,
     "00 ring and sizes": _ring_00,
     "00 door": _door_00,
