@@ -739,7 +739,8 @@ def _tour_00():
 
 def _ring_00():
     """Section 2: the chunk rank r owns after the reduce-scatter (solution 3's output), the
-    buffer of 4p bytes, the ring's share of it at 1000 and 8 ranks (the engine's), and section 3's sizes and repeats (the table's rows, the launch's argument)."""
+    buffer of 4p bytes, the ring's share of it at 1000 and 8 ranks (the engine's), and section 3's
+    sizes and repeats (the table's rows, the launch's argument)."""
     holds = json.loads(out("00", r"^rank 0 after the reduce-scatter phase: (\{.*\})$").replace("'", '"'))
     full = [int(c.split()[1]) for c, who in holds.items() if len(who) == 4]
     p = shown("00", r"^(\d+) ranks answered")[0]
@@ -921,7 +922,8 @@ def _setup_03():
             + said("03", r"(\d+) GB/s per node of (\d+) GPUs") + said("03", r"\(from a\s+(tenth) of a second .*? to over a second") + [1.0]
             + said("03", r"--bucket-mb 0.05` \((\d+) elements per bucket") + said("03", r"\(`lm_head.weight`, (\d+) elements\)")
             + said("03", r"with (\d) microbatches per rank, then trains the\s+single-device reference \((\d) microbatches\)")
-            + said("03", r"tolerance \$10\^\{-(\d+)\}\$") + said("03", r"during the backward pass of the last microbatch\* \(microbatch (\d)\)"),
+            + said("03", r"tolerance \$10\^\{-(\d+)\}\$")
+            + said("03", r"during the backward pass of the last microbatch\* \(microbatch (\d)\)"),
             [int(x) for x in re.search(r"TrainConfig\(steps=(\d+), global_batch=(\d+)", code("03")).groups()] + ms
             + [c.inter_bw / 1e9, c.gpus_per_node, round(min(times), 1), 1.0 * (max(times) > 1)]
             + shown("03", r"bucket cap ([\d,]+) elements") + [num(b[1]) for b in buckets if b[3] == "lm_head.weight"]
@@ -965,8 +967,10 @@ def _zero_03():
     med = PRESETS["medium"]
     return (said("03", r"one (\d+)-byte all-reduce") + said("03", r"mixed-precision Adam: (\d+) \+ (\d+) \+ (\d+) bytes\)")
             + said("03", r"\(fp32: (\d+) \+ (\d+) \+ (\d)·(\d)\)") + said("03", r"from (\d+) to about ([\d.]+) bytes per\s+parameter")
-            + [1.0] + said("03", r"every forward and backward pass: ([\d.]+)× the traffic") + said("03", r"stage 3 moves ([\d.]+)× the bytes")
-            + said("03", r"on this (\d)-block model") + said("03", r"fp32 here: (\d) bytes per weight and per gradient, (\d) for Adam's moments")
+            + [1.0] + said("03", r"every forward and backward pass: ([\d.]+)× the traffic")
+            + said("03", r"stage 3 moves ([\d.]+)× the bytes")
+            + said("03", r"on this (\d)-block model")
+            + said("03", r"fp32 here: (\d) bytes per weight and per gradient, (\d) for Adam's moments")
             + said("03", r"Lesson 6 \(section (\d+)\)") + said("03", r"`medium` GPT \((\d+) layers, \$h = (\d+)\$\)"),
             shown("03", r"^all_reduce\s+optim\s+1\s+(\d+)") + [2, 2, 12] + [4, 4, 2, 4]
             + [row("mixed precision, replicated (ZeRO-0)")[0], round(row("mixed precision, ZeRO-1")[3], 1), 1.0 * formulas]
