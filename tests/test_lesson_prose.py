@@ -50,8 +50,11 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
+WORDS = {"one": 1.0, "two": 2.0, "four": 4.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+
+
 def num(s: str) -> float:
-    return {"nine": 9.0}.get(s) or float(s.replace(",", ""))
+    return WORDS.get(s.lower()) or float(s.replace(",", ""))
 
 
 def assert_every_question_asked(lesson: str, qids) -> None:
@@ -706,6 +709,308 @@ CLAIMS.update({
 })
 
 
+# --- lessons 0-3: every number their markdown states about their outputs or the engine ---
+# (An audit of every number in the markdown of lessons 0-3: the rest are the lesson's own
+# choices, a paper's published figures, or formulas; each one below is read from the stored
+# outputs, the lesson's code or the engine, so that it cannot drift.)
+def code(lesson: str) -> str:
+    """Every code cell of a lesson, in order: the shapes and arguments the lesson chose."""
+    return "\n".join("".join(c["source"]) for c in _cells(lesson) if c["cell_type"] == "code")
+
+
+def _tour_00():
+    """Section 1's five operations: the inputs, what reduce-scatter, broadcast and send/recv left."""
+    tour = {op: re.findall(r"rank (\d): \[([\d., ]+)\]\s+-> \[([\d., ]+)\]", out("00", rf"^{op}\n((?:  rank.*\n)+)"))
+            for op in ("all_reduce", "reduce_scatter", "broadcast", "send_recv")}
+    befores = [num(b) for _, b, _ in tour["all_reduce"]]
+    scattered = [num(a) for _, _, a in tour["reduce_scatter"]]
+    assert all(scattered[r] == scattered[0] + r * (scattered[1] - scattered[0]) for r in range(len(scattered)))
+    value = num(tour["broadcast"][0][2])
+    root = next(int(r) for r, b, _ in tour["broadcast"] if num(b) == value)
+    sent = [num(a) for _, _, a in tour["send_recv"]]
+    from_previous = all(sent[r] == num(tour["send_recv"][r - 1][1]) for r in range(len(sent)))
+    stated = (said("00", r"here \$2 \\times 2 = (\d+)\$") + said("00", r"`broadcast` from rank (\d)")
+              + said("00", r"sum of all inputs \(\$(\d)\+(\d)\+(\d)\+(\d)\$\)")
+              + said("00", r"= (\d+) \+ (\d+)r\$") + said("00", r"\(rank (\d)'s value (\d+) here\)")
+              + [1.0 * bool(re.search(r"rank \$r\$ received rank \$r-1\$'s value", prose("00")))])
+    return stated, (shown("00", r"^(\d+) ranks answered") + [root] + befores
+                    + [scattered[0], scattered[1] - scattered[0], root, value, 1.0 * from_previous]), 0
+
+
+def _ring_00():
+    """Section 2: the chunk rank r owns after the reduce-scatter (solution 3's output), the
+    buffer of 4p bytes, the ring's share of it at 1000 and 8 ranks (the engine's), and section 3's
+    sizes and repeats (the table's rows, the launch's argument)."""
+    holds = json.loads(out("00", r"^rank 0 after the reduce-scatter phase: (\{.*\})$").replace("'", '"'))
+    full = [int(c.split()[1]) for c, who in holds.items() if len(who) == 4]
+    p = shown("00", r"^(\d+) ranks answered")[0]
+    buffer = shown("00", r"^rank 0: sent \d+ B; formula .* \* (\d+) B")[0]
+    sizes = [num(n) for n in re.findall(r"^\s*([\d,]+)\s+[\d.]+ms", outputs("00"), re.M)]
+    repeats = int(re.search(r"run_on_ranks\(CC\.collectives_job, .*?, CC\.SIZES, (\d+),", code("00")).group(1))
+    from minitron import analysis as A
+    return (said("00", r"rank \$r\$ holds the full\s+sum of chunk \$r\+(\d)\$") + said("00", r"\(\$(\d+)p\$ bytes\)")
+            + said("00", r"over (\d+) ranks costs barely more bandwidth than over (\d+) \(([\d.]+) against ([\d.]+) times the\s+buffer\)")
+            + said("00", r"buffers from\s+(\d+) KiB to (\d+) MiB \((\d+) repeats"),
+            full + [buffer / p, 1000, 8] + [A.ring_allreduce_wire_bytes(1, n) for n in (1000, 8)]
+            + [min(sizes) / 2**10, max(sizes) / 2**20, repeats], 0)
+
+
+def _door_00():
+    """Section 4: the grid's axes of two ranks, each rank holding r + 1, the pipeline axis of
+    one rank, and the one call of three that left no record."""
+    rows = re.findall(r"^rank (\d) \{.*pp sum \[([\d.]+)\]$", outputs("00"), re.M)
+    groups = {ax: json.loads(out("00", rf"^{ax} groups: (\[\[.*\]\])$")) for ax in ("tp", "dp", "pp")}
+    records = re.findall(r"^\{'op': '(\w+)', 'axis': '(\w+)'", out("00", r"rank 0's trace of those calls:\n((?:.*\n?)+)"), re.M)
+    calls = re.findall(r"`comm\.(\w+)\(v, \"(\w+)\"\)`", prose("00"))
+    silent = [c for c in calls if c not in records]
+    assert silent == [("all_reduce", "pp")]
+    return (said("00", r"a data-parallel axis of (two) ranks each") + said("00", r"each rank \(holding \$r \+ (\d)\$\)")
+            + said("00", r"The pipeline axis has (one) rank"),
+            sorted({len(g) for g in groups["tp"] + groups["dp"]})
+            + sorted({num(v) - int(r) for r, v in rows}) + sorted({len(g) for g in groups["pp"]}), 0)
+
+
+def _params_01():
+    """Section 1: a layer's 12h² + 13h and the 2h of the final LayerNorm, from the engine's count."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    m = PRESETS["gpt3-175b"]
+    n, h = A.layer_param_count(m), m.hidden
+    lnf = shown("01", r"^exact \(tied\) - Eq. 2 = (\d+) = 2h")[0] / h
+    return (said("01", r"that is \$(\d+)h\^2 \+ (\d+)h\$") + said("01", r"the final LayerNorm \(\$(\d+)h\$\)"),
+            [n // h**2, (n - n // h**2 * h**2) / h, lnf], 0)
+
+
+def _flops_01():
+    """Section 2: F ≈ 8·(Bs)·P (the printed ratio, rounded) and the two worked examples' inputs."""
+    runs = re.findall(r"P = \s*[\d.]+B, (\d+)B tokens, (\d+) GPUs at (\d+) TFLOP/s", outputs("01"))
+    return (said("01", r"Since \$F \\approx (\d+) \\cdot") + said("01", r"GPT-3 175B on (\d+)B tokens with (\d+) A100s at\s+"
+                                                                    r"(\d+) TFLOP/s each, and the 1T model on (\d+)B tokens "
+                                                                    r"with (\d+) A100s at (\d+) TFLOP/s"),
+            [round(shown("01", r"F / \(tokens \* P\) = ([\d.]+)")[0])] + [num(x) for run in runs for x in run], 0)
+
+
+def _bytes_01():
+    """Section 3: 16 bytes, 12 of them optimizer state; the distributed optimizer's 6 + 12/d
+    (fitted to its row of the table at d = 1 and 8, held at 64); the three counts; the 8.3B's 166 GB."""
+    row = lambda name: shown("01", rf"^{name}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
+    z0, z1, dist = row("ZeRO stage 0"), row("ZeRO stage 1"), row("distributed optimizer")
+    shard = (dist[0] - dist[1]) / (1 - 1 / 8)
+    assert abs(dist[0] - shard + shard / 64 - dist[2]) < 1e-3
+    untied = num(out("01", r"^\s+megatron-8.3b\s+72\s+3072\s+32\s+[\d,]+\s+[\d,]+\s+([\d,]+)$"))
+    return (said("01", r"\*\*(\d+) bytes per parameter\*\*\. ZeRO shards these .*?stage 1\s+the (\d+) bytes of optimizer state")
+            + said("01", r"and shards the (\d+): \$(\d+) \+ (\d+)/d\$") + said("01", r"### (\d+), (\d+) or (\d+) bytes per parameter")
+            + said("01", r"reproduces the paper's (\d+) GB") + said("01", r"untied, the count is ([\d.]+)B and the figure (\d+) % high"),
+            [z0[0], (16 - z1[1]) * 8 / 7, shard, dist[0] - shard, shard]
+            + shown("01", r"^ZeRO \(.*\)\s+(\d+) B") + shown("01", r"^distributed optimizer, d = 1 .*\s(\d+) B")
+            + shown("01", r"^Megatron-LM 2019 .*\s(\d+) B$") + [round(shown("01", r"x 20 B = ([\d.]+) GB")[0])]
+            + [round(untied / 1e9, 2), round(100 * (untied * 20 / 1e9 / 166 - 1))], 0)
+
+
+def _activations_01():
+    """Section 4: b = 1 and t = 8 from the table (full recomputation keeps 2sbh, or 2sbh/t per
+    element under sp), the first stage's layers and microbatches, and fp32's bytes in section 6."""
+    from minitron import PRESETS
+    m = PRESETS["gpt3-175b"]
+    full, full_sp = shown("01", r"^\s+full\s+False\s+([\d.]+)")[0], shown("01", r"^\s+full\s+True\s+[\d.]+\s+([\d.]+)")[0]
+    params, = shown("01", r"^parameters: ([\d,]+)")
+    p_bytes, = shown("01", r"params_bytes: measured\s+([\d,]+)")
+    o_bytes, = shown("01", r"optimizer_bytes: measured\s+([\d,]+)")
+    return (said("01", r"GPT-3 175B, \$b = (\d+)\$, \$t = (\d+)\$") + said("01", r"pipeline holds (\d+) layers for (\d+) microbatches")
+            + said("01", r"so each is (\d+) bytes per element\s+\((\d+) Adam moments: (\d+) bytes\)")
+            + said("01", r"predicts all (\d+) bytes about equally"),
+            [full * 2**20 / (2 * m.seq_len * m.hidden), full / full_sp]
+            + shown("01", r"^first stage: (\d+) layers, (\d+) microbatches in flight")
+            + [p_bytes / params, o_bytes / p_bytes, o_bytes / params, PRESETS["tiny"].vocab], 0)
+
+
+def _grid_01():
+    tp = json.loads(out("01", r"^tp groups: (\[\[.*\]\])$"))
+    ranks = re.findall(r"^\s+\d+\s+\d\s+\d\s+\d$", outputs("01"), re.M)
+    return (said("01", r"(Eight) ranks, \$t = d = p = (\d)\$") + said("01", r"neighbours \((\d),(\d)\), \((\d),(\d)\)"),
+            [len(ranks), 2] + tp[0] + tp[1], 0)
+
+
+def _try_it_01():
+    """The Try-it's model and target, against its solution's cell and output."""
+    sol = next("".join(c["source"]) for c in _cells("01") if "".join(c["source"]).startswith("# Solution"))
+    shape = [int(x) for x in re.search(r"layers=(\d+), hidden=(\d+), heads=(\d+)", sol).groups()]
+    tokens, X = (float(x) for x in re.search(r"tokens, .*?= ([\de.]+), .*?, ([\de.]+)\n", sol).groups())
+    tp, pp = (int(x) for x in re.search(r"dict\(tp=(\d+), pp=(\d+)\)", sol).groups())
+    d = int(re.search(r"zero_bytes_per_param\(stage, (\d+)\)", sol).group(1))
+    return (said("01", r"\((\d+) layers, \$h = (\d+)\$, (\d+) heads\) trained on (\d+)B tokens\. How\s+many GPUs at (\d+) "
+                       r"TFLOP/s would you need to finish in (\d+) days\? With \$t = (\d+)\$ and \$p = (\d+)\$,.*?when \$d = (\d+)\$"),
+            shape + [tokens / 1e9, X / 1e12] + [round(x) for x in shown("01", r"training finishes in ([\d.]+) days")] + [tp, pp, d], 0)
+
+
+def _schedules_02():
+    """Sections 1-4: the shape, the simulator's costs (the engine's defaults), ZB-H1 a third of
+    1F1B's bubble, interleaving's v, the stash of each schedule against its stated rule."""
+    import inspect
+
+    from minitron import analysis as A
+    defaults = inspect.signature(A.bubble_fraction).parameters
+    kinds = re.findall(r"^(\S+) p=(\d) v=(\d) m=(\d+)$", outputs("02"), re.M)[:4]
+    p, v, m = (int(x) for x in kinds[2][1:])
+    assert {k[0] for k in kinds} == {"gpipe", "1f1b", "interleaved", "zb-h1"} and {(k[1], k[3]) for k in kinds} == {(str(p), str(m))}
+    stash = {k: json.loads(s) for k, s in re.findall(r"^\s+(\S+)\s+(\[[\d, ]+\])\s+\[", outputs("02"), re.M)}
+    for rule in (r"\$p - r\$ on rank \$r\$", r"\$\(p - r - 1\)\\cdot 2 \+ \(v-1\)\\cdot p \+ 1\$ chunks", r"all \$m\$;"):
+        _stated("02", rule, None)
+    by_rule = [stash["gpipe"] == [m] * p, stash["1f1b"] == stash["zb-h1"] == [p - r for r in range(p)],
+               stash["interleaved"] == [(p - r - 1) * 2 + (v - 1) * p + 1 for r in range(p)]]
+    _stated("02", r"backward \(ZB-H1: the same memory as 1F1B\)", None)
+    _stated("02", r"a third of 1F1B's when \$T_F = T_B = T_W\$", None)
+    _stated("02", r"Interleaving makes each box \$v\$ times shorter, so the triangles\s+shrink by \$v\$", None)
+    return (said("02", r"## 1\. (Four) schedules, p = (\d+), m = (\d+)")
+            + said("02", r"F = (\d+), B = (\d+) \(a backward costs about (two)\s+forwards\), and for ZB-H1 F = B = W = (\d+)")
+            + [1.0] * len(by_rule) + [1 / 3, v],
+            [len(kinds), p, m, defaults["t_f"].default, defaults["t_b"].default, defaults["t_b"].default / defaults["t_f"].default,
+             _bubble("zb-h1") * 3 * m / (p - 1)] + [1.0 * ok for ok in by_rule]
+            + [_bubble("zb-h1") / _bubble("1f1b"), _bubble("1f1b") / _bubble("interleaved")], 1e-12)
+
+
+def _warmup_variants_02():
+    """Section 5: one more forward stashes one more on rank 0; 1F1B's warm-up is as bad as one fewer."""
+    row = lambda name: shown("02", rf"^{re.escape(name)}\s+(?:ok|deadlock \(blocking sends\))\s+([\d.]+)\s+(\d+)$")
+    megatron, more, fewer, ones = (row(n) for n in ("Megatron: (p-r-1)*2 + (v-1)*p", "one more", "one fewer (r < p-1)",
+                                                   "1F1B's: (p-r-1) + (v-1)*p"))
+    _stated("02", r"still correct, the same bubble, but every rank stashes one more\s+chunk-microbatch", None)
+    _stated("02", r"even with eager sends its bubble\s+is as bad as one fewer", None)
+    return [1.0, megatron[0], 1.0], [more[1] - megatron[1], more[0], 1.0 * (ones[0] == fewer[0])], 0
+
+
+def _measured_02():
+    """Section 6: the run's ranks, microbatches and steps (its output and its command line),
+    and the stored measured step longer than its simulation."""
+    ran = re.findall(r"^rank (\d): ran ((?:[FB]\d+ ?)+) ", outputs("02"), re.M)
+    steps = int(re.search(r'"--steps", "(\d+)"', code("02")).group(1))
+    sim, measured = shown("02", r"step time: simulated ([\d.]+) ms, measured ([\d.]+) ms")
+    _stated("02", r"The measured step is longer than the simulation", None)
+    return (said("02", r"over (\d) pipeline ranks .*?1F1B with (\d) microbatches, (\d) optimizer steps") + [1.0],
+            [len(ran), max(int(a[1:]) for a in ran[0][1].split()) + 1, steps, 1.0 * (measured > sim)], 0)
+
+
+def _v_02():
+    """Section 7: ZB-V idles p - 1 chunk-forwards and holds 2p; DualPipe-V holds 2p + 1 and
+    needs m >= 2p (the engine's minimum); the simulator equals every formula of the table."""
+    from minitron import config
+    idle = {k: json.loads("[" + i.strip("()") + "]") for k, i in re.findall(r"^\s*(\S+): idle per rank (\(.*?\))", outputs("02"), re.M)}
+    stash = {k: json.loads("[" + s.strip("()") + "]") for k, s in re.findall(r"^\s*(\S+): .*peak stash \(chunk-microbatches\) (\(.*?\))",
+                                                                              outputs("02"), re.M)}
+    p = 4
+    rows = re.findall(r"^\s*(?:8|16|32)((?:\s+[\d.]+){8})$", outputs("02"), re.M)
+    pairs = [tuple(map(float, r.split()))[i:i + 2] for r in rows for i in (0, 2, 4, 6)]
+    for rule in (r"starts\s+\$p-1\$ chunk-forwards late", r"It holds \$2p\$ chunk-microbatches",
+                 r"needs \$m \\ge 2p\$ and holds \$2p\+1\$ chunk-microbatches"):
+        _stated("02", rule, None)
+    return ([p - 1, 2 * p, 2 * p + 1, 2 * p, 1.0],
+            [max(idle["zb-v"]), max(stash["zb-v"]), max(stash["dualpipe-v"]), config.min_microbatches("dualpipe-v", p),
+             1.0 * (len(pairs) == 12 and all(a == b for a, b in pairs))], 0)
+
+
+def _setup_03():
+    """Sections 1-4: the batches, the link (the engine's cluster), the ring times, the bucket
+    plan, verify's microbatches and tolerance."""
+    from minitron import analysis as A
+    c = A.get_cluster("a100-dgx")
+    times = [num(t) for t in re.findall(r"GiB\s+\d+\s+[\d.]+ GiB\s+([\d.]+) s$", outputs("03"), re.M)]
+    ms = [int(x) for x in re.findall(r"^m=(\d): losses", outputs("03"), re.M)]
+    verify = re.search(r'"--dp", "(\d)", "--microbatches", "(\d)"', code("03"))
+    d, per_rank = int(verify.group(1)), int(verify.group(2))
+    buckets = re.findall(r"^\s+(\d)\s+([\d,]+)\s+[\d,]+\s+(\d+): (\S+) \.\.\. ", outputs("03"), re.M)
+    return (said("03", r"(\d+) steps on batches of (\d+) split into (\d+), (\d+) and (\d+) microbatches")
+            + said("03", r"(\d+) GB/s per node of (\d+) GPUs") + said("03", r"\(from a\s+(tenth) of a second .*? to over a second") + [1.0]
+            + said("03", r"--bucket-mb 0.05` \((\d+) elements per bucket") + said("03", r"\(`lm_head.weight`, (\d+) elements\)")
+            + said("03", r"with (\d) microbatches per rank, then trains the\s+single-device reference \((\d) microbatches\)")
+            + said("03", r"tolerance \$10\^\{-(\d+)\}\$")
+            + said("03", r"during the backward pass of the last microbatch\* \(microbatch (\d)\)"),
+            [int(x) for x in re.search(r"TrainConfig\(steps=(\d+), global_batch=(\d+)", code("03")).groups()] + ms
+            + [c.inter_bw / 1e9, c.gpus_per_node, round(min(times), 1), 1.0 * (max(times) > 1)]
+            + shown("03", r"bucket cap ([\d,]+) elements") + [num(b[1]) for b in buckets if b[3] == "lm_head.weight"]
+            + [per_rank, d * per_rank, -math.log10(shown("03", r"within ([\de.-]+) of one device")[0])]
+            + sorted(set(shown("03", r"^call 0: all_reduce .* microbatch (\d)$"))), 1e-9)
+
+
+def _overlap_03():
+    """Section 5: the `small` GPT (the engine's preset) and its first bucket, 7 of 53 gradients;
+    the stored timed step: every bucket but the last issued before backward ended, none naive."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    s = PRESETS["small"]
+    first = shown("03", r"^  call  0: all_reduce .* after\s+(\d+)/(\d+) gradients")
+    bucketed = shown("03", r"bucketed: step .*?, (\d+)/(\d+) calls issued before backward ended")
+    naive = shown("03", r"naive: step .*?, (\d+)/(\d+) calls issued before backward ended")
+    _stated("03", r"the bucketed step has issued every\s+bucket but the last; the naive step only begins there", None)
+    return (said("03", r"`small` GPT\s+\((\d+) layers, \$h = (\d+)\$, (\d+) tensors, ([\d.]+)M parameters")
+            + said("03", r"leaves after only (\d+) of (\d+) gradients") + [1.0, 0],
+            [s.layers, s.hidden, first[1], round(A.param_count(s) / 1e6, 2)] + first
+            + [1.0 * (bucketed[0] == bucketed[1] - 1), naive[0]], 0)
+
+
+def _zero_03():
+    """Sections 6-7: the 8-byte norm all-reduce, the bytes per parameter (the table against the
+    stated counts and ZeRO's formulas, the engine's), stage 3's 1.5x, the 4-block small model,
+    fp32's bytes on the ladder, lesson 6's section on PTD-P against ZeRO-3, the Try-it's model."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    row = lambda name: shown("03", rf"^{re.escape(name)}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
+    stated_table = said("03", r"\| 1 \| optimizer state \| \$(\d+)\\Psi \+ (\d+)\\Psi/d\$ \|.*?\| 2 \| \+ gradients \| "
+                              r"\$(\d+)\\Psi \+ (\d+)\\Psi/d\$ \|.*?\| 3 \| \+ parameters \| \$(\d+)\\Psi/d\$")
+    a1, b1, a2, b2, b3 = stated_table
+    formulas = all(abs(A.zero_bytes_per_param(st, d) - f) < 1e-12 for d in (1, 8, 64)
+                   for st, f in ((1, a1 + b1 / d), (2, a2 + b2 / d), (3, b3 / d)))
+    ladder = {int(z): [num(x) for x in v] for z, *v in re.findall(r"^ZeRO-(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+equal$",
+                                                                   outputs("03"), re.M)}
+    psi = A.param_count(PRESETS["small"])
+    wire = shown("03", r"^ZeRO-3:\s+[\d.]+ MiB on the wire per rank per step \(([\d.]+)x")
+    section = int(re.search(r"^## (\d+)\. PTD-P against ZeRO-3", prose("06"), re.M).group(1))
+    med = PRESETS["medium"]
+    return (said("03", r"one (\d+)-byte all-reduce") + said("03", r"mixed-precision Adam: (\d+) \+ (\d+) \+ (\d+) bytes\)")
+            + said("03", r"\(fp32: (\d+) \+ (\d+) \+ (\d)·(\d)\)") + said("03", r"from (\d+) to about ([\d.]+) bytes per\s+parameter")
+            + [1.0] + said("03", r"every forward and backward pass: ([\d.]+)× the traffic")
+            + said("03", r"stage 3 moves ([\d.]+)× the bytes")
+            + said("03", r"on this (\d)-block model")
+            + said("03", r"fp32 here: (\d) bytes per weight and per gradient, (\d) for Adam's moments")
+            + said("03", r"Lesson 6 \(section (\d+)\)") + said("03", r"`medium` GPT \((\d+) layers, \$h = (\d+)\$\)"),
+            shown("03", r"^all_reduce\s+optim\s+1\s+(\d+)") + [2, 2, 12] + [4, 4, 2, 4]
+            + [row("mixed precision, replicated (ZeRO-0)")[0], round(row("mixed precision, ZeRO-1")[3], 1), 1.0 * formulas]
+            + wire + wire + [PRESETS["small"].layers, ladder[0][0] * 2**20 / psi, ladder[0][2] * 2**20 / psi]
+            + [section, med.layers, med.hidden], 0.006)
+
+
+def _zero3_gathered_03():
+    """Section 7: what stage 3 gathers for a moment (the engine's estimate) against the
+    parameters it saves over stage 2 (the ladder's measured rows), on the 4-block small GPT."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis import zero
+    gathered = zero.zero_buffer_bytes(PRESETS["small"], ParallelConfig(dp=4, zero=3))["gathered"] / 2**20
+    saved = shown("03", r"^ZeRO-2\s+([\d.]+)")[0] - shown("03", r"^ZeRO-3\s+([\d.]+)")[0]
+    assert "outweigh what stage 3 saves" not in prose("03")
+    return (said("03", r"blocks; ([\d.]+) MiB by `zero.zero_buffer_bytes`\) take back most of the ([\d.]+) MiB"),
+            [round(gathered, 1), round(saved, 1)], 0)
+
+
+CLAIMS.update({
+    "03 ZeRO-3 gathered": _zero3_gathered_03,
+    "00 tour": _tour_00,
+    "00 ring and sizes": _ring_00,
+    "00 door": _door_00,
+    "01 parameters": _params_01,
+    "01 flops": _flops_01,
+    "01 bytes per parameter": _bytes_01,
+    "01 activations": _activations_01,
+    "01 grid": _grid_01,
+    "01 try it": _try_it_01,
+    "02 schedules": _schedules_02,
+    "02 warm-up variants": _warmup_variants_02,
+    "02 measured": _measured_02,
+    "02 V schedules": _v_02,
+    "03 setup": _setup_03,
+    "03 overlap": _overlap_03,
+    "03 ZeRO": _zero_03,
+})
+
+
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_prose_states_what_the_outputs_show(name):
     stated, stored, tol = CLAIMS[name]()
@@ -838,3 +1143,23 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
             hidden = c["metadata"].get("jupyter", {})
             assert hidden.get("source_hidden") and hidden.get("outputs_hidden"), \
                 f"lesson {lesson}: a solution cell in view: {src[:60]!r}"
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("00 tour", prose, "= 60 + 4r$", "= 60 + 5r$"),
+    ("01 bytes per parameter", prose, "the figure 2 % high", "the figure 3 % high"),
+    ("01 try it", outputs, "training finishes in 30.0 days", "training finishes in 49.3 days"),   # the old solution's days
+    ("02 V schedules", outputs, "peak stash (chunk-microbatches) (9, 9, 9, 9)", "peak stash (chunk-microbatches) (8, 8, 8, 8)"),
+    ("03 setup", prose, "(6553 elements per bucket", "(6554 elements per bucket"),
+    ("03 setup", prose, "(from a\ntenth of a second for the 1.3B model to over a second for the 8.3B here)",
+     "a fraction of a second"),                                                                     # the old sentence
+    ("03 ZeRO", prose, "about 4.2 bytes", "about 4.5 bytes"),
+])
+def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 0-3 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
