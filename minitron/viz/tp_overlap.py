@@ -117,8 +117,10 @@ def moe_call_order(run: dict, step: int, call: int = 0) -> list[str]:
     names = ["dispatch", "combine"] if len(rows) == 2 else ["dispatch 1", "dispatch 2", "combine 1", "combine 2"]
     events = [(counts["t"], "counts")]
     for name, r in zip(names, rows):
-        blocking = r["waited"] == r["t"]
-        events += [(r["t"], f"{name} (blocking)")] if blocking else [(r["t"], f"post {name}"), (r["waited"], f"wait {name}")]
+        if r["waited"] == r["t"]:  # waited at its issue
+            events.append((r["t"], f"{name} (blocking)"))
+        else:
+            events += [(r["t"], f"post {name}"), (r["waited"], f"wait {name}")]
     end = max(r["done"] for r in group)
     events += [(p["t0"], None) for p in run["products"]
                if p["step"] == step and p["phase"] == "fwd" and counts["t"] <= p["t0"] <= end]
