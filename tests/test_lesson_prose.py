@@ -1054,7 +1054,7 @@ LABELS = {
     "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
     "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
     "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "11.mla_cache_kib": r"KiB per token|KV cache",
-    "11.mtp_flops_pct": r"FLOPs per (?:training )?step", "11.ib_bytes_max": r"\bIB\b", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",
+    "11.mtp_flops_pct": r"FLOPs per (?:training )?step", "11.ib_bytes_max": r"\bIB\b", "11.ep_overlap_calls": r"calls", "11.ep_overlap_bytes": r"bytes", "12.fsdp2_gathers": r"gather", "12.zero3_gathers": r"gather",
     "12.tp_all_reduces": r"all.reduce", "12.colwise_dim": r"colwise",
 }
 # Questions an output may still give away before they are asked, tolerated while their lesson is

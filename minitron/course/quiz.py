@@ -501,6 +501,16 @@ QUESTIONS: dict[str, Question] = {
         lambda: _preset("deepseek-v3").topk_groups * _preset("deepseek-v3").hidden * 2,
         "at most M = 4 nodes, all of them other than the token's own: one copy of its h = 7168 bf16 "
         "values per node, whatever its k = 8 experts.", unit="bytes"),
+    "11.ep_overlap_calls": Question(
+        lambda: _ep_all_to_all(ep_overlap=True)["calls"],
+        "per MoE block and microbatch the counts' all-to-all once and dispatch and combine, forward and "
+        "backward, each in two halves: 1 + 4·2 = 9, times 3 blocks and 2 microbatches (the gradient "
+        "norm's all-reduce is no all-to-all)."),
+    "11.ep_overlap_bytes": Question(
+        lambda: _ep_all_to_all(ep_overlap=True)["bytes"],
+        "the halves carry the whole call's rows and the counts go once, so the bytes are the plain "
+        "layout's: per block and microbatch 8E + 4·T·k·h·b with T = 32 tokens, k = 2, h = 32, b = 4.",
+        unit="bytes"),
     # --- lesson 12: PyTorch's native APIs ---------------------------------------------------
     "12.fsdp2_gathers": Question(
         lambda: 8 * (1 + 2 * 24),
@@ -529,6 +539,17 @@ def _active_params(model) -> int:
     from ..analysis.experts import moe_blocks, moe_layer_params
     one = moe_layer_params(model)["experts"] // model.experts
     return model_params(model) - len(moe_blocks(model)) * ((model.experts - model.top_k) * one + model.experts)
+
+
+def _ep_all_to_all(ep_overlap: bool) -> dict:
+    """Lesson 11: the analysis' ep all-to-all item (calls, bytes) of one step of moe-tiny with
+    3 MoE blocks on ep 4, 2 microbatches of one sequence per rank, float32."""
+    from ..analysis.comm import comm_items
+    from ..config import ParallelConfig, TrainConfig
+    items = comm_items(_preset("moe-tiny").replace(layers=3), ParallelConfig(ep=4, ep_overlap=ep_overlap),
+                       TrainConfig(global_batch=8, microbatches=2))
+    (a2a,) = [it for it in items if it["axis"] == "ep" and it["op"] == "all_to_all"]
+    return a2a
 
 
 def _capacity(model, tokens: int) -> int:

@@ -9,7 +9,7 @@ every rank by :func:`minitron.tools.testing.run_on_ranks`) trains a few steps wi
 to wait for it and when it was done) and a dispatch mode that stamps when each matrix
 product starts and ends, on one counter (:func:`tp_overlap_job`: the plain and the
 overlapped tensor-parallel layouts; :func:`products_under`: the products a call was in
-flight over): calls and products
+flight over; :func:`moe_call_order`: one MoE call's all-to-alls and products): calls and products
 have one total order (:func:`issue_order`) and times (:func:`plot_tp_overlap`). The plain
 layout's all-gather is one call followed by its product; the overlapped one posts each
 shift before the product that runs while it travels.
@@ -100,6 +100,37 @@ def issue_order(run: dict, step: int, phase: str = "fwd", first: int = 12) -> li
     events = [(r["seq"], r["op"]) for r in run["records"] if r["step"] == step and r["phase"] == phase]
     events += [(p["seq"], "mm") for p in run["products"] if p["step"] == step and p["phase"] == phase]
     return [op for _, op in sorted(events)][:first]
+
+
+def moe_call_order(run: dict, step: int, call: int = 0) -> list[str]:
+    """The forward of `run`'s `call`-th MoE call in `step` (one layout of
+    :func:`timed_steps_job` under ``--ep``) in the order it happened: the counts' all-to-all,
+    each row all-to-all as 'post X' and 'wait X' (or 'X (blocking)' when waited at its issue)
+    and the matrix products between them as 'N products'. The rows' calls are named by their
+    issue order: dispatch and combine, or under ``--ep-overlap`` their two halves each.
+    Deterministic: one thread stamps them all."""
+    recs = [r for r in run["records"] if r["step"] == step and r["phase"] == "fwd" and r["axis"] == "ep"
+            and r["op"] == "all_to_all"]
+    starts = [i for i, r in enumerate(recs) if len(r["shape"]) == 1]  # each call opens with its E counts
+    group = recs[starts[call]:starts[call + 1] if call + 1 < len(starts) else None]
+    counts, rows = group[0], group[1:]
+    names = ["dispatch", "combine"] if len(rows) == 2 else ["dispatch 1", "dispatch 2", "combine 1", "combine 2"]
+    events = [(counts["t"], "counts")]
+    for name, r in zip(names, rows):
+        if r["waited"] == r["t"]:  # waited at its issue
+            events.append((r["t"], f"{name} (blocking)"))
+        else:
+            events += [(r["t"], f"post {name}"), (r["waited"], f"wait {name}")]
+    end = max(r["done"] for r in group)
+    events += [(p["t0"], None) for p in run["products"]
+               if p["step"] == step and p["phase"] == "fwd" and counts["t"] <= p["t0"] <= end]
+    out: list = []
+    for _, name in sorted(events, key=lambda e: e[0]):
+        if name is None and out and isinstance(out[-1], int):
+            out[-1] += 1
+        else:
+            out.append(1 if name is None else name)
+    return [f"{e} products" if isinstance(e, int) else e for e in out]
 
 
 def plot_tp_overlap(runs: dict, step: int = -1, ax=None, window: int = 6, title: str | None = None):
