@@ -1,7 +1,9 @@
 """The experts' all-to-all overlapped with their computation (``--ep-overlap``): each MoE
 call's dispatch and combine split in two halves, so that one half's all-to-all is in
 flight while the other half's experts run (DeepSeek-V3, arXiv 2412.19437 §3.2.1:
-computation-communication overlap; Megatron-Core's ``--moe-a2a-overlap``).
+computation-communication overlap). Megatron-Core's ``--overlap-moe-expert-parallel-comm``
+pairs one microbatch's forward with another's backward instead, as DualPipe does; this
+splits one call, so it works without a second microbatch in flight.
 
 DeepSeek-V3 hides the all-to-all of one micro-batch under the computation of another
 (DualPipe's forward and backward chunks paired). Inside one MoE call the same idea needs
