@@ -68,7 +68,7 @@ from typing import Any
 from ..config import ModelConfig
 from .flops import recompute_policy
 from .memory import memory_on_rank
-from .params import layers_on_rank, layout_get, local_model, rank_chunks
+from .params import block_ids_on_rank, layout_get, local_model
 
 __all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items",
            "usp_comm_items", "cp_activation_table",
@@ -144,7 +144,7 @@ def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_
                axis: str, name: str) -> list[dict]:
     """The all-to-alls of the rank's s/N tokens, heads split over `over` ranks of `axis`."""
     (t, m, b), n = _microbatch_of(parallel, train), int(layout_get(parallel, "cp", 1) or 1)
-    per_layer = m * layers_on_rank(model, parallel, pp_rank) * (_forwards(parallel) + 1)
+    per_layer = m * len(block_ids_on_rank(model, parallel, pp_rank)) * (_forwards(parallel) + 1)
     el = a2a_elements(model, b, t, n, over)
     return [{"what": f"{name}: Q, K and V to heads, the output back, and their gradients",
              "axis": axis, "op": "all_to_all", "calls": 3 * per_layer,
@@ -195,7 +195,7 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
 def _ring_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, n: int, el: int,
                 axis: str, carries: str = "heads") -> list[dict]:
     """The sends and receives of a ring of `n` ranks on `axis` whose messages hold `el` elements."""
-    hops = train.microbatches * layers_on_rank(model, parallel, pp_rank) * (n - 1)  # per pass of the ring
+    hops = train.microbatches * len(block_ids_on_rank(model, parallel, pp_rank)) * (n - 1)  # per pass of the ring
     forwards = _forwards(parallel)
     kv, grads = ("K, V", "dK, dV") if carries == "heads" else ("the latent c_KV, k_R", "their gradients")
     items = []
@@ -317,7 +317,7 @@ def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_ra
     m = train.microbatches
     c = model.seq_len // (2 * n)
     forwards = _forwards(parallel)
-    ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
+    ids = block_ids_on_rank(model, parallel, pp_rank)
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
     totals = {key: [0, 0] for key in whole}
     for rows in documents if documents is not None else [None] * m:
