@@ -55,6 +55,12 @@ ranks differ). Packed documents (``--pack``) do the same with data: chunk b is s
 the chunk where the document holding its last token ends, the farthest over the rows of
 the microbatch (:func:`document_last_chunks`), so the bytes follow the step's documents.
 
+"Per layer" means per block the rank runs (:func:`~minitron.analysis.params.block_ids_on_rank`):
+its chunks' layers and, on the rank of the last stage, the D multi-token prediction depths'
+blocks (``mtp.py``; DeepSeek-V3 §2.2), which attend over the context ranks like any block
+(each with its own ``window_of``); full recomputation replays the stage's layers only (a
+depth's block runs outside ``run_block``), selective replays a depth's attention core too.
+
 Wire bytes equal call bytes here: each point-to-point message crosses one link once.
 Against sequence parallelism's collectives this is ``(N−1)/N`` of the K and V of the
 whole sequence per direction, but it overlaps the block computations (each hop is
