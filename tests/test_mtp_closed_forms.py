@@ -16,6 +16,7 @@ the planted count.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from unittest import mock
 
 import pytest
@@ -31,7 +32,8 @@ from minitron.tools.testing import traced_step_bytes
 DSV3 = PRESETS["deepseek-v3-tiny"]
 CP_AXES = ("cp", "cp_a2a", "cp_ring")
 
-RING, A2A, USP = ParallelConfig(cp=2), ParallelConfig(cp=2, cp_mode="a2a"), ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2)
+RING, A2A = ParallelConfig(cp=2), ParallelConfig(cp=2, cp_mode="a2a")
+USP = ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2)
 
 
 def _train(layout: ParallelConfig) -> TrainConfig:
@@ -47,14 +49,8 @@ def _layers_only(model, layout, pp_rank):
 
 def _closed(model, layout, pp_rank=0, planted=False) -> dict:
     """The closed form's bytes on the context axes, {axis: {op: bytes}} (float64)."""
-    with mock.patch.object(context_parallel, "block_ids_on_rank", _layers_only) if planted else _nothing():
+    with mock.patch.object(context_parallel, "block_ids_on_rank", _layers_only) if planted else nullcontext():
         return bytes_by_axis(cp_comm_items(model, layout, _train(layout), pp_rank, act_bytes=8))
-
-
-def _nothing():
-    from contextlib import nullcontext
-
-    return nullcontext()
 
 
 def _context_axes(per_axis: dict) -> dict:
@@ -63,7 +59,8 @@ def _context_axes(per_axis: dict) -> dict:
 
 IN_PROCESS = [(d, lay) for d in (1, 2) for lay in (RING, A2A, USP)] + [(2, lay) for lay in (
     ParallelConfig(cp=2, recompute="selective"), ParallelConfig(cp=2, recompute="full"),
-    ParallelConfig(cp=2, cp_mode="a2a", recompute="full"), ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2, recompute="full"),
+    ParallelConfig(cp=2, cp_mode="a2a", recompute="full"),
+    ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2, recompute="full"),
     ParallelConfig(cp=2, pp=2), ParallelConfig(cp=2, pp=2, vpp=2, schedule="zb-v"))]
 
 
