@@ -60,7 +60,6 @@ def _context_axes(per_axis: dict) -> dict:
 IN_PROCESS = [(d, lay) for d in (1, 2) for lay in (RING, A2A, USP)] + [(2, lay) for lay in (
     ParallelConfig(cp=2, recompute="selective"), ParallelConfig(cp=2, recompute="full"),
     ParallelConfig(cp=2, cp_mode="a2a", recompute="full"),
-    ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2, recompute="full"),
     ParallelConfig(cp=2, pp=2), ParallelConfig(cp=2, pp=2, vpp=2, schedule="zb-v"))]
 
 
