@@ -55,6 +55,12 @@ ranks differ). Packed documents (``--pack``) do the same with data: chunk b is s
 the chunk where the document holding its last token ends, the farthest over the rows of
 the microbatch (:func:`document_last_chunks`), so the bytes follow the step's documents.
 
+"Per layer" means per block the rank runs (:func:`~minitron.analysis.params.block_ids_on_rank`):
+its chunks' layers and, on the rank of the last stage, the D multi-token prediction depths'
+blocks (``mtp.py``; DeepSeek-V3 §2.2), which attend over the context ranks like any block
+(each with its own ``window_of``); full recomputation replays the stage's layers only (a
+depth's block runs outside ``run_block``), selective replays a depth's attention core too.
+
 Wire bytes equal call bytes here: each point-to-point message crosses one link once.
 Against sequence parallelism's collectives this is ``(N−1)/N`` of the K and V of the
 whole sequence per direction, but it overlaps the block computations (each hop is
@@ -68,7 +74,7 @@ from typing import Any
 from ..config import ModelConfig
 from .flops import recompute_policy
 from .memory import memory_on_rank
-from .params import layers_on_rank, layout_get, local_model, rank_chunks
+from .params import block_ids_on_rank, layout_get, local_model
 
 __all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items",
            "usp_comm_items", "cp_activation_table",
@@ -124,9 +130,19 @@ def _microbatch_of(parallel: Any, train: Any) -> tuple[int, int, int]:
     return t, train.microbatches, train.global_batch // (d * train.microbatches)
 
 
-def _forwards(parallel: Any) -> int:
-    """Forward passes of the attention core per step: 2 under recomputation (its replay)."""
-    return 2 if recompute_policy(layout_get(parallel, "recompute", "none")) != "none" else 1
+def _forwards(model: ModelConfig, parallel: Any, i: int) -> int:
+    """Forward passes of block `i`'s attention core per step: 2 under recomputation (its
+    replay). A multi-token prediction depth's block (i ≥ L) runs outside the stage's
+    ``run_block``: full recomputation does not replay it, selective (inside the attention) does."""
+    policy = recompute_policy(layout_get(parallel, "recompute", "none"))
+    return 2 if policy == "selective" or (policy == "full" and i < model.layers) else 1
+
+
+def _passes(model: ModelConfig, parallel: Any, pp_rank: int) -> int:
+    """Passes of the attention core over a microbatch on pipeline rank `pp_rank` in a step,
+    summed over every block it runs (:func:`~minitron.analysis.params.block_ids_on_rank`,
+    the MTP depths' included): each block's forwards and its backward."""
+    return sum(_forwards(model, parallel, i) + 1 for i in block_ids_on_rank(model, parallel, pp_rank))
 
 
 def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -144,11 +160,11 @@ def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_
                axis: str, name: str) -> list[dict]:
     """The all-to-alls of the rank's s/N tokens, heads split over `over` ranks of `axis`."""
     (t, m, b), n = _microbatch_of(parallel, train), int(layout_get(parallel, "cp", 1) or 1)
-    per_layer = m * layers_on_rank(model, parallel, pp_rank) * (_forwards(parallel) + 1)
+    passes = m * _passes(model, parallel, pp_rank)
     el = a2a_elements(model, b, t, n, over)
     return [{"what": f"{name}: Q, K and V to heads, the output back, and their gradients",
-             "axis": axis, "op": "all_to_all", "calls": 3 * per_layer,
-             "bytes": per_layer * sum(el.values()) * act_bytes}]
+             "axis": axis, "op": "all_to_all", "calls": 3 * passes,
+             "bytes": passes * sum(el.values()) * act_bytes}]
 
 
 def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
@@ -195,14 +211,15 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
 def _ring_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, n: int, el: int,
                 axis: str, carries: str = "heads") -> list[dict]:
     """The sends and receives of a ring of `n` ranks on `axis` whose messages hold `el` elements."""
-    hops = train.microbatches * layers_on_rank(model, parallel, pp_rank) * (n - 1)  # per pass of the ring
-    forwards = _forwards(parallel)
+    blocks = block_ids_on_rank(model, parallel, pp_rank)
+    hops = train.microbatches * len(blocks) * (n - 1)  # per pass of the ring
+    kv_hops = train.microbatches * _passes(model, parallel, pp_rank) * (n - 1)  # every pass of K, V
     kv, grads = ("K, V", "dK, dV") if carries == "heads" else ("the latent c_KV, k_R", "their gradients")
+    recomputed = ", recomputed" if kv_hops > 2 * hops else ""
     items = []
     for op in ("send", "recv"):
-        items.append({"what": f"ring attention: {kv} (forward" + (", recomputed" if forwards > 1 else "")
-                      + " and backward)", "axis": axis, "op": op, "calls": (forwards + 1) * hops,
-                      "bytes": (forwards + 1) * hops * el * act_bytes})
+        items.append({"what": f"ring attention: {kv} (forward{recomputed} and backward)", "axis": axis, "op": op,
+                      "calls": kv_hops, "bytes": kv_hops * el * act_bytes})
         items.append({"what": f"ring attention: {grads} accumulated around the ring (backward)", "axis": axis,
                       "op": op, "calls": hops, "bytes": hops * el * max(act_bytes, 4)})
     return items
@@ -316,8 +333,7 @@ def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_ra
     `chunk` elements of K and V."""
     m = train.microbatches
     c = model.seq_len // (2 * n)
-    forwards = _forwards(parallel)
-    ids = [i for layer_ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in layer_ids]
+    ids = block_ids_on_rank(model, parallel, pp_rank)
     whole = {"kv_send": [2] * (n - 1), "kv_recv": [2] * (n - 1), "acc_send": [2] * (n - 1), "acc_recv": [2] * (n - 1)}
     totals = {key: [0, 0] for key in whole}
     for rows in documents if documents is not None else [None] * m:
@@ -328,7 +344,7 @@ def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_ra
             else:
                 hops = _window_hops(n, ring_rank, window_chunk_reach(n, c, w)) if w else whole
             for key, msgs in hops.items():
-                passes = (forwards + 1) if key.startswith("kv") else 1
+                passes = (_forwards(model, parallel, i) + 1) if key.startswith("kv") else 1
                 totals[key][0] += passes * len(msgs)
                 totals[key][1] += passes * sum(msgs) * chunk
     what = "packed documents" if documents is not None else "a sliding window"

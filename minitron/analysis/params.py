@@ -61,6 +61,7 @@ __all__ = [
     "local_layer_params",
     "params_per_rank",
     "rank_chunks",
+    "block_ids_on_rank",
     "layout_placement",
 ]
 
@@ -251,6 +252,15 @@ def rank_chunks(model: ModelConfig, layout: Any, pp_rank: int) -> list[tuple[lis
         start += n
     where = layout_placement(layout)
     return [(stages[where.stage(pp_rank, c)], *where.chunk_ends(pp_rank, c)) for c in range(v)]
+
+
+def block_ids_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> list[int]:
+    """Ids of every transformer block pipeline rank `pp_rank` runs in a step, in its chunk
+    order: its chunks' layers and, after the last stage's, the blocks of the D multi-token
+    prediction depths (ids L .. L+D−1, ``mtp.Depth``; DeepSeek-V3 §2.2), which attend like
+    any block (under --cp their ring or all-to-all traffic too)."""
+    mtp = list(range(model.layers, model.layers + model.mtp_depths))
+    return [i for ids, _, last in rank_chunks(model, layout, pp_rank) for i in ids + (mtp if last else [])]
 
 
 def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
