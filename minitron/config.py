@@ -484,6 +484,9 @@ def validate_long_context(model: ModelConfig) -> None:
     _need(set(model.window_layers) <= {"L", "G"},
           f"--window-layers '{model.window_layers}' must be a pattern of L (windowed) and G (global), e.g. LG")
     _need(not model.window_layers or model.window > 0, "--window-layers needs --window: give the window's size")
+    _need(not model.window or model.attention != "mla",
+          "--window masks the standard attention only (MLA's attends to the whole sequence): drop --window or "
+          "--attention mla")
     _need(model.rope_scaling in ("", *ROPE_SCALINGS),
           f"unknown --rope-scaling '{model.rope_scaling}': choose one of {', '.join(ROPE_SCALINGS)} (or none)")
     if model.rope_scaling:

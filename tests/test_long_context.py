@@ -115,6 +115,7 @@ def test_flops_formula_equals_the_matmuls_a_windowed_step_runs(window, kv):
     (LLAMA.replace(rope_scaling="ntk"), ParallelConfig(), "unknown --rope-scaling 'ntk'"),
     (LLAMA.replace(window=4, window_layers="LX"), ParallelConfig(), "pattern of L (windowed) and G"),
     (LLAMA.replace(window_layers="LG"), ParallelConfig(), "--window-layers needs --window"),
+    (PRESETS["deepseek-v3-tiny"].replace(window=6), ParallelConfig(), "--window masks the standard attention only"),
     (PRESETS["tiny"].replace(rope_scaling="yarn"), ParallelConfig(), "add --positions rope"),
     (LLAMA.replace(rope_scaling="yarn", rope_factor=0.5), ParallelConfig(), "--rope-factor must be at least 1"),
     (LLAMA.replace(head_width=12, kv_heads=0), ParallelConfig(tp=4, tp_mode="2d"), "1-D tensor parallelism only"),
