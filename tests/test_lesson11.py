@@ -29,6 +29,8 @@ WITNESS = {
     "11.mla_cache_kib": r"deepseek-v2-lite KV cache: ([\d.]+) KiB per token",
     "11.mtp_flops_pct": r"deepseek-v2-lite, D = 1: \+([\d.]+) % FLOPs",
     "11.ib_bytes_max": r"all remote: ([\d,]+) bytes over IB",
+    "11.ep_overlap_calls": r"ep_overlap=True: (\d+) all-to-alls",
+    "11.ep_overlap_bytes": r"ep_overlap=True: \d+ all-to-alls, ([\d,]+) bytes",
 }
 
 
@@ -44,7 +46,12 @@ def test_question_answered_by_the_lesson(out, qid):
 
 
 def test_stored_outputs_show_the_checks_holding(out):
-    assert out.count("-> equal: True") == 2 and "equal: False" not in out  # both ep ranks' traces
+    assert "equal: False" not in out
+    # both ep ranks' traces equal the formula from the counts (section 4); under --ep-overlap (section 9)
+    # step 0's calls equal the analysis, plain and overlapped, and each rank's bytes equal the plain run's
+    assert len(re.findall(r"ep rank \d: .* -> equal: True", out)) == 2
+    assert len(re.findall(r"step 0: \d+ ep all-to-alls traced, the analysis \d+ -> equal: True", out)) == 2
+    assert len(re.findall(r"rank \d, step 0: ep all-to-all bytes plain [\d,]+, overlap [\d,]+ -> equal: True", out)) == 2
     assert "(max difference below 1e-12: True)" in out
     # the collapsed router is visible, and the loss-free bias brings it near balance
     collapsed = _number(r"collapsed router : .*busiest/mean ([\d.]+)", out)
