@@ -7,7 +7,6 @@ axis and operation, and a planted mistake (rotary positions local, not global) c
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from fractions import Fraction
 from unittest import mock
 
@@ -16,7 +15,6 @@ import pytest
 from minitron.analysis.calls import bytes_by_axis
 from minitron.analysis.context_parallel import cp_comm_items, cp_message_elements
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
-from minitron.tools.testing import traced_step_bytes
 
 TINY = PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
 TOL = 1e-9
@@ -100,21 +98,14 @@ def _train(layout: ParallelConfig) -> TrainConfig:
 def _cases_job(comm, cases):
     """Every case on this launch's ranks (its own grid): the oracle's verdict (rank 0) and
     step 0's traced bytes by axis and op (the 'log' phase's routing counts left out)."""
-    from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
-    from minitron.grid import ProcessGrid
-    from minitron.tools.verify import versus_one_device
-    from minitron.train import Trainer
+    from minitron.tools.testing import trained_versus_one_device
 
-    corpus, rank, out = load_corpus(""), comm.grid.rank, {}
+    corpus, out = load_corpus(""), {}
     for name, layout, planted in cases:
-        grid = ProcessGrid.for_layout(layout, rank).build_groups()
-        c, train = Comm(grid, CommTrace()), _train(layout)
-        with mock.patch("minitron.mla.local_positions", _local_positions) if planted else nullcontext():
-            tr = Trainer(TINY, layout, train, c, corpus)
-            losses = [tr.step(i) for i in range(train.steps)]
-        res = versus_one_device(c, tr, losses, TINY, train.replace(microbatches=layout.data_replicas))
-        out[name] = dict(res=res, traced=traced_step_bytes(c.trace.records, rank))
+        plant = mock.patch("minitron.mla.local_positions", _local_positions) if planted else None
+        run = trained_versus_one_device(comm, TINY, layout, _train(layout), corpus, plant)
+        out[name] = run
     return out
 
 

@@ -24,7 +24,7 @@ import pytest
 from minitron.analysis.calls import bytes_by_axis
 from minitron.analysis.context_parallel import cp_comm_items
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
-from minitron.tools.testing import traced_step_bytes
+from minitron.tools.testing import assert_oracle_verdicts
 
 LLAMA, DSV3 = PRESETS["llama-tiny"], PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
 TOL = 1e-9
@@ -133,21 +133,13 @@ def _train(layout: ParallelConfig) -> TrainConfig:
 def _cases_job(comm, cases):
     """Every case on this launch's ranks (its own grid): the oracle's verdict (rank 0) and
     step 0's traced bytes by axis and op."""
-    from minitron.comm import Comm, CommTrace
     from minitron.data import load_corpus
-    from minitron.grid import ProcessGrid
-    from minitron.tools.verify import versus_one_device
-    from minitron.train import Trainer
+    from minitron.tools.testing import trained_versus_one_device
 
-    corpus, rank, out = load_corpus(""), comm.grid.rank, {}
+    corpus, out = load_corpus(""), {}
     for name, model, layout, planted in cases:
-        grid = ProcessGrid.for_layout(layout, rank).build_groups()
-        c, train = Comm(grid, CommTrace()), _train(layout)
-        with _plant(planted):
-            tr = Trainer(model, layout, train, c, corpus)
-            losses = [tr.step(i) for i in range(train.steps)]
-        res = versus_one_device(c, tr, losses, model, train.replace(microbatches=layout.data_replicas))
-        out[name] = dict(res=res, traced=traced_step_bytes(c.trace.records, rank))
+        run = trained_versus_one_device(comm, model, layout, _train(layout), corpus, _plant(planted))
+        out[name] = run
     return out
 
 
@@ -165,11 +157,7 @@ def test_usp_equals_one_device_and_the_plants_are_caught(eight):
     """verify --dtype float64 (1e-9), loss and parameters, on cp4 = 2 × 2 with dp2 and with
     tp2 (+sp, selective recomputation), MLA with dp2, a window on cp8 = 2 × 4; each planted
     mistake exceeds it."""
-    for name, _, layout, planted in CASES:
-        res = eight[0][name]["res"]
-        print(f"{name:<36} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
-        ok = res["max_loss_abs_diff"] <= TOL and res["max_param_rel_diff"] <= TOL
-        assert ok != bool(planted), (name, res)
+    assert_oracle_verdicts(eight[0], CASES, TOL)
 
 
 @pytest.mark.multirank

@@ -33,6 +33,38 @@ def run_on_ranks(fn, layout: ParallelConfig, *args, trace: bool = False) -> dict
     return launch_local(_rank_entry, (fn, layout, trace, args), layout.world)
 
 
+def trained_versus_one_device(comm, model, layout: ParallelConfig, train, corpus, within=None) -> dict:
+    """On every rank of a launch: a Trainer on `layout`'s own grid (a traced Comm) trains
+    `train.steps` steps inside `within` (a context manager: a planted mistake's patch; None:
+    nothing), then the oracle (``tools.verify.versus_one_device``, one reference microbatch
+    per replica's microbatch: rank 0's verdict) and this rank's traced bytes of step 0.
+    Returns ``{"res", "traced"}``."""
+    from contextlib import nullcontext
+
+    from ..comm import Comm, CommTrace
+    from ..grid import ProcessGrid
+    from ..train import Trainer
+    from .verify import versus_one_device
+
+    grid = ProcessGrid.for_layout(layout, comm.grid.rank).build_groups()
+    c = Comm(grid, CommTrace())
+    with within if within is not None else nullcontext():
+        tr = Trainer(model, layout, train, c, corpus)
+        losses = [tr.step(i) for i in range(train.steps)]
+    res = versus_one_device(c, tr, losses, model, train.replace(microbatches=train.microbatches * layout.data_replicas))
+    return {"res": res, "traced": traced_step_bytes(c.trace.records, comm.grid.rank)}
+
+
+def assert_oracle_verdicts(results: dict, cases, tol: float) -> None:
+    """Each case of `cases` ((name, ..., planted) tuples) within `tol` of one device in loss
+    and parameters (``results[name]["res"]``) exactly when nothing was planted."""
+    for name, *_, planted in cases:
+        res = results[name]["res"]
+        print(f"{name:<44} loss {res['max_loss_abs_diff']:.1e} param {res['max_param_rel_diff']:.1e}")
+        ok = res["max_loss_abs_diff"] <= tol and res["max_param_rel_diff"] <= tol
+        assert ok != bool(planted), (name, res)
+
+
 def traced_step_bytes(records: list[dict], rank: int, step: int = 0) -> dict:
     """One rank's traced bytes in one step, per axis and op (``analysis.calls.bytes_by_axis``,
     what ``comm_bytes_per_step`` predicts): the 'log' phase (the logged loss's all-reduce,
