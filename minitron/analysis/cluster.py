@@ -15,7 +15,10 @@ does in one iteration, each priced by the part of the machine that limits it:
 * **tensor-parallel all-reduces** on the critical path unless the software overlaps
   them: ring all-reduces of b·s·h inside a node over NVLink/NVSwitch (between nodes once
   t exceeds a node); with sequence parallelism also the backward's all-gathers of the
-  column-parallel linears' saved input shards (Korthikanti et al. 2022, §4.2.2);
+  column-parallel linears' saved input shards (Korthikanti et al. 2022, §4.2.2); PyTorch's
+  async TP (``tp_overlap="async"``) from its decomposition: each collective the compiler
+  decomposes costs its t chunks' products, the one-chunk transfers not under them and what
+  the fused op leaves exposed (:func:`decomposed_matmul_s`, ``software.ASYNC_TP``);
 * **pipeline sends** between stages (b·s·h/t with the scatter/gather optimisation),
   and the **bubble** ``bubble_fraction(schedule, p, m, v)`` × the ideal time;
 * **data-parallel all-reduce** of the gradients (2 bytes each), overlapped with the
