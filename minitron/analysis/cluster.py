@@ -1005,13 +1005,14 @@ def _async_tp_op_s(r: _Run, op: str, linear: str, pass_: int, whole: float) -> f
     L, c, t = r.L, r.c, r.L.tp
     m, n, k = tp_linear_shapes(r.model, L.microbatch_size * r.model.seq_len // L.cp, t, r.head_dim)[linear]
     chunk = _gemm_s(m / t, n, k, c, fp8=r.fp8)[pass_]
-    shard, lat, pass_s = r.x / t, c.intra_latency, r.x / t / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)
-    wire = shard / (c.intra_bw * COMM_BW_FRACTION)
+    lat = c.intra_latency
+    wire = r.x / t / (c.intra_bw * COMM_BW_FRACTION)  # one chunk over NVLink, priced as NCCL's
+    hbm_pass = r.x / t / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)  # one chunk read or written in memory
     if op.endswith("gather"):
-        step, fixed = lat + wire, ASYNC_TP["gather_barriers"] * lat + ASYNC_TP["gather_copy_passes"] * pass_s
+        step, fixed = lat + wire, ASYNC_TP["gather_barriers"] * lat + ASYNC_TP["gather_copy_passes"] * hbm_pass
     else:
         step = ASYNC_TP["scatter_step_barriers"] * lat + wire
-        fixed = ASYNC_TP["scatter_barriers"] * lat + (t + ASYNC_TP["scatter_reduce_writes"]) * pass_s
+        fixed = ASYNC_TP["scatter_barriers"] * lat + (t + ASYNC_TP["scatter_reduce_writes"]) * hbm_pass
     return decomposed_matmul_s(chunk, step, t) + fixed - whole
 
 

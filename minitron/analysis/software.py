@@ -160,9 +160,9 @@ TOKEN_PASSES = {False: 4 + 2 * 7.5, True: 4 + 2 * 3.5}  # key: fused bias+dropou
 # and meets a barrier at the end; _pipelined_produce_and_all2all computes the t−1 peers' chunks
 # first, each followed by a barrier, the peer's copy and a second barrier, then its own chunk,
 # and fused_matmul_reduce_scatter sums the t partial chunks after it (reduce_partials: reads t
-# chunks, writes one). The copies are plain tensor copies between the GPUs' buffers, run by no
-# communication kernel of their own: no SMs are taken from the matmuls (NCCL's kernels take
-# some); the memory traffic they share with the matmuls is not priced (no source states it).
+# chunks, writes one). The copies are plain tensor copies (``copy_``) from a peer's buffer on the
+# GPU's streams, not NCCL kernels; how much they slow the matmuls beside them (SMs, memory
+# traffic) no source read here states, so no contention is priced.
 ASYNC_TP: dict = {
     # which of a layer's collectives are decomposed (the names cluster.py prices)
     "decomposed": {"gather": True, "scatter": True, "grad_gather": True, "grad_scatter": False,
