@@ -15,7 +15,10 @@ does in one iteration, each priced by the part of the machine that limits it:
 * **tensor-parallel all-reduces** on the critical path unless the software overlaps
   them: ring all-reduces of b·s·h inside a node over NVLink/NVSwitch (between nodes once
   t exceeds a node); with sequence parallelism also the backward's all-gathers of the
-  column-parallel linears' saved input shards (Korthikanti et al. 2022, §4.2.2);
+  column-parallel linears' saved input shards (Korthikanti et al. 2022, §4.2.2); PyTorch's
+  async TP (``tp_overlap="async"``) from its decomposition: each collective the compiler
+  decomposes costs its t chunks' products, the one-chunk transfers not under them and what
+  the fused op leaves exposed (:func:`decomposed_matmul_s`, ``software.ASYNC_TP``);
 * **pipeline sends** between stages (b·s·h/t with the scatter/gather optimisation),
   and the **bubble** ``bubble_fraction(schedule, p, m, v)`` × the ideal time;
 * **data-parallel all-reduce** of the gradients (2 bytes each), overlapped with the
@@ -134,10 +137,10 @@ from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flo
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
 from .params import layout_get, layout_placement, padded_vocab, params_given_layers, rank_layers
-from .software import Software, get_software, kernel_source, kernel_tflops
+from .software import ASYNC_TP, Software, get_software, kernel_source, kernel_tflops
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
-           "predict", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
+           "predict", "decomposed_matmul_s", "tp_linear_shapes", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP", "DROPLESS_MOE_HOST_S", "GPU_MEMORY_BYTES"]
 
@@ -457,10 +460,10 @@ def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: So
     `moe`, the router, the shared experts and the routed experts this rank holds (E/ep
     of them, each on k·T·ep/(t·E) token rows; the busiest rank gets (1 + `imbalance`)
     times the balanced share)."""
-    h, T = model.hidden, b * model.seq_len // cp
-    q, kv = attention_widths(model, t, head_dim)
+    T = b * model.seq_len // cp
     fp8 = sw.fp8 and c.fp8_peak_flops > 0
-    parts = {"qkv": _gemm_s(T, q + 2 * kv, h, c, fp8=fp8), "proj": _gemm_s(T, h, q, c, fp8=fp8)}
+    shapes = tp_linear_shapes(model, T, t, head_dim)
+    parts = {k: _gemm_s(*shapes[k], c, fp8=fp8) for k in ("qkv", "proj")}
     mlp, mlp_passes = (_moe_mlp(model, T, t, c, fp8, ep, imbalance) if moe else _dense_mlp(model, T, t, c, fp8))
     parts.update(mlp)
     att_f, att_b = _attention_products_s(model, b, t, cp, c, sw, e, head_dim)
@@ -476,10 +479,22 @@ def _dense_mlp(model: ModelConfig, T: int, t: int, c: Cluster, fp8: bool) -> tup
     gate and up as one 2f/t-wide product with SwiGLU; down; no experts), and its
     activation's element-wise passes per token: GeLU reads and writes T·f/t, SwiGLU reads
     gate and up and writes their product."""
-    f, h, gated = model.ffn_hidden, model.hidden, model.activation == "swiglu"
-    parts = {"fc1": _gemm_s(T, (2 if gated else 1) * f / t, h, c, fp8=fp8), "fc2": _gemm_s(T, h, f / t, c, fp8=fp8),
+    f, gated = model.ffn_hidden, model.activation == "swiglu"
+    shapes = tp_linear_shapes(model, T, t)
+    parts = {"fc1": _gemm_s(*shapes["fc1"], c, fp8=fp8), "fc2": _gemm_s(*shapes["fc2"], c, fp8=fp8),
              "experts": (0.0, 0.0, 0.0)}
     return parts, (3 if gated else 2) * f / t
+
+
+def tp_linear_shapes(model: ModelConfig, T: float, t: int, head_dim: int | None = None) -> dict:
+    """(rows, columns, inner) of a dense layer's four linears' forward products for T tokens
+    on one of t tensor ranks: QKV (h → q + 2·kv, :func:`attention_widths`), the attention's
+    output projection (q → h), the MLP's up (gate and up as one 2f/t-wide product with
+    SwiGLU) and down products."""
+    h, f, gated = model.hidden, model.ffn_hidden, model.activation == "swiglu"
+    q, kv = attention_widths(model, t, head_dim)
+    return {"qkv": (T, q + 2 * kv, h), "proj": (T, h, q), "fc1": (T, (2 if gated else 1) * f / t, h),
+            "fc2": (T, h, f / t)}
 
 
 def _moe_rows(model: ModelConfig, T: int, t: int, ep: int, imbalance: float) -> tuple[float, float]:
@@ -954,12 +969,75 @@ def _stage_tp_s(r: _Run, per: _PerLayer, n: int, first: bool, last: bool, linear
     last), on the critical path; with sequence parallelism the backward's re-gathers of
     QKV's, fc's (and the output layer's) input shards (§4.2.2), and the software may hide
     the backward's share or all of them behind the `linears` (up to DP_OVERLAP)."""
+    if r.sw.tp_overlap == "async" and r.L.sp:
+        return _async_tp_stage_s(r, per, n, first, last)
     k_fwd = 4 if r.rc == "full" else 2
     tp_fwd = (n * k_fwd + first + last) * per.ar
     tp_bwd = 2 * n * per.ar + (2 * n + last) * per.regather
     hideable = {"none": 0.0, "backward": tp_bwd, "all": tp_fwd + tp_bwd}[r.sw.tp_overlap] if r.L.sp else 0.0
     tp_hidden = min(DP_OVERLAP * hideable, linears)
     return tp_fwd + tp_bwd - tp_hidden, tp_hidden
+
+
+# A sequence-parallel layer's collectives: (name in software.ASYNC_TP["decomposed"], the
+# linear whose product it feeds or follows, that product's pass: 0 forward, 1 input
+# gradient, 2 weight gradient), by pass; the forward's run again under full recompute.
+ASYNC_TP_FORWARD = (("gather", "qkv", 0), ("gather", "fc1", 0), ("scatter", "proj", 0), ("scatter", "fc2", 0))
+ASYNC_TP_BACKWARD = (("grad_gather", "proj", 1), ("grad_gather", "fc2", 1), ("grad_scatter", "qkv", 1),
+                     ("grad_scatter", "fc1", 1), ("regather", "qkv", 2), ("regather", "fc1", 2))
+
+
+def decomposed_matmul_s(chunk_s: float, step_s: float, t: int) -> float:
+    """Seconds of a collective matmul decomposed into t chunks, as the engine runs it
+    (``parallel/collective_matmul.py``) and PyTorch's micro-pipelined ops do: t−1 transfers
+    of one chunk, each under one chunk's product, and one product with no transfer under it
+    (the own shard, first, of an all-gather; the own chunk, last, of a reduce-scatter):
+    ``(t−1)·max(product, transfer) + product``."""
+    return (t - 1) * max(chunk_s, step_s) + chunk_s
+
+
+def _async_tp_op_s(r: _Run, op: str, linear: str, pass_: int, whole: float) -> float:
+    """Seconds one decomposed collective adds to its linear's product (of `whole` seconds)
+    under async TP: the t chunks' products at the efficiency of their T/t rows, the t−1
+    one-chunk copies (a barrier's latency each, two per reduce-scatter step) and what the
+    fused op leaves exposed (software.ASYNC_TP: an all-gather's local copy and barriers, a
+    reduce-scatter's barriers and its sum of the t partial chunks), over the whole product."""
+    L, c, t = r.L, r.c, r.L.tp
+    m, n, k = tp_linear_shapes(r.model, L.microbatch_size * r.model.seq_len // L.cp, t, r.head_dim)[linear]
+    chunk = _gemm_s(m / t, n, k, c, fp8=r.fp8)[pass_]
+    lat = c.intra_latency
+    wire = r.x / t / (c.intra_bw * COMM_BW_FRACTION)  # one chunk over NVLink, priced as NCCL's
+    hbm_pass = r.x / t / (c.hbm_bw * ELEMENTWISE_BW_FRACTION)  # one chunk read or written in memory
+    if op.endswith("gather"):
+        step, fixed = lat + wire, ASYNC_TP["gather_barriers"] * lat + ASYNC_TP["gather_copy_passes"] * hbm_pass
+    else:
+        step = ASYNC_TP["scatter_step_barriers"] * lat + wire
+        fixed = ASYNC_TP["scatter_barriers"] * lat + (t + ASYNC_TP["scatter_reduce_writes"]) * hbm_pass
+    return decomposed_matmul_s(chunk, step, t) + fixed - whole
+
+
+def _async_tp_stage_s(r: _Run, per: _PerLayer, n: int, first: bool, last: bool) -> tuple[float, float]:
+    """(Exposed, hidden) seconds of a stage's tensor-parallel collectives per microbatch under
+    PyTorch's async TP (``tp_overlap="async"``, torchtitan): each collective the compiler
+    decomposes (software.ASYNC_TP) costs what :func:`_async_tp_op_s` adds to its product, and
+    hides the rest of its all-gather or reduce-scatter (half of ``per.ar``); the others, and
+    the embedding's and the output layer's, stay on the critical path as without overlap."""
+    if r.L.tp > r.c.gpus_per_node or r.model.experts:
+        raise ValueError(f"async TP is priced for dense blocks with the tensor group inside one node "
+                         f"(tp {r.L.tp}, {r.c.gpus_per_node} GPUs per node, experts {r.model.experts}): "
+                         f"use tp_overlap 'all' for this layout")
+    parts = per.dense.parts
+    exposed, hidden = (first + last) * per.ar + last * per.regather, 0.0
+    for ops, times in ((ASYNC_TP_FORWARD, r.replay), (ASYNC_TP_BACKWARD, 1)):
+        for op, linear, pass_ in ops:
+            alone = per.regather if op == "regather" else per.ar / 2
+            if not ASYNC_TP["decomposed"][op]:
+                exposed += n * times * alone
+                continue
+            added = _async_tp_op_s(r, op, linear, pass_, parts[linear][pass_])
+            exposed += n * times * added
+            hidden += n * times * max(alone - added, 0.0)
+    return exposed, hidden
 
 
 def _pp_comm_s(r: _Run) -> tuple[float, float]:

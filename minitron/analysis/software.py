@@ -49,7 +49,9 @@ kernels are itemised both ways):
   input-gradient GEMM, and the reduce-scatter of that gradient before the weight-gradient
   GEMM) hides the backward's collectives behind the matrix multiplies;
   ``"all"`` pipelines every tensor-parallel collective with its GEMM (Megatron-Core's
-  userbuffer overlap, 2023); ``"none"``: all on the critical path;
+  userbuffer overlap, 2023); ``"async"``: PyTorch's async tensor parallelism as torchtitan
+  runs it, priced from its decomposition (:data:`ASYNC_TP`: which collectives the compiler
+  pass decomposes, and what each fused op leaves exposed); ``"none"``: all on the critical path;
 * **pp_overlap** — pipeline sends and receives overlapped with compute (Megatron-Core's
   ``overlap_p2p_comm``) rather than blocking;
 * **precision** — ``"fp16"`` or ``"bf16"``: both 2-byte activations and gradients on the
@@ -99,8 +101,10 @@ kernels are itemised both ways):
   planner reads them (it searches what the system runs); ``predict`` prices any layout.
 
 How much of a collective an overlap hides is the one overlap constant of the cluster
-model, ``DP_OVERLAP``, fitted on Megatron-LM 2019's data-parallel figure; no constant is
-fitted to the runs the presets are validated on.
+model, ``DP_OVERLAP``, fitted on Megatron-LM 2019's data-parallel figure, except under
+``tp_overlap="async"``, whose hidden share follows from its decomposition (t chunks, the
+transfers against the chunks' matmuls); no constant is fitted to the runs the presets are
+validated on.
 """
 from __future__ import annotations
 
@@ -110,10 +114,10 @@ from functools import lru_cache
 from ..config import FP8_RECIPES
 
 __all__ = ["Software", "SOFTWARE", "DEFAULT_SOFTWARE", "get_software", "ATTENTION_MATRIX_PASSES",
-           "TOKEN_PASSES", "ATTENTION_KERNELS", "KERNEL_BENCHMARKS", "kernel_tflops", "kernel_source"]
+           "TOKEN_PASSES", "ASYNC_TP", "ASYNC_TP_SOURCES", "ATTENTION_KERNELS", "KERNEL_BENCHMARKS", "kernel_tflops", "kernel_source"]
 
 ATTENTIONS = ("unfused", "fused-softmax", "flash")
-TP_OVERLAPS = ("none", "backward", "all")
+TP_OVERLAPS = ("none", "backward", "all", "async")
 PRECISIONS = ("fp16", "bf16")
 RECOMPUTES = ("none", "selective", "full")
 
@@ -130,6 +134,52 @@ ATTENTION_MATRIX_PASSES = {"unfused": (8.5, 10.0), "fused-softmax": (4.0, 4.5), 
 # LayerNorms (read, write: 2 each) plus, twice, bias + dropout + residual add.
 TOKEN_PASSES = {False: 4 + 2 * 7.5, True: 4 + 2 * 3.5}  # key: fused bias+dropout+add
 
+
+# ---- async tensor parallelism (tp_overlap "async"): what torchtitan's stack decomposes ---
+# torchtitan turns it on by setting torch._inductor.config._micro_pipeline_tp and enabling
+# symmetric memory on the TP group (torchtitan/distributed/compile.py, _maybe_enable_async_tp);
+# Inductor's micro_pipeline_tp_pass then rewrites two graph patterns, in the forward and the
+# backward graph alike, into torch.distributed._symmetric_memory's fused ops:
+#   * all-gather -> matmul (fuse_all_gather_matmul): the gathered tensor must be the matmul's
+#     left operand, gathered along a row dimension ("Decomposing the matmul on the K dimension
+#     is not supported"); several matmuls of one gathered input (wq, wk, wv; w1, w3) fuse as one;
+#   * matmul -> reduce-scatter (fuse_matmul_reduce_scatter): the reduce-scatter's input must be
+#     one matmul's output (_find_producer_matmul returns None for anything else, and the fusion
+#     is skipped when the matmul's output has more than one user).
+# So, per sequence-parallel layer: the forward's two gathers (before wq/wk/wv and w1/w3) and
+# two reduce-scatters (after wo and w2) are decomposed; in the backward the row-parallel
+# linears' output-gradient all-gathers feed dX = dZ·W as its left operand (decomposed), but the
+# column-parallel linears' input gradient is a sum over wq, wk, wv (w1, w3) before its
+# reduce-scatter, not a matmul (not decomposed), and the input gathered again for the weight
+# gradient dW = dYᵀ·X is gathered along the contraction (not decomposed).
+# What each fused op leaves on the critical path (torch/distributed/_symmetric_memory/
+# __init__.py): _pipelined_all_gather_and_consume copies the local shard into its symmetric
+# buffer and meets a barrier before the first matmul ("we are giving up the chance to overlap
+# 'mv' and 'b' with the first shard_consumer"), consumes the local shard first and each peer's
+# shard as its copy lands (t−1 copies, serialised: "cp from different streams cannot overlap"),
+# and meets a barrier at the end; _pipelined_produce_and_all2all computes the t−1 peers' chunks
+# first, each followed by a barrier, the peer's copy and a second barrier, then its own chunk,
+# and fused_matmul_reduce_scatter sums the t partial chunks after it (reduce_partials: reads t
+# chunks, writes one). The copies are plain tensor copies (``copy_``) from a peer's buffer on the
+# GPU's streams, not NCCL kernels; how much they slow the matmuls beside them (SMs, memory
+# traffic) no source read here states, so no contention is priced.
+ASYNC_TP: dict = {
+    # which of a layer's collectives are decomposed (the names cluster.py prices)
+    "decomposed": {"gather": True, "scatter": True, "grad_gather": True, "grad_scatter": False,
+                   "regather": False},
+    "gather_copy_passes": 2,      # the local shard's copy into the symmetric buffer: read, write of x/t
+    "gather_barriers": 3,         # at the start, after that copy, at the end
+    "scatter_step_barriers": 2,   # each of the t−1 steps: before and after the peer's copy
+    "scatter_barriers": 2,        # at the start, at the end
+    "scatter_reduce_writes": 1,   # reduce_partials reads the t chunks of x/t and writes this many
+}
+ASYNC_TP_SOURCES = (
+    "torchtitan torchtitan/distributed/compile.py (_maybe_enable_async_tp; github.com/pytorch/torchtitan)",
+    "PyTorch torch/_inductor/fx_passes/micro_pipeline_tp.py (fuse_all_gather_matmul, fuse_matmul_reduce_scatter, "
+    "_find_producer_matmul)",
+    "PyTorch torch/distributed/_symmetric_memory/__init__.py (_pipelined_all_gather_and_consume, "
+    "_pipelined_produce_and_all2all, _fused_matmul_reduce_scatter_impl, reduce_partials)",
+)
 
 # ---- attention kernels: published kernel benchmarks (never end-to-end runs) ------------
 # Each stack names the attention kernel it runs; the two without a fused kernel are priced
