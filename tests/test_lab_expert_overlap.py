@@ -1,0 +1,125 @@
+"""Lab 11c's checker (``minitron.labs.expert_overlap``): the reference passes, trained in the
+engine's place under --ep-overlap (--ep 2 --dp 2 and --ep 4 against one device, float64);
+each planted mistake gets its own one line: waiting at once, half 2's dispatch posted late,
+the combine waited before the second half's experts, a blocking all-to-all, the wrong group,
+a half's counts not padded to every local expert (its rows through the wrong experts), the
+counts exchanged again per half (the plain layout's bytes exceeded); the engine's own
+overlapped dispatch is refused by any route.
+
+The stub, a syntax error and the engine's module named in the source are refused before any
+rank starts; everything else runs on 4 gloo ranks, all the sources in one launch (the
+mistakes are found by the unit checks, before any training)."""
+import pytest
+
+from minitron.labs.expert_overlap import check_overlapped_dispatch, check_overlapped_dispatch_all
+from planted import assert_each_named
+
+REFERENCE = '''
+def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, run_experts):
+    k = experts.shape[1]
+    order, counts = permute(experts, keep, num_experts)
+    plan = Dispatch(counts, comm)  # the counts exchanged once: every half's sizes are in them
+    e_local = plan.sent_counts.shape[1]
+    local = experts.flatten()[order] % e_local  # each pair's expert among its destination's
+    halves = []
+    for lo, hi in ((0, e_local // 2), (e_local // 2, e_local)):
+        received = plan.received_counts[:, lo:hi]
+        perm, inverse = by_expert(received)  # the half's arrival (source, expert) -> (expert, source)
+        counts_h = [0] * e_local
+        counts_h[lo:hi] = received.sum(0).tolist()
+        pairs = order[(local >= lo) & (local < hi)]
+        halves.append((pairs, plan.sent_counts[:, lo:hi].sum(1).tolist(), received.sum(1).tolist(), perm, inverse,
+                       counts_h))
+    flights = [Flight(comm, "ep", send, recv) for _, send, recv, *_ in halves]
+    posted = [Post.apply(tokens[h[0] // k], f) for h, f in zip(halves, flights)]  # both dispatches in flight
+    combines = []
+    for (pairs, send, recv, perm, inverse, counts_h), f, token in zip(halves, flights, posted):
+        arrived = Wait.apply(token, f)
+        out = run_experts(arrived[perm], counts_h)  # the other half's all-to-all travels meanwhile
+        back = Flight(comm, "ep", recv, send)
+        combines.append((back, Post.apply(out[inverse], back)))
+    rows = torch.cat([Wait.apply(token, back) for back, token in combines])
+    return unpermute(tokens, torch.cat([h[0] for h in halves]), k, gates, rows)
+'''
+
+STUB = '''
+def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, run_experts):
+    raise NotImplementedError  # your code here
+'''
+
+LOOP = '''    flights = [Flight(comm, "ep", send, recv) for _, send, recv, *_ in halves]
+    posted = [Post.apply(tokens[h[0] // k], f) for h, f in zip(halves, flights)]  # both dispatches in flight
+    combines = []
+    for (pairs, send, recv, perm, inverse, counts_h), f, token in zip(halves, flights, posted):
+        arrived = Wait.apply(token, f)
+'''
+
+
+PER_HALF = '''    combines = []
+    for pairs, send, recv, perm, inverse, counts_h in halves:  # each half's dispatch posted and waited in turn
+        f = Flight(comm, "ep", send, recv)
+        arrived = Wait.apply(Post.apply(tokens[pairs // k], f), f)
+'''
+
+
+def broken(old: str, new: str, source: str = REFERENCE) -> str:
+    assert old in source, old
+    return source.replace(old, new, 1)
+
+
+def test_syntax_error_stub_and_engine_copy_need_no_ranks():
+    res = check_overlapped_dispatch(broken("def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, "
+                                           "run_experts):", "def overlapped_dispatch(tokens)"))
+    assert res["ok"] is False and res["message"].startswith("your code does not compile: expected ':'")
+    assert check_overlapped_dispatch(STUB)["message"] == (
+        "overlapped_dispatch is not written yet (still `raise NotImplementedError`): fill in the `# your code here` "
+        "lines in SOURCE")
+    msg = check_overlapped_dispatch("from minitron.parallel.expert_overlap import halves\n" + REFERENCE)["message"]
+    assert msg.startswith("your code uses the engine's own minitron.parallel.expert_overlap (line 1)"), msg
+
+
+@pytest.mark.multirank
+def test_reference_passes_and_each_planted_mistake_is_named():
+    cases = {
+        "reference": REFERENCE,
+        "waiting at once": broken(LOOP, PER_HALF, broken(
+            "        combines.append((back, Post.apply(out[inverse], back)))\n",
+            "        combines.append((back, Wait.apply(Post.apply(out[inverse], back), back)))\n",
+            broken("rows = torch.cat([Wait.apply(token, back) for back, token in combines])",
+                   "rows = torch.cat([done for back, done in combines])"))),
+        "half 2's dispatch posted late": broken(LOOP, PER_HALF),
+        "combine before the second half's experts": broken(
+            "        combines.append((back, Post.apply(out[inverse], back)))\n",
+            "        combines.append((back, Wait.apply(Post.apply(out[inverse], back), back)))\n",
+            broken("rows = torch.cat([Wait.apply(token, back) for back, token in combines])",
+                   "rows = torch.cat([done for back, done in combines])")),
+        "blocking all-to-all": broken(
+            "        arrived = Wait.apply(token, f)\n",
+            "        arrived = comm.all_to_all(tokens[pairs // k], 'ep', send, recv) if pairs is halves[1][0] else "
+            "Wait.apply(token, f)\n"),
+        "the wrong group": broken('back = Flight(comm, "ep", recv, send)', 'back = Flight(comm, "dp", recv, send)'),
+        "counts of the half only (rows through the wrong experts)": broken(
+            "        counts_h = [0] * e_local\n        counts_h[lo:hi] = received.sum(0).tolist()\n",
+            "        counts_h = received.sum(0).tolist()\n"),
+        "counts exchanged again per half": broken(
+            "        received = plan.received_counts[:, lo:hi]\n",
+            "        received = comm.all_to_all(counts, 'ep').view(-1, e_local)[:, lo:hi]\n"),
+        "engine by importlib": "import importlib\n" + broken(
+            "    k = experts.shape[1]\n",
+            "    return importlib.import_module('minitron.parallel.' + 'expert_overlap').overlapped_token_dispatch("
+            "tokens, experts, gates, keep, num_experts, comm, run_experts)\n"),
+    }
+    res = dict(zip(cases, check_overlapped_dispatch_all(list(cases.values()), timeout=30)))
+    ok = res["reference"]
+    assert ok["ok"], ok["message"]
+    assert ok["max_loss_abs_diff"] <= 1e-9 and ok["max_param_rel_diff"] <= 1e-9
+    assert_each_named(res, {
+        "waiting at once": "your dispatch waits for each all-to-all right after posting it (no overlap",
+        "half 2's dispatch posted late": "half 2's dispatch is posted only after half 1's experts ran",
+        "combine before the second half's experts": "half 1's combine is waited for before half 2's experts run",
+        "blocking all-to-all": "blocks (comm.all_to_all without async_op",
+        "the wrong group": "your all-to-all runs on 'dp', not on 'ep'",
+        "counts of the half only (rows through the wrong experts)": "run_experts of half 1 got",
+        "counts exchanged again per half": "bytes on 'ep' against the plain dispatch's",
+        "engine by importlib": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_dispatch",
+    })
