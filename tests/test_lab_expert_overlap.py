@@ -120,6 +120,6 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "blocking all-to-all": "blocks (comm.all_to_all without async_op",
         "the wrong group": "your all-to-all runs on 'dp', not on 'ep'",
         "counts of the half only (rows through the wrong experts)": "run_experts of half 1 got",
-        "counts exchanged again per half": "bytes on 'ep' against the plain dispatch's",
+        "counts exchanged again per half": "on 'ep' (11 all-to-alls, 3 of them counts) against the plain dispatch's",
         "engine by importlib": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_dispatch",
     })

@@ -50,7 +50,7 @@ import torch
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel.expert_overlap import Flight, Post, Wait
 from ..parallel.experts import Dispatch, by_expert, permute, token_dispatch, unpermute
-from .runner import (TOL, LabError, Tripwire, agree, call, comm_on, describe_calls, layout_flags, run_sources,
+from .runner import (TOL, LabError, Tripwire, agree, call, comm_on, layout_flags, run_sources,
                      training_verdict, verdict_over_runs, versus_one_device, watched)
 
 NAME = "overlapped_dispatch"
@@ -267,13 +267,6 @@ def _order(log: list) -> str:
     return ""
 
 
-def _ep_bytes(records) -> dict:
-    out = {}
-    for r in records:
-        out[r["op"]] = out.get(r["op"], 0) + r["bytes"]
-    return out
-
-
 def _check(fn, comm, watch, key: str, experts: int, seed: int, timeout: float) -> str:
     """One overlapped call of the learner's `fn` on this rank (forward and backward), watched;
     '' or the first problem."""
@@ -301,8 +294,8 @@ def _check(fn, comm, watch, key: str, experts: int, seed: int, timeout: float) -
                 f"[T, h] = {list(want.shape)}, each token's gate-weighted sum of its kept experts' outputs")
     if not torch.allclose(y.detach(), want, rtol=1e-12, atol=1e-12):
         return (f"your {NAME}'s output on ep rank {r} differs from the experts' gate-weighted sum by "
-                f"{float((y.detach() - want).abs().max()):.3g}: each half's outputs come home in that half's order "
-                f"(its pairs); un-permute them with the pairs of the same half")
+                f"{float((y.detach() - want).abs().max()):.3g}: each half's outputs go back in its arrival order "
+                f"(the inverse of its regrouping) and come home in its pairs' order; un-permute with those pairs")
     weight = torch.linspace(-1, 1, want.numel(), dtype=torch.float64).reshape(want.shape)
     with watch.armed():
         gx, gg = call(f"your {NAME}'s backward",
@@ -329,9 +322,11 @@ def _same_bytes(mine, comm, data, r: int, experts: int, local: range) -> str:
     y = token_dispatch(xs, choice, gs, keep, experts, comm, run)
     torch.autograd.grad(y.sum(), (xs, gs))
     plain = comm.trace.records[mark:]
-    if _ep_bytes(mine) != _ep_bytes(plain):
-        return (f"your call moves {_ep_bytes(mine)} bytes on 'ep' against the plain dispatch's {_ep_bytes(plain)} "
-                f"({describe_calls(mine)}): the halves carry the same rows, and the counts are exchanged once "
+    if sum(r["bytes"] for r in mine) != sum(r["bytes"] for r in plain) or len(mine) != len(plain) + 4:
+        got, want = sum(r["bytes"] for r in mine), sum(r["bytes"] for r in plain)
+        counts = sum(1 for r in mine if len(r["shape"]) == 1)
+        return (f"your call moves {got} bytes on 'ep' ({len(mine)} all-to-alls, {counts} of them counts) against the "
+                f"plain dispatch's {want}: the halves carry the same rows, and the counts are exchanged once "
                 f"(Dispatch: each half's sizes are its experts' columns of them)")
     return ""
 
