@@ -3,7 +3,10 @@ engine's place under --ep-overlap (--ep 2 --dp 2 and --ep 4 against one device, 
 each planted mistake gets its own one line: waiting at once, half 2's dispatch posted late,
 the combine waited before the second half's experts, a blocking all-to-all, the wrong group,
 a half's counts not padded to every local expert (its rows through the wrong experts), the
-counts exchanged again per half (the plain layout's bytes exceeded); the engine's own
+halves cut by token, a half's receive sizes disagreeing with its peers' send sizes, a half's
+rows not its split sizes, the arrival not regrouped, the outputs sent back unpermuted, the
+rows read off the Pending (no gradient path), the gates detached, the counts exchanged again
+per half (the plain layout's bytes exceeded); the engine's own
 overlapped dispatch is refused by any route.
 
 The stub, a syntax error and the engine's module named in the source are refused before any
@@ -62,6 +65,30 @@ PER_HALF = '''    combines = []
 '''
 
 
+BY_TOKEN = '''
+def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, run_experts):
+    k, T = experts.shape[1], tokens.shape[0]
+    parts = []
+    for lo, hi in ((0, T // 2), (T // 2, T)):  # the halves cut by token: each its own counts
+        sub = torch.zeros_like(keep)
+        sub[lo:hi] = keep[lo:hi]
+        order, counts = permute(experts, sub, num_experts)
+        plan = Dispatch(counts, comm)
+        perm, inverse = by_expert(plan.received_counts)
+        parts.append((order, plan, perm, inverse))
+    flights = [Flight(comm, "ep", p.send, p.recv) for _, p, _, _ in parts]
+    posted = [Post.apply(tokens[o // k], f) for (o, *_), f in zip(parts, flights)]
+    combines = []
+    for (order, plan, perm, inverse), f, token in zip(parts, flights, posted):
+        arrived = Wait.apply(token, f)
+        out = run_experts(arrived[perm], plan.local_counts.tolist())
+        back = Flight(comm, "ep", plan.recv, plan.send)
+        combines.append((back, Post.apply(out[inverse], back)))
+    rows = torch.cat([Wait.apply(token, back) for back, token in combines])
+    return unpermute(tokens, torch.cat([p[0] for p in parts]), k, gates, rows)
+'''
+
+
 def broken(old: str, new: str, source: str = REFERENCE) -> str:
     assert old in source, old
     return source.replace(old, new, 1)
@@ -104,6 +131,14 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "counts exchanged again per half": broken(
             "        received = plan.received_counts[:, lo:hi]\n",
             "        received = comm.all_to_all(counts, 'ep').view(-1, e_local)[:, lo:hi]\n"),
+        "split by token": BY_TOKEN,
+        "a half's receive sizes of the whole": broken("received.sum(1).tolist(), perm, inverse,",
+                                                      "plan.received_counts.sum(1).tolist(), perm, inverse,"),
+        "pairs of the wrong half": broken("local = experts.flatten()[order] % e_local", "local = experts.flatten()[order] // e_local"),
+        "arrival not regrouped": broken("out = run_experts(arrived[perm], counts_h)", "out = run_experts(arrived, counts_h)"),
+        "outputs sent back unpermuted": broken("Post.apply(out[inverse], back)", "Post.apply(out, back)"),
+        "rows read off the Pending": broken("        arrived = Wait.apply(token, f)\n", "        arrived = f.forward.wait()\n"),
+        "gates detached": broken("k, gates, rows)", "k, gates.detach(), rows)"),
         "engine by importlib": "import importlib\n" + broken(
             "    k = experts.shape[1]\n",
             "    return importlib.import_module('minitron.parallel.' + 'expert_overlap').overlapped_token_dispatch("
@@ -121,5 +156,12 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "the wrong group": "your all-to-all runs on 'dp', not on 'ep'",
         "counts of the half only (rows through the wrong experts)": "run_experts of half 1 got",
         "counts exchanged again per half": "on 'ep' (11 all-to-alls, 3 of them counts) against the plain dispatch's",
+        "split by token": "got 1 of its",
+        "a half's receive sizes of the whole": "the ranks' split sizes of your all-to-all 0 disagree",
+        "pairs of the wrong half": "rows with split sizes",
+        "arrival not regrouped": "was given rows routed to other experts",
+        "outputs sent back unpermuted": "differs from the experts' gate-weighted sum",
+        "rows read off the Pending": "tokens get a wrong gradient",
+        "gates detached": "gates get a wrong gradient",
         "engine by importlib": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_dispatch",
     })

@@ -61,7 +61,7 @@ GIVEN = {"torch": torch, "permute": permute, "Dispatch": Dispatch, "by_expert": 
 WORLD, H, K = 4, 6, 2
 # the unit checks: (layout, experts): 3 and 5 experts a rank, halves of unequal size
 UNITS = ((ParallelConfig(ep=4, device="cpu"), 12), (ParallelConfig(ep=2, dp=2, device="cpu"), 10))
-MODEL = PRESETS["moe-tiny"].replace(experts=6, seq_len=16, name="lab-ep-overlap")
+MODEL = PRESETS["moe-tiny"].replace(layers=1, experts=6, seq_len=16, name="lab-ep-overlap")
 TRAIN = TrainConfig(steps=2, global_batch=4, dtype="float64", lr=1e-2, warmup=1, progress=False, eval_every=0,
                     sample_tokens=0)
 RUNS = ((ParallelConfig(ep=2, dp=2, ep_overlap=True, device="cpu"), MODEL),
