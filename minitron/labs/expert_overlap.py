@@ -50,6 +50,8 @@ import torch
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel.expert_overlap import Flight, Post, Wait
 from ..parallel.experts import Dispatch, by_expert, permute, token_dispatch, unpermute
+# lab 11a's rows of 6, top-2, experts that are the checker's own matrices and their gate-weighted sum
+from .dispatch import H, K, _expert_weight, _sorted_rows, _want_y
 from .runner import (TOL, LabError, Tripwire, agree, call, comm_on, layout_flags, run_sources,
                      training_verdict, verdict_over_runs, versus_one_device, watched)
 
@@ -58,7 +60,7 @@ FORBIDDEN = ("minitron.parallel.expert_overlap",)
 WATCHED = ("minitron.parallel.expert_overlap.overlapped_token_dispatch", "minitron.parallel.expert_overlap.halves")
 GIVEN = {"torch": torch, "permute": permute, "Dispatch": Dispatch, "by_expert": by_expert, "unpermute": unpermute,
          "Flight": Flight, "Post": Post, "Wait": Wait}
-WORLD, H, K = 4, 6, 2
+WORLD = 4
 # the unit checks: (layout, experts): 3 and 5 experts a rank, halves of unequal size
 UNITS = ((ParallelConfig(ep=4, device="cpu"), 12), (ParallelConfig(ep=2, dp=2, device="cpu"), 10))
 MODEL = PRESETS["moe-tiny"].replace(layers=1, experts=6, seq_len=16, name="lab-ep-overlap")
@@ -84,23 +86,6 @@ def _routing(seed: int, rank: int, experts: int):
     gates = torch.rand(tokens, K, generator=g, dtype=torch.float64) + 0.1
     keep = torch.rand(tokens, K, generator=g) > 0.15
     return x, choice, gates, keep
-
-
-def _expert_weight(e: int) -> torch.Tensor:
-    return torch.randn(H, H, generator=torch.Generator().manual_seed(77 + e), dtype=torch.float64) / H ** 0.5
-
-
-def _want_y(x, choice, gates, keep):
-    y = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(K):
-            if keep[t, j]:
-                y[t] = y[t] + gates[t, j] * (_expert_weight(int(choice[t, j])) @ x[t])
-    return y
-
-
-def _sorted_rows(rows: torch.Tensor) -> torch.Tensor:
-    return rows[torch.argsort(rows[:, 0])] if rows.shape[0] else rows
 
 
 # --- what the learner's call did, in order ------------------------------------------------------
