@@ -6,7 +6,8 @@ a half's counts not padded to every local expert (its rows through the wrong exp
 halves cut by token, a half's receive sizes disagreeing with its peers' send sizes, a half's
 rows not its split sizes, the arrival not regrouped, the outputs sent back unpermuted, the
 rows read off the Pending (no gradient path), the gates detached, the counts exchanged again
-per half (the plain layout's bytes exceeded); the engine's own
+per half (the plain layout's bytes exceeded), and again only at the engine's sizes (its traced
+step against the analysis); the engine's own
 overlapped dispatch is refused by any route.
 
 The stub, a syntax error and the engine's module named in the source are refused before any
@@ -139,6 +140,10 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "outputs sent back unpermuted": broken("Post.apply(out[inverse], back)", "Post.apply(out, back)"),
         "rows read off the Pending": broken("        arrived = Wait.apply(token, f)\n", "        arrived = f.forward.wait()\n"),
         "gates detached": broken("k, gates, rows)", "k, gates.detach(), rows)"),
+        # right only at the unit checks' rows of 6: the engine's step (rows of 32) sees it in its trace
+        "counts exchanged again in the engine only": broken(
+            "    plan = Dispatch(counts, comm)",
+            "    if tokens.shape[1] != 6:\n        comm.all_to_all(counts, 'ep')\n    plan = Dispatch(counts, comm)"),
         "engine by importlib": "import importlib\n" + broken(
             "    k = experts.shape[1]\n",
             "    return importlib.import_module('minitron.parallel.' + 'expert_overlap').overlapped_token_dispatch("
@@ -148,6 +153,9 @@ def test_reference_passes_and_each_planted_mistake_is_named():
     ok = res["reference"]
     assert ok["ok"], ok["message"]
     assert ok["max_loss_abs_diff"] <= 1e-9 and ok["max_param_rel_diff"] <= 1e-9
+    assert ok["message"] == ("your overlapped_dispatch hides each half's all-to-all under the other half's experts, "
+                             "moves the plain layout's bytes and trains exactly like the single-device model "
+                             "(--ep 2 --dp 2 and --ep 4, --ep-overlap)")
     assert_each_named(res, {
         "waiting at once": "your dispatch waits for each all-to-all right after posting it (no overlap",
         "half 2's dispatch posted late": "half 2's dispatch is posted only after half 1's experts ran",
@@ -158,10 +166,12 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "counts exchanged again per half": "on 'ep' (11 all-to-alls, 3 of them counts) against the plain dispatch's",
         "split by token": "got 1 of its",
         "a half's receive sizes of the whole": "the ranks' split sizes of your all-to-all 0 disagree",
-        "pairs of the wrong half": "rows with split sizes",
+        "pairs of the wrong half": "rows with split sizes [1, 2, 0, 0] on ep rank 0: each half sends its own rows",
         "arrival not regrouped": "was given rows routed to other experts",
         "outputs sent back unpermuted": "differs from the experts' gate-weighted sum",
         "rows read off the Pending": "tokens get a wrong gradient",
         "gates detached": "gates get a wrong gradient",
+        "counts exchanged again in the engine only": "--ep 2 --dp 2 --ep-overlap: your overlapped_dispatch passes the "
+                                                     "checks above, but in the engine's step ep rank 0 moved",
         "engine by importlib": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_dispatch",
     })

@@ -33,8 +33,10 @@ The ranks agree on the first problem; otherwise the function is handed to the en
 (``Trainer(layers=...)``, a layer namespace carrying it) and a small mixture of experts
 trains for 2 float64 steps on ``--ep 2 --dp 2 --ep-overlap`` (6 experts) and ``--ep 4
 --ep-overlap`` (8 experts, a capacity factor: tokens dropped) against the single-device
-model. A profile hook refuses the engine's own overlapped dispatch while the learner's code
-runs.
+model, and each rank's traced first step against the analysis: on 'ep' the plain layout's bytes
+(from the step's routing counts, ``analysis.experts``) in ``all_to_all_calls(ep_overlap=True)``
+calls per MoE block. A profile hook refuses the engine's own overlapped dispatch while the
+learner's code runs.
 
     result = check_overlapped_dispatch(SOURCE)   # {"ok", "message", "max_loss_abs_diff", ...}
 """
@@ -47,11 +49,14 @@ from types import SimpleNamespace
 
 import torch
 
+from ..analysis.comm import comm_bytes_per_step
+from ..analysis.experts import all_to_all_calls, moe_blocks
 from ..config import PRESETS, ParallelConfig, TrainConfig
 from ..parallel.expert_overlap import Flight, Post, Wait
 from ..parallel.experts import Dispatch, by_expert, permute, token_dispatch, unpermute
 # lab 11a's rows of 6, top-2, experts that are the checker's own matrices and their gate-weighted sum
 from .dispatch import H, K, _expert_weight, _sorted_rows, _want_y
+from ..tools.testing import routed_all_to_all_bytes, traced_step_bytes
 from .runner import (TOL, LabError, Tripwire, agree, call, comm_on, layout_flags, run_sources,
                      training_verdict, verdict_over_runs, versus_one_device, watched)
 
@@ -108,7 +113,8 @@ class _Pending:
 class _Watched:
     """The Comm the unit checks hand the learner: the real one (every byte through it, traced),
     each all-to-all of rows logged ('post', i, async?) and its Pending's wait ('wait', i); a
-    call on another axis or with split sizes the ranks disagree on refused before it is issued."""
+    call on another axis, or with rows and split sizes that do not add up or that the ranks
+    disagree on, refused before it is issued."""
 
     def __init__(self, comm, key: str, timeout: float):
         self._comm, self.key, self.timeout = comm, key, timeout
@@ -120,11 +126,8 @@ class _Watched:
                            f"group (Flight(comm, 'ep', send, recv)); the '{axis}' ranks hold the same experts")
         if t.dim() < 2:  # the counts
             return self._comm.all_to_all(t, axis, send_splits, recv_splits, activation=activation, async_op=async_op)
-        if send_splits is None or recv_splits is None or sum(send_splits) != t.shape[0]:
-            raise LabError(f"your all-to-all sends {t.shape[0]} rows with split sizes {send_splits}: each half sends "
-                           f"its own rows, as many to each ep rank as the half's experts there have counted")
         i, self.posts = self.posts, self.posts + 1
-        self._agree_sizes(i, list(send_splits), list(recv_splits))
+        self._agree_sizes(i, t.shape[0], send_splits, recv_splits)
         self.log.append(("post", i, bool(async_op)))
         out = self._comm.all_to_all(t, axis, send_splits, recv_splits, activation=activation, async_op=async_op)
         if not async_op:
@@ -133,25 +136,30 @@ class _Watched:
         self.pendings.append(_Pending(out, i, self.log))
         return self.pendings[-1]
 
-    def _agree_sizes(self, i: int, send: list, recv: list) -> None:
-        """Every rank of this ep group posts its sizes to the store and reads its peers': the
-        same verdict on each (gloo would abort the process on a mismatch)."""
+    def _agree_sizes(self, i: int, rows: int, send, recv) -> None:
+        """Every rank of this ep group posts its rows and split sizes to the store and reads
+        its peers': the same verdict on each, before the call is issued (gloo would abort the
+        process on a mismatch; a rank that refused alone would leave its peers waiting)."""
         from torch.distributed.distributed_c10d import _get_default_store
 
         store, c = _get_default_store(), self._comm
-        coord = vars(c.grid.coord())
-        group = "-".join(f"{a}{v}" for a, v in sorted(coord.items()) if a != "ep")
-        base, n, me = f"minitron-lab/{self.key}/{group}/a2a{i}/", c.size("ep"), c.index("ep")
-        store.set(base + str(me), json.dumps([send, recv]))
+        group = "-".join(f"{a}{v}" for a, v in sorted(vars(c.grid.coord()).items()) if a != "ep")
+        base, n = f"minitron-lab/{self.key}/{group}/a2a{i}/", c.size("ep")
+        store.set(base + str(c.index("ep")), json.dumps([rows, *(None if v is None else [int(x) for x in v] for v in (send, recv))]))
         keys = [base + str(s) for s in range(n)]
         store.wait(keys, datetime.timedelta(seconds=max(3.0, self.timeout / 3)))
         sizes = [json.loads(store.get(k).decode()) for k in keys]
+        for a, (rows_a, send_a, recv_a) in enumerate(sizes):
+            if send_a is None or recv_a is None or sum(send_a) != rows_a:
+                raise LabError(f"your all-to-all {i} sends {rows_a} rows with split sizes {send_a} on ep rank {a}: "
+                               f"each half sends its own rows, as many to each ep rank as the half's experts there "
+                               f"have counted (send and receive sizes given)")
         for a in range(n):
             for b in range(n):
-                if sizes[a][0][b] != sizes[b][1][a]:
+                if sizes[a][1][b] != sizes[b][2][a]:
                     raise LabError(
-                        f"the ranks' split sizes of your all-to-all {i} disagree: ep rank {a} sends {sizes[a][0][b]} "
-                        f"rows to ep rank {b}, which expects {sizes[b][1][a]}: both sides of a half come from the "
+                        f"the ranks' split sizes of your all-to-all {i} disagree: ep rank {a} sends {sizes[a][1][b]} "
+                        f"rows to ep rank {b}, which expects {sizes[b][2][a]}: both sides of a half come from the "
                         f"same local experts' columns of the exchanged counts (send plan.sent_counts[:, lo:hi]"
                         f".sum(1), receive plan.received_counts[:, lo:hi].sum(1))")
 
@@ -317,7 +325,8 @@ def _same_bytes(mine, comm, data, r: int, experts: int, local: range) -> str:
 
 
 def _trained(comm, fn, watch, timeout: float) -> list[tuple[str, dict | None]]:
-    """The learner's dispatch in the engine's place, each of RUNS against the single-device model."""
+    """The learner's dispatch in the engine's place, each of RUNS against the single-device
+    model, its first step's trace against the analysis (:func:`_step_problem`)."""
     from ..comm import Comm, CommTrace
     from ..grid import ProcessGrid
     from ..parallel import tensor
@@ -330,13 +339,37 @@ def _trained(comm, fn, watch, timeout: float) -> list[tuple[str, dict | None]]:
     out = []
     for layout, model in RUNS:
         g = ProcessGrid.for_layout(layout, comm.grid.rank).build_groups(timeout=datetime.timedelta(seconds=timeout))
+        c = Comm(g, CommTrace())
         with watch.armed():
-            tr = Trainer(model, layout, TRAIN, Comm(g, CommTrace()), layers=layers)
-            losses = [tr.step(i) for i in range(TRAIN.steps)]
+            tr = Trainer(model, layout, TRAIN, c, layers=layers)
+            losses = [tr.step(0)]
+            step0 = dict(coord=vars(g.coord()), calls=[d[0] for m in tr.moe for d in m.dispatches],
+                         traced=traced_step_bytes(c.trace.records, comm.grid.rank, 0),
+                         calls_on_ep=sum(r["op"] == "all_to_all" for r in c.trace.records if r["step"] == 0))
+            losses += [tr.step(i) for i in range(1, TRAIN.steps)]
+        ranks = comm.gather_object(step0)
         # the reference: one microbatch per data replica (the capacity's token set)
         res = versus_one_device(comm, tr, losses, model, TRAIN.replace(microbatches=layout.data_replicas))
-        out.append((layout_flags(layout) + " --ep-overlap", training_verdict(res, NAME, "", TOL)))
+        flags = layout_flags(layout) + " --ep-overlap"
+        verdict = training_verdict(res, NAME, "", TOL)
+        problem = _step_problem(ranks, model, layout) if ranks else ""
+        out.append((flags, {"ok": False, "message": problem} if problem and verdict["ok"] else verdict))
     return out
+
+
+def _step_problem(ranks: list[dict], model, layout) -> str:
+    """'' when every rank's traced first step moved on 'ep' what the analysis says (the
+    all-to-all from the step's routing counts: the plain layout's bytes) in
+    ``all_to_all_calls(ep_overlap=True)`` calls per MoE block, else the first rank that did not."""
+    want = comm_bytes_per_step(model, layout, TRAIN, pp_rank=0).get("ep", {})
+    calls = all_to_all_calls(True) * len(moe_blocks(model)) * TRAIN.microbatches
+    for r in ranks:
+        expected = {**want, "all_to_all": routed_all_to_all_bytes(ranks, r, model, 8)}
+        if r["traced"].get("ep") != expected or r["calls_on_ep"] != calls:
+            return (f"your {NAME} passes the checks above, but in the engine's step ep rank {r['coord']['ep']} "
+                    f"moved {r['traced'].get('ep')} on 'ep' in {r['calls_on_ep']} all-to-alls against the analysis' "
+                    f"{expected} in {calls} (the plain layout's bytes, in two halves)")
+    return ""
 
 
 def _job(comm, source: str, timeout: float) -> dict | None:
@@ -362,9 +395,9 @@ def _job(comm, source: str, timeout: float) -> dict | None:
     runs = _trained(comm, ns[NAME], watch, timeout)
     if comm.grid.rank != 0:
         return None
-    return verdict_over_runs(runs, f"your {NAME} hides each half's all-to-all under the other half's experts and "
-                                   f"trains exactly like the single-device model (--ep 2 --dp 2 and --ep 4, "
-                                   f"--ep-overlap)")
+    return verdict_over_runs(runs, f"your {NAME} hides each half's all-to-all under the other half's experts, "
+                                   f"moves the plain layout's bytes and trains exactly like the single-device model "
+                                   f"(--ep 2 --dp 2 and --ep 4, --ep-overlap)")
 
 
 def check_overlapped_dispatch_all(sources: list[str], timeout: float = 60) -> list[dict]:
