@@ -1,7 +1,8 @@
 """Lab 11c's checker (``minitron.labs.expert_overlap``): the reference passes, trained in the
 engine's place under --ep-overlap (--ep 2 --dp 2 and --ep 4 against one device, float64);
 each planted mistake gets its own one line: waiting at once, half 2's dispatch posted late,
-the combine waited before the second half's experts, a blocking all-to-all, the wrong group,
+both dispatches waited before any expert, half 1's combine posted after half 2's experts or
+waited before them, a half with no expert, a dispatch never waited, a blocking all-to-all, the wrong group,
 a half's counts not padded to every local expert (its rows through the wrong experts), the
 halves cut by token, a half's receive sizes disagreeing with its peers' send sizes, a half's
 rows not its split sizes, the arrival not regrouped, the outputs sent back unpermuted, the
@@ -116,6 +117,22 @@ def test_reference_passes_and_each_planted_mistake_is_named():
             broken("rows = torch.cat([Wait.apply(token, back) for back, token in combines])",
                    "rows = torch.cat([done for back, done in combines])"))),
         "half 2's dispatch posted late": broken(LOOP, PER_HALF),
+        "both dispatches waited before any expert": broken(LOOP, '''    flights = [Flight(comm, "ep", send, recv) for _, send, recv, *_ in halves]
+    posted = [Post.apply(tokens[h[0] // k], f) for h, f in zip(halves, flights)]
+    arrivals = [Wait.apply(token, f) for token, f in zip(posted, flights)]  # both waited before any expert
+    combines = []
+    for (pairs, send, recv, perm, inverse, counts_h), f, arrived in zip(halves, flights, arrivals):
+'''),
+        "half 1's combine posted after half 2's experts": broken(
+            "        back = Flight(comm, \"ep\", recv, send)\n        combines.append((back, Post.apply(out[inverse], back)))\n",
+            "        combines.append((Flight(comm, \"ep\", recv, send), out[inverse]))\n"
+            "    combines = [(back, Post.apply(rows_h, back)) for back, rows_h in combines]\n"),
+        "a half with no expert": broken("for lo, hi in ((0, e_local // 2), (e_local // 2, e_local)):",
+                                        "for lo, hi in ((0, 0), (0, e_local)):"),
+        "a dispatch never waited": broken(
+            "    combines = []\n",
+            "    Post.apply(tokens[halves[0][0] // k], Flight(comm, 'ep', halves[0][1], halves[0][2]))  # posted twice\n"
+            "    combines = []\n"),
         "combine before the second half's experts": broken(
             "        combines.append((back, Post.apply(out[inverse], back)))\n",
             "        combines.append((back, Wait.apply(Post.apply(out[inverse], back), back)))\n",
@@ -159,6 +176,10 @@ def test_reference_passes_and_each_planted_mistake_is_named():
     assert_each_named(res, {
         "waiting at once": "your dispatch waits for each all-to-all right after posting it (no overlap",
         "half 2's dispatch posted late": "half 2's dispatch is posted only after half 1's experts ran",
+        "both dispatches waited before any expert": "both halves' dispatches are waited for before half 1's experts run",
+        "half 1's combine posted after half 2's experts": "half 1's combine is posted only after half 2's experts ran",
+        "a half with no expert": "one of your halves carries no rows: it hides nothing",
+        "a dispatch never waited": "your dispatch posts all-to-all(s) [2] and never waits for them",
         "combine before the second half's experts": "half 1's combine is waited for before half 2's experts run",
         "blocking all-to-all": "blocks (comm.all_to_all without async_op",
         "the wrong group": "your all-to-all runs on 'dp', not on 'ep'",
