@@ -9,7 +9,8 @@ rows not its split sizes, the arrival not regrouped, the outputs sent back unper
 rows read off the Pending (no gradient path), the gates detached, the counts exchanged again
 per half (the plain layout's bytes exceeded), and again only at the engine's sizes (its traced
 step against the analysis); the engine's own
-overlapped dispatch is refused by any route.
+overlapped dispatch is refused by three routes (importlib, sys.modules, __import__ of a built
+name).
 
 The stub, a syntax error and the engine's module named in the source are refused before any
 rank starts; everything else runs on 4 gloo ranks, all the sources in one launch (the
@@ -165,6 +166,14 @@ def test_reference_passes_and_each_planted_mistake_is_named():
             "    k = experts.shape[1]\n",
             "    return importlib.import_module('minitron.parallel.' + 'expert_overlap').overlapped_token_dispatch("
             "tokens, experts, gates, keep, num_experts, comm, run_experts)\n"),
+        "halves by sys.modules": "import sys\n" + broken(
+            "    halves = []\n",
+            "    vars(sys.modules['minitron.parallel.' + 'expert_overlap'])['hal' + 'ves'](plan, order, experts.flatten())\n"
+            "    halves = []\n"),
+        "engine by __import__": broken(
+            "    k = experts.shape[1]\n",
+            "    return __import__('minitron.parallel.expert_' + 'overlap', fromlist=['x']).overlapped_token_dispatch("
+            "tokens, experts, gates, keep, num_experts, comm, run_experts)\n"),
     }
     res = dict(zip(cases, check_overlapped_dispatch_all(list(cases.values()), timeout=30)))
     ok = res["reference"]
@@ -195,4 +204,6 @@ def test_reference_passes_and_each_planted_mistake_is_named():
         "counts exchanged again in the engine only": "--ep 2 --dp 2 --ep-overlap: your overlapped_dispatch passes the "
                                                      "checks above, but in the engine's step ep rank 0 moved",
         "engine by importlib": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_dispatch",
+        "halves by sys.modules": "your code runs the engine's own minitron.parallel.expert_overlap.halves",
+        "engine by __import__": "your code runs the engine's own minitron.parallel.expert_overlap.overlapped_token_",
     })
