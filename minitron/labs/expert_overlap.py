@@ -16,16 +16,17 @@ knows (a different number per rank, uneven counts, an idle expert, dropped choic
 experts the checker's own matrices, through a watched Comm that logs each all-to-all posted,
 each wait and each start of ``run_experts``, in order. Checked, in order:
 
-1. every all-to-all on 'ep' (the wrong group named before it is issued), the split sizes of
-   every rows' all-to-all agreeing between the ranks (compared through the rendezvous store
-   before it is issued, so that a mis-split never reaches gloo), none blocking;
+1. every all-to-all on 'ep' (the wrong group named before it is issued), the rows and split
+   sizes of each adding up and agreeing between the ranks (compared through the rendezvous
+   store before it is issued, so that a mis-split never reaches gloo), none blocking;
 2. ``run_experts`` called once per half, with the counts of all E/ep local experts (zero
    outside the half), each local expert's rows exactly its tokens and all in one half;
 3. the order: half 1's experts run while half 2's dispatch is in flight (posted before,
-   waited after), half 2's while half 1's combine is (waiting at once, a dispatch posted
-   late or waited early, the combine waited before the second half's experts named);
+   waited after), half 2's while half 1's combine is (waiting at once, half 2's dispatch
+   posted late, both dispatches waited first, half 1's combine posted late or waited before
+   the second half's experts named); every posted all-to-all waited;
 4. the output and the gradients of tokens and gates against the gate-weighted sum of the
-   checker's experts; every posted all-to-all waited;
+   checker's experts;
 5. the bytes on 'ep' of forward and backward equal to the plain ``token_dispatch``'s on the
    same data (the counts exchanged once; the same rows in two messages instead of one).
 
