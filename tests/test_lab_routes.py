@@ -30,6 +30,7 @@ LABS = {  # lab -> (module, its check function)
     "09": ("online_softmax", "check_online_softmax"),
     "09b": ("ulysses", "check_ulysses"), "09c": ("packed_documents", "check_packed_documents"), "10a": ("gqa", "check_gqa"), "10b": ("rope_cp", "check_rope_cp"),
     "11a": ("dispatch", "check_dispatch"), "11b": ("node_routing", "check_node_routing"),
+    "11c": ("expert_overlap", "check_overlapped_dispatch"),
 }
 # the routes written plainly: (the source, what the refusal says)
 PLAIN = {

@@ -25,6 +25,7 @@ lab                         checker                                     module
 10b rotary under cp         ``check_rope_cp(SOURCE)``                   :mod:`.rope_cp`
 11a token dispatch          ``check_dispatch(SOURCE)``                  :mod:`.dispatch`
 11b node-limited routing    ``check_node_routing(SOURCE)``              :mod:`.node_routing`
+11c the hidden all-to-all   ``check_overlapped_dispatch(SOURCE)``       :mod:`.expert_overlap`
 ==========================  ==========================================  =================
 
 Every checker returns a dict with ``ok`` and a one-line ``message``, also when the
@@ -37,6 +38,7 @@ from .bucketed_dp import check_bucketed_dp
 from .collective_matmul import check_all_gather_matmul
 from .cross_entropy import check_vocab_parallel_ce
 from .dispatch import check_dispatch
+from .expert_overlap import check_overlapped_dispatch
 from .f_and_g import check_f_and_g
 from .fp8_scaling import check_fp8_scaling
 from .gqa import check_gqa
@@ -59,4 +61,4 @@ __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b"
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
            "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_fp8_scaling",
            "check_online_softmax", "check_gqa", "check_ulysses", "check_packed_documents", "check_rope_cp",
-           "check_dispatch", "check_node_routing", "LabError"]
+           "check_dispatch", "check_node_routing", "check_overlapped_dispatch", "LabError"]
