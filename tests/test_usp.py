@@ -27,8 +27,7 @@ import pytest
 from minitron.analysis.calls import bytes_by_axis
 from minitron.analysis.context_parallel import cp_comm_items, usp_comm_items
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
-from minitron.packing import PackedCorpus
-from minitron.tools.testing import assert_oracle_verdicts
+from minitron.tools.testing import assert_oracle_verdicts, step_document_lengths
 from test_packing import CORPUS as DOCUMENTS  # short documents, each ended by the separator
 
 LLAMA, DSV3 = PRESETS["llama-tiny"], PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
@@ -167,17 +166,6 @@ def test_usp_equals_one_device_and_the_plants_are_caught(eight):
     assert_oracle_verdicts(eight[0], CASES, TOL)
 
 
-def _step_documents(model, layout: ParallelConfig, train: TrainConfig, rank: int) -> list:
-    """The document lengths of each row of `rank`'s microbatches in step 0 (--pack): its data
-    replica's rows of the global batch, as the Trainer draws them."""
-    from minitron.grid import ProcessGrid
-
-    per, replica = train.global_batch // layout.data_replicas, ProcessGrid.for_layout(layout, rank).data_index()
-    rows = slice(replica * per, (replica + 1) * per)
-    _, _, docs = PackedCorpus(DOCUMENTS.split()[0], model.seq_len).batch(train.global_batch, train.seed, 0, rows)
-    return [d.lengths() for d in docs.chunk(train.microbatches)]
-
-
 @pytest.mark.multirank
 def test_usp_traced_step_equals_the_analysis(eight):
     """Each rank's step 0 equals comm_bytes_per_step per axis and op (context rank 0's dry
@@ -196,7 +184,8 @@ def test_usp_traced_step_equals_the_analysis(eight):
         want = comm_bytes_per_step(model, layout, train, pp_rank=0)
         for rank in sorted(eight):
             cp_rank = ProcessGrid.for_layout(layout, rank).coord().cp
-            documents = _step_documents(model, layout, train, rank) if pack else None
+            replica = ProcessGrid.for_layout(layout, rank).data_index()
+            documents = step_document_lengths(DOCUMENTS, model, layout, train, replica) if pack else None
             closed = bytes_by_axis(usp_comm_items(model, layout, train, act_bytes=8, cp_rank=cp_rank,
                                                   documents=documents))
             traced = eight[rank][name]["traced"]

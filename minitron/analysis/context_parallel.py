@@ -181,9 +181,11 @@ def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
     n, u = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "cp_a2a", 1) or 1)
     _, _, b = _microbatch_of(parallel, train)
     ring_el = a2a_elements(model, b, int(layout_get(parallel, "tp", 1) or 1), n, u)["kv"]
-    ring = (_window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2, "cp_ring",
-                          documents)
-            if model.window or documents is not None else _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring"))
+    if model.window or documents is not None:  # the chunks a mask lets reach: a chunk is half a message
+        ring = _window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2,
+                             "cp_ring", documents)
+    else:
+        ring = _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring")
     return _a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)") + ring
 
 

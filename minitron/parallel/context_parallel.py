@@ -49,7 +49,8 @@ ranks of a row (axis 'cp_a2a') gathers their tokens onto 1/U of the heads, then 
 above runs over the R ranks of a column ('cp_ring') on those heads. The tokens stay where
 the ring puts them (chunks r and 2N−1−r): the row of j holds chunks U·j … U·j+U−1 and
 their mirrors, which are the ring's own load-balanced pair j and 2R−1−j of 2R
-(:func:`usp_attention`). The all-to-all's volume falls with U, the ring's hops with R.
+(:func:`usp_attention`), so a window or packed documents mask that ring as they would the
+whole ring's. The all-to-all's volume falls with U, the ring's hops with R.
 
 Weights are replicated over the context group and see different tokens; their gradients
 are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
