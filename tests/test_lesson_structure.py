@@ -125,7 +125,7 @@ def test_the_window_questions_agree_with_the_analysis():
 def test_section_8_prints_what_the_engine_computes():
     """USP's section: the grid's rows and columns are the engine's, both traced steps equal one
     device and every rank's bytes the analysis, the packed ring sends fewer bytes than the plain
-    one on every rank, and the stored cluster-model table is ``predict``'s (its best and largest U)."""
+    one on every rank (and not the same on all, as the prose says), and the stored cluster-model table is ``predict``'s (its best and largest U)."""
     from minitron.analysis.cluster import PlannedLayout, predict
     from minitron.config import preset
     from minitron.course import context_parallel as CCP
@@ -140,6 +140,7 @@ def test_section_8_prints_what_the_engine_computes():
     assert re.findall(r"^  rank \d: traced .*, analysis equal: (\w+)$", out, re.M) == ["True"] * 8
     sends = [int(x) for x in re.findall(r"^  rank \d: traced .*'cp_ring': \{'send': (\d+)", out, re.M)]
     assert len(sends) == 8 and all(packed < plain for plain, packed in zip(sends[:4], sends[4:]))
+    assert len(set(sends[:4])) == 1 < len(set(sends[4:]))  # packed, the documents make the ranks differ
     llama = preset("llama3-8b")
     table = re.findall(r"^\s*([\d,]+)\s+(\d)\s+([\d.]+) s \(\s*\d+\)\s+([\d.]+) s \(\s*\d+\)\s+([\d.]+) s \(\s*\d+\)"
                        r"\s+(\d+)\s+(\d+)$", out, re.M)
