@@ -859,13 +859,11 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
 
 def validate_pack(model: ModelConfig, layout: ParallelConfig) -> None:
     """--pack (packing.py): the document mask reaches the standard attention on one device,
-    1-D tensor parallelism, the ring and the all-to-all, and every pipeline stage."""
+    1-D tensor parallelism, the ring, the all-to-all and USP's both, and every pipeline stage."""
     _need(model.attention != "mla", "--pack masks the standard attention only: drop --attention mla or --pack")
     _need(not model.mtp_depths, "--pack does not mask multi-token prediction's extra depths: drop --mtp-depths or --pack")
     _need(layout.tp_mode == "1d",
           f"--pack composes with 1-D tensor parallelism only (--tp-mode {layout.tp_mode} given): use --tp-mode 1d")
-    _need(layout.cp == 1 or layout.cp_mode != "usp",
-          "--pack masks the ring and the all-to-all apart, not composed: use --cp-mode ring or a2a, or drop --pack")
 
 
 def pad_vocab(vocab: int, multiple: int) -> int:

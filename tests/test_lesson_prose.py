@@ -374,6 +374,31 @@ def _rope_kept_by_the_stated_rule(d, base, context, high_freq_factor):
     return sum(2 * math.pi * base ** (2 * i / d) < context / high_freq_factor for i in range(d // 2))
 
 
+def _usp_message_by_the_stated_formula():
+    """Lesson 9's USP ring message, b·(s/N)·max(kv_t, U)·(d_k + d_v) elements of 2 bytes, applied to
+    the question's Llama 3 70B (kv_t = max(1, 8/8)) at s 131,072, t 8, cp 16, U 2, by hand."""
+    _stated("09", r"\$b\\,\(s/N\)\\,\\max\(kv_t, U\)\\,\(d_k \+ d_v\)\$ elements", None)
+    return 1 * (131072 // 16) * max(max(1, 8 // 8), 2) * (128 + 128) * 2 / 2**20
+
+
+def _usp_largest_u_by_the_stated_rules():
+    """Lesson 9's rules for U (divides N, 1 < U < N; divides the query heads per tensor rank; the
+    kv heads divide it or are divided by it; t·U ranks in a node), for the question's 28/4 heads."""
+    _stated("09", r"\$U\$ divides each tensor rank's query heads \$n_h/t\$, and its kv heads \$kv_t\$\s+"
+                  r"divide \$U\$ or are divided by it", None)
+    _stated("09", r"\$t\\cdot U\$ neighbouring ranks .* must fit in a node", None)
+    n, heads, kv, t, node = 16, 28, 4, 1, 8
+    return max(u for u in range(2, n) if n % u == 0 and heads % u == 0 and (kv % u == 0 or u % kv == 0)
+               and t * u <= node)
+
+
+def _usp_ring_sends():
+    total, layers = (int(x) for x in re.search(r"rank 0's ring sends in the plain step: (\d+) on 'cp_ring', (\d+) layers",
+                                               outputs("09")).groups())
+    assert total // layers == 3 * (2 - 1)           # the lesson's cp 4 = 2 x 2: R = 2, 3(R - 1) per layer
+    return 3 * (4 - 1)                              # the question's R = 4
+
+
 WITNESSES = {
     "00.all_reduce": _all_reduce_sum,
     "00.ring_steps": _ring_steps,
@@ -447,6 +472,9 @@ WITNESSES = {
     "09.window_core_share": lambda: _window_share_by_the_stated_rule(65536, 4096),
     "09.window_hops": lambda: _window_hops_by_the_stated_rule(4, 4, 8),
     "09.rope_kept": lambda: _rope_kept_by_the_stated_rule(128, 10000.0, 4096, 4.0),
+    "09.usp_message_mib": _usp_message_by_the_stated_formula,
+    "09.usp_largest_u": _usp_largest_u_by_the_stated_rules,
+    "09.usp_ring_sends": _usp_ring_sends,
 }
 
 
@@ -526,6 +554,19 @@ def _work_09():
     works = [int(x) for x in re.findall(r"contiguous split: work\s+(\d+)\)", outputs("09"))]
     return (said("09", r"the same work, (\d+) pairs, where a contiguous split ranges from (\d+) to (\d+)"),
             shown("09", r"^rank 0: .*work (\d+)\s+\(") + [min(works), max(works)], 0)
+
+
+def _usp_best_09():
+    """Lesson 9, section 8: the best U the prose names per sequence length, against the stored table."""
+    best = {(int(s.replace(",", "")), int(t)): int(u) for s, t, u in
+            re.findall(r"^\s*([\d,]+)\s+(\d)\s+(?:[\d.]+ s \(\s*\d+\)\s*){3}\s+(\d+)\s+\d+$", outputs("09"), re.M)}
+    stated = said("09", r"At \$t = 2\$ .*?\s+the cluster model's best is \$U = (\d)\$ at ([\d,]+) and ([\d,]+)\s+tokens,"
+                        r"\s+\$U = (\d)\$ at ([\d,]+), and the plain ring\s+\(\$U = (1)\$\) at ([\d,]+)")
+    u_a, s_a, s_b, u_b, s_c, u_c, s_d = (int(x) for x in stated)
+    u_t4 = said("09", r"and\s+\$U = (\d)\$\s+is the best at every length")
+    lengths = sorted({s for s, _ in best})
+    return ([u_a, u_a, u_b, u_c] + u_t4 * len(lengths) + [s_a, s_b, s_c, s_d],
+            [best[(s, 2)] for s in (s_a, s_b, s_c, s_d)] + [best[(s, 4)] for s in lengths] + lengths, 0)
 
 
 def _speedup_530b():
@@ -611,6 +652,8 @@ CLAIMS = {
         + shown("07", r"^\s+bias\+GeLU\s+\[.*\s([\d.]+)$") + shown("07", r"this thread copies at ([\d.]+) GB/s"), 0),
     # lesson 9: the balanced chunks
     "09 work": _work_09,
+    # lesson 9: the cluster model's best USP factor per sequence length (t = 2 and t = 4)
+    "09 usp best U": _usp_best_09,
 }
 
 
@@ -1050,7 +1093,8 @@ LABELS = {
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",
     "09.skipped_pairs": r"skip", "09.window_core_share": r"window|core", "09.window_hops": r"hops",
-    "09.rope_kept": r"kept|unchanged", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
+    "09.rope_kept": r"kept|unchanged", "09.usp_message_mib": r"message|MiB", "09.usp_largest_u": r"28 (?:query )?heads",
+    "09.usp_ring_sends": r"sends", "10.kv_rows": r"kv rows", "10.kv_copies": r"cop(?:y|ies)",
     "10.swiglu_params": r"SwiGLU|MLP", "10.cp_position": r"position", "10.kv_saved_per_element": r"elements per token",
     "11.mixtral_active": r"active", "11.capacity": r"capacity|\bC =", "11.collapsed_aux": r"L/α|aux|balancing loss",
     "11.a2a_mib": r"all-to-all.*MiB", "11.host_wait_pct": r"host", "11.mla_cache_kib": r"KiB per token|KV cache",

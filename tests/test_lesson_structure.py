@@ -120,3 +120,35 @@ def test_the_window_questions_agree_with_the_analysis():
 
     assert quiz.QUESTIONS["09.window_hops"].answer() == sum(window_chunk_reach(4, 4, 8).values())
     assert not quiz.grade("09.window_hops", sum(window_chunk_reach(4, 4, 2 * 4 * 4).values()))[0]
+
+
+def test_section_8_prints_what_the_engine_computes():
+    """USP's section: the grid's rows and columns are the engine's, both traced steps equal one
+    device and every rank's bytes the analysis, the packed ring sends fewer bytes than the plain
+    one on every rank (and not the same on all, as the prose says), and the stored cluster-model table is ``predict``'s (its best and largest U)."""
+    from minitron.analysis.cluster import PlannedLayout, predict
+    from minitron.config import preset
+    from minitron.course import context_parallel as CCP
+    from minitron.grid import ProcessGrid
+
+    out = _outputs("09")
+    grid = ProcessGrid(cp=8, cp_a2a=2)
+    rows = re.findall(r"^\s+(\d)\s+(\[[\d, ]+\])\s+(\[[\d, ]+\])\s+\[", out, re.M)
+    assert [(int(r), json.loads(a), json.loads(c)) for r, a, c in rows] == \
+        [(r, grid.axis_ranks("cp_a2a", r), grid.axis_ranks("cp_ring", r)) for r in range(8)]
+    assert out.count("the single device's loss within 1e-9: True") == 2
+    assert re.findall(r"^  rank \d: traced .*, analysis equal: (\w+)$", out, re.M) == ["True"] * 8
+    sends = [int(x) for x in re.findall(r"^  rank \d: traced .*'cp_ring': \{'send': (\d+)", out, re.M)]
+    assert len(sends) == 8 and all(packed < plain for plain, packed in zip(sends[:4], sends[4:]))
+    assert len(set(sends[:4])) == 1 < len(set(sends[4:]))  # packed, the documents make the ranks differ
+    llama = preset("llama3-8b")
+    table = re.findall(r"^\s*([\d,]+)\s+(\d)\s+([\d.]+) s \(\s*\d+\)\s+([\d.]+) s \(\s*\d+\)\s+([\d.]+) s \(\s*\d+\)"
+                       r"\s+(\d+)\s+(\d+)$", out, re.M)
+    assert len(table) == 8
+    for s, t, *steps, best, largest in table:
+        s, t = int(s.replace(",", "")), int(t)
+        want = [predict(llama.replace(seq_len=s), PlannedLayout(tp=t, cp=16, dp=1, cp_kind="usp" if u > 1 else "ring",
+                                                                cp_a2a=u), 16, "h100-dgx", software="minitron").iteration_s
+                for u in (1, 2, 4)]
+        assert [float(x) for x in steps] == [round(w, 2) for w in want]
+        assert int(best) == (1, 2, 4)[want.index(min(want))] and int(largest) == CCP.largest_a2a(llama, t, 16, 8)

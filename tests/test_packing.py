@@ -20,7 +20,7 @@ from minitron.data import ByteCorpus
 from minitron.model import GPT
 from minitron.packing import SEPARATOR_BYTE, Documents, PackedCorpus
 from minitron.parallel.context_parallel import ChunkMask
-from minitron.tools.testing import run_cli, run_on_ranks, traced_step_bytes
+from minitron.tools.testing import run_cli, run_on_ranks, step_document_lengths, traced_step_bytes
 
 TINY, LLAMA = PRESETS["tiny"], PRESETS["llama-tiny"]
 SEP = chr(SEPARATOR_BYTE)
@@ -152,10 +152,8 @@ def _all_layouts(comm, corpus):
 
 def _ring_formula(model, layout, train, cp_rank, dp_rank) -> dict:
     """The packed ring's bytes of one context rank in step 0: its microbatches' documents."""
-    rows = slice(dp_rank * train.global_batch // layout.dp, (dp_rank + 1) * train.global_batch // layout.dp)
-    _, _, docs = PackedCorpus(CORPUS.split()[0], model.seq_len).batch(train.global_batch, train.seed, 0, rows)
     items = window_ring_items(model, layout, train, cp_rank, act_bytes=element_bytes(train.dtype),
-                              documents=[d.lengths() for d in docs.chunk(train.microbatches)])
+                              documents=step_document_lengths(CORPUS, model, layout, train, dp_rank))
     return {op: b for op, b in bytes_by_axis(items).get("cp", {}).items() if b}
 
 

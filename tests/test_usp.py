@@ -10,9 +10,12 @@ the row) on cp4 = 2 × 2 with dp2 and with tp2 (+sp, selective recomputation), a
 DeepSeek-V3 without MTP (MLA's decompressed heads, keys wider than values; its MoE
 blocks) on cp4 × dp2, against one device in float64 at 1e-9, each rank's traced step
 equal to the analysis per axis and op; a sliding window on alternate layers on cp8 = 2 × 4
-(the ring passes only the chunks in reach: its bytes per context rank); and two planted
-mistakes caught (the ring over the all-to-all's sub-axis; the gathered chunks left in the
-order they arrive).
+(the ring passes only the chunks in reach: its bytes per context rank); packed documents
+(--pack) on cp4 = 2 × 2 with dp2 and with tp2, the ring over the columns masked by the
+documents of its chunks and passing only the chunks they reach (each rank's 'cp_ring' bytes
+the analysis of its step's documents, fewer than the whole ring's somewhere); and two
+planted mistakes caught (the ring over the all-to-all's sub-axis; the gathered chunks left
+in the order they arrive).
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ from unittest import mock
 import pytest
 
 from minitron.analysis.calls import bytes_by_axis
-from minitron.analysis.context_parallel import cp_comm_items
+from minitron.analysis.context_parallel import cp_comm_items, usp_comm_items
 from minitron.config import PRESETS, ConfigError, ParallelConfig, TrainConfig, validate
-from minitron.tools.testing import assert_oracle_verdicts
+from minitron.tools.testing import assert_oracle_verdicts, step_document_lengths
+from test_packing import CORPUS as DOCUMENTS  # short documents, each ended by the separator
 
 LLAMA, DSV3 = PRESETS["llama-tiny"], PRESETS["deepseek-v3-tiny"].replace(mtp_depths=0)
 TOL = 1e-9
@@ -34,19 +38,18 @@ def usp(**kw) -> ParallelConfig:
     return ParallelConfig(**{"cp": 4, "cp_mode": "usp", "cp_a2a": 2, **kw})
 
 
-@pytest.mark.parametrize("model,layout,pack,msg", [
-    (LLAMA, usp(cp_a2a=3), False, "needs --cp-a2a U with 1 < U < --cp 4 and U dividing it"),
-    (LLAMA, usp(cp_a2a=4), False, "U = cp is --cp-mode a2a"),
-    (LLAMA, ParallelConfig(cp=4, cp_a2a=2), False, "--cp-a2a 2 sizes USP's all-to-all: add --cp-mode usp"),
-    (LLAMA, usp(cp=1), False, "--cp-mode usp splits the context ranks"),
-    (LLAMA, usp(cp=8, tp=2, cp_a2a=4), False, "usp splits each tensor rank's 2 heads over --cp-a2a 4"),
-    (LLAMA.replace(hidden=48, heads=6, kv_heads=3), usp(), False,
+@pytest.mark.parametrize("model,layout,msg", [
+    (LLAMA, usp(cp_a2a=3), "needs --cp-a2a U with 1 < U < --cp 4 and U dividing it"),
+    (LLAMA, usp(cp_a2a=4), "U = cp is --cp-mode a2a"),
+    (LLAMA, ParallelConfig(cp=4, cp_a2a=2), "--cp-a2a 2 sizes USP's all-to-all: add --cp-mode usp"),
+    (LLAMA, usp(cp=1), "--cp-mode usp splits the context ranks"),
+    (LLAMA, usp(cp=8, tp=2, cp_a2a=4), "usp splits each tensor rank's 2 heads over --cp-a2a 4"),
+    (LLAMA.replace(hidden=48, heads=6, kv_heads=3), usp(),
      "usp cannot split or replicate 3 key/value heads per tensor rank over --cp-a2a 2"),
-    (LLAMA, usp(), True, "--pack masks the ring and the all-to-all apart"),
 ])
-def test_refused_with_one_line(model, layout, pack, msg):
+def test_refused_with_one_line(model, layout, msg):
     with pytest.raises(ConfigError, match=msg) as e:
-        validate(model, layout, TrainConfig(pack=pack) if pack else None)
+        validate(model, layout)
     assert "\n" not in str(e.value)
 
 
@@ -114,31 +117,34 @@ def _plant(planted: str | None):
     return nullcontext()
 
 
-# (name, model, layout, planted): each fills the launch's 8 ranks
+# (name, model, layout, --pack, planted): each fills the launch's 8 ranks
 CASES = [
-    ("cp4 usp 2x2 x dp2", LLAMA, usp(dp=2), None),
-    ("cp4 usp 2x2 x tp2 sp, selective", LLAMA, usp(tp=2, sp=True, recompute="selective"), None),
-    ("DeepSeek-V3 (MLA) cp4 usp 2x2 x dp2", DSV3, usp(dp=2), None),
-    ("window 6 on G/L layers, cp8 usp 2x4", LLAMA.replace(window=6, window_layers="LG"), usp(cp=8), None),
-    ("planted: the ring over cp_a2a", LLAMA, usp(dp=2), "ring on cp_a2a"),
-    ("planted: chunks in arrival order", LLAMA, usp(dp=2), "arrival order"),
+    ("cp4 usp 2x2 x dp2", LLAMA, usp(dp=2), False, None),
+    ("cp4 usp 2x2 x tp2 sp, selective", LLAMA, usp(tp=2, sp=True, recompute="selective"), False, None),
+    ("DeepSeek-V3 (MLA) cp4 usp 2x2 x dp2", DSV3, usp(dp=2), False, None),
+    ("window 6 on G/L layers, cp8 usp 2x4", LLAMA.replace(window=6, window_layers="LG"), usp(cp=8), False, None),
+    ("packed, cp4 usp 2x2 x dp2", LLAMA, usp(dp=2), True, None),
+    ("packed, cp4 usp 2x2 x tp2", LLAMA, usp(tp=2), True, None),
+    ("planted: the ring over cp_a2a", LLAMA, usp(dp=2), False, "ring on cp_a2a"),
+    ("planted: chunks in arrival order", LLAMA, usp(dp=2), False, "arrival order"),
 ]
 
 
-def _train(layout: ParallelConfig) -> TrainConfig:
+def _train(layout: ParallelConfig, pack: bool = False) -> TrainConfig:
     return TrainConfig(steps=2, global_batch=2 * layout.data_replicas, microbatches=1, dtype="float64", lr=1e-2,
-                       warmup=1, eval_every=0, progress=False, sample_tokens=0)
+                       warmup=1, eval_every=0, progress=False, sample_tokens=0, pack=pack)
 
 
-def _cases_job(comm, cases):
+def _cases_job(comm, cases, documents):
     """Every case on this launch's ranks (its own grid): the oracle's verdict (rank 0) and
-    step 0's traced bytes by axis and op."""
+    step 0's traced bytes by axis and op; a --pack case reads `documents`."""
     from minitron.data import load_corpus
     from minitron.tools.testing import trained_versus_one_device
 
     corpus, out = load_corpus(""), {}
-    for name, model, layout, planted in cases:
-        run = trained_versus_one_device(comm, model, layout, _train(layout), corpus, _plant(planted))
+    for name, model, layout, pack, planted in cases:
+        run = trained_versus_one_device(comm, model, layout, _train(layout, pack), documents if pack else corpus,
+                                        _plant(planted))
         out[name] = run
     return out
 
@@ -147,42 +153,52 @@ def _cases_job(comm, cases):
 def eight():
     from minitron.tools.testing import run_on_ranks
 
-    for _, model, layout, _ in CASES:
-        validate(model, layout, _train(layout), world=8)
-    return run_on_ranks(_cases_job, ParallelConfig(dp=8), CASES)
+    for _, model, layout, pack, _ in CASES:
+        validate(model, layout, _train(layout, pack), world=8)
+    return run_on_ranks(_cases_job, ParallelConfig(dp=8), CASES, DOCUMENTS)
 
 
 @pytest.mark.multirank
 def test_usp_equals_one_device_and_the_plants_are_caught(eight):
     """verify --dtype float64 (1e-9), loss and parameters, on cp4 = 2 × 2 with dp2 and with
-    tp2 (+sp, selective recomputation), MLA with dp2, a window on cp8 = 2 × 4; each planted
-    mistake exceeds it."""
+    tp2 (+sp, selective recomputation), MLA with dp2, a window on cp8 = 2 × 4, packed documents
+    on cp4 = 2 × 2 with dp2 and with tp2; each planted mistake exceeds it."""
     assert_oracle_verdicts(eight[0], CASES, TOL)
 
 
 @pytest.mark.multirank
 def test_usp_traced_step_equals_the_analysis(eight):
     """Each rank's step 0 equals comm_bytes_per_step per axis and op (context rank 0's dry
-    run: under a window the ring's ranks differ, so 'cp_ring' there is each rank's own), and
-    its 'cp_a2a' and 'cp_ring' axes the closed form (usp_comm_items) of its context rank."""
+    run: under a window or packed documents the ring's ranks differ, so 'cp_ring' there is
+    each rank's own), and its 'cp_a2a' and 'cp_ring' axes the closed form (usp_comm_items)
+    of its context rank (and, packed, of its step's documents: fewer bytes than the whole
+    ring's on some rank)."""
     from minitron.analysis.comm import comm_bytes_per_step
     from minitron.grid import ProcessGrid
 
-    bad = []
-    for name, model, layout, planted in CASES:
+    bad, fewer = [], False
+    for name, model, layout, pack, planted in CASES:
         if planted:
             continue
-        want = comm_bytes_per_step(model, layout, _train(layout), pp_rank=0)
+        train = _train(layout, pack)
+        want = comm_bytes_per_step(model, layout, train, pp_rank=0)
         for rank in sorted(eight):
             cp_rank = ProcessGrid.for_layout(layout, rank).coord().cp
-            closed = bytes_by_axis(cp_comm_items(model, layout, _train(layout), act_bytes=8, cp_rank=cp_rank))
+            replica = ProcessGrid.for_layout(layout, rank).data_index()
+            documents = step_document_lengths(DOCUMENTS, model, layout, train, replica) if pack else None
+            closed = bytes_by_axis(usp_comm_items(model, layout, train, act_bytes=8, cp_rank=cp_rank,
+                                                  documents=documents))
             traced = eight[rank][name]["traced"]
-            same = all(traced.get(a) == want[a] for a in want if a != "cp_ring" or not model.window)
+            same = all(traced.get(a) == want[a] for a in want if a != "cp_ring" or not (model.window or pack))
             if set(traced) != set(want) or not same or any(traced[a] != closed[a] for a in ("cp_a2a", "cp_ring")):
                 bad.append((name, rank, traced, want, closed))
+            if pack:
+                whole = bytes_by_axis(cp_comm_items(model, layout, train, act_bytes=8, cp_rank=cp_rank))["cp_ring"]
+                fewer |= traced["cp_ring"]["send"] < whole["send"]
     for b in bad[:4]:
         print(b)
     assert not bad, f"{len(bad)} rank-layouts differ from the analysis"
+    assert fewer  # the documents kept some chunk from going all the way round
 
 
 # --------------------------------------------------------------------------------------

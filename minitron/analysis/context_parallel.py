@@ -44,7 +44,8 @@ all-to-alls run over the U ranks of the axis 'cp_a2a' on the rank's s/N tokens (
 max(kv_t, U)), then the ring over the R = N/U ranks of 'cp_ring' with the rank's s/R
 tokens on nh_t/U query and kv_sent/U key/value heads: a message of ``b·(s/N)·kv_sent·(dk+dv)``
 elements (the all-to-all's K, V), R−1 hops per pass, or under a window the chunks that
-reach (the ring of R ranks on the sequence's 2R chunks): :func:`usp_comm_items`.
+reach (the ring of R ranks on the sequence's 2R chunks), and with packed documents the
+chunks the documents reach: :func:`usp_comm_items`.
 
 Sliding windows (``--window W``): a chunk of c = s/(2N) tokens is seen only by the query
 chunks within ⌈(W−1)/c⌉ chunks after it, so it travels only to the farthest rank holding
@@ -168,18 +169,23 @@ def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_
 
 
 def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
-                   act_bytes: int = 4, cp_rank: int = 0) -> list[dict]:
+                   act_bytes: int = 4, cp_rank: int = 0, documents: list | None = None) -> list[dict]:
     """USP's calls (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024) of context rank `cp_rank`
     of pipeline stage `pp_rank` in one step: Ulysses' all-to-alls of the rank's s/N tokens
     with the heads split over the U ranks of 'cp_a2a', and the ring's hops over the R = N/U
     ranks of 'cp_ring', each message the K, V of s/R tokens on max(kv_t, U)/U heads, as many
     elements as the all-to-all's K, V (``b·(s/N)·max(kv_t, U)·(dk + dv)``); under a sliding
-    window the ring's chunks that reach (:func:`window_ring_items`, from ring rank cp_rank // U)."""
+    window, or with `documents` (--pack: each microbatch's document lengths per row, as
+    :func:`window_ring_items` takes them), the ring's chunks that reach (from ring rank
+    cp_rank // U, on the sequence's 2R chunks); the all-to-alls do not depend on them."""
     n, u = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "cp_a2a", 1) or 1)
     _, _, b = _microbatch_of(parallel, train)
     ring_el = a2a_elements(model, b, int(layout_get(parallel, "tp", 1) or 1), n, u)["kv"]
-    ring = (_window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2, "cp_ring")
-            if model.window else _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring"))
+    if model.window or documents is not None:  # the chunks a mask lets reach: a chunk is half a message
+        ring = _window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2,
+                             "cp_ring", documents)
+    else:
+        ring = _ring_items(model, parallel, train, pp_rank, act_bytes, n // u, ring_el, "cp_ring")
     return _a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)") + ring
 
 

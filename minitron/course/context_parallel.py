@@ -1,7 +1,10 @@
 """The rank jobs of the context-parallelism lesson: one launch of 4 ranks that traces a
 training step of ``--cp 4`` (the ring's messages) and measures the activation memory
-per rank of long sequences at cp = 1, 2 and 4; and one launch of 2 ranks that traces a
-float64 step of a small Llama under ``--cp 2`` with and without a sliding window.
+per rank of long sequences at cp = 1, 2 and 4; one launch of 2 ranks that traces a
+float64 step of a small Llama under ``--cp 2`` with and without a sliding window; and one
+launch of 4 ranks that traces a float64 step of it under USP, ``--cp 4 --cp-mode usp
+--cp-a2a 2``, on plain and on packed sequences. Beside them, the lesson's rule for USP's
+all-to-all factor (:func:`largest_a2a`).
 
 It lives in a module because every rank is a fresh process that imports it by name.
 """
@@ -16,6 +19,7 @@ WINDOWED = PRESETS["llama-tiny"]  # 2 layers, s = 32: under cp = 2 four chunks o
 MISTRAL_7B = PRESETS["llama3-8b"].replace(vocab=32000, window=4096, name="mistral-7b")
 RING = ModelConfig(layers=2, hidden=32, heads=4, seq_len=64, vocab=256, name="ring")
 MEMORY_LAYOUTS = (ParallelConfig(dp=4), ParallelConfig(cp=2, dp=2), ParallelConfig(cp=4))
+USP = ParallelConfig(cp=4, cp_mode="usp", cp_a2a=2)  # the cp ranks a 2 x 2 grid: all-to-all rows, ring columns
 
 
 def long_model(seq_len: int) -> ModelConfig:
@@ -69,3 +73,43 @@ def window_job(comm, windows) -> dict:
 def window_train() -> TrainConfig:
     """The windowed runs' step: one sequence, float64 (the single-device comparison is exact to rounding)."""
     return TrainConfig(global_batch=1, dtype="float64", progress=False, eval_every=0)
+
+
+def usp_job(comm, documents) -> dict:
+    """On each of 4 ranks: one traced float64 step of `WINDOWED` (llama-tiny, no window) under
+    `USP`, on plain sequences of the built-in corpus and on packed ones of `documents` (a corpus
+    whose documents end with the separator): ``{False | True (packed): {"loss", "records"}}``,
+    the records this rank's calls on the axes 'cp_a2a' and 'cp_ring'."""
+    from ..data import load_corpus
+    from ..train import Trainer
+
+    out = {}
+    for pack, corpus in ((False, load_corpus("")), (True, documents)):
+        c = Comm(ProcessGrid.for_layout(USP, comm.grid.rank).build_groups(), CommTrace())
+        loss = Trainer(WINDOWED, USP, usp_train(pack), c, corpus).step(0)
+        out[pack] = {"loss": loss, "records": [r for r in c.trace.records if r["axis"] in ("cp_a2a", "cp_ring")]}
+    return out
+
+
+def usp_train(pack: bool = False) -> TrainConfig:
+    """The USP runs' step: one microbatch of two sequences (every context rank holds its
+    tokens of both), float64, of packed documents or not."""
+    return TrainConfig(global_batch=2, dtype="float64", progress=False, eval_every=0, pack=pack)
+
+
+def largest_a2a(model: ModelConfig, tp: int, cp: int, gpus_per_node: int) -> int:
+    """USP's largest all-to-all factor U for `model` under `tp` and `cp` on nodes of
+    `gpus_per_node`: U divides cp, ``config.validate_usp`` accepts it (U splits each tensor
+    rank's query heads, and its key/value heads divide U or U divides them), and the
+    all-to-all's t·U neighbouring ranks stay inside a node; 1 (the plain ring) if none does."""
+    from ..config import ConfigError, validate_usp
+
+    fits = []
+    for u in range(2, cp):
+        try:
+            validate_usp(model, ParallelConfig(tp=tp, cp=cp, cp_mode="usp", cp_a2a=u))
+        except ConfigError:
+            continue
+        if tp * u <= gpus_per_node:
+            fits.append(u)
+    return max(fits, default=1)

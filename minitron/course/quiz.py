@@ -448,6 +448,19 @@ QUESTIONS: dict[str, Question] = {
                                                         rope_original_context=4096)),
         "a pair keeps its frequency when its wavelength 2π·base^(2i/d) is shorter than L/high_freq_factor "
         "= 4096/4 tokens: count the pairs i < 64 below it."),
+    "09.usp_message_mib": Question(
+        lambda: _usp_ring_message_mib(_preset("llama3-70b").replace(seq_len=131072), 8, 16, 2),
+        "a message of the ring over R carries s/R tokens on max(kv_t, U)/U kv heads: b·(s/N)·max(kv_t, U)·(dk + dv) "
+        "elements of 2 bytes; at t = 8 a rank holds one kv head, which the all-to-all copies to both ranks of "
+        "its row.", rel_tol=1e-3, unit="MiB"),
+    "09.usp_largest_u": Question(
+        lambda: _usp_largest_a2a(_preset("llama3-8b").replace(hidden=3584, heads=28, kv_heads=4), 1, 16, 8),
+        "U must divide cp and the 28 query heads per tensor rank, the 4 kv heads must divide U or be divided by "
+        "it, and t·U ranks must fit in a node of 8: 7 splits the queries but not the kv heads."),
+    "09.usp_ring_sends": Question(
+        lambda: _usp_ring_sends(8, 2),
+        "the ring runs over R = N/U ranks: R − 1 hops of K, V forward, R − 1 of K, V and R − 1 of dK, dV "
+        "backward, 3(R − 1) sends."),
     # --- lesson 10: modern blocks under parallelism ----------------------------------------
     "10.kv_rows": Question(
         lambda: 2 * _kv_heads_per_rank(_preset("llama3-70b"), 4) * _preset("llama3-70b").head_dim,
@@ -666,6 +679,28 @@ def _packed_positions(row: str) -> list[int]:
     from ..packing import SEPARATOR_BYTE, Documents
     x = torch.tensor([[SEPARATOR_BYTE if ch == "|" else ord(ch) for ch in row]])
     return Documents.of(x, SEPARATOR_BYTE).positions[0].tolist()
+
+
+def _usp_ring_message_mib(model, tp: int, cp: int, u: int) -> float:
+    """Lesson 9: one message of USP's ring (one sequence, bf16): the all-to-all's K, V of the
+    rank's s/N tokens, max(kv_t, U) heads (analysis.context_parallel.a2a_elements)."""
+    from ..analysis.context_parallel import a2a_elements
+    return a2a_elements(model, 1, tp, cp, u)["kv"] * 2 / 2**20
+
+
+def _usp_largest_a2a(model, tp: int, cp: int, gpus_per_node: int) -> int:
+    from .context_parallel import largest_a2a
+    return largest_a2a(model, tp, cp, gpus_per_node)
+
+
+def _usp_ring_sends(cp: int, u: int) -> int:
+    """Lesson 9: the sends on 'cp_ring' per layer and microbatch of one training step under
+    USP (the engine's analysis, usp_comm_items, of a one-sequence step divided by the layers)."""
+    from ..analysis.context_parallel import usp_comm_items
+    from ..config import PRESETS, ParallelConfig, TrainConfig
+    model = PRESETS["llama-tiny"].replace(seq_len=64)
+    items = usp_comm_items(model, ParallelConfig(cp=cp, cp_mode="usp", cp_a2a=u), TrainConfig(global_batch=1))
+    return sum(i["calls"] for i in items if i["axis"] == "cp_ring" and i["op"] == "send") // model.layers
 
 
 def _skipped_pairs(lengths: list[int], n: int) -> int:

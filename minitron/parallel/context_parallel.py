@@ -49,7 +49,8 @@ ranks of a row (axis 'cp_a2a') gathers their tokens onto 1/U of the heads, then 
 above runs over the R ranks of a column ('cp_ring') on those heads. The tokens stay where
 the ring puts them (chunks r and 2N−1−r): the row of j holds chunks U·j … U·j+U−1 and
 their mirrors, which are the ring's own load-balanced pair j and 2R−1−j of 2R
-(:func:`usp_attention`). The all-to-all's volume falls with U, the ring's hops with R.
+(:func:`usp_attention`), so a window or packed documents mask that ring as they would the
+whole ring's. The all-to-all's volume falls with U, the ring's hops with R.
 
 Weights are replicated over the context group and see different tokens; their gradients
 are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
@@ -694,7 +695,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention,
-                  window: int = 0) -> torch.Tensor:
+                  window: int = 0, docs=None) -> torch.Tensor:
     """Causal attention by USP (Fang & Zhao 2024, ``--cp-mode usp``): the cp ranks a U × R
     grid (``grid.py``: cp rank u + U·j); the all-to-all over the U ranks of this rank's row
     ('cp_a2a') turns [b, nh, s/N, d] into [b, nh/U, s/R, d], the ring's chunk pair j,
@@ -702,6 +703,12 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
     layer namespace's) over the R ranks of its column ('cp_ring') on those heads; the
     all-to-all back. Per layer and microbatch: Ulysses' calls with the heads over U, and
     the ring's with N = R on max(kv, U)/U key/value heads (``analysis.context_parallel.usp_comm_items``).
-    A sliding `window`: the ring's own (:class:`_MaskedRing`), its chunks being the sequence's 2R."""
+    A sliding `window` and the microbatch's documents `docs` (--pack, whole rows): the ring's own
+    (:class:`_MaskedRing`), its chunks being the sequence's 2R. After the all-to-all this rank
+    holds chunks j and 2R−1−j of them, the positions of ring rank j, so the documents of
+    whole rows decide its pairs and reach as the plain ring's (every rank of the column
+    holds the same rows: each skips alike)."""
     win = {"window": window} if window else {}
+    if docs is not None:
+        win["docs"] = docs
     return _over_heads(q, k, v, comm, A2A_AXIS, lambda qh, kh, vh: ring(qh, kh, vh, comm, axis=RING_AXIS, **win))

@@ -55,6 +55,19 @@ def trained_versus_one_device(comm, model, layout: ParallelConfig, train, corpus
     return {"res": res, "traced": traced_step_bytes(c.trace.records, comm.grid.rank)}
 
 
+def step_document_lengths(corpus, model, layout: ParallelConfig, train, replica: int, step: int = 0) -> list:
+    """The document lengths of each row (``packing.Documents.lengths``) of each microbatch data
+    replica `replica` trains on in `step` under --pack, as the Trainer draws them from the
+    training split of `corpus`: what ``analysis.context_parallel`` prices a packed ring's
+    bytes by (``window_ring_items`` / ``usp_comm_items``'s `documents`)."""
+    from ..packing import PackedCorpus
+
+    per = train.global_batch // layout.data_replicas
+    _, _, docs = PackedCorpus(corpus.split()[0], model.seq_len).batch(train.global_batch, train.seed, step,
+                                                                      slice(replica * per, (replica + 1) * per))
+    return [d.lengths() for d in docs.chunk(train.microbatches)]
+
+
 def assert_oracle_verdicts(results: dict, cases, tol: float) -> None:
     """Each case of `cases` ((name, ..., planted) tuples) within `tol` of one device in loss
     and parameters (``results[name]["res"]``) exactly when nothing was planted."""
