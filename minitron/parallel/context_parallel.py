@@ -50,7 +50,9 @@ above runs over the R ranks of a column ('cp_ring') on those heads. The tokens s
 the ring puts them (chunks r and 2N−1−r): the row of j holds chunks U·j … U·j+U−1 and
 their mirrors, which are the ring's own load-balanced pair j and 2R−1−j of 2R
 (:func:`usp_attention`), so a window or packed documents mask that ring as they would the
-whole ring's. The all-to-all's volume falls with U, the ring's hops with R.
+whole ring's. A larger U moves bytes from the ring to the all-to-all: of a rank's s/N tokens
+the all-to-all sends (U−1)/U off the rank (its call bytes stay the same), and the ring's hops,
+R−1 = N/U − 1, fall.
 
 Weights are replicated over the context group and see different tokens; their gradients
 are averaged over the context and data ranks together ('dp_cp', ``parallel/data.py``),
