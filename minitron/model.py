@@ -28,8 +28,8 @@ from .parallel import cube, summa
 from .parallel import tensor as tp
 from .parallel.ops import sharded_norm
 from .context import make_param, shard_slice
-from .parallel.context_parallel import (blockwise_window_attention, local_positions, local_tokens, sees,
-                                       ulysses_attention, usp_attention)
+from .parallel.context_parallel import (blockwise_window_attention, document_attention, local_positions, local_tokens,
+                                       sees, ulysses_attention, usp_attention)
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 from .rope import default_inv_freq, rope_frequencies
@@ -188,9 +188,8 @@ class Attention(nn.Module):
                 ~sees(s, self.window, docs, q.device), float("-inf"))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + mask
             y = self.drop(att.softmax(dim=-1), key) @ v
-        elif docs is not None:  # the block-diagonal causal mask (and the window's, if any)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees(q.shape[-2], self.window, docs, q.device),
-                                               enable_gqa=self.grouped)
+        elif docs is not None:  # block-diagonal causal: each document alone (a varlen kernel's Σ sᵢ² work)
+            y = document_attention(q, k, v, docs, self.window)
         elif self.window:  # only the blocks of keys in reach (its FLOPs are a window's, not s²)
             y = blockwise_window_attention(q, k, v, self.window)
         else:

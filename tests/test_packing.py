@@ -85,6 +85,28 @@ def test_packed_sequence_logits_equal_each_document_alone(cfg):
         assert not torch.allclose(packed, gpt(x), atol=1e-3)
 
 
+@pytest.mark.parametrize("cfg", [LLAMA, LLAMA.replace(window=6, window_layers="LG")])
+def test_packed_flops_formula_equals_the_matmuls_a_packed_step_runs(cfg):
+    """One device attends each document alone (a varlen kernel's work): PyTorch's
+    FlopCounterMode over a packed training step equals model_flops_per_step with the rows'
+    document lengths (Σ sᵢ², not s², per layer), below the unpacked count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from minitron.model_flops import model_flops_per_step
+
+    x, y, docs = PackedCorpus(CORPUS, 32).batch(3, 7, 1)
+    with FlopCounterMode(display=False) as counter:
+        GPT(cfg).train()(x, y, docs=docs).backward()
+    lengths = docs.lengths()
+    assert len({len(row) for row in lengths} | {0}) > 2  # unequal documents, several per row
+    assert counter.get_total_flops() == model_flops_per_step(cfg, 3, documents=lengths)
+    assert model_flops_per_step(cfg, 3, documents=lengths) < model_flops_per_step(cfg, 3)
+    causal = model_flops_per_step(cfg.replace(window=0), 3, causal=True, documents=lengths)
+    full = model_flops_per_step(cfg.replace(window=0), 3, causal=True)
+    core = 4 * cfg.heads * cfg.head_dim * 0.5 * 3 * cfg.layers  # the causal core: 2·q per pair, 3 passes
+    assert full - causal == pytest.approx(core * sum(32 ** 2 - sum(n * n for n in row) for row in lengths))
+
+
 @pytest.mark.parametrize("n, window", [(2, 0), (4, 0), (4, 5)])
 def test_ring_reach_under_documents_equals_the_analysis(n, window):
     """The engine's reach (chunk pairs that the documents, and a window, leave non-empty)

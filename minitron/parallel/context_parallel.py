@@ -389,6 +389,25 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return y.flatten(1, 2) if y.dim() == 5 else y
 
 
+def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs, window: int = 0) -> torch.Tensor:
+    """Block-diagonal causal attention of whole packed rows (q [b, nh, s, d], k, v [b, kv, s,
+    d]; `docs` their ``packing.Documents``) computed document by document, as a varlen
+    kernel does (flash attention's ``cu_seqlens``; Megatron-Core's packed THD batches): each
+    document's causal attention alone (:func:`blockwise_window_attention`: one block, or under
+    a sliding `window` its blocks in reach), so the work is Σ sᵢ² query-key pairs, not s².
+    Plain matmuls, which PyTorch's ``FlopCounterMode`` counts (CPU's fused SDPA it does not
+    see): ``model_flops.model_flops_per_step(documents=)``."""
+    rows = []
+    for r, lengths in enumerate(docs.lengths()):
+        outs, start = [], 0
+        for n in lengths:
+            outs.append(blockwise_window_attention(*(t[r:r + 1, :, start:start + n] for t in (q, k, v)),
+                                                   window or n))
+            start += n
+        rows.append(torch.cat(outs, dim=-2))
+    return torch.cat(rows, dim=0)
+
+
 def _reaching(rule: ChunkMask, src: int, past: int) -> list[int]:
     """The slots of rank src's chunks whose reach is beyond step `past`."""
     return [k for k in (0, 1) if rule.reach[(src, k)] > past]
