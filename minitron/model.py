@@ -154,7 +154,7 @@ class Attention(nn.Module):
             # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
             # under --sp the column-parallel linear has gathered the whole sequence
             pos = local_positions(q.shape[-2], self.ctx.comm) if docs is None else \
-                local_tokens(docs.positions, self.ctx.comm)  # [b, s]: each token's place in its document
+                local_tokens(docs.positions, self.ctx.comm, docs=docs)  # [b, s]: each token's place in its document
             cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device, self.rope_cfg)
             if docs is not None:  # per row: [b, 1 (heads), s, d]
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -368,7 +368,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.cfg.positions == "learned":
             pos = local_positions(idx.shape[1], self.ctx.comm, self.wpe.device) if docs is None else \
-                local_tokens(docs.positions, self.ctx.comm).to(self.wpe.device)
+                local_tokens(docs.positions, self.ctx.comm, docs=docs).to(self.wpe.device)
             x = x + self.wpe[pos]
         return self.drop(self.layers.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
@@ -386,7 +386,7 @@ class GPT(nn.Module):
         --pack weighted by ``docs.loss_weight`` (this rank's tokens of it: packing.py)."""
         if docs is None:
             return self.layers.loss(logits, targets, self.lm_head, self.ctx)
-        weights = local_tokens(docs.loss_weight, self.ctx.comm)
+        weights = local_tokens(docs.loss_weight, self.ctx.comm, docs=docs)
         return self.layers.loss(logits, targets, self.lm_head, self.ctx, weights=weights)
 
     def boundary_shape(self, micro_batch: int) -> tuple:

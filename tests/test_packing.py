@@ -107,6 +107,66 @@ def test_packed_flops_formula_equals_the_matmuls_a_packed_step_runs(cfg):
     assert full - causal == pytest.approx(core * sum(32 ** 2 - sum(n * n for n in row) for row in lengths))
 
 
+def _skewed_text(n: int = 400, seed: int = 1) -> str:
+    """Documents of very unequal lengths (3 to ~60 bytes): what a sequence-level split balances badly."""
+    r = random.Random(seed)
+    return "".join("x" * r.choice((2, 3, 4, 40, 60)) + "." + SEP for _ in range(n))
+
+
+SKEWED = ByteCorpus(_skewed_text().encode())
+
+
+@pytest.mark.parametrize("cfg", [TINY, LLAMA])
+def test_padding_documents_does_not_change_the_loss(cfg):
+    """--pack-balance document pads each document to a multiple of 2·cp: the padding is
+    masked (it follows its document's tokens) and weighs 0, so a padded row's loss equals
+    the loss of the same documents without the padding (float64)."""
+    torch.manual_seed(0)
+    gpt = GPT(cfg, Context(dtype=torch.float64)).eval()
+    packed = PackedCorpus(CORPUS, 32, pad_to=8, balance="document")
+    for step in range(3):
+        x, y, d = packed.batch(1, 7, step)
+        assert all(n % 8 == 0 for n in d.lengths()[0][:-1])  # the last document is cut
+        keep = torch.ones(32, dtype=torch.bool)  # drop the padding: a separator after a separator
+        keep[1:] = ~((x[0, 1:] == SEPARATOR_BYTE) & (x[0, :-1] == SEPARATOR_BYTE))
+        assert keep.sum() < 32
+        xu, yu = x[:, keep], y[:, keep]
+        du = Documents.of(xu, SEPARATOR_BYTE, xu.numel() / int((xu != SEPARATOR_BYTE).sum()))
+        with torch.no_grad():
+            assert abs(float(gpt(x, y, docs=d)) - float(gpt(xu, yu, docs=du))) < 1e-12
+
+
+def test_balanced_chunks_are_every_documents_and_even_out_the_attention_work():
+    """Rank r holds chunks r and 2cp−1−r of every document (Megatron-Core's THD split): the
+    ranks' tokens partition each row; the (query, key) pairs of each rank's queries counted
+    on the engine's own mask equal the analysis', and on unequal documents the per-document
+    split's most loaded rank carries less than the sequence split's."""
+    from minitron.analysis.context_parallel import packed_attention_flops, packed_attention_pairs
+    from minitron.parallel.context_parallel import chunk_ids, document_index, sees
+
+    for n in (2, 4):
+        _, _, seq = PackedCorpus(SKEWED, 32).batch(4, 3, 0)
+        _, _, doc = PackedCorpus(SKEWED, 32, pad_to=2 * n, balance="document").batch(4, 3, 0)
+        idx = [document_index(doc, n, r) for r in range(n)]
+        assert torch.equal(torch.sort(torch.cat(idx, 1), 1).values, torch.arange(32).expand(4, 32))
+        c = doc.cp_chunks(n)
+        for row, lengths in enumerate(doc.lengths()):  # chunk r of the document at o: o + r·L/2n ..
+            o = 0
+            for length in lengths:
+                assert c[0, row, :].tolist().count(o) == 1
+                o += length
+        seen = sees(32, 0, doc, "cpu")[:, 0].sum(-1)  # keys each query sees, on the engine's mask
+        engine = [int(seen.gather(1, i).sum()) for i in idx]
+        assert engine == packed_attention_pairs(n, doc.lengths(), "document")
+        seq_seen = sees(32, 0, seq, "cpu")[:, 0].sum(-1)
+        rows = torch.arange(32).view(2 * n, -1)
+        assert [int(seq_seen[:, torch.cat([rows[a] for a in chunk_ids(n, r)])].sum()) for r in range(n)] == \
+            packed_attention_pairs(n, seq.lengths())
+        by_doc = packed_attention_flops(LLAMA, ParallelConfig(cp=n), doc.lengths(), "document")
+        by_seq = packed_attention_flops(LLAMA, ParallelConfig(cp=n), seq.lengths())
+        assert max(by_doc) / min(by_doc) < max(by_seq) / min(by_seq)
+
+
 @pytest.mark.parametrize("n, window", [(2, 0), (4, 0), (4, 5)])
 def test_ring_reach_under_documents_equals_the_analysis(n, window):
     """The engine's reach (chunk pairs that the documents, and a window, leave non-empty)
@@ -142,20 +202,25 @@ def test_a_corpus_without_separators_is_refused_before_any_rank(tmp_path):
 
 
 # --- on real ranks: the oracle and the traced bytes ----------------------------------------------------
-VERIFY = [  # (name, model, layout)
-    ("dp2 tp2", TINY, ParallelConfig(dp=2, tp=2)),
-    ("tp2 sp", LLAMA, ParallelConfig(tp=2, sp=True, dp=2)),
-    ("cp2 ring", LLAMA, ParallelConfig(cp=2, dp=2)),
-    ("cp2 a2a", LLAMA.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a")),
-    ("pp2", LLAMA, ParallelConfig(pp=2, dp=2)),
-    ("cp4 ring window", LLAMA.replace(window=9, window_layers="LG"), ParallelConfig(cp=4)),
+VERIFY = [  # (name, model, layout, --pack-balance)
+    ("dp2 tp2", TINY, ParallelConfig(dp=2, tp=2), "sequence"),
+    ("tp2 sp", LLAMA, ParallelConfig(tp=2, sp=True, dp=2), "sequence"),
+    ("cp2 ring", LLAMA, ParallelConfig(cp=2, dp=2), "sequence"),
+    ("cp2 a2a", LLAMA.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a"), "sequence"),
+    ("pp2", LLAMA, ParallelConfig(pp=2, dp=2), "sequence"),
+    ("cp4 ring window", LLAMA.replace(window=9, window_layers="LG"), ParallelConfig(cp=4), "sequence"),
+    ("cp2 ring per document", LLAMA, ParallelConfig(cp=2, dp=2), "document"),
+    ("cp2 a2a per document", LLAMA.replace(kv_heads=4), ParallelConfig(cp=2, dp=2, cp_mode="a2a"), "document"),
+    ("cp4 ring per document", LLAMA, ParallelConfig(cp=4), "document"),
+    ("cp4 a2a per document", LLAMA, ParallelConfig(cp=4, cp_mode="a2a"), "document"),
 ]
 
 
-def _train(layout: ParallelConfig) -> TrainConfig:
+def _train(layout: ParallelConfig, balance: str = "sequence") -> TrainConfig:
     m = 2 if layout.pp > 1 else 1
     return TrainConfig(steps=2, global_batch=2 * layout.dp * m, microbatches=m, dtype="float64", lr=1e-2, warmup=1,
-                       eval_every=0, progress=False, pack=True)
+                       eval_every=0, progress=False, pack=True, pack_balance=balance,
+                       pack_pad=2 * layout.cp if balance == "document" else 0)
 
 
 def _all_layouts(comm, corpus):
@@ -164,10 +229,10 @@ def _all_layouts(comm, corpus):
     from minitron.tools.verify import verify_job
 
     rank, out = comm.grid.rank, {}
-    for name, model, layout in VERIFY:
+    for name, model, layout, balance in VERIFY:
         grid = ProcessGrid(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, rank=rank).build_groups()
         c = Comm(grid, CommTrace())
-        res = verify_job(c, model, layout, _train(layout), corpus, None)
+        res = verify_job(c, model, layout, _train(layout, balance), corpus, None)
         out[name] = (res, (c.index("cp"), c.grid.data_index(), c.index("pp")), traced_step_bytes(c.trace.records, rank))
     return out
 
@@ -175,22 +240,24 @@ def _all_layouts(comm, corpus):
 def _ring_formula(model, layout, train, cp_rank, dp_rank) -> dict:
     """The packed ring's bytes of one context rank in step 0: its microbatches' documents."""
     rows = slice(dp_rank * train.global_batch // layout.dp, (dp_rank + 1) * train.global_batch // layout.dp)
-    _, _, docs = PackedCorpus(CORPUS.split()[0], model.seq_len).batch(train.global_batch, train.seed, 0, rows)
+    _, _, docs = PackedCorpus(CORPUS.split()[0], model.seq_len, pad_to=train.pack_pad, balance=train.pack_balance
+                              ).batch(train.global_batch, train.seed, 0, rows)
     items = window_ring_items(model, layout, train, cp_rank, act_bytes=element_bytes(train.dtype),
-                              documents=[d.lengths() for d in docs.chunk(train.microbatches)])
+                              documents=[d.lengths() for d in docs.chunk(train.microbatches)],
+                              balance=train.pack_balance)
     return {op: b for op, b in bytes_by_axis(items).get("cp", {}).items() if b}
 
 
 @pytest.mark.multirank
 def test_packed_layouts_equal_one_device_and_the_analysis_on_four_ranks():
-    for _, model, layout in VERIFY:
-        validate(model, layout, _train(layout))
+    for _, model, layout, balance in VERIFY:
+        validate(model, layout, _train(layout, balance))
     results = run_on_ranks(_all_layouts, ParallelConfig(dp=4), CORPUS)
     fewer = False
-    for name, model, layout in VERIFY:
+    for name, model, layout, balance in VERIFY:
         res = results[0][name][0]
         assert res["ok"] and res["max_param_rel_diff"] <= 1e-9 and res["max_loss_abs_diff"] <= 1e-9, (name, res)
-        train = _train(layout)
+        train = _train(layout, balance)
         for rank, by_name in results.items():
             _, (cp_rank, dp_rank, pp_rank), got = by_name[name]
             want = comm_bytes_per_step(model, layout, train, pp_rank=pp_rank)
