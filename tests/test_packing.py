@@ -192,6 +192,19 @@ def test_unsupported_combinations_are_one_line(model, layout, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("model, train, words", [
+    (LLAMA, TrainConfig(pack_balance="document"), "--pack-balance document needs --pack"),
+    (LLAMA, TrainConfig(pack=True, pack_balance="row"), "unknown --pack-balance 'row'"),
+    (LLAMA.replace(window=6), TrainConfig(pack=True, pack_balance="document", pack_pad=4), "drop --window"),
+    (LLAMA, TrainConfig(pack=True, pack_balance="document", pack_pad=2), "set pack_pad to a multiple of 4"),
+    (LLAMA.replace(seq_len=36), TrainConfig(pack=True, pack_balance="document", pack_pad=8), "not a multiple of"),
+])
+def test_document_balance_refusals_are_one_line(model, train, words):
+    with pytest.raises(ConfigError) as e:
+        validate(model, ParallelConfig(cp=2), train.replace(global_batch=4))
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_a_corpus_without_separators_is_refused_before_any_rank(tmp_path):
     plain = tmp_path / "plain.txt"
     plain.write_text(_documents_text().replace(SEP, "\n"))
