@@ -1,9 +1,12 @@
 """Packed documents (``--pack``, minitron/packing.py): the documents of a row, a packed
-sequence's logits equal to each document run alone (float64), the ring's chunk reach under
-documents equal to the analysis' formula, bad input in one line before any rank starts, and
-on real ranks the oracle (float64 vs one device) on dp2, tp2+sp, cp2 ring, cp2 a2a, pp2 and
-cp4 ring (documents and a window on alternate layers), each traced step's bytes equal to the
-analysis, and the ring's bytes fewer than the whole ring's where the documents end early."""
+sequence's logits equal to each document run alone (float64), the FLOPs formula per document
+equal to FlopCounterMode, the ring's chunk reach under documents equal to the analysis'
+formula, --pack-balance document (padding masked out of the loss, chunks r and 2cp−1−r of
+every document, the attention work per rank even), bad input in one line before any rank
+starts, and on real ranks the oracle (float64 vs one device) on dp2, tp2+sp, cp2 ring, cp2
+a2a, pp2, cp4 ring (documents and a window on alternate layers) and balanced per document on
+cp2 and cp4 (ring and a2a), each traced step's bytes equal to the analysis, and the ring's
+bytes fewer than the whole ring's where the documents end early."""
 from __future__ import annotations
 
 import random
