@@ -102,11 +102,11 @@ def local_positions(n_local: int, comm: Comm, device=None):
     return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)]).to(device)
 
 
-def document_index(docs, n: int, r: int) -> torch.Tensor:
+def document_index(docs, n: int, r: int, chunks: torch.Tensor | None = None) -> torch.Tensor:
     """[b, s/n]: the tokens (indices into each row) that context rank r of n holds when the
-    chunks are balanced per document (``packing.Documents.cp_chunks``; Megatron-Core's THD
-    split): chunk r of every document, then chunk 2n−1−r of every document."""
-    chunks = docs.cp_chunks(n)
+    chunks are balanced per document (``packing.Documents.cp_chunks``, or `chunks` already
+    read from it; Megatron-Core's THD split): chunk r of every document, then chunk 2n−1−r."""
+    chunks = docs.cp_chunks(n) if chunks is None else chunks
     a, b = chunk_ids(n, r)
     return torch.cat([chunks[a], chunks[b]], dim=-1)
 
@@ -729,7 +729,8 @@ def _over_heads(q, k, v, comm: Comm, axis: str, attend, docs=None) -> torch.Tens
 def _document_order(docs, n: int, device) -> torch.Tensor:
     """[b, s]: :func:`_natural_order` of each row when the chunks are balanced per document
     (the gathered tokens: each rank's :func:`document_index`, rank by rank)."""
-    return torch.argsort(torch.cat([document_index(docs, n, r) for r in range(n)], dim=-1), dim=-1).to(device)
+    chunks = docs.cp_chunks(n)
+    return torch.argsort(torch.cat([document_index(docs, n, r, chunks) for r in range(n)], dim=-1), dim=-1).to(device)
 
 
 def _take(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
