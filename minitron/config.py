@@ -334,6 +334,8 @@ class TrainConfig:
     init_from: str = ""  # a GPT-2 directory (Hugging Face format) whose weights start the run
     allow_model_change: tuple = ()  # model fields a --resume may change (--allow-model-change)
     pack: bool = False  # whole documents per sequence, positions and attention per document (packing.py)
+    pack_balance: str = "sequence"  # context-parallel chunks of the row, or of every document (packing.py)
+    pack_pad: int = 0  # each document padded to a multiple of this (2*cp with --pack-balance document)
 
     def replace(self, **kw) -> "TrainConfig":
         return dataclasses.replace(self, **kw)
@@ -851,15 +853,34 @@ def validate(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | No
     validate_parallel(model, layout, world)
     if train is not None:
         validate_train(train, layout)
-        if train.pack:
-            validate_pack(model, layout)
+        if train.pack or train.pack_balance != "sequence":
+            validate_pack(model, layout, train)
         if layout.precision == "fp8" and layout.fp8_recipe == "mxfp8":
             validate_fp8_tokens(model, layout, train)
 
 
-def validate_pack(model: ModelConfig, layout: ParallelConfig) -> None:
+PACK_BALANCES = ("sequence", "document")
+
+
+def validate_pack(model: ModelConfig, layout: ParallelConfig, train: TrainConfig | None = None) -> None:
     """--pack (packing.py): the document mask reaches the standard attention on one device,
-    1-D tensor parallelism, the ring, the all-to-all and USP's both, and every pipeline stage."""
+    1-D tensor parallelism, the ring, the all-to-all and USP's both, and every pipeline stage;
+    --pack-balance document pads each document to a multiple of 2*cp (``pack_pad``)."""
+    if train is not None:
+        _need(train.pack_balance in PACK_BALANCES,
+              f"unknown --pack-balance '{train.pack_balance}': choose one of {', '.join(PACK_BALANCES)}")
+        _need(train.pack or train.pack_balance == "sequence", "--pack-balance document needs --pack: add it")
+        pad = train.pack_pad
+        _need(pad >= 0 and (not pad or model.seq_len % pad == 0),
+              f"--seq-len {model.seq_len} is not a multiple of the padding {pad} (2*cp): choose a multiple of it")
+        if train.pack_balance == "document" and layout.cp > 1:
+            _need(pad > 0 and pad % (2 * layout.cp) == 0,
+                  f"--pack-balance document pads documents to 2*cp = {2 * layout.cp} (pack_pad {pad} given): "
+                  f"set pack_pad to a multiple of {2 * layout.cp}, as the command line does")
+            _need(layout.cp_mode != "usp", "--pack-balance document splits each document for the ring or the "
+                                           "all-to-all, not USP's grid: use --pack-balance sequence with --cp-mode usp")
+            _need(not model.window, "--pack-balance document splits documents, not windows: drop --window "
+                                    "or use --pack-balance sequence")
     _need(model.attention != "mla", "--pack masks the standard attention only: drop --attention mla or --pack")
     _need(not model.mtp_depths, "--pack does not mask multi-token prediction's extra depths: drop --mtp-depths or --pack")
     _need(layout.tp_mode == "1d",

@@ -28,8 +28,8 @@ from .parallel import cube, summa
 from .parallel import tensor as tp
 from .parallel.ops import sharded_norm
 from .context import make_param, shard_slice
-from .parallel.context_parallel import (blockwise_window_attention, local_positions, local_tokens, sees,
-                                       ulysses_attention, usp_attention)
+from .parallel.context_parallel import (blockwise_window_attention, document_attention, local_positions, local_tokens,
+                                       sees, ulysses_attention, usp_attention)
 from .parallel.random import NO_KEY, Dropout
 from .recompute import recompute
 from .rope import default_inv_freq, rope_frequencies
@@ -154,7 +154,7 @@ class Attention(nn.Module):
             # global positions of this rank's tokens (chunks r and 2N-1-r under --cp);
             # under --sp the column-parallel linear has gathered the whole sequence
             pos = local_positions(q.shape[-2], self.ctx.comm) if docs is None else \
-                local_tokens(docs.positions, self.ctx.comm)  # [b, s]: each token's place in its document
+                local_tokens(docs.positions, self.ctx.comm, docs=docs)  # [b, s]: each token's place in its document
             cos, sin = rotary_angles(pos, self.head_dim, self.rope_base, q.device, self.rope_cfg)
             if docs is not None:  # per row: [b, 1 (heads), s, d]
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -188,9 +188,8 @@ class Attention(nn.Module):
                 ~sees(s, self.window, docs, q.device), float("-inf"))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + mask
             y = self.drop(att.softmax(dim=-1), key) @ v
-        elif docs is not None:  # the block-diagonal causal mask (and the window's, if any)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=sees(q.shape[-2], self.window, docs, q.device),
-                                               enable_gqa=self.grouped)
+        elif docs is not None:  # block-diagonal causal: each document alone (a varlen kernel's Σ sᵢ² work)
+            y = document_attention(q, k, v, docs, self.window)
         elif self.window:  # only the blocks of keys in reach (its FLOPs are a window's, not s²)
             y = blockwise_window_attention(q, k, v, self.window)
         else:
@@ -369,7 +368,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.cfg.positions == "learned":
             pos = local_positions(idx.shape[1], self.ctx.comm, self.wpe.device) if docs is None else \
-                local_tokens(docs.positions, self.ctx.comm).to(self.wpe.device)
+                local_tokens(docs.positions, self.ctx.comm, docs=docs).to(self.wpe.device)
             x = x + self.wpe[pos]
         return self.drop(self.layers.scatter(x, self.ctx), key)  # on the sequence shard with --sp
 
@@ -387,7 +386,7 @@ class GPT(nn.Module):
         --pack weighted by ``docs.loss_weight`` (this rank's tokens of it: packing.py)."""
         if docs is None:
             return self.layers.loss(logits, targets, self.lm_head, self.ctx)
-        weights = local_tokens(docs.loss_weight, self.ctx.comm)
+        weights = local_tokens(docs.loss_weight, self.ctx.comm, docs=docs)
         return self.layers.loss(logits, targets, self.lm_head, self.ctx, weights=weights)
 
     def boundary_shape(self, micro_batch: int) -> tuple:

@@ -13,7 +13,8 @@ from .config import ModelConfig
 
 
 def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str = "none",
-                         head_dim: int | None = None, causal: bool = False) -> float:
+                         head_dim: int | None = None, causal: bool = False,
+                         documents: list[list[int]] | None = None) -> float:
     """FLOPs of one training step of `global_batch` sequences of any block this config
     describes — the one model-FLOPs formula of the engine and the analysis. Matmuls only
     (biases and norms are not counted, as the papers do not).
@@ -30,6 +31,12 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     For GPT-2 shapes (multi-head, GELU 4h, dense) and no recomputation this is the model
     FLOPs of Korthikanti et al. 2022, ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, and with
     full recomputation PTD-P Eq. 3 (96 for 72); the tests check both.
+
+    Packed documents (``--pack``; `documents`: the document lengths of each of the global
+    batch's rows, ``packing.Documents.lengths``): attention runs per document, as a varlen
+    kernel does (flash attention's ``cu_seqlens``, the engine's one-device path), so a row's
+    core is the sum of its documents' cores, ``Σ sᵢ·core(sᵢ)`` — ``Σ 2·q·sᵢ²`` causal,
+    not ``2·q·s²`` (:func:`attention_core_flops` at each document's length).
     """
     B, s, h, V = global_batch, model.seq_len, model.hidden, model.vocab
     d = head_dim or model.head_dim
@@ -43,7 +50,7 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
         attn, mla_core = mla_flops_per_token(model, causal)
         cores = [mla_core] * model.layers
     else:
-        cores = [attention_core_flops(model, i, q, causal) for i in range(model.layers)]
+        cores = [_core_per_token(model, i, q, causal, documents) for i in range(model.layers)]
     layers = sum(attn + cores[i] + (moe if model.is_moe_block(i) else dense) for i in range(model.layers))
     core = sum(cores) / model.layers
     layers += model.mtp_depths * (attn + core + dense + 2 * 2 * h * h + 2 * h * V)  # MTP: M_k, a block, the head
@@ -52,14 +59,24 @@ def model_flops_per_step(model: ModelConfig, global_batch: int, recompute: str =
     return B * s * (passes * layers + extra + 3 * 2 * h * V)
 
 
-def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = False) -> float:
+def _core_per_token(model: ModelConfig, i: int, q: int, causal: bool, documents) -> float:
+    """Block `i`'s attention core per token of the step: a whole sequence's, or with packed
+    `documents` each document's at its own length, averaged over the rows' tokens."""
+    if documents is None:
+        return attention_core_flops(model, i, q, causal)
+    total = sum(n * attention_core_flops(model, i, q, causal, n) for row in documents for n in row)
+    return total / sum(n for row in documents for n in row)
+
+
+def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = False, s: int | None = None) -> float:
     """Forward FLOPs per token of block `i`'s attention core, softmax(QKᵀ)V, with query
     width `q` = heads·d: ``4·s·q`` (QKᵀ and PV, 2·d each per query-key pair and head),
     halved when `causal` counts only the unmasked half. A sliding window W (``window_of``)
     runs only the block pairs in reach, in blocks of β (``window_block``: the largest
     divisor of s not above W): ``4·q·β²·P/s`` for the P block pairs — about 2·W, not s,
-    keys per query, whatever `causal` says (the blocks are what runs)."""
-    s, w = model.seq_len, model.window_of(i)
+    keys per query, whatever `causal` says (the blocks are what runs). `s`: the sequence
+    (or one packed document) attended over, default ``seq_len``."""
+    s, w = s or model.seq_len, model.window_of(i)
     if not w:
         return 4 * s * q * (0.5 if causal else 1.0)
     beta = max(b for b in range(1, min(s, w) + 1) if s % b == 0)

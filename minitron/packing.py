@@ -29,6 +29,19 @@ positions). Attention reads it: one device and the all-to-all build the dense ma
 (:meth:`Documents.visible`); the ring asks, per pair of sequence chunks, whether the
 documents leave the pair empty, whole or partly masked (:meth:`Documents.pair_kind`), and
 passes only the chunks that some later query still sees.
+
+Balanced per document (``--pack-balance document``). Context parallelism's chunks r and
+2N−1−r of the whole sequence balance a causal mask over one stream, not over documents: a
+rank whose chunks fall in short documents attends to few keys. Megatron-Core balances packed
+(THD) batches per document instead: each document is padded to a multiple of 2N and rank r
+takes chunks r and 2N−1−r of *every* document (``get_batch_on_this_cp_rank`` with
+``cu_seqlens``, through Transformer Engine's ``thd_get_partitioned_indices``; the padding from
+``pad_to_multiple_of = 2·cp`` in its packed datasets). Here the corpus pads (``pad_to``: the
+separator id repeated after a document's own separator) so that every document but the row's
+last, cut one spans a multiple of 2N; the padding belongs to the document it pads (after its
+tokens: no real token sees it) and weighs 0 in the loss, which is therefore the unpadded
+documents' loss. :meth:`Documents.cp_chunks` gives each chunk's tokens, row by row. The
+single device reads the same padded rows (verify's reference: the same TrainConfig).
 """
 from __future__ import annotations
 
@@ -62,7 +75,8 @@ class PackedCorpus:
     the packed rows of a global batch (:meth:`batch`). `ids_of`: the rule giving each token its
     document (default :func:`document_ids`)."""
 
-    def __init__(self, corpus, seq_len: int, what: str = "the corpus", ids_of=None):
+    def __init__(self, corpus, seq_len: int, what: str = "the corpus", ids_of=None, pad_to: int = 0,
+                 balance: str = "sequence"):
         sep = separator_of(corpus)
         if sep is None:
             raise ConfigError(f"--pack needs a document separator and {what} defines none: tokenize with a "
@@ -78,6 +92,24 @@ class PackedCorpus:
                               f"--seq-len {seq_len} after it: end each document with it, or drop --pack")
         self.corpus, self.seq_len, self.separator = corpus, seq_len, sep
         self.ids_of = ids_of or document_ids  # a lab passes a learner's (the Trainer's ``document_ids=``)
+        self.ends, self.pad_to, self.balance = ends, pad_to, balance  # padding: module docstring
+
+    def _row(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The s + 1 tokens from document start `start` on, each document padded up to a
+        multiple of ``pad_to`` with the separator (none without ``pad_to``), and which are padding."""
+        n = self.seq_len + 1
+        if not self.pad_to:
+            return self.corpus.window(start, n), torch.zeros(n, dtype=torch.bool)
+        parts, pads, got, p = [], [], 0, start
+        while got < n:
+            after = self.ends[np.searchsorted(self.ends, p):]
+            end = int(after[0]) + 1 if len(after) else p + n - got  # past this document's separator
+            doc = self.corpus.window(p, min(end - p, n - got))
+            pad = min(-(end - p) % self.pad_to, n - got - len(doc))
+            parts += [doc, torch.full((pad,), self.separator, dtype=doc.dtype)]
+            pads += [torch.zeros(len(doc), dtype=torch.bool), torch.ones(pad, dtype=torch.bool)]
+            got, p = got + len(doc) + pad, end
+        return torch.cat(parts), torch.cat(pads)
 
     def batch(self, global_batch: int, seed: int, step: int, rows: slice | None = None):
         """Inputs and targets [rows, s] of the global batch of `step`, each row starting at a
@@ -85,11 +117,12 @@ class PackedCorpus:
         whole global batch)."""
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         pick = torch.randint(0, len(self.starts), (global_batch,), generator=g)
-        xy = torch.stack([self.corpus.window(int(self.starts[i]), self.seq_len + 1) for i in pick])
+        xy, pads = (torch.stack(t) for t in zip(*(self._row(int(self.starts[i])) for i in pick)))
         x, y = xy[:, :-1], xy[:, 1:]
         counted = int((x != self.separator).sum())
         rows = rows or slice(0, global_batch)
-        return x[rows], y[rows], Documents.of(x[rows], self.separator, x.numel() / max(counted, 1), self.ids_of)
+        return x[rows], y[rows], Documents.of(x[rows], self.separator, x.numel() / max(counted, 1), self.ids_of,
+                                              pads[rows, :-1], self.balance)
 
 
 def document_ids(x: torch.Tensor, separator: int) -> torch.Tensor:
@@ -104,31 +137,55 @@ def document_ids(x: torch.Tensor, separator: int) -> torch.Tensor:
 class Documents:
     """The documents of a microbatch's rows [b, s] (whole sequences, before any split):
     ``segments`` (the document of each token, 0, 1, .. along a row), ``positions`` (its
-    position in its document) and ``loss_weight`` (T/N, 0 on a separator: module docstring)."""
+    position in its document) and ``loss_weight`` (T/N, 0 on a separator: module docstring);
+    ``balance``: how context parallelism splits the rows ('sequence': chunks r and 2N−1−r of
+    the row; 'document': of every document, :meth:`cp_chunks`)."""
 
     segments: torch.Tensor
     positions: torch.Tensor
     loss_weight: torch.Tensor
+    balance: str = "sequence"
 
     @staticmethod
-    def of(x: torch.Tensor, separator: int, scale: float = 1.0, ids=document_ids) -> "Documents":
+    def of(x: torch.Tensor, separator: int, scale: float = 1.0, ids=document_ids, pads: torch.Tensor | None = None,
+           balance: str = "sequence") -> "Documents":
         """The documents of token rows `x` [b, s] (`ids`: each token's document, by default
         a new one after each separator, :func:`document_ids`); positions restart where the
-        document changes (Megatron's reset_position_ids)."""
+        document changes (Megatron's reset_position_ids). `pads` [b, s]: the padding tokens,
+        which continue the document they pad (module docstring)."""
         seg = torch.as_tensor(ids(x, separator)).long()
         new = torch.ones_like(seg, dtype=torch.bool)
         new[:, 1:] = seg[:, 1:] != seg[:, :-1]
+        if pads is not None:
+            new[:, 1:] &= ~pads[:, 1:]
+            seg = new.long().cumsum(1) - 1
         idx = torch.arange(x.shape[1]).expand_as(x)
         start = torch.cummax(idx * new, dim=1).values  # the first token of each token's document
-        return Documents(seg, idx - start, (x != separator).double() * scale)
+        return Documents(seg, idx - start, (x != separator).double() * scale, balance)
 
     def chunk(self, m: int) -> list["Documents"]:
         """The documents of the `m` microbatches (rows split as ``Tensor.chunk``)."""
         parts = [t.chunk(m) for t in (self.segments, self.positions, self.loss_weight)]
-        return [Documents(*p) for p in zip(*parts)]
+        return [Documents(*p, self.balance) for p in zip(*parts)]
 
     def to(self, device) -> "Documents":
-        return Documents(*(t.to(device) for t in (self.segments, self.positions, self.loss_weight)))
+        return Documents(*(t.to(device) for t in (self.segments, self.positions, self.loss_weight)), self.balance)
+
+    def cp_chunks(self, n: int) -> torch.Tensor:
+        """[2n, b, s/(2n)]: the tokens (indices into the row) of chunk a of every document of
+        each row, one document after the other — rank r of n holds chunks r and 2n−1−r
+        (Transformer Engine's ``thd_get_partitioned_indices``, which lays a rank's two chunks of
+        each document side by side; here its early chunks come first, then its late ones,
+        the halves the ring reads). Every document must span a multiple of 2n (``pad_to``)."""
+        rows = []
+        for lengths in self.lengths():
+            if any(n_ % (2 * n) for n_ in lengths):
+                raise ValueError(f"--pack-balance document needs documents padded to a multiple of 2*cp = {2 * n} "
+                                 f"(lengths {lengths})")
+            starts = np.cumsum([0] + lengths[:-1])
+            rows.append([torch.cat([torch.arange(o + a * (n_ // (2 * n)), o + (a + 1) * (n_ // (2 * n)))
+                                    for o, n_ in zip(starts, lengths)]) for a in range(2 * n)])
+        return torch.stack([torch.stack(chunks) for chunks in rows], dim=1).to(self.segments.device)
 
     def lengths(self) -> list[list[int]]:
         """Each row's document lengths, in order (what the analysis of the ring reads)."""

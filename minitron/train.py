@@ -131,8 +131,9 @@ class Trainer:
         self.train_data, self.val_data = self.corpus.split()
         data_mod.check_corpus(self.val_data, model.seq_len, model.vocab)
         # --pack: each split read as whole documents (packing.py); None draws plain windows
-        self.packed = {"train": PackedCorpus(self.train_data, model.seq_len, "the training split", document_ids),
-                       "val": PackedCorpus(self.val_data, model.seq_len, "the held-out tenth", document_ids)} \
+        pack = {"ids_of": document_ids, "pad_to": train.pack_pad, "balance": train.pack_balance}
+        self.packed = {"train": PackedCorpus(self.train_data, model.seq_len, "the training split", **pack),
+                       "val": PackedCorpus(self.val_data, model.seq_len, "the held-out tenth", **pack)} \
             if train.pack else None
         self.layers = layers or layers_for(layout)
         self.chunks = self._build_chunks(schedule)
@@ -200,12 +201,16 @@ class Trainer:
     def local_batch(self, step: int, subset: str = "train"):
         """This data-parallel rank's rows of the global batch of `step` (with context
         parallelism, only this context rank's chunks of each sequence)."""
-        return self._on_rank(*self.rows(step, subset)[:2])
+        return self._on_rank(*self.rows(step, subset))
 
-    def _on_rank(self, x, y):
+    def _on_rank(self, x, y, docs=None):
         """Whole rows -> this context rank's chunks of them, on the device (the targets with
-        the tokens ahead of each that multi-token prediction reads: ``mtp.targets_on_rank``)."""
-        x, y = local_tokens(x, self.comm), targets_on_rank(y, self.mcfg.mtp_depths, self.comm)
+        the tokens ahead of each that multi-token prediction reads: ``mtp.targets_on_rank``;
+        --pack-balance document: the chunks of every document of `docs`)."""
+        if docs is not None and docs.balance == "document":
+            x, y = (local_tokens(t, self.comm, docs=docs) for t in (x, y))  # (--pack refuses MTP)
+        else:
+            x, y = local_tokens(x, self.comm), targets_on_rank(y, self.mcfg.mtp_depths, self.comm)
         return x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def microbatches(self, step: int):
@@ -213,7 +218,7 @@ class Trainer:
         rows: attention and the positions take this rank's part of them)."""
         x, y, docs = self.rows(step)
         m = self.tcfg.microbatches
-        x, y = self._on_rank(x, y)
+        x, y = self._on_rank(x, y, docs)
         if docs is None:
             return list(zip(x.chunk(m), y.chunk(m)))
         return list(zip(x.chunk(m), y.chunk(m), docs.chunk(m)))

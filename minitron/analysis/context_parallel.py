@@ -55,6 +55,13 @@ each, and fewer chunks make fewer bytes (:func:`window_ring_items`, per context 
 ranks differ). Packed documents (``--pack``) do the same with data: chunk b is seen up to
 the chunk where the document holding its last token ends, the farthest over the rows of
 the microbatch (:func:`document_last_chunks`), so the bytes follow the step's documents.
+Balanced per document (``--pack-balance document``: rank r holds chunks r and 2N−1−r of every
+document, padded to a multiple of 2N; Megatron-Core's THD split) chunk b of every document
+is seen by the later chunks of the same documents up to the last: every chunk travels as the
+causal ring's do, rank 0's last chunk not at all (:func:`document_balanced_last_chunks`).
+The work of the attention core a rank's queries have, the (query, key) pairs inside their
+documents (:func:`packed_attention_pairs`, what a varlen kernel runs), is the same on every
+rank when balanced per document and follows the documents' lengths when not.
 
 "Per layer" means per block the rank runs (:func:`~minitron.analysis.params.block_ids_on_rank`):
 its chunks' layers and, on the rank of the last stage, the D multi-token prediction depths'
@@ -79,7 +86,8 @@ from .params import block_ids_on_rank, layout_get, local_model
 
 __all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items",
            "usp_comm_items", "cp_activation_table",
-           "window_chunk_reach", "window_ring_items", "chunk_reach_of", "document_last_chunks"]
+           "window_chunk_reach", "window_ring_items", "chunk_reach_of", "document_last_chunks",
+           "document_balanced_last_chunks", "packed_attention_pairs", "packed_attention_flops"]
 
 
 def kv_heads_per_rank(model: ModelConfig, tp: int) -> int:
@@ -300,6 +308,40 @@ def document_last_chunks(n: int, c: int, lengths: list[list[int]], window: int =
     return last
 
 
+def document_balanced_last_chunks(n: int) -> dict[int, int]:
+    """The last query chunk that sees key chunk b when the chunks are balanced per document:
+    chunk 2N−1 (every document holds all 2N chunks, its last sees every earlier one)."""
+    return {b: 2 * n - 1 for b in range(2 * n)}
+
+
+def packed_attention_pairs(n: int, lengths: list[list[int]], balance: str = "sequence") -> list[int]:
+    """The (query, key) pairs each of the N context ranks' queries attend to, over rows of
+    packed documents of the given `lengths` (``Documents.lengths``): a query at position p
+    of its document sees p + 1 keys. 'sequence': rank r holds chunks r and 2N−1−r of each
+    row; 'document': of each document (lengths multiples of 2N)."""
+    pairs = [0] * n
+    for row in lengths:
+        c, t = sum(row) // (2 * n), 0
+        for length in row:
+            for p in range(length):
+                if balance == "document":
+                    a = p // (length // (2 * n))
+                else:
+                    a = (t + p) // c
+                pairs[a if a < n else 2 * n - 1 - a] += p + 1
+            t += length
+    return pairs
+
+
+def packed_attention_flops(model: ModelConfig, parallel: Any, lengths: list[list[int]],
+                           balance: str = "sequence") -> list[float]:
+    """Forward FLOPs of one layer's attention core on each context rank for rows of packed
+    documents (QKᵀ and PV: 4·d per pair and query head of the rank's heads, heads/t):
+    :func:`packed_attention_pairs` priced as ``model_flops`` prices a pair."""
+    n, t = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "tp", 1) or 1)
+    return [4.0 * (model.heads // t) * model.head_dim * p for p in packed_attention_pairs(n, lengths, balance)]
+
+
 def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
     """Chunks per message of context rank r in one layer: K, V sent and received at each
     hop of a ring pass, the backward's accumulators sent and received (zero-chunk
@@ -318,22 +360,24 @@ def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
 
 
 def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: int = 0, pp_rank: int = 0,
-                      act_bytes: int = 4, documents: list | None = None) -> list[dict]:
+                      act_bytes: int = 4, documents: list | None = None, balance: str = "sequence") -> list[dict]:
     """The ring's calls on the 'cp' axis of context rank `cp_rank` of pipeline stage `pp_rank`
     in one step when the model has a sliding window or packs documents: its windowed layers
     pass the chunks the window reaches (:func:`window_chunk_reach`), its global layers
     (``window_layers``) the whole ring of :func:`cp_comm_items`. With `documents` (--pack:
     the document lengths of each row, per microbatch of the rank's step, ``Documents.lengths``)
     every layer passes only the chunks the documents (and the window) let later queries see,
-    microbatch by microbatch (:func:`document_last_chunks`). ``{what, axis, op, calls, bytes}``."""
+    microbatch by microbatch (:func:`document_last_chunks`; `balance` 'document': the chunks of
+    every document, :func:`document_balanced_last_chunks`). ``{what, axis, op, calls, bytes}``."""
     n = int(layout_get(parallel, "cp", 1) or 1)
     t, _, b = _microbatch_of(parallel, train)
     chunk = b * (model.seq_len // (2 * n)) * kv_heads_per_rank(model, t) * sum(head_widths(model))
-    return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents)
+    return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents, balance)
 
 
 def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_rank: int, pp_rank: int,
-                  act_bytes: int, chunk: int, axis: str, documents: list | None = None) -> list[dict]:
+                  act_bytes: int, chunk: int, axis: str, documents: list | None = None,
+                  balance: str = "sequence") -> list[dict]:
     """:func:`window_ring_items` of a ring of `n` ranks on `axis` (the 'cp' ranks, or USP's
     'cp_ring' columns), seen from its rank `ring_rank`, whose chunks of s/(2n) tokens hold
     `chunk` elements of K and V."""
@@ -346,7 +390,9 @@ def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_ra
         for i in ids:
             w = model.window_of(i)
             if rows is not None:
-                hops = _window_hops(n, ring_rank, chunk_reach_of(n, document_last_chunks(n, c, rows, w)))
+                last = document_balanced_last_chunks(n) if balance == "document" else \
+                    document_last_chunks(n, c, rows, w)
+                hops = _window_hops(n, ring_rank, chunk_reach_of(n, last))
             else:
                 hops = _window_hops(n, ring_rank, window_chunk_reach(n, c, w)) if w else whole
             for key, msgs in hops.items():

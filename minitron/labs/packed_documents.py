@@ -252,6 +252,7 @@ class _LearnersMask:
     segments: torch.Tensor
     n: int
     lab: SimpleNamespace
+    balance: str = "sequence"  # the lab's chunks are the row's (packing.Documents.balance)
 
     def _block(self, a: int, b: int) -> torch.Tensor:
         (qr, qs), (kr, ks) = _owner(self.n, a), _owner(self.n, b)

@@ -78,12 +78,16 @@ def chunk_ids(n: int, r: int) -> tuple[int, int]:
     return r, 2 * n - 1 - r
 
 
-def local_tokens(t: torch.Tensor, comm: Comm, dim: int = 1) -> torch.Tensor:
+def local_tokens(t: torch.Tensor, comm: Comm, dim: int = 1, docs=None) -> torch.Tensor:
     """This context rank's tokens of full sequences `t` (the sequence along `dim`):
-    chunks r and 2N−1−r, concatenated; `t` itself without context parallelism."""
+    chunks r and 2N−1−r, concatenated; `t` itself without context parallelism. With `docs`
+    balanced per document (--pack-balance document, rows [b, s] along dim 1), chunks r and
+    2N−1−r of every document (:func:`document_index`)."""
     n = comm.size(AXIS)
     if n == 1:
         return t
+    if docs is not None and docs.balance == "document":
+        return t.gather(1, document_index(docs, n, comm.index(AXIS)).to(t.device))
     parts = t.chunk(2 * n, dim=dim)
     a, b = chunk_ids(n, comm.index(AXIS))
     return torch.cat([parts[a], parts[b]], dim=dim).contiguous()
@@ -99,6 +103,15 @@ def local_positions(n_local: int, comm: Comm, device=None):
     c = n_local // 2
     a, b = chunk_ids(n, comm.index(AXIS))
     return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)]).to(device)
+
+
+def document_index(docs, n: int, r: int, chunks: torch.Tensor | None = None) -> torch.Tensor:
+    """[b, s/n]: the tokens (indices into each row) that context rank r of n holds when the
+    chunks are balanced per document (``packing.Documents.cp_chunks``, or `chunks` already
+    read from it; Megatron-Core's THD split): chunk r of every document, then chunk 2n−1−r."""
+    chunks = docs.cp_chunks(n) if chunks is None else chunks
+    a, b = chunk_ids(n, r)
+    return torch.cat([chunks[a], chunks[b]], dim=-1)
 
 
 # --- one block pair -----------------------------------------------------------------------------------
@@ -319,12 +332,18 @@ class ChunkMask:
 
     def __init__(self, n: int, c: int, window: int = 0, docs=None, axis: str = AXIS):
         self.n, self.c, self.window, self.docs, self.axis = n, c, window, docs, axis
+        # balanced per document (--pack-balance document): chunk a is chunk a of every document,
+        # its tokens [b, c] per row (Documents.cp_chunks); the pairs are read off the masks
+        self.tokens = docs.cp_chunks(n) if docs is not None and docs.balance == "document" else None
         self.kinds = {(a, b): self._kind(a, b) for a in range(2 * n) for b in range(2 * n)}
         self.reach = {(src, slot): max(j for j in range(n) if any(
             self.kinds[(a, chunk_ids(n, src)[slot])] != "none" for a in chunk_ids(n, (src + j) % n)))
             for src in range(n) for slot in (0, 1)}
 
     def _kind(self, a: int, b: int) -> str:
+        if self.tokens is not None:
+            seen = self._visible(a, b)
+            return "none" if not bool(seen.any()) else "full" if bool(seen.all()) else "masked"
         kind = pair_kind(a, b, self.c, self.window or 2 * self.n * self.c)  # no window: causal only
         if self.docs is None or kind == "none":
             return kind
@@ -336,12 +355,24 @@ class ChunkMask:
         documents ([b, 1, 1, c, c] for grouped queries); None for a whole pair."""
         if self.kinds[(a, b)] != "masked":
             return None
+        if self.tokens is not None:
+            m = ~self._visible(a, b).to(device).unsqueeze(1)
+            return m.unsqueeze(1) if grouped else m
         c = self.c
         m = window_mask(c, c, a * c, b * c, self.window or 2 * self.n * c, device)
         if self.docs is not None:
             m = m | ~self.docs.visible(slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c))
             m = m.unsqueeze(1) if grouped else m
         return m
+
+
+    def _visible(self, a: int, b: int) -> torch.Tensor:
+        """[b, c, c], balanced per document: True where a query of chunk a sees a key of chunk
+        b (its own document, not later in the row)."""
+        qi, ki = self.tokens[a], self.tokens[b]
+        seg = self.docs.segments
+        same = seg.gather(1, qi)[:, :, None] == seg.gather(1, ki)[:, None, :]
+        return same & (ki[:, None, :] <= qi[:, :, None])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -390,6 +421,25 @@ def blockwise_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         outs.append(acc[0])
     y = torch.cat(outs, dim=-2)
     return y.flatten(1, 2) if y.dim() == 5 else y
+
+
+def document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs, window: int = 0) -> torch.Tensor:
+    """Block-diagonal causal attention of whole packed rows (q [b, nh, s, d], k, v [b, kv, s,
+    d]; `docs` their ``packing.Documents``) computed document by document, as a varlen
+    kernel does (flash attention's ``cu_seqlens``; Megatron-Core's packed THD batches): each
+    document's causal attention alone (:func:`blockwise_window_attention`: one block, or under
+    a sliding `window` its blocks in reach), so the work is Σ sᵢ² query-key pairs, not s².
+    Plain matmuls, which PyTorch's ``FlopCounterMode`` counts (CPU's fused SDPA it does not
+    see): ``model_flops.model_flops_per_step(documents=)``."""
+    rows = []
+    for r, lengths in enumerate(docs.lengths()):
+        outs, start = [], 0
+        for n in lengths:
+            outs.append(blockwise_window_attention(*(t[r:r + 1, :, start:start + n] for t in (q, k, v)),
+                                                   window or n))
+            start += n
+        rows.append(torch.cat(outs, dim=-2))
+    return torch.cat(rows, dim=0)
 
 
 def _reaching(rule: ChunkMask, src: int, past: int) -> list[int]:
@@ -663,18 +713,34 @@ def _heads_to_seq(y, comm, axis=AXIS):
     return got.transpose(0, 1).reshape(b, n * h, s // n, d)
 
 
-def _over_heads(q, k, v, comm: Comm, axis: str, attend) -> torch.Tensor:
+def _over_heads(q, k, v, comm: Comm, axis: str, attend, docs=None) -> torch.Tensor:
     """`attend(q, k, v)` on 1/N of the heads and the tokens of the N ranks of `axis`, in the
     order of the sequence: the all-to-all there (K and V joined along the width in one, a kv
-    head sent to each rank of its queries when there are fewer than N), the all-to-all back."""
+    head sent to each rank of its queries when there are fewer than N), the all-to-all back
+    (`docs` balanced per document: each row's own order, :func:`_document_order`)."""
     n = comm.size(axis)
     kv = torch.cat([k, v], dim=-1)  # one all-to-all for both: [b, kv, 2c, dk+dv] (MLA: dv != dk)
     if kv.shape[1] < n:  # too few kv heads to split: each one to the ranks of its query heads
         kv = kv.repeat_interleave(n // kv.shape[1], dim=1)
-    order = _natural_order(_gathered_chunks(comm, axis), q.shape[-2] // 2, q.device)
-    qh = _SeqToHeads.apply(q, comm, axis)[:, :, order]
-    kh, vh = _kv_parts(_SeqToHeads.apply(kv, comm, axis)[:, :, order], k.shape[-1])
-    return _HeadsToSeq.apply(attend(qh, kh, vh)[:, :, torch.argsort(order)], comm, axis)
+    order = _natural_order(_gathered_chunks(comm, axis), q.shape[-2] // 2, q.device) if docs is None or \
+        docs.balance != "document" else _document_order(docs, comm.size(AXIS), q.device)
+    qh = _take(_SeqToHeads.apply(q, comm, axis), order)
+    kh, vh = _kv_parts(_take(_SeqToHeads.apply(kv, comm, axis), order), k.shape[-1])
+    return _HeadsToSeq.apply(_take(attend(qh, kh, vh), torch.argsort(order, dim=-1)), comm, axis)
+
+
+def _document_order(docs, n: int, device) -> torch.Tensor:
+    """[b, s]: :func:`_natural_order` of each row when the chunks are balanced per document
+    (the gathered tokens: each rank's :func:`document_index`, rank by rank)."""
+    chunks = docs.cp_chunks(n)
+    return torch.argsort(torch.cat([document_index(docs, n, r, chunks) for r in range(n)], dim=-1), dim=-1).to(device)
+
+
+def _take(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """The tokens of [b, h, s, d] in `order` along s: one order [s], or one per row [b, s]."""
+    if order.dim() == 1:
+        return t[:, :, order]
+    return t.gather(2, order[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, window: int = 0,
@@ -693,7 +759,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
         mask = {"attn_mask": sees(s, window, docs, q.device)} if window or docs is not None else {"is_causal": True}
         return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, **mask,
                                                                 enable_gqa=kh.shape[1] != qh.shape[1])
-    return _over_heads(q, k, v, comm, AXIS, attend)
+    return _over_heads(q, k, v, comm, AXIS, attend, docs)
 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, ring=ring_attention,

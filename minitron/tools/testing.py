@@ -63,8 +63,8 @@ def step_document_lengths(corpus, model, layout: ParallelConfig, train, replica:
     from ..packing import PackedCorpus
 
     per = train.global_batch // layout.data_replicas
-    _, _, docs = PackedCorpus(corpus.split()[0], model.seq_len).batch(train.global_batch, train.seed, step,
-                                                                      slice(replica * per, (replica + 1) * per))
+    packed = PackedCorpus(corpus.split()[0], model.seq_len, pad_to=train.pack_pad, balance=train.pack_balance)
+    _, _, docs = packed.batch(train.global_batch, train.seed, step, slice(replica * per, (replica + 1) * per))
     return [d.lengths() for d in docs.chunk(train.microbatches)]
 
 

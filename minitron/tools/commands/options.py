@@ -96,6 +96,9 @@ def add_train_args(ap, steps=200, global_batch=16, dtype="float32"):
     g.add_argument("--pack", action="store_true",
                    help="whole documents per sequence (ended by byte 0x1E, or the tokenizer's <|endoftext|>): "
                         "positions restart and attention stays inside each document")
+    g.add_argument("--pack-balance", default="sequence", choices=("sequence", "document"),
+                   help="with --pack and --cp: each rank holds chunks r and 2cp-1-r of the whole sequence, or of "
+                        "every document, each padded to a multiple of 2cp (Megatron-Core's packed THD batches)")
     g.add_argument("--init-from", default="", metavar="HF_DIR",
                    help="start from a GPT-2, Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen2-MoE, OLMoE or "
                         "DeepSeek-V3 checkpoint (config.json + model.safetensors, Hugging Face format); "
@@ -163,7 +166,10 @@ def train_from(args, **over) -> TrainConfig:
     """The TrainConfig of the training flags, `over` setting the command's own fields."""
     kw = dict(steps=args.steps, global_batch=args.global_batch, microbatches=args.microbatches,
               seed=args.seed, data=args.data, dtype=args.dtype, trace=args.trace, timeline=args.timeline,
-              init_from=getattr(args, "init_from", ""), pack=getattr(args, "pack", False))
+              init_from=getattr(args, "init_from", ""), pack=getattr(args, "pack", False),
+              pack_balance=getattr(args, "pack_balance", "sequence"))
+    if kw["pack_balance"] == "document":  # the padding is the data's: the single-device reference reads it too
+        kw["pack_pad"] = 2 * getattr(args, "cp", 1)
     if args.lr is not None:
         kw["lr"] = args.lr
     kw.update(over)
