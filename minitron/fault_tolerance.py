@@ -19,6 +19,12 @@ not copied) keeps the healthy replicas training instead:
   the healthy replica's parameters, optimizer state, step (its data position: a batch is a
   pure function of (seed, step)) and RNG state, through the state-dict functions this
   module registers. No file is written and no other replica stops.
+* a replica stopped or hung (SIGSTOP, a wedged device) drops out of the quorum once its
+  heartbeat stops (torchft's Lighthouse), and the others go on without it; the launcher
+  sees it commit nothing for ``FaultTolerance.stalled_s`` while another replica commits,
+  ends it (SIGKILL) and restarts it like a lost one. A replica lost while it recovers (its
+  peer's state received, not loaded) is restarted again; when its restarts
+  (``--ft-max-restarts``) run out, the run says so and the others finish.
 
 The oracle still holds: every replica records the steps it committed, so the steps that
 were really taken are known with the replicas each averaged; :func:`replay` runs them on one
@@ -28,8 +34,8 @@ parameters (float64, to rounding). A step with fewer replicas is said in the met
 What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
 (refused in one line); evaluation, the text sample and periodic checkpoints during the run
 (a checkpoint is written only when the Lighthouse is lost); two nodes (the launcher starts the
-replicas on this machine); a replica killed while it recovers, or stopped (SIGSTOP): the latter
-is ended once the others have finished and it has not, untested.
+replicas on this machine). A replica stopped before its life's first commit (while it starts
+or recovers) is ended only once the others have finished.
 """
 from __future__ import annotations
 
@@ -71,6 +77,14 @@ class FaultTolerance:
     max_restarts: int = 3  # per replica
     restart_after_s: float = 0.0  # a lost replica is restarted this long after its loss was seen
     deadline_s: float = 600.0  # the whole run
+
+    @property
+    def stalled_s(self) -> float:
+        """The longest a live replica can go without committing while another commits: a
+        failed all-reduce (timeout), a quorum, a recovery from a peer (timeout) and its step.
+        A replica silent longer is stopped or hung (SIGSTOP, a wedged device): it is ended
+        and restarted like a lost one."""
+        return self.quorum_timeout_s + 2 * self.timeout_s
 
 
 # --- the refusals ----------------------------------------------------------------------------------
@@ -239,11 +253,20 @@ def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: T
         tr = Trainer(model, layout, train, comm.with_replicas(manager), corpus,
                      rows_of=replica_rows(train.global_batch, ft.replicas, replica),
                      data_parallel=replica_data_parallel, optimizer=committed_optimizer(manager))
-        manager.register_state_dict_fn("trainer", lambda st: load_trainer_state(tr, st), lambda: trainer_state(tr))
+        manager.register_state_dict_fn("trainer", lambda st: _recover(tr, st, fault, replica, life),
+                                       lambda: trainer_state(tr))
         return _replica_steps(tr, manager, train, ft, (replica, life, journal, must_reach), fault)
     finally:
         manager.shutdown(wait=False)
         del keep
+
+
+def _recover(tr: Trainer, state: dict, fault, replica: int, life: int) -> None:
+    """A peer's state has arrived (torchft calls this in `start_quorum`): the planted fault
+    sees the recovery (`step` None), then the state is loaded."""
+    if fault is not None:
+        fault(replica, life, None)
+    load_trainer_state(tr, state)
 
 
 def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance, who: tuple, fault) -> dict:
@@ -375,6 +398,21 @@ class ReplicaGroup:
     life: int
     procs: list
     results: list
+    journal: Path
+
+    def last_commit(self) -> float:
+        """When this life last committed a step (its journal's time; 0 before its first)."""
+        try:
+            return self.journal.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def stalled(self, others: list, bound_s: float) -> bool:
+        """Stopped or hung: this life has committed, then nothing for `bound_s` while
+        another replica committed since (a whole run stalled, e.g. without its Lighthouse, is
+        not one replica's fault)."""
+        mine = self.last_commit()
+        return 0 < mine < time.time() - bound_s and any(o.last_commit() > mine for o in others)
 
     def ended(self) -> bool:
         return all(p.exitcode is not None for p in self.procs)
@@ -434,7 +472,7 @@ def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life:
         p.start()
         procs.append(p)
         results.append(result)
-    return ReplicaGroup(replica, life, procs, results)
+    return ReplicaGroup(replica, life, procs, results, journal_of(scratch, replica, life))
 
 
 def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus,
@@ -470,11 +508,23 @@ def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfi
 
 
 def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, log) -> tuple[dict, dict]:
-    """Watch the replica groups until each has ended: a lost one is ended and, after
-    `ft.restart_after_s`, started again, while no replica has finished, the Lighthouse
-    lives and it has restarts left; returns ({replica: its ranks' results}, {replica: restarts})."""
+    """Watch the replica groups until each has ended: a lost one (a rank died) or a stalled
+    one (stopped or hung past `ft.stalled_s`) is ended and, after `ft.restart_after_s`,
+    started again, while no replica has finished, the Lighthouse lives and it has restarts
+    left; returns ({replica: its ranks' results or why it ended}, {replica: restarts})."""
     outcomes, restarts, due, deadline = {}, {r: 0 for r in groups}, {}, time.monotonic() + ft.deadline_s
     grace, first_end = ft.quorum_timeout_s + ft.timeout_s, []  # how long the rest may take after one finished
+
+    def restart(r: int, why: str) -> None:
+        groups[r].kill()
+        if restarts[r] >= ft.max_restarts:
+            outcomes[r] = [f"replica {r} {why} after {restarts[r]} restarts; not restarted (--ft-max-restarts)"]
+            return
+        restarts[r] += 1
+        due[r] = time.monotonic() + ft.restart_after_s
+        if log:
+            log(f"minitron: replica {r} {why}; restarting it in {ft.restart_after_s:g} s (restart {restarts[r]})")
+
     while len(outcomes) < len(groups):
         if time.monotonic() > deadline:
             raise ConfigError(f"the fault-tolerant run did not end within {ft.deadline_s:.0f} s")
@@ -482,11 +532,11 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
         for r, g in groups.items():
             if r in outcomes:
                 continue
+            others = [o for q, o in groups.items() if q != r and q not in outcomes]
             if first_end and r not in due and time.monotonic() - first_end[0] > grace:  # stopped or hung
                 g.kill()
                 outcomes[r] = [f"replica {r} did not end within {grace:.0f} s of the others (stopped or hung): ended"]
-                continue
-            if r in due:  # lost, waiting to be restarted
+            elif r in due:  # lost, waiting to be restarted
                 if first_end or not lighthouse.alive():
                     outcomes[r] = [f"replica {r} lost after {restarts[r] - 1} restarts; not restarted "
                                    f"({'another replica finished' if first_end else 'the Lighthouse is gone'})"]
@@ -494,15 +544,9 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
                     del due[r]
                     groups[r] = start(r, restarts[r])
             elif g.lost():
-                g.kill()
-                if restarts[r] >= ft.max_restarts:
-                    outcomes[r] = [f"replica {r} lost after {restarts[r]} restarts (--ft-max-restarts)"]
-                    continue
-                restarts[r] += 1
-                due[r] = time.monotonic() + ft.restart_after_s
-                if log:
-                    log(f"minitron: replica {r} lost a rank; restarting it in {ft.restart_after_s:g} s "
-                        f"(restart {restarts[r]})")
+                restart(r, "lost a rank")
+            elif g.stalled(others, ft.stalled_s):
+                restart(r, f"committed no step for {ft.stalled_s:.0f} s while another replica did (stopped or hung)")
             elif g.ended():
                 outcomes[r] = g.outcome()
                 first_end.append(time.monotonic())

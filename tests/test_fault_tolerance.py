@@ -7,6 +7,11 @@
   file) and rejoins. Both replicas' final parameters equal the single-device replay of the
   steps as they were taken (each step's batch: the rows of the replicas that averaged it),
   in float64; the steps with one replica are said in the metrics.
+* SIGSTOP of every rank of a replica (2 replicas x tp2), for ever: the other replica goes on
+  alone; the launcher sees the stopped one commit nothing past the bound while its peer
+  commits, ends it and restarts it; that life is SIGKILLed while it recovers from its peer
+  (the state received, not loaded), and the third life recovers and rejoins; both replicas
+  end with the replay's parameters.
 * SIGKILL of the Lighthouse: every replica's next quorum fails within its timeout, and each
   stops with a line naming the Lighthouse and a checkpoint of its last committed step.
 
@@ -49,7 +54,9 @@ class Pace:
         self.seconds, self.kill, self.at, self.lighthouse, self.rank = seconds, kill, at, lighthouse, rank
         self.taken = 0  # steps this process has begun (each rank counts its own)
 
-    def __call__(self, replica: int, life: int, step: int) -> None:
+    def __call__(self, replica: int, life: int, step: int | None) -> None:
+        if step is None:  # a recovery (no step taken)
+            return
         if life == 0 and self.lighthouse and replica == 0 and step == self.at:
             os.kill(int(os.environ[ftm.LIGHTHOUSE_PID_ENV]), signal.SIGKILL)
         elif (life == 0 and replica == self.kill and int(os.environ["RANK"]) == self.rank and step >= self.at
@@ -57,6 +64,24 @@ class Pace:
             os.kill(os.getpid(), signal.SIGKILL)
         self.taken += 1
         time.sleep(self.seconds)
+
+
+class StopThenKillInRecovery(Pace):
+    """Every rank of replica `stop` SIGSTOPs itself at the first step from `at` on in its
+    first life at which it has taken two steps (the whole replica frozen, for ever: only the
+    launcher's SIGKILL ends it); in its second life, its rank `rank` SIGKILLs itself while
+    it recovers from its peer (the peer's state received, not yet loaded)."""
+
+    def __init__(self, seconds: float, stop: int, at: int, rank: int = 0):
+        super().__init__(seconds)
+        self.stop, self.at, self.rank = stop, at, rank
+
+    def __call__(self, replica: int, life: int, step: int | None) -> None:
+        if replica == self.stop and life == 1 and step is None and int(os.environ["RANK"]) == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif replica == self.stop and life == 0 and step is not None and step >= self.at and self.taken >= 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        super().__call__(replica, life, step)
 
 
 def _max_diff(full: dict, ref: dict) -> float:
@@ -103,6 +128,38 @@ def test_a_killed_replica_rejoins_live_and_the_run_equals_its_replay(tmp_path):
     # the oracle can fail: the replay as if every step had both replicas differs
     wrong = ftm.replay(MODEL, train, {s: [0, 1] for s in taken}, 2)
     assert _max_diff(ends[0]["params"], wrong) > 1e-6
+
+
+@pytest.mark.multirank
+@needs_torchft
+def test_a_stopped_replica_is_restarted_and_one_killed_while_it_recovers_again(tmp_path):
+    """2 replicas x tp2: both ranks of replica 1 SIGSTOP themselves (for ever); replica 0
+    keeps committing alone; the launcher sees replica 1 silent past `stalled_s` while its
+    peer commits, ends it (SIGKILL) and restarts it; that life is SIGKILLed while it recovers
+    from replica 0; the third life recovers and rejoins to the end; both equal the replay."""
+    train = _train(tmp_path, steps=60)
+    ft = ftm.FaultTolerance(replicas=2, restart_after_s=0.5, timeout_s=3, quorum_timeout_s=4, deadline_s=150)
+    lines = []
+    out = ftm.train_replicas(MODEL, ParallelConfig(tp=2), train, None, ft,
+                             fault=StopThenKillInRecovery(0.25, stop=1, at=4), log=lines.append)
+    assert out["restarts"] == {0: 0, 1: 2}, (out["restarts"], lines)
+    assert len(lines) == 2 and "replica 1 committed no step for 10 s" in lines[0] and "stopped or hung" in lines[0]
+    assert "replica 1 lost a rank" in lines[1] and "(restart 2)" in lines[1], lines
+    taken = out["taken"]
+    assert sorted(taken) == list(range(60)) and out["quorum_sizes_agree"], taken
+    first = min(s for s in taken if 1 in taken[s])
+    stop = min(s for s in taken if s > first and 1 not in taken[s])
+    back = min(s for s in taken if s > stop and taken[s] == [0, 1])
+    assert stop >= 4 and all(taken[s] == [0] for s in range(stop, back)), taken  # replica 0 went on alone
+    assert all(taken[s] == [0, 1] for s in range(back, 60)), taken  # the third life rejoined, to the end
+    recs = [json.loads(line) for line in open(train.metrics)]
+    assert {r["life"] for r in recs if r["replica"] == 1} == {0, 2}  # the second life never committed
+    ends = out["replicas"]
+    assert ends[0]["life"] == 0 and ends[1]["life"] == 2
+    ref = ftm.replay(MODEL, train, taken, 2)
+    for r in (0, 1):
+        assert ends[r]["stopped"] is None
+        assert _max_diff(ends[r]["params"], ref) < 1e-10, r
 
 
 @pytest.mark.multirank
