@@ -97,8 +97,6 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
         no(f"{ft.replicas} replicas", "give --ft-replicas 1 or more")
     if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
         no("--dp/--cp/--ep inside a replica", "the replicas are the data-parallel axis: drop --dp, --cp and --ep")
-    if layout.pp > 1:
-        no("pipeline parallelism (--pp)", "use --tp inside a replica")
     if layout.zero1 or layout.zero > 0:
         no("ZeRO (--zero/--zero1)", "drop it: each replica keeps the whole optimizer state")
     if model.experts or (layout.precision == "fp8" and layout.fp8_recipe == "delayed"):
@@ -108,8 +106,8 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
            f"make it a multiple of {ft.replicas * train.microbatches}")
     if train.resume:
         no("--resume", "start afresh (a replica recovers from its peers, not from disk)")
-    if train.trace or train.timeline:
-        no("--trace/--timeline", "drop them (the replicas' steps are in --metrics)")
+    if train.timeline:
+        no("--timeline", "drop it (the replicas' steps are in --metrics, their calls in --trace)")
 
 
 def replica_rows(global_batch: int, replicas: int, replica: int):
@@ -306,6 +304,7 @@ def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance,
         for f in files:
             f.close()
     out["params"] = gather_full(tr) if out["stopped"] is None else None
+    out["trace"] = tr.comm.trace.records if tr.comm.trace is not None else None  # --trace: this life's calls
     return out
 
 
@@ -375,7 +374,8 @@ class Lighthouse:
             f.close()
 
 
-def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, timeout_s: float) -> None:
+def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, timeout_s: float,
+                  trace: bool) -> None:
     """A replica's rank process: its group's environment, dies with the launcher, runs
     :func:`replica_job` and leaves its result for the launcher."""
     os.environ.update(env)
@@ -385,7 +385,7 @@ def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, ti
         os.dup2(log, 1)
         os.dup2(log, 2)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    out = rank_main(replica_job, layout, args, timeout_s)
+    out = rank_main(replica_job, layout, args, timeout_s, trace=trace)
     torch.save(out, result + ".tmp")
     os.replace(result + ".tmp", result)
 
@@ -461,13 +461,14 @@ def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life:
                  layout: ParallelConfig, ft: FaultTolerance, fault) -> ReplicaGroup:
     """Start the ranks of one replica group: its own world (RANK, WORLD_SIZE, a free port)."""
     world, port, procs, results = layout.world, _free_port(), [], []
+    traced = bool(job_args[2].trace)  # (model, layout, train, corpus): --trace
     for k in range(world):
         env = {"RANK": str(k), "WORLD_SIZE": str(world), "LOCAL_RANK": str(k), "LOCAL_WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LIGHTHOUSE_ENV: lighthouse.address,
                LIGHTHOUSE_PID_ENV: str(lighthouse.proc.pid), "RUST_LOG": os.environ.get("RUST_LOG", "error")}
         result = str(scratch / f"replica{replica}.life{life}.rank{k}.pt")
         args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), _run_step(scratch), fault)
-        p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3),
+        p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3, traced),
                         daemon=True)
         p.start()
         procs.append(p)
@@ -504,7 +505,20 @@ def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfi
         if lighthouse is not None:
             lighthouse.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return summary(outcomes, restarts, journals, ft)
+    out = summary(outcomes, restarts, journals, ft)
+    if train.trace:
+        write_trace(train.trace, out["replicas"])
+    return out
+
+
+def write_trace(path: str, ends: dict) -> None:
+    """--trace: the calls of every rank of each replica's last life, one JSON line each,
+    labelled with its replica and life (``rank`` is the rank inside the replica; a step
+    that was not committed and its retake carry the same ``step``)."""
+    with open(path, "w") as f:
+        for r, end in sorted(ends.items()):
+            for rec in end.get("trace") or []:
+                f.write(json.dumps({**rec, "replica": r, "life": end["life"]}) + "\n")
 
 
 def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, log) -> tuple[dict, dict]:
@@ -567,6 +581,7 @@ def summary(outcomes: dict, restarts: dict, journals: list, ft: FaultTolerance) 
             ends[r] = {"lost": first if isinstance(first, str) else first.message}
         else:
             ends[r] = {k: first[k] for k in ("stopped", "checkpoint", "params", "life")}
+            ends[r]["trace"] = [rec for rank in ranks if isinstance(rank, dict) for rec in rank["trace"] or []]
     taken, said = {}, {}
     for rec in journals:
         taken.setdefault(rec["step"] - 1, set()).add(rec["replica"])
