@@ -6,14 +6,17 @@ any lost rank ends pays, each time, the steps since its last checkpoint and a re
 every rank. torchft (PyTorch, https://github.com/pytorch/torchft; the library is used here,
 not copied) keeps the healthy replicas training instead:
 
-* each data-parallel *replica* (its own world of tensor ranks) is a torchft replica group;
+* each data-parallel *replica* (its own world of tensor and pipeline ranks) is a torchft
+  replica group;
 * before every step a **quorum** (torchft's ``Manager.start_quorum``, decided by the
   *Lighthouse*, a small server the job starts) fixes which replicas take part;
 * the gradient average over the replicas goes through torchft (``Manager.allreduce`` on its
   reconfigurable gloo group, reached as ``Comm``'s ``'replica'`` axis): it is the mean over
-  the replicas *in the quorum*, and a replica lost during it makes the step uncommitted
-  (``Manager.should_commit`` is False: the optimizer does not step, and the step is taken
-  again by the replicas that are left);
+  the replicas *in the quorum* (each rank with its peers at the same place in the other
+  replicas: per tensor shard, per pipeline stage; one flat buffer per rank and step, which
+  ``analysis.comm.replica_items`` counts and ``--trace`` records), and a replica lost during
+  it makes the step uncommitted (``Manager.should_commit`` is False: the optimizer does not
+  step, and the step is taken again by the replicas that are left);
 * a replica that died is restarted by the launcher here and **recovers live** from a
   healthy one: the quorum finds it behind, and torchft's checkpoint transport (HTTP) sends it
   the healthy replica's parameters, optimizer state, step (its data position: a batch is a
@@ -31,11 +34,12 @@ were really taken are known with the replicas each averaged; :func:`replay` runs
 device, each step's batch being only those replicas' rows, and ends with the same
 parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
 
-What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
-(refused in one line); evaluation, the text sample and periodic checkpoints during the run
-(a checkpoint is written only when the Lighthouse is lost); two nodes (the launcher starts the
-replicas on this machine). A replica stopped before its life's first commit (while it starts
-or recovers) is ended only once the others have finished.
+What this does not do (yet): replicas with ZeRO shards, experts, context or data ranks
+inside, --timeline (refused in one line); evaluation, the text sample and periodic
+checkpoints during the run (a checkpoint is written only when the Lighthouse is lost); two
+nodes (the launcher starts the replicas on this machine). A replica stopped before its
+life's first commit (while it starts or recovers) is ended only once the others have
+finished.
 """
 from __future__ import annotations
 

@@ -7,11 +7,13 @@
   file) and rejoins. Both replicas' final parameters equal the single-device replay of the
   steps as they were taken (each step's batch: the rows of the replicas that averaged it),
   in float64; the steps with one replica are said in the metrics.
-* SIGSTOP of every rank of a replica (2 replicas x tp2), for ever: the other replica goes on
+* SIGSTOP of every rank of a replica (2 replicas x pp2), for ever: the other replica goes on
   alone; the launcher sees the stopped one commit nothing past the bound while its peer
   commits, ends it and restarts it; that life is SIGKILLed while it recovers from its peer
-  (the state received, not loaded), and the third life recovers and rejoins; both replicas
-  end with the replay's parameters.
+  (the state received, not loaded); the third recovers, rejoins and loses its last stage
+  (SIGKILL); the fourth rejoins to the end; both replicas end with the replay's parameters.
+* In both runs with a planted kill, a traced step of every rank (--trace) equals the
+  analysis's bytes per axis and op, the 'replica' axis (torchft's all-reduce) included.
 * SIGKILL of the Lighthouse: every replica's next quorum fails within its timeout, and each
   stops with a line naming the Lighthouse and a checkpoint of its last committed step.
 
@@ -31,6 +33,7 @@ import torch
 from minitron import fault_tolerance as ftm
 from minitron.config import ConfigError, ParallelConfig, TrainConfig, preset
 from minitron.analysis.comm import comm_bytes_per_step
+from minitron.analysis.params import param_count
 from minitron.checkpoint import latest
 from minitron.tools.testing import traced_step_bytes
 
@@ -209,6 +212,15 @@ def test_a_killed_lighthouse_stops_every_replica_with_a_checkpoint(tmp_path):
         assert "no quorum: the Lighthouse" in end["stopped"] and "did not answer" in end["stopped"], end
         step = int(latest(str(tmp_path / "ckpt" / f"replica{r}")).name.split("_")[1])
         assert end["checkpoint"] and step == max(s for s, rs in out["taken"].items() if r in rs) + 1
+
+
+def test_the_replica_axis_is_one_all_reduce_of_the_whole_gradient_per_step():
+    """One replica on one device sends its whole gradient once per step over 'replica', and
+    nothing else; without replicas there is no such axis."""
+    train = TrainConfig(steps=2, global_batch=4)
+    assert comm_bytes_per_step(MODEL, ParallelConfig(), train, replicas=2) == {
+        "replica": {"all_reduce": param_count(MODEL) * 4}}
+    assert comm_bytes_per_step(MODEL, ParallelConfig(), train) == {}
 
 
 def test_what_replicas_do_not_support_is_refused_in_one_line():

@@ -28,7 +28,10 @@ Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
   receives of b·s·h·e/t on a ring, the same wire bytes in t−1 times as many messages
   (:mod:`minitron.analysis.tensor_parallel`; the dry run reads them off the model);
 * pipeline: b·s·h per stage boundary per microbatch in each direction (v times as many
-  boundaries with interleaving; /t with sequence parallelism or scatter/gather).
+  boundaries with interleaving; /t with sequence parallelism or scatter/gather);
+* fault-tolerant replicas (``--ft-replicas R``, torchft): each replica is the layout on
+  its 1/R share of the batch, then every rank all-reduces its whole gradient once per step
+  on the ``'replica'`` axis, with its peers at the same place in the other replicas.
 
 For comparing tensor-parallel schemes on one linear layer ``Y = X·W`` (X: B×h_in):
 1-D never moves weights (one all-reduce of B×h per column/row pair); SUMMA-style 2-D
