@@ -214,6 +214,46 @@ def test_a_killed_lighthouse_stops_every_replica_with_a_checkpoint(tmp_path):
         assert end["checkpoint"] and step == max(s for s, rs in out["taken"].items() if r in rs) + 1
 
 
+class FakeGroup:
+    """A replica group as the launcher's supervisor sees it (no process): its first life
+    stalls, every later one loses a rank; `polls` polls of ended() before it ends (0: never)."""
+
+    def __init__(self, replica: int, life: int, bad: bool, polls: int = 0):
+        self.replica, self.life, self.bad, self.polls, self.killed = replica, life, bad, polls, False
+
+    def lost(self) -> bool:
+        return self.bad and self.life > 0
+
+    def stalled(self, others, bound_s) -> bool:
+        return self.bad and self.life == 0
+
+    def ended(self) -> bool:
+        self.polls -= 1
+        return self.polls == 0
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def outcome(self) -> list:
+        return [{"life": self.life}]
+
+
+def test_a_replica_out_of_restarts_ends_in_a_named_state_and_the_others_finish():
+    """The supervisor alone: replica 1 stalls (ended, restarted), then loses a rank in every
+    life; after --ft-max-restarts it is not restarted, said so, and replica 0 still finishes."""
+    class Alive:
+        alive = staticmethod(lambda: True)
+
+    ft = ftm.FaultTolerance(replicas=2, max_restarts=2, deadline_s=30)
+    groups = {0: FakeGroup(0, 0, bad=False, polls=40), 1: FakeGroup(1, 0, bad=True)}
+    lines = []
+    outcomes, restarts = ftm._supervise(groups, lambda r, life: FakeGroup(r, life, bad=True), Alive, ft, lines.append)
+    assert restarts == {0: 0, 1: 2} and outcomes[0] == [{"life": 0}], (outcomes, restarts)
+    assert outcomes[1] == ["replica 1 lost a rank after 2 restarts; not restarted (--ft-max-restarts)"], outcomes
+    assert "stopped or hung" in lines[0] and "(restart 1)" in lines[0] and "lost a rank" in lines[1], lines
+    assert groups[1].killed and groups[1].life == 2 and not groups[0].killed
+
+
 def test_the_replica_axis_is_one_all_reduce_of_the_whole_gradient_per_step():
     """One replica on one device sends its whole gradient once per step over 'replica', and
     nothing else; without replicas there is no such axis."""
