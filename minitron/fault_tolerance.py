@@ -264,10 +264,12 @@ def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: T
 
 
 def _recover(tr: Trainer, state: dict, fault, replica: int, life: int) -> None:
-    """A peer's state has arrived (torchft calls this in `start_quorum`): the planted fault
-    sees the recovery (`step` None), then the state is loaded."""
-    if fault is not None:
-        fault(replica, life, None)
+    """A peer's state has arrived (torchft calls this in `start_quorum`): a planted fault
+    that has a ``recovering(replica, life)`` method sees the recovery, then the state is
+    loaded."""
+    seen = getattr(fault, "recovering", None)
+    if seen is not None:
+        seen(replica, life)
     load_trainer_state(tr, state)
 
 
@@ -484,9 +486,11 @@ def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfi
                    ft: FaultTolerance, fault=None, log=None) -> dict:
     """Train on `ft.replicas` fault-tolerant replicas of `layout` on this machine: the
     Lighthouse started on a free port, each replica group started, a replica whose rank died
-    ended and restarted (up to `ft.max_restarts` times, while no replica has finished and
-    the Lighthouse lives), everything stopped on the way out. `fault(replica, life, step)`:
-    called on every rank before each step (a test's planted fault). Returns :func:`summary`."""
+    or that stalled ended and restarted (up to `ft.max_restarts` times, while no replica has
+    finished and the Lighthouse lives), everything stopped on the way out.
+    `fault(replica, life, step)`: called on every rank before each step, and its
+    ``recovering(replica, life)``, where it has one, when a peer's state has arrived (a
+    test's planted fault). Returns :func:`summary`."""
     import multiprocessing as mp
 
     check(model, layout, train, ft)

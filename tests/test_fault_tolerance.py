@@ -59,9 +59,7 @@ class Pace:
         self.seconds, self.kill, self.at, self.lighthouse, self.rank = seconds, kill, at, lighthouse, rank
         self.taken = 0  # steps this process has begun (each rank counts its own)
 
-    def __call__(self, replica: int, life: int, step: int | None) -> None:
-        if step is None:  # a recovery (no step taken)
-            return
+    def __call__(self, replica: int, life: int, step: int) -> None:
         if life == 0 and self.lighthouse and replica == 0 and step == self.at:
             os.kill(int(os.environ[ftm.LIGHTHOUSE_PID_ENV]), signal.SIGKILL)
         elif (life == 0 and replica == self.kill and int(os.environ["RANK"]) == self.rank and step >= self.at
@@ -82,14 +80,15 @@ class StopThenKills(Pace):
         super().__init__(seconds)
         self.replica, self.at = replica, at
 
-    def __call__(self, replica: int, life: int, step: int | None) -> None:
-        rank = int(os.environ["RANK"])
-        if replica == self.replica and step is None and life == 1 and rank == 0:
+    def recovering(self, replica: int, life: int) -> None:
+        if replica == self.replica and life == 1 and int(os.environ["RANK"]) == 0:
             os.kill(os.getpid(), signal.SIGKILL)
-        elif replica == self.replica and step is not None and self.taken >= 2:
+
+    def __call__(self, replica: int, life: int, step: int) -> None:
+        if replica == self.replica and self.taken >= 2:
             if life == 0 and step >= self.at:
                 os.kill(os.getpid(), signal.SIGSTOP)
-            elif life == 2 and rank == 1:
+            elif life == 2 and int(os.environ["RANK"]) == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
         super().__call__(replica, life, step)
 
