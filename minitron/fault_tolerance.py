@@ -474,8 +474,8 @@ def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life:
                LIGHTHOUSE_PID_ENV: str(lighthouse.proc.pid), "RUST_LOG": os.environ.get("RUST_LOG", "error")}
         result = str(scratch / f"replica{replica}.life{life}.rank{k}.pt")
         args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), _run_step(scratch), fault)
-        p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3, traced),
-                        daemon=True)
+        p = ctx.Process(target=_replica_rank, daemon=True,
+                        args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3, traced))
         p.start()
         procs.append(p)
         results.append(result)
@@ -567,11 +567,11 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
                     groups[r] = start(r, restarts[r])
             elif g.lost():
                 restart(r, "lost a rank")
-            elif g.stalled(others, ft.stalled_s):
-                restart(r, f"committed no step for {ft.stalled_s:.0f} s while another replica did (stopped or hung)")
             elif g.ended():
                 outcomes[r] = g.outcome()
                 first_end.append(time.monotonic())
+            elif g.stalled(others, ft.stalled_s):
+                restart(r, f"committed no step for {ft.stalled_s:.0f} s while another replica did (stopped or hung)")
     return outcomes, restarts
 
 
