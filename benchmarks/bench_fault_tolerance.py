@@ -71,8 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-at", type=int, default=50)
     ap.add_argument("--restart-after", type=float, default=2.0, help="seconds before the lost replica is restarted")
     ap.add_argument("--fault", choices=("kill", "stop"), default="kill", help="SIGKILL or SIGSTOP of replica 1")
-    ap.add_argument("--timeout", type=float, default=10.0,
-                    help="seconds a quorum or a replica all-reduce may take (train's --ft-timeout)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds a quorum or a replica all-reduce may take (train's --ft-timeout; "
+                         "default: FaultTolerance's)")
     ap.add_argument("--smoke", action="store_true", help="a short run, nothing written")
     args = ap.parse_args(argv)
     import importlib.util
@@ -84,8 +85,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         train = TrainConfig(steps=steps, global_batch=4, dtype="float64", warmup=2, eval_every=0, sample_tokens=0,
                             progress=False, metrics=str(Path(d) / "m.jsonl"))
-        ft = ftm.FaultTolerance(replicas=2, restart_after_s=args.restart_after, timeout_s=args.timeout,
-                                quorum_timeout_s=args.timeout)
+        timeouts = {"timeout_s": args.timeout, "quorum_timeout_s": args.timeout} if args.timeout else {}
+        ft = ftm.FaultTolerance(replicas=2, restart_after_s=args.restart_after, **timeouts)
         sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[args.fault]
         out = ftm.train_replicas(preset("tiny"), ParallelConfig(), train, None, ft, fault=KillAt(kill_at, sig))
         recs = [json.loads(line) for line in open(train.metrics)]
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         result = phases(recs, kill_at)
     except ValueError:  # the restarted replica was not back before the end (a short run)
         result = {"rejoined": False}
-    print(json.dumps({"steps": steps, "fault": args.fault, "at": kill_at, "timeout": args.timeout,
+    print(json.dumps({"steps": steps, "fault": args.fault, "at": kill_at, "timeout": ft.timeout_s,
                       "stalled_s": ft.stalled_s, "restarts": out["restarts"], **result}))
     return 0
 
