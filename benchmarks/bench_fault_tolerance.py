@@ -2,17 +2,22 @@
 
 One run of 2 replicas (tiny model, float64, one rank each): replica 1 SIGKILLs itself at step
 `--kill-at` (after the step's quorum, as in tests/test_fault_tolerance.py) and the launcher
-restarts it after `--restart-after` seconds. From the committed steps' wall times (the metrics' "time"):
+restarts it after `--restart-after` seconds; with `--fault stop` it SIGSTOPs itself instead (for
+ever), and the launcher ends it once it has committed nothing for `FaultTolerance.stalled_s`
+while replica 0 commits, then restarts it. From the committed steps' wall times (the metrics' "time"):
 
 * the step time with 2 replicas before the kill, with 1 replica while it is away, and with 2
   again after it rejoined (medians; their ratios, side by side in the same run);
-* the stall of the healthy replica at the kill: from its last commit before the kill to its
+* the stall of the healthy replica at the fault: from its last commit before it to its
   first commit alone (the failed all-reduce, then the Lighthouse's heartbeat timeout and a
-  new quorum);
-* the time from the kill to the first step both replicas commit again (the restart: a new
-  process, its model, torchft's live recovery from replica 0).
+  new quorum; a stopped peer keeps its sockets open, so the all-reduce fails only at its
+  timeout, `--timeout`);
+* the time from the fault to the first step both replicas commit again (for a stop, the
+  launcher's bound first; then the restart: a new process, its model, torchft's live
+  recovery from replica 0).
 
-    python benchmarks/bench_fault_tolerance.py [--steps 400 --kill-at 50 --restart-after 2] [--smoke]
+    python benchmarks/bench_fault_tolerance.py [--steps 400 --kill-at 50 --restart-after 2]
+        [--fault {kill,stop} --timeout S] [--smoke]
 """
 from __future__ import annotations
 
@@ -32,14 +37,15 @@ from minitron.config import ParallelConfig, TrainConfig, preset  # noqa: E402
 
 
 class KillAt:
-    """Replica 1 SIGKILLs itself at step `step` of its first life (picklable: module level)."""
+    """Replica 1 sends itself `signal` (SIGKILL, SIGSTOP) at step `step` of its first life
+    (picklable: module level)."""
 
-    def __init__(self, step: int):
-        self.step = step
+    def __init__(self, step: int, sig: int = signal.SIGKILL):
+        self.step, self.sig = step, sig
 
     def __call__(self, replica: int, life: int, step: int) -> None:
         if replica == 1 and life == 0 and step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sig)
 
 
 def phases(recs: list[dict], kill_at: int) -> dict:
@@ -55,7 +61,7 @@ def phases(recs: list[dict], kill_at: int) -> dict:
     alone = med([s for s in dt if killed < s < back])
     again = med([s for s in dt if s > back])
     return {"step_s_2_replicas": both, "step_s_1_replica": alone, "step_s_after_rejoin": again,
-            "stall_at_kill_s": t[killed] - t[killed - 1], "kill_to_rejoin_s": t[back] - t[killed - 1],
+            "stall_at_fault_s": t[killed] - t[killed - 1], "fault_to_rejoin_s": t[back] - t[killed - 1],
             "steps_alone": back - killed, "ratio_alone_vs_both": alone / both}
 
 
@@ -64,6 +70,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--kill-at", type=int, default=50)
     ap.add_argument("--restart-after", type=float, default=2.0, help="seconds before the lost replica is restarted")
+    ap.add_argument("--fault", choices=("kill", "stop"), default="kill", help="SIGKILL or SIGSTOP of replica 1")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds a quorum or a replica all-reduce may take (train's --ft-timeout; "
+                         "default: FaultTolerance's)")
     ap.add_argument("--smoke", action="store_true", help="a short run, nothing written")
     args = ap.parse_args(argv)
     import importlib.util
@@ -75,14 +85,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         train = TrainConfig(steps=steps, global_batch=4, dtype="float64", warmup=2, eval_every=0, sample_tokens=0,
                             progress=False, metrics=str(Path(d) / "m.jsonl"))
-        out = ftm.train_replicas(preset("tiny"), ParallelConfig(), train, None, ftm.FaultTolerance(replicas=2, restart_after_s=args.restart_after),
-                                 fault=KillAt(kill_at))
+        timeouts = {"timeout_s": args.timeout, "quorum_timeout_s": args.timeout} if args.timeout else {}
+        ft = ftm.FaultTolerance(replicas=2, restart_after_s=args.restart_after, **timeouts)
+        sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[args.fault]
+        out = ftm.train_replicas(preset("tiny"), ParallelConfig(), train, None, ft, fault=KillAt(kill_at, sig))
         recs = [json.loads(line) for line in open(train.metrics)]
     try:
         result = phases(recs, kill_at)
     except ValueError:  # the restarted replica was not back before the end (a short run)
         result = {"rejoined": False}
-    print(json.dumps({"steps": steps, "kill_at": kill_at, "restarts": out["restarts"], **result}))
+    print(json.dumps({"steps": steps, "fault": args.fault, "at": kill_at, "timeout": ft.timeout_s,
+                      "stalled_s": ft.stalled_s, "restarts": out["restarts"], **result}))
     return 0
 
 

@@ -6,30 +6,40 @@ any lost rank ends pays, each time, the steps since its last checkpoint and a re
 every rank. torchft (PyTorch, https://github.com/pytorch/torchft; the library is used here,
 not copied) keeps the healthy replicas training instead:
 
-* each data-parallel *replica* (its own world of tensor ranks) is a torchft replica group;
+* each data-parallel *replica* (its own world of tensor and pipeline ranks) is a torchft
+  replica group;
 * before every step a **quorum** (torchft's ``Manager.start_quorum``, decided by the
   *Lighthouse*, a small server the job starts) fixes which replicas take part;
 * the gradient average over the replicas goes through torchft (``Manager.allreduce`` on its
   reconfigurable gloo group, reached as ``Comm``'s ``'replica'`` axis): it is the mean over
-  the replicas *in the quorum*, and a replica lost during it makes the step uncommitted
-  (``Manager.should_commit`` is False: the optimizer does not step, and the step is taken
-  again by the replicas that are left);
+  the replicas *in the quorum* (each rank with its peers at the same place in the other
+  replicas: per tensor shard, per pipeline stage; one flat buffer per rank and step, which
+  ``analysis.comm.replica_items`` counts and ``--trace`` records), and a replica lost during
+  it makes the step uncommitted (``Manager.should_commit`` is False: the optimizer does not
+  step, and the step is taken again by the replicas that are left);
 * a replica that died is restarted by the launcher here and **recovers live** from a
   healthy one: the quorum finds it behind, and torchft's checkpoint transport (HTTP) sends it
   the healthy replica's parameters, optimizer state, step (its data position: a batch is a
   pure function of (seed, step)) and RNG state, through the state-dict functions this
   module registers. No file is written and no other replica stops.
+* a replica stopped or hung (SIGSTOP, a wedged device) drops out of the quorum once its
+  heartbeat stops (torchft's Lighthouse), and the others go on without it; the launcher
+  sees it commit nothing for ``FaultTolerance.stalled_s`` while another replica commits,
+  ends it (SIGKILL) and restarts it like a lost one. A replica lost while it recovers (its
+  peer's state received, not loaded) is restarted again; when its restarts
+  (``--ft-max-restarts``) run out, the run says so and the others finish.
 
 The oracle still holds: every replica records the steps it committed, so the steps that
 were really taken are known with the replicas each averaged; :func:`replay` runs them on one
 device, each step's batch being only those replicas' rows, and ends with the same
 parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
 
-What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
-(refused in one line); evaluation, the text sample and periodic checkpoints during the run
-(a checkpoint is written only when the Lighthouse is lost); two nodes (the launcher starts the
-replicas on this machine); a replica killed while it recovers, or stopped (SIGSTOP): the latter
-is ended once the others have finished and it has not, untested.
+What this does not do (yet): replicas with ZeRO shards, experts, context or data ranks
+inside, --timeline (refused in one line); evaluation, the text sample and periodic
+checkpoints during the run (a checkpoint is written only when the Lighthouse is lost); two
+nodes (the launcher starts the replicas on this machine). A replica stopped before its
+life's first commit (while it starts or recovers) is ended only once the others have
+finished.
 """
 from __future__ import annotations
 
@@ -72,6 +82,14 @@ class FaultTolerance:
     restart_after_s: float = 0.0  # a lost replica is restarted this long after its loss was seen
     deadline_s: float = 600.0  # the whole run
 
+    @property
+    def stalled_s(self) -> float:
+        """The longest a live replica can go without committing while another commits: a
+        failed all-reduce (timeout), a quorum, a recovery from a peer (timeout) and its step.
+        A replica silent longer is stopped or hung (SIGSTOP, a wedged device): it is ended
+        and restarted like a lost one."""
+        return self.quorum_timeout_s + 2 * self.timeout_s
+
 
 # --- the refusals ----------------------------------------------------------------------------------
 def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: FaultTolerance) -> None:
@@ -83,8 +101,6 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
         no(f"{ft.replicas} replicas", "give --ft-replicas 1 or more")
     if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
         no("--dp/--cp/--ep inside a replica", "the replicas are the data-parallel axis: drop --dp, --cp and --ep")
-    if layout.pp > 1:
-        no("pipeline parallelism (--pp)", "use --tp inside a replica")
     if layout.zero1 or layout.zero > 0:
         no("ZeRO (--zero/--zero1)", "drop it: each replica keeps the whole optimizer state")
     if model.experts or (layout.precision == "fp8" and layout.fp8_recipe == "delayed"):
@@ -94,8 +110,8 @@ def check(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, ft: Fa
            f"make it a multiple of {ft.replicas * train.microbatches}")
     if train.resume:
         no("--resume", "start afresh (a replica recovers from its peers, not from disk)")
-    if train.trace or train.timeline:
-        no("--trace/--timeline", "drop them (the replicas' steps are in --metrics)")
+    if train.timeline:
+        no("--timeline", "drop it (the replicas' steps are in --metrics, their calls in --trace)")
 
 
 def replica_rows(global_batch: int, replicas: int, replica: int):
@@ -239,11 +255,22 @@ def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: T
         tr = Trainer(model, layout, train, comm.with_replicas(manager), corpus,
                      rows_of=replica_rows(train.global_batch, ft.replicas, replica),
                      data_parallel=replica_data_parallel, optimizer=committed_optimizer(manager))
-        manager.register_state_dict_fn("trainer", lambda st: load_trainer_state(tr, st), lambda: trainer_state(tr))
+        manager.register_state_dict_fn("trainer", lambda st: _recover(tr, st, fault, replica, life),
+                                       lambda: trainer_state(tr))
         return _replica_steps(tr, manager, train, ft, (replica, life, journal, must_reach), fault)
     finally:
         manager.shutdown(wait=False)
         del keep
+
+
+def _recover(tr: Trainer, state: dict, fault, replica: int, life: int) -> None:
+    """A peer's state has arrived (torchft calls this in `start_quorum`): a planted fault
+    that has a ``recovering(replica, life)`` method sees the recovery, then the state is
+    loaded."""
+    seen = getattr(fault, "recovering", None)
+    if seen is not None:
+        seen(replica, life)
+    load_trainer_state(tr, state)
 
 
 def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance, who: tuple, fault) -> dict:
@@ -283,6 +310,7 @@ def _replica_steps(tr: Trainer, manager, train: TrainConfig, ft: FaultTolerance,
         for f in files:
             f.close()
     out["params"] = gather_full(tr) if out["stopped"] is None else None
+    out["trace"] = tr.comm.trace.records if tr.comm.trace is not None else None  # --trace: this life's calls
     return out
 
 
@@ -352,7 +380,8 @@ class Lighthouse:
             f.close()
 
 
-def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, timeout_s: float) -> None:
+def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, timeout_s: float,
+                  trace: bool) -> None:
     """A replica's rank process: its group's environment, dies with the launcher, runs
     :func:`replica_job` and leaves its result for the launcher."""
     os.environ.update(env)
@@ -362,7 +391,7 @@ def _replica_rank(launcher: int, result: str, env: dict, layout, args: tuple, ti
         os.dup2(log, 1)
         os.dup2(log, 2)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    out = rank_main(replica_job, layout, args, timeout_s)
+    out = rank_main(replica_job, layout, args, timeout_s, trace=trace)
     torch.save(out, result + ".tmp")
     os.replace(result + ".tmp", result)
 
@@ -375,6 +404,21 @@ class ReplicaGroup:
     life: int
     procs: list
     results: list
+    journal: Path
+
+    def last_commit(self) -> float:
+        """When this life last committed a step (its journal's time; 0 before its first)."""
+        try:
+            return self.journal.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def stalled(self, others: list, bound_s: float) -> bool:
+        """Stopped or hung: this life has committed, then nothing for `bound_s` while
+        another replica committed since (a whole run stalled, e.g. without its Lighthouse, is
+        not one replica's fault)."""
+        mine = self.last_commit()
+        return 0 < mine < time.time() - bound_s and any(o.last_commit() > mine for o in others)
 
     def ended(self) -> bool:
         return all(p.exitcode is not None for p in self.procs)
@@ -423,27 +467,30 @@ def _start_group(ctx, scratch: Path, lighthouse: Lighthouse, replica: int, life:
                  layout: ParallelConfig, ft: FaultTolerance, fault) -> ReplicaGroup:
     """Start the ranks of one replica group: its own world (RANK, WORLD_SIZE, a free port)."""
     world, port, procs, results = layout.world, _free_port(), [], []
+    traced = bool(job_args[2].trace)  # (model, layout, train, corpus): --trace
     for k in range(world):
         env = {"RANK": str(k), "WORLD_SIZE": str(world), "LOCAL_RANK": str(k), "LOCAL_WORLD_SIZE": str(world),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), LIGHTHOUSE_ENV: lighthouse.address,
                LIGHTHOUSE_PID_ENV: str(lighthouse.proc.pid), "RUST_LOG": os.environ.get("RUST_LOG", "error")}
         result = str(scratch / f"replica{replica}.life{life}.rank{k}.pt")
         args = (*job_args, ft, replica, life, str(journal_of(scratch, replica, life)), _run_step(scratch), fault)
-        p = ctx.Process(target=_replica_rank, args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3),
-                        daemon=True)
+        p = ctx.Process(target=_replica_rank, daemon=True,
+                        args=(os.getpid(), result, env, layout, args, ft.timeout_s * 3, traced))
         p.start()
         procs.append(p)
         results.append(result)
-    return ReplicaGroup(replica, life, procs, results)
+    return ReplicaGroup(replica, life, procs, results, journal_of(scratch, replica, life))
 
 
 def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfig, corpus,
                    ft: FaultTolerance, fault=None, log=None) -> dict:
     """Train on `ft.replicas` fault-tolerant replicas of `layout` on this machine: the
     Lighthouse started on a free port, each replica group started, a replica whose rank died
-    ended and restarted (up to `ft.max_restarts` times, while no replica has finished and
-    the Lighthouse lives), everything stopped on the way out. `fault(replica, life, step)`:
-    called on every rank before each step (a test's planted fault). Returns :func:`summary`."""
+    or that stalled ended and restarted (up to `ft.max_restarts` times, while no replica has
+    finished and the Lighthouse lives), everything stopped on the way out.
+    `fault(replica, life, step)`: called on every rank before each step, and its
+    ``recovering(replica, life)``, where it has one, when a peer's state has arrived (a
+    test's planted fault). Returns :func:`summary`."""
     import multiprocessing as mp
 
     check(model, layout, train, ft)
@@ -466,15 +513,40 @@ def train_replicas(model: ModelConfig, layout: ParallelConfig, train: TrainConfi
         if lighthouse is not None:
             lighthouse.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return summary(outcomes, restarts, journals, ft)
+    out = summary(outcomes, restarts, journals, ft)
+    if train.trace:
+        write_trace(train.trace, out["replicas"])
+    return out
+
+
+def write_trace(path: str, ends: dict) -> None:
+    """--trace: the calls of every rank of each replica's last life, one JSON line each,
+    labelled with its replica and life (``rank`` is the rank inside the replica; a step
+    that was not committed and its retake carry the same ``step``)."""
+    with open(path, "w") as f:
+        for r, end in sorted(ends.items()):
+            for rec in end.get("trace") or []:
+                f.write(json.dumps({**rec, "replica": r, "life": end["life"]}) + "\n")
 
 
 def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, log) -> tuple[dict, dict]:
-    """Watch the replica groups until each has ended: a lost one is ended and, after
-    `ft.restart_after_s`, started again, while no replica has finished, the Lighthouse
-    lives and it has restarts left; returns ({replica: its ranks' results}, {replica: restarts})."""
+    """Watch the replica groups until each has ended: a lost one (a rank died) or a stalled
+    one (stopped or hung past `ft.stalled_s`) is ended and, after `ft.restart_after_s`,
+    started again, while no replica has finished, the Lighthouse lives and it has restarts
+    left; returns ({replica: its ranks' results or why it ended}, {replica: restarts})."""
     outcomes, restarts, due, deadline = {}, {r: 0 for r in groups}, {}, time.monotonic() + ft.deadline_s
     grace, first_end = ft.quorum_timeout_s + ft.timeout_s, []  # how long the rest may take after one finished
+
+    def restart(r: int, why: str) -> None:
+        groups[r].kill()
+        if restarts[r] >= ft.max_restarts:
+            outcomes[r] = [f"replica {r} {why} after {restarts[r]} restarts; not restarted (--ft-max-restarts)"]
+            return
+        restarts[r] += 1
+        due[r] = time.monotonic() + ft.restart_after_s
+        if log:
+            log(f"minitron: replica {r} {why}; restarting it in {ft.restart_after_s:g} s (restart {restarts[r]})")
+
     while len(outcomes) < len(groups):
         if time.monotonic() > deadline:
             raise ConfigError(f"the fault-tolerant run did not end within {ft.deadline_s:.0f} s")
@@ -482,11 +554,11 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
         for r, g in groups.items():
             if r in outcomes:
                 continue
+            others = [o for q, o in groups.items() if q != r and q not in outcomes]
             if first_end and r not in due and time.monotonic() - first_end[0] > grace:  # stopped or hung
                 g.kill()
                 outcomes[r] = [f"replica {r} did not end within {grace:.0f} s of the others (stopped or hung): ended"]
-                continue
-            if r in due:  # lost, waiting to be restarted
+            elif r in due:  # lost, waiting to be restarted
                 if first_end or not lighthouse.alive():
                     outcomes[r] = [f"replica {r} lost after {restarts[r] - 1} restarts; not restarted "
                                    f"({'another replica finished' if first_end else 'the Lighthouse is gone'})"]
@@ -494,18 +566,12 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
                     del due[r]
                     groups[r] = start(r, restarts[r])
             elif g.lost():
-                g.kill()
-                if restarts[r] >= ft.max_restarts:
-                    outcomes[r] = [f"replica {r} lost after {restarts[r]} restarts (--ft-max-restarts)"]
-                    continue
-                restarts[r] += 1
-                due[r] = time.monotonic() + ft.restart_after_s
-                if log:
-                    log(f"minitron: replica {r} lost a rank; restarting it in {ft.restart_after_s:g} s "
-                        f"(restart {restarts[r]})")
+                restart(r, "lost a rank")
             elif g.ended():
                 outcomes[r] = g.outcome()
                 first_end.append(time.monotonic())
+            elif g.stalled(others, ft.stalled_s):
+                restart(r, f"committed no step for {ft.stalled_s:.0f} s while another replica did (stopped or hung)")
     return outcomes, restarts
 
 
@@ -523,6 +589,7 @@ def summary(outcomes: dict, restarts: dict, journals: list, ft: FaultTolerance) 
             ends[r] = {"lost": first if isinstance(first, str) else first.message}
         else:
             ends[r] = {k: first[k] for k in ("stopped", "checkpoint", "params", "life")}
+            ends[r]["trace"] = [rec for rank in ranks if isinstance(rank, dict) for rec in rank["trace"] or []]
     taken, said = {}, {}
     for rec in journals:
         taken.setdefault(rec["step"] - 1, set()).add(rec["replica"])

@@ -28,7 +28,10 @@ Per axis (b the microbatch size, s the sequence, h hidden, e bytes per element):
   receives of b·s·h·e/t on a ring, the same wire bytes in t−1 times as many messages
   (:mod:`minitron.analysis.tensor_parallel`; the dry run reads them off the model);
 * pipeline: b·s·h per stage boundary per microbatch in each direction (v times as many
-  boundaries with interleaving; /t with sequence parallelism or scatter/gather).
+  boundaries with interleaving; /t with sequence parallelism or scatter/gather);
+* fault-tolerant replicas (``--ft-replicas R``, torchft): each replica is the layout on
+  its 1/R share of the batch, then every rank all-reduces its whole gradient once per step
+  on the ``'replica'`` axis, with its peers at the same place in the other replicas.
 
 For comparing tensor-parallel schemes on one linear layer ``Y = X·W`` (X: B×h_in):
 1-D never moves weights (one all-reduce of B×h per column/row pair); SUMMA-style 2-D
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import math
 
+from ..comm import REPLICA_AXIS
 from ..config import ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes
 from ..grid import ProcessGrid
 from ..parallel.schedule_actions import SPLIT_BACKWARD
@@ -61,6 +65,7 @@ __all__ = [
     "pp_boundary_bytes",
     "dp_bytes_per_step",
     "comm_items",
+    "replica_items",
     "comm_bytes_per_step",
     "cube_linear_elements",
     "summa_linear_elements",
@@ -109,8 +114,20 @@ def _replicated_elements(model: ModelConfig, layers: int, first: bool, last: boo
     return layers * 6 * h + (2 * h if last else 0)
 
 
+def replica_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
+                  dtype_bytes: int | None = None) -> list[dict]:
+    """The fault-tolerant replicas' gradient mean (``fault_tolerance.ReplicaAverage``): each
+    rank all-reduces its whole gradient once per step, one flat buffer, over the 'replica'
+    axis (its peers at the same place in the other replicas, through torchft), after the
+    layout's own synchronisation inside its replica."""
+    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
+    n = sum(params_by_data_axes(model, parallel, rank_chunks(model, parallel, pp_rank)).values())
+    return [{"what": "gradients (the replicas' mean, torchft)", "axis": REPLICA_AXIS, "op": "all_reduce",
+             "calls": 1, "bytes": n * e}]
+
+
 def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
-               dtype_bytes: int | None = None, act_bytes: int | None = None) -> list[dict]:
+               dtype_bytes: int | None = None, act_bytes: int | None = None, replicas: int = 1) -> list[dict]:
     """Every kind of call a rank of pipeline stage `pp_rank` makes in one step.
 
     Each item is ``{what, axis, op, calls, bytes}`` with `bytes` the call bytes summed
@@ -122,8 +139,14 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     shard and a reduce-scatter), the loss all-reduces max, target logit and sum of
     exponentials (b·s each); under sequence parallelism replicated parameters sum their
     gradients over the tensor group; the gradient norm for clipping is one 8-byte
-    all-reduce on the tensor and pipeline axes.
+    all-reduce on the tensor and pipeline axes. `replicas` > 1: fault-tolerant replicas
+    (``--ft-replicas``), each the layout on its 1/replicas share of the global batch, then
+    their gradient mean (:func:`replica_items`).
     """
+    if replicas > 1:
+        share = train.replace(global_batch=train.global_batch // replicas)
+        return (comm_items(model, parallel, share, pp_rank, dtype_bytes, act_bytes)
+                + replica_items(model, parallel, train, pp_rank, dtype_bytes))
     mode = layout_get(parallel, "tp_mode", "1d")
     if mode in ("2d", "2.5d", "3d") and parallel.tp > 1:
         return _grid_comm_items(model, parallel, train, pp_rank, dtype_bytes)
@@ -230,15 +253,16 @@ def _grid_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
 
 def comm_bytes_per_step(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
                         pp_rank: int | None = None, dtype_bytes: int | None = None,
-                        act_bytes: int | None = None) -> dict:
-    """Call bytes per step on one rank, ``{axis: {op: bytes}}`` (see :func:`comm_items`).
+                        act_bytes: int | None = None, replicas: int = 1) -> dict:
+    """Call bytes per step on one rank, ``{axis: {op: bytes}}`` (see :func:`comm_items`;
+    `replicas`: fault-tolerant replicas).
 
     With `pp_rank` None, each (axis, op) is the maximum over the pipeline stages.
     """
     ranks = range(parallel.pp) if pp_rank is None else [pp_rank]
     out: dict = {}
     for r in ranks:
-        per = bytes_by_axis(comm_items(model, parallel, train, r, dtype_bytes, act_bytes))
+        per = bytes_by_axis(comm_items(model, parallel, train, r, dtype_bytes, act_bytes, replicas))
         for axis, ops in per.items():
             for op, nbytes in ops.items():
                 out.setdefault(axis, {})[op] = max(out.get(axis, {}).get(op, 0), nbytes)

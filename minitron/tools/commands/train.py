@@ -130,6 +130,8 @@ def _train_fault_tolerant(args, lock, ft, model, layout, train, corpus) -> int:
         print(f"minitron: {line}", file=sys.stderr)
     if train.metrics:
         print(f"metrics written to {train.metrics} (one line per replica and committed step)")
+    if train.trace:
+        print(f"calls written to {train.trace} (each replica's last life, each call with its replica)")
     return 1 if stopped else 0
 
 
