@@ -50,7 +50,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "four": 4.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -1008,6 +1008,304 @@ CLAIMS.update({
     "03 setup": _setup_03,
     "03 overlap": _overlap_03,
     "03 ZeRO": _zero_03,
+})
+
+
+# --- lessons 4-7: every number their markdown states about their outputs or the engine ---
+# (The same audit for lessons 4-7: the rest are the lesson's own choices of shape, a paper's
+# published figures, the time estimates, or formulas.)
+def _shards_04():
+    """Section 2: the vocabulary the cell chose; the tiny GPT's heads on rank 0 (QKV rows
+    head-major, 3 x head_dim each) and the padded vocabulary, from the printed shards."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    full, local, stop = shown("04", r"^blocks\.0\.attn\.qkv\.weight\s+\((\d+), \d+\)\s+\((\d+), \d+\)\s+0:(\d+), ")
+    rows, per_rank, r1_start, r1_stop = shown("04", r"^wte\.weight\s+\((\d+), \d+\)\s+\((\d+), \d+\)\s+0:\d+, 0:\d+\s+(\d+):(\d+), ")
+    vocab = int(re.search(r"tiny_v = tiny\.replace\(vocab=(\d+)\)", code("04")).group(1))
+    head_dim = tiny.hidden // tiny.heads
+    assert local == stop and full == 3 * tiny.hidden              # rank 0 holds the first rows of Q, K, V
+    heads = local // (3 * head_dim)
+    padding_r1 = per_rank - (r1_stop - r1_start)                  # rank 1's rows beyond the real vocabulary
+    return (said("04", r"an odd vocabulary\s+of (\d+)")
+            + said("04", r"so rank 0's (\d+) rows are heads (\d) and (\d) complete\s+\((\d) heads × (\d) × (\d)\)")
+            + said("04", r"(\d+) is padded to\s+(\d+) so that each rank holds (\d+) rows: rank (\d)'s last row is padding"),
+            [vocab, local, 0, heads - 1, heads, 3, head_dim, rows, 2 * per_rank, per_rank, 1 if padding_r1 == 1 else -1], 0)
+
+
+def _trace_04():
+    """Sections 3-5: verify's t, steps and tolerance; the loss's three reductions; a layer's
+    calls (4 all-reduces, or 4 + 2 all-gathers and 4 reduce-scatters) and their bytes, equal to
+    the stated formulas at the cell's b, t, e; the wire bytes at t = 2; the CE calls' shape b·s."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    t_run, steps = (int(x) for x in re.search(r'"verify", "--nproc", "2", "--tp", "(\d)", "--steps", "(\d)"', code("04")).groups())
+    runs = re.findall(r"^verify \S+\s+losses ([\d., ]+): within ([\de.-]+) of one device", outputs("04"), re.M)
+    assert len(runs) == 2 and all(len(ls.split(", ")) == steps for ls, _ in runs)
+    b, t, e = (int(x) for x in re.search(r"^b, t, e = (\d+), (\d+), (\d+)", code("04"), re.M).groups())
+    bshe = b * tiny.seq_len * tiny.hidden * e
+    plain, ar_bytes = shown("04", r"^\s+tp: per layer traced all_reduce (\d+) x = ([\d,]+) B")
+    ag, ag_bytes, rs, rs_bytes = shown("04", r"tp\+sp: per layer traced all_gather (\d+) x = ([\d,]+) B, "
+                                             r"reduce_scatter (\d+) x = ([\d,]+) B")
+    wire_tp = shown("04", r"'all_reduce': \d+\};  ring wire bytes per rank ([\d,]+)")
+    wire_sp = shown("04", r"'reduce_scatter': \d+\};  ring wire bytes per rank ([\d,]+)")
+    ce = [n for n in out("04", r"^\s+tp: .* places in the model: (.*)$").split(", ") if n.startswith("CE ")]
+    regather, = shown("04", r"^re-gathers in one backward .*: (\d) per layer")
+    formulas = [ar_bytes == 4 * bshe, ag_bytes == (4 + 2) * bshe / t, rs_bytes == 4 * bshe]
+    _stated("04", r"\\text\{all-reduce: \} 4\\,bsh\\,e .*\\text\{all-gather: \} \(4 \+ 2\)\\,bsh\\,e/t,\\;\\; "
+                  r"\\text\{reduce-scatter: \} 4\\,bsh\\,e", None)
+    return (said("04", r"trains the `tiny` GPT with \$t = (\d)\$ for (two) steps") + said("04", r"\(float64, tolerance \$10\^\{-(\d)\}\$\)")
+            + said("04", r"and (three) small all-reduces of the loss")
+            + said("04", r"\*\*(\d) all-reduces\*\* of \$b .*?\*\*(\d) all-gathers of the .*?and (\d) reduce-scatters of .*?"
+                         r"\*\*(\d) all-gathers of the shard in the\s+backward\*\*") + [1.0] * len(formulas)
+            + said("04", r"\(at \$t = (\d)\$: ([\d,]+) bytes instead of ([\d,]+)\)") + said("04", r"the (two) extra `AG` boxes per layer")
+            + said("04", r"three `\[(\d+)\]`-shaped calls\s+\((\d+) = b·s\)") + said("04", r"agreed with one device to \$10\^\{-(\d)\}\$"),
+            [t_run, steps, -math.log10(num(runs[0][1])), len(ce), plain, ag - regather, rs, regather]
+            + [1.0 * ok for ok in formulas] + [t] + wire_sp + wire_tp + [regather]
+            + [b * tiny.seq_len] * 2 + [-math.log10(num(runs[1][1]))], 0)
+
+
+def _memory_04():
+    """Section 4: Table 2's two formulas, as the prose writes them, at GPT-3 175B (b = 1) equal
+    the printed table; the attention matrices the largest items the engine counts at s = 2048."""
+    from minitron import PRESETS
+    from minitron.analysis.memory import saved_bytes_per_layer
+    m = PRESETS["gpt3-175b"].replace(dropout=0.1)
+    s, h, a = m.seq_len, m.hidden, m.heads
+    c10, c24, c5, c34, c5sp = said("04", r"\| tensor parallel \| \$sbh\\,\((\d+) \+ (\d+)/t \+ (\d)as/\(ht\)\)\$ \|.*?"
+                                         r"\| tensor \+ sequence parallel \| \$sbh\\,\((\d+)/t \+ (\d)as/\(ht\)\)\$")
+    rows = re.findall(r"^\s+([1248])\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$", outputs("04"), re.M)
+    assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
+    mib = lambda per_sbh: s * h * per_sbh / 2**20
+    items = saved_bytes_per_layer(m, 1, 8, True, bytes_per_el=2)
+    largest = set(sorted(items, key=items.get)[-3:])
+    return ([mib(c10 + c24 / int(t) + c5 * a * s / (h * int(t))) for t, _, _ in rows]
+            + [mib(c34 / int(t) + c5sp * a * s / (h * int(t))) for t, _, _ in rows]
+            + said("04", r"the dropped copy\) are the largest items at \$s = (\d+)\$") + [1.0],
+            [num(k) for _, k, _ in rows] + [num(k) for _, _, k in rows]
+            + [s, 1.0 * (largest == {"softmax output", "attention dropout mask", "dropped probabilities"})], 0.05)
+
+
+def _scaling_04():
+    """Section 6: what tp_scaling prices (its default 50 % of peak, b = 1), IB an order of
+    magnitude below NVLink per GPU (the engine's cluster), the table's last NVLink row and the
+    collapse after it; Megatron-LM 2019's servers and its 1.2B run as the cell builds them; the
+    one-layer model optimistic, more so as t grows."""
+    import inspect
+
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis.tensor_parallel import tp_scaling
+    a100, v100 = A.get_cluster("a100-dgx"), A.get_cluster("v100-dgx2")
+    per_gpu_ratio = a100.intra_bw / (a100.inter_bw / a100.gpus_per_node)
+    rows = {int(t): (link, num(sp)) for t, link, sp in
+            re.findall(r"^\s*(\d+)\s+(NVLink|InfiniBand)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)$", outputs("04"), re.M)}
+    last_nvlink = max(t for t, (link, _) in rows.items() if link == "NVLink")
+    m12 = re.search(r'replace\(layers=(\d+), hidden=(\d+), heads=(\d+), .*?\n.*?micro_batch=(\d+), tps=list\(published\)', code("04"))
+    tps = sorted(int(t) for t in re.findall(r"(\d+): [\d.]+", re.search(r"published = \{(.*?)\}", code("04")).group(1)))
+    errors = [int(e) for e in re.findall(r"^\s*\d+\s+[\d.]+x\s+[\d.]+x\s+([-+]\d+)%$", outputs("04"), re.M)]
+    return (said("04", r"\(forward and backward, \$b = (\d)\$\) of the 8\.3B model of\s+Megatron-LM on DGX A100 servers at (\d+)% of peak")
+            + said("04", r"model \((\d+) % of peak, no overlap\)") + [1.0]
+            + said("04", r"The \$t = (\d+)\$ row is the last inside a DGX A100 server") + said("04", r"at \$t = (\d+)\$ the ring crosses")
+            + [1.0] + said("04", r"servers of \*\*(\d+)\*\* V100s \(NVSwitch among all\s+(\d+)\)")
+            + said("04", r"the 1\.2B model \((\d+) layers, \$h = (\d+)\$, (\d+) heads, \$s = (\d+)\$, batch (\d+)\) on (\d), (\d), (\d) and (\d)")
+            + [1.0],
+            [int(re.search(r'tp_scaling\("megatron-8.3b", micro_batch=(\d)', code("04")).group(1)),
+             100 * inspect.signature(tp_scaling).parameters["mfu"].default, 100 * inspect.signature(tp_scaling).parameters["mfu"].default,
+             1.0 * (round(math.log10(per_gpu_ratio)) == 1), last_nvlink, min(t for t in rows if t > last_nvlink),
+             1.0 * (rows[16][1] < rows[last_nvlink][1] / 2), v100.gpus_per_node, v100.gpus_per_node]
+            + [int(x) for x in m12.groups()[:3]] + [PRESETS["megatron-8.3b"].seq_len, int(m12.group(4)), 1] + tps
+            + [1.0 * (all(e > 0 for e in errors) and errors == sorted(errors) and len(errors) == 3)], 0)
+
+
+def _overlap_04():
+    """Section 7: the analysis's step (float64, b = 2); per decomposed collective one send at
+    t = 2 and three at t = 4 (t - 1), the same bytes either way, from the printed table."""
+    step = re.search(r'step = TrainConfig\(global_batch=(\d+), dtype="(\w+)"\)', code("04"))
+    rows = {(t, ov): (c, s, num(b)) for t, ov, c, s, b in
+            re.findall(r"^--tp (\d) --sp( --tp-overlap)?\s+(\d+)\s+(\d+)\s+([\d,]+)$", outputs("04"), re.M)}
+    per_collective, same_bytes = [], []
+    for t in ("2", "4"):
+        (c0, _, b0), (c1, s1, b1) = rows[(t, "")], rows[(t, " --tp-overlap")]
+        decomposed = int(c0) - int(c1) + int(s1)                 # collectives replaced by their sends
+        per_collective.append(int(s1) / decomposed)
+        same_bytes.append(1.0 * (b0 == b1))
+    return (said("04", r"\(float(\d+), \$b = (\d)\$, one step of rank 0") + said("04", r"at \$t = 2\$ each decomposed collective is (one) send, "
+                                                                                   r"at \$t = 4\$ (three)") + [1.0, 1.0],
+            [int(step.group(2)[5:]), int(step.group(1))] + per_collective + same_bytes, 0)
+
+
+def _try_it_04():
+    """The Try-it's model, b and t, against its solution's cell."""
+    sol = next("".join(c["source"]) for c in _cells("04") if "".join(c["source"]).startswith("# Solution"))
+    b, t = (int(x) for x in re.search(r'PRESETS\["megatron-8\.3b"\].*?, (\d+), (\d+)\n', sol).groups())
+    return said("04", r"Try `megatron-8\.3b` with \$b = (\d+)\$, \$t = (\d+)\$"), [b, t], 0
+
+
+def _try_it_02():
+    """Lesson 2's Try-it asks four things; its solution's output answers each: the m at which
+    1F1B's bubble drops under 5 % at p = 8, what v = 4 does (bubble and rank 0's stash), ZB-H1
+    against (p-1)/(3m), and p = 4, v = 2, m = 6 against (p-1)/(vm)."""
+    stated = said("02", r"bubble to drop under (\d+)% with \$p = (\d+)\$\? What does \$v = (\d)\$ do to the bubble and to rank 0's\s+"
+                        r"stash\?.*?against\s+\$\(p-1\)/\(3m\)\$.*?try \$p = (\d)\$, \$v = (\d)\$, \$m = (\d)\$")
+    p, before, m_before, after, m_after = shown("02", r"^1f1b, p = (\d+): bubble ([\d.]+) at m = (\d+), ([\d.]+) at m = (\d+)$")
+    first_under = (after < 0.05 <= before and m_after == m_before + 1 and math.isclose(after, (p - 1) / m_after, abs_tol=1e-4))
+    v_rows = {int(v): (num(b), num(c)) for v, b, c in re.findall(
+        r"^v = (\d): bubble ([\d.]+) \(closed form ([\d.]+)\), rank 0 stashes \d+ chunk-microbatches", outputs("02"), re.M)}
+    zb = [(int(m), num(b), num(f)) for m, b, f in re.findall(r"^zb-h1, p = 8, m = (\d+): bubble ([\d.]+), \(p-1\)/\(3m\) = ([\d.]+)$",
+                                                              outputs("02"), re.M)]
+    last = shown("02", r"^interleaved, p = (\d), v = (\d), m = (\d): bubble ([\d.]+), \(p-1\)/\(v m\) = ([\d.]+)$")
+    checks = [first_under, all(b == c for b, c in v_rows.values()), len(zb) >= 2 and all(b == f for _, b, f in zb),
+              last[3] == last[4]]
+    return (stated + [1.0] * len(checks),
+            [round(100 * before), p, max(v_rows)] + last[:3] + [1.0 * ok for ok in checks], 0)
+
+
+def _try_it_03():
+    """Lesson 3's Try-it (the medium GPT on d ranks, 1 MB and 0.1 MB buckets, with and without
+    ZeRO-1): its solution's output answers every part, and the wire bytes do not change."""
+    stated = said("03", r"on \$d = (\d+)\$ ranks with (\d+) MB buckets\? With ([\d.]+) MB\?")
+    rows = re.findall(r"^([\d.]+) MB buckets, (all-reduce|ZeRO-1): +.*\((\d+) calls\); ([\d.]+) MiB on the wire per rank$",
+                      outputs("03"), re.M)
+    d = int(out("03", r"^model state per parameter per rank, d = (\d+):"))
+    answered = {(num(mb), kind) for mb, kind, _, _ in rows}
+    return (stated + [1.0, 1.0],
+            [d] + sorted({num(mb) for mb, _, _, _ in rows}, reverse=True)
+            + [1.0 * (answered == {(mb, k) for mb in (1.0, 0.1) for k in ("all-reduce", "ZeRO-1")}),
+               1.0 * (len({w for *_, w in rows}) == 1)], 0)
+
+def _cube_05():
+    """Sections 0-2: the paper's 2.32x (the engine's record of it), 1-D's four all-reduces; the
+    tiny GPT's fc block per rank, rank 9 of dp=2·tp=8, the 48 x 8 QKV blocks, fewer parameters
+    per rank than 1-D, the 4 sequences = q² batch pieces, one each."""
+    from minitron import PRESETS
+    from minitron.analysis.published import BIAN_2021_SPEEDUPS
+    tiny = PRESETS["tiny"]
+    b = int(re.search(r"^b, s, h = (\d+), model\.seq_len", code("05"), re.M).group(1))
+    coord = re.search(r"^rank 9: Coord\(tp=\d, dp=(\d).*cube \(i, j, k\) = \((\d), (\d), (\d)\)", outputs("05"), re.M)
+    qkv = {tuple(r) for r in re.findall(r"^\s+\d\s+\(\d, \d, \d\)\s+(\d+):(\d+)\s+(\d+):(\d+)$", outputs("05"), re.M)}
+    sizes = {(int(b1) - int(a1), int(b2) - int(a2)) for a1, b1, a2, b2 in qkv}
+    cube_n, one_d_n = shown("05", r"^parameters per rank: ([\d,]+) of .*1-D with t = 8: ([\d,]+)\)")
+    pieces = {int(x) for x in re.findall(r"^\s+\d\s+\(\d, \d, \d\)\s+sequence (\d), feature slice", outputs("05"), re.M)}
+    return (said("05", r"Their claim: on (\d+) V100s, ([\d.]+)× faster than 1-D") + said("05", r"all-reduces them\s+(four) times per layer")
+            + said("05", r"\(`fc\.weight`, (\d+) × (\d+)\) that the engine gives it: (eight) different blocks")
+            + said("05", r"the (\d+) ranks of `dp=(\d), tp=(\d)` are (two) cubes, and rank (\d) is \$\((\d), (\d), (\d)\)\$\s+of the second")
+            + said("05", r"Each of the (\d) ranks holds a different \$(\d+) \\times (\d+)\$ block") + [1.0]
+            + said("05", r"trains on (\d) sequences of (\d+) tokens, so each of the\s+\$q\^2 = (\d)\$ batch pieces is (one) sequence"),
+            [64, BIAN_2021_SPEEDUPS["1d"]] + shown("05", r"1-D \(t = 8\) [\d,]+ in (\d) calls")
+            + [tiny.ffn_hidden, tiny.hidden, len(qkv)] + [16, 2, 8, 2, 9] + [int(x) for x in coord.groups()[1:]]
+            + [len(qkv)] + [x for sz in sizes for x in sz] + [1.0 * (cube_n < one_d_n and int(coord.group(1)) == 1)]
+            + [b, tiny.seq_len, len(pieces), b / len(pieces)], 0)
+
+
+def _linear_05():
+    """Sections 3-4: the QKV call's shape (B = b·s tokens, h -> 3h, float64); the stated 1-D and
+    cube counts per layer (3.5 Bh against 2 Bh + 1.5 h²) at the printed B/h equal the printed
+    ratios; the naive multiply's planes hold q times the mean; the traced shapes of layer 0."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    q = int(re.search(r"^q = (\d)$", code("05"), re.M).group(1))
+    b = int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1))
+    e = int(re.search(r"^e, B = (\d+), b \* s", code("05"), re.M).group(1))
+    ratios = {num(f): num(r) for f, r in re.findall(r"tokens = ([\d.]+) h: cube / 1-D elements moved = ([\d.]+)", outputs("05"))}
+    one_d, bh, h2 = said("05", r"2 \\cdot 2\\cdot\\tfrac\{7\}\{8\}\\,Bh = ([\d.]+)\\,Bh .*?= (\d)\\,Bh \+ ([\d.]+)\\,h\^2\$")
+    naive = [num(x) for x in re.search(r"input ([\d.]+),  weight ([\d.]+),  output ([\d.]+)",
+                                       out("05", r"naive:\n((?:.*\n)+?)balanced:")).groups()]
+    traced = dict(re.findall(r"^  (qkv: \w+ [\w-]+)\s+\w+\s+cube_\w  shape (\[[\d, ]+\])", outputs("05"), re.M))
+    ln_axis, ln_numbers = re.search(r"^  ln1: statistics\s+all_reduce\s+(cube_\w)\s+shape \[1, 32, (\d)\]", outputs("05"), re.M).groups()
+    assert ln_axis == "cube_k"                          # the line that splits the features
+    _stated("05", r"so those ranks hold \$q\$ times the average", None)
+    return (said("05", r"For the QKV layer of the run\s+below \(\$B = (\d+)\$ tokens, \$(\d+) \\to (\d+)\$, float(\d+)\)")
+            + [(bh * f + h2) / (one_d * f) for f in sorted(ratios)] + [q] * 3
+            + said("05", r"QKV gathers its input `\[(\d), (\d+), (\d+)\]` along \$j\$.*?its weight `\[(\d+), (\d)\]` along \$i\$, and "
+                         r"reduce-scatters\s+its partial product `\[(\d), (\d+), (\d+)\]`")
+            + said("05", r"The LayerNorms all-reduce (two) numbers per token"),
+            [b * tiny.seq_len, tiny.hidden, 3 * tiny.hidden, 8 * e] + [ratios[f] for f in sorted(ratios)] + naive
+            + json.loads(traced["qkv: input all-gather"]) + json.loads(traced["qkv: weight all-gather"])
+            + json.loads(traced["qkv: output reduce-scatter"]) + [int(ln_numbers)], 0.0005)
+
+
+def _growth_05():
+    """Sections 4-5: verify's 8 ranks, q = 2, float64, two steps, 10^-9; B = 128 = 4h; the
+    benchmark's two ratios (benchmarks/cube.md); where the cube moves less as P grows (one
+    sequence against sixteen); 1-D's 8Bh; the 8-device, 4-sequence memory row."""
+    from minitron import PRESETS
+    tiny, gpt3 = PRESETS["tiny"], PRESETS["gpt3-175b"]
+    n = int(re.search(r'run_cli\(\["verify", "--nproc", "(\d)", "--tp", "8", "--tp-mode", "3d", "--steps", "(\d)"', code("05")).group(1))
+    steps, bits = shown("05", r"^verify dp1\.tp8\.pp1\.cube vs one device, (\d) steps, float(\d+)")
+    tol, = shown("05", r"losses within ([\de.+-]+): True; every parameter within [\de.+-]+: True")
+    bench = (ROOT / "benchmarks" / "cube.md").read_text()
+    tokens_ratio, weights_ratio = (num(re.search(rf"\*\*{k}\*\*: the cube sends ([\d.]+)× the wire bytes of 1-D", bench).group(1))
+                                   for k in ("tokens", "weights"))
+    wins = {int(b): int(p) for b, p in re.findall(r"^b = +(\d+) \(\d+ tokens\): the cube moves less from P = (\d+) on", outputs("05"), re.M)}
+    rows = {int(P): [num(x) for x in r.split()] for P, r in re.findall(r"^\s+(\d+)((?:\s+[\d,]+){4})$", outputs("05"), re.M)}
+    just = rows[64][1] / rows[64][0] - 1                      # the cube's excess at 64 devices, b = 1
+    mem = shown("05", r"^\s+(8)\s+(4)\s+[\d.]+\s+[\d.]+\s+([\d,]+)\s+([\d,]+)$")
+    eight_bh = 8 * gpt3.seq_len * gpt3.hidden * 2 / 2**20      # 1-D's 4 all-reduces of Bh, both ways, bf16, at b = 1
+    return (said("05", r"trains the `tiny` GPT on the cube \((\d) local\s+processes talking over gloo, \$q = (\d)\$, float(\d+)\) for (two) steps")
+            + said("05", r"Here \$B = (\d+) = (\d)h\$") + said("05", r"the cube sends ([\d.]+)× the wire bytes of 1-D, with few tokens and a wide "
+                                                              r"hidden size ([\d.]+)×")
+            + said("05", r"\$P = q\^3\$ from (\d+) to (\d+) devices")
+            + said("05", r"One sequence per microbatch \(\$B = (\d+) < h = (\d+)\$\): the cube loses up to (\d+) devices\s+\(just\) and wins "
+                         r"from (\d+) on\. Sixteen sequences \(\$B = (\d+) > h\$\)") + [1.0, 1.0]
+            + said("05", r"With (\d) devices and (\d) sequences the cube keeps \*more\*") + [1.0]
+            + said("05", r"\(1-D's stays at\s+\$\\approx (\d)Bh\$ per layer\)") + said("05", r"equals one device to \$10\^\{-(\d)\}\$"),
+            [n, round(n ** (1 / 3)), bits, steps]
+            + [int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1)) * tiny.seq_len]
+            + [int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1)) * tiny.seq_len / tiny.hidden]
+            + [tokens_ratio, weights_ratio, min(rows), max(rows)]
+            + [gpt3.seq_len, gpt3.hidden, max(p for p in rows if p < wins[1]), wins[1], 16 * gpt3.seq_len]
+            + [1.0 * (wins[16] == min(rows)), 1.0 * (0 < just < 0.1)] + mem[:2] + [1.0 * (mem[3] > mem[2])]
+            + [round(rows[max(rows)][0] / eight_bh * 8), -math.log10(tol)], 0)
+
+
+def _schemes_05():
+    """Sections 6-7: Longhorn and the DGX-2H as the engine's clusters; the layer's shape
+    (BIAN_SHAPE); the four schemes' grids and compute on 64 GPUs; the layer's communication
+    share; 2.5-D's depth on 8 GPUs; weak scaling's order; this machine's benchmark; the cube's
+    lines on 8-GPU nodes at q = 4."""
+    from minitron import ProcessGrid
+    from minitron import analysis as A
+    from minitron.analysis.tp_schemes import LONGHORN, project_tp_schemes
+    from minitron.course.tp_schemes import BIAN_SHAPE
+    layer, seqs = BIAN_SHAPE
+    grids = {s: g for s, g in re.findall(r"^\s+(1d|2d|2\.5d|3d)\s+(\{.*?\})\s+[\d,]+ MiB", outputs("05"), re.M)}
+    q25, d25 = (int(x) for x in re.search(r"'q': (\d+), 'depth': (\d+)", grids["2.5d"]).groups())
+    q2 = int(re.search(r"'q': (\d+)", grids["2d"]).group(1))
+    compute = [num(x) for x in re.findall(r"^\s+(?:1d|2d|2\.5d|3d)\s+\{.*?\}\s+.*?([\d.]+) ms\s+[\d,.]+ ms\s+[\d,.]+ ms$", outputs("05"), re.M)]
+    shares = [num(x) for x in re.findall(r"^\s+(?:1d|2d|3d)\s+([\d.]+)%\s+[\d.]+\s+[\d.]+\s+[\d.]+$", outputs("05"), re.M)]
+    dgx2_over_2d, = shown("05", r"^ v100-dgx2: 3-D over 2d: published [\d.]+x, cost model ([\d.]+)x")
+    depth8 = {r["scheme"]: r["grid"] for r in project_tp_schemes(layer, 4, 8, LONGHORN)}["2.5d"]["depth"]
+    weak = {s: num(g) for s, g in re.findall(r"^weak scaling, +(\S+): .* x([\d.]+) per doubling$", outputs("05"), re.M)}
+    here = [num(x) for x in re.findall(r"3-D's speed-up over 1-D ([\d.]+)x", outputs("05"))]
+    calls, = shown("05", r"per device: cube [\d,]+ wire bytes in (\d+) calls")
+    grid = ProcessGrid(tp=64, cube=True)
+    leave = {ax: any(len({r // 8 for r in g}) > 1 for g in grid.all_groups(ax)) for ax in ("cube_i", "cube_j", "cube_k")}
+    return (said("05", r"TACC Longhorn, where Bian et al\. measured \((\d) V100s per node\s+on NVLink, (one) (\d+) Gb/s InfiniBand port per node\)")
+            + said("05", r"\(\$h = (\d+)\$, (\d+) heads, sequences of (\d+) tokens, (\d+) per step, bf(\d+)\)")
+            + said("05", r"2\.5-D keeps \$d = (\d)\$ copies of its \$q\^2 = (\d+)\$-way\s+split") + [1.0]
+            + said("05", r"a DGX-2H cluster \((\d+) V100s per node on NVSwitch\)") + said("05", r"\(2-D's rows of (\d+),") + [1.0]
+            + said("05", r"the layer is (\d+)–(\d+)% communication") + said("05", r"2\.5-D's \$d = (\d)\$ stacked grids") + [1.0, 1.0, 1.0]
+            + said("05", r"the cube's (\d+) small collectives per\s+layer") + said("05", r"(\d+) collectives per layer instead of (\d)") + [1.0],
+            [LONGHORN.gpus_per_node, 1, LONGHORN.inter_bw * 8 / 1e9, layer.hidden, layer.heads, layer.seq_len, seqs, 16]
+            + [d25, q25 ** 2, 1.0 * (max(compute) < 10)] + [A.get_cluster("v100-dgx2").gpus_per_node, q2, 1.0 * (dgx2_over_2d < 1)]
+            + [math.floor(100 - max(shares)), math.floor(100 - min(shares)), depth8]
+            + [1.0 * (weak["3d"] < weak["2d"] < weak["1d"]), 1.0 * (weak["2.5d"] < weak["3d"]), 1.0 * all(x < 1 for x in here)]
+            + [calls, calls] + shown("05", r"1-D \(t = 8\) [\d,]+ in (\d) calls")
+            + [1.0 * (leave == {"cube_i": False, "cube_j": True, "cube_k": True})], 0)
+
+CLAIMS.update({
+    "02 try it": _try_it_02,
+    "03 try it": _try_it_03,
+    "04 shards": _shards_04,
+    "04 trace": _trace_04,
+    "04 memory": _memory_04,
+    "04 scaling": _scaling_04,
+    "04 overlap": _overlap_04,
+    "04 try it": _try_it_04,
+    "05 cube": _cube_05,
+    "05 linear": _linear_05,
+    "05 growth": _growth_05,
+    "05 schemes": _schemes_05,
 })
 
 
