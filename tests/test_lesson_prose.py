@@ -1293,6 +1293,20 @@ def _schemes_05():
             + [calls, calls] + shown("05", r"1-D \(t = 8\) [\d,]+ in (\d) calls")
             + [1.0 * (leave == {"cube_i": False, "cube_j": True, "cube_k": True})], 0)
 
+def _try_it_05():
+    """Lesson 5's Try-it (h = 4096, 2048-token sequences; 8 devices, then 64; then h = 16384):
+    its solution's output answers every part, the b that beats 1-D and the b the cube can run."""
+    from minitron import PRESETS
+    stated = said("05", r"For a model with \$h = (\d+)\$ and\s+sequences of (\d+) tokens, .*?1-D on (\d) devices .*? with \$b\$ a "
+                        r"multiple of \$q\^2\$\?\s+And on (\d+) devices\? What does a wider model \(\$h = (\d+)\$\) change\?")
+    rows = re.findall(r"^h = +(\d+), (\d+) devices \(q = (\d)\): .*\n +beats 1-D from b = (\d+); runs with b a multiple of "
+                      r"q² = (\d+): from b = (\d+)$", outputs("05"), re.M)
+    answered = {(int(h), int(n)) for h, n, *_ in rows}
+    runs_ok = all(int(q) ** 2 == int(q2) and int(b) % int(q2) == 0 and int(b) >= int(w) for _, _, q, w, q2, b in rows)
+    return (stated + [1.0],
+            [int(rows[0][0]), PRESETS["gpt3-175b"].seq_len, int(rows[0][1]), int(rows[1][1]), int(rows[2][0])]
+            + [1.0 * (answered == {(h, n) for h in (stated[0], stated[4]) for n in (stated[2], stated[3])} and runs_ok)], 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1306,6 +1320,7 @@ CLAIMS.update({
     "05 linear": _linear_05,
     "05 growth": _growth_05,
     "05 schemes": _schemes_05,
+    "05 try it": _try_it_05,
 })
 
 
