@@ -50,7 +50,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "four": 4.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "ten": 10.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -1307,6 +1307,215 @@ def _try_it_05():
             [int(rows[0][0]), PRESETS["gpt3-175b"].seq_len, int(rows[0][1]), int(rows[1][1]), int(rows[2][0])]
             + [1.0 * (answered == {(h, n) for h in (stated[0], stated[4]) for n in (stated[2], stated[3])} and runs_ok)], 0)
 
+def _grid_06():
+    """Sections 1-2: the four nodes' grid; GPT-3's PTD-P layout and its bytes per axis (the
+    ratios the prose states), NVLink and InfiniBand per GPU (the engine's A100 cluster); the
+    t sweep's collapse, bubbles and sweet spot; Megatron-LM 2019's figures beside the fit."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    a100, v100, gpt3 = A.get_cluster("a100-dgx"), A.get_cluster("v100-dgx2"), PRESETS["gpt3-175b"]
+    groups = {ax: int(k) for ax, k in re.findall(r"^(tp|dp|pp): \d+ groups of (\d+),", outputs("06"), re.M)}
+    world = math.prod(int(x) for x in re.search(r"^grid = ProcessGrid\(tp=(\d+), dp=(\d+), pp=(\d+)\)", code("06"), re.M).groups())
+    n, t, p, d, b, m = shown("06", r"^GPT-3 175B on (\d+) GPUs \(t=(\d+), p=(\d+), d=(\d+)\), b=(\d+), m=(\d+)")
+    mb = {ax: num(v) for ax, v in re.findall(r"^  (tp|dp|pp):\s+([\d,.]+) MB", outputs("06"), re.M)}
+    bshe = 1 * gpt3.seq_len * gpt3.hidden * 2
+    per_layer = [A.tp_layer_bytes(gpt3, 1, 8, recompute=r, bytes_per_el=2)["all_reduce"] / bshe for r in ("none", "full")]
+    sweep = {int(tt): (int(pp), num(tf), num(bub), num(c), num(tc)) for tt, pp, tf, bub, c, tc in re.findall(
+        r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+([\d.]+) \|\s+([\d.]+)\s+([\d.]+)\s", outputs("06"), re.M)}
+    paper = {k: num(v) for k, v in re.findall(r"^(one V100, 1.2B|  as a share|8-way tensor parallel, 8.3B|512 GPUs \(t=8, d=64\): weak|"
+                                              r"512 GPUs: PFLOP/s).*?\s([\d.]+)\s+[\d.]+\s+[-+][\d.]+%$", outputs("06"), re.M)}
+    _stated("06", r"Tensor parallelism sends over fifty times what data parallelism sends and over three hundred\s+times "
+                  r"the pipeline's", None)
+    collapse = all(sweep[tt][4] > sweep[tt][3] for tt in (16, 32))
+    return (said("06", r"(Four) nodes, \$t = (\d)\$, \$d = (\d)\$, \$p = (\d)\$")
+            + said("06", r"on (\d+) GPUs — \$t = (\d+)\$, \$p = (\d+)\$ \((\d) layers per stage\), \$d = (\d+)\$, microbatches of\s+"
+                         r"\$b = (\d)\$ sequence, a global batch of (\d+) \(so \$m = (\d+)\$")
+            + said("06", r"per layer, (\d) all-reduces of \$b\\,s\\,h\$ \((\d) with the forward replayed\)") + [1.0, 1.0]
+            + said("06", r"It needs NVLink \((\d+) GB/s per\s+A100\).*?InfiniBand \((\d+) GB/s per GPU\)") + [1.0]
+            + said("06", r"the pipeline grows to (\d+) or (\d+) stages for the same (\d+) microbatches, and the\s+bubble "
+                         r"\$\(p-1\)/m\$ grows to ([\d.]+) and ([\d.]+)") + said("06", r"preference for \$t = (\d)\$ here")
+            + said("06", r"servers \((\d+) GPUs each\): one V100 sustaining\s+(\d+) TFLOP/s \((\d+) % of its (\d+) TFLOP/s peak\).*?(\d+) % "
+                         r"weak-scaling efficiency\s+with (\d)-way tensor parallelism.*?(\d+) % on (\d+) GPUs \((\d)-way tensor × (\d+)-way data\s+"
+                         r"parallelism\) and ([\d.]+) PFLOP/s"),
+            [world / a100.gpus_per_node, groups["tp"], groups["dp"], groups["pp"]]
+            + [n, t, p, gpt3.layers / p, d, b, n, m] + per_layer
+            + [1.0 * (mb["tp"] > 50 * mb["dp"]), 1.0 * (mb["tp"] > 300 * mb["pp"])]
+            + [a100.intra_bw / 1e9, a100.inter_bw / a100.gpus_per_node / 1e9, 1.0 * collapse]
+            + [sweep[1][0], sweep[2][0], m, sweep[1][2], sweep[2][2], max(sweep, key=lambda tt: sweep[tt][1])]
+            + [v100.gpus_per_node, paper["one V100, 1.2B"], 100 * paper["  as a share"], v100.peak_flops / 1e12,
+               100 * paper["8-way tensor parallel, 8.3B"]] + shown("06", r"^(\d)-way tensor parallel, 8\.3B")
+            + [100 * paper["512 GPUs (t=8, d=64): weak"]] + shown("06", r"^(\d+) GPUs \(t=(\d), d=(\d+)\): weak") + [
+               paper["512 GPUs: PFLOP/s"]], 0)
+
+
+def _trillion_06():
+    """Sections 3-4: the 1T model (the engine's preset) and its run; §5.1's tokens, throughputs and
+    days (the cell's runs); the model against them; the planner's memory bound; the best layout
+    per t (the pipeline halving, t = 1's bubble share from the engine)."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis import PlannedLayout
+    a100, gpt3, one_t = A.get_cluster("a100-dgx"), PRESETS["gpt3-175b"], PRESETS["ptdp-1t"]
+    runs = {name: (int(g), int(bt), float(tok), int(x), int(days)) for name, g, bt, tok, x, days in re.findall(
+        r'\("([^"]+)", [^,]+, (\d+), (\d+),\s+PlannedLayout\(.*?\)\)?, ([\de.]+), (\d+), (\d+)\)', code("06"), re.S)}
+    lay = re.search(r'"ptdp-1t", "--gpus", "(\d+)", "--global-batch", "(\d+)".*?"--tp", "(\d+)", "--pp", "(\d+)", '
+                    r'"--microbatch-size", "(\d)"', code("06"), re.S)
+    g1t, bt1t, t, p, b = (int(x) for x in lay.groups())
+    table = {name: (num(x), num(days)) for name, x, days in re.findall(
+        r"^(1T, 1F1B|1T, interleaved v=2|175B, planner's best)\s+\S+\s+\d+\s+([\d.]+)\s+\d+%\s+\d+\s+\d+\s+([\d.]+)$", outputs("06"), re.M)}
+    plans = A.plan(gpt3, 1024, 1536, a100)
+    best_by_t = {}
+    for e in plans:
+        best_by_t.setdefault(e["tp"], e)
+    t1 = A.predict(gpt3, {k: best_by_t[1][k] for k in ("tp", "pp", "dp", "vpp", "microbatch_size")}, 1536, a100)
+    err_1t = 1 - table["1T, 1F1B"][0] / runs["1T, 1F1B"][3]
+    return (said("06", r"trains the 1T model \((\d+) layers, \$h = (\d+)\$, (\d+) heads\) on (\d+) A100s\s+with \$t = (\d)\$, \$p = (\d+)\$ "
+                       r"\(so \$d = (\d)\$\) and a global batch of (\d+), and measures (\d+) TFLOP/s")
+            + said("06", r"we take microbatches of \$b = (\d)\$ sequence")
+            + said("06", r"the 1T model on (\d+)B tokens in about (\d+) days, and GPT-3 175B\s+on (\d+)B tokens with (\d+) A100s at (\d+) "
+                         r"TFLOP/s in about (\d+) days")
+            + said("06", r"the model lands within (\d)% of the paper's (\d+) TFLOP/s") + [1.0, 1.0]
+            + said("06", r"exceeds the GPU's (\d+) GB") + said("06", r"With \$t = 1\$ a 175B model only fits with a (\d+)-stage pipeline, "
+                                                            r"and the bubble \(red\) takes\s+about (two) fifths") + [1.0],
+            [one_t.layers, one_t.hidden, one_t.heads, g1t, t, p, g1t // (t * p), bt1t, runs["1T, 1F1B"][3], b]
+            + [runs["1T, 1F1B"][2] / 1e9, runs["1T, 1F1B"][4], runs["175B, planner's best"][2] / 1e9, runs["175B, planner's best"][0],
+               runs["175B, planner's best"][3], runs["175B, planner's best"][4]]
+            + [math.ceil(100 * err_1t), runs["1T, 1F1B"][3]]
+            + [1.0 * (abs(table["1T, 1F1B"][1] - 84) < 5), 1.0 * (table["175B, planner's best"][0] > 140)]
+            + [a100.memory_bytes / 1e9, best_by_t[1]["pp"], round(5 * t1.breakdown["bubble"] / t1.iteration_s)]
+            + [1.0 * ([best_by_t[tt]["pp"] for tt in (1, 2, 4, 8)] == [64, 32, 16, 8])], 0)
+
+
+def _run_06():
+    """Sections 6-7: the 8-rank run (1F1B, 4 microbatches, two steps, --scatter-gather); the
+    all-gathers of the received slices; the in-flight microbatches per stage."""
+    flags = re.search(r'flags = \["--nproc", "(\d)", "--dp", "(\d)", "--tp", "(\d)", "--pp", "(\d)", "--scatter-gather",\s+'
+                      r'"--global-batch", "(\d+)", "--microbatches", "(\d)"\]', code("06"))
+    nproc, dp, tp, pp, _, micro = (int(x) for x in flags.groups())
+    steps, = shown("06", r"^verify dp2\.tp2\.pp2\.1f1b\.scatter_gather vs one device, (\d) steps")
+    gathered, = shown("06", r"^stage 0 \(rank 0\), one step:\n(?:.*\n)*?  tp: all_gather ([\d,]+) B")
+    send, = shown("06", r"pipeline sends, each ([\d,]+) B = b·s·h/t")
+    flight = {int(st): int(k) for st, k in re.findall(r"^\s+\d\s+(\d)\s+(\d)\s+[\d,]+\s+[\d,]+", outputs("06"), re.M)}
+    return (said("06", r"on (\d) local processes, data (\d) × tensor (\d) × pipeline (\d),\s+1F1B with (\d) microbatches per pipeline "
+                       r"and `--scatter-gather`, (two) steps")
+            + said("06", r"all-gathers what it receives \((\d) microbatches ×") + said("06", r"lesson 2\), (two) here against (one)"),
+            [nproc, dp, tp, pp, micro, steps, gathered / send, flight[0], flight[1]], 0)
+
+
+def _table1_06():
+    """Section 8: Table 1's ten rows; Eq. 2 within 0.05B, worst on the smallest; the 2019
+    software a third low, PTD-P's within 15 % (6 % on average), its worst the four rows
+    without a pipeline; 32 to 3072 GPUs; section 3's summary of the same."""
+    from minitron.analysis.published import PTDP_TABLE1
+    rows = re.findall(r"^\s+([\d.]+)\s+([\d.]+)\s+([-+][\d.]+)%\s+(\d)\s+(\d+)\s+(\d+)\s+\d+\s+[\d.]+\s+([-+][\d.]+)%\s+[\d.]+\s+"
+                      r"([-+][\d.]+)%", outputs("06"), re.M)
+    from minitron import ModelConfig
+    from minitron import analysis as A
+    eq2 = {r[0]: A.ptdp_param_count(ModelConfig(layers=r[3], hidden=r[2], heads=r[1], seq_len=2048, vocab=51200)) / 1e9
+           for r in PTDP_TABLE1}
+    eq2_gap = max(abs(eq2[bn] - bn) for bn in eq2)
+    eq2_worst = max(rows, key=lambda r: abs(num(r[2])))[0]
+    old, new = shown("06", r"software megatron-2019: largest error ([-+][\d.]+)%"), shown("06", r"software ptdp-2021: largest error "
+                                                                                                  r"[-+][\d.]+%, mean \|error\| ([\d.]+)%")
+    worst_new = sorted(rows, key=lambda r: abs(num(r[7])))[-4:]
+    gpus = [int(r[5]) for r in rows]
+    return (said("06", r"lists (ten) GPT models from ([\d.]+)B to 1T parameters \(\$s = (\d+)\$,\s+\$V = (\d+)\$\)")
+            + said("06", r"reproduces every parameter count to within ([\d.]+)B") + [1.0]
+            + said("06", r"it is a (third) low on the small models") + said("06", r"it comes within (\d+)% on every row, (\d)% on average")
+            + said("06", r"error is on\s+the (four) models without a pipeline") + said("06", r"from (\d+) to (\d+) GPUs")
+            + said("06", r"pessimistic by up to a\s+(third) for small models.*?within (\d+)% on every row"),
+            [len(PTDP_TABLE1), num(rows[0][0])]
+            + [int(x) for x in re.search(r"ModelConfig\(layers=l, hidden=h, heads=a, seq_len=(\d+), vocab=(\d+)\)", code("06")).groups()]
+            + [math.ceil(eq2_gap * 100) / 100, 1.0 * (eq2_worst == rows[0][0])]
+            + [round(3 * -old[0] / 100) / 3]
+            + [math.ceil(max(abs(num(r[7])) for r in rows)), round(new[0])]
+            + [sum(int(r[4]) == 1 for r in worst_new), min(gpus), max(gpus)]
+            + [round(3 * -old[0] / 100) / 3, math.ceil(max(abs(num(r[7])) for r in rows))], 0)
+
+
+def _checkpoints_06():
+    """Sections 8-9: the 91B model's shape (CP.GPT_91B, Table 1's 76.1B width); the sweep's
+    per-sequence times; the checkpoint spacing for 8 and 96 layers; recomputation's price."""
+    from minitron.analysis.published import PTDP_TABLE1
+    from minitron.course import ptdp as CP
+    row76 = next(r for r in PTDP_TABLE1 if r[0] == 76.1)
+    per_seq = {int(b): num(ms) for b, ms in re.findall(r"^\s?(\d)\s+512\s+([\d.]+)\s", outputs("06"), re.M)}
+    per_seq.update({int(b): num(ms) for b, ms in re.findall(r"^\s?(\d)\s+(?:256|128|64)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
+                                                            out("06", r"^B = 128: best.*\n((?:.*\n)+?)B = 512"), re.M)})
+    spacing = {int(l): (int(c), num(every)) for l, c, every in re.findall(
+        r"^l = +(\d+): .* best c = (\d+), a checkpoint every ([\d.]+) layers", outputs("06"), re.M)}
+    full, = shown("06", r"FLOPs per iteration x([\d.]+) \(full\)")
+    return (said("06", r"`CP\.GPT_91B` takes its ([\d.]+)B model's width \(\$h = (\d+)\$, (\d+) heads\) with (\d+) layers")
+            + said("06", r"which sequences (\d)% faster do not pay for") + said("06", r"one (\d+)-token\s+sequence already gives the matrix "
+                                                                             r"multiplies (\d+) rows")
+            + said("06", r"the\s+time per sequence falls by (\d)% from \$b = 1\$ to \$b = 8\$")
+            + said("06", r"for PTD-P's stage of \$l = (\d)\$ layers \(\$p = (\d+)\$\), and for the whole\s+(\d+)-layer model")
+            + said("06", r"it is one every (three) or (four)\s+layers") + said("06", r"\(a third more work: (\d) passes where (\d) would do\)"),
+            [row76[0], row76[2], row76[1], CP.GPT_91B.layers, round(100 * (1 - per_seq[2] / per_seq[1])), CP.GPT_91B.seq_len,
+             CP.GPT_91B.seq_len, round(100 * (1 - per_seq[8] / per_seq[1]))]
+            + [min(spacing), 96 // min(spacing), max(spacing)] + [math.floor(spacing[96][1]), math.ceil(spacing[96][1])]
+            + [round(3 * full), 3], 0)
+
+
+def _zero3_06():
+    """Section 10: ZeRO-3's microbatches as the GPUs double; PTD-P within a few percent; the
+    collapse within 13 % once doubled; the 70 % lead as +51 % and +74 %; the smallest counts."""
+    rows = [(m, s, int(g), int(b), int(e)) for m, s, g, b, e in re.findall(
+        r"^ (175B|530B)\s+(ptdp|zero3)\s+(\d+)\s+(\d)\s+\d+\s+\d+\s+([-+]\d+)%", outputs("06"), re.M)]
+    zb = [b for m, s, _, b, _ in rows if m == "175B" and s == "zero3"]
+    doubled = [e for m, s, g, b, e in rows if s == "zero3" and b < 4]
+    leads = {m: [int(x) for x in re.findall(r"GPUs [-+]\d+% vs ([-+]\d+)%", ln)] for m, ln in
+             re.findall(r"^  (175B|530B): (.*)$", outputs("06"), re.M)}
+    small = [e for m, s, g, b, e in rows if s == "zero3" and b == 4]
+    return (said("06", r"microbatch per GPU halves each time \((\d), (\d), (\d) sequences\)")
+            + _stated("06", r"the model is within a few\s+percent of every published point", [1.0])
+            + said("06", r"reproduces that collapse within (\d+)% once the GPUs are doubled")
+            + said("06", r"comes out as \+(\d+)% \(175B\) and \+(\d+)% \(530B\)")
+            + said("06", r"it puts ZeRO-3 slightly ahead, (\d+)–(\d+)% above") + [1.0],
+            zb + [1.0 * all(abs(e) <= 3 for m, s, g, b, e in rows if s == "ptdp")] + [max(doubled)]
+            + [leads["175B"][1], leads["530B"][1]] + sorted(small) + [1.0 * all(v[0] < 0 for v in leads.values())], 0)
+
+
+def _h100_06():
+    """The H100 sections: the cluster and the models as the engine holds them, the tokens per
+    step, the kv heads per GPU, cp's halves, the chosen pipeline, the experts' node and the
+    network cards' speed against NVLink per GPU."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    h100, llama, mixtral = A.get_cluster("h100-dgx"), PRESETS["llama3-70b"], PRESETS["mixtral-8x7b"]
+    best = re.search(r"^t=(\d) p= ?(\d+) cp=(\d) ring d= ?(\d+) v=(\d) b=1 interleaved", outputs("06"), re.M)
+    t, p, cp, d, v = (int(x) for x in best.groups())
+    moe = re.search(r"^t=(\d) p= 1 ep=(\d) d=256", outputs("06"), re.M)
+    chunk, = shown("06", r"cp = 2 \(ring\): the (\d+)-token sequence in \d+-token chunks")
+    assert t * p * cp * d == 1024
+    gpus, batch = (int(x) for x in re.search(r"A\.plan\(llama70, (\d+), (\d+), H100", code("06")).groups())
+    moe_gpus, moe_batch = (int(x) for x in re.search(r"A\.plan\(mixtral, (\d+), (\d+), H100", code("06")).groups())
+    return (said("06", r"Llama 3 70B has (\d+) query heads\s+but (\d) key/value heads")
+            + said("06", r"\(`h100-dgx`: (\d+) TFLOP/s dense bf16, ([\d,]+) FP8, NVLink 4 inside\s+a node, one (\d+) Gb/s network card per GPU\)")
+            + said("06", r"First Llama 3 70B on ([\d,]+) H100s, (\d)M tokens per step")
+            + said("06", r"t = (\d) gives each GPU (\d) of the (\d) kv heads") + said("06", r"split in two halves of\s+([\d,]+) tokens")
+            + said("06", r"\*\*a short pipeline\*\*: p = (\d) with interleaving \(v = (\d)\)")
+            + said("06", r"Mixtral 8x7B \((\d) experts, top-(\d)\) on (\d+) H100s, (\d)M tokens per\s+step")
+            + said("06", r"The experts are spread over (\d) GPUs — (one) node") + said("06", r"which are\s+(nine) times slower per GPU"),
+            [llama.heads, llama.kv_heads, h100.peak_flops / 1e12, h100.fp8_peak_flops / 1e12, h100.inter_bw / h100.gpus_per_node * 8 / 1e9]
+            + [gpus, round(batch * llama.seq_len / 2**20), t, llama.kv_heads // t, llama.kv_heads, chunk // cp, p, v]
+            + [mixtral.experts, mixtral.top_k, moe_gpus, round(moe_batch * mixtral.seq_len / 2**20), int(moe.group(2)),
+               int(moe.group(2)) // h100.gpus_per_node, h100.intra_bw / (h100.inter_bw / h100.gpus_per_node)], 0)
+
+def _try_it_06():
+    """Lesson 6's Try-it (1024 H100s at batch 1536, then 512; Table 1's 530B row on its A100s):
+    the 530B row as published, and the solution's output answering each part."""
+    from minitron.analysis.published import PTDP_TABLE1
+    _, heads, hidden, layers, t, p, gpus, batch, tflops = next(r for r in PTDP_TABLE1 if r[0] == 529.6)
+    batches = [int(b) for b in re.findall(r"^GPT-3 175B on 1024 H100s, global batch (\d+):$", outputs("06"), re.M)]
+    run = shown("06", r"^530B on (\d+) A100s, global batch (\d+), PTD-P's software \(paper: t=(\d) p=(\d+), (\d+) TFLOP/s\):")
+    answered = all(re.search(rf"{head}\n  t=\d", outputs("06")) for head in
+                   [rf"global batch {b}:" for b in batches] + [r"TFLOP/s\):"])
+    return (said("06", r"on 1024 \*\*H100s\*\*\s+\(`h100-dgx`\)\? With a global batch of (\d+) instead of (\d+)")
+            + said("06", r"the 530B model of PTD-P Table 1\s+\((\d+) layers, \$h = (\d+)\$, (\d+) heads\) on (\d+) A100s with a batch of "
+                         r"(\d+), and how close\s+is it to the paper's \$t = (\d)\$, \$p = (\d+)\$ at (\d+) TFLOP/s") + [1.0],
+            sorted(batches) + [layers, hidden, heads, gpus, batch, t, p, tflops] + [1.0 * (run == [gpus, batch, t, p, tflops] and answered)], 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1321,6 +1530,14 @@ CLAIMS.update({
     "05 growth": _growth_05,
     "05 schemes": _schemes_05,
     "05 try it": _try_it_05,
+    "06 grid": _grid_06,
+    "06 trillion": _trillion_06,
+    "06 run": _run_06,
+    "06 table 1": _table1_06,
+    "06 checkpoints": _checkpoints_06,
+    "06 ZeRO-3": _zero3_06,
+    "06 H100": _h100_06,
+    "06 try it": _try_it_06,
 })
 
 
