@@ -50,7 +50,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "ten": 10.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0, "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -1516,6 +1516,118 @@ def _try_it_06():
                          r"(\d+), and how close\s+is it to the paper's \$t = (\d)\$, \$p = (\d+)\$ at (\d+) TFLOP/s") + [1.0],
             sorted(batches) + [layers, hidden, heads, gpus, batch, t, p, tflops] + [1.0 * (run == [gpus, batch, t, p, tflops] and answered)], 0)
 
+def _flops_07():
+    """Sections 1-3: the rule of thumb's 6 (the linears per token over a layer's 12h²), attention's
+    s/6h at small's s = h, HFU ≈ 1.3 MFU under full recomputation, the H100's datasheet peak,
+    the probe's sizes, the step's 2048 tokens and the bench's steps."""
+    import inspect
+
+    from minitron import PRESETS
+    from minitron.tools.bench import DATASHEET_PEAK, MatmulProbe
+    small = PRESETS["small"]
+    B = int(re.search(r'^small, B = PRESETS\["small"\], (\d+)', code("07"), re.M).group(1))
+    lin, att = (num(x) for x in re.search(r"linears .*?GFLOP\s+([\d.]+)%\n\s+attention .*?GFLOP\s+([\d.]+)%", outputs("07")).groups())
+    full = [num(x) for x in re.findall(r"^\s+(?:small|gpt-1.3b)\s+full\s+[\d,.]+\s+([\d.]+)", outputs("07"), re.M)]
+    assert len(full) == 2 and round(min(full), 1) == round(max(full), 1)      # both models: "about 1.3"
+    cpu_n, gpu_n = (int(x) for x in re.search(r"\((\d+) if device\.type == \"cuda\" else (\d+)\)",
+                                               inspect.getsource(MatmulProbe)).groups()[::-1])
+    sizes = re.search(r"for n in \(([\d, ]+)\)\}", code("07")).group(1).split(", ")
+    bench = re.search(r"bench_single\(small, .*?steps=(\d+), warmup=(\d+)", code("07"))
+    return (said("07", r"at \$s = (\d+)\$,\s+\$h = (\d+)\$ attention adds \$s/6h = (\d+)\\%\$")
+            + said("07", r"The rule of thumb \"(\d) FLOPs per parameter per token\" is the linears alone")
+            + said("07", r"With full recomputation the HFU is about ([\d.]+)× the MFU")
+            + said("07", r"\((\d+) TFLOP/s dense bf16 for an H100\)") + said("07", r"\$n = (\d+)\$ on a CPU, (\d+) on a GPU")
+            + said("07", r"Probes of (five) sizes") + said("07", r"the\s+\$B \\cdot s = (\d+)\$ tokens of the step")
+            + said("07", r"The `small` model, (\d+) tokens per step, (\d+) timed steps after (\d)\s+warm-ups"),
+            [small.seq_len, small.hidden, round(100 * att / lin), 72 * small.layers * small.hidden**2 / (small.layers * 12 * small.hidden**2)]
+            + [round(max(full), 1)]
+            + [DATASHEET_PEAK["H100"] / 1e12, cpu_n, gpu_n, len(sizes), B * small.seq_len, B * small.seq_len]
+            + [int(x) for x in bench.groups()], 0)
+
+
+def _results_07():
+    """What lesson 7 quotes from benchmarks/RESULTS.md: the VM's peak over the day, the overhead
+    ratios, the MFU and its ceiling, compiled over eager for small."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    peaks = [int(x) for pair in re.findall(r"(?:between (\d+) and (\d+) GFLOP/s|peak (\d+)–(\d+) GFLOP/s)", text) for x in pair if x]
+    overhead = [num(x) for x in re.findall(r"overhead ratios ([\d.]+)–([\d.]+)", text)[0]]
+    table = re.findall(r"^  \| \d \| ([\d.]+) \| ([\d.]+) \| [\d.]+ % \| [\d.]+ % \| [\d.]+ % \| [\d.]+ % \| \*\*([\d.]+)\*\* \|$", text, re.M)
+    mfu = [num(x) for x in re.search(r"MFU ([\d.]+)–([\d.]+)", text).groups()]
+    compiled, = (num(x) for x in re.search(r"compiled/eager step time \*\*([\d.]+) for `small`", text).groups())
+    return (said("07", r"saw this VM's peak between (\d+) and (\d+) GFLOP/s")
+            + said("07", r"\(([\d.]+)–([\d.]+) over many runs in `RESULTS\.md`\)") + said("07", r"the machine — ([\d.]+)–([\d.]+) of the probe's rate")
+            + said("07", r"machine as the MFU does: ([\d.]+)–([\d.]+) on the VM") + said("07", r"measured\s+compiled/eager ([\d.]+) for `small`"),
+            [min(peaks), max(peaks), min(overhead + [num(o) for o, _, _ in table]), max(overhead + [num(o) for o, _, _ in table])]
+            + mfu + [min(num(c) for *_, c in table), max(num(c) for *_, c in table), compiled], 0)
+
+
+def _gpu_07():
+    """Sections 3-5: the fused chains' shapes; the GPUs' ridge points; recomputation's 1.32; the
+    1.3B preset; PTD-P's 52 %; the 1T run in the cluster model with either software; the 530B
+    run of Korthikanti et al. and the model's MFUs and HFUs beside it."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis import PlannedLayout
+    a100, g13, one_t = A.get_cluster("a100-dgx"), PRESETS["gpt-1.3b"], PRESETS["ptdp-1t"]
+    shapes = [json.loads(s) for s in re.findall(r"^\s+bias\+(?:GeLU|dropout\+add)\s+(\[\d+, \d+\])", outputs("07"), re.M)]
+    ridges = [num(x) for x in re.findall(r"-> ridge point\s+(\d+) FLOP/byte$", outputs("07"), re.M)][-2:]
+    hw, = shown("07", r"hardware FLOPs full / none = ([\d.]+)")
+    hfu52, = shown("07", r"counted with Eq\. 3 = ([\d.]+)% of peak \(HFU\)")
+    tflops = [A.predict(one_t, PlannedLayout(tp=8, pp=64, dp=6, vpp=v), 3072, a100, software=sw).tflops_per_gpu
+              for sw in ("ptdp-2021", "megatron-2019") for v in (1, 2)]
+    m530 = re.search(r'replace\(layers=(\d+), hidden=(\d+), heads=(\d+), name="530b"\)\ngpus = batch = (\d+)', code("07"))
+    rows = {k: (num(h), num(m), num(p)) for k, h, m, p in re.findall(
+        r"^(full recomputation|selective \+ sequence parallel)\s+[\d.]+\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)%", outputs("07"), re.M)}
+    full, sel = rows["full recomputation"], rows["selective + sequence parallel"]
+    old = []
+    for rc, sp in (("full", False), ("selective", True)):
+        pred = A.predict(PRESETS["gpt3-175b"].replace(layers=105, hidden=20480, heads=128), PlannedLayout(tp=8, pp=35, dp=8, sp=sp),
+                         2240, a100, recompute=rc, software="megatron-2019")
+        old.append(round(100 * A.model_flops_per_iteration(PRESETS["gpt3-175b"].replace(layers=105, hidden=20480, heads=128), 2240)
+                         / (2240 * pred.iteration_s) / a100.peak_flops))
+    return (said("07", r"\((\d+) tokens; \$4h = (\d+)\$ after the first MLP linear, \$h = (\d+)\$ after the second\)")
+            + said("07", r"against a ridge point of ~(\d+)–(\d+)") + said("07", r"Its peak is\s+~(\d+)× larger than its memory bandwidth")
+            + said("07", r"roughly the ratio of hardware FLOPs \(([\d.]+)\)")
+            + said("07", r"1\.3B GPT \((\d+) layers, \$h = (\d+)\$, (\d+) heads,\s+\$V = (\d+)\$\) at \$s = (\d+)\$")
+            + said("07", r"\"(\d+)% of\s+peak\"") + said("07", r"\(about (\d+) with 1F1B and (\d+) interleaved given PTD-P's\s+software, (\d+) and "
+                                                            r"(\d+) with the 2019 kernels")
+            + said("07", r"a 530B GPT \((\d+) layers, \$h = (\d+)\$,\s+(\d+) heads\) on (\d+) A100s")
+            + said("07", r"within (\d) points of both MFUs \((\d) low with full\s+recomputation, (\d) high without\)")
+            + said("07", r"HFU moves much less \((\d+)% to\s+(\d+)%\)") + said("07", r"it says (\d+)% and (\d+)%"),
+            [shapes[0][0], shapes[0][1], shapes[1][1], round(min(ridges), -1), round(max(ridges), -1), round(max(ridges), -2), hw]
+            + [g13.layers, g13.hidden, g13.heads, g13.vocab, g13.seq_len, round(hfu52)] + [round(x) for x in tflops]
+            + [int(x) for x in m530.groups()]
+            + [math.ceil(max(abs(full[1] - full[2]), abs(sel[1] - sel[2]))), round(full[2] - full[1]), round(sel[1] - sel[2])]
+            + [round(full[0]), round(sel[0])] + old, 0)
+
+
+def _fp8_07():
+    """Section 6: the formats' binades, the scale-1 gradient, the recipes' history and blocks,
+    MX's exponent, the tensor's decades, the loss per recipe, FP8's gain against its peak."""
+    binades = {f: num(b) for f, b in re.findall(r"^\s+(E4M3|E5M2)\s+\d+\s+[\d.e-]+\s+[\d.e-]+\s+[\d.]+\s+([\d.]+)$", outputs("07"), re.M)}
+    e4m3_max = int(out("07", r"^\s+E4M3\s+(\d+)\s"))
+    dy_e4, dy_e5 = (num(x) for x in re.search(r"fc2's output grad dY\s+[\d.]+\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)%\s+([\d.]+)%", outputs("07")).groups())
+    history, = shown("07", r"amax history of (\d+) steps")
+    block, = shown("07", r"one E8M0 scale per (\d+) elements")
+    lo, hi = (int(x) for x in re.search(r"torch\.logspace\((-?\d+), (-?\d+), 64", code("07")).groups())
+    losses = {n.strip(): num(g) for n, g in re.findall(r"^\s+(fp8 \w+|bf16 \(autocast\)|fp32): validation loss [\d.]+ \(([-+][\d.]+)% vs bf16\)",
+                                                       outputs("07"), re.M)}
+    ratio, = shown("07", r"FP8 [\d]+ TFLOP/s \(([\d.]+)x\)")
+    buys, = shown("07", r"FP8 buys ([\d.]+)x")
+    small_gain, = shown("07", r"^\s+small\s+\{'dp': 8\}: linears\s+\d+% of the bf16 iteration -> FP8 ([\d.]+)x")
+    fp8s = {n: abs(g) for n, g in losses.items() if n.startswith("fp8")}
+    _stated("07", r"with scale 1 nearly all of the gradient\s+falls below E4M3's normal range, and almost none below E5M2's", None)
+    _stated("07", r"Every recipe lands within a fraction of a per cent of bf16 — delayed the furthest", None)
+    _stated("07", r"Less than the peak's 2×", None)
+    _stated("07", r"FP8 buys little or \*loses\* \(the casts cost more than the GEMMs save\): a\s+small model", None)
+    return (said("07", r"E5M2 about (fourteen)\s+more binades") + [1.0] + said("07", r"the\s+last ([\d,]+) steps' amaxes")
+            + said("07", r"per block of (\d+) consecutive elements") + said("07", r"\$X = 2\^\{\\lfloor \\log_2 \\text\{amax\} \\rfloor - (\d)\}\$")
+            + said("07", r"rows lie (six) decades apart") + said("07", r"values (twenty) binades apart")
+            + said("07", r"a block's top\s+may exceed (\d+)") + [1.0, 1.0, 1.0],
+            [round(binades["E5M2"] - binades["E4M3"]), 1.0 * (dy_e4 > 90 and dy_e5 < 1)]
+            + [history, block, math.floor(math.log2(e4m3_max)), hi - lo, round((hi - lo) * math.log2(10)), e4m3_max]
+            + [1.0 * (max(fp8s.values()) < 1 and max(fp8s, key=fp8s.get) == "fp8 delayed"), 1.0 * (buys < ratio), 1.0 * (small_gain < 1)], 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1538,6 +1650,10 @@ CLAIMS.update({
     "06 ZeRO-3": _zero3_06,
     "06 H100": _h100_06,
     "06 try it": _try_it_06,
+    "07 flops": _flops_07,
+    "07 RESULTS.md": _results_07,
+    "07 GPU": _gpu_07,
+    "07 FP8": _fp8_07,
 })
 
 
