@@ -1628,6 +1628,35 @@ def _fp8_07():
             + [history, block, math.floor(math.log2(e4m3_max)), hi - lo, round((hi - lo) * math.log2(10)), e4m3_max]
             + [1.0 * (max(fp8s.values()) < 1 and max(fp8s, key=fp8s.get) == "fp8 delayed"), 1.0 * (buys < ratio), 1.0 * (small_gain < 1)], 0)
 
+def _placements_05():
+    """Section 3's naive-against-balanced linear (the tiny MLP's h -> 4h on the run's b·s tokens);
+    section 6's 32,768 tokens per step and the 8 Longhorn GPUs' nodes."""
+    from minitron import PRESETS
+    from minitron.analysis.tp_schemes import LONGHORN
+    tiny = PRESETS["tiny"]
+    b = int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1))
+    tokens, = shown("05", r"^fc on the 4x4x4 cube \(([\d,]+) tokens")
+    gpus = int(re.search(r"project_tp_schemes\(layer_model, seqs, (\d+), LONGHORN\)", code("05")).group(1))
+    return (said("05", r"the MLP's first linear of the `tiny` model \(\$(\d+) \\to (\d+)\$,\s+the run's (\d+) tokens, float64\)")
+            + said("05", r"with ([\d,]+) tokens\s+per step the activation blocks dominate") + said("05", r"the same (\d) Longhorn GPUs \((two) nodes\)"),
+            [tiny.hidden, tiny.ffn_hidden, b * tiny.seq_len, tokens, gpus, gpus / LONGHORN.gpus_per_node], 0)
+
+def _paper_runs_06():
+    """The introduction's 1T run (Table 1's row, section 8's printed aggregate) and section 8's
+    91B experiment (the printed model, the cell's batches); B = 128's microbatches at b = 2;
+    ZeRO-3's 4-sequence microbatches at the smallest counts."""
+    from minitron.analysis.published import PTDP_TABLE1
+    *_, gpus, _, tflops = PTDP_TABLE1[-1]
+    agg, pct = shown("06", r"\(published: (\d+) PFLOP/s, (\d+)% of peak\)")
+    size, t, p = shown("06", r"^gpt-91b: ([\d.]+)B parameters, t = (\d), p = (\d), d = 1")
+    batches = [int(x) for x in re.search(r"^for B in \((\d+), (\d+)\):\n    rows = CP\.microbatch_sweep", code("06"), re.M).groups()]
+    m_b2, = shown("06", r"^ 2\s+(\d+)\s+[\d.]+\s+0\.109\s")
+    smallest_b = {int(b) for g, b in re.findall(r"^ (?:175B|530B)\s+zero3\s+(\d+)\s+(\d)", outputs("06"), re.M) if int(g) < 700}
+    return (said("06", r"reached\s+(\d+) PFLOP/s \((\d+) TFLOP/s per A100, (\d+)% of peak\) on a 1T-parameter GPT with (\d+) GPUs")
+            + said("06", r"a GPT of (\d+) billion parameters with \$\(t, p\) = \((\d), (\d)\)\$ on (\d+) A100s, at global batches of\s+"
+                         r"(\d+) and (\d+)") + said("06", r"halves the microbatches to (\d+)") + said("06", r"with (\d)-sequence microbatches"),
+            [agg, tflops, pct, gpus, math.floor(size), t, p, t * p] + batches + [m_b2] + sorted(smallest_b), 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1641,6 +1670,7 @@ CLAIMS.update({
     "05 linear": _linear_05,
     "05 growth": _growth_05,
     "05 schemes": _schemes_05,
+    "05 placements": _placements_05,
     "05 try it": _try_it_05,
     "06 grid": _grid_06,
     "06 trillion": _trillion_06,
@@ -1649,6 +1679,7 @@ CLAIMS.update({
     "06 checkpoints": _checkpoints_06,
     "06 ZeRO-3": _zero3_06,
     "06 H100": _h100_06,
+    "06 paper runs": _paper_runs_06,
     "06 try it": _try_it_06,
     "07 flops": _flops_07,
     "07 RESULTS.md": _results_07,
