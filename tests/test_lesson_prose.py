@@ -50,7 +50,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0, "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0, "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -1657,6 +1657,20 @@ def _paper_runs_06():
                          r"(\d+) and (\d+)") + said("06", r"halves the microbatches to (\d+)") + said("06", r"with (\d)-sequence microbatches"),
             [agg, tflops, pct, gpus, math.floor(size), t, p, t * p] + batches + [m_b2] + sorted(smallest_b), 0)
 
+def _details_07():
+    """Lesson 7's smaller figures: small's batch and head dimension, the H100's FP8 rate over
+    bf16, Question 2's run (lesson 6's PTD-P-against-ZeRO-3 table) and the A100's peak."""
+    from minitron import PRESETS
+    from minitron.tools.bench import DATASHEET_PEAK
+    small = PRESETS["small"]
+    B = int(re.search(r'^small, B = PRESETS\["small"\], (\d+)', code("07"), re.M).group(1))
+    fp8_over_bf16, = shown("07", r"FP8 \d+ TFLOP/s \(([\d.]+)x\)")
+    gpus, tflops = shown("06", r"^ 175B\s+ptdp\s+(\d+)\s+1\s+(\d+)\s")
+    return (said("07", r"with a global batch of (\d+) sequences") + said("07", r"\(CPU flash kernels, head dimension (\d+)\)")
+            + said("07", r"multiply 1-byte operands at (twice) their bf16 rate")
+            + said("07", r"sustained (\d+) TFLOP/s per A100 on (\d+) GPUs \(peak (\d+)\s+TFLOP/s in bf16\)"),
+            [B, small.hidden // small.heads, fp8_over_bf16, tflops, gpus, DATASHEET_PEAK["A100"] / 1e12], 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1685,6 +1699,7 @@ CLAIMS.update({
     "07 RESULTS.md": _results_07,
     "07 GPU": _gpu_07,
     "07 FP8": _fp8_07,
+    "07 details": _details_07,
 })
 
 
@@ -1857,6 +1872,9 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
     ("07 RESULTS.md", prose, "between 78 and 117 GFLOP/s", "between 88 and 117 GFLOP/s"),
     ("07 GPU", prose, "it says 36% and 50%", "it says 38% and 50%"),
     ("07 FP8", outputs, "validation loss 2.6357 (+0.13% vs bf16)", "validation loss 2.6357 (+0.01% vs bf16)"),
+    ("05 placements", prose, "the same 8 Longhorn GPUs (two nodes)", "the same 8 Longhorn GPUs (one nodes)"),
+    ("06 paper runs", prose, "halves the microbatches to 64", "halves the microbatches to 32"),
+    ("07 details", prose, "head dimension 32", "head dimension 64"),
 ])
 def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
     """A lesson 0-7 claim fails when its prose (or its stored output) says another number."""
