@@ -1638,7 +1638,7 @@ def _placements_05():
     tokens, = shown("05", r"^fc on the 4x4x4 cube \(([\d,]+) tokens")
     gpus = int(re.search(r"project_tp_schemes\(layer_model, seqs, (\d+), LONGHORN\)", code("05")).group(1))
     return (said("05", r"the MLP's first linear of the `tiny` model \(\$(\d+) \\to (\d+)\$,\s+the run's (\d+) tokens, float64\)")
-            + said("05", r"with ([\d,]+) tokens\s+per step the activation blocks dominate") + said("05", r"the same (\d) Longhorn GPUs \((two) nodes\)"),
+            + said("05", r"with ([\d,]+) tokens\s+per step the activation blocks dominate") + said("05", r"the same (\d) Longhorn GPUs \((\w+) nodes\)"),
             [tiny.hidden, tiny.ffn_hidden, b * tiny.seq_len, tokens, gpus, gpus / LONGHORN.gpus_per_node], 0)
 
 def _paper_runs_06():
