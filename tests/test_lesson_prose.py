@@ -50,7 +50,8 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0, "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0,
+         "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
