@@ -1672,6 +1672,21 @@ def _details_07():
             + said("07", r"sustained (\d+) TFLOP/s per A100 on (\d+) GPUs \(peak (\d+)\s+TFLOP/s in bf16\)"),
             [B, small.hidden // small.heads, fp8_over_bf16, tflops, gpus, DATASHEET_PEAK["A100"] / 1e12], 0)
 
+def _try_it_07():
+    """Lesson 7's Try-it: medium's shape (the preset) and its prediction in the solution's output
+    (attention's FLOP share held by s/6h, the element-wise work per FLOP halved); the 8.3B run's
+    s, MFU, tokens and GPUs as the solution computes them."""
+    from minitron import PRESETS
+    med, big = PRESETS["medium"], PRESETS["megatron-8.3b"]
+    rows = {n: (int(h), int(s), num(a), num(r)) for n, h, s, a, r in re.findall(
+        r"^\s*(small|medium) \(h = (\d+), s = (\d+)\): attention ([\d.]+)% of the model FLOPs \(s/6h = ([\d.]+)\)", outputs("07"), re.M)}
+    predicted = (rows["medium"][:2] == (med.hidden, med.seq_len) and rows["small"][3] == rows["medium"][3]
+                 and abs(rows["small"][2] - rows["medium"][2]) < 1)
+    mfu, tokens, gpus = shown("07", r"^megatron-8\.3b: [\d.]+ GFLOP per token; (\d+)% MFU on an A100 .*\n(\d+)B tokens on (\d+) GPUs")
+    return (said("07", r"Benchmark `medium` \(\$h = (\d+)\$, \$s = (\d+)\$\) instead of `small`") + [1.0]
+            + said("07", r"Megatron's 8\.3B GPT \(\$s = (\d+)\$\) at (\d+)% MFU on A100s: .*? how many days for (\d+)B tokens on (\d+) GPUs"),
+            [med.hidden, med.seq_len, 1.0 * predicted, big.seq_len, mfu, tokens, gpus], 0)
+
 CLAIMS.update({
     "02 try it": _try_it_02,
     "03 try it": _try_it_03,
@@ -1701,6 +1716,7 @@ CLAIMS.update({
     "07 GPU": _gpu_07,
     "07 FP8": _fp8_07,
     "07 details": _details_07,
+    "07 try it": _try_it_07,
 })
 
 
@@ -1876,6 +1892,7 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
     ("05 placements", prose, "the same 8 Longhorn GPUs (two nodes)", "the same 8 Longhorn GPUs (one nodes)"),
     ("06 paper runs", prose, "halves the microbatches to 64", "halves the microbatches to 32"),
     ("07 details", prose, "head dimension 32", "head dimension 64"),
+    ("07 try it", outputs, "medium (h = 256, s = 256)", "medium (h = 512, s = 256)"),
 ])
 def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
     """A lesson 0-7 claim fails when its prose (or its stored output) says another number."""
