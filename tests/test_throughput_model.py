@@ -293,7 +293,7 @@ def test_new_dimensions_price_what_they_should():
     assert hsdp.memory_gb_per_gpu > z3.memory_gb_per_gpu
     long = m.replace(seq_len=32768)
     ring = predict(long, PlannedLayout(dp=4, cp=2), 8, "h100-dgx", software=sw)
-    gather = predict(long, PlannedLayout(dp=4, cp=2, cp_kind="allgather"), 8, "h100-dgx", software=sw)
+    gather = predict(long, PlannedLayout(dp=4, cp=2, cp_mode="allgather"), 8, "h100-dgx", software=sw)
     assert ring.breakdown["parts"]["cp_comm_hidden"] > 0 and gather.breakdown["parts"]["cp_comm_hidden"] == 0
     assert ring.iteration_s <= gather.iteration_s
     moe = PRESETS["mixtral-8x7b"]

@@ -125,7 +125,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import ModelConfig, validate_a2a_heads
+from ..config import CP_MODES, ModelConfig, ParallelConfig, validate_a2a_heads
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
 from .context_parallel import head_widths
@@ -133,11 +133,11 @@ from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
-from .params import layout_get, layout_placement, padded_vocab, params_given_layers, rank_layers
+from .params import layout_placement, padded_vocab, params_given_layers, rank_layers
 from .software import Software, get_software, kernel_source, kernel_tflops
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
-           "predict", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
+           "predict", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "PLANNED_CP_MODES", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP", "DROPLESS_MOE_HOST_S", "GPU_MEMORY_BYTES"]
 
@@ -273,46 +273,56 @@ def get_cluster(cluster: str | Cluster) -> Cluster:
 
 
 @dataclass(frozen=True)
-class PlannedLayout:
-    """A PTD-P layout as the throughput model prices it and the planner ranks it (not a
-    run's :class:`minitron.config.ParallelConfig`): tensor × pipeline × data parallel
-    degrees, model chunks per pipeline rank, microbatch size, schedule (default:
-    interleaved if vpp > 1 else 1f1b), sequence parallelism and the pipeline
-    scatter/gather optimisation."""
+class PlannedLayout(ParallelConfig):
+    """A layout as the throughput model prices it and the planner ranks it: a run's
+    :class:`minitron.config.ParallelConfig`, every field spelled and meant as there, with
+    what a priced layout needs beyond it: its microbatch size (a run derives it from its
+    :class:`~minitron.config.TrainConfig`) and HSDP's shard (``fsdp_shard``, which the
+    engine does not run). Two things differ from a run, each for a reason:
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    vpp: int = 1
-    microbatch_size: int = 1
-    schedule: str | None = None
-    sp: bool = False
+    - the expert-parallel ranks are drawn from the tp·cp·dp ranks (Megatron-Core's expert
+      parallelism), not an axis of their own, so ``world`` is tp·pp·dp·cp and ``dp``
+      counts every data replica;
+    - Megatron-LM's defaults: pipeline scatter/gather on, and the schedule (when not given)
+      interleaved if vpp > 1 else 1F1B; ``cp_mode`` may also be ``"allgather"`` (K, V
+      gathered first, exposed: Llama 3), which is priced but not run (``PLANNED_CP_MODES``).
+    """
+
+    schedule: str | None = None  # None: interleaved if vpp > 1 else 1f1b
     scatter_gather: bool = True
-    cp: int = 1                 # context parallel ranks (the sequence split over them)
-    cp_kind: str = "ring"       # "ring" (K, V passed around, overlapped with attention),
-    #                             "allgather" (K, V gathered first, exposed), "a2a" (Ulysses),
-    #                             "usp" (Ulysses over cp_a2a ranks, a ring over cp/cp_a2a)
-    cp_a2a: int = 1             # "usp": U, the context ranks of one all-to-all
-    ep: int = 1                 # expert parallel ranks (drawn from the tp·cp·dp ranks)
-    zero: int = 0               # 0 plain data parallel, 1 distributed optimizer, 3 FSDP / ZeRO-3
+    microbatch_size: int = 1
     fsdp_shard: int = 0         # HSDP: parameters sharded over this many ranks (0: all dp·cp)
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.schedule is None:
+            object.__setattr__(self, "schedule", "interleaved" if self.vpp > 1 else "1f1b")
+
     @property
-    def gpus(self) -> int:
+    def world(self) -> int:
+        """GPUs of the layout: t·p·d·cp (the ep ranks are among them)."""
         return self.tp * self.pp * self.dp * self.cp
 
+    @property
+    def data_replicas(self) -> int:
+        """Replicas that read different rows of the global batch: dp (ep is among them)."""
+        return self.dp
 
-def as_planned_layout(layout: Any) -> PlannedLayout:
-    """Read a PlannedLayout from a PlannedLayout, a dict or an object with the same attributes."""
-    if isinstance(layout, PlannedLayout):
-        return layout
-    kw = {k: layout_get(layout, k) for k in PlannedLayout.__dataclass_fields__ if layout_get(layout, k) is not None}
-    if layout_get(layout, "microbatch_size") is None and layout_get(layout, "b") is not None:
-        kw["microbatch_size"] = layout_get(layout, "b")
-    return PlannedLayout(**kw)
+    @classmethod
+    def of(cls, layout: "PlannedLayout | dict") -> "PlannedLayout":
+        """`layout` itself, or the PlannedLayout a planner entry names: its keys that are
+        fields (an entry also carries its prediction: tflops_per_gpu, breakdown, ...)."""
+        if isinstance(layout, cls):
+            return layout
+        if not isinstance(layout, dict):
+            raise TypeError(f"a layout to price is a PlannedLayout or a planner entry (dict), not "
+                            f"{type(layout).__name__}")
+        return cls(**{k: v for k, v in layout.items() if k in _PLANNED_FIELDS})
 
 
-CP_KINDS = ("ring", "allgather", "a2a", "usp")
+_PLANNED_FIELDS = frozenset(PlannedLayout.__dataclass_fields__)
+# What the throughput model prices: the engine's modes and the all-gather it does not run
+PLANNED_CP_MODES = CP_MODES[:1] + ("allgather",) + CP_MODES[1:]
 
 
 @dataclass
@@ -664,14 +674,14 @@ def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
 # --------------------------------------------------------------------------------------
 # The iteration
 # --------------------------------------------------------------------------------------
-def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | Cluster,
+def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int, cluster: str | Cluster,
             recompute: str | bool | None = None, bytes_per_param: float = 16,
             software: str | Software | None = None, head_dim: int | None = None,
             moe_imbalance: float = 0.0) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
-    `layout`: a :class:`PlannedLayout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
-    microbatch_size, schedule, sp, scatter_gather, cp, cp_kind, ep, zero, fsdp_shard``.
+    `layout`: a :class:`PlannedLayout`, or a planner entry (a dict) naming its fields
+    (:meth:`PlannedLayout.of`).
     `software`: a :class:`~minitron.analysis.software.Software` or a preset name (default
     ``megatron-2019``, the software the constants were fitted with); `recompute`
     overrides its recomputation policy. `head_dim`: the attention's head width when it is
@@ -690,9 +700,9 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     """
     c = get_cluster(cluster)
     sw = get_software(software)
-    L = as_planned_layout(layout)
+    L = PlannedLayout.of(layout)
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
-    kind = L.schedule or ("interleaved" if L.vpp > 1 else "1f1b")
+    kind = L.schedule
     _check_layout(model, L, global_batch, kind)
     r = _Run(model, L, c, sw, rc, kind, global_batch, head_dim, moe_imbalance, bytes_per_param)
     tm = _iteration_times(r)
@@ -734,8 +744,8 @@ class _Run:
 
     @property
     def n_gpus(self) -> int:
-        """GPUs of the layout: t·p·d·cp."""
-        return self.L.tp * self.L.pp * self.L.dp * self.L.cp
+        """GPUs of the layout (:attr:`PlannedLayout.world`)."""
+        return self.L.world
 
     @property
     def fp8(self) -> bool:
@@ -865,7 +875,7 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     if cp == 1:
         return 0.0, 0.0
     qo_w, kv_w = cp_widths(model, t, r.head_dim)
-    b, u = L.microbatch_size, (L.cp_a2a if L.cp_kind == "usp" else cp if L.cp_kind == "a2a" else 1)
+    b, u = L.microbatch_size, (L.cp_a2a if L.cp_mode == "usp" else cp if L.cp_mode == "a2a" else 1)
     a2a_s = 0.0
     if u > 1:  # the all-to-all's u ranks: t·u neighbours
         abw, alat = _cp_link(c, t * u)
@@ -880,7 +890,7 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     cbw, clat = _cp_link(c, t * cp)
     kv_bytes = b * model.seq_len // cp * kv_w * 2
     layer_cp = (r.replay + 2) * ((cp // u - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
-    hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind in ("ring", "usp") else 0.0
+    hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_mode in ("ring", "usp") else 0.0
     return a2a_s + layer_cp, hidden
 
 
@@ -1141,9 +1151,10 @@ def _memory_bytes(r: _Run, weights: tuple[float, float], shard: int) -> float:
     block's): 2-byte weights and gradients whole, the rest (fp32 master and Adam moments)
     over the distributed optimizer's shard; ZeRO-3 shards all of it over its group."""
     model, L, bpp = r.model, r.L, r.bytes_per_param
-    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp),
-                          {"tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "microbatch_size": L.microbatch_size,
-                           "sp": L.sp, "schedule": r.kind}, r.global_batch,
+    # the estimate's layout: the degrees and sp; its buffers priced without scatter/gather
+    est = PlannedLayout(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, microbatch_size=L.microbatch_size, sp=L.sp,
+                        schedule=r.kind, scatter_gather=False)
+    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp), est, r.global_batch,
                           bytes_per_param=bpp, recompute=r.rc, flash=r.sw.attention == "flash")
     if _gpt_shapes(model, r.head_dim) and not L.zero and L.cp == 1:
         return mem["total_bytes"]
@@ -1212,17 +1223,17 @@ def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind:
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
     if min(t, p, d, v, b, L.cp, L.ep) < 1:
         raise ValueError(f"tp, pp, dp, vpp, cp, ep and microbatch_size must be at least 1 (got {L})")
-    if L.cp_kind not in CP_KINDS:
-        raise ValueError(f"unknown context-parallel kind '{L.cp_kind}': choose one of {', '.join(CP_KINDS)}")
+    if L.cp_mode not in PLANNED_CP_MODES:
+        raise ValueError(f"unknown context-parallel kind '{L.cp_mode}': choose one of {', '.join(PLANNED_CP_MODES)}")
     if model.seq_len % (2 * L.cp) and L.cp > 1:
         raise ValueError(f"sequence {model.seq_len} does not split into 2·cp = {2 * L.cp} chunks")
-    if L.cp > 1 and L.cp_kind == "a2a":  # what `train` refuses is never priced
-        validate_a2a_heads(model, t, L.cp, flag="--cp-kind")
-    if L.cp_kind == "usp" and not (1 < L.cp_a2a < L.cp and L.cp % L.cp_a2a == 0):
+    if L.cp > 1 and L.cp_mode == "a2a":  # what `train` refuses is never priced
+        validate_a2a_heads(model, t, L.cp, flag="--cp-mode")
+    if L.cp_mode == "usp" and not (1 < L.cp_a2a < L.cp and L.cp % L.cp_a2a == 0):
         raise ValueError(f"cp kind usp needs --cp-a2a U with 1 < U < --cp {L.cp} and U dividing it "
                          f"(got {L.cp_a2a})")
-    if L.cp_kind == "usp":
-        validate_a2a_heads(model, t, L.cp_a2a, flag="--cp-kind", mode="usp", over="--cp-a2a")
+    if L.cp_mode == "usp":
+        validate_a2a_heads(model, t, L.cp_a2a, flag="--cp-mode", mode="usp", over="--cp-a2a")
     if L.ep > 1 and (not model.experts or model.experts % L.ep or (t * L.cp * d) % L.ep):
         raise ValueError(f"expert parallel degree {L.ep} must divide the {model.experts} experts "
                          f"and the tp·cp·dp = {t * L.cp * d} ranks")
