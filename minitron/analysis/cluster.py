@@ -125,7 +125,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..config import CP_MODES, ModelConfig, ParallelConfig, validate_a2a_heads
+from ..config import ModelConfig, validate_a2a_heads
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
 from .context_parallel import head_widths
@@ -133,6 +133,8 @@ from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
+from ..placement import placement_for
+from .planned_layout import PLANNED_CP_MODES, PlannedLayout
 from .params import layout_placement, padded_vocab, params_given_layers, rank_layers
 from .software import Software, get_software, kernel_source, kernel_tflops
 
@@ -272,59 +274,6 @@ def get_cluster(cluster: str | Cluster) -> Cluster:
     return CLUSTERS[cluster]
 
 
-@dataclass(frozen=True)
-class PlannedLayout(ParallelConfig):
-    """A layout as the throughput model prices it and the planner ranks it: a run's
-    :class:`minitron.config.ParallelConfig`, every field spelled and meant as there, with
-    what a priced layout needs beyond it: its microbatch size (a run derives it from its
-    :class:`~minitron.config.TrainConfig`) and HSDP's shard (``fsdp_shard``, which the
-    engine does not run). Two things differ from a run, each for a reason:
-
-    - the expert-parallel ranks are drawn from the tp·cp·dp ranks (Megatron-Core's expert
-      parallelism), not an axis of their own, so ``world`` is tp·pp·dp·cp and ``dp``
-      counts every data replica;
-    - Megatron-LM's defaults: pipeline scatter/gather on, and the schedule (when not given)
-      interleaved if vpp > 1 else 1F1B; ``cp_mode`` may also be ``"allgather"`` (K, V
-      gathered first, exposed: Llama 3), which is priced but not run (``PLANNED_CP_MODES``).
-    """
-
-    schedule: str | None = None  # None: interleaved if vpp > 1 else 1f1b
-    scatter_gather: bool = True
-    microbatch_size: int = 1
-    fsdp_shard: int = 0         # HSDP: parameters sharded over this many ranks (0: all dp·cp)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.schedule is None:
-            object.__setattr__(self, "schedule", "interleaved" if self.vpp > 1 else "1f1b")
-
-    @property
-    def world(self) -> int:
-        """GPUs of the layout: t·p·d·cp (the ep ranks are among them)."""
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
-    def data_replicas(self) -> int:
-        """Replicas that read different rows of the global batch: dp (ep is among them)."""
-        return self.dp
-
-    @classmethod
-    def of(cls, layout: "PlannedLayout | dict") -> "PlannedLayout":
-        """`layout` itself, or the PlannedLayout a planner entry names: its keys that are
-        fields (an entry also carries its prediction: tflops_per_gpu, breakdown, ...)."""
-        if isinstance(layout, cls):
-            return layout
-        if not isinstance(layout, dict):
-            raise TypeError(f"a layout to price is a PlannedLayout or a planner entry (dict), not "
-                            f"{type(layout).__name__}")
-        return cls(**{k: v for k, v in layout.items() if k in _PLANNED_FIELDS})
-
-
-_PLANNED_FIELDS = frozenset(PlannedLayout.__dataclass_fields__)
-# What the throughput model prices: the engine's modes and the all-gather it does not run
-PLANNED_CP_MODES = CP_MODES[:1] + ("allgather",) + CP_MODES[1:]
-
-
 @dataclass
 class Prediction:
     """The predicted iteration: seconds, achieved TFLOP/s per GPU (PTD-P's way of
@@ -345,6 +294,10 @@ class Prediction:
 
     def __getitem__(self, key):  # allow prediction["iteration_s"]
         return getattr(self, key)
+
+
+# What a planner entry carries beside its layout: its prediction and the planner's reasons
+_ENTRY_KEYS = frozenset(Prediction.__dataclass_fields__) | {"reasons"}
 
 
 # --------------------------------------------------------------------------------------
@@ -648,7 +601,7 @@ def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_la
     :func:`~minitron.analysis.params.params_given_layers` (the 1-D engine's count)."""
     if _gpt_shapes(model, head_dim):
         return float(params_given_layers(model, t, p, v, "1d", pp_rank, n_layers, kind)), 0.0
-    first, last = layout_placement({"pp": p, "vpp": v, "schedule": kind}).holds_ends(pp_rank)
+    first, last = placement_for(kind, p, v).holds_ends(pp_rank)
     h = model.hidden
     q, kv = attention_widths(model, t, head_dim)
     mats = 3 if model.activation == "swiglu" else 2
@@ -680,8 +633,8 @@ def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int,
             moe_imbalance: float = 0.0) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
-    `layout`: a :class:`PlannedLayout`, or a planner entry (a dict) naming its fields
-    (:meth:`PlannedLayout.of`).
+    `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout`, or a planner entry
+    (a dict) naming its fields, its prediction and reasons beside them (:meth:`PlannedLayout.of`).
     `software`: a :class:`~minitron.analysis.software.Software` or a preset name (default
     ``megatron-2019``, the software the constants were fitted with); `recompute`
     overrides its recomputation policy. `head_dim`: the attention's head width when it is
@@ -700,7 +653,7 @@ def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int,
     """
     c = get_cluster(cluster)
     sw = get_software(software)
-    L = PlannedLayout.of(layout)
+    L = PlannedLayout.of(layout, carried=_ENTRY_KEYS)
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule
     _check_layout(model, L, global_batch, kind)
@@ -809,8 +762,7 @@ def _iteration_times(r: _Run) -> _Times:
     exposed communication (tensor, context, expert, pipeline, FSDP), the bubble over that
     ideal time, the exposed data-parallel reduction and the optimizer step."""
     per = _per_layer(r)
-    pipe = {"pp": r.L.pp, "vpp": r.L.vpp, "schedule": r.kind}
-    layers, where = rank_layers(r.model, pipe), layout_placement(pipe)  # a V: both ends on rank 0
+    layers, where = rank_layers(r.model, r.L), layout_placement(r.L)  # a V: both ends on rank 0
     stages = [_stage_time(r, per, n, *where.holds_ends(rank)) for rank, n in enumerate(layers)]
     st = max(stages, key=lambda s_: s_.seconds)
     B = st.b_in + st.b_w
@@ -1151,10 +1103,7 @@ def _memory_bytes(r: _Run, weights: tuple[float, float], shard: int) -> float:
     block's): 2-byte weights and gradients whole, the rest (fp32 master and Adam moments)
     over the distributed optimizer's shard; ZeRO-3 shards all of it over its group."""
     model, L, bpp = r.model, r.L, r.bytes_per_param
-    # the estimate's layout: the degrees and sp; its buffers priced without scatter/gather
-    est = PlannedLayout(tp=L.tp, pp=L.pp, dp=L.dp, vpp=L.vpp, microbatch_size=L.microbatch_size, sp=L.sp,
-                        schedule=r.kind, scatter_gather=False)
-    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp), est, r.global_batch,
+    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp), L, r.global_batch,
                           bytes_per_param=bpp, recompute=r.rc, flash=r.sw.attention == "flash")
     if _gpt_shapes(model, r.head_dim) and not L.zero and L.cp == 1:
         return mem["total_bytes"]
