@@ -661,7 +661,7 @@ def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int,
     tm = _iteration_times(r)
     fl, mfu_flops = _iteration_flops(r)
     memory = _memory_bytes(r, tm.weights, tm.shard)
-    return Prediction(iteration_s=tm.iteration_s, tflops_per_gpu=fl / (r.n_gpus * tm.iteration_s) / 1e12,
+    return Prediction(iteration_s=tm.iteration_s, tflops_per_gpu=fl / (r.L.world * tm.iteration_s) / 1e12,
                       memory_gb_per_gpu=memory / 1e9, bubble_fraction=tm.bubble_fraction,
                       breakdown=_breakdown(r, tm, mfu_flops))
 
@@ -694,11 +694,6 @@ class _Run:
     def m(self) -> int:
         """Microbatches per pipeline per iteration."""
         return self.global_batch // (self.L.dp * self.L.microbatch_size)
-
-    @property
-    def n_gpus(self) -> int:
-        """GPUs of the layout (:attr:`PlannedLayout.world`)."""
-        return self.L.world
 
     @property
     def fp8(self) -> bool:
@@ -1144,8 +1139,8 @@ def _breakdown(r: _Run, tm: _Times, mfu_flops: float) -> dict:
             "fp8_recipe": sw.fp8_recipe if r.fp8 else "",
             "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp),
             "stage_fbw": (st.fwd, st.b_in, st.b_w),
-            "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.n_gpus * it),
-            "mfu": mfu_flops / (r.n_gpus * it * c.peak_flops)}
+            "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.L.world * it),
+            "mfu": mfu_flops / (r.L.world * it * c.peak_flops)}
 
 
 def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> dict:
