@@ -154,8 +154,8 @@ def a2a_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     return _a2a_items(model, parallel, train, pp_rank, act_bytes, n, "cp", "all-to-all attention (Ulysses)")
 
 
-def _a2a_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int, over: int,
-               axis: str, name: str) -> list[dict]:
+def _a2a_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int,
+               over: int, axis: str, name: str) -> list[dict]:
     """The all-to-alls of the rank's s/N tokens, heads split over `over` ranks of `axis`."""
     (t, m, b), n = _microbatch_of(parallel, train), parallel.cp
     passes = m * _passes(model, parallel, pp_rank)
@@ -206,8 +206,8 @@ def cp_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConf
                        "cp", carries)
 
 
-def _ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int, n: int, el: int,
-                axis: str, carries: str = "heads") -> list[dict]:
+def _ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int,
+                n: int, el: int, axis: str, carries: str = "heads") -> list[dict]:
     """The sends and receives of a ring of `n` ranks on `axis` whose messages hold `el` elements."""
     blocks = block_ids_on_rank(model, parallel, pp_rank)
     hops = train.microbatches * len(blocks) * (n - 1)  # per pass of the ring
@@ -305,8 +305,8 @@ def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
             (("kv_send", kv_send), ("kv_recv", kv_recv), ("acc_send", acc_send), ("acc_recv", acc_recv))}
 
 
-def window_ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, cp_rank: int = 0, pp_rank: int = 0,
-                      act_bytes: int = 4, documents: list | None = None) -> list[dict]:
+def window_ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, cp_rank: int = 0,
+                      pp_rank: int = 0, act_bytes: int = 4, documents: list | None = None) -> list[dict]:
     """The ring's calls on the 'cp' axis of context rank `cp_rank` of pipeline stage `pp_rank`
     in one step when the model has a sliding window or packs documents: its windowed layers
     pass the chunks the window reaches (:func:`window_chunk_reach`), its global layers
@@ -320,8 +320,8 @@ def window_ring_items(model: ModelConfig, parallel: ParallelConfig, train: Train
     return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents)
 
 
-def _window_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, n: int, ring_rank: int, pp_rank: int,
-                  act_bytes: int, chunk: int, axis: str, documents: list | None = None) -> list[dict]:
+def _window_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, n: int, ring_rank: int,
+                  pp_rank: int, act_bytes: int, chunk: int, axis: str, documents: list | None = None) -> list[dict]:
     """:func:`window_ring_items` of a ring of `n` ranks on `axis` (the 'cp' ranks, or USP's
     'cp_ring' columns), seen from its rank `ring_rank`, whose chunks of s/(2n) tokens hold
     `chunk` elements of K and V."""

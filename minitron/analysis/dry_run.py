@@ -259,14 +259,16 @@ def _hidden_input(stage: GPT, ctx: Context, b: int) -> torch.Tensor:
     return torch.empty(stage.boundary_shape(b), dtype=ctx.dtype, device=CPU, requires_grad=True)
 
 
-def block_saved_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+def block_saved_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4,
+                      i: int = 0) -> int:
     """Bytes block `i` saves for its backward on one tensor rank of `layout`, for one
     microbatch of `micro_batch` sequences with activations of `bytes_per_el` bytes: its
     own forward run on fake tensors (the layout's recomputation applied)."""
     return _block_saved(*_runnable(model, i), _shape_only(layout), micro_batch, bytes_per_el)[0]
 
 
-def block_rebuilt_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+def block_rebuilt_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4,
+                        i: int = 0) -> int:
     """The most that block `i`'s backward saves on top of what its forward kept: under
     recomputation the rebuilt part of the block (0 without recomputation)."""
     return _block_saved(*_runnable(model, i), _shape_only(layout), micro_batch, bytes_per_el)[1]

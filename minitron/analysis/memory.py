@@ -276,9 +276,7 @@ def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp:
 
 
 def _schedule(layout: ParallelConfig) -> tuple[str, int, int]:
-    p = layout.pp
-    v = layout.vpp
-    kind = layout.schedule
+    kind, p, v = layout.schedule, layout.pp, layout.vpp
     if p * v == 1:
         kind = "1f1b"  # no pipeline: one microbatch at a time (gradient accumulation)
     return kind, p, v
@@ -459,7 +457,8 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     tokens, lay = local_model(model, cp), parallel
     acts = engine_activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea)
     if cp > 1:
-        # ZeRO-1's flat buffers over the dp·cp ranks (as before ZeRO-2/3 were priced unit by unit)
+        # ZeRO-1's flat buffers over the dp·cp ranks; zero capped at 1 counts what this always
+        # counted here, the flat buffers also under ZeRO-2/3 (their units are added below)
         lay = dataclasses.replace(parallel, dp=d * cp, zero=min(parallel.zero, 1))
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
@@ -553,15 +552,14 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
 # Mixed-precision estimate for large models (the planner's)
 # --------------------------------------------------------------------------------------
 def memory_estimate(model: ModelConfig, layout: PlannedLayout, global_batch: int, bytes_per_param: float = 16,
-                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True,
-                    flash: bool = False) -> dict:
+                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True, flash: bool = False) -> dict:
     """Bytes per GPU for mixed-precision training at scale, the maximum over stages.
 
-    `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout` (its ``tp, pp, dp, vpp,
-    microbatch_size, sp, scatter_gather, schedule, stage_layers`` count). Model states: 2-byte parameters, 12 bytes of fp32 master weights
-    and Adam moments, and ``bytes_per_param − 14`` bytes of gradients (2 for the
-    ZeRO paper's 16, 6 for 20 with fp32 accumulation). Activations: Korthikanti Table 2
-    with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy; with
+    `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout` (its ``tp, pp, dp,
+    vpp, microbatch_size, sp, schedule, stage_layers`` count). Model states: 2-byte
+    parameters, 12 bytes of fp32 master weights and Adam moments, and ``bytes_per_param −
+    14`` bytes of gradients (2 for the ZeRO paper's 16, 6 for 20 with fp32 accumulation).
+    Activations: Korthikanti Table 2 with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy; with
     `flash` attention no a·s² term (:func:`activation_bytes_on_rank`).
     """
     d = layout.dp

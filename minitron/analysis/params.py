@@ -36,6 +36,7 @@ of zb-v and dualpipe-v) holds one.
 from __future__ import annotations
 
 import functools
+
 from .dry_run import block_params, ends_params
 from ..placement import Placement, placement_for
 from ..config import ModelConfig, ParallelConfig, cube_edge, element_bytes, pad_vocab, square_edge
@@ -67,7 +68,7 @@ __all__ = [
 # Reading a layout (a ParallelConfig, or the planner's PlannedLayout, which is one)
 # --------------------------------------------------------------------------------------
 def layout_degrees(layout: ParallelConfig) -> tuple[int, int, int, str]:
-    """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'. A 2.5-D layout
+    """(tp, pp, vpp, tp_mode) of a layout. A 2.5-D layout
     (q²·d ranks) reads as 2-D on q² ranks: each of its d copies holds what 2-D holds."""
     t, mode = layout.tp, layout.tp_mode
     if mode == "2.5d":
@@ -181,8 +182,8 @@ def params_on_rank(model: ModelConfig, layout: ParallelConfig, pp_rank: int = 0,
     """Exact local parameter elements on the rank at (pp_rank, tp_rank) of a tensor ×
     pipeline layout (data-parallel replicas hold the same).
 
-    `layout`: its ``tp, pp, vpp, stage_layers, tp_mode, ep, schedule`` count. All tensor ranks of a stage hold
-    the same number of elements (the vocabulary is padded to a multiple of t); the
+    `layout`: its ``tp, pp, vpp, stage_layers, tp_mode, ep, schedule`` count. All tensor
+    ranks of a stage hold the same number of elements (the vocabulary is padded to a multiple of t); the
     `tp_rank` argument is kept for symmetry. With ``tp_mode='3d'`` (t = q³) every rank
     of the cube holds the same count too: matrices and the embeddings split q³ ways,
     vectors and the position embedding q ways.
@@ -199,8 +200,9 @@ def params_on_rank(model: ModelConfig, layout: ParallelConfig, pp_rank: int = 0,
 
 
 def layout_placement(layout: ParallelConfig) -> Placement:
-    """The schedule's placement of a layout: which pipeline rank holds which chunk, the embedding and the head
-    (:class:`minitron.placement.Placement`; a V puts both ends on rank 0)."""
+    """The schedule's placement of a layout: which pipeline rank holds which chunk, the
+    embedding and the head (:class:`minitron.placement.Placement`; a V puts both ends on
+    rank 0)."""
     _, p, v, _ = layout_degrees(layout)
     return placement_for(layout.schedule, p, v)
 
