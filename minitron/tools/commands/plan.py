@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ...analysis.planned_layout import PLANNED_CP_MODES
 from ...config import FP8_RECIPES, ConfigError, validate_model
 from ..output_paths import PLOT_TYPES, check_output_file
 from .options import add_model_args, given_or_default, model_from, model_label
@@ -23,7 +24,7 @@ def add_parser(sub) -> None:
     pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (1: searched for long sequences)")
     pl.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
                     help="activation recomputation (default: the software's)")
-    pl.add_argument("--cp-mode", default=None, choices=("ring", "allgather", "a2a", "usp"),
+    pl.add_argument("--cp-mode", default=None, choices=PLANNED_CP_MODES,
                     help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses), "
                          "usp (an all-to-all over --cp-a2a ranks, a ring over the rest); "
                          "default: every kind the software runs is searched")
