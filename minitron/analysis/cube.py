@@ -332,7 +332,7 @@ def params_per_device(model: ModelConfig, scheme: str, devices: int) -> dict[str
         return {"layer": layer, "model": whole}
     mode = "3d" if scheme == "3d" else "1d"
     return {"layer": local_layer_params(model, devices, mode),
-            "model": params_on_rank(model, {"tp": devices, "pp": 1, "tp_mode": mode})}
+            "model": params_on_rank(model, ParallelConfig(tp=devices, tp_mode=mode))}
 
 
 def compare_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_per_el: int = 4) -> list[dict]:

@@ -610,9 +610,10 @@ def _saved_per_kv_element() -> float:
     """Elements a Llama block saves per token and key/value element, from the dry run: one
     kv head fewer on llama-small."""
     from ..analysis.dry_run import block_saved_bytes
+    from ..config import ParallelConfig
     m = _preset("llama-small")
-    fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), {}, 1, 4)
-    return (block_saved_bytes(m, {}, 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
+    fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), ParallelConfig(), 1, 4)
+    return (block_saved_bytes(m, ParallelConfig(), 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
 
 
 def _predicted_compute_s(name: str, layout: str, base_batch: int, cores: int, flops_per_s: float) -> float:
