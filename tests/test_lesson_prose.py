@@ -674,7 +674,11 @@ def _failures_08():
     sixth = _stated("08", r"About a sixth of the 16,384-GPU run's wall clock", 1 / 6)
     week = _stated("08", r"is more than a week of\s+the cluster in 54 days", 7)
     stated += said("08", r"`tiny` model, (\d+) steps; replica 0 kills itself\s+\(SIGKILL\) at the fifth step")
-    shows = [record[1], record[2], record[0], record[3], round(gpu_years), round(mtbf), delta, restart, max(steps)]
+    stated += said("08", r"stated \(not published\) figures\s+of (\d+) data-parallel replicas and (\d+) minutes for a replica")
+    live = shown("08", r"^live recovery, (\d+) replicas, rejoin (\d+) min: ([\d.]+)% of the samples")
+    assert live[2] < lost / 10  # per cent of the samples against per cent of the wall clock: far less
+    shows = [record[1], record[2], record[0], record[3], round(gpu_years), round(mtbf), delta, restart, max(steps),
+             live[0], live[1]]
     # the fifth step, the restart after a second; both replicas within float64 rounding, the other far off
     assert fewer and min(fewer) >= 5 and restart_in == [1.0] and "launcher restarts it after a second" in prose("08")
     assert len(diffs) == len(whole) == 2 and max(diffs) < 1e-10 and min(whole) > 1e-6
