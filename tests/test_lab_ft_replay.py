@@ -97,7 +97,8 @@ def test_reference_replays_the_run_and_mistakes_get_one_line(run):
         "the whole batch as divisor": broken("    return w / w.sum()", "    return w / global_batch"),
         "a replica's mean per row": broken("    return w / w.sum()", "    return w / share"),
         "the first n replicas": broken(took, took + "    took = range(len(took))\n"),
-        "the absent replicas": broken(took, took + "    took = [r for r in range(replicas) if r not in took] or took\n"),
+        "the absent replicas": broken(took, took + "    took = [r for r in range(replicas) if r not in took] "
+                                                   "or took\n"),
         "the journal's step as the index": broken("rec[\"step\"] == step + 1", "rec[\"step\"] == step"),
         "the next step's records": broken("rec[\"step\"] == step + 1", "rec[\"step\"] == step + 2"),
         "right only on the held-out sizes": broken("    share = global_batch // replicas\n",
@@ -125,3 +126,11 @@ def test_reference_replays_the_run_and_mistakes_get_one_line(run):
     moved = {r: {k: {**v, "param": v["param"] + 1e-6} for k, v in p.items()} for r, p in run["params"].items()}
     res = check_ft_replay(REFERENCE, {**run, "params": moved})
     assert not res["ok"] and "the replay differs from the run's parameters" in res["message"], res
+
+
+def test_an_endless_loop_and_an_exception_each_end_in_one_line():
+    res = check_ft_replay(broken("    share = global_batch // replicas\n", "    while True:\n        pass\n"), timeout=2)
+    assert res["message"] == "your step_weights ran past 2 s: an endless loop?", res
+    res = check_ft_replay(broken("    share = global_batch // replicas\n", "    share = global_batch // 0\n"))
+    assert res["message"].startswith("ZeroDivisionError: integer division or modulo by zero in step_weights, line 4 "
+                                     "of your code") and "\n" not in res["message"], res

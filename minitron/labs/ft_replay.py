@@ -119,7 +119,8 @@ def _mistakes(B: int, R: int, taken: dict, step: int) -> list[tuple[torch.Tensor
 def _malformed(w, B: int, step: int) -> str:
     if not isinstance(w, torch.Tensor) or tuple(w.shape) != (B,):
         shape = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-        return f"your step_weights returned {shape} for step {step}: return one weight per row of the global batch, [{B}]"
+        return (f"your step_weights returned {shape} for step {step}: return one weight per row of the global "
+                f"batch, [{B}]")
     if not w.dtype.is_floating_point:
         return f"your step_weights returned {w.dtype} weights: return float64 shares (1/n, not counts or a mask)"
     if not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
@@ -187,7 +188,8 @@ def check_ft_replay(source: str, run: dict | None = None, timeout: float = 60) -
             with watch.armed():
                 fn = load(source, NAMES, {"torch": torch})[NAMES[0]]
             for R, B, taken, lives in HELD_OUT:
-                problem = _judge(fn, _journal(taken, lives), B, R, taken, watch, f"; a journal of {R} replicas, B = {B}")
+                where = f"; a journal of {R} replicas, B = {B}"
+                problem = _judge(fn, _journal(taken, lives), B, R, taken, watch, where)
                 if problem:
                     return fail(problem)
         run = run or ft_run()  # ranks of its own: outside the learner's deadline
