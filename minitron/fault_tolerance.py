@@ -22,8 +22,9 @@ not copied) keeps the healthy replicas training instead:
 
 The oracle still holds: every replica records the steps it committed, so the steps that
 were really taken are known with the replicas each averaged; :func:`replay` runs them on one
-device, each step's batch being only those replicas' rows, and ends with the same
-parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
+device, each step's batch being only those replicas' rows (:func:`step_weights`: each row's
+share of the step's mean), and ends with the same parameters (float64, to rounding). A step
+with fewer replicas is said in the metrics.
 
 What this does not do (yet): replicas with pipeline stages, ZeRO shards, experts, --trace
 (refused in one line); evaluation, the text sample and periodic checkpoints during the run
