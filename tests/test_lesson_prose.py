@@ -463,6 +463,13 @@ WITNESSES = {
     "08.oversubscription": lambda: 8 / 2,
     "08.bubble_pp2": lambda: _bubble("1f1b") * 8 / 2 * (2 - 1) / (4 - 1),
     "08.compute_ms": _compute_ms_08,
+    # section 6: the printed MTBF scaled by the stated 1/N rule; Young's stated interval; the stated
+    # rows of a step with n of R replicas
+    "08.ft_mtbf_h": lambda: _stated("08", r"a job of \$N\$ GPUs fails \$N\$ times as often",
+                                     shown("08", r"^MTBF of that job: ([\d.]+) h")[0] * 16_384 / 4_096),
+    "08.young_daly_min": lambda: _stated("08", r"\\tau\^\* = \\sqrt\{2\\,\\delta\\,M\}",
+                                          math.sqrt(2 * 30 * 7200) / 60),
+    "08.quorum_rows": lambda: _stated("08", r"the plain mean over\s+\$n\\,B/R\$ rows", 3 * 64 // 4),
     "09.chunks": _chunks_rank1,
     "09.lse": lambda: _stated("09", r"L' = \\log\\left\(e\^\{L\} \+ e\^\{L_b\}\\right\)", math.log(2 * math.exp(2))),
     "09.ring_messages": _ring_messages,
@@ -692,6 +699,36 @@ def _worst_08():
     return stated, [worst[0], round(row[1]), round(comm[0]), round(row[0])], 0
 
 
+def _failures_08():
+    """Section 6: the Llama 3 record and the MTBF the prose states, the stated save and restart at
+    scale and what they lose, the demonstration's steps, kill, restart and replay differences."""
+    record = shown("08", r"^Llama 3 .*?: (\d+) unexpected interruptions \(\d+ in all\) in (\d+) days on ([\d,]+) GPUs, "
+                         r"(\d+)% of them hardware")
+    mtbf, gpu_years = shown("08", r"^MTBF of that job: ([\d.]+) h; of one GPU: ([\d.]+) years")
+    delta, restart, lost = shown("08", r"^a stated save at scale: delta (\d+) s, restart (\d+) min.*\n.*= ([\d.]+)% of")
+    steps = [int(s) for s in re.findall(r"^step\s+(\d+): ", outputs("08"), re.M)]
+    fewer = [int(s) for s in re.findall(r"^step\s+(\d+): .*<- fewer replicas", outputs("08"), re.M)]
+    diffs = [num(x) for x in re.findall(r"from the replay as taken ([\d.e+-]+)", outputs("08"))]
+    whole = [num(x) for x in re.findall(r"every replica every step ([\d.e+-]+)", outputs("08"))]
+    restart_in = shown("08", r"^minitron: replica 0 lost a rank; restarting it in (\d+) s")
+    stated = said("08", r"a (\d+)-day snapshot of its 405B pre-training on ([\d,]+) H100s:\s+(\d+) unexpected "
+                        r"interruptions, (\d+) % of them hardware")
+    stated += said("08", r"A GPU that fails once in about (\w+) years makes a job of [\d,]+ of them fail every\s+(\w+) hours")
+    stated += said("08", r"\\delta = (\d+)\$ s, with a restart\s+of \$R = (\d+)\$ minutes")
+    sixth = _stated("08", r"About a sixth of the 16,384-GPU run's wall clock", 1 / 6)
+    week = _stated("08", r"is more than a week of\s+the cluster in 54 days", 7)
+    stated += said("08", r"`tiny` model, (\d+) steps; replica 0 kills itself\s+\(SIGKILL\) at the fifth step")
+    stated += said("08", r"stated \(not published\) figures\s+of (\d+) data-parallel replicas and (\d+) minutes for a replica")
+    live = shown("08", r"^live recovery, (\d+) replicas, rejoin (\d+) min: ([\d.]+)% of the samples")
+    assert live[2] < lost / 10  # per cent of the samples against per cent of the wall clock: far less
+    shows = [record[1], record[2], record[0], record[3], round(gpu_years), round(mtbf), delta, restart, max(steps),
+             live[0], live[1]]
+    # the fifth step, the restart after a second; both replicas within float64 rounding, the other far off
+    assert fewer and min(fewer) >= 5 and restart_in == [1.0] and "launcher restarts it after a second" in prose("08")
+    assert len(diffs) == len(whole) == 2 and max(diffs) < 1e-10 and min(whole) > 1e-6
+    return stated + [sixth, 1.0], shows + [lost / 100, 1.0 * (lost / 100 * 54 > week)], 0.01
+
+
 def _v_gpt3_06():
     stated = said("06", r"ZB-V wins, but by only ([\d.]+)%: its bubble is ([\d.]+)% of the ideal time where the best "
                         r"interleaved\s+layout keeps ([\d.]+)%.*?\(p = (\d+)\) with microbatches of (\d) sequences.*?"
@@ -748,6 +785,7 @@ CLAIMS.update({
     "08 alpha range": _alphas_08,
     "08 dp2 efficiency": _dp2_08,
     "08 worst point": _worst_08,
+    "08 failures at scale": _failures_08,
     "10 ring vs all-to-all": _ring_vs_a2a_10,
     "10 try it 1 GiB": _try_it_1gib_10,
 })
@@ -1798,7 +1836,8 @@ LABELS = {
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes",
     "07.fp8_tp_scale": r"\bscale\b.*\brank\b|\brank\b.*\bscale\b", "07.mx_scales": r"E8M0|mxfp8",
     "07.fp8_amdahl": r"Amdahl", "07.fp8_gather_bytes": r"all-gather bytes|1 byte", "08.weak_efficiency": r"weak.*efficiency",
-    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble", "08.compute_ms": r"compute",
+    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble", "08.compute_ms": r"compute", "08.ft_mtbf_h": r"MTBF", "08.young_daly_min": r"tau\*|interval",
+    "08.quorum_rows": r"sequences|rows",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",
     "09.skipped_pairs": r"skip", "09.window_core_share": r"window|core", "09.window_hops": r"hops",

@@ -12,6 +12,7 @@
 * :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
 * :mod:`.breakdown` one predicted iteration part by part (`explain`)
 * :mod:`.planner` enumerate and rank (t, p, d, v, b) layouts
+* :mod:`.checkpoint_interval` failures at scale: MTBF, Young/Daly's checkpoint interval
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
 """
