@@ -918,7 +918,7 @@ def _try_it_01():
     sol = next("".join(c["source"]) for c in _cells("01") if "".join(c["source"]).startswith("# Solution"))
     shape = [int(x) for x in re.search(r"layers=(\d+), hidden=(\d+), heads=(\d+)", sol).groups()]
     tokens, X = (float(x) for x in re.search(r"tokens, .*?= ([\de.]+), .*?, ([\de.]+)\n", sol).groups())
-    tp, pp = (int(x) for x in re.search(r"dict\(tp=(\d+), pp=(\d+)\)", sol).groups())
+    tp, pp = (int(x) for x in re.search(r"ParallelConfig\(tp=(\d+), pp=(\d+)\)", sol).groups())
     d = int(re.search(r"zero_bytes_per_param\(stage, (\d+)\)", sol).group(1))
     return (said("01", r"\((\d+) layers, \$h = (\d+)\$, (\d+) heads\) trained on (\d+)B tokens\. How\s+many GPUs at (\d+) "
                        r"TFLOP/s would you need to finish in (\d+) days\? With \$t = (\d+)\$ and \$p = (\d+)\$,.*?when \$d = (\d+)\$"),
