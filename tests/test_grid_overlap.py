@@ -182,10 +182,15 @@ def test_cube_product_follows_the_papers_schedule(w_dim, monkeypatch):
     reduce-scatter along i posted, then both waited. Planted: every call waited at once
     (no product between a forward gather's issue and its wait) reads otherwise, and so
     does the plain schedule."""
+    def product_under_second_gather(events):  # an 'mm' between the second weight gather's post and its wait
+        post = events.index("ag:i~", events.index("ag:i~") + 1)
+        return "mm" in events[post:events.index("wait", post)]
     fwd, bwd = _cube_issue_order(True, monkeypatch, w_dim=w_dim)
     assert fwd == ["ag:j~", "ag:i~", "wait", "wait", "ag:i~", "mm", "wait", "mm", "rs:k"], fwd
+    assert product_under_second_gather(fwd)
     assert bwd == ["ag:k", "mm", "rs:j~", "mm", "rs:i~", "wait", "wait"], bwd
     planted = _cube_issue_order(True, monkeypatch, planted=True, w_dim=w_dim)
+    assert not product_under_second_gather(planted[0])
     assert planted[0] == ["ag:j~", "wait", "ag:i~", "wait", "wait", "wait", "ag:i~", "wait", "mm", "wait", "mm",
                           "rs:k"], planted
     assert planted[1] == ["ag:k", "mm", "rs:j~", "wait", "mm", "rs:i~", "wait", "wait", "wait"], planted

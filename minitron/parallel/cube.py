@@ -221,7 +221,7 @@ class Linear3D(nn.Module):
         q, comm = cube_q(ctx), ctx.comm
         self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add or not bias
         self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
-        self.overlap = ctx.layout.tp_overlap  # the paper's schedule: gathers at once, dX's reduce under dW
+        self.overlap = ctx.layout.tp_overlap  # gathers at once, W's second half under the first's product
         a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
         rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)
