@@ -148,20 +148,29 @@ def rows_and_scale(w: torch.Tensor) -> tuple[list[int], float]:
     return rows.tolist(), float(w.sum())
 
 
-class ScaledGradients:
-    """The replay's gradient synchroniser: the layout's (one device: the mean over the
-    step's rows), then that mean times the step's scale, `scales` giving one per step in the
-    order the steps run (``rows_and_scale``: exactly 1 for the engine's own weights)."""
+class AfterTheLayout:
+    """A gradient synchroniser that runs the layout's own (`inner`) and adds a step of its own
+    after it, in ``finish``: the Trainer's ``data_parallel`` seam, which both the replicas'
+    mean and the replay's scaling take."""
 
-    def __init__(self, inner, scales):
-        self.inner, self.scales = inner, iter(scales)
-        self.comm, self.params = inner.comm, inner.params
+    def __init__(self, inner):
+        self.inner, self.comm, self.params = inner, inner.comm, inner.params
 
     def zero_grad(self) -> None:
         self.inner.zero_grad()
 
     def microbatch(self, last: bool):
         return self.inner.microbatch(last)
+
+
+class ScaledGradients(AfterTheLayout):
+    """The replay's gradient synchroniser: the layout's (one device: the mean over the
+    step's rows), then that mean times the step's scale, `scales` giving one per step in the
+    order the steps run (``rows_and_scale``: exactly 1 for the engine's own weights)."""
+
+    def __init__(self, inner, scales):
+        super().__init__(inner)
+        self.scales = iter(scales)
 
     def finish(self) -> None:
         self.inner.finish()
@@ -173,18 +182,13 @@ class ScaledGradients:
 
 
 # --- the gradient average over the replicas and the committed step --------------------------------
-class ReplicaAverage:
+class ReplicaAverage(AfterTheLayout):
     """The replica's own gradient synchroniser (the layout's, inside the replica), then the mean
     over the replicas of the quorum: one flat all-reduce on the 'replica' axis (torchft)."""
 
     def __init__(self, inner, comm: Comm):
-        self.inner, self.comm = inner, comm
-
-    def zero_grad(self) -> None:
-        self.inner.zero_grad()
-
-    def microbatch(self, last: bool):
-        return self.inner.microbatch(last)
+        super().__init__(inner)
+        self.comm = comm
 
     def finish(self) -> None:
         """Gradients whole inside the replica, then averaged over the quorum's replicas."""

@@ -12,7 +12,7 @@ import torch
 
 from minitron.labs import ft_replay as lab
 from minitron.labs.ft_replay import check_ft_replay
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="torchft is not installed")
 
@@ -32,9 +32,7 @@ def step_weights(journal, step, global_batch, replicas):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_the_stub_a_syntax_error_and_the_engine_need_no_run():
