@@ -2272,3 +2272,35 @@ CLAIMS.update(CLAIMS_10_12)
 @pytest.mark.parametrize("name", sorted(CLAIMS_10_12))
 def test_lessons_10_and_12_state_what_the_outputs_show(name):
     test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("10 read first", prose, "lesson 9 (context\nparallelism)", "lesson 9 (pipeline\nschedules)"),
+    ("10 shapes and FLOPs", prose, "Llama 3 8B has 8.03 billion", "Llama 3 8B has 8.3 billion"),
+    ("10 shapes and FLOPs", outputs, "attention 3·L·4sq 2.0294e+11", "attention 3·L·4sq 2.2294e+11"),
+    ("10 GQA FLOPs", prose, "removes $4h(h - k)$ FLOPs", "removes $2h(h - k)$ FLOPs"),
+    ("10 saved activations", prose, "**$3k$** for keys and values", "**$2k$** for keys and values"),
+    ("10 saved activations", prose, "+ 2sd + 2fh$ elements", "+ 2sd + 4fh$ elements"),
+    ("10 memory", prose, "For Llama 3 8B on 8 tensor ranks", "For Llama 3 8B on 4 tensor ranks"),
+    ("10 kv heads", outputs, "the kv copies' gradient sum: 16,384 bytes", "the kv copies' gradient sum: 32,768 bytes"),
+    ("10 launch", prose, "8 query heads of d = 8", "8 query heads of d = 16"),
+    ("10 rotary", prose, "shift both positions by 37", "shift both positions by 36"),
+    ("10 ring and all-to-all formulas", prose, "(6 in all)", "(3 in all)"),
+    ("10 ring and all-to-all formulas", outputs, "ring :  56.00 GiB", "ring :  42.00 GiB"),   # dK, dV priced in bf16
+    ("10 transformers", prose, "replicated on all four ranks", "replicated on all two ranks"),
+    ("10 questions and try it", outputs, "t = 16 against t = 8: 1.0x", "t = 16 against t = 8: 2.0x"),
+    ("12 read first", prose, "lesson 02 (pipeline schedules)", "lesson 02 (tensor parallelism)"),
+    ("12 setup", prose, "3 steps of\n4 microbatches", "3 steps of\n8 microbatches"),
+    ("12 table", prose, "`--pp 2 --schedule 1f1b`", "`--pp 4 --schedule 1f1b`"),
+    ("12 traffic", prose, "N(0, 0.02)", "N(0, 0.01)"),
+    ("12 traffic", prose, "The 8-byte\nall-reduce is minitron's", "The 4-byte\nall-reduce is minitron's"),
+    ("12 results", outputs, "traced,    m = 2: FSDP2 10 all-gathers", "traced,    m = 2: FSDP2 9 all-gathers"),
+])
+def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 10 or 12 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
