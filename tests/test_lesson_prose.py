@@ -2131,6 +2131,23 @@ def _cp_formulas_10():
             + [ring_gib, a2a_gib * (n8 - 1) / n8, a2a_gib], 0.005)
 
 
+def _ulysses_heads_10():
+    """Section 7: Ulysses needs the heads to divide by N (the engine refuses before any rank
+    starts), the ring does not."""
+    from minitron import ParallelConfig, config
+    from minitron.course.modern_blocks import LLAMA
+    six = LLAMA.replace(heads=6, hidden=48)                         # 6 heads over 4 context ranks
+    refused = []
+    for mode in ("a2a", "ring"):
+        try:
+            config.validate(six, ParallelConfig(cp=4, cp_mode=mode), None)
+            refused.append(False)
+        except config.ConfigError:
+            refused.append(True)
+    _stated("10", r"Heads must divide by N: Ulysses cannot go past the head count, the ring can", None)
+    return [1.0, 0.0], [1.0 * refused[0], 1.0 * refused[1]], 0
+
+
 def _hf_10():
     """Section 8: the checkpoint's 4 query heads and one kv head, replicated on all four ranks;
     every layout of sections 5 and 7 equal to one device to float64 rounding."""
@@ -2254,6 +2271,7 @@ CLAIMS_10_12 = {
     "10 launch": _launch_10,
     "10 rotary": _rotary_10,
     "10 ring and all-to-all formulas": _cp_formulas_10,
+    "10 Ulysses heads": _ulysses_heads_10,
     "10 transformers": _hf_10,
     "10 questions and try it": _questions_10,
     "12 read first": lambda: _read_first("12"),
@@ -2283,6 +2301,7 @@ def test_lessons_10_and_12_state_what_the_outputs_show(name):
     ("10 rotary", prose, "shift both positions by 37", "shift both positions by 36"),
     ("10 ring and all-to-all formulas", prose, "(6 in all)", "(3 in all)"),
     ("10 ring and all-to-all formulas", outputs, "ring :  56.00 GiB", "ring :  42.00 GiB"),   # dK, dV priced in bf16
+    ("10 Ulysses heads", prose, "Heads must divide by N", "Heads need not divide by N"),
     ("10 transformers", prose, "replicated on all four ranks", "replicated on all two ranks"),
     ("10 questions and try it", outputs, "t = 16 against t = 8: 1.0x", "t = 16 against t = 8: 2.0x"),
     ("12 read first", prose, "lesson 02 (pipeline schedules)", "lesson 02 (tensor parallelism)"),
