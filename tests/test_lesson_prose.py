@@ -1985,3 +1985,376 @@ def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatc
     monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
         test_prose_states_what_the_outputs_show(name)
+
+
+# --- lessons 10 and 12: every number their markdown states about their outputs or the engine ---
+# (The same audit for lessons 10 and 12: the rest are the lessons' own choices of shape, the
+# questions' givens, papers' and peers' published figures, the time estimates, or formulas,
+# checked here against the engine where the engine computes them.)
+def _read_first(lesson: str) -> tuple:
+    """The lessons a lesson asks to read first exist under the topics it names."""
+    named = re.findall(r"lesson 0?(\d+) \(([^)]+)\)", re.search(r"\*\*Read first:\*\*(.*?)\n\n", prose(lesson), re.S).group(1))
+    files = {p.name[:2]: p.stem[3:].replace("_", " ") for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")}
+    assert named
+    return [1.0] * len(named), [1.0 * (files[f"{int(n):02d}"] in " ".join(words.lower().split())) for n, words in named], 0
+
+
+def _shapes_10():
+    """Sections 1-3: the formula equal to the dry run, Llama 3 8B's 8.03 billion, 70B's 64 query
+    heads against 8 kv heads, the norms' 2h (the engine's count less the matrices), the 6ND
+    figure and its tokens as the code uses them, the attention term and what 6N counts unmultiplied."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis.dry_run import block_params
+    from minitron.course.modern_blocks import LLAMA
+    rows = re.findall(r"^(\S+)\s+([\d,]+)\s+([\d,]+)\s+[\d.]+B\s+[-+][\d.]+%$", outputs("10"), re.M)
+    assert len(rows) == 4
+    m70, m405 = PRESETS["llama3-70b"], PRESETS["llama3-405b"]
+    h, q, k, f = LLAMA.hidden, LLAMA.heads * LLAMA.head_dim, LLAMA.n_kv_heads * LLAMA.head_dim, LLAMA.ffn_hidden
+    norms = (block_params(LLAMA, ParallelConfig()) - (2 * h * q + 2 * h * k + 3 * h * f)) / h
+    tokens, published = (float(x) for x in re.search(r"^tokens, published = ([\de.]+), ([\de.]+)$", code("10"), re.M).groups())
+    error, = shown("10", r"\(published [\de.+]+: ([-+][\d.]+) %\)")
+    s_att, = shown("10", r"^with attention at s = (\d+):")
+    gap, att, unmult = shown("10", r"^engine - 6N per token = ([\de.+]+) = attention 3·L·4sq ([\de.+]+) - the embedding "
+                                   r"table and norms 6\(Vh \+ \(2L\+1\)h\) ([\de.+]+)$")
+    six_nd, engine_d, causal_d = shown("10", r"6N·D = ([\de.+]+) .*\n.*: ([\de.+]+) \([-+][\d.]+ %\); counting only the causal "
+                                             r"half of QK\^T and AV: ([\de.+]+)$")
+    return (said("10", r"\(Llama 3 8B has ([\d.]+) billion\s+parameters\)") + said("10", r"Llama 3 70B with (\d+) key/value heads\s+instead of (\d+)")
+            + said("10", r"\* two RMSNorms: \$(\d)h\$") + said("10", r"reports \*\*([\d.]+) × 10²⁵ FLOPs\*\*\s+for the 405B model on \*\*([\d.]+) T tokens\*\*")
+            + [0.0] + said("10", r"At \$s = (\d+)\$ the\s+first is the larger") + [1.0, 1.0, 1.0, 1.0],
+            [round(num(rows[1][2]) / 1e9, 2), m70.n_kv_heads, m70.heads, norms, published / 1e25, tokens / 1e12, error, s_att]
+            + [1.0 * all(a == b for _, a, b in rows), 1.0 * (att > unmult and math.isclose(gap, att - unmult, rel_tol=1e-3)),
+               (six_nd + (att / 2 - unmult) * tokens) / causal_d]
+            + [1.0 * (s_att == m405.seq_len and math.isclose(engine_d, six_nd + gap * tokens, rel_tol=1e-3))], 1e-3)
+
+
+def _gqa_flops_10():
+    """Section 3: grouped-query attention removes 4h(h - k) FLOPs per token and layer (forward)
+    and the MLP costs 6hf, both from the engine's count (kv heads, then the MLP width, changed)."""
+    from minitron import PRESETS
+    from minitron.model_flops import model_flops_per_step
+    m = PRESETS["llama3-70b"]
+    h, k, per = m.hidden, m.n_kv_heads * m.head_dim, 3 * m.seq_len * m.layers   # training is 3 forwards
+    removed = (model_flops_per_step(m.replace(kv_heads=0), 1) - model_flops_per_step(m, 1)) / per
+    per_f = (model_flops_per_step(m.replace(ffn=m.ffn_hidden + 1), 1) - model_flops_per_step(m, 1)) / per
+    return (said("10", r"removes \$(\d)h\(h - k\)\$ FLOPs per token and layer") + said("10", r"the MLP's \$(\d)hf\$"),
+            [removed / (h * (h - k)), per_f / h], 0)
+
+
+def _saved_10():
+    """Section 4: the stated saved-activation formula, its coefficients read from the prose,
+    against the engine's dry run; its norms' 6h + 2 = two norms' (2h + 1) + h; k_t; float32;
+    and the knob rows' measured bytes against the per-token counts the prose gives."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis.context_parallel import kv_heads_per_rank
+    from minitron.analysis.dry_run import block_saved_bytes
+    from minitron.course.modern_blocks import LLAMA
+    c = said("10", r"So per layer \$b\\,s\\,\((\d)h \+ (\d) \+ (\d)q \+ (\d)k \+ n_h \+ (\d)f\) \+ (\d)sd \+ (\d)fh\$ elements")
+    rms, ln = said("10", r"\\cdot r\$ \(for\s+the weight's gradient\): \$(\d)h\+1\$. LayerNorm, one fused kernel, saves \$x\$, "
+                         r"\$\\mu\$, \$\\sigma\$: \$h\+(\d)\$")
+    swiglu, gelu, regroup = said("10", r"\$(\d)f\$ \(GELU: \$(\d)f\$\).*?a copy of \$(\d)fh\$ elements")
+    rope, kv3 = said("10", r"Rotary positions keep \$\\cos\$ and \$\\sin\$, \$(\d)sd\$").pop(), said("10", r"\*\*\$(\d)k\$\*\* for keys and values")[0]
+    el = int(re.search(r"def llama_saved_bytes\(m, t, b, el=(\d)\)", code("10")).group(1))
+
+    def formula(m, t, b):
+        d, s = m.head_dim, m.seq_len
+        q_t, k_t, f_t = m.heads * d // t, max(m.n_kv_heads // t, 1) * d, m.ffn_hidden // t
+        return el * (b * s * (c[0] * m.hidden + c[1] + c[2] * q_t + c[3] * k_t + m.heads // t + c[4] * f_t)
+                     + c[5] * s * d + c[6] * f_t * m.hidden)
+    cases = [(LLAMA.replace(kv_heads=kv), t, b) for kv in (1, 2, 4) for t in (1, 4) for b in (1, 2)]
+    ok = all(formula(m, t, b) == block_saved_bytes(m, ParallelConfig(tp=t), b, 4) for m, t, b in cases)
+    k_t = all(kv_heads_per_rank(LLAMA.replace(kv_heads=kv), t) == max(kv // t, 1) for kv in (1, 2, 4, 8) for t in (1, 2, 4, 8))
+    ms = PRESETS["llama-small"]
+    h, f, s, d = ms.hidden, ms.ffn_hidden, ms.seq_len, ms.head_dim
+    delta = lambda row: shown("10", rf"^{row}\s+([-+][\d,]+) bytes")[0]
+    knobs = [delta("LayerNorm instead of RMSNorm") == el * 2 * ((h + ln + h) - (rms * h + 1 + h)) * s,
+             delta(r"GELU \(width f\) instead of SwiGLU") == -el * ((swiglu - gelu) * f * s + regroup * f * h),
+             delta("learned positions instead of rotary") == -el * (ms.n_kv_heads * d * s + rope * s * d),
+             delta("one kv head fewer") == -el * kv3 * d * s]
+    b, = (int(x) for x in re.findall(r"^base = block_saved_bytes\(ms, \{\}, (\d), 4\)", code("10"), re.M))
+    return ([1.0, c[0], c[1], 1.0] + said("10", r"\(float(\d+) below, so\s+(\d) bytes each\)") + [1.0] * len(knobs)
+            + said("10", r"\(one sequence of (\d+) tokens\)"),
+            [1.0 * ok, 2 * (rms + 1), 2 * 1, 1.0 * k_t, 8 * el, el] + [1.0 * x for x in knobs] + [s * b], 0)
+
+
+def _memory_10():
+    """Section 4's last cell: 8 tensor ranks, sequence parallel, one sequence of the preset's
+    8,192 tokens, bf16 activations, as the code asks the engine."""
+    from minitron import PRESETS
+    cell = re.search(r"ParallelConfig\(tp=(\d), sp=(True)\), train_config\(\)\.replace\(dtype=\"float32\", global_batch=(\d)\),"
+                     r"\s+act_bytes=(\d)\)", code("10"))
+    return (said("10", r"For Llama 3 8B on (\d) tensor ranks with sequence parallelism, one\s+sequence of ([\d,]+) tokens, bf(\d+)"),
+            [int(cell.group(1)), PRESETS["llama3-8b"].seq_len * int(cell.group(3)), 8 * int(cell.group(4))], 0)
+
+
+def _kv_heads_10():
+    """Section 5: the split and the replication as the prose states them, against the rows each
+    rank of the 4-rank run holds (kv = 4, 2, 1), the copies' axis, their gradient sum 2dh per
+    layer, and Llama 3 70B's copies at t = 8 and 16."""
+    from minitron import PRESETS
+    from minitron.course.modern_blocks import KV_CASES, LLAMA
+    _stated("10", r"rank r holds kv heads \$r\\cdot kv/t \\ldots \(r\+1\)\\cdot kv/t - 1\$: \$2\\,\(kv/t\)\\,d\$", None)
+    _stated("10", r"rank r holds kv head \$r // \(t/kv\)\$, \$2d\$ rows", None)
+    t, d, h, L = 4, LLAMA.head_dim, LLAMA.hidden, LLAMA.layers
+    held = {}
+    for kv in KV_CASES:
+        block = out("10", rf"^kv = {kv}: loss .*\n((?:   rank .*\n)+)")
+        held[kv] = [(int(a), int(b), ax) for a, b, ax in re.findall(r"kv rows \((\d+), (\d+)\) .*copies on axis (.*)$", block, re.M)]
+    rule = []
+    for kv, ranks in held.items():
+        for r, (a, b, ax) in enumerate(ranks):
+            head = r * kv // t if kv >= t else r // (t // kv)
+            rows = 2 * (kv // t) * d if kv >= t else 2 * d
+            axis = "-" if kv >= t else ("('tp',)" if kv == 1 else f"('tp_kv{t // kv}',)")
+            rule.append(a == head * 2 * d and b - a == rows and ax == axis)
+    kv_sum, = shown("10", r"the kv copies' gradient sum: ([\d,]+) bytes")
+    kv1, = shown("10", r"^kv = 1 adds ([\d,]+) bytes to the 'tp' axis")
+    copies = [int(c) for c in re.findall(r"^t = +(?:8|16): kv heads per rank \d, copies of each (\d)", outputs("10"), re.M)]
+    return (said("10", r"summed over exactly those t/kv\s+ranks\*\* .*?: \$(\d)dh\$ elements per layer") * 2
+            + said("10", r"for Llama 3 70B \(kv = (\d+)\) at t = (\d+) \(split\) and\s+t = (\d+) \(replicated on (\d)\)") + [1.0],
+            [kv_sum / (L * d * h * 8), kv1 / (L * d * h * 8), PRESETS["llama3-70b"].n_kv_heads, 8, 16, copies[1]]
+            + [1.0 * (len(rule) == 12 and all(rule) and copies == [1, 2])], 0)
+
+
+def _launch_10():
+    """Sections 0 and 5: one launch of 4 ranks; the lesson's Llama as the run prints it; the kv
+    cases, float64 (8 bytes an element) and --cp 4 from the rank job."""
+    from minitron.course import modern_blocks
+    launches = re.findall(r"run_on_ranks\(modern_blocks_job, ParallelConfig\(dp=(\d)\)", code("10"))
+    layers, h, heads, d, s = shown("10", r"the lesson's Llama: (\d+) layers, h (\d+), (\d+) query heads of d = (\d+), ffn \d+, s (\d+)")
+    cp = {int(n) for n in re.findall(r"ParallelConfig\(cp=(\d), cp_mode=mode\)", Path(modern_blocks.__file__).read_text())}
+    return (said("10", r"the (one) launch of (\d) ranks takes") + said("10", r"One launch of (\d) gloo ranks")
+            + said("10", r"a small Llama \(h = (\d+), (\d) query heads of d = (\d), (\d) layers, s = (\d+)\) trained one traced float(\d+)\s+"
+                         r"step under `--tp (\d)` with (\d), (\d) and (\d) key/value heads.*?\(`--cp (\d)`\)")
+            + said("10", r"\(the whole step is also compared with the\s+analysis, .*?float(\d+), (\d) bytes an element\)"),
+            [len(launches), int(launches[0]), int(launches[0]), h, heads, d, layers, s,
+             int(modern_blocks.train_config().dtype[5:]), 4, *modern_blocks.KV_CASES, *cp]
+            + [int(modern_blocks.train_config().dtype[5:]), int(re.search(r"dtype_bytes=(\d)\)", code("10")).group(1))], 0)
+
+
+def _rotary_10():
+    """Section 6: a shift of 37 keeps the score, one shift moves it; the chunks (s = 64, N = 4,
+    chunks of 8) and rank 1's tokens, global and local, from the stored run."""
+    a, b, c = shown("10", r"q_5·k_2 = (\S+), q_42·k_39 = (\S+), q_5·k_39 = (\S+)$")
+    pos = {int(r): [int(x) for x in xs] for r, *xs in re.findall(r"^rank (\d): chunks \d and \d: positions (\d+)\.\.(\d+) and (\d+)\.\.(\d+)",
+                                                                  outputs("10"), re.M)}
+    chunk = pos[0][1] - pos[0][0] + 1
+    return (said("10", r"shift both positions by (\d+)") + [1.0, 1.0]
+            + said("10", r"\(s = (\d+), N = (\d), chunks of (\d+)\)") + said("10", r"Rank 1's queries are tokens\s+(\d+)–(\d+) and (\d+)–(\d+); rotated as (\d)–(\d+)"),
+            [42 - 5, 1.0 * (39 - 2 == 42 - 5 and a == b), 1.0 * (a != c), max(p[3] for p in pos.values()) + 1, len(pos), chunk] + pos[1] + [0, 2 * chunk - 1], 0)
+
+
+def _cp_formulas_10():
+    """Section 7: the ring's and Ulysses' traced calls and bytes (4 ranks, float64) against the
+    stated counts and elements; the model's heads; and the GiB at scale from the same formulas,
+    K, V in bf16 and the accumulated dK, dV in float32, as the prose says."""
+    from minitron import PRESETS
+    from minitron.course.modern_blocks import LLAMA, train_config
+    ring, = [shown("10", rf"^ring : traced 'cp' calls, bytes \{{'send': \[(\d+), (\d+)\]")]
+    a2a = shown("10", r"^a2a  : traced 'cp' calls, bytes \{'all_to_all': \[(\d+), (\d+)\]")
+    N, L, b, d = 4, LLAMA.layers, train_config().global_batch, LLAMA.head_dim
+    s, nh, kv = LLAMA.seq_len, LLAMA.heads, LLAMA.n_kv_heads
+    _stated("10", r"message is \$2\\,b\\,\(s/N\)\\,k_t\$ elements", None)
+    _stated("10", r"\$b\\,\(s/N\)\\,d\\,\(2n_\{h,t\} \+ 2\\,kv_\{sent\}\)\$,\s+\$kv_\{sent\} = \\max\(kv_t, N\)\$", None)
+    ring_ok = ring == [L * 3 * (N - 1), L * 3 * (N - 1) * 2 * b * (s // N) * kv * d * 8]
+    a2a_ok = a2a == [L * 2 * 3, L * 2 * b * (s // N) * d * (2 * nh + 2 * max(kv, N)) * 8]
+    m8, n8 = PRESETS["llama3-8b"].replace(seq_len=131072), 8
+    msg = 2 * 1 * (m8.seq_len // n8) * m8.n_kv_heads * m8.head_dim
+    ring_gib = m8.layers * (n8 - 1) * msg * (2 + 2 + 4) / 2**30              # K, V forward and backward; dK, dV
+    a2a_gib = m8.layers * 2 * (m8.seq_len // n8) * m8.head_dim * (2 * m8.heads + 2 * max(m8.n_kv_heads, n8)) * 2 / 2**30
+    at_scale = re.search(r"m8l = m8\.replace\(seq_len=(\d+)\)", code("10")).group(1)
+    return (said("10", r"Both on the same (\d) ranks, the same model \((\d) query heads, (\d) kv heads\)") + [1.0, 1.0]
+            + said("10", r"per layer Ulysses makes (\d) calls in each pass \((\d) in all\).*?the ring \$3\(N-1\)\$ messages")
+            + said("10", r"for Llama 3 8B at s = ([\d,]+) on N = (\d) ranks \(bf(\d+) activations, (one) sequence\)")
+            + shown("10", r"^ring :\s+([\d.]+) GiB sent") + shown("10", r"^a2a  :\s+([\d.]+) GiB sent .*of ([\d.]+) GiB"),
+            [N, nh, kv, 1.0 * ring_ok, 1.0 * a2a_ok, a2a[0] / L / 2, a2a[0] / L, num(at_scale), n8, 16, 1]
+            + [ring_gib, a2a_gib * (n8 - 1) / n8, a2a_gib], 0.005)
+
+
+def _ulysses_heads_10():
+    """Section 7: Ulysses needs the heads to divide by N (the engine refuses before any rank
+    starts), the ring does not."""
+    from minitron import ParallelConfig, config
+    from minitron.course.modern_blocks import LLAMA
+    six = LLAMA.replace(heads=6, hidden=48)                         # 6 heads over 4 context ranks
+    refused = []
+    for mode in ("a2a", "ring"):
+        try:
+            config.validate(six, ParallelConfig(cp=4, cp_mode=mode), None)
+            refused.append(False)
+        except config.ConfigError:
+            refused.append(True)
+    _stated("10", r"Heads must divide by N: Ulysses cannot go past the head count, the ring can", None)
+    return [1.0, 0.0], [1.0 * refused[0], 1.0 * refused[1]], 0
+
+
+def _hf_10():
+    """Section 8: the checkpoint's 4 query heads and one kv head, replicated on all four ranks;
+    every layout of sections 5 and 7 equal to one device to float64 rounding."""
+    heads, kv = shown("10", r"heads (\d+), kv heads (\d+), ffn")
+    ranks = re.findall(r"^rank \d: kv rows \(0, (\d+)\) of (\d+), local shape .*copies on axis \('tp',\)$", outputs("10"), re.M)
+    diffs = [num(x) for x in re.findall(r"difference ([\d.e+-]+)\)", outputs("10"))][:3]
+    diffs += [abs(num(x)) for x in re.findall(r"loss - one device ([-+][\d.e+-]+)", outputs("10"))]
+    return (said("10", r"has (\d) query heads and \*\*(one)\*\*\s+kv head; under `--tp (\d)` that head is replicated on all (four) ranks")
+            + [1.0], [heads, kv, len(ranks), len(ranks), 1.0 * (len(diffs) == 5 and max(diffs) < 1e-13
+                                                               and all(a == b for a, b in ranks))], 0)
+
+
+def _questions_10():
+    """The questions' Llama 3 70B is the preset's, and Try-it 1's solution answers both parts
+    (split or replicated and on how many ranks at t = 16; the cost against the split at t = 8)."""
+    from minitron import PRESETS
+    m70, m405 = PRESETS["llama3-70b"], PRESETS["llama3-405b"]
+    rows = {int(t): (how, int(copies), num(cost)) for t, how, copies, cost in re.findall(
+        r"^t = +(\d+): (split|replicated), \d kv head per rank, each kept on (\d) rank\(s\); \[k\|v\] weight per rank ([\d,]+)",
+        outputs("10"), re.M)}
+    ratio, = shown("10", r"^t = 16 against t = 8: ([\d.]+)x")
+    return (said("10", r"Llama 3 70B \((\d+) query heads, (\d) kv heads, d = (\d+)\)") + said("10", r"Llama 3 70B \(h = ([\d,]+), f = ([\d,]+)\)")
+            + said("10", r"Llama 3 405B has (\d) kv heads\. At t = (\d+), are they split or replicated.*?the split at t = (\d)")
+            + [1.0, 2.0, 1.0, 1.0, 1.0],
+            [m70.heads, m70.n_kv_heads, m70.head_dim, m70.hidden, m70.ffn_hidden, m405.n_kv_heads, 16, 8]
+            + [1.0 * (rows[16][0] == "replicated"), rows[16][1], 1.0 * (rows[8][0] == "split"), rows[8][1], ratio], 0)
+
+
+def _setup_12():
+    """Lesson 12's runs: float64, 2 ranks, 3 steps of 4 microbatches, no clipping (the job's
+    TrainConfig); one launch in the lesson and one in the Try-it's solution; three layouts."""
+    from minitron.course import native
+    launches = re.findall(r"run_on_ranks\(native\.(\w+), ParallelConfig\(dp=native\.RANKS\)", code("12"))
+    return (said("12", r"same weights, float(\d+), one device") + said("12", r"start one launch of (\d) gloo ranks")
+            + said("12", r"This lesson runs (three) layouts twice") + said("12", r"on the same (two) ranks")
+            + said("12", r"at the same learning rate, (\d) steps of\s+(\d) microbatches, and gradient clipping is off")
+            + [1.0] + said("12", r"with (\d) microbatches instead of (\d)"),
+            [int(native.TRAIN.dtype[5:]), native.RANKS, len(re.findall(r'^\| [^|]+ \| `--', prose("12"), re.M)), native.RANKS,
+             native.TRAIN.steps, native.TRAIN.microbatches, 1.0 * (native.TRAIN.clip == 0 and launches == ["native_job", "fsdp_job"]),
+             int(re.search(r"^m2 = (\d)$", code("12"), re.M).group(1)), native.TRAIN.microbatches], 0)
+
+
+def _table_12():
+    """Section 2's table: minitron's flags and the native calls as the jobs run them (the
+    layouts in native.py, its TP_PLAN, n_microbatches)."""
+    import inspect
+
+    from minitron.course import native
+    src = {j: inspect.getsource(getattr(native, j)) for j in ("fsdp_job", "tp_job", "pp_job")}
+    plan = dict(re.findall(r'"([\w.]+)": (Colwise|Rowwise)Parallel\(\)', prose("12")))
+    row = said("12", r"\| `--dp (\d) --zero (\d)` \|.*?\| `--tp (\d)` \|.*?\| `--pp (\d) --schedule 1f1b` \|.*?n_microbatches=(\d)")
+    return (row + [1.0],
+            [native.RANKS, 3 * ("ParallelConfig(dp=d, zero=3)" in src["fsdp_job"]), native.RANKS, native.RANKS, native.TRAIN.microbatches,
+             1.0 * ({k: v.lower() for k, v in plan.items()} == native.TP_PLAN and 'schedule="1f1b"' in src["pp_job"])], 0)
+
+
+def _traffic_12():
+    """Sections 1-5: the mesh is the grid; the three runs equal; the init; the QKV view and the
+    wrong [q|k|v] split; FSDP2's and ZeRO-3's calls; the tensor-parallel plans' all-reduces;
+    the pipeline's sends; the APIs named, as installed."""
+    import inspect
+
+    import torch.distributed.tensor.parallel as tp
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import Schedule1F1B
+    from torch.distributed.tensor.debug import CommDebugMode  # noqa: F401 (the API the prose names)
+
+    from minitron.course import native
+    from minitron.model import GPT
+    w = native.reference_weights()
+    L, m, h = native.MODEL.layers, native.TRAIN.microbatches, native.MODEL.hidden
+    std = float(w["blocks.0.attn.qkv.weight"].std())
+    out_scale = (std / float(w["blocks.0.attn.proj.weight"].std())) ** 2 / L   # c of 1/sqrt(c L)
+    fs = re.search(r"FSDP2:\s+\{'all_gather': \((\d+), (\d+)\), 'reduce_scatter': \((\d+), \d+\)\}\nminitron ZeRO-3: \{'all_gather': "
+                   r"\((\d+), (\d+)\), 'all_reduce': \((\d), (\d)\)", outputs("12")).groups()
+    ag, _, rs, ag_m, _, ar_calls, ar_bytes = (int(x) for x in fs)
+    native_ar, = shown("12", r"^parallelize_module: \{'all_reduce': \((\d+), \d+\)\}")
+    mini_act, mini_small = shown("12", r"^minitron: (\d+) of \[b, s, h\] = 4 L m \+ 2 m, plus 3 m = (\d+) of \[b, s\]")
+    placements = dict(re.findall(r"^\S+\s+(colwise|rowwise)\s+weight placements \(Shard\(dim=(\d)\),\)$", outputs("12"), re.M))
+    first_more, first_bytes = shown("12", r"^step 0 sends (\d+) messages more, (\d+) B in all")
+    act, = shown("12", r"^one activation \[b/m, s, h\] = (\d+) B")
+    sends, = [shown("12", r"^Schedule1F1B, step 2: \{'recv': \((\d+), (\d+)\), 'send': \((\d+), (\d+)\)\}")]
+    apis = [hasattr(FSDPModule, "set_reshard_after_backward"), hasattr(FSDPModule, "set_requires_gradient_sync"),
+            "input_layouts" in inspect.signature(tp.RowwiseParallel).parameters,
+            "use_local_output" in inspect.signature(tp.ColwiseParallel).parameters, hasattr(tp, "loss_parallel"),
+            hasattr(tp, "SequenceParallel"), inspect.signature(Schedule1F1B).parameters["scale_grads"].default is True,
+            hasattr(GPT, "boundary_shape")]
+    rank0 = (min(h, 3 * h // 2), 3 * h // 2 - h)                   # [q|k|v] rows 0 .. 3h/2 of 3h on rank 0 of 2
+    return (said("12", r"N\(0, ([\d.]+)\) with the output layers scaled by\s+\$1/\\sqrt\{(\d)L\}\$") + [1.0, 1.0, 0.5]
+            + said("12", r"sharded on (?:dimension|dim) (\d)") + [1.0, 1.0, 1.0]
+            + said("12", r"The (\d)-byte\s+all-reduce is minitron's global gradient norm")
+            + said("12", r"the cross-entropy \((three) all-reduces of one number per\s+token") + [1.0] * 3 + [1.0] * len(apis),
+            [round(std, 2), round(out_scale), 1.0 * (".view(b, s, -1, 3, self.head_dim)" in inspect.getsource(native)),
+             rank0[0] / h, rank0[1] / h, int(placements["colwise"]), 1.0 * (rs == (L + 1) * m),
+             1.0 * (ag == m * (1 + 2 * L)), 1.0 * (ag_m == 1 + 2 * L * m), ar_bytes * (ar_calls == 1), mini_small / m,
+             1.0 * (native_ar == 4 * L * m and mini_act == 4 * L * m + 2 * m and placements == {"colwise": "0", "rowwise": "1"}),
+             1.0 * (sends == [m, m * act, m, m * act]), 1.0 * (0 < first_more < m and first_bytes < act / 10)]
+            + [1.0 * ok for ok in apis], 0)
+
+
+def _results_12():
+    """The stored checks: the mesh the same partition, the three native runs equal within 1e-9,
+    four microbatch losses from Schedule1F1B, and the Try-it's prediction equal to its run."""
+    same = re.findall(r"losses and parameters equal within 1e-9: (True|False)", outputs("12"))
+    predicted = shown("12", r"^predicted, m = 2: FSDP2 (\d+) all-gathers, minitron (\d+); FSDP2 gathers ([\d,]+) B more")
+    traced = shown("12", r"^traced,    m = 2: FSDP2 (\d+) all-gathers, minitron (\d+); FSDP2 gathers ([\d,]+) B more")
+    _stated("12", r"Equal to rounding, all three", None)
+    _stated("12", r"The two are the same partition", None)
+    return ([1.0, 3, 1.0] + said("12", r"n_microbatches=(\d)") + predicted,
+            [1.0 * ("same partition: True" in outputs("12")), same.count("True"), 1.0 * (same.count("False") == 0)]
+            + shown("12", r"^Schedule1F1B: (\d) microbatch losses from one step") + traced, 0)
+
+
+CLAIMS_10_12 = {
+    "10 read first": lambda: _read_first("10"),
+    "10 shapes and FLOPs": _shapes_10,
+    "10 GQA FLOPs": _gqa_flops_10,
+    "10 saved activations": _saved_10,
+    "10 memory": _memory_10,
+    "10 kv heads": _kv_heads_10,
+    "10 launch": _launch_10,
+    "10 rotary": _rotary_10,
+    "10 ring and all-to-all formulas": _cp_formulas_10,
+    "10 Ulysses heads": _ulysses_heads_10,
+    "10 transformers": _hf_10,
+    "10 questions and try it": _questions_10,
+    "12 read first": lambda: _read_first("12"),
+    "12 setup": _setup_12,
+    "12 table": _table_12,
+    "12 traffic": _traffic_12,
+    "12 results": _results_12,
+}
+CLAIMS.update(CLAIMS_10_12)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_10_12))
+def test_lessons_10_and_12_state_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("10 read first", prose, "lesson 9 (context\nparallelism)", "lesson 9 (pipeline\nschedules)"),
+    ("10 shapes and FLOPs", prose, "Llama 3 8B has 8.03 billion", "Llama 3 8B has 8.3 billion"),
+    ("10 shapes and FLOPs", outputs, "attention 3·L·4sq 2.0294e+11", "attention 3·L·4sq 2.2294e+11"),
+    ("10 GQA FLOPs", prose, "removes $4h(h - k)$ FLOPs", "removes $2h(h - k)$ FLOPs"),
+    ("10 saved activations", prose, "**$3k$** for keys and values", "**$2k$** for keys and values"),
+    ("10 saved activations", prose, "+ 2sd + 2fh$ elements", "+ 2sd + 4fh$ elements"),
+    ("10 memory", prose, "For Llama 3 8B on 8 tensor ranks", "For Llama 3 8B on 4 tensor ranks"),
+    ("10 kv heads", outputs, "the kv copies' gradient sum: 16,384 bytes", "the kv copies' gradient sum: 32,768 bytes"),
+    ("10 launch", prose, "8 query heads of d = 8", "8 query heads of d = 16"),
+    ("10 rotary", prose, "shift both positions by 37", "shift both positions by 36"),
+    ("10 ring and all-to-all formulas", prose, "(6 in all)", "(3 in all)"),
+    ("10 ring and all-to-all formulas", outputs, "ring :  56.00 GiB", "ring :  42.00 GiB"),   # dK, dV priced in bf16
+    ("10 Ulysses heads", prose, "Heads must divide by N", "Heads need not divide by N"),
+    ("10 transformers", prose, "replicated on all four ranks", "replicated on all two ranks"),
+    ("10 questions and try it", outputs, "t = 16 against t = 8: 1.0x", "t = 16 against t = 8: 2.0x"),
+    ("12 read first", prose, "lesson 02 (pipeline schedules)", "lesson 02 (tensor parallelism)"),
+    ("12 setup", prose, "3 steps of\n4 microbatches", "3 steps of\n8 microbatches"),
+    ("12 table", prose, "`--pp 2 --schedule 1f1b`", "`--pp 4 --schedule 1f1b`"),
+    ("12 traffic", prose, "N(0, 0.02)", "N(0, 0.01)"),
+    ("12 traffic", prose, "The 8-byte\nall-reduce is minitron's", "The 4-byte\nall-reduce is minitron's"),
+    ("12 results", outputs, "traced,    m = 2: FSDP2 10 all-gathers", "traced,    m = 2: FSDP2 9 all-gathers"),
+])
+def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 10 or 12 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
