@@ -2070,7 +2070,7 @@ def _saved_10():
              delta(r"GELU \(width f\) instead of SwiGLU") == -el * ((swiglu - gelu) * f * s + regroup * f * h),
              delta("learned positions instead of rotary") == -el * (ms.n_kv_heads * d * s + rope * s * d),
              delta("one kv head fewer") == -el * kv3 * d * s]
-    b, = (int(x) for x in re.findall(r"^base = block_saved_bytes\(ms, \{\}, (\d), 4\)", code("10"), re.M))
+    b, = (int(x) for x in re.findall(r"^base = block_saved_bytes\(ms, ParallelConfig\(\), (\d), 4\)", code("10"), re.M))
     return ([1.0, c[0], c[1], 1.0] + said("10", r"\(float(\d+) below, so\s+(\d) bytes each\)") + [1.0] * len(knobs)
             + said("10", r"\(one sequence of (\d+) tokens\)"),
             [1.0 * ok, 2 * (rms + 1), 2 * 1, 1.0 * k_t, 8 * el, el] + [1.0 * x for x in knobs] + [s * b], 0)
