@@ -16,6 +16,8 @@
   analysis's bytes per axis and op, the 'replica' axis (torchft's all-reduce) included.
 * SIGKILL of the Lighthouse: every replica's next quorum fails within its timeout, and each
   stops with a line naming the Lighthouse and a checkpoint of its last committed step.
+* In-process: the state a healthy replica sends holds its data position (``data.position``),
+  and a replica whose sampler reads otherwise refuses it, naming the field.
 
 Faults are planted through the launcher's `fault(replica, life, step)` hook, which runs on
 every rank before each step; `Pace` slows the steps so that the restarted replica (a new
