@@ -105,7 +105,8 @@ def four(tmp_path_factory):
     from minitron.tools.testing import run_on_ranks
 
     for layout in (SMALL, LARGE):
-        validate(MODEL, layout, _train(True), world=4)
+        for pack in (False, True):
+            validate(MODEL, layout, _train(pack), world=4)
     folder = tmp_path_factory.mktemp("reshard")
     corpora = _corpora(folder)
     return run_on_ranks(_job, ParallelConfig(dp=4), CASES, corpora, folder), corpora
@@ -132,6 +133,8 @@ def test_a_resume_at_another_data_parallel_size_trains_on_the_new_sizes_rows(fou
     """Per rank and step, the token ids trained on from the resume step are the uninterrupted
     run's at the new size, and so are the losses (float64, 1e-9); the planted loader fails both."""
     results, _ = four
+    small, large = (results[0][name][run]["loss"] for run in ("small", "large"))
+    print(f"{name:<40} the two sizes' uninterrupted losses differ by {max(abs(small[k] - large[k]) for k in small):.1e}")
     for resumed, uninterrupted in _resumes(name):
         rows, diff = _same_rows(results, name, resumed, uninterrupted), _same_losses(results, name, resumed, uninterrupted)
         print(f"{name:<40} {resumed:<13} rows equal {rows}  loss {diff:.1e}")
@@ -144,10 +147,9 @@ def test_each_steps_global_batch_is_the_single_devices_at_both_sizes(four, name,
     """The data ranks' rows of a step, in data-rank order, are the single device's global batch
     of that step: the rule that makes the position layout-free."""
     from minitron.comm import Comm
+    from minitron.data import load_corpus
     from minitron.grid import ProcessGrid
     from minitron.train import Trainer
-
-    from minitron.data import load_corpus
 
     results, corpora = four
     one = Trainer(MODEL, ParallelConfig(), _train(pack), Comm(ProcessGrid()), corpora[kind] or load_corpus(""))
