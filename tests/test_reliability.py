@@ -198,10 +198,10 @@ def test_resume_notes_the_harmless_changes(run, tmp_path, capsys):
                                    "dp1.tp1.pp1; checkpoints are layout-independent)"], lines
 
 
-def test_the_checkpoint_states_its_data_position_and_resume_compares_it_whole(run):
+def test_the_checkpoint_states_its_data_position_and_resume_compares_it_whole(run, tmp_path):
     """meta.json's "data" is ``data.position`` at its step (the sampler's every input); a resume
-    whose sampler would read otherwise (--pack on a checkpoint of windows) is refused, naming it
-    (a position edited away from its step: DAMAGES)."""
+    whose sampler would read otherwise (--pack on a checkpoint of windows, another padding of
+    --pack-balance document) is refused, naming it (a position edited off its step: DAMAGES)."""
     from minitron.config import ConfigError
     from minitron.data import load_corpus, position
 
@@ -210,6 +210,13 @@ def test_the_checkpoint_states_its_data_position_and_resume_compares_it_whole(ru
     assert meta["data"] == position(train, PRESETS["tiny"].seq_len, len(load_corpus("").split()[0]), 2)
     with pytest.raises(ConfigError, match=r"--pack documents \(the checkpoint's is windows\).*--allow-resume-change"):
         check_resume(str(run / "ck"), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True))
+    # --pack-balance document pads documents to 2*cp: a resume at another cp would read other rows
+    ck = damaged(run, tmp_path, _edit_data(sampler="documents", pack_pad=4))
+    with pytest.raises(ConfigError, match=r"--pack-balance document's padding 8 \(the checkpoint's is 4\)"):
+        check_resume(str(ck), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True, pack_balance="document",
+                                                                   pack_pad=8))
+    assert check_resume(str(ck), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True, pack_balance="document",
+                                                                      pack_pad=4)) == 2
 
 
 def test_requeued_job_whose_work_is_done_exits_0(run, tmp_path, capsys):
