@@ -12,17 +12,20 @@ Two kinds of token source share one interface (`len(src)`, `src.window(start, n)
 Batches are a pure function of (seed, step): every rank can build the global batch's
 rows it owns without talking to anyone, and a resumed run sees the same data.
 
-The data position, and why it reshards. No sampler keeps a cursor: the global batch of step
-k is drawn from a generator seeded by (seed, k) alone (:func:`batch`'s window starts;
-``packing.PackedCorpus.batch``'s document starts under --pack) over the training split, so it
-depends on (seed, k, global batch, sequence length, the training split's tokens, the sampler,
-and --pack's padding) and never on the layout; data rank d of D takes its contiguous rows
-``dp_rows(B, D, d)`` = [d·B/D, (d+1)·B/D), each split into the microbatches. The whole
-position after k steps is therefore :func:`position` (k and those fields), which a
-checkpoint's meta.json states; resuming it at another data-parallel size D' (or any layout)
-trains, from step k on, on exactly the rows an uninterrupted run at D' trains on: on every
-rank and step the same token ids (``tests/test_data_reshard.py``). A fault-tolerant replica
-that recovers receives this position from its peer (``fault_tolerance.trainer_state``).
+The data position, and why it reshards. No sampler keeps a cursor (nor an epoch: rows are
+drawn with replacement): the global batch of step k is drawn from a generator seeded by
+(seed, k) alone (:func:`batch`'s window starts; ``packing.PackedCorpus.batch``'s document
+starts under --pack) over the training split, so it is a function of (seed, k, global batch,
+sequence length, the training split's tokens, the sampler, --pack's padding) and of nothing
+a step before it did. Data rank d of D (the ep × dp replicas) takes its contiguous rows
+``dp_rows(B, D, d)`` = [d·B/D, (d+1)·B/D), split into its microbatches. The whole position
+after k steps is therefore :func:`position` (k and those fields), which a checkpoint's
+meta.json states and a resume compares whole (``tools.resume_checks``); resumed at another
+data-parallel size D' (or any layout, any --microbatches), a run trains from step k on exactly
+the rows an uninterrupted run at D' trains on, on every rank and step the same token ids
+(``tests/test_data_reshard.py``). The one layout the data depends on is --pack-balance
+document's padding (2·cp): a resume at another cp is refused, naming it. A fault-tolerant
+replica that recovers receives the position from its peer (``fault_tolerance.trainer_state``).
 """
 from __future__ import annotations
 
