@@ -8,7 +8,8 @@ resumed at dp4, and saved at dp4 and resumed at dp2 x tp2; on Shakespeare's wind
 packed documents (--pack) and on a token file (a memory-mapped .bin); every rank's token ids
 of every step it trains (what its microbatches hold) equal the uninterrupted run's at the
 resumed layout, each step's global batch (the data ranks' rows in order) is the single
-device's, and the continued losses equal the uninterrupted ones to 1e-9. Planted: a loader
+device's, both sizes' checkpoints state the single device's data position, and the continued
+losses equal the uninterrupted ones to 1e-9. Planted: a loader
 whose position is not restored (its cursor starts again at 0 on resume) is caught by both. The checkpoint's meta and the resume's refusals are in
 test_reliability.py; the recovering replica's position in test_fault_tolerance.py.
 """
@@ -109,7 +110,7 @@ def four(tmp_path_factory):
             validate(MODEL, layout, _train(pack), world=4)
     folder = tmp_path_factory.mktemp("reshard")
     corpora = _corpora(folder)
-    return run_on_ranks(_job, ParallelConfig(dp=4), CASES, corpora, folder), corpora
+    return run_on_ranks(_job, ParallelConfig(dp=4), CASES, corpora, folder), corpora, folder
 
 
 def _resumes(name: str):
@@ -132,7 +133,7 @@ def _same_losses(results: dict, name: str, resumed: str, uninterrupted: str) -> 
 def test_a_resume_at_another_data_parallel_size_trains_on_the_new_sizes_rows(four, name, kind, pack, planted):
     """Per rank and step, the token ids trained on from the resume step are the uninterrupted
     run's at the new size, and so are the losses (float64, 1e-9); the planted loader fails both."""
-    results, _ = four
+    results = four[0]
     small, large = (results[0][name][run]["loss"] for run in ("small", "large"))
     print(f"{name:<40} the two sizes' uninterrupted losses differ by {max(abs(small[k] - large[k]) for k in small):.1e}")
     for resumed, uninterrupted in _resumes(name):
@@ -145,14 +146,22 @@ def test_a_resume_at_another_data_parallel_size_trains_on_the_new_sizes_rows(fou
 @pytest.mark.parametrize("name,kind,pack,planted", [c for c in CASES if not c[3]])
 def test_each_steps_global_batch_is_the_single_devices_at_both_sizes(four, name, kind, pack, planted):
     """The data ranks' rows of a step, in data-rank order, are the single device's global batch
-    of that step: the rule that makes the position layout-free."""
+    of that step: the rule that makes the position layout-free; both sizes' checkpoints state
+    the same position, the single device's after SAVED_AT steps."""
+    import json
+
+    from minitron.checkpoint import latest
     from minitron.comm import Comm
-    from minitron.data import load_corpus
+    from minitron.data import load_corpus, position
     from minitron.grid import ProcessGrid
     from minitron.train import Trainer
 
-    results, corpora = four
+    results, corpora, folder = four
     one = Trainer(MODEL, ParallelConfig(), _train(pack), Comm(ProcessGrid()), corpora[kind] or load_corpus(""))
+    ck = folder / f"case{[c[0] for c in CASES].index(name)}"
+    for size in ("small", "large"):
+        meta = json.loads((latest(str(ck / size)) / "meta.json").read_text())
+        assert meta["data"] == position(_train(pack), MODEL.seq_len, len(one.train_data), SAVED_AT), (size, meta)
     for layout, run in ((SMALL, "small"), (LARGE, "large")):
         first = {ProcessGrid.for_layout(layout, r).data_index(): r for r in sorted(results, reverse=True)}
         for k in range(STEPS):
