@@ -13,8 +13,9 @@ collectives moved, in more, smaller messages).
   local expert, one in flight under the other half's experts (``--ep-overlap``,
   ``parallel/expert_overlap.py``; DeepSeek-V3 §3.2.1).
 * ``--overlap 2d`` / ``3d``: ``--tp-overlap`` on SUMMA (each step's broadcasts under the step
-  before's product; ``--tp 4``) and on the cube (a product's two gathers at once, dX's
-  reduce-scatter under dW's product; ``--tp 8``). Not in ``--smoke`` (4 and 8 ranks).
+  before's product; ``--tp 4``) and on the cube (a product's two gathers at once, the
+  weight's second half gathered under the first half's product, dX's reduce-scatter under
+  dW's product; ``--tp 8``). Not in ``--smoke`` (4 and 8 ranks).
 
     .venv/bin/python benchmarks/bench_overlap.py --overlap tp --rounds 8            # the small GPT, tp 2
     .venv/bin/python benchmarks/bench_overlap.py --overlap ep --hidden 256 --rounds 8  # a wider moe-tiny, ep 2

@@ -620,8 +620,9 @@ def validate_tp_overlap(layout: ParallelConfig) -> None:
     (parallel/collective_matmul.py), the chunks the t sequence shards --sp already requires,
     so no chunk count of its own can fail to divide the sequence. 2-D and 2.5-D (SUMMA on
     each of the d grids): each step's broadcasts prefetched under the step before's product
-    (parallel/summa.py). 3-D (the cube): the two gathers of a product at once, dX's
-    reduce-scatter under dW's product (parallel/cube.py). Both make the plain calls."""
+    (parallel/summa.py). 3-D (the cube): the two gathers of a product at once, the second
+    half of the weight's gather under the first half's product, dX's reduce-scatter under
+    dW's product (parallel/cube.py). Both move the plain bytes."""
     _need(layout.tp > 1, "--tp-overlap with --tp 1: nothing to overlap (no tensor-parallel collective): "
                          "add --tp 2 or more with --sp, or drop --tp-overlap")
     _need(layout.sp or layout.tp_mode != "1d", "--tp-overlap decomposes --sp's all-gathers and reduce-scatters: "

@@ -31,8 +31,9 @@ not copied) keeps the healthy replicas training instead:
 
 The oracle still holds: every replica records the steps it committed, so the steps that
 were really taken are known with the replicas each averaged; :func:`replay` runs them on one
-device, each step's batch being only those replicas' rows, and ends with the same
-parameters (float64, to rounding). A step with fewer replicas is said in the metrics.
+device, each step's batch being only those replicas' rows (:func:`step_weights`: each row's
+share of the step's mean), and ends with the same parameters (float64, to rounding). A step
+with fewer replicas is said in the metrics.
 
 What this does not do (yet): replicas with ZeRO shards, experts, context or data ranks
 inside, --timeline (refused in one line); evaluation, the text sample and periodic
@@ -120,27 +121,74 @@ def replica_rows(global_batch: int, replicas: int, replica: int):
     return lambda step: rows
 
 
-def participants_rows(global_batch: int, replicas: int, taken: dict):
-    """The rows a step really averaged: those of the replicas in its quorum (`taken`:
-    {step: [replica, ...]}), for the single-device replay."""
-    def rows(step: int) -> list[int]:
-        return [i for r in taken[step] for i in range(*data_mod.dp_rows(global_batch, replicas, r).indices(global_batch))]
-    return rows
+def step_weights(global_batch: int, replicas: int, taken: dict):
+    """Each row's share of a committed step's mean gradient, for the single-device replay:
+    ``weights(step)`` -> [global_batch] float64, 1/(rows of the quorum) on the rows of the
+    replicas in the step's quorum (`taken`: {step: [replica, ...]}), 0 elsewhere. The
+    replicas' all-reduce averages their own means, so a step with n of R replicas is the
+    plain mean over n·B/R rows: a smaller global batch, not a batch with missing rows."""
+    def weights(step: int) -> torch.Tensor:
+        w = torch.zeros(global_batch, dtype=torch.float64)
+        for r in taken[step]:
+            w[data_mod.dp_rows(global_batch, replicas, r)] = 1.0
+        return w / w.sum()
+    return weights
 
 
-# --- the gradient average over the replicas and the committed step --------------------------------
-class ReplicaAverage:
-    """The replica's own gradient synchroniser (the layout's, inside the replica), then the mean
-    over the replicas of the quorum: one flat all-reduce on the 'replica' axis (torchft)."""
+def rows_and_scale(w: torch.Tensor) -> tuple[list[int], float]:
+    """A step's row weights as the Trainer takes them: the rows it reads (the mean over them)
+    and the factor on that mean (1 when the weights sum to 1). ValueError, in one line, for
+    weights the Trainer cannot take (not one value over the rows they cover, negative, none)."""
+    w = torch.as_tensor(w, dtype=torch.float64).reshape(-1)
+    rows = w.nonzero().reshape(-1)
+    if rows.numel() == 0 or (w < 0).any() or not torch.allclose(w[rows], w[rows][0].expand(rows.numel()),
+                                                                rtol=1e-12, atol=0):
+        raise ValueError("a step's weights must be one non-negative value on the rows it averaged and 0 elsewhere "
+                         f"(got {[round(x, 6) for x in w.tolist()]})")
+    return rows.tolist(), float(w.sum())
 
-    def __init__(self, inner, comm: Comm):
-        self.inner, self.comm = inner, comm
+
+class AfterTheLayout:
+    """A gradient synchroniser that runs the layout's own (`inner`) and adds a step of its own
+    after it, in ``finish``: the Trainer's ``data_parallel`` seam, which both the replicas'
+    mean and the replay's scaling take."""
+
+    def __init__(self, inner):
+        self.inner, self.comm, self.params = inner, inner.comm, inner.params
 
     def zero_grad(self) -> None:
         self.inner.zero_grad()
 
     def microbatch(self, last: bool):
         return self.inner.microbatch(last)
+
+
+class ScaledGradients(AfterTheLayout):
+    """The replay's gradient synchroniser: the layout's (one device: the mean over the
+    step's rows), then that mean times the step's scale, `scales` giving one per step in the
+    order the steps run (``rows_and_scale``: exactly 1 for the engine's own weights)."""
+
+    def __init__(self, inner, scales):
+        super().__init__(inner)
+        self.scales = iter(scales)
+
+    def finish(self) -> None:
+        self.inner.finish()
+        scale = next(self.scales)
+        if scale != 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+
+
+# --- the gradient average over the replicas and the committed step --------------------------------
+class ReplicaAverage(AfterTheLayout):
+    """The replica's own gradient synchroniser (the layout's, inside the replica), then the mean
+    over the replicas of the quorum: one flat all-reduce on the 'replica' axis (torchft)."""
+
+    def __init__(self, inner, comm: Comm):
+        super().__init__(inner)
+        self.comm = comm
 
     def finish(self) -> None:
         """Gradients whole inside the replica, then averaged over the quorum's replicas."""
@@ -589,7 +637,8 @@ def _supervise(groups: dict, start, lighthouse: Lighthouse, ft: FaultTolerance, 
 def summary(outcomes: dict, restarts: dict, journals: list, ft: FaultTolerance) -> dict:
     """What the run did: per step the replicas that committed it (`taken`, from every life's
     journal: a killed life's steps included), the steps with fewer replicas, the restarts,
-    and each replica's end (its final parameters, or why it stopped or was lost)."""
+    each replica's end (its final parameters, or why it stopped or was lost), and the
+    journal itself (every committed step's record, as in the metrics, by step and replica)."""
     failed = [x for ranks in outcomes.values() for x in ranks if isinstance(x, RankFailed)]
     if any(f.config for f in failed):
         raise ConfigError(next(f.message for f in failed if f.config))
@@ -608,17 +657,47 @@ def summary(outcomes: dict, restarts: dict, journals: list, ft: FaultTolerance) 
     taken = {s: sorted(rs) for s, rs in sorted(taken.items())}
     agree = all(said[s] == {len(rs)} for s, rs in taken.items())  # each replica's quorum size = who committed
     return {"taken": taken, "quorum_sizes_agree": agree, "restarts": restarts, "replicas": ends,
-            "fewer_replicas": [s + 1 for s, rs in taken.items() if len(rs) < ft.replicas]}
+            "fewer_replicas": [s + 1 for s, rs in taken.items() if len(rs) < ft.replicas],
+            "journal": sorted(journals, key=lambda rec: (rec["step"], rec["replica"]))}
+
+
+# --- a planted fault ----------------------------------------------------------------------------
+class KillAt:
+    """A planted fault for ``train_replicas(fault=...)`` (the lesson's and lab 08a's run): every
+    step takes at least `pace_s` on every rank (so that a restarted replica, a new process,
+    is back before a short run ends), and rank `rank` of replica `replica` SIGKILLs itself at
+    the first step from `step` on of its first life at which it has begun two steps (a
+    replica that started late and healed is killed only once it has trained). Each rank
+    process holds its own copy (the fault is pickled into it), so the count is its own."""
+
+    def __init__(self, replica: int, step: int, rank: int = 0, pace_s: float = 0.1):
+        self.replica, self.step, self.rank, self.pace_s = replica, step, rank, pace_s
+        self.begun = 0
+
+    def __call__(self, replica: int, life: int, step: int) -> None:
+        if (life == 0 and replica == self.replica and int(os.environ["RANK"]) == self.rank and step >= self.step
+                and self.begun >= 2):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.begun += 1
+        time.sleep(self.pace_s)
 
 
 # --- the oracle -------------------------------------------------------------------------------------
-def replay(model: ModelConfig, train: TrainConfig, taken: dict, replicas: int, corpus=None) -> dict:
+def replay(model: ModelConfig, train: TrainConfig, taken: dict, replicas: int, corpus=None,
+           weights=None) -> dict:
     """The steps as they were taken, on one device: step s's batch is the rows of the
-    replicas in its quorum (`taken`: {step: [replica, ...]}); returns the full parameters."""
+    replicas in its quorum (`taken`: {step: [replica, ...]}); returns the full parameters.
+    `weights`: ``weights(step)`` -> each row's share of the step's mean gradient (default
+    :func:`step_weights`; lab 08a passes a learner's), read through :func:`rows_and_scale`."""
     from .checkpoint import gather_full
 
-    tr = Trainer(model, ParallelConfig(), train, corpus=corpus,
-                 rows_of=participants_rows(train.global_batch, replicas, taken))
-    for step in sorted(taken):
+    weights = weights or step_weights(train.global_batch, replicas, taken)
+    steps = sorted(taken)
+    plan = [rows_and_scale(weights(s)) for s in steps]
+    rows = dict(zip(steps, (r for r, _ in plan)))
+    tr = Trainer(model, ParallelConfig(), train, corpus=corpus, rows_of=rows.__getitem__,
+                 data_parallel=lambda params, comm, layout, chunks: ScaledGradients(
+                     default_data_parallel(params, comm, layout, chunks), [k for _, k in plan]))
+    for step in steps:
         tr.step(step)
     return gather_full(tr)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .config import cube_edge, square_edge
+from .config import ParallelConfig, cube_edge, square_edge
 from .placement import Placement, placement_for, placement_of
 
 AXES = ("tp", "cp", "ep", "dp", "pp")  # fastest first
@@ -81,10 +81,10 @@ class ProcessGrid:
         return math.prod(self.sizes().values())
 
     @classmethod
-    def for_layout(cls, layout, rank: int = 0) -> "ProcessGrid":
+    def for_layout(cls, layout: ParallelConfig, rank: int = 0) -> "ProcessGrid":
         """The grid of a ParallelConfig (its degrees and tensor mode), seen from `rank`."""
-        return cls(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, ep=getattr(layout, "ep", 1),
-                   cp_a2a=layout.cp_a2a if getattr(layout, "cp_mode", "ring") == "usp" else 1,
+        return cls(tp=layout.tp, dp=layout.dp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
+                   cp_a2a=layout.cp_a2a if layout.cp_mode == "usp" else 1,
                    cube=layout.tp_mode == "3d", rank=rank, placement=placement_of(layout),
                    summa_depth=layout.tp_depth if layout.tp_mode in ("2d", "2.5d") else 0)
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from .comm import Comm, CommTrace, wire_dtype_for
-from .config import RANK_TIMEOUT_S, ConfigError
+from .config import RANK_TIMEOUT_S, ConfigError, ParallelConfig
 from .grid import ProcessGrid
 from .preemption import SignalLog, installed_log
 
@@ -71,11 +71,11 @@ def slurm_to_torch_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
 
 
-def resolve_device(layout, world: int) -> torch.device:
+def resolve_device(layout: ParallelConfig, world: int) -> torch.device:
     """The one place where the device is chosen: CUDA (this rank's local GPU) with the
     nccl backend, or for a single-device run when a GPU is present and --device allows;
     otherwise the CPU (gloo ranks)."""
-    want = getattr(layout, "device", "auto")
+    want = layout.device
     cuda = torch.cuda.is_available() and (layout.backend == "nccl" or world == 1)
     if want == "cuda" or (want == "auto" and cuda):
         # a task may see one GPU (--gpus-per-task) or the node's: wrap the local rank

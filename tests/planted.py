@@ -11,3 +11,13 @@ def assert_each_named(got: dict[str, dict], want: dict[str, str]) -> None:
         assert "\n" not in got[name]["message"], (name, got[name]["message"])
         messages.add(got[name]["message"])
     assert len(messages) == len(want), "two planted mistakes got the same message"
+
+
+def broken_in(reference: str):
+    """The plant of a lab test: ``broken(old, new)`` is `reference` (the lab's solution) with
+    its first `old` replaced by `new` (or the same in another `source`); `old` must be there,
+    so that a solution edited later cannot leave a plant that changes nothing."""
+    def broken(old: str, new: str, source: str = reference) -> str:
+        assert old in source, old
+        return source.replace(old, new, 1)
+    return broken

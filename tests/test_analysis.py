@@ -78,18 +78,18 @@ class BruteRank(nn.Module):
 
 
 CASES = [
-    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), dict(tp=1, pp=1)),
-    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), dict(tp=2, pp=2)),
-    (ModelConfig(layers=5, hidden=48, heads=4, seq_len=16, vocab=257, tied_embeddings=True), dict(tp=4, pp=2)),
-    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99, ffn=96), dict(tp=2, pp=2, vpp=3)),
-    (ModelConfig(layers=7, hidden=32, heads=2, seq_len=8, vocab=50, tied_embeddings=True), dict(tp=2, pp=3)),
-    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99), dict(tp=1, pp=3, stage_layers=(1, 3, 2))),
+    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), ParallelConfig(tp=1, pp=1)),
+    (ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=101), ParallelConfig(tp=2, pp=2)),
+    (ModelConfig(layers=5, hidden=48, heads=4, seq_len=16, vocab=257, tied_embeddings=True), ParallelConfig(tp=4, pp=2)),
+    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99, ffn=96), ParallelConfig(tp=2, pp=2, vpp=3)),
+    (ModelConfig(layers=7, hidden=32, heads=2, seq_len=8, vocab=50, tied_embeddings=True), ParallelConfig(tp=2, pp=3)),
+    (ModelConfig(layers=6, hidden=32, heads=4, seq_len=8, vocab=99), ParallelConfig(tp=1, pp=3, stage_layers=(1, 3, 2))),
 ]
 
 
 @pytest.mark.parametrize("cfg,layout", CASES)
 def test_param_count_is_exact_against_brute_force(cfg, layout):
-    t, p, v = layout["tp"], layout["pp"], layout.get("vpp", 1)
+    t, p, v = layout.tp, layout.pp, layout.vpp
     chunks = chunk_layers(cfg, layout)
     total_local = 0
     for r in range(p):
@@ -114,13 +114,12 @@ def test_param_count_matches_minitron_gpt_shards():
     except ImportError as e:  # the engine is being written alongside
         pytest.skip(f"engine not importable: {e}")
     cube = ModelConfig(layers=3, hidden=16, heads=4, seq_len=8, vocab=37)
-    cases = CASES[:5] + [(cube, dict(tp=8, pp=1, tp_mode="3d")),
-                         (cube.replace(tied_embeddings=True), dict(tp=8, pp=2, tp_mode="3d"))]
+    cases = CASES[:5] + [(cube, ParallelConfig(tp=8, pp=1, tp_mode="3d")),
+                         (cube.replace(tied_embeddings=True), ParallelConfig(tp=8, pp=2, tp_mode="3d"))]
     for cfg, lay in cases:
-        t, p, v = lay["tp"], lay["pp"], lay.get("vpp", 1)
+        t, p, v, mode = lay.tp, lay.pp, lay.vpp, lay.tp_mode
         if v > 1:
             continue
-        mode = lay.get("tp_mode", "1d")
         chunks, start = chunk_layers(cfg, lay), 0
         for r, n in enumerate(chunks):
             ids = list(range(start, start + n))
@@ -136,8 +135,8 @@ def test_param_count_matches_minitron_gpt_shards():
 
 def test_layer_split():
     assert split_layers(10, 4) == [3, 3, 2, 2]
-    assert rank_layers(PRESETS["small"], dict(pp=2, vpp=2)) == [2, 2]
-    assert rank_layers(ModelConfig(layers=6), dict(pp=3, stage_layers=(1, 3, 2))) == [1, 3, 2]
+    assert rank_layers(PRESETS["small"], ParallelConfig(pp=2, vpp=2)) == [2, 2]
+    assert rank_layers(ModelConfig(layers=6), ParallelConfig(pp=3, stage_layers=(1, 3, 2))) == [1, 3, 2]
     with pytest.raises(ValueError):
         split_layers(3, 4)
 
@@ -256,7 +255,7 @@ def test_flash_attention_keeps_no_scores():
     no layer is rebuilt in memory; the s·b·h terms are untouched. Full recomputation still
     keeps only the layer inputs."""
     m = PRESETS["llama3-70b"]
-    lay = dict(tp=8, pp=8, dp=1, vpp=5, microbatch_size=1, sp=True)
+    lay = PlannedLayout(tp=8, pp=8, dp=1, vpp=5, microbatch_size=1, sp=True)
     est = lambda rc, flash: memory_estimate(m, lay, 64, recompute=rc, flash=flash)["activations_bytes"]  # noqa: E731
     assert est("none", True) == est("selective", True) < est("selective", False) < est("none", False)
     per_layer = {rc: activation_bytes_per_layer(m, 1, 8, True, rc, 2, 1, True) for rc in ("none", "selective")}
@@ -266,8 +265,8 @@ def test_flash_attention_keeps_no_scores():
 
 
 def test_memory_estimate_1t_fits_an_a100():
-    mem = memory_estimate(PRESETS["ptdp-1t"], dict(tp=8, pp=64, dp=6, microbatch_size=1), 3072)
-    assert mem["params_bytes"] == 2 * params_per_rank(PRESETS["ptdp-1t"], dict(tp=8, pp=64))
+    mem = memory_estimate(PRESETS["ptdp-1t"], PlannedLayout(tp=8, pp=64, dp=6, microbatch_size=1), 3072)
+    assert mem["params_bytes"] == 2 * params_per_rank(PRESETS["ptdp-1t"], ParallelConfig(tp=8, pp=64))
     assert 40e9 < mem["total_bytes"] < 80e9
 
 

@@ -121,21 +121,21 @@ def test_planner_never_searches_an_axis_the_software_does_not_run(software):
     sw = SOFTWARE[software]
     for model in (PRESETS["llama3-8b"].replace(layers=8), PRESETS["gpt-1.3b"].replace(layers=8)):
         for e in plan(model, 32, 32, "h100-dgx", seq_len=32768, software=software, fsdp=bool(sw.fsdp) or None):
-            assert e["cp"] == 1 or e["cp_kind"] in sw.context_parallel, e
+            assert e["cp"] == 1 or e["cp_mode"] in sw.context_parallel, e
             assert e["schedule"] in sw.schedules or e["pp"] == 1
             assert e["zero"] != 3 or sw.fsdp
             if not sw.context_parallel:
                 assert "cp" not in e["reasons"]
 
 
-def test_plan_passes_cp_kind_to_the_search(capsys):
+def test_plan_passes_cp_mode_to_the_search(capsys):
     argv = [*H100_PLAN, "--model", "llama3-8b", "--layers", "8", "--seq-len", "32768", "--gpus", "32",
             "--software", "megatron-core-2024"]
     for kind in ("a2a", "allgather", "ring"):
-        out = run_json(capsys, [*argv, "--cp-kind", kind, "--cp", "4", "--json"])
-        assert {e["cp_kind"] for e in out["candidates"] if e["cp"] > 1} == {kind}
-    fixed = run_json(capsys, [*argv, "--tp", "2", "--pp", "2", "--cp", "8", "--cp-kind", "a2a", "--json"])
-    assert fixed["cp_kind"] == "a2a"
+        out = run_json(capsys, [*argv, "--cp-mode", kind, "--cp", "4", "--json"])
+        assert {e["cp_mode"] for e in out["candidates"] if e["cp"] > 1} == {kind}
+    fixed = run_json(capsys, [*argv, "--tp", "2", "--pp", "2", "--cp", "8", "--cp-mode", "a2a", "--json"])
+    assert fixed["cp_mode"] == "a2a"
 
 
 def test_plan_never_prices_an_all_to_all_train_refuses():
@@ -145,13 +145,13 @@ def test_plan_never_prices_an_all_to_all_train_refuses():
     from minitron.config import PRESETS, ConfigError, validate_a2a_heads
     for h, kv, t in ((40, 8, 8), (24, 8, 8), (48, 6, 2)):  # 5 and 3 heads, 3 kv heads per rank over cp 8
         m = PRESETS["llama3-8b"].replace(heads=h, hidden=128 * h, kv_heads=kv, layers=8, seq_len=32768)
-        lays = plan(m, 32, 32, "h100-dgx", software="megatron-core-2024", cp_kinds=("a2a",))
+        lays = plan(m, 32, 32, "h100-dgx", software="megatron-core-2024", cp_modes=("a2a",))
         assert any(e["cp"] > 1 for e in lays)
         for e in lays:
             if e["cp"] > 1:
                 validate_a2a_heads(m, e["tp"], e["cp"])  # raises for a layout train refuses
-        with pytest.raises(ConfigError, match="--cp-kind a2a"):
-            predict(m, PlannedLayout(tp=t, cp=8, cp_kind="a2a"), 8, "h100-dgx")
+        with pytest.raises(ConfigError, match="--cp-mode a2a"):
+            predict(m, PlannedLayout(tp=t, cp=8, cp_mode="a2a"), 8, "h100-dgx")
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -163,14 +163,14 @@ def test_plan_never_prices_an_all_to_all_train_refuses():
     (["--model", "gpt3-175b", "--gpus", "64", "--fp8", "--cluster", "v100-dgx2"], "has no FP8 tensor cores"),
     (["--model", "llama3-8b", "--gpus", "64", "--cp", "4", "--software", "ptdp-2021"],
      "software ptdp-2021 runs no context parallelism"),
-    (["--model", "llama3-8b", "--gpus", "64", "--cp-kind", "allgather", "--software", "minitron"],
+    (["--model", "llama3-8b", "--gpus", "64", "--cp-mode", "allgather", "--software", "minitron"],
      "cp kind 'allgather': software minitron runs ring, a2a"),
-    (["--model", "llama3-8b", "--gpus", "64", "--cp-kind", "a2a", "--software", "current"],
+    (["--model", "llama3-8b", "--gpus", "64", "--cp-mode", "a2a", "--software", "current"],
      "software current runs no context parallelism"),
     (["--model", "llama3-8b", "--gpus", "64", "--zero", "3", "--software", "korthikanti-2022"],
      "zero = 3 (FSDP): software korthikanti-2022 does not shard weights"),
     (["--model", "llama3-8b", "--heads", "40", "--kv-heads", "8", "--hidden", "5120", "--gpus", "64", "--tp", "8",
-      "--pp", "1", "--cp", "4", "--cp-kind", "a2a"], "--cp-kind a2a splits each tensor rank's 5 heads over --cp 4"),
+      "--pp", "1", "--cp", "4", "--cp-mode", "a2a"], "--cp-mode a2a splits each tensor rank's 5 heads over --cp 4"),
     (["--model", "mixtral-8x7b", "--gpus", "1000000", "--tp", "8", "--pp", "4"],
      "--gpus 1000000 / (tp*pp*cp = 32) = 31250 data-parallel ranks x --microbatch-size 1 (the default)"),
     (["--model", "llama3-8b", "--gpus", "1048576", "--tp", "8", "--pp", "4", "--microbatch-size", "2"],

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from minitron import PRESETS
+from minitron import PRESETS, ParallelConfig
 from minitron import analysis as A
 from minitron.analysis import cube as C
 from minitron.analysis import tp_schemes as T
@@ -117,7 +117,7 @@ def test_every_layer_checkpointed_is_the_engines_full_recompute_estimate():
     gpt3, p, m, stage = PRESETS["gpt3-175b"], 12, 128, 5
     k = A.stashed_on_rank("1f1b", p, m, 1, stage)
     sp = CP.checkpoint_spacing(gpt3, 1, gpt3.layers // p, tp=8, in_flight=k)
-    engine = A.activation_bytes_on_rank(gpt3, dict(tp=8, pp=p), 1, m, pp_rank=stage, recompute="full")
+    engine = A.activation_bytes_on_rank(gpt3, ParallelConfig(tp=8, pp=p), 1, m, pp_rank=stage, recompute="full")
     assert math.isclose(engine, sp["curve"][gpt3.layers // p] - sp["a_input"])
 
 

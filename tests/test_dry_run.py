@@ -35,7 +35,7 @@ def test_params_read_off_the_model(act, norm, kv, bias):
     for t in (1, 2, 4):
         for r in sorted({0, t - 1}):
             g = _built(m, t, r)
-            assert params.params_on_rank(m, {"tp": t}) == sum(p.numel() for p in g.parameters())
+            assert params.params_on_rank(m, ParallelConfig(tp=t)) == sum(p.numel() for p in g.parameters())
             assert params.local_layer_params(m, t, "1d") == sum(p.numel() for p in g.blocks["0"].parameters())
 
 
@@ -63,7 +63,7 @@ def _saved_in_a_real_step(m: ModelConfig, b: int, **layout) -> int:
 def test_saved_bytes_read_off_the_model(act, norm, kv, bias):
     m = _model(act, norm, kv, bias)
     for rc in ("none", "selective"):
-        assert dry_run.block_saved_bytes(m, {"recompute": rc}, 3, 4) == _saved_in_a_real_step(m, 3, recompute=rc)
+        assert dry_run.block_saved_bytes(m, ParallelConfig(recompute=rc), 3, 4) == _saved_in_a_real_step(m, 3, recompute=rc)
 
 
 def test_gpt2_closed_forms_equal_the_derived_figures():
@@ -72,18 +72,18 @@ def test_gpt2_closed_forms_equal_the_derived_figures():
     for name in ("tiny", "small", "megatron-8.3b", "gpt3-175b"):
         m = PRESETS[name]
         h = m.hidden
-        assert params.layer_param_count(m) == dry_run.block_params(m, {}) == 12 * h * h + 13 * h
-        assert params.param_count(m) == dry_run.ends_params(m, {}, True, True) + m.layers * params.layer_param_count(m)
+        assert params.layer_param_count(m) == dry_run.block_params(m, ParallelConfig()) == 12 * h * h + 13 * h
+        assert params.param_count(m) == dry_run.ends_params(m, ParallelConfig(), True, True) + m.layers * params.layer_param_count(m)
     m = PRESETS["small"]
     for (t, sp, rc), drop in itertools.product(((1, False, "none"), (2, False, "none"), (2, True, "none"),
                                                 (2, True, "selective"), (2, False, "full")), (0.0, 0.1)):
         md = m.replace(dropout=drop)
         for b in (1, 4):  # (b = 1: a copy of K and V made for nothing once showed here, 8·s·b·h bytes)
             table = sum(memory.saved_bytes_per_layer(md, b, t, sp, rc, 4).values())
-            assert dry_run.block_saved_bytes(md, {"tp": t, "sp": sp, "recompute": rc}, b, 4) == table, (t, sp, rc, b)
+            assert dry_run.block_saved_bytes(md, ParallelConfig(tp=t, sp=sp, recompute=rc), b, 4) == table, (t, sp, rc, b)
         for first, last in ((True, False), (False, True)):
             ends = sum(memory.stage_activation_bytes(md, 4, t, sp, first, last, 4).values())
-            got = dry_run.ends_saved_bytes(md, {"tp": t, "sp": sp}, 4, 4, first, last)
+            got = dry_run.ends_saved_bytes(md, ParallelConfig(tp=t, sp=sp), 4, 4, first, last)
             # (one tensor rank: F.cross_entropy keeps its 4-byte total weight beside the table's items)
             assert got == ends + (4 if last and t == 1 else 0), (t, sp, first, last)
 
@@ -92,7 +92,7 @@ def test_published_shapes_cost_nothing():
     """A 405B model's block is read off in fake tensors: no memory, no FLOP."""
     m = PRESETS["llama3-405b"]
     h, kvd, f = m.hidden, m.n_kv_heads * m.head_dim, m.ffn_hidden
-    assert dry_run.block_params(m, {"tp": 8}) == (2 * h * h + 2 * h * kvd + 3 * h * f) // 8 + 2 * h
+    assert dry_run.block_params(m, ParallelConfig(tp=8)) == (2 * h * h + 2 * h * kvd + 3 * h * f) // 8 + 2 * h
 
 
 def test_expert_parallel_params_read_off_the_model():

@@ -2,18 +2,22 @@
 cube (3-D, parallel/cube.py). SUMMA: each step's row and column broadcasts posted under the
 product of the step before, each partial product's reduce waited under the product after
 it. The cube: a product's two gathers in flight at once, dX's reduce-scatter under dW's
-product (the 3-D paper's own order). Both make the plain schedule's calls.
+product (the 3-D paper's own order), and in the forward the second half of each weight's
+gather under the first half's product. Both move the plain schedule's bytes; SUMMA in the
+plain schedule's calls, the cube in more (its weights gathered in pieces).
 
 In-process: every mode accepted, the one-line refusal that remains (the split backward);
 the order in which a SUMMA product posts and waits its calls around its products, with the
 step each call belongs to (forward and backward, the linears' X·W and the output layer's
-X·Bᵀ, q = 2 and 3), and the cube product's order, with planted mistakes (every call waited
-before its product; the prefetch of the wrong step) caught; whole models' dry runs making
-the same calls with and without the flag (fp32 and bf16). On real ranks (one launch of 8):
+X·Bᵀ, q = 2 and 3), and the cube product's order (a Linear3D's and the output layer's), with
+planted mistakes (every call waited before its product; the prefetch of the wrong step)
+caught; whole models' dry runs moving the same bytes with and without the flag (fp32 and
+bf16), in the calls the analysis counts. On real ranks (one launch of 8):
 2-D tp4 × dp2 and × pp2, 2.5-D tp8 (q = 2, d = 2) and the cube tp8 with --tp-overlap equal
 one device in float64 (1e-9) over 2 steps, the planted wrong step does not, each traced
 step equals the analysis per axis and op exactly, which prices the flag at the plain
-layout's bytes, and the cube's traced bytes and losses equal its plain run's.
+layout's bytes, the cube's traced calls are analysis/cube.py's, and its traced bytes and
+losses equal its plain run's.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import pytest
 import torch
 
 from minitron.analysis import comm as A
+from minitron.analysis import cube as C
 from minitron.analysis.dry_run import dry_context, dry_trace
 from minitron.comm import Comm, CommTrace, Pending
 from minitron.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig, validate
@@ -137,11 +142,13 @@ def test_each_call_is_posted_before_the_product_it_hides_under_and_waited_after(
 
 
 # --- the cube: the paper's schedule ---------------------------------------------------------------
-def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tuple[list, list]:
+def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False, w_dim: int = 1) -> tuple[list, list]:
     """(forward, backward) event logs of one cube product (placement (j, k), rank 5 of the
     2×2×2 cube) on a dry Comm: each gather 'ag' and reduce-scatter 'rs' logged with its axis
     as it is posted ('~': async), 'wait' for a Pending, 'mm' a product begins. `planted`:
-    every async call waited at once (a wait before the product it should run under)."""
+    every async call waited at once (a wait before the product it should run under).
+    `w_dim` 1: a Linear3D's weight (gathered along its columns); 0: the output layer's wte
+    (gathered along its rows, the output dimension)."""
     events: list = []
 
     def logged(real, op):
@@ -155,42 +162,72 @@ def _cube_issue_order(overlap: bool, monkeypatch, planted: bool = False) -> tupl
     monkeypatch.setattr(Comm, "reduce_scatter", logged(REDUCE_SCATTER, "rs"))
     ctx = dry_context(ParallelConfig(tp=8, tp_mode="3d", tp_overlap=overlap), 5, torch.float64, CommTrace())
     x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(8, 3, dtype=torch.float64, requires_grad=True)  # columns d_in/q² (gathered along i: d_in/q)
+    # a Linear3D's [d_out/q, d_in/q²] (columns gathered along i: d_in/q), or wte's [V'/q², h/q] (rows gathered)
+    w = torch.randn(8, 3 if w_dim else 6, dtype=torch.float64, requires_grad=True)
     with _Matmuls(events):
-        y = cube.cube_product(x, w, ctx.comm, cube.J, 1, cube.K, overlap)
+        y = cube.cube_product(x, w, ctx.comm, cube.J, w_dim, cube.K, overlap)
         forward = list(events)
         events.clear()
         y.backward(torch.ones_like(y))
     return forward, list(events)
 
 
-def test_cube_product_follows_the_papers_schedule(monkeypatch):
-    """Forward: X's gather along j and W's along i posted together, both waited, the
-    product, the reduce-scatter along k. Backward: dY gathered along k, dX's product, its
+@pytest.mark.parametrize("w_dim", [1, 0])
+def test_cube_product_follows_the_papers_schedule(w_dim, monkeypatch):
+    """Forward: X's gather along j and the gather along i of W's first piece (half its
+    output rows) posted together and both waited; the second piece's gather posted, the
+    first piece's product run under it, then waited and the second product run; the
+    reduce-scatter along k. Backward: dY gathered along k, dX's product, its
     reduce-scatter along j posted and left in flight while dW's product runs, dW's
     reduce-scatter along i posted, then both waited. Planted: every call waited at once
-    reads otherwise, and so does the plain schedule."""
-    fwd, bwd = _cube_issue_order(True, monkeypatch)
-    assert fwd == ["ag:j~", "ag:i~", "wait", "wait", "mm", "rs:k"], fwd
+    (no product between a forward gather's issue and its wait) reads otherwise, and so
+    does the plain schedule."""
+    def product_under_second_gather(events):  # an 'mm' between the second weight gather's post and its wait
+        post = events.index("ag:i~", events.index("ag:i~") + 1)
+        return "mm" in events[post:events.index("wait", post)]
+    fwd, bwd = _cube_issue_order(True, monkeypatch, w_dim=w_dim)
+    assert fwd == ["ag:j~", "ag:i~", "wait", "wait", "ag:i~", "mm", "wait", "mm", "rs:k"], fwd
+    assert product_under_second_gather(fwd)
     assert bwd == ["ag:k", "mm", "rs:j~", "mm", "rs:i~", "wait", "wait"], bwd
-    planted = _cube_issue_order(True, monkeypatch, planted=True)
+    planted = _cube_issue_order(True, monkeypatch, planted=True, w_dim=w_dim)
+    assert not product_under_second_gather(planted[0])
+    assert planted[0] == ["ag:j~", "wait", "ag:i~", "wait", "wait", "wait", "ag:i~", "wait", "mm", "wait", "mm",
+                          "rs:k"], planted
     assert planted[1] == ["ag:k", "mm", "rs:j~", "wait", "mm", "rs:i~", "wait", "wait", "wait"], planted
-    assert _cube_issue_order(False, monkeypatch) != (fwd, bwd)
+    assert _cube_issue_order(False, monkeypatch, w_dim=w_dim) != (fwd, bwd)
 
 
 @pytest.mark.parametrize("tp,mode,rank,precision", [(4, "2d", 0, "fp32"), (4, "2d", 3, "bf16"), (8, "3d", 5, "fp32"),
                                                     (8, "3d", 6, "bf16")])
 def test_the_model_makes_the_plain_calls(tp, mode, rank, precision):
-    """A whole model's forward and backward (a dry run) posts the same calls with the flag
-    as without it: every (phase, axis, op, bytes, dtype), in fp32 and under bf16's autocast
-    (activations in bf16 on the wire, weights and their gradients in fp32), so
-    analysis/summa.py and analysis/cube.py count both."""
-    def calls(overlap):
+    """A whole model's forward and backward (a dry run) moves the same bytes per (phase,
+    axis, op, dtype) with the flag as without it, in fp32 and under bf16's autocast
+    (activations in bf16 on the wire, weights and their gradients in fp32). SUMMA posts the
+    very same calls, so analysis/summa.py counts both; the cube's forward gathers each
+    weight in pieces, and every call's (phase, axis, op, bytes), with and without the
+    flag, is the one analysis/cube.py counts."""
+    def records(overlap):
         layout = ParallelConfig(tp=tp, tp_mode=mode, tp_overlap=overlap, precision=precision)
-        return Counter((r["phase"], r["axis"], r["op"], r["bytes"], r["dtype"])
-                       for r in dry_trace(MODEL, layout, tp, rank).records)
-    plain = calls(False)
-    assert plain and calls(True) == plain
+        return dry_trace(MODEL, layout, tp, rank).records
+
+    def summed(recs):
+        out = Counter()
+        for r in recs:
+            out[(r["phase"], r["axis"], r["op"], r["dtype"])] += r["bytes"]
+        return out
+    plain, overlapped = records(False), records(True)
+    assert plain and summed(overlapped) == summed(plain)
+    calls = [Counter((r["phase"], r["axis"], r["op"], r["bytes"], r["dtype"]) for r in recs)
+             for recs in (plain, overlapped)]
+    if mode == "2d":
+        assert calls[1] == calls[0]
+        return
+    assert calls[1] != calls[0]
+    for recs, overlap in ((plain, False), (overlapped, True)):
+        want = C.cube_collectives(MODEL, tp, C.cube_q(tp), act_bytes_per_el=2 if precision == "bf16" else 4,
+                                  overlap=overlap)
+        assert (Counter((r["phase"], r["axis"], r["op"], r["bytes"]) for r in recs)
+                == Counter((c["phase"], c["axis"], c["op"], c["bytes"]) for c in want for _ in range(c["calls"])))
 
 
 # --- on real ranks: one launch of 8 -------------------------------------------------------------------
@@ -221,12 +258,24 @@ def _overlap_job(comm, cases):
         with mock.patch("minitron.parallel.summa.summa_steps", wrong_step) if planted else nullcontext():
             tr = Trainer(MODEL, layout, TRAIN, c, corpus)
             losses = [tr.step(i) for i in range(TRAIN.steps)]
+        step0 = [r for r in c.trace.records if r["rank"] == rank and r["step"] == 0 and r["phase"] != "log"]
         out[name] = {"losses": losses, "traced": traced_step_bytes(c.trace.records, rank),
+                     "calls": dict(Counter((r["axis"], r["op"]) for r in step0)),
+                     "want_calls": _calls(C.cube_comm_items(MODEL, layout, TRAIN)) if kw["tp_mode"] == "3d" else None,
                      "want": {flag: _nonzero(A.comm_bytes_per_step(MODEL, replace(layout, tp_overlap=flag), TRAIN,
                                                                    c.index("pp"))) for flag in (False, True)},
                      "one_device": versus_one_device(c, tr, losses, MODEL,
                                                      TRAIN.replace(microbatches=TRAIN.microbatches * layout.data_replicas))}
     return out
+
+
+def _calls(items: list[dict]) -> dict:
+    """Calls per (axis, op) of a step's items (those it prices at zero bytes left out)."""
+    out = Counter()
+    for it in items:
+        if it["bytes"]:
+            out[(it["axis"], it["op"])] += it["calls"]
+    return dict(out)
 
 
 def _nonzero(by_axis: dict) -> dict:
@@ -262,7 +311,9 @@ def test_overlapped_traced_step_equals_the_analysis_and_the_plain_bytes(eight):
     """Each rank's step 0 equals comm_bytes_per_step per axis and op, with and without the
     flag; the analysis prices the overlapped layout as the plain one (whose traced step
     test_summa.py and test_cube.py hold equal to it), and the overlapped cube's traced bytes
-    equal its plain run's on every axis and op."""
+    equal its plain run's on every axis and op; the cube's traced calls per axis and op are
+    analysis/cube.py's closed form's (cube_comm_items), more with the flag (its weights
+    gathered in pieces)."""
     for rank, res in eight.items():
         for name, kw, _ in CASES:
             got, want = res[name]["traced"], res[name]["want"]
@@ -270,3 +321,6 @@ def test_overlapped_traced_step_equals_the_analysis_and_the_plain_bytes(eight):
             assert got == want[kw.get("tp_overlap", False)] == want[False] and lines <= set(got), (rank, name, got, want)
         for overlapped, plain in PLAIN_OF.items():
             assert res[overlapped]["traced"] == res[plain]["traced"], (rank, overlapped)
+            for name in (overlapped, plain):  # the closed form's calls: the weights gathered in pieces
+                assert res[name]["calls"] == res[name]["want_calls"], (rank, name, res[name]["calls"])
+            assert res[overlapped]["calls"] != res[plain]["calls"], rank

@@ -9,7 +9,7 @@ rendezvous store and go on to the next).
 import pytest
 
 from minitron.labs.collective_matmul import check_all_gather_matmul, check_all_gather_matmul_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''class AllGatherMatmul(torch.autograd.Function):
     """Y = [X_0 … X_{t−1}]·Wᵀ + b, each shard multiplied while the next one travels round the ring."""
@@ -49,9 +49,7 @@ REFERENCE = '''class AllGatherMatmul(torch.autograd.Function):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 FORWARD_LOOP = """        for k in range(t):

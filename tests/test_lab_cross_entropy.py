@@ -14,6 +14,7 @@ import pytest
 from minitron.labs import check_vocab_parallel_ce
 from minitron.labs.cross_entropy import check_vocab_parallel_ce_all
 from minitron.parallel import tensor
+from planted import broken_in
 
 REFERENCE = '''
 class VocabParallelCrossEntropy(torch.autograd.Function):
@@ -50,9 +51,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
 ENGINE_HEAD = "ENGINE = '_Vocab' + 'ParallelCrossEntropy'\n"
 
 
-def broken(old: str, new: str) -> str:
-    assert old in REFERENCE, old
-    return REFERENCE.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

@@ -10,6 +10,7 @@ are found by the unit checks, before any training)."""
 import pytest
 
 from minitron.labs.dispatch import check_dispatch, check_dispatch_all
+from planted import broken_in
 
 REFERENCE = '''
 def permute(experts, keep, num_experts):
@@ -83,9 +84,7 @@ def dispatch_tokens(tokens, experts, gates, keep, num_experts, comm, run_experts
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

@@ -18,7 +18,7 @@ mistakes are found by the unit checks, before any training)."""
 import pytest
 
 from minitron.labs.expert_overlap import check_overlapped_dispatch, check_overlapped_dispatch_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, run_experts):
@@ -92,9 +92,7 @@ def overlapped_dispatch(tokens, experts, gates, keep, num_experts, comm, run_exp
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

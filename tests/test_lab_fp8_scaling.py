@@ -8,7 +8,7 @@ starts; everything else runs on 4 gloo ranks, all the sources in one launch
 import pytest
 
 from minitron.labs.fp8_scaling import check_fp8_scaling, check_fp8_scaling_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def amax(x, comm, axes):
@@ -31,9 +31,7 @@ REDUCE = '''    for axis in axes:
         comm.all_reduce(a, axis, op="max")'''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_stub_syntax_error_and_engine_copy_need_no_ranks():

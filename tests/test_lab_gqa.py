@@ -7,7 +7,7 @@ before any rank starts; everything else runs on 4 gloo ranks, all the sources in
 import pytest
 
 from minitron.labs.gqa import check_gqa, check_gqa_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def kv_rows(kv_heads, head_rows, t, r):
@@ -35,9 +35,7 @@ def sum_kv_grad(grad, comm, kv_heads, t):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

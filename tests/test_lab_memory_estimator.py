@@ -10,6 +10,7 @@ import pytest
 from minitron.analysis import memory_on_rank
 from minitron.labs.memory_estimator import (ACT_TOL, GENERAL, GENERAL_LAYOUTS, GENERAL_TRAIN, LAYOUTS, MODEL, TRAIN,
                                            check_memory_estimator, counted, measure)
+from planted import broken_in
 
 REFERENCE = '''
 def estimate(model, layout, train, stage):
@@ -40,9 +41,7 @@ def estimate(model, layout, train, stage):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_refused_before_any_rank_starts():

@@ -14,7 +14,7 @@ import torch
 
 from minitron.labs import node_routing as lab
 from minitron.labs.node_routing import check_node_routing, check_node_routing_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def node_limited_topk(choice, k, nodes, M):
@@ -42,9 +42,7 @@ def gates(scores, experts, scaling):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_the_checkers_variants_are_the_engine_and_each_differs():

@@ -11,6 +11,7 @@ import pytest
 from minitron.labs import check_online_softmax
 from minitron.labs.online_softmax import RULE, check_online_softmax_all
 from minitron.parallel import context_parallel
+from planted import broken_in
 
 REFERENCE = '''
 def combine(out, lse, out_b, lse_b):
@@ -19,9 +20,7 @@ def combine(out, lse, out_b, lse_b):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

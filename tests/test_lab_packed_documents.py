@@ -11,7 +11,7 @@ from minitron.labs.packed_documents import (_LearnersMask, _document_ids, _visib
 from minitron.labs.runner import Tripwire
 from minitron.packing import SEPARATOR_BYTE, Documents, document_ids
 from minitron.parallel.context_parallel import ChunkMask
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def document_ids(x, separator):
@@ -40,9 +40,7 @@ def visible(segments, cp, q_rank, q_slot, k_rank, k_slot):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_the_checkers_answers_are_the_engines():

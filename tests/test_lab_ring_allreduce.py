@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from minitron.labs.ring_allreduce import check_ring_allreduce, check_ring_allreduce_all, coded_input, diagnose
+from planted import broken_in
 
 REFERENCE = '''
 def ring_allreduce(x, rank, n, send, recv):
@@ -49,9 +50,7 @@ def ring_allreduce(x, rank, n, send, recv):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_needs_no_ranks():

@@ -4,7 +4,7 @@ positions and rotation are refused by any route. One 4-rank launch."""
 import pytest
 
 from minitron.labs.rope_cp import check_rope_cp, check_rope_cp_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def positions(n_local, cp, r):
@@ -29,9 +29,7 @@ def rope(x, cos, sin):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_stub_and_engine_copy_need_no_ranks():

@@ -27,6 +27,7 @@ LABS = {  # lab -> (module, its check function)
     "04c": ("seq_parallel", "check_all_gather_linear"), "04d": ("collective_matmul", "check_all_gather_matmul"),
     "05": ("linear3d", "check_linear3d"),
     "06": ("trillion_layout", "check_trillion_layout"), "07a": ("fp8_scaling", "check_fp8_scaling"),
+    "08a": ("ft_replay", "check_ft_replay"),
     "09": ("online_softmax", "check_online_softmax"),
     "09b": ("ulysses", "check_ulysses"), "09c": ("packed_documents", "check_packed_documents"), "10a": ("gqa", "check_gqa"), "10b": ("rope_cp", "check_rope_cp"),
     "11a": ("dispatch", "check_dispatch"), "11b": ("node_routing", "check_node_routing"),

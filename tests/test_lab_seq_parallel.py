@@ -12,6 +12,7 @@ import pytest
 from minitron.labs import check_all_gather_linear
 from minitron.labs.seq_parallel import REDUCE_SCATTER, check_all_gather_linear_all
 from minitron.parallel import tensor
+from planted import broken_in
 
 REFERENCE = '''
 class AllGatherLinear(torch.autograd.Function):
@@ -33,9 +34,7 @@ class AllGatherLinear(torch.autograd.Function):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_syntax_error_stub_and_engine_copy_need_no_ranks():

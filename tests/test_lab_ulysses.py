@@ -4,7 +4,7 @@ their own line, the engine's own re-layouts are refused by any route. One 4-rank
 import pytest
 
 from minitron.labs.ulysses import check_ulysses, check_ulysses_all
-from planted import assert_each_named
+from planted import assert_each_named, broken_in
 
 REFERENCE = '''
 def seq_to_heads(x, comm):
@@ -33,9 +33,7 @@ def heads_to_seq(y, comm):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def test_stub_and_engine_copy_need_no_ranks():

@@ -9,6 +9,7 @@ starts; everything else shares one launch of 4 gloo ranks (``check_zero3_all``).
 import pytest
 
 from minitron.labs.zero3 import check_zero3, check_zero3_all
+from planted import broken_in
 
 REFERENCE = '''
 class Unit:
@@ -51,9 +52,7 @@ def _engine(full):
 '''
 
 
-def broken(old: str, new: str, source: str = REFERENCE) -> str:
-    assert old in source, old
-    return source.replace(old, new, 1)
+broken = broken_in(REFERENCE)
 
 
 def engine_route(route: str, body: str) -> str:

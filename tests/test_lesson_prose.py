@@ -50,7 +50,8 @@ def out(lesson: str, pattern: str, group=1) -> str:
     return m.group(group)
 
 
-WORDS = {"one": 1.0, "two": 2.0, "four": 4.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0,
+         "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -462,6 +463,13 @@ WITNESSES = {
     "08.oversubscription": lambda: 8 / 2,
     "08.bubble_pp2": lambda: _bubble("1f1b") * 8 / 2 * (2 - 1) / (4 - 1),
     "08.compute_ms": _compute_ms_08,
+    # section 6: the printed MTBF scaled by the stated 1/N rule; Young's stated interval; the stated
+    # rows of a step with n of R replicas
+    "08.ft_mtbf_h": lambda: _stated("08", r"a job of \$N\$ GPUs fails \$N\$ times as often",
+                                     shown("08", r"^MTBF of that job: ([\d.]+) h")[0] * 16_384 / 4_096),
+    "08.young_daly_min": lambda: _stated("08", r"\\tau\^\* = \\sqrt\{2\\,\\delta\\,M\}",
+                                          math.sqrt(2 * 30 * 7200) / 60),
+    "08.quorum_rows": lambda: _stated("08", r"the plain mean over\s+\$n\\,B/R\$ rows", 3 * 64 // 4),
     "09.chunks": _chunks_rank1,
     "09.lse": lambda: _stated("09", r"L' = \\log\\left\(e\^\{L\} \+ e\^\{L_b\}\\right\)", math.log(2 * math.exp(2))),
     "09.ring_messages": _ring_messages,
@@ -691,6 +699,36 @@ def _worst_08():
     return stated, [worst[0], round(row[1]), round(comm[0]), round(row[0])], 0
 
 
+def _failures_08():
+    """Section 6: the Llama 3 record and the MTBF the prose states, the stated save and restart at
+    scale and what they lose, the demonstration's steps, kill, restart and replay differences."""
+    record = shown("08", r"^Llama 3 .*?: (\d+) unexpected interruptions \(\d+ in all\) in (\d+) days on ([\d,]+) GPUs, "
+                         r"(\d+)% of them hardware")
+    mtbf, gpu_years = shown("08", r"^MTBF of that job: ([\d.]+) h; of one GPU: ([\d.]+) years")
+    delta, restart, lost = shown("08", r"^a stated save at scale: delta (\d+) s, restart (\d+) min.*\n.*= ([\d.]+)% of")
+    steps = [int(s) for s in re.findall(r"^step\s+(\d+): ", outputs("08"), re.M)]
+    fewer = [int(s) for s in re.findall(r"^step\s+(\d+): .*<- fewer replicas", outputs("08"), re.M)]
+    diffs = [num(x) for x in re.findall(r"from the replay as taken ([\d.e+-]+)", outputs("08"))]
+    whole = [num(x) for x in re.findall(r"every replica every step ([\d.e+-]+)", outputs("08"))]
+    restart_in = shown("08", r"^minitron: replica 0 lost a rank; restarting it in (\d+) s")
+    stated = said("08", r"a (\d+)-day snapshot of its 405B pre-training on ([\d,]+) H100s:\s+(\d+) unexpected "
+                        r"interruptions, (\d+) % of them hardware")
+    stated += said("08", r"A GPU that fails once in about (\w+) years makes a job of [\d,]+ of them fail every\s+(\w+) hours")
+    stated += said("08", r"\\delta = (\d+)\$ s, with a restart\s+of \$R = (\d+)\$ minutes")
+    sixth = _stated("08", r"About a sixth of the 16,384-GPU run's wall clock", 1 / 6)
+    week = _stated("08", r"is more than a week of\s+the cluster in 54 days", 7)
+    stated += said("08", r"`tiny` model, (\d+) steps; replica 0 kills itself\s+\(SIGKILL\) at the fifth step")
+    stated += said("08", r"stated \(not published\) figures\s+of (\d+) data-parallel replicas and (\d+) minutes for a replica")
+    live = shown("08", r"^live recovery, (\d+) replicas, rejoin (\d+) min: ([\d.]+)% of the samples")
+    assert live[2] < lost / 10  # per cent of the samples against per cent of the wall clock: far less
+    shows = [record[1], record[2], record[0], record[3], round(gpu_years), round(mtbf), delta, restart, max(steps),
+             live[0], live[1]]
+    # the fifth step, the restart after a second; both replicas within float64 rounding, the other far off
+    assert fewer and min(fewer) >= 5 and restart_in == [1.0] and "launcher restarts it after a second" in prose("08")
+    assert len(diffs) == len(whole) == 2 and max(diffs) < 1e-10 and min(whole) > 1e-6
+    return stated + [sixth, 1.0], shows + [lost / 100, 1.0 * (lost / 100 * 54 > week)], 0.01
+
+
 def _v_gpt3_06():
     stated = said("06", r"ZB-V wins, but by only ([\d.]+)%: its bubble is ([\d.]+)% of the ideal time where the best "
                         r"interleaved\s+layout keeps ([\d.]+)%.*?\(p = (\d+)\) with microbatches of (\d) sequences.*?"
@@ -747,6 +785,7 @@ CLAIMS.update({
     "08 alpha range": _alphas_08,
     "08 dp2 efficiency": _dp2_08,
     "08 worst point": _worst_08,
+    "08 failures at scale": _failures_08,
     "10 ring vs all-to-all": _ring_vs_a2a_10,
     "10 try it 1 GiB": _try_it_1gib_10,
 })
@@ -879,7 +918,7 @@ def _try_it_01():
     sol = next("".join(c["source"]) for c in _cells("01") if "".join(c["source"]).startswith("# Solution"))
     shape = [int(x) for x in re.search(r"layers=(\d+), hidden=(\d+), heads=(\d+)", sol).groups()]
     tokens, X = (float(x) for x in re.search(r"tokens, .*?= ([\de.]+), .*?, ([\de.]+)\n", sol).groups())
-    tp, pp = (int(x) for x in re.search(r"dict\(tp=(\d+), pp=(\d+)\)", sol).groups())
+    tp, pp = (int(x) for x in re.search(r"ParallelConfig\(tp=(\d+), pp=(\d+)\)", sol).groups())
     d = int(re.search(r"zero_bytes_per_param\(stage, (\d+)\)", sol).group(1))
     return (said("01", r"\((\d+) layers, \$h = (\d+)\$, (\d+) heads\) trained on (\d+)B tokens\. How\s+many GPUs at (\d+) "
                        r"TFLOP/s would you need to finish in (\d+) days\? With \$t = (\d+)\$ and \$p = (\d+)\$,.*?when \$d = (\d+)\$"),
@@ -1054,6 +1093,714 @@ CLAIMS.update({
 })
 
 
+# --- lessons 4-7: every number their markdown states about their outputs or the engine ---
+# (The same audit for lessons 4-7: the rest are the lesson's own choices of shape, a paper's
+# published figures, the time estimates, or formulas.)
+def _shards_04():
+    """Section 2: the vocabulary the cell chose; the tiny GPT's heads on rank 0 (QKV rows
+    head-major, 3 x head_dim each) and the padded vocabulary, from the printed shards."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    full, local, stop = shown("04", r"^blocks\.0\.attn\.qkv\.weight\s+\((\d+), \d+\)\s+\((\d+), \d+\)\s+0:(\d+), ")
+    rows, per_rank, r1_start, r1_stop = shown("04", r"^wte\.weight\s+\((\d+), \d+\)\s+\((\d+), \d+\)\s+0:\d+, 0:\d+\s+(\d+):(\d+), ")
+    vocab = int(re.search(r"tiny_v = tiny\.replace\(vocab=(\d+)\)", code("04")).group(1))
+    head_dim = tiny.hidden // tiny.heads
+    assert local == stop and full == 3 * tiny.hidden              # rank 0 holds the first rows of Q, K, V
+    heads = local // (3 * head_dim)
+    padding_r1 = per_rank - (r1_stop - r1_start)                  # rank 1's rows beyond the real vocabulary
+    return (said("04", r"an odd vocabulary\s+of (\d+)")
+            + said("04", r"so rank 0's (\d+) rows are heads (\d) and (\d) complete\s+\((\d) heads × (\d) × (\d)\)")
+            + said("04", r"(\d+) is padded to\s+(\d+) so that each rank holds (\d+) rows: rank (\d)'s last row is padding"),
+            [vocab, local, 0, heads - 1, heads, 3, head_dim, rows, 2 * per_rank, per_rank, 1 if padding_r1 == 1 else -1], 0)
+
+
+def _trace_04():
+    """Sections 3-5: verify's t, steps and tolerance; the loss's three reductions; a layer's
+    calls (4 all-reduces, or 4 + 2 all-gathers and 4 reduce-scatters) and their bytes, equal to
+    the stated formulas at the cell's b, t, e; the wire bytes at t = 2; the CE calls' shape b·s."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    t_run, steps = (int(x) for x in re.search(r'"verify", "--nproc", "2", "--tp", "(\d)", "--steps", "(\d)"', code("04")).groups())
+    runs = re.findall(r"^verify \S+\s+losses ([\d., ]+): within ([\de.-]+) of one device", outputs("04"), re.M)
+    assert len(runs) == 2 and all(len(ls.split(", ")) == steps for ls, _ in runs)
+    b, t, e = (int(x) for x in re.search(r"^b, t, e = (\d+), (\d+), (\d+)", code("04"), re.M).groups())
+    bshe = b * tiny.seq_len * tiny.hidden * e
+    plain, ar_bytes = shown("04", r"^\s+tp: per layer traced all_reduce (\d+) x = ([\d,]+) B")
+    ag, ag_bytes, rs, rs_bytes = shown("04", r"tp\+sp: per layer traced all_gather (\d+) x = ([\d,]+) B, "
+                                             r"reduce_scatter (\d+) x = ([\d,]+) B")
+    wire_tp = shown("04", r"'all_reduce': \d+\};  ring wire bytes per rank ([\d,]+)")
+    wire_sp = shown("04", r"'reduce_scatter': \d+\};  ring wire bytes per rank ([\d,]+)")
+    ce = [n for n in out("04", r"^\s+tp: .* places in the model: (.*)$").split(", ") if n.startswith("CE ")]
+    regather, = shown("04", r"^re-gathers in one backward .*: (\d) per layer")
+    formulas = [ar_bytes == 4 * bshe, ag_bytes == (4 + 2) * bshe / t, rs_bytes == 4 * bshe]
+    _stated("04", r"\\text\{all-reduce: \} 4\\,bsh\\,e .*\\text\{all-gather: \} \(4 \+ 2\)\\,bsh\\,e/t,\\;\\; "
+                  r"\\text\{reduce-scatter: \} 4\\,bsh\\,e", None)
+    return (said("04", r"trains the `tiny` GPT with \$t = (\d)\$ for (two) steps") + said("04", r"\(float64, tolerance \$10\^\{-(\d)\}\$\)")
+            + said("04", r"and (three) small all-reduces of the loss")
+            + said("04", r"\*\*(\d) all-reduces\*\* of \$b .*?\*\*(\d) all-gathers of the .*?and (\d) reduce-scatters of .*?"
+                         r"\*\*(\d) all-gathers of the shard in the\s+backward\*\*") + [1.0] * len(formulas)
+            + said("04", r"\(at \$t = (\d)\$: ([\d,]+) bytes instead of ([\d,]+)\)") + said("04", r"the (two) extra `AG` boxes per layer")
+            + said("04", r"three `\[(\d+)\]`-shaped calls\s+\((\d+) = b·s\)") + said("04", r"agreed with one device to \$10\^\{-(\d)\}\$"),
+            [t_run, steps, -math.log10(num(runs[0][1])), len(ce), plain, ag - regather, rs, regather]
+            + [1.0 * ok for ok in formulas] + [t] + wire_sp + wire_tp + [regather]
+            + [b * tiny.seq_len] * 2 + [-math.log10(num(runs[1][1]))], 0)
+
+
+def _memory_04():
+    """Section 4: Table 2's two formulas, as the prose writes them, at GPT-3 175B (b = 1) equal
+    the printed table; the attention matrices the largest items the engine counts at s = 2048."""
+    from minitron import PRESETS
+    from minitron.analysis.memory import saved_bytes_per_layer
+    m = PRESETS["gpt3-175b"].replace(dropout=0.1)
+    s, h, a = m.seq_len, m.hidden, m.heads
+    c10, c24, c5, c34, c5sp = said("04", r"\| tensor parallel \| \$sbh\\,\((\d+) \+ (\d+)/t \+ (\d)as/\(ht\)\)\$ \|.*?"
+                                         r"\| tensor \+ sequence parallel \| \$sbh\\,\((\d+)/t \+ (\d)as/\(ht\)\)\$")
+    rows = re.findall(r"^\s+([1248])\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+$", outputs("04"), re.M)
+    assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
+    mib = lambda per_sbh: s * h * per_sbh / 2**20
+    items = saved_bytes_per_layer(m, 1, 8, True, bytes_per_el=2)
+    largest = set(sorted(items, key=items.get)[-3:])
+    return ([mib(c10 + c24 / int(t) + c5 * a * s / (h * int(t))) for t, _, _ in rows]
+            + [mib(c34 / int(t) + c5sp * a * s / (h * int(t))) for t, _, _ in rows]
+            + said("04", r"the dropped copy\) are the largest items at \$s = (\d+)\$") + [1.0],
+            [num(k) for _, k, _ in rows] + [num(k) for _, _, k in rows]
+            + [s, 1.0 * (largest == {"softmax output", "attention dropout mask", "dropped probabilities"})], 0.05)
+
+
+def _scaling_04():
+    """Section 6: what tp_scaling prices (its default 50 % of peak, b = 1), IB an order of
+    magnitude below NVLink per GPU (the engine's cluster), the table's last NVLink row and the
+    collapse after it; Megatron-LM 2019's servers and its 1.2B run as the cell builds them; the
+    one-layer model optimistic, more so as t grows."""
+    import inspect
+
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis.tensor_parallel import tp_scaling
+    a100, v100 = A.get_cluster("a100-dgx"), A.get_cluster("v100-dgx2")
+    per_gpu_ratio = a100.intra_bw / (a100.inter_bw / a100.gpus_per_node)
+    rows = {int(t): (link, num(sp)) for t, link, sp in
+            re.findall(r"^\s*(\d+)\s+(NVLink|InfiniBand)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)$", outputs("04"), re.M)}
+    last_nvlink = max(t for t, (link, _) in rows.items() if link == "NVLink")
+    m12 = re.search(r'replace\(layers=(\d+), hidden=(\d+), heads=(\d+), .*?\n.*?micro_batch=(\d+), tps=list\(published\)', code("04"))
+    tps = sorted(int(t) for t in re.findall(r"(\d+): [\d.]+", re.search(r"published = \{(.*?)\}", code("04")).group(1)))
+    errors = [int(e) for e in re.findall(r"^\s*\d+\s+[\d.]+x\s+[\d.]+x\s+([-+]\d+)%$", outputs("04"), re.M)]
+    return (said("04", r"\(forward and backward, \$b = (\d)\$\) of the 8\.3B model of\s+Megatron-LM on DGX A100 servers at (\d+)% of peak")
+            + said("04", r"model \((\d+) % of peak, no overlap\)") + [1.0]
+            + said("04", r"The \$t = (\d+)\$ row is the last inside a DGX A100 server") + said("04", r"at \$t = (\d+)\$ the ring crosses")
+            + [1.0] + said("04", r"servers of \*\*(\d+)\*\* V100s \(NVSwitch among all\s+(\d+)\)")
+            + said("04", r"the 1\.2B model \((\d+) layers, \$h = (\d+)\$, (\d+) heads, \$s = (\d+)\$, batch (\d+)\) on (\d), (\d), (\d) and (\d)")
+            + [1.0],
+            [int(re.search(r'tp_scaling\("megatron-8.3b", micro_batch=(\d)', code("04")).group(1)),
+             100 * inspect.signature(tp_scaling).parameters["mfu"].default, 100 * inspect.signature(tp_scaling).parameters["mfu"].default,
+             1.0 * (round(math.log10(per_gpu_ratio)) == 1), last_nvlink, min(t for t in rows if t > last_nvlink),
+             1.0 * (rows[16][1] < rows[last_nvlink][1] / 2), v100.gpus_per_node, v100.gpus_per_node]
+            + [int(x) for x in m12.groups()[:3]] + [PRESETS["megatron-8.3b"].seq_len, int(m12.group(4)), 1] + tps
+            + [1.0 * (all(e > 0 for e in errors) and errors == sorted(errors) and len(errors) == 3)], 0)
+
+
+def _overlap_04():
+    """Section 7: the analysis's step (float64, b = 2); per decomposed collective one send at
+    t = 2 and three at t = 4 (t - 1), the same bytes either way, from the printed table."""
+    step = re.search(r'step = TrainConfig\(global_batch=(\d+), dtype="(\w+)"\)', code("04"))
+    rows = {(t, ov): (c, s, num(b)) for t, ov, c, s, b in
+            re.findall(r"^--tp (\d) --sp( --tp-overlap)?\s+(\d+)\s+(\d+)\s+([\d,]+)$", outputs("04"), re.M)}
+    per_collective, same_bytes = [], []
+    for t in ("2", "4"):
+        (c0, _, b0), (c1, s1, b1) = rows[(t, "")], rows[(t, " --tp-overlap")]
+        decomposed = int(c0) - int(c1) + int(s1)                 # collectives replaced by their sends
+        per_collective.append(int(s1) / decomposed)
+        same_bytes.append(1.0 * (b0 == b1))
+    return (said("04", r"\(float(\d+), \$b = (\d)\$, one step of rank 0") + said("04", r"at \$t = 2\$ each decomposed collective is (\w+) send, "
+                                                                                   r"at \$t = 4\$ (\w+)") + [1.0, 1.0],
+            [int(step.group(2)[5:]), int(step.group(1))] + per_collective + same_bytes, 0)
+
+
+def _try_it_04():
+    """The Try-it's model, b and t, against its solution's cell."""
+    sol = next("".join(c["source"]) for c in _cells("04") if "".join(c["source"]).startswith("# Solution"))
+    b, t = (int(x) for x in re.search(r'PRESETS\["megatron-8\.3b"\].*?, (\d+), (\d+)\n', sol).groups())
+    return said("04", r"Try `megatron-8\.3b` with \$b = (\d+)\$, \$t = (\d+)\$"), [b, t], 0
+
+
+def _try_it_02():
+    """Lesson 2's Try-it asks four things; its solution's output answers each: the m at which
+    1F1B's bubble drops under 5 % at p = 8, what v = 4 does (bubble and rank 0's stash), ZB-H1
+    against (p-1)/(3m), and p = 4, v = 2, m = 6 against (p-1)/(vm)."""
+    stated = said("02", r"bubble to drop under (\d+)% with \$p = (\d+)\$\? What does \$v = (\d)\$ do to the bubble and to rank 0's\s+"
+                        r"stash\?.*?against\s+\$\(p-1\)/\(3m\)\$.*?try \$p = (\d)\$, \$v = (\d)\$, \$m = (\d)\$")
+    p, before, m_before, after, m_after = shown("02", r"^1f1b, p = (\d+): bubble ([\d.]+) at m = (\d+), ([\d.]+) at m = (\d+)$")
+    first_under = (after < 0.05 <= before and m_after == m_before + 1 and math.isclose(after, (p - 1) / m_after, abs_tol=1e-4))
+    v_rows = {int(v): (num(b), num(c)) for v, b, c in re.findall(
+        r"^v = (\d): bubble ([\d.]+) \(closed form ([\d.]+)\), rank 0 stashes \d+ chunk-microbatches", outputs("02"), re.M)}
+    zb = [(int(m), num(b), num(f)) for m, b, f in re.findall(r"^zb-h1, p = 8, m = (\d+): bubble ([\d.]+), \(p-1\)/\(3m\) = ([\d.]+)$",
+                                                              outputs("02"), re.M)]
+    last = shown("02", r"^interleaved, p = (\d), v = (\d), m = (\d): bubble ([\d.]+), \(p-1\)/\(v m\) = ([\d.]+)$")
+    checks = [first_under, all(b == c for b, c in v_rows.values()), len(zb) >= 2 and all(b == f for _, b, f in zb),
+              last[3] == last[4]]
+    return (stated + [1.0] * len(checks),
+            [round(100 * before), p, max(v_rows)] + last[:3] + [1.0 * ok for ok in checks], 0)
+
+
+def _try_it_03():
+    """Lesson 3's Try-it (the medium GPT on d ranks, 1 MB and 0.1 MB buckets, with and without
+    ZeRO-1): its solution's output answers every part, and the wire bytes do not change."""
+    stated = said("03", r"on \$d = (\d+)\$ ranks with (\d+) MB buckets\? With ([\d.]+) MB\?")
+    rows = re.findall(r"^([\d.]+) MB buckets, (all-reduce|ZeRO-1): +.*\((\d+) calls\); ([\d.]+) MiB on the wire per rank$",
+                      outputs("03"), re.M)
+    d = int(out("03", r"^model state per parameter per rank, d = (\d+):"))
+    answered = {(num(mb), kind) for mb, kind, _, _ in rows}
+    return (stated + [1.0, 1.0],
+            [d] + sorted({num(mb) for mb, _, _, _ in rows}, reverse=True)
+            + [1.0 * (answered == {(mb, k) for mb in (1.0, 0.1) for k in ("all-reduce", "ZeRO-1")}),
+               1.0 * (len({w for *_, w in rows}) == 1)], 0)
+
+def _cube_05():
+    """Sections 0-2: the paper's 2.32x (the engine's record of it), 1-D's four all-reduces; the
+    tiny GPT's fc block per rank, rank 9 of dp=2·tp=8, the 48 x 8 QKV blocks, fewer parameters
+    per rank than 1-D, the 4 sequences = q² batch pieces, one each."""
+    from minitron import PRESETS
+    from minitron.analysis.published import BIAN_2021_SPEEDUPS
+    tiny = PRESETS["tiny"]
+    b = int(re.search(r"^b, s, h = (\d+), model\.seq_len", code("05"), re.M).group(1))
+    coord = re.search(r"^rank 9: Coord\(tp=\d, dp=(\d).*cube \(i, j, k\) = \((\d), (\d), (\d)\)", outputs("05"), re.M)
+    qkv = {tuple(r) for r in re.findall(r"^\s+\d\s+\(\d, \d, \d\)\s+(\d+):(\d+)\s+(\d+):(\d+)$", outputs("05"), re.M)}
+    sizes = {(int(b1) - int(a1), int(b2) - int(a2)) for a1, b1, a2, b2 in qkv}
+    cube_n, one_d_n = shown("05", r"^parameters per rank: ([\d,]+) of .*1-D with t = 8: ([\d,]+)\)")
+    pieces = {int(x) for x in re.findall(r"^\s+\d\s+\(\d, \d, \d\)\s+sequence (\d), feature slice", outputs("05"), re.M)}
+    return (said("05", r"Their claim: on (\d+) V100s, ([\d.]+)× faster than 1-D") + said("05", r"all-reduces them\s+(four) times per layer")
+            + said("05", r"\(`fc\.weight`, (\d+) × (\d+)\) that the engine gives it: (eight) different blocks")
+            + said("05", r"the (\d+) ranks of `dp=(\d), tp=(\d)` are (two) cubes, and rank (\d) is \$\((\d), (\d), (\d)\)\$\s+of the second")
+            + said("05", r"Each of the (\d) ranks holds a different \$(\d+) \\times (\d+)\$ block") + [1.0]
+            + said("05", r"trains on (\d) sequences of (\d+) tokens, so each of the\s+\$q\^2 = (\d)\$ batch pieces is (one) sequence"),
+            [64, BIAN_2021_SPEEDUPS["1d"]] + shown("05", r"1-D \(t = 8\) [\d,]+ in (\d) calls")
+            + [tiny.ffn_hidden, tiny.hidden, len(qkv)] + [16, 2, 8, 2, 9] + [int(x) for x in coord.groups()[1:]]
+            + [len(qkv)] + [x for sz in sizes for x in sz] + [1.0 * (cube_n < one_d_n and int(coord.group(1)) == 1)]
+            + [b, tiny.seq_len, len(pieces), b / len(pieces)], 0)
+
+
+def _linear_05():
+    """Sections 3-4: the QKV call's shape (B = b·s tokens, h -> 3h, float64); the stated 1-D and
+    cube counts per layer (3.5 Bh against 2 Bh + 1.5 h²) at the printed B/h equal the printed
+    ratios; the naive multiply's planes hold q times the mean; the traced shapes of layer 0."""
+    from minitron import PRESETS
+    tiny = PRESETS["tiny"]
+    q = int(re.search(r"^q = (\d)$", code("05"), re.M).group(1))
+    b = int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1))
+    e = int(re.search(r"^e, B = (\d+), b \* s", code("05"), re.M).group(1))
+    ratios = {num(f): num(r) for f, r in re.findall(r"tokens = ([\d.]+) h: cube / 1-D elements moved = ([\d.]+)", outputs("05"))}
+    one_d, bh, h2 = said("05", r"2 \\cdot 2\\cdot\\tfrac\{7\}\{8\}\\,Bh = ([\d.]+)\\,Bh .*?= (\d)\\,Bh \+ ([\d.]+)\\,h\^2\$")
+    naive = [num(x) for x in re.search(r"input ([\d.]+),  weight ([\d.]+),  output ([\d.]+)",
+                                       out("05", r"naive:\n((?:.*\n)+?)balanced:")).groups()]
+    traced = dict(re.findall(r"^  (qkv: \w+ [\w-]+)\s+\w+\s+cube_\w  shape (\[[\d, ]+\])", outputs("05"), re.M))
+    ln_axis, ln_numbers = re.search(r"^  ln1: statistics\s+all_reduce\s+(cube_\w)\s+shape \[1, 32, (\d)\]", outputs("05"), re.M).groups()
+    assert ln_axis == "cube_k"                          # the line that splits the features
+    _stated("05", r"so those ranks hold \$q\$ times the average", None)
+    return (said("05", r"For the QKV layer of the run\s+below \(\$B = (\d+)\$ tokens, \$(\d+) \\to (\d+)\$, float(\d+)\)")
+            + [(bh * f + h2) / (one_d * f) for f in sorted(ratios)] + [q] * 3
+            + said("05", r"QKV gathers its input `\[(\d), (\d+), (\d+)\]` along \$j\$.*?its weight `\[(\d+), (\d)\]` along \$i\$, and "
+                         r"reduce-scatters\s+its partial product `\[(\d), (\d+), (\d+)\]`")
+            + said("05", r"The LayerNorms all-reduce (two) numbers per token"),
+            [b * tiny.seq_len, tiny.hidden, 3 * tiny.hidden, 8 * e] + [ratios[f] for f in sorted(ratios)] + naive
+            + json.loads(traced["qkv: input all-gather"]) + json.loads(traced["qkv: weight all-gather"])
+            + json.loads(traced["qkv: output reduce-scatter"]) + [int(ln_numbers)], 0.0005)
+
+
+def _growth_05():
+    """Sections 4-5: verify's 8 ranks, q = 2, float64, two steps, 10^-9; B = 128 = 4h; the
+    benchmark's two ratios (benchmarks/cube.md); where the cube moves less as P grows (one
+    sequence against sixteen); 1-D's 8Bh; the 8-device, 4-sequence memory row."""
+    from minitron import PRESETS
+    tiny, gpt3 = PRESETS["tiny"], PRESETS["gpt3-175b"]
+    n = int(re.search(r'run_cli\(\["verify", "--nproc", "(\d)", "--tp", "8", "--tp-mode", "3d", "--steps", "(\d)"', code("05")).group(1))
+    steps, bits = shown("05", r"^verify dp1\.tp8\.pp1\.cube vs one device, (\d) steps, float(\d+)")
+    tol, = shown("05", r"losses within ([\de.+-]+): True; every parameter within [\de.+-]+: True")
+    bench = (ROOT / "benchmarks" / "cube.md").read_text()
+    tokens_ratio, weights_ratio = (num(re.search(rf"\*\*{k}\*\*: the cube sends ([\d.]+)× the wire bytes of 1-D", bench).group(1))
+                                   for k in ("tokens", "weights"))
+    wins = {int(b): int(p) for b, p in re.findall(r"^b = +(\d+) \(\d+ tokens\): the cube moves less from P = (\d+) on", outputs("05"), re.M)}
+    rows = {int(P): [num(x) for x in r.split()] for P, r in re.findall(r"^\s+(\d+)((?:\s+[\d,]+){4})$", outputs("05"), re.M)}
+    just = rows[64][1] / rows[64][0] - 1                      # the cube's excess at 64 devices, b = 1
+    mem = shown("05", r"^\s+(8)\s+(4)\s+[\d.]+\s+[\d.]+\s+([\d,]+)\s+([\d,]+)$")
+    eight_bh = 8 * gpt3.seq_len * gpt3.hidden * 2 / 2**20      # 1-D's 4 all-reduces of Bh, both ways, bf16, at b = 1
+    return (said("05", r"trains the `tiny` GPT on the cube \((\d) local\s+processes talking over gloo, \$q = (\d)\$, float(\d+)\) for (two) steps")
+            + said("05", r"Here \$B = (\d+) = (\d)h\$") + said("05", r"the cube sends ([\d.]+)× the wire bytes of 1-D, with few tokens and a wide "
+                                                              r"hidden size ([\d.]+)×")
+            + said("05", r"\$P = q\^3\$ from (\d+) to (\d+) devices")
+            + said("05", r"One sequence per microbatch \(\$B = (\d+) < h = (\d+)\$\): the cube loses up to (\d+) devices\s+\(just\) and wins "
+                         r"from (\d+) on\. Sixteen sequences \(\$B = (\d+) > h\$\)") + [1.0, 1.0]
+            + said("05", r"With (\d) devices and (\d) sequences the cube keeps \*more\*") + [1.0]
+            + said("05", r"\(1-D's stays at\s+\$\\approx (\d)Bh\$ per layer\)") + said("05", r"equals one device to \$10\^\{-(\d)\}\$"),
+            [n, round(n ** (1 / 3)), bits, steps]
+            + [int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1)) * tiny.seq_len]
+            + [int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1)) * tiny.seq_len / tiny.hidden]
+            + [tokens_ratio, weights_ratio, min(rows), max(rows)]
+            + [gpt3.seq_len, gpt3.hidden, max(p for p in rows if p < wins[1]), wins[1], 16 * gpt3.seq_len]
+            + [1.0 * (wins[16] == min(rows)), 1.0 * (0 < just < 0.1)] + mem[:2] + [1.0 * (mem[3] > mem[2])]
+            + [round(rows[max(rows)][0] / eight_bh * 8), -math.log10(tol)], 0)
+
+
+def _schemes_05():
+    """Sections 6-7: Longhorn and the DGX-2H as the engine's clusters; the layer's shape
+    (BIAN_SHAPE); the four schemes' grids and compute on 64 GPUs; the layer's communication
+    share; 2.5-D's depth on 8 GPUs; weak scaling's order; this machine's benchmark; the cube's
+    lines on 8-GPU nodes at q = 4."""
+    from minitron import ProcessGrid
+    from minitron import analysis as A
+    from minitron.analysis.tp_schemes import LONGHORN, project_tp_schemes
+    from minitron.course.tp_schemes import BIAN_SHAPE
+    layer, seqs = BIAN_SHAPE
+    grids = {s: g for s, g in re.findall(r"^\s+(1d|2d|2\.5d|3d)\s+(\{.*?\})\s+[\d,]+ MiB", outputs("05"), re.M)}
+    q25, d25 = (int(x) for x in re.search(r"'q': (\d+), 'depth': (\d+)", grids["2.5d"]).groups())
+    q2 = int(re.search(r"'q': (\d+)", grids["2d"]).group(1))
+    compute = [num(x) for x in re.findall(r"^\s+(?:1d|2d|2\.5d|3d)\s+\{.*?\}\s+.*?([\d.]+) ms\s+[\d,.]+ ms\s+[\d,.]+ ms$", outputs("05"), re.M)]
+    shares = [num(x) for x in re.findall(r"^\s+(?:1d|2d|3d)\s+([\d.]+)%\s+[\d.]+\s+[\d.]+\s+[\d.]+$", outputs("05"), re.M)]
+    dgx2_over_2d, = shown("05", r"^ v100-dgx2: 3-D over 2d: published [\d.]+x, cost model ([\d.]+)x")
+    depth8 = {r["scheme"]: r["grid"] for r in project_tp_schemes(layer, 4, 8, LONGHORN)}["2.5d"]["depth"]
+    weak = {s: num(g) for s, g in re.findall(r"^weak scaling, +(\S+): .* x([\d.]+) per doubling$", outputs("05"), re.M)}
+    here = [num(x) for x in re.findall(r"3-D's speed-up over 1-D ([\d.]+)x", outputs("05"))]
+    calls, = shown("05", r"per device: cube [\d,]+ wire bytes in (\d+) calls")
+    grid = ProcessGrid(tp=64, cube=True)
+    leave = {ax: any(len({r // 8 for r in g}) > 1 for g in grid.all_groups(ax)) for ax in ("cube_i", "cube_j", "cube_k")}
+    return (said("05", r"TACC Longhorn, where Bian et al\. measured \((\d) V100s per node\s+on NVLink, (one) (\d+) Gb/s InfiniBand port per node\)")
+            + said("05", r"\(\$h = (\d+)\$, (\d+) heads, sequences of (\d+) tokens, (\d+) per step, bf(\d+)\)")
+            + said("05", r"2\.5-D keeps \$d = (\d)\$ copies of its \$q\^2 = (\d+)\$-way\s+split") + [1.0]
+            + said("05", r"a DGX-2H cluster \((\d+) V100s per node on NVSwitch\)") + said("05", r"\(2-D's rows of (\d+),") + [1.0]
+            + said("05", r"the layer is (\d+)–(\d+)% communication") + said("05", r"2\.5-D's \$d = (\d)\$ stacked grids") + [1.0, 1.0, 1.0]
+            + said("05", r"the cube's (\d+) small collectives per\s+layer") + said("05", r"(\d+) collectives per layer instead of (\d)") + [1.0],
+            [LONGHORN.gpus_per_node, 1, LONGHORN.inter_bw * 8 / 1e9, layer.hidden, layer.heads, layer.seq_len, seqs, 16]
+            + [d25, q25 ** 2, 1.0 * (max(compute) < 10)] + [A.get_cluster("v100-dgx2").gpus_per_node, q2, 1.0 * (dgx2_over_2d < 1)]
+            + [math.floor(100 - max(shares)), math.floor(100 - min(shares)), depth8]
+            + [1.0 * (weak["3d"] < weak["2d"] < weak["1d"]), 1.0 * (weak["2.5d"] < weak["3d"]), 1.0 * all(x < 1 for x in here)]
+            + [calls, calls] + shown("05", r"1-D \(t = 8\) [\d,]+ in (\d) calls")
+            + [1.0 * (leave == {"cube_i": False, "cube_j": True, "cube_k": True})], 0)
+
+def _try_it_05():
+    """Lesson 5's Try-it (h = 4096, 2048-token sequences; 8 devices, then 64; then h = 16384):
+    its solution's output answers every part, the b that beats 1-D and the b the cube can run."""
+    from minitron import PRESETS
+    stated = said("05", r"For a model with \$h = (\d+)\$ and\s+sequences of (\d+) tokens, .*?1-D on (\d) devices .*? with \$b\$ a "
+                        r"multiple of \$q\^2\$\?\s+And on (\d+) devices\? What does a wider model \(\$h = (\d+)\$\) change\?")
+    rows = re.findall(r"^h = +(\d+), (\d+) devices \(q = (\d)\): .*\n +beats 1-D from b = (\d+); runs with b a multiple of "
+                      r"q² = (\d+): from b = (\d+)$", outputs("05"), re.M)
+    answered = {(int(h), int(n)) for h, n, *_ in rows}
+    runs_ok = all(int(q) ** 2 == int(q2) and int(b) % int(q2) == 0 and int(b) >= int(w) for _, _, q, w, q2, b in rows)
+    return (stated + [1.0],
+            [int(rows[0][0]), PRESETS["gpt3-175b"].seq_len, int(rows[0][1]), int(rows[1][1]), int(rows[2][0])]
+            + [1.0 * (answered == {(h, n) for h in (stated[0], stated[4]) for n in (stated[2], stated[3])} and runs_ok)], 0)
+
+def _grid_06():
+    """Sections 1-2: the four nodes' grid; GPT-3's PTD-P layout and its bytes per axis (the
+    ratios the prose states), NVLink and InfiniBand per GPU (the engine's A100 cluster); the
+    t sweep's collapse, bubbles and sweet spot; Megatron-LM 2019's figures beside the fit."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    a100, v100, gpt3 = A.get_cluster("a100-dgx"), A.get_cluster("v100-dgx2"), PRESETS["gpt3-175b"]
+    groups = {ax: int(k) for ax, k in re.findall(r"^(tp|dp|pp): \d+ groups of (\d+),", outputs("06"), re.M)}
+    world = math.prod(int(x) for x in re.search(r"^grid = ProcessGrid\(tp=(\d+), dp=(\d+), pp=(\d+)\)", code("06"), re.M).groups())
+    n, t, p, d, b, m = shown("06", r"^GPT-3 175B on (\d+) GPUs \(t=(\d+), p=(\d+), d=(\d+)\), b=(\d+), m=(\d+)")
+    mb = {ax: num(v) for ax, v in re.findall(r"^  (tp|dp|pp):\s+([\d,.]+) MB", outputs("06"), re.M)}
+    bshe = 1 * gpt3.seq_len * gpt3.hidden * 2
+    per_layer = [A.tp_layer_bytes(gpt3, 1, 8, recompute=r, bytes_per_el=2)["all_reduce"] / bshe for r in ("none", "full")]
+    sweep = {int(tt): (int(pp), num(tf), num(bub), num(c), num(tc)) for tt, pp, tf, bub, c, tc in re.findall(
+        r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+([\d.]+) \|\s+([\d.]+)\s+([\d.]+)\s", outputs("06"), re.M)}
+    paper = {k: num(v) for k, v in re.findall(r"^(one V100, 1.2B|  as a share|8-way tensor parallel, 8.3B|512 GPUs \(t=8, d=64\): weak|"
+                                              r"512 GPUs: PFLOP/s).*?\s([\d.]+)\s+[\d.]+\s+[-+][\d.]+%$", outputs("06"), re.M)}
+    _stated("06", r"Tensor parallelism sends over fifty times what data parallelism sends and over three hundred\s+times "
+                  r"the pipeline's", None)
+    collapse = all(sweep[tt][4] > sweep[tt][3] for tt in (16, 32))
+    return (said("06", r"(Four) nodes, \$t = (\d)\$, \$d = (\d)\$, \$p = (\d)\$")
+            + said("06", r"on (\d+) GPUs — \$t = (\d+)\$, \$p = (\d+)\$ \((\d) layers per stage\), \$d = (\d+)\$, microbatches of\s+"
+                         r"\$b = (\d)\$ sequence, a global batch of (\d+) \(so \$m = (\d+)\$")
+            + said("06", r"per layer, (\d) all-reduces of \$b\\,s\\,h\$ \((\d) with the forward replayed\)") + [1.0, 1.0]
+            + said("06", r"It needs NVLink \((\d+) GB/s per\s+A100\).*?InfiniBand \((\d+) GB/s per GPU\)") + [1.0]
+            + said("06", r"the pipeline grows to (\d+) or (\d+) stages for the same (\d+) microbatches, and the\s+bubble "
+                         r"\$\(p-1\)/m\$ grows to ([\d.]+) and ([\d.]+)") + said("06", r"preference for \$t = (\d)\$ here")
+            + said("06", r"servers \((\d+) GPUs each\): one V100 sustaining\s+(\d+) TFLOP/s \((\d+) % of its (\d+) TFLOP/s peak\).*?(\d+) % "
+                         r"weak-scaling efficiency\s+with (\d)-way tensor parallelism.*?(\d+) % on (\d+) GPUs \((\d)-way tensor × (\d+)-way data\s+"
+                         r"parallelism\) and ([\d.]+) PFLOP/s"),
+            [world / a100.gpus_per_node, groups["tp"], groups["dp"], groups["pp"]]
+            + [n, t, p, gpt3.layers / p, d, b, n, m] + per_layer
+            + [1.0 * (mb["tp"] > 50 * mb["dp"]), 1.0 * (mb["tp"] > 300 * mb["pp"])]
+            + [a100.intra_bw / 1e9, a100.inter_bw / a100.gpus_per_node / 1e9, 1.0 * collapse]
+            + [sweep[1][0], sweep[2][0], m, sweep[1][2], sweep[2][2], max(sweep, key=lambda tt: sweep[tt][1])]
+            + [v100.gpus_per_node, paper["one V100, 1.2B"], 100 * paper["  as a share"], v100.peak_flops / 1e12,
+               100 * paper["8-way tensor parallel, 8.3B"]] + shown("06", r"^(\d)-way tensor parallel, 8\.3B")
+            + [100 * paper["512 GPUs (t=8, d=64): weak"]] + shown("06", r"^(\d+) GPUs \(t=(\d), d=(\d+)\): weak") + [
+               paper["512 GPUs: PFLOP/s"]], 0)
+
+
+def _trillion_06():
+    """Sections 3-4: the 1T model (the engine's preset) and its run; §5.1's tokens, throughputs and
+    days (the cell's runs); the model against them; the planner's memory bound; the best layout
+    per t (the pipeline halving, t = 1's bubble share from the engine)."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis import PlannedLayout
+    a100, gpt3, one_t = A.get_cluster("a100-dgx"), PRESETS["gpt3-175b"], PRESETS["ptdp-1t"]
+    runs = {name: (int(g), int(bt), float(tok), int(x), int(days)) for name, g, bt, tok, x, days in re.findall(
+        r'\("([^"]+)", [^,]+, (\d+), (\d+),\s+PlannedLayout\(.*?\)\)?, ([\de.]+), (\d+), (\d+)\)', code("06"), re.S)}
+    lay = re.search(r'"ptdp-1t", "--gpus", "(\d+)", "--global-batch", "(\d+)".*?"--tp", "(\d+)", "--pp", "(\d+)", '
+                    r'"--microbatch-size", "(\d)"', code("06"), re.S)
+    g1t, bt1t, t, p, b = (int(x) for x in lay.groups())
+    table = {name: (num(x), num(days)) for name, x, days in re.findall(
+        r"^(1T, 1F1B|1T, interleaved v=2|175B, planner's best)\s+\S+\s+\d+\s+([\d.]+)\s+\d+%\s+\d+\s+\d+\s+([\d.]+)$", outputs("06"), re.M)}
+    plans = A.plan(gpt3, 1024, 1536, a100)
+    best_by_t = {}
+    for e in plans:
+        best_by_t.setdefault(e["tp"], e)
+    t1 = A.predict(gpt3, {k: best_by_t[1][k] for k in ("tp", "pp", "dp", "vpp", "microbatch_size")}, 1536, a100)
+    err_1t = 1 - table["1T, 1F1B"][0] / runs["1T, 1F1B"][3]
+    return (said("06", r"trains the 1T model \((\d+) layers, \$h = (\d+)\$, (\d+) heads\) on (\d+) A100s\s+with \$t = (\d)\$, \$p = (\d+)\$ "
+                       r"\(so \$d = (\d)\$\) and a global batch of (\d+), and measures (\d+) TFLOP/s")
+            + said("06", r"we take microbatches of \$b = (\d)\$ sequence")
+            + said("06", r"the 1T model on (\d+)B tokens in about (\d+) days, and GPT-3 175B\s+on (\d+)B tokens with (\d+) A100s at (\d+) "
+                         r"TFLOP/s in about (\d+) days")
+            + said("06", r"the model lands within (\d)% of the paper's (\d+) TFLOP/s") + [1.0, 1.0]
+            + said("06", r"exceeds the GPU's (\d+) GB") + said("06", r"With \$t = 1\$ a 175B model only fits with a (\d+)-stage pipeline, "
+                                                            r"and the bubble \(red\) takes\s+about (two) fifths") + [1.0],
+            [one_t.layers, one_t.hidden, one_t.heads, g1t, t, p, g1t // (t * p), bt1t, runs["1T, 1F1B"][3], b]
+            + [runs["1T, 1F1B"][2] / 1e9, runs["1T, 1F1B"][4], runs["175B, planner's best"][2] / 1e9, runs["175B, planner's best"][0],
+               runs["175B, planner's best"][3], runs["175B, planner's best"][4]]
+            + [math.ceil(100 * err_1t), runs["1T, 1F1B"][3]]
+            + [1.0 * (abs(table["1T, 1F1B"][1] - 84) < 5), 1.0 * (table["175B, planner's best"][0] > 140)]
+            + [a100.memory_bytes / 1e9, best_by_t[1]["pp"], round(5 * t1.breakdown["bubble"] / t1.iteration_s)]
+            + [1.0 * ([best_by_t[tt]["pp"] for tt in (1, 2, 4, 8)] == [64, 32, 16, 8])], 0)
+
+
+def _run_06():
+    """Sections 6-7: the 8-rank run (1F1B, 4 microbatches, two steps, --scatter-gather); the
+    all-gathers of the received slices; the in-flight microbatches per stage."""
+    flags = re.search(r'flags = \["--nproc", "(\d)", "--dp", "(\d)", "--tp", "(\d)", "--pp", "(\d)", "--scatter-gather",\s+'
+                      r'"--global-batch", "(\d+)", "--microbatches", "(\d)"\]', code("06"))
+    nproc, dp, tp, pp, _, micro = (int(x) for x in flags.groups())
+    steps, = shown("06", r"^verify dp2\.tp2\.pp2\.1f1b\.scatter_gather vs one device, (\d) steps")
+    gathered, = shown("06", r"^stage 0 \(rank 0\), one step:\n(?:.*\n)*?  tp: all_gather ([\d,]+) B")
+    send, = shown("06", r"pipeline sends, each ([\d,]+) B = b·s·h/t")
+    flight = {int(st): int(k) for st, k in re.findall(r"^\s+\d\s+(\d)\s+(\d)\s+[\d,]+\s+[\d,]+", outputs("06"), re.M)}
+    return (said("06", r"on (\d) local processes, data (\d) × tensor (\d) × pipeline (\d),\s+1F1B with (\d) microbatches per pipeline "
+                       r"and `--scatter-gather`, (two) steps")
+            + said("06", r"all-gathers what it receives \((\d) microbatches ×") + said("06", r"lesson 2\), (\w+) here against (\w+)"),
+            [nproc, dp, tp, pp, micro, steps, gathered / send, flight[0], flight[1]], 0)
+
+
+def _table1_06():
+    """Section 8: Table 1's ten rows; Eq. 2 within 0.05B, worst on the smallest; the 2019
+    software a third low, PTD-P's within 15 % (6 % on average), its worst the four rows
+    without a pipeline; 32 to 3072 GPUs; section 3's summary of the same."""
+    from minitron.analysis.published import PTDP_TABLE1
+    rows = re.findall(r"^\s+([\d.]+)\s+([\d.]+)\s+([-+][\d.]+)%\s+(\d)\s+(\d+)\s+(\d+)\s+\d+\s+[\d.]+\s+([-+][\d.]+)%\s+[\d.]+\s+"
+                      r"([-+][\d.]+)%", outputs("06"), re.M)
+    from minitron import ModelConfig
+    from minitron import analysis as A
+    eq2 = {r[0]: A.ptdp_param_count(ModelConfig(layers=r[3], hidden=r[2], heads=r[1], seq_len=2048, vocab=51200)) / 1e9
+           for r in PTDP_TABLE1}
+    eq2_gap = max(abs(eq2[bn] - bn) for bn in eq2)
+    eq2_worst = max(rows, key=lambda r: abs(num(r[2])))[0]
+    old, new = shown("06", r"software megatron-2019: largest error ([-+][\d.]+)%"), shown("06", r"software ptdp-2021: largest error "
+                                                                                                  r"[-+][\d.]+%, mean \|error\| ([\d.]+)%")
+    worst_new = sorted(rows, key=lambda r: abs(num(r[7])))[-4:]
+    gpus = [int(r[5]) for r in rows]
+    return (said("06", r"lists (ten) GPT models from ([\d.]+)B to 1T parameters \(\$s = (\d+)\$,\s+\$V = (\d+)\$\)")
+            + said("06", r"reproduces every parameter count to within ([\d.]+)B") + [1.0]
+            + said("06", r"it is a (third) low on the small models") + said("06", r"it comes within (\d+)% on every row, (\d)% on average")
+            + said("06", r"error is on\s+the (four) models without a pipeline") + said("06", r"from (\d+) to (\d+) GPUs")
+            + said("06", r"pessimistic by up to a\s+(third) for small models.*?within (\d+)% on every row"),
+            [len(PTDP_TABLE1), num(rows[0][0])]
+            + [int(x) for x in re.search(r"ModelConfig\(layers=l, hidden=h, heads=a, seq_len=(\d+), vocab=(\d+)\)", code("06")).groups()]
+            + [math.ceil(eq2_gap * 100) / 100, 1.0 * (eq2_worst == rows[0][0])]
+            + [round(3 * -old[0] / 100) / 3]
+            + [math.ceil(max(abs(num(r[7])) for r in rows)), round(new[0])]
+            + [sum(int(r[4]) == 1 for r in worst_new), min(gpus), max(gpus)]
+            + [round(3 * -old[0] / 100) / 3, math.ceil(max(abs(num(r[7])) for r in rows))], 0)
+
+
+def _checkpoints_06():
+    """Sections 8-9: the 91B model's shape (CP.GPT_91B, Table 1's 76.1B width); the sweep's
+    per-sequence times; the checkpoint spacing for 8 and 96 layers; recomputation's price."""
+    from minitron.analysis.published import PTDP_TABLE1
+    from minitron.course import ptdp as CP
+    row76 = next(r for r in PTDP_TABLE1 if r[0] == 76.1)
+    per_seq = {int(b): num(ms) for b, ms in re.findall(r"^\s?(\d)\s+512\s+([\d.]+)\s", outputs("06"), re.M)}
+    per_seq.update({int(b): num(ms) for b, ms in re.findall(r"^\s?(\d)\s+(?:256|128|64)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
+                                                            out("06", r"^B = 128: best.*\n((?:.*\n)+?)B = 512"), re.M)})
+    spacing = {int(l): (int(c), num(every)) for l, c, every in re.findall(
+        r"^l = +(\d+): .* best c = (\d+), a checkpoint every ([\d.]+) layers", outputs("06"), re.M)}
+    full, = shown("06", r"FLOPs per iteration x([\d.]+) \(full\)")
+    return (said("06", r"`CP\.GPT_91B` takes its ([\d.]+)B model's width \(\$h = (\d+)\$, (\d+) heads\) with (\d+) layers")
+            + said("06", r"which sequences (\d)% faster do not pay for") + said("06", r"one (\d+)-token\s+sequence already gives the matrix "
+                                                                             r"multiplies (\d+) rows")
+            + said("06", r"the\s+time per sequence falls by (\d)% from \$b = 1\$ to \$b = 8\$")
+            + said("06", r"for PTD-P's stage of \$l = (\d)\$ layers \(\$p = (\d+)\$\), and for the whole\s+(\d+)-layer model")
+            + said("06", r"it is one every (three) or (four)\s+layers") + said("06", r"\(a third more work: (\d) passes where (\d) would do\)"),
+            [row76[0], row76[2], row76[1], CP.GPT_91B.layers, round(100 * (1 - per_seq[2] / per_seq[1])), CP.GPT_91B.seq_len,
+             CP.GPT_91B.seq_len, round(100 * (1 - per_seq[8] / per_seq[1]))]
+            + [min(spacing), 96 // min(spacing), max(spacing)] + [math.floor(spacing[96][1]), math.ceil(spacing[96][1])]
+            + [round(3 * full), 3], 0)
+
+
+def _zero3_06():
+    """Section 10: ZeRO-3's microbatches as the GPUs double; PTD-P within a few percent; the
+    collapse within 13 % once doubled; the 70 % lead as +51 % and +74 %; the smallest counts."""
+    rows = [(m, s, int(g), int(b), int(e)) for m, s, g, b, e in re.findall(
+        r"^ (175B|530B)\s+(ptdp|zero3)\s+(\d+)\s+(\d)\s+\d+\s+\d+\s+([-+]\d+)%", outputs("06"), re.M)]
+    zb = [b for m, s, _, b, _ in rows if m == "175B" and s == "zero3"]
+    doubled = [e for m, s, g, b, e in rows if s == "zero3" and b < 4]
+    leads = {m: [int(x) for x in re.findall(r"GPUs [-+]\d+% vs ([-+]\d+)%", ln)] for m, ln in
+             re.findall(r"^  (175B|530B): (.*)$", outputs("06"), re.M)}
+    small = [e for m, s, g, b, e in rows if s == "zero3" and b == 4]
+    return (said("06", r"microbatch per GPU halves each time \((\d), (\d), (\d) sequences\)")
+            + _stated("06", r"the model is within a few\s+percent of every published point", [1.0])
+            + said("06", r"reproduces that collapse within (\d+)% once the GPUs are doubled")
+            + said("06", r"comes out as \+(\d+)% \(175B\) and \+(\d+)% \(530B\)")
+            + said("06", r"it puts ZeRO-3 slightly ahead, (\d+)–(\d+)% above") + [1.0],
+            zb + [1.0 * all(abs(e) <= 3 for m, s, g, b, e in rows if s == "ptdp")] + [max(doubled)]
+            + [leads["175B"][1], leads["530B"][1]] + sorted(small) + [1.0 * all(v[0] < 0 for v in leads.values())], 0)
+
+
+def _h100_06():
+    """The H100 sections: the cluster and the models as the engine holds them, the tokens per
+    step, the kv heads per GPU, cp's halves, the chosen pipeline, the experts' node and the
+    network cards' speed against NVLink per GPU."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    h100, llama, mixtral = A.get_cluster("h100-dgx"), PRESETS["llama3-70b"], PRESETS["mixtral-8x7b"]
+    best = re.search(r"^t=(\d) p= ?(\d+) cp=(\d) ring d= ?(\d+) v=(\d) b=1 interleaved", outputs("06"), re.M)
+    t, p, cp, d, v = (int(x) for x in best.groups())
+    moe = re.search(r"^t=(\d) p= 1 ep=(\d) d=256", outputs("06"), re.M)
+    chunk, = shown("06", r"cp = 2 \(ring\): the (\d+)-token sequence in \d+-token chunks")
+    assert t * p * cp * d == 1024
+    gpus, batch = (int(x) for x in re.search(r"A\.plan\(llama70, (\d+), (\d+), H100", code("06")).groups())
+    moe_gpus, moe_batch = (int(x) for x in re.search(r"A\.plan\(mixtral, (\d+), (\d+), H100", code("06")).groups())
+    return (said("06", r"Llama 3 70B has (\d+) query heads\s+but (\d) key/value heads")
+            + said("06", r"\(`h100-dgx`: (\d+) TFLOP/s dense bf16, ([\d,]+) FP8, NVLink 4 inside\s+a node, one (\d+) Gb/s network card per GPU\)")
+            + said("06", r"First Llama 3 70B on ([\d,]+) H100s, (\d)M tokens per step")
+            + said("06", r"t = (\d) gives each GPU (\d) of the (\d) kv heads") + said("06", r"split in two halves of\s+([\d,]+) tokens")
+            + said("06", r"\*\*a short pipeline\*\*: p = (\d) with interleaving \(v = (\d)\)")
+            + said("06", r"Mixtral 8x7B \((\d) experts, top-(\d)\) on (\d+) H100s, (\d)M tokens per\s+step")
+            + said("06", r"The experts are spread over (\d) GPUs — (one) node") + said("06", r"which are\s+(\w+) times slower per GPU"),
+            [llama.heads, llama.kv_heads, h100.peak_flops / 1e12, h100.fp8_peak_flops / 1e12, h100.inter_bw / h100.gpus_per_node * 8 / 1e9]
+            + [gpus, round(batch * llama.seq_len / 2**20), t, llama.kv_heads // t, llama.kv_heads, chunk // cp, p, v]
+            + [mixtral.experts, mixtral.top_k, moe_gpus, round(moe_batch * mixtral.seq_len / 2**20), int(moe.group(2)),
+               int(moe.group(2)) // h100.gpus_per_node, h100.intra_bw / (h100.inter_bw / h100.gpus_per_node)], 0)
+
+def _try_it_06():
+    """Lesson 6's Try-it (1024 H100s at batch 1536, then 512; Table 1's 530B row on its A100s):
+    the 530B row as published, and the solution's output answering each part."""
+    from minitron.analysis.published import PTDP_TABLE1
+    _, heads, hidden, layers, t, p, gpus, batch, tflops = next(r for r in PTDP_TABLE1 if r[0] == 529.6)
+    batches = [int(b) for b in re.findall(r"^GPT-3 175B on 1024 H100s, global batch (\d+):$", outputs("06"), re.M)]
+    run = shown("06", r"^530B on (\d+) A100s, global batch (\d+), PTD-P's software \(paper: t=(\d) p=(\d+), (\d+) TFLOP/s\):")
+    answered = all(re.search(rf"{head}\n  t=\d", outputs("06")) for head in
+                   [rf"global batch {b}:" for b in batches] + [r"TFLOP/s\):"])
+    return (said("06", r"on 1024 \*\*H100s\*\*\s+\(`h100-dgx`\)\? With a global batch of (\d+) instead of (\d+)")
+            + said("06", r"the 530B model of PTD-P Table 1\s+\((\d+) layers, \$h = (\d+)\$, (\d+) heads\) on (\d+) A100s with a batch of "
+                         r"(\d+), and how close\s+is it to the paper's \$t = (\d)\$, \$p = (\d+)\$ at (\d+) TFLOP/s") + [1.0],
+            sorted(batches) + [layers, hidden, heads, gpus, batch, t, p, tflops] + [1.0 * (run == [gpus, batch, t, p, tflops] and answered)], 0)
+
+def _flops_07():
+    """Sections 1-3: the rule of thumb's 6 (the linears per token over a layer's 12h²), attention's
+    s/6h at small's s = h, HFU ≈ 1.3 MFU under full recomputation, the H100's datasheet peak,
+    the probe's sizes, the step's 2048 tokens and the bench's steps."""
+    import inspect
+
+    from minitron import PRESETS
+    from minitron.tools.bench import DATASHEET_PEAK, MatmulProbe
+    small = PRESETS["small"]
+    B = int(re.search(r'^small, B = PRESETS\["small"\], (\d+)', code("07"), re.M).group(1))
+    lin, att = (num(x) for x in re.search(r"linears .*?GFLOP\s+([\d.]+)%\n\s+attention .*?GFLOP\s+([\d.]+)%", outputs("07")).groups())
+    full = [num(x) for x in re.findall(r"^\s+(?:small|gpt-1.3b)\s+full\s+[\d,.]+\s+([\d.]+)", outputs("07"), re.M)]
+    assert len(full) == 2 and round(min(full), 1) == round(max(full), 1)      # both models: "about 1.3"
+    cpu_n, gpu_n = (int(x) for x in re.search(r"\((\d+) if device\.type == \"cuda\" else (\d+)\)",
+                                               inspect.getsource(MatmulProbe)).groups()[::-1])
+    sizes = re.search(r"for n in \(([\d, ]+)\)\}", code("07")).group(1).split(", ")
+    bench = re.search(r"bench_single\(small, .*?steps=(\d+), warmup=(\d+)", code("07"))
+    return (said("07", r"at \$s = (\d+)\$,\s+\$h = (\d+)\$ attention adds \$s/6h = (\d+)\\%\$")
+            + said("07", r"The rule of thumb \"(\d) FLOPs per parameter per token\" is the linears alone")
+            + said("07", r"With full recomputation the HFU is about ([\d.]+)× the MFU")
+            + said("07", r"\((\d+) TFLOP/s dense bf16 for an H100\)") + said("07", r"\$n = (\d+)\$ on a CPU, (\d+) on a GPU")
+            + said("07", r"Probes of (five) sizes") + said("07", r"the\s+\$B \\cdot s = (\d+)\$ tokens of the step")
+            + said("07", r"The `small` model, (\d+) tokens per step, (\d+) timed steps after (\d)\s+warm-ups"),
+            [small.seq_len, small.hidden, round(100 * att / lin), 72 * small.layers * small.hidden**2 / (small.layers * 12 * small.hidden**2)]
+            + [round(max(full), 1)]
+            + [DATASHEET_PEAK["H100"] / 1e12, cpu_n, gpu_n, len(sizes), B * small.seq_len, B * small.seq_len]
+            + [int(x) for x in bench.groups()], 0)
+
+
+def _results_07():
+    """What lesson 7 quotes from benchmarks/RESULTS.md: the VM's peak over the day, the overhead
+    ratios, the MFU and its ceiling, compiled over eager for small."""
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    peaks = [int(x) for pair in re.findall(r"(?:between (\d+) and (\d+) GFLOP/s|peak (\d+)–(\d+) GFLOP/s)", text) for x in pair if x]
+    overhead = [num(x) for x in re.findall(r"overhead ratios ([\d.]+)–([\d.]+)", text)[0]]
+    table = re.findall(r"^  \| \d \| ([\d.]+) \| ([\d.]+) \| [\d.]+ % \| [\d.]+ % \| [\d.]+ % \| [\d.]+ % \| \*\*([\d.]+)\*\* \|$", text, re.M)
+    mfu = [num(x) for x in re.search(r"MFU ([\d.]+)–([\d.]+)", text).groups()]
+    compiled, = (num(x) for x in re.search(r"compiled/eager step time \*\*([\d.]+) for `small`", text).groups())
+    return (said("07", r"saw this VM's peak between (\d+) and (\d+) GFLOP/s")
+            + said("07", r"\(([\d.]+)–([\d.]+) over many runs in `RESULTS\.md`\)") + said("07", r"the machine — ([\d.]+)–([\d.]+) of the probe's rate")
+            + said("07", r"machine as the MFU does: ([\d.]+)–([\d.]+) on the VM") + said("07", r"measured\s+compiled/eager ([\d.]+) for `small`"),
+            [min(peaks), max(peaks), min(overhead + [num(o) for o, _, _ in table]), max(overhead + [num(o) for o, _, _ in table])]
+            + mfu + [min(num(c) for *_, c in table), max(num(c) for *_, c in table), compiled], 0)
+
+
+def _gpu_07():
+    """Sections 3-5: the fused chains' shapes; the GPUs' ridge points; recomputation's 1.32; the
+    1.3B preset; PTD-P's 52 %; the 1T run in the cluster model with either software; the 530B
+    run of Korthikanti et al. and the model's MFUs and HFUs beside it."""
+    from minitron import PRESETS
+    from minitron import analysis as A
+    from minitron.analysis import PlannedLayout
+    a100, g13, one_t = A.get_cluster("a100-dgx"), PRESETS["gpt-1.3b"], PRESETS["ptdp-1t"]
+    shapes = [json.loads(s) for s in re.findall(r"^\s+bias\+(?:GeLU|dropout\+add)\s+(\[\d+, \d+\])", outputs("07"), re.M)]
+    ridges = [num(x) for x in re.findall(r"-> ridge point\s+(\d+) FLOP/byte$", outputs("07"), re.M)][-2:]
+    hw, = shown("07", r"hardware FLOPs full / none = ([\d.]+)")
+    hfu52, = shown("07", r"counted with Eq\. 3 = ([\d.]+)% of peak \(HFU\)")
+    tflops = [A.predict(one_t, PlannedLayout(tp=8, pp=64, dp=6, vpp=v), 3072, a100, software=sw).tflops_per_gpu
+              for sw in ("ptdp-2021", "megatron-2019") for v in (1, 2)]
+    m530 = re.search(r'replace\(layers=(\d+), hidden=(\d+), heads=(\d+), name="530b"\)\ngpus = batch = (\d+)', code("07"))
+    rows = {k: (num(h), num(m), num(p)) for k, h, m, p in re.findall(
+        r"^(full recomputation|selective \+ sequence parallel)\s+[\d.]+\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)%", outputs("07"), re.M)}
+    full, sel = rows["full recomputation"], rows["selective + sequence parallel"]
+    old = []
+    for rc, sp in (("full", False), ("selective", True)):
+        pred = A.predict(PRESETS["gpt3-175b"].replace(layers=105, hidden=20480, heads=128), PlannedLayout(tp=8, pp=35, dp=8, sp=sp),
+                         2240, a100, recompute=rc, software="megatron-2019")
+        old.append(round(100 * A.model_flops_per_iteration(PRESETS["gpt3-175b"].replace(layers=105, hidden=20480, heads=128), 2240)
+                         / (2240 * pred.iteration_s) / a100.peak_flops))
+    return (said("07", r"\((\d+) tokens; \$4h = (\d+)\$ after the first MLP linear, \$h = (\d+)\$ after the second\)")
+            + said("07", r"against a ridge point of ~(\d+)–(\d+)") + said("07", r"Its peak is\s+~(\d+)× larger than its memory bandwidth")
+            + said("07", r"roughly the ratio of hardware FLOPs \(([\d.]+)\)")
+            + said("07", r"1\.3B GPT \((\d+) layers, \$h = (\d+)\$, (\d+) heads,\s+\$V = (\d+)\$\) at \$s = (\d+)\$")
+            + said("07", r"\"(\d+)% of\s+peak\"") + said("07", r"\(about (\d+) with 1F1B and (\d+) interleaved given PTD-P's\s+software, (\d+) and "
+                                                            r"(\d+) with the 2019 kernels")
+            + said("07", r"a 530B GPT \((\d+) layers, \$h = (\d+)\$,\s+(\d+) heads\) on (\d+) A100s")
+            + said("07", r"within (\d) points of both MFUs \((\d) low with full\s+recomputation, (\d) high without\)")
+            + said("07", r"HFU moves much less \((\d+)% to\s+(\d+)%\)") + said("07", r"it says (\d+)% and (\d+)%"),
+            [shapes[0][0], shapes[0][1], shapes[1][1], round(min(ridges), -1), round(max(ridges), -1), round(max(ridges), -2), hw]
+            + [g13.layers, g13.hidden, g13.heads, g13.vocab, g13.seq_len, round(hfu52)] + [round(x) for x in tflops]
+            + [int(x) for x in m530.groups()]
+            + [math.ceil(max(abs(full[1] - full[2]), abs(sel[1] - sel[2]))), round(full[2] - full[1]), round(sel[1] - sel[2])]
+            + [round(full[0]), round(sel[0])] + old, 0)
+
+
+def _fp8_07():
+    """Section 6: the formats' binades, the scale-1 gradient, the recipes' history and blocks,
+    MX's exponent, the tensor's decades, the loss per recipe, FP8's gain against its peak."""
+    binades = {f: num(b) for f, b in re.findall(r"^\s+(E4M3|E5M2)\s+\d+\s+[\d.e-]+\s+[\d.e-]+\s+[\d.]+\s+([\d.]+)$", outputs("07"), re.M)}
+    e4m3_max = int(out("07", r"^\s+E4M3\s+(\d+)\s"))
+    dy_e4, dy_e5 = (num(x) for x in re.search(r"fc2's output grad dY\s+[\d.]+\s+[\d.]+%\s+[\d.]+%\s+([\d.]+)%\s+([\d.]+)%", outputs("07")).groups())
+    history, = shown("07", r"amax history of (\d+) steps")
+    block, = shown("07", r"one E8M0 scale per (\d+) elements")
+    lo, hi = (int(x) for x in re.search(r"torch\.logspace\((-?\d+), (-?\d+), 64", code("07")).groups())
+    losses = {n.strip(): num(g) for n, g in re.findall(r"^\s+(fp8 \w+|bf16 \(autocast\)|fp32): validation loss [\d.]+ \(([-+][\d.]+)% vs bf16\)",
+                                                       outputs("07"), re.M)}
+    ratio, = shown("07", r"FP8 [\d]+ TFLOP/s \(([\d.]+)x\)")
+    buys, = shown("07", r"FP8 buys ([\d.]+)x")
+    small_gain, = shown("07", r"^\s+small\s+\{'dp': 8\}: linears\s+\d+% of the bf16 iteration -> FP8 ([\d.]+)x")
+    fp8s = {n: abs(g) for n, g in losses.items() if n.startswith("fp8")}
+    _stated("07", r"with scale 1 nearly all of the gradient\s+falls below E4M3's normal range, and almost none below E5M2's", None)
+    _stated("07", r"Every recipe lands within a fraction of a per cent of bf16 — delayed the furthest", None)
+    _stated("07", r"Less than the peak's 2×", None)
+    _stated("07", r"FP8 buys little or \*loses\* \(the casts cost more than the GEMMs save\): a\s+small model", None)
+    return (said("07", r"E5M2 about (fourteen)\s+more binades") + [1.0] + said("07", r"the\s+last ([\d,]+) steps' amaxes")
+            + said("07", r"per block of (\d+) consecutive elements") + said("07", r"\$X = 2\^\{\\lfloor \\log_2 \\text\{amax\} \\rfloor - (\d)\}\$")
+            + said("07", r"rows lie (six) decades apart") + said("07", r"values (twenty) binades apart")
+            + said("07", r"a block's top\s+may exceed (\d+)") + [1.0, 1.0, 1.0],
+            [round(binades["E5M2"] - binades["E4M3"]), 1.0 * (dy_e4 > 90 and dy_e5 < 1)]
+            + [history, block, math.floor(math.log2(e4m3_max)), hi - lo, round((hi - lo) * math.log2(10)), e4m3_max]
+            + [1.0 * (max(fp8s.values()) < 1 and max(fp8s, key=fp8s.get) == "fp8 delayed"), 1.0 * (buys < ratio), 1.0 * (small_gain < 1)], 0)
+
+def _placements_05():
+    """Section 3's naive-against-balanced linear (the tiny MLP's h -> 4h on the run's b·s tokens);
+    section 6's 32,768 tokens per step and the 8 Longhorn GPUs' nodes."""
+    from minitron import PRESETS
+    from minitron.analysis.tp_schemes import LONGHORN
+    tiny = PRESETS["tiny"]
+    b = int(re.search(r"^b, s, h = (\d+)", code("05"), re.M).group(1))
+    tokens, = shown("05", r"^fc on the 4x4x4 cube \(([\d,]+) tokens")
+    gpus = int(re.search(r"project_tp_schemes\(layer_model, seqs, (\d+), LONGHORN\)", code("05")).group(1))
+    return (said("05", r"the MLP's first linear of the `tiny` model \(\$(\d+) \\to (\d+)\$,\s+the run's (\d+) tokens, float64\)")
+            + said("05", r"with ([\d,]+) tokens\s+per step the activation blocks dominate") + said("05", r"the same (\d) Longhorn GPUs \((\w+) nodes\)"),
+            [tiny.hidden, tiny.ffn_hidden, b * tiny.seq_len, tokens, gpus, gpus / LONGHORN.gpus_per_node], 0)
+
+def _paper_runs_06():
+    """The introduction's 1T run (Table 1's row, section 8's printed aggregate) and section 8's
+    91B experiment (the printed model, the cell's batches); B = 128's microbatches at b = 2;
+    ZeRO-3's 4-sequence microbatches at the smallest counts."""
+    from minitron.analysis.published import PTDP_TABLE1
+    *_, gpus, _, tflops = PTDP_TABLE1[-1]
+    agg, pct = shown("06", r"\(published: (\d+) PFLOP/s, (\d+)% of peak\)")
+    size, t, p = shown("06", r"^gpt-91b: ([\d.]+)B parameters, t = (\d), p = (\d), d = 1")
+    batches = [int(x) for x in re.search(r"^for B in \((\d+), (\d+)\):\n    rows = CP\.microbatch_sweep", code("06"), re.M).groups()]
+    m_b2, = shown("06", r"^ 2\s+(\d+)\s+[\d.]+\s+0\.109\s")
+    smallest_b = {int(b) for g, b in re.findall(r"^ (?:175B|530B)\s+zero3\s+(\d+)\s+(\d)", outputs("06"), re.M) if int(g) < 700}
+    return (said("06", r"reached\s+(\d+) PFLOP/s \((\d+) TFLOP/s per A100, (\d+)% of peak\) on a 1T-parameter GPT with (\d+) GPUs")
+            + said("06", r"a GPT of (\d+) billion parameters with \$\(t, p\) = \((\d), (\d)\)\$ on (\d+) A100s, at global batches of\s+"
+                         r"(\d+) and (\d+)") + said("06", r"halves the microbatches to (\d+)") + said("06", r"with (\d)-sequence microbatches"),
+            [agg, tflops, pct, gpus, math.floor(size), t, p, t * p] + batches + [m_b2] + sorted(smallest_b), 0)
+
+def _details_07():
+    """Lesson 7's smaller figures: small's batch and head dimension, the H100's FP8 rate over
+    bf16, Question 2's run (lesson 6's PTD-P-against-ZeRO-3 table) and the A100's peak."""
+    from minitron import PRESETS
+    from minitron.tools.bench import DATASHEET_PEAK
+    small = PRESETS["small"]
+    B = int(re.search(r'^small, B = PRESETS\["small"\], (\d+)', code("07"), re.M).group(1))
+    fp8_over_bf16, = shown("07", r"FP8 \d+ TFLOP/s \(([\d.]+)x\)")
+    gpus, tflops = shown("06", r"^ 175B\s+ptdp\s+(\d+)\s+1\s+(\d+)\s")
+    return (said("07", r"with a global batch of (\d+) sequences") + said("07", r"\(CPU flash kernels, head dimension (\d+)\)")
+            + said("07", r"multiply 1-byte operands at (twice) their bf16 rate")
+            + said("07", r"sustained (\d+) TFLOP/s per A100 on (\d+) GPUs \(peak (\d+)\s+TFLOP/s in bf16\)"),
+            [B, small.hidden // small.heads, fp8_over_bf16, tflops, gpus, DATASHEET_PEAK["A100"] / 1e12], 0)
+
+def _try_it_07():
+    """Lesson 7's Try-it: medium's shape (the preset) and its prediction in the solution's output
+    (attention's FLOP share held by s/6h, the element-wise work per FLOP halved); the 8.3B run's
+    s, MFU, tokens and GPUs as the solution computes them."""
+    from minitron import PRESETS
+    med, big = PRESETS["medium"], PRESETS["megatron-8.3b"]
+    rows = {n: (int(h), int(s), num(a), num(r)) for n, h, s, a, r in re.findall(
+        r"^\s*(small|medium) \(h = (\d+), s = (\d+)\): attention ([\d.]+)% of the model FLOPs \(s/6h = ([\d.]+)\)", outputs("07"), re.M)}
+    predicted = (rows["medium"][:2] == (med.hidden, med.seq_len) and rows["small"][3] == rows["medium"][3]
+                 and abs(rows["small"][2] - rows["medium"][2]) < 1)
+    mfu, tokens, gpus = shown("07", r"^megatron-8\.3b: [\d.]+ GFLOP per token; (\d+)% MFU on an A100 .*\n(\d+)B tokens on (\d+) GPUs")
+    return (said("07", r"Benchmark `medium` \(\$h = (\d+)\$, \$s = (\d+)\$\) instead of `small`") + [1.0]
+            + said("07", r"Megatron's 8\.3B GPT \(\$s = (\d+)\$\) at (\d+)% MFU on A100s: .*? how many days for (\d+)B tokens on (\d+) GPUs"),
+            [med.hidden, med.seq_len, 1.0 * predicted, big.seq_len, mfu, tokens, gpus], 0)
+
+CLAIMS.update({
+    "02 try it": _try_it_02,
+    "03 try it": _try_it_03,
+    "04 shards": _shards_04,
+    "04 trace": _trace_04,
+    "04 memory": _memory_04,
+    "04 scaling": _scaling_04,
+    "04 overlap": _overlap_04,
+    "04 try it": _try_it_04,
+    "05 cube": _cube_05,
+    "05 linear": _linear_05,
+    "05 growth": _growth_05,
+    "05 schemes": _schemes_05,
+    "05 placements": _placements_05,
+    "05 try it": _try_it_05,
+    "06 grid": _grid_06,
+    "06 trillion": _trillion_06,
+    "06 run": _run_06,
+    "06 table 1": _table1_06,
+    "06 checkpoints": _checkpoints_06,
+    "06 ZeRO-3": _zero3_06,
+    "06 H100": _h100_06,
+    "06 paper runs": _paper_runs_06,
+    "06 try it": _try_it_06,
+    "07 flops": _flops_07,
+    "07 RESULTS.md": _results_07,
+    "07 GPU": _gpu_07,
+    "07 FP8": _fp8_07,
+    "07 details": _details_07,
+    "07 try it": _try_it_07,
+})
+
+
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_prose_states_what_the_outputs_show(name):
     stated, stored, tol = CLAIMS[name]()
@@ -1089,7 +1836,8 @@ LABELS = {
     "07.flops_per_token": r"GFLOP per token", "07.fusion_passes": r"passes",
     "07.fp8_tp_scale": r"\bscale\b.*\brank\b|\brank\b.*\bscale\b", "07.mx_scales": r"E8M0|mxfp8",
     "07.fp8_amdahl": r"Amdahl", "07.fp8_gather_bytes": r"all-gather bytes|1 byte", "08.weak_efficiency": r"weak.*efficiency",
-    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble", "08.compute_ms": r"compute",
+    "08.strong_efficiency": r"strong.*efficiency", "08.oversubscription": r"oversubscri|slower", "08.bubble_pp2": r"bubble", "08.compute_ms": r"compute", "08.ft_mtbf_h": r"MTBF", "08.young_daly_min": r"tau\*|interval",
+    "08.quorum_rows": r"sequences|rows",
     "09.chunks": r"rank 1:.*chunks?|rank 1: positions", "09.lse": r"L'|log-sum-exp|lse", "09.ring_messages": r"ring messages",
     "09.message_mib": r"message", "09.separator_document": r"separator", "09.packed_positions": r"position",
     "09.skipped_pairs": r"skip", "09.window_core_share": r"window|core", "09.window_hops": r"hops",
@@ -1198,9 +1946,412 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
     ("03 setup", prose, "(from a\ntenth of a second for the 1.3B model to over a second for the 8.3B here)",
      "a fraction of a second"),                                                                     # the old sentence
     ("03 ZeRO", prose, "about 4.2 bytes", "about 4.5 bytes"),
+    # lessons 4-7, and the Try-it solutions of 2, 3, 5 and 6 that answer every part (a part dropped)
+    ("02 try it", outputs, "v = 2, m = 6: bubble 0.2500", "v = 2, m = 6: bubble 0.2000"),
+    ("03 try it", outputs, "0.1 MB buckets, ZeRO-1:", "0.2 MB buckets, ZeRO-1:"),
+    ("04 shards", prose, "so rank 0's 48 rows", "so rank 0's 96 rows"),
+    ("04 trace", prose, "(at $t = 2$: 81,920 bytes instead of 65,536)", "(at $t = 2$: 98,304 bytes instead of 65,536)"),
+    ("04 memory", prose, "$sbh\\,(10 + 24/t + 5as/(ht))$", "$sbh\\,(10 + 24/t + 4as/(ht))$"),
+    ("04 scaling", outputs, "+83%", "-83%"),
+    ("04 overlap", prose, "at $t = 4$ three", "at $t = 4$ four"),
+    ("04 try it", prose, "with $b = 4$, $t = 8$", "with $b = 8$, $t = 8$"),
+    ("05 cube", prose, "a different $48 \\times 8$ block", "a different $48 \\times 16$ block"),
+    ("05 linear", prose, "= 3.5\\,Bh", "= 3.2\\,Bh"),
+    ("05 growth", prose, "wins from 125 on", "wins from 64 on"),
+    ("05 schemes", prose, "the layer is 96–99% communication", "the layer is 90–99% communication"),
+    ("05 try it", outputs, "h = 16384, 64 devices", "h = 16384, 8 devices"),
+    ("06 grid", prose, "sends over fifty times what data parallelism sends", "sends two orders of magnitude more than"),  # the old
+    ("06 trillion", prose, "within 5% of the paper's", "within 6% of the paper's"),                      # the old sentence
+    ("06 run", prose, "two here against one", "three here against one"),
+    ("06 table 1", prose, "6% on average", "5% on average"),
+    ("06 checkpoints", prose, "falls by 5% from", "falls by 3% from"),
+    ("06 ZeRO-3", prose, "+51% (175B)", "+70% (175B)"),
+    ("06 H100", prose, "nine times slower", "eight times slower"),
+    ("06 try it", prose, "With a global batch of 512", "With a global batch of 256"),
+    ("07 flops", prose, "(989 TFLOP/s dense bf16 for an H100)", "(1979 TFLOP/s dense bf16 for an H100)"),
+    ("07 RESULTS.md", prose, "between 78 and 117 GFLOP/s", "between 88 and 117 GFLOP/s"),
+    ("07 GPU", prose, "it says 36% and 50%", "it says 38% and 50%"),
+    ("07 FP8", outputs, "validation loss 2.6357 (+0.13% vs bf16)", "validation loss 2.6357 (+0.01% vs bf16)"),
+    ("05 placements", prose, "the same 8 Longhorn GPUs (two nodes)", "the same 8 Longhorn GPUs (one nodes)"),
+    ("06 paper runs", prose, "halves the microbatches to 64", "halves the microbatches to 32"),
+    ("07 details", prose, "head dimension 32", "head dimension 64"),
+    ("07 try it", outputs, "medium (h = 256, s = 256)", "medium (h = 512, s = 256)"),
 ])
 def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 0-3 claim fails when its prose (or its stored output) says another number."""
+    """A lesson 0-7 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lessons 10 and 12: every number their markdown states about their outputs or the engine ---
+# (The same audit for lessons 10 and 12: the rest are the lessons' own choices of shape, the
+# questions' givens, papers' and peers' published figures, the time estimates, or formulas,
+# checked here against the engine where the engine computes them.)
+def _read_first(lesson: str) -> tuple:
+    """The lessons a lesson asks to read first exist under the topics it names."""
+    named = re.findall(r"lesson 0?(\d+) \(([^)]+)\)", re.search(r"\*\*Read first:\*\*(.*?)\n\n", prose(lesson), re.S).group(1))
+    files = {p.name[:2]: p.stem[3:].replace("_", " ") for p in (ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")}
+    assert named
+    return [1.0] * len(named), [1.0 * (files[f"{int(n):02d}"] in " ".join(words.lower().split())) for n, words in named], 0
+
+
+def _shapes_10():
+    """Sections 1-3: the formula equal to the dry run, Llama 3 8B's 8.03 billion, 70B's 64 query
+    heads against 8 kv heads, the norms' 2h (the engine's count less the matrices), the 6ND
+    figure and its tokens as the code uses them, the attention term and what 6N counts unmultiplied."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis.dry_run import block_params
+    from minitron.course.modern_blocks import LLAMA
+    rows = re.findall(r"^(\S+)\s+([\d,]+)\s+([\d,]+)\s+[\d.]+B\s+[-+][\d.]+%$", outputs("10"), re.M)
+    assert len(rows) == 4
+    m70, m405 = PRESETS["llama3-70b"], PRESETS["llama3-405b"]
+    h, q, k, f = LLAMA.hidden, LLAMA.heads * LLAMA.head_dim, LLAMA.n_kv_heads * LLAMA.head_dim, LLAMA.ffn_hidden
+    norms = (block_params(LLAMA, ParallelConfig()) - (2 * h * q + 2 * h * k + 3 * h * f)) / h
+    tokens, published = (float(x) for x in re.search(r"^tokens, published = ([\de.]+), ([\de.]+)$", code("10"), re.M).groups())
+    error, = shown("10", r"\(published [\de.+]+: ([-+][\d.]+) %\)")
+    s_att, = shown("10", r"^with attention at s = (\d+):")
+    gap, att, unmult = shown("10", r"^engine - 6N per token = ([\de.+]+) = attention 3·L·4sq ([\de.+]+) - the embedding "
+                                   r"table and norms 6\(Vh \+ \(2L\+1\)h\) ([\de.+]+)$")
+    six_nd, engine_d, causal_d = shown("10", r"6N·D = ([\de.+]+) .*\n.*: ([\de.+]+) \([-+][\d.]+ %\); counting only the causal "
+                                             r"half of QK\^T and AV: ([\de.+]+)$")
+    return (said("10", r"\(Llama 3 8B has ([\d.]+) billion\s+parameters\)") + said("10", r"Llama 3 70B with (\d+) key/value heads\s+instead of (\d+)")
+            + said("10", r"\* two RMSNorms: \$(\d)h\$") + said("10", r"reports \*\*([\d.]+) × 10²⁵ FLOPs\*\*\s+for the 405B model on \*\*([\d.]+) T tokens\*\*")
+            + [0.0] + said("10", r"At \$s = (\d+)\$ the\s+first is the larger") + [1.0, 1.0, 1.0, 1.0],
+            [round(num(rows[1][2]) / 1e9, 2), m70.n_kv_heads, m70.heads, norms, published / 1e25, tokens / 1e12, error, s_att]
+            + [1.0 * all(a == b for _, a, b in rows), 1.0 * (att > unmult and math.isclose(gap, att - unmult, rel_tol=1e-3)),
+               (six_nd + (att / 2 - unmult) * tokens) / causal_d]
+            + [1.0 * (s_att == m405.seq_len and math.isclose(engine_d, six_nd + gap * tokens, rel_tol=1e-3))], 1e-3)
+
+
+def _gqa_flops_10():
+    """Section 3: grouped-query attention removes 4h(h - k) FLOPs per token and layer (forward)
+    and the MLP costs 6hf, both from the engine's count (kv heads, then the MLP width, changed)."""
+    from minitron import PRESETS
+    from minitron.model_flops import model_flops_per_step
+    m = PRESETS["llama3-70b"]
+    h, k, per = m.hidden, m.n_kv_heads * m.head_dim, 3 * m.seq_len * m.layers   # training is 3 forwards
+    removed = (model_flops_per_step(m.replace(kv_heads=0), 1) - model_flops_per_step(m, 1)) / per
+    per_f = (model_flops_per_step(m.replace(ffn=m.ffn_hidden + 1), 1) - model_flops_per_step(m, 1)) / per
+    return (said("10", r"removes \$(\d)h\(h - k\)\$ FLOPs per token and layer") + said("10", r"the MLP's \$(\d)hf\$"),
+            [removed / (h * (h - k)), per_f / h], 0)
+
+
+def _saved_10():
+    """Section 4: the stated saved-activation formula, its coefficients read from the prose,
+    against the engine's dry run; its norms' 6h + 2 = two norms' (2h + 1) + h; k_t; float32;
+    and the knob rows' measured bytes against the per-token counts the prose gives."""
+    from minitron import PRESETS, ParallelConfig
+    from minitron.analysis.context_parallel import kv_heads_per_rank
+    from minitron.analysis.dry_run import block_saved_bytes
+    from minitron.course.modern_blocks import LLAMA
+    c = said("10", r"So per layer \$b\\,s\\,\((\d)h \+ (\d) \+ (\d)q \+ (\d)k \+ n_h \+ (\d)f\) \+ (\d)sd \+ (\d)fh\$ elements")
+    rms, ln = said("10", r"\\cdot r\$ \(for\s+the weight's gradient\): \$(\d)h\+1\$. LayerNorm, one fused kernel, saves \$x\$, "
+                         r"\$\\mu\$, \$\\sigma\$: \$h\+(\d)\$")
+    swiglu, gelu, regroup = said("10", r"\$(\d)f\$ \(GELU: \$(\d)f\$\).*?a copy of \$(\d)fh\$ elements")
+    rope, kv3 = said("10", r"Rotary positions keep \$\\cos\$ and \$\\sin\$, \$(\d)sd\$").pop(), said("10", r"\*\*\$(\d)k\$\*\* for keys and values")[0]
+    el = int(re.search(r"def llama_saved_bytes\(m, t, b, el=(\d)\)", code("10")).group(1))
+
+    def formula(m, t, b):
+        d, s = m.head_dim, m.seq_len
+        q_t, k_t, f_t = m.heads * d // t, max(m.n_kv_heads // t, 1) * d, m.ffn_hidden // t
+        return el * (b * s * (c[0] * m.hidden + c[1] + c[2] * q_t + c[3] * k_t + m.heads // t + c[4] * f_t)
+                     + c[5] * s * d + c[6] * f_t * m.hidden)
+    cases = [(LLAMA.replace(kv_heads=kv), t, b) for kv in (1, 2, 4) for t in (1, 4) for b in (1, 2)]
+    ok = all(formula(m, t, b) == block_saved_bytes(m, ParallelConfig(tp=t), b, 4) for m, t, b in cases)
+    k_t = all(kv_heads_per_rank(LLAMA.replace(kv_heads=kv), t) == max(kv // t, 1) for kv in (1, 2, 4, 8) for t in (1, 2, 4, 8))
+    ms = PRESETS["llama-small"]
+    h, f, s, d = ms.hidden, ms.ffn_hidden, ms.seq_len, ms.head_dim
+    delta = lambda row: shown("10", rf"^{row}\s+([-+][\d,]+) bytes")[0]
+    knobs = [delta("LayerNorm instead of RMSNorm") == el * 2 * ((h + ln + h) - (rms * h + 1 + h)) * s,
+             delta(r"GELU \(width f\) instead of SwiGLU") == -el * ((swiglu - gelu) * f * s + regroup * f * h),
+             delta("learned positions instead of rotary") == -el * (ms.n_kv_heads * d * s + rope * s * d),
+             delta("one kv head fewer") == -el * kv3 * d * s]
+    b, = (int(x) for x in re.findall(r"^base = block_saved_bytes\(ms, \{\}, (\d), 4\)", code("10"), re.M))
+    return ([1.0, c[0], c[1], 1.0] + said("10", r"\(float(\d+) below, so\s+(\d) bytes each\)") + [1.0] * len(knobs)
+            + said("10", r"\(one sequence of (\d+) tokens\)"),
+            [1.0 * ok, 2 * (rms + 1), 2 * 1, 1.0 * k_t, 8 * el, el] + [1.0 * x for x in knobs] + [s * b], 0)
+
+
+def _memory_10():
+    """Section 4's last cell: 8 tensor ranks, sequence parallel, one sequence of the preset's
+    8,192 tokens, bf16 activations, as the code asks the engine."""
+    from minitron import PRESETS
+    cell = re.search(r"ParallelConfig\(tp=(\d), sp=(True)\), train_config\(\)\.replace\(dtype=\"float32\", global_batch=(\d)\),"
+                     r"\s+act_bytes=(\d)\)", code("10"))
+    return (said("10", r"For Llama 3 8B on (\d) tensor ranks with sequence parallelism, one\s+sequence of ([\d,]+) tokens, bf(\d+)"),
+            [int(cell.group(1)), PRESETS["llama3-8b"].seq_len * int(cell.group(3)), 8 * int(cell.group(4))], 0)
+
+
+def _kv_heads_10():
+    """Section 5: the split and the replication as the prose states them, against the rows each
+    rank of the 4-rank run holds (kv = 4, 2, 1), the copies' axis, their gradient sum 2dh per
+    layer, and Llama 3 70B's copies at t = 8 and 16."""
+    from minitron import PRESETS
+    from minitron.course.modern_blocks import KV_CASES, LLAMA
+    _stated("10", r"rank r holds kv heads \$r\\cdot kv/t \\ldots \(r\+1\)\\cdot kv/t - 1\$: \$2\\,\(kv/t\)\\,d\$", None)
+    _stated("10", r"rank r holds kv head \$r // \(t/kv\)\$, \$2d\$ rows", None)
+    t, d, h, L = 4, LLAMA.head_dim, LLAMA.hidden, LLAMA.layers
+    held = {}
+    for kv in KV_CASES:
+        block = out("10", rf"^kv = {kv}: loss .*\n((?:   rank .*\n)+)")
+        held[kv] = [(int(a), int(b), ax) for a, b, ax in re.findall(r"kv rows \((\d+), (\d+)\) .*copies on axis (.*)$", block, re.M)]
+    rule = []
+    for kv, ranks in held.items():
+        for r, (a, b, ax) in enumerate(ranks):
+            head = r * kv // t if kv >= t else r // (t // kv)
+            rows = 2 * (kv // t) * d if kv >= t else 2 * d
+            axis = "-" if kv >= t else ("('tp',)" if kv == 1 else f"('tp_kv{t // kv}',)")
+            rule.append(a == head * 2 * d and b - a == rows and ax == axis)
+    kv_sum, = shown("10", r"the kv copies' gradient sum: ([\d,]+) bytes")
+    kv1, = shown("10", r"^kv = 1 adds ([\d,]+) bytes to the 'tp' axis")
+    copies = [int(c) for c in re.findall(r"^t = +(?:8|16): kv heads per rank \d, copies of each (\d)", outputs("10"), re.M)]
+    return (said("10", r"summed over exactly those t/kv\s+ranks\*\* .*?: \$(\d)dh\$ elements per layer") * 2
+            + said("10", r"for Llama 3 70B \(kv = (\d+)\) at t = (\d+) \(split\) and\s+t = (\d+) \(replicated on (\d)\)") + [1.0],
+            [kv_sum / (L * d * h * 8), kv1 / (L * d * h * 8), PRESETS["llama3-70b"].n_kv_heads, 8, 16, copies[1]]
+            + [1.0 * (len(rule) == 12 and all(rule) and copies == [1, 2])], 0)
+
+
+def _launch_10():
+    """Sections 0 and 5: one launch of 4 ranks; the lesson's Llama as the run prints it; the kv
+    cases, float64 (8 bytes an element) and --cp 4 from the rank job."""
+    from minitron.course import modern_blocks
+    launches = re.findall(r"run_on_ranks\(modern_blocks_job, ParallelConfig\(dp=(\d)\)", code("10"))
+    layers, h, heads, d, s = shown("10", r"the lesson's Llama: (\d+) layers, h (\d+), (\d+) query heads of d = (\d+), ffn \d+, s (\d+)")
+    cp = {int(n) for n in re.findall(r"ParallelConfig\(cp=(\d), cp_mode=mode\)", Path(modern_blocks.__file__).read_text())}
+    return (said("10", r"the (one) launch of (\d) ranks takes") + said("10", r"One launch of (\d) gloo ranks")
+            + said("10", r"a small Llama \(h = (\d+), (\d) query heads of d = (\d), (\d) layers, s = (\d+)\) trained one traced float(\d+)\s+"
+                         r"step under `--tp (\d)` with (\d), (\d) and (\d) key/value heads.*?\(`--cp (\d)`\)")
+            + said("10", r"\(the whole step is also compared with the\s+analysis, .*?float(\d+), (\d) bytes an element\)"),
+            [len(launches), int(launches[0]), int(launches[0]), h, heads, d, layers, s,
+             int(modern_blocks.train_config().dtype[5:]), 4, *modern_blocks.KV_CASES, *cp]
+            + [int(modern_blocks.train_config().dtype[5:]), int(re.search(r"dtype_bytes=(\d)\)", code("10")).group(1))], 0)
+
+
+def _rotary_10():
+    """Section 6: a shift of 37 keeps the score, one shift moves it; the chunks (s = 64, N = 4,
+    chunks of 8) and rank 1's tokens, global and local, from the stored run."""
+    a, b, c = shown("10", r"q_5·k_2 = (\S+), q_42·k_39 = (\S+), q_5·k_39 = (\S+)$")
+    pos = {int(r): [int(x) for x in xs] for r, *xs in re.findall(r"^rank (\d): chunks \d and \d: positions (\d+)\.\.(\d+) and (\d+)\.\.(\d+)",
+                                                                  outputs("10"), re.M)}
+    chunk = pos[0][1] - pos[0][0] + 1
+    return (said("10", r"shift both positions by (\d+)") + [1.0, 1.0]
+            + said("10", r"\(s = (\d+), N = (\d), chunks of (\d+)\)") + said("10", r"Rank 1's queries are tokens\s+(\d+)–(\d+) and (\d+)–(\d+); rotated as (\d)–(\d+)"),
+            [42 - 5, 1.0 * (39 - 2 == 42 - 5 and a == b), 1.0 * (a != c), max(p[3] for p in pos.values()) + 1, len(pos), chunk] + pos[1] + [0, 2 * chunk - 1], 0)
+
+
+def _cp_formulas_10():
+    """Section 7: the ring's and Ulysses' traced calls and bytes (4 ranks, float64) against the
+    stated counts and elements; the model's heads; and the GiB at scale from the same formulas,
+    K, V in bf16 and the accumulated dK, dV in float32, as the prose says."""
+    from minitron import PRESETS
+    from minitron.course.modern_blocks import LLAMA, train_config
+    ring, = [shown("10", rf"^ring : traced 'cp' calls, bytes \{{'send': \[(\d+), (\d+)\]")]
+    a2a = shown("10", r"^a2a  : traced 'cp' calls, bytes \{'all_to_all': \[(\d+), (\d+)\]")
+    N, L, b, d = 4, LLAMA.layers, train_config().global_batch, LLAMA.head_dim
+    s, nh, kv = LLAMA.seq_len, LLAMA.heads, LLAMA.n_kv_heads
+    _stated("10", r"message is \$2\\,b\\,\(s/N\)\\,k_t\$ elements", None)
+    _stated("10", r"\$b\\,\(s/N\)\\,d\\,\(2n_\{h,t\} \+ 2\\,kv_\{sent\}\)\$,\s+\$kv_\{sent\} = \\max\(kv_t, N\)\$", None)
+    ring_ok = ring == [L * 3 * (N - 1), L * 3 * (N - 1) * 2 * b * (s // N) * kv * d * 8]
+    a2a_ok = a2a == [L * 2 * 3, L * 2 * b * (s // N) * d * (2 * nh + 2 * max(kv, N)) * 8]
+    m8, n8 = PRESETS["llama3-8b"].replace(seq_len=131072), 8
+    msg = 2 * 1 * (m8.seq_len // n8) * m8.n_kv_heads * m8.head_dim
+    ring_gib = m8.layers * (n8 - 1) * msg * (2 + 2 + 4) / 2**30              # K, V forward and backward; dK, dV
+    a2a_gib = m8.layers * 2 * (m8.seq_len // n8) * m8.head_dim * (2 * m8.heads + 2 * max(m8.n_kv_heads, n8)) * 2 / 2**30
+    at_scale = re.search(r"m8l = m8\.replace\(seq_len=(\d+)\)", code("10")).group(1)
+    return (said("10", r"Both on the same (\d) ranks, the same model \((\d) query heads, (\d) kv heads\)") + [1.0, 1.0]
+            + said("10", r"per layer Ulysses makes (\d) calls in each pass \((\d) in all\).*?the ring \$3\(N-1\)\$ messages")
+            + said("10", r"for Llama 3 8B at s = ([\d,]+) on N = (\d) ranks \(bf(\d+) activations, (one) sequence\)")
+            + shown("10", r"^ring :\s+([\d.]+) GiB sent") + shown("10", r"^a2a  :\s+([\d.]+) GiB sent .*of ([\d.]+) GiB"),
+            [N, nh, kv, 1.0 * ring_ok, 1.0 * a2a_ok, a2a[0] / L / 2, a2a[0] / L, num(at_scale), n8, 16, 1]
+            + [ring_gib, a2a_gib * (n8 - 1) / n8, a2a_gib], 0.005)
+
+
+def _ulysses_heads_10():
+    """Section 7: Ulysses needs the heads to divide by N (the engine refuses before any rank
+    starts), the ring does not."""
+    from minitron import ParallelConfig, config
+    from minitron.course.modern_blocks import LLAMA
+    six = LLAMA.replace(heads=6, hidden=48)                         # 6 heads over 4 context ranks
+    refused = []
+    for mode in ("a2a", "ring"):
+        try:
+            config.validate(six, ParallelConfig(cp=4, cp_mode=mode), None)
+            refused.append(False)
+        except config.ConfigError:
+            refused.append(True)
+    _stated("10", r"Heads must divide by N: Ulysses cannot go past the head count, the ring can", None)
+    return [1.0, 0.0], [1.0 * refused[0], 1.0 * refused[1]], 0
+
+
+def _hf_10():
+    """Section 8: the checkpoint's 4 query heads and one kv head, replicated on all four ranks;
+    every layout of sections 5 and 7 equal to one device to float64 rounding."""
+    heads, kv = shown("10", r"heads (\d+), kv heads (\d+), ffn")
+    ranks = re.findall(r"^rank \d: kv rows \(0, (\d+)\) of (\d+), local shape .*copies on axis \('tp',\)$", outputs("10"), re.M)
+    diffs = [num(x) for x in re.findall(r"difference ([\d.e+-]+)\)", outputs("10"))][:3]
+    diffs += [abs(num(x)) for x in re.findall(r"loss - one device ([-+][\d.e+-]+)", outputs("10"))]
+    return (said("10", r"has (\d) query heads and \*\*(one)\*\*\s+kv head; under `--tp (\d)` that head is replicated on all (four) ranks")
+            + [1.0], [heads, kv, len(ranks), len(ranks), 1.0 * (len(diffs) == 5 and max(diffs) < 1e-13
+                                                               and all(a == b for a, b in ranks))], 0)
+
+
+def _questions_10():
+    """The questions' Llama 3 70B is the preset's, and Try-it 1's solution answers both parts
+    (split or replicated and on how many ranks at t = 16; the cost against the split at t = 8)."""
+    from minitron import PRESETS
+    m70, m405 = PRESETS["llama3-70b"], PRESETS["llama3-405b"]
+    rows = {int(t): (how, int(copies), num(cost)) for t, how, copies, cost in re.findall(
+        r"^t = +(\d+): (split|replicated), \d kv head per rank, each kept on (\d) rank\(s\); \[k\|v\] weight per rank ([\d,]+)",
+        outputs("10"), re.M)}
+    ratio, = shown("10", r"^t = 16 against t = 8: ([\d.]+)x")
+    return (said("10", r"Llama 3 70B \((\d+) query heads, (\d) kv heads, d = (\d+)\)") + said("10", r"Llama 3 70B \(h = ([\d,]+), f = ([\d,]+)\)")
+            + said("10", r"Llama 3 405B has (\d) kv heads\. At t = (\d+), are they split or replicated.*?the split at t = (\d)")
+            + [1.0, 2.0, 1.0, 1.0, 1.0],
+            [m70.heads, m70.n_kv_heads, m70.head_dim, m70.hidden, m70.ffn_hidden, m405.n_kv_heads, 16, 8]
+            + [1.0 * (rows[16][0] == "replicated"), rows[16][1], 1.0 * (rows[8][0] == "split"), rows[8][1], ratio], 0)
+
+
+def _setup_12():
+    """Lesson 12's runs: float64, 2 ranks, 3 steps of 4 microbatches, no clipping (the job's
+    TrainConfig); one launch in the lesson and one in the Try-it's solution; three layouts."""
+    from minitron.course import native
+    launches = re.findall(r"run_on_ranks\(native\.(\w+), ParallelConfig\(dp=native\.RANKS\)", code("12"))
+    return (said("12", r"same weights, float(\d+), one device") + said("12", r"start one launch of (\d) gloo ranks")
+            + said("12", r"This lesson runs (three) layouts twice") + said("12", r"on the same (two) ranks")
+            + said("12", r"at the same learning rate, (\d) steps of\s+(\d) microbatches, and gradient clipping is off")
+            + [1.0] + said("12", r"with (\d) microbatches instead of (\d)"),
+            [int(native.TRAIN.dtype[5:]), native.RANKS, len(re.findall(r'^\| [^|]+ \| `--', prose("12"), re.M)), native.RANKS,
+             native.TRAIN.steps, native.TRAIN.microbatches, 1.0 * (native.TRAIN.clip == 0 and launches == ["native_job", "fsdp_job"]),
+             int(re.search(r"^m2 = (\d)$", code("12"), re.M).group(1)), native.TRAIN.microbatches], 0)
+
+
+def _table_12():
+    """Section 2's table: minitron's flags and the native calls as the jobs run them (the
+    layouts in native.py, its TP_PLAN, n_microbatches)."""
+    import inspect
+
+    from minitron.course import native
+    src = {j: inspect.getsource(getattr(native, j)) for j in ("fsdp_job", "tp_job", "pp_job")}
+    plan = dict(re.findall(r'"([\w.]+)": (Colwise|Rowwise)Parallel\(\)', prose("12")))
+    row = said("12", r"\| `--dp (\d) --zero (\d)` \|.*?\| `--tp (\d)` \|.*?\| `--pp (\d) --schedule 1f1b` \|.*?n_microbatches=(\d)")
+    return (row + [1.0],
+            [native.RANKS, 3 * ("ParallelConfig(dp=d, zero=3)" in src["fsdp_job"]), native.RANKS, native.RANKS, native.TRAIN.microbatches,
+             1.0 * ({k: v.lower() for k, v in plan.items()} == native.TP_PLAN and 'schedule="1f1b"' in src["pp_job"])], 0)
+
+
+def _traffic_12():
+    """Sections 1-5: the mesh is the grid; the three runs equal; the init; the QKV view and the
+    wrong [q|k|v] split; FSDP2's and ZeRO-3's calls; the tensor-parallel plans' all-reduces;
+    the pipeline's sends; the APIs named, as installed."""
+    import inspect
+
+    import torch.distributed.tensor.parallel as tp
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.pipelining import Schedule1F1B
+    from torch.distributed.tensor.debug import CommDebugMode  # noqa: F401 (the API the prose names)
+
+    from minitron.course import native
+    from minitron.model import GPT
+    w = native.reference_weights()
+    L, m, h = native.MODEL.layers, native.TRAIN.microbatches, native.MODEL.hidden
+    std = float(w["blocks.0.attn.qkv.weight"].std())
+    out_scale = (std / float(w["blocks.0.attn.proj.weight"].std())) ** 2 / L   # c of 1/sqrt(c L)
+    fs = re.search(r"FSDP2:\s+\{'all_gather': \((\d+), (\d+)\), 'reduce_scatter': \((\d+), \d+\)\}\nminitron ZeRO-3: \{'all_gather': "
+                   r"\((\d+), (\d+)\), 'all_reduce': \((\d), (\d)\)", outputs("12")).groups()
+    ag, _, rs, ag_m, _, ar_calls, ar_bytes = (int(x) for x in fs)
+    native_ar, = shown("12", r"^parallelize_module: \{'all_reduce': \((\d+), \d+\)\}")
+    mini_act, mini_small = shown("12", r"^minitron: (\d+) of \[b, s, h\] = 4 L m \+ 2 m, plus 3 m = (\d+) of \[b, s\]")
+    placements = dict(re.findall(r"^\S+\s+(colwise|rowwise)\s+weight placements \(Shard\(dim=(\d)\),\)$", outputs("12"), re.M))
+    first_more, first_bytes = shown("12", r"^step 0 sends (\d+) messages more, (\d+) B in all")
+    act, = shown("12", r"^one activation \[b/m, s, h\] = (\d+) B")
+    sends, = [shown("12", r"^Schedule1F1B, step 2: \{'recv': \((\d+), (\d+)\), 'send': \((\d+), (\d+)\)\}")]
+    apis = [hasattr(FSDPModule, "set_reshard_after_backward"), hasattr(FSDPModule, "set_requires_gradient_sync"),
+            "input_layouts" in inspect.signature(tp.RowwiseParallel).parameters,
+            "use_local_output" in inspect.signature(tp.ColwiseParallel).parameters, hasattr(tp, "loss_parallel"),
+            hasattr(tp, "SequenceParallel"), inspect.signature(Schedule1F1B).parameters["scale_grads"].default is True,
+            hasattr(GPT, "boundary_shape")]
+    rank0 = (min(h, 3 * h // 2), 3 * h // 2 - h)                   # [q|k|v] rows 0 .. 3h/2 of 3h on rank 0 of 2
+    return (said("12", r"N\(0, ([\d.]+)\) with the output layers scaled by\s+\$1/\\sqrt\{(\d)L\}\$") + [1.0, 1.0, 0.5]
+            + said("12", r"sharded on (?:dimension|dim) (\d)") + [1.0, 1.0, 1.0]
+            + said("12", r"The (\d)-byte\s+all-reduce is minitron's global gradient norm")
+            + said("12", r"the cross-entropy \((three) all-reduces of one number per\s+token") + [1.0] * 3 + [1.0] * len(apis),
+            [round(std, 2), round(out_scale), 1.0 * (".view(b, s, -1, 3, self.head_dim)" in inspect.getsource(native)),
+             rank0[0] / h, rank0[1] / h, int(placements["colwise"]), 1.0 * (rs == (L + 1) * m),
+             1.0 * (ag == m * (1 + 2 * L)), 1.0 * (ag_m == 1 + 2 * L * m), ar_bytes * (ar_calls == 1), mini_small / m,
+             1.0 * (native_ar == 4 * L * m and mini_act == 4 * L * m + 2 * m and placements == {"colwise": "0", "rowwise": "1"}),
+             1.0 * (sends == [m, m * act, m, m * act]), 1.0 * (0 < first_more < m and first_bytes < act / 10)]
+            + [1.0 * ok for ok in apis], 0)
+
+
+def _results_12():
+    """The stored checks: the mesh the same partition, the three native runs equal within 1e-9,
+    four microbatch losses from Schedule1F1B, and the Try-it's prediction equal to its run."""
+    same = re.findall(r"losses and parameters equal within 1e-9: (True|False)", outputs("12"))
+    predicted = shown("12", r"^predicted, m = 2: FSDP2 (\d+) all-gathers, minitron (\d+); FSDP2 gathers ([\d,]+) B more")
+    traced = shown("12", r"^traced,    m = 2: FSDP2 (\d+) all-gathers, minitron (\d+); FSDP2 gathers ([\d,]+) B more")
+    _stated("12", r"Equal to rounding, all three", None)
+    _stated("12", r"The two are the same partition", None)
+    return ([1.0, 3, 1.0] + said("12", r"n_microbatches=(\d)") + predicted,
+            [1.0 * ("same partition: True" in outputs("12")), same.count("True"), 1.0 * (same.count("False") == 0)]
+            + shown("12", r"^Schedule1F1B: (\d) microbatch losses from one step") + traced, 0)
+
+
+CLAIMS_10_12 = {
+    "10 read first": lambda: _read_first("10"),
+    "10 shapes and FLOPs": _shapes_10,
+    "10 GQA FLOPs": _gqa_flops_10,
+    "10 saved activations": _saved_10,
+    "10 memory": _memory_10,
+    "10 kv heads": _kv_heads_10,
+    "10 launch": _launch_10,
+    "10 rotary": _rotary_10,
+    "10 ring and all-to-all formulas": _cp_formulas_10,
+    "10 Ulysses heads": _ulysses_heads_10,
+    "10 transformers": _hf_10,
+    "10 questions and try it": _questions_10,
+    "12 read first": lambda: _read_first("12"),
+    "12 setup": _setup_12,
+    "12 table": _table_12,
+    "12 traffic": _traffic_12,
+    "12 results": _results_12,
+}
+CLAIMS.update(CLAIMS_10_12)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_10_12))
+def test_lessons_10_and_12_state_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("10 read first", prose, "lesson 9 (context\nparallelism)", "lesson 9 (pipeline\nschedules)"),
+    ("10 shapes and FLOPs", prose, "Llama 3 8B has 8.03 billion", "Llama 3 8B has 8.3 billion"),
+    ("10 shapes and FLOPs", outputs, "attention 3·L·4sq 2.0294e+11", "attention 3·L·4sq 2.2294e+11"),
+    ("10 GQA FLOPs", prose, "removes $4h(h - k)$ FLOPs", "removes $2h(h - k)$ FLOPs"),
+    ("10 saved activations", prose, "**$3k$** for keys and values", "**$2k$** for keys and values"),
+    ("10 saved activations", prose, "+ 2sd + 2fh$ elements", "+ 2sd + 4fh$ elements"),
+    ("10 memory", prose, "For Llama 3 8B on 8 tensor ranks", "For Llama 3 8B on 4 tensor ranks"),
+    ("10 kv heads", outputs, "the kv copies' gradient sum: 16,384 bytes", "the kv copies' gradient sum: 32,768 bytes"),
+    ("10 launch", prose, "8 query heads of d = 8", "8 query heads of d = 16"),
+    ("10 rotary", prose, "shift both positions by 37", "shift both positions by 36"),
+    ("10 ring and all-to-all formulas", prose, "(6 in all)", "(3 in all)"),
+    ("10 ring and all-to-all formulas", outputs, "ring :  56.00 GiB", "ring :  42.00 GiB"),   # dK, dV priced in bf16
+    ("10 Ulysses heads", prose, "Heads must divide by N", "Heads need not divide by N"),
+    ("10 transformers", prose, "replicated on all four ranks", "replicated on all two ranks"),
+    ("10 questions and try it", outputs, "t = 16 against t = 8: 1.0x", "t = 16 against t = 8: 2.0x"),
+    ("12 read first", prose, "lesson 02 (pipeline schedules)", "lesson 02 (tensor parallelism)"),
+    ("12 setup", prose, "3 steps of\n4 microbatches", "3 steps of\n8 microbatches"),
+    ("12 table", prose, "`--pp 2 --schedule 1f1b`", "`--pp 4 --schedule 1f1b`"),
+    ("12 traffic", prose, "N(0, 0.02)", "N(0, 0.01)"),
+    ("12 traffic", prose, "The 8-byte\nall-reduce is minitron's", "The 4-byte\nall-reduce is minitron's"),
+    ("12 results", outputs, "traced,    m = 2: FSDP2 10 all-gathers", "traced,    m = 2: FSDP2 9 all-gathers"),
+])
+def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 10 or 12 claim fails when its prose (or its stored output) says another number."""
     lesson = name[:2]
     planted = source(lesson).replace(right, wrong)
     assert planted != source(lesson)

@@ -147,7 +147,7 @@ def test_section_8_prints_what_the_engine_computes():
     assert len(table) == 8
     for s, t, *steps, best, largest in table:
         s, t = int(s.replace(",", "")), int(t)
-        want = [predict(llama.replace(seq_len=s), PlannedLayout(tp=t, cp=16, dp=1, cp_kind="usp" if u > 1 else "ring",
+        want = [predict(llama.replace(seq_len=s), PlannedLayout(tp=t, cp=16, dp=1, cp_mode="usp" if u > 1 else "ring",
                                                                 cp_a2a=u), 16, "h100-dgx", software="minitron").iteration_s
                 for u in (1, 2, 4)]
         assert [float(x) for x in steps] == [round(w, 2) for w in want]

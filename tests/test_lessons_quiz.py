@@ -5,6 +5,7 @@ no answer; every lesson states objectives and a time estimate, grades at least t
 questions that exist, and keeps its solutions hidden. Fast: no ranks are started.
 """
 import json
+import math
 import re
 from pathlib import Path
 
@@ -107,6 +108,11 @@ PLAUSIBLY_WRONG = {
     "08.oversubscription": [(2, "the cores"), (0.25, "inverted")],
     "08.bubble_pp2": [(1 / 3, "share of the total time"), (1, "p/m")],
     "08.compute_ms": [(14.16, "no oversubscription"), (113.2, "the whole step on one rank"), (7.08, "batch 8, one rank's")],
+    "08.ft_mtbf_h": [(3.09 / 4, "the rate scaled the wrong way"), (3.09, "the run's own MTBF"),
+                     (54 * 24 / 466 * 4, "every interruption, planned ones included")],
+    "08.young_daly_min": [(math.sqrt(30 * 7200) / 60, "no factor 2"), (math.sqrt(2 * 30 * 120) / 60, "M in minutes"),
+                          (math.sqrt(2 * 30 * 7200), "seconds, not minutes"), (math.sqrt(2 * 30 * 7200) / 60 - 0.5, "Daly's")],
+    "08.quorum_rows": [(64, "the whole global batch"), (16, "one replica's rows"), (3, "the replicas")],
     "09.chunks": [((2, 3), "the contiguous layout"), ((1, 5), "2N - 2 - r")],
     "09.lse": [(2, "the max"), (4, "the sum of logs")],
     "09.message_mib": [(16, "K only"), (256, "the whole sequence")],
@@ -158,7 +164,8 @@ RIGHT_IN_OTHER_FORMS = [
     ("02.bubble_1f1b", 0.44), ("00.ring_bytes", "12 MB"), ("00.ring_bytes", "12,000,000 bytes"),
     ("11.mixtral_active", "7.24B"), ("11.mixtral_active", "7.24 billion"), ("11.host_wait_pct", "39.4 %"),
     ("11.a2a_mib", "0.25 GiB"), ("11.ib_bytes_max", "56 KiB"), ("11.mla_cache_kib", "31,104 bytes"), ("07.flops_per_token", "12.7 GFLOP"), ("07.mfu", "37 %"), ("06.gpus_1t", "6,144"),
-    ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"),
+    ("02.stash_gpipe", 16.0), ("02.stash_gpipe", "16"), ("08.weak_efficiency", "80%"), ("08.young_daly_min", "657 s"),
+    ("08.ft_mtbf_h", "12.37 h"),
 ]
 
 

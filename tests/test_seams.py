@@ -12,6 +12,7 @@ and around them, never imported by the engine: analysis/, viz/, tools/, course/,
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "minitron"
@@ -293,6 +294,29 @@ def test_nothing_outside_comm_assigns_to_a_comm():
     assert sorted(b.split(" ", 1)[1] for b in comm_assignments(planted)) == sorted([
         "tr.comm.trace", "ctx.comm.wire_dtype", "comm.step", "comm.microbatch", "x.phase",
         "setattr(comm, ...)", "c.trace"])
+
+
+# a layout (ParallelConfig, PlannedLayout) or a TrainConfig read loosely: a getattr with a
+# default, a dict-or-attribute reader, a dict taken in its place
+_LOOSE_LAYOUT = re.compile(r'getattr\((layout|parallel|train|lay|L)\b, "\w+", |\blayout_get\(|'
+                           r'isinstance\((layout|parallel|lay), dict\)')
+
+
+def loose_layout_reads(source: str, name: str = "<source>") -> list[str]:
+    """``name:line`` of each loose read of a layout in `source`."""
+    return [f"{name}:{i}" for i, line in enumerate(source.splitlines(), 1) if _LOOSE_LAYOUT.search(line)]
+
+
+def test_layouts_are_read_by_their_fields():
+    """One layout type, read by attribute: no module of minitron/ reads a layout or a train
+    config through a getattr with a default or a dict-or-attribute reader (a field misspelled
+    or missing there reads as its default); and the scan finds the readers it replaced."""
+    bad = [b for f in MODULES.values() for b in loose_layout_reads(f.read_text(), str(f.relative_to(PKG.parent)))]
+    assert not bad, "loose reads of a layout: " + "; ".join(bad)
+    planted = ('t = int(layout_get(layout, "tp", 1) or 1)\nep = getattr(layout, "ep", 1)\n'
+               'e = getattr(train, "dtype", "float32")\nif isinstance(layout, dict):\n    pass\n'
+               't = layout.tp\nname = getattr(fn, "__name__", "rank")\n')
+    assert loose_layout_reads(planted) == ["<source>:1", "<source>:2", "<source>:3", "<source>:4"]
 
 
 def test_no_lazy_name_is_also_a_submodule():

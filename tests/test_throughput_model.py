@@ -7,6 +7,7 @@ they were not fitted to.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,26 @@ from minitron.analysis import (SOFTWARE, PlannedLayout, Software, explain, flops
 from minitron.analysis import published as P
 from minitron.analysis.software import DEFAULT_SOFTWARE
 from minitron.tools.cli import main
-from minitron.config import PRESETS
+from minitron.config import PRESETS, ParallelConfig
+
+
+def test_a_planned_layout_is_a_run_layout_read_by_its_fields():
+    """One layout type: a PlannedLayout is a ParallelConfig (each field spelled once), with the
+    microbatch size and HSDP's shard; its ep ranks are among its tp·cp·dp GPUs. A planner
+    entry is read by its fields, its prediction and reasons left; any other key is refused by
+    name (the retired ``cp_kind`` would otherwise be priced as the default ring)."""
+    lay = PlannedLayout(tp=2, dp=4, ep=4, cp=2, cp_mode="a2a", microbatch_size=2)
+    assert isinstance(lay, ParallelConfig) and (lay.world, lay.data_replicas) == (16, 4)
+    assert ParallelConfig(tp=2, dp=4, ep=4, cp=2).world == 64  # a run's ep is an axis of its own
+    assert (PlannedLayout(pp=2, vpp=2).schedule, PlannedLayout(pp=2).schedule) == ("interleaved", "1f1b")
+    assert PlannedLayout.of(dataclasses.asdict(lay)) == lay and PlannedLayout.of(lay) is lay
+    m = PRESETS["gpt3-175b"]
+    entry = plan(m, 96, 1536, "a100-dgx", software="ptdp-2021", top=1)[0]  # with its prediction, reasons
+    assert predict(m, entry, 1536, "a100-dgx", software="ptdp-2021").tflops_per_gpu == entry["tflops_per_gpu"]
+    with pytest.raises(ValueError, match="cp_kind: not a field of a PlannedLayout"):
+        predict(m, {"tp": 8, "pp": 12, "cp_kind": "allgather"}, 1536, "a100-dgx")
+    with pytest.raises(TypeError, match="not ParallelConfig"):
+        PlannedLayout.of(ParallelConfig(tp=2))
 
 
 def test_presets_are_values_and_bad_names_are_refused():
@@ -293,7 +313,7 @@ def test_new_dimensions_price_what_they_should():
     assert hsdp.memory_gb_per_gpu > z3.memory_gb_per_gpu
     long = m.replace(seq_len=32768)
     ring = predict(long, PlannedLayout(dp=4, cp=2), 8, "h100-dgx", software=sw)
-    gather = predict(long, PlannedLayout(dp=4, cp=2, cp_kind="allgather"), 8, "h100-dgx", software=sw)
+    gather = predict(long, PlannedLayout(dp=4, cp=2, cp_mode="allgather"), 8, "h100-dgx", software=sw)
     assert ring.breakdown["parts"]["cp_comm_hidden"] > 0 and gather.breakdown["parts"]["cp_comm_hidden"] == 0
     assert ring.iteration_s <= gather.iteration_s
     moe = PRESETS["mixtral-8x7b"]
@@ -452,8 +472,7 @@ def _fsdp_run(model, dp, sw, rc="none"):
     from minitron.analysis.params import layout_placement, rank_layers
     L = C.PlannedLayout(dp=dp, zero=3)
     r = C._Run(model, L, C.get_cluster("h100-dgx"), sw, rc, "1f1b", dp, None, 0.0, 16)
-    pipe = {"pp": 1, "vpp": 1, "schedule": "1f1b"}
-    return r, C.fsdp_units(r, rank_layers(model, pipe), layout_placement(pipe), 0.0)
+    return r, C.fsdp_units(r, rank_layers(model, L), layout_placement(L), 0.0)
 
 
 def test_fsdp_prices_each_unit_with_the_bytes_of_a_zero3_unit():

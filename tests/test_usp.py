@@ -210,9 +210,9 @@ def test_planner_searches_usp_once_per_grid_that_splits_the_heads():
     from minitron.analysis.planner import valid_layouts
 
     model = PRESETS["llama3-8b"].replace(seq_len=65536)
-    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_kinds=("usp", "a2a"))
-    assert {(e["cp_kind"], e.get("cp_a2a")) for e in lays} == {("usp", 2), ("usp", 4)}
-    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_kinds=("usp",), cp_a2a=2)
+    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_modes=("usp", "a2a"))
+    assert {(e["cp_mode"], e.get("cp_a2a")) for e in lays} == {("usp", 2), ("usp", 4)}
+    lays = valid_layouts(model, 64, 16, "h100-dgx", tp=8, pp=1, cp=8, cp_modes=("usp",), cp_a2a=2)
     assert {e["cp_a2a"] for e in lays} == {2}
 
 
@@ -225,16 +225,16 @@ def test_usp_exposes_the_all_to_all_of_its_rows_only():
     model = PRESETS["llama3-8b"].replace(seq_len=65536)
 
     def exposed(kind, u=1):
-        lay = PlannedLayout(cp=8, dp=1, cp_kind=kind, cp_a2a=u)
+        lay = PlannedLayout(cp=8, dp=1, cp_mode=kind, cp_a2a=u)
         return predict(model, lay, 8, "h100-dgx", software="minitron").breakdown["cp_comm"]
 
     assert exposed("ring") < exposed("usp", 2) < exposed("usp", 4) < exposed("a2a")
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(cp=8, cp_kind="usp", cp_a2a=3), "cp kind usp needs --cp-a2a U with 1 < U < --cp 8"),
-    (dict(cp=8, cp_kind="usp", cp_a2a=1), "cp kind usp needs --cp-a2a U"),
-    (dict(cp=16, tp=8, cp_kind="usp", cp_a2a=8), "usp splits each tensor rank's 4 heads over --cp-a2a 8"),
+    (dict(cp=8, cp_mode="usp", cp_a2a=3), "cp kind usp needs --cp-a2a U with 1 < U < --cp 8"),
+    (dict(cp=8, cp_mode="usp", cp_a2a=1), "cp kind usp needs --cp-a2a U"),
+    (dict(cp=16, tp=8, cp_mode="usp", cp_a2a=8), "usp splits each tensor rank's 4 heads over --cp-a2a 8"),
 ])
 def test_planner_refuses_what_train_refuses(kw, msg):
     from minitron.analysis.cluster import PlannedLayout, predict

@@ -7,10 +7,12 @@
 * :mod:`.comm`    communication volume per axis; 1-D/2-D/3-D tensor parallel compared
 * :mod:`.bubble`  pipeline bubble and stashed microbatches, per schedule
 * :mod:`.pipeline_sim` a schedule timed (`simulate`): its timeline, bubble and peak stash
+* :mod:`.planned_layout` a layout as the cluster model prices it: a ParallelConfig and more
 * :mod:`.cluster` a throughput model of GPU clusters, calibrated on Megatron-LM 2019
 * :mod:`.software` the software stack as a value: fused kernels, recomputation, overlap
 * :mod:`.breakdown` one predicted iteration part by part (`explain`)
 * :mod:`.planner` enumerate and rank (t, p, d, v, b) layouts
+* :mod:`.checkpoint_interval` failures at scale: MTBF, Young/Daly's checkpoint interval
 
 Everything here is pure Python: no processes, no tensors, no global mutable state.
 """
@@ -26,7 +28,7 @@ _HOMES = {
     "stashed_on_rank": "bubble",
     "CLUSTERS": "cluster",
     "Cluster": "cluster",
-    "PlannedLayout": "cluster",
+    "PlannedLayout": "planned_layout",
     "Prediction": "cluster",
     "get_cluster": "cluster",
     "matmul_efficiency": "cluster",

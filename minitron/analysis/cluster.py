@@ -136,11 +136,13 @@ from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
 from .memory import memory_estimate
-from .params import layout_get, layout_placement, padded_vocab, params_given_layers, rank_layers
+from ..placement import placement_for
+from .planned_layout import PLANNED_CP_MODES, PlannedLayout
+from .params import layout_placement, padded_vocab, params_given_layers, rank_layers
 from .software import ASYNC_TP, Software, get_software, kernel_source, kernel_tflops
 
 __all__ = ["Cluster", "CLUSTERS", "get_cluster", "PlannedLayout", "Prediction", "matmul_efficiency",
-           "predict", "decomposed_matmul_s", "tp_linear_shapes", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "CP_KINDS", "GEMM_MAX_EFFICIENCY",
+           "predict", "decomposed_matmul_s", "tp_linear_shapes", "FsdpUnits", "fsdp_units", "fsdp_unit_seconds", "stage_weights", "attention_widths", "PLANNED_CP_MODES", "GEMM_MAX_EFFICIENCY",
            "H100_GEMM_MAX_EFFICIENCY", "H100_FP8_GEMM_MAX_EFFICIENCY", "ELEMENTWISE_BW_FRACTION", "COMM_BW_FRACTION",
            "DP_OVERLAP", "DROPLESS_MOE_HOST_S", "GPU_MEMORY_BYTES"]
 
@@ -275,49 +277,6 @@ def get_cluster(cluster: str | Cluster) -> Cluster:
     return CLUSTERS[cluster]
 
 
-@dataclass(frozen=True)
-class PlannedLayout:
-    """A PTD-P layout as the throughput model prices it and the planner ranks it (not a
-    run's :class:`minitron.config.ParallelConfig`): tensor × pipeline × data parallel
-    degrees, model chunks per pipeline rank, microbatch size, schedule (default:
-    interleaved if vpp > 1 else 1f1b), sequence parallelism and the pipeline
-    scatter/gather optimisation."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    vpp: int = 1
-    microbatch_size: int = 1
-    schedule: str | None = None
-    sp: bool = False
-    scatter_gather: bool = True
-    cp: int = 1                 # context parallel ranks (the sequence split over them)
-    cp_kind: str = "ring"       # "ring" (K, V passed around, overlapped with attention),
-    #                             "allgather" (K, V gathered first, exposed), "a2a" (Ulysses),
-    #                             "usp" (Ulysses over cp_a2a ranks, a ring over cp/cp_a2a)
-    cp_a2a: int = 1             # "usp": U, the context ranks of one all-to-all
-    ep: int = 1                 # expert parallel ranks (drawn from the tp·cp·dp ranks)
-    zero: int = 0               # 0 plain data parallel, 1 distributed optimizer, 3 FSDP / ZeRO-3
-    fsdp_shard: int = 0         # HSDP: parameters sharded over this many ranks (0: all dp·cp)
-
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-
-def as_planned_layout(layout: Any) -> PlannedLayout:
-    """Read a PlannedLayout from a PlannedLayout, a dict or an object with the same attributes."""
-    if isinstance(layout, PlannedLayout):
-        return layout
-    kw = {k: layout_get(layout, k) for k in PlannedLayout.__dataclass_fields__ if layout_get(layout, k) is not None}
-    if layout_get(layout, "microbatch_size") is None and layout_get(layout, "b") is not None:
-        kw["microbatch_size"] = layout_get(layout, "b")
-    return PlannedLayout(**kw)
-
-
-CP_KINDS = ("ring", "allgather", "a2a", "usp")
-
-
 @dataclass
 class Prediction:
     """The predicted iteration: seconds, achieved TFLOP/s per GPU (PTD-P's way of
@@ -338,6 +297,10 @@ class Prediction:
 
     def __getitem__(self, key):  # allow prediction["iteration_s"]
         return getattr(self, key)
+
+
+# What a planner entry carries beside its layout: its prediction and the planner's reasons
+_ENTRY_KEYS = frozenset(Prediction.__dataclass_fields__) | {"reasons"}
 
 
 # --------------------------------------------------------------------------------------
@@ -653,7 +616,7 @@ def stage_weights(model: ModelConfig, t: int, p: int, v: int, pp_rank: int, n_la
     :func:`~minitron.analysis.params.params_given_layers` (the 1-D engine's count)."""
     if _gpt_shapes(model, head_dim):
         return float(params_given_layers(model, t, p, v, "1d", pp_rank, n_layers, kind)), 0.0
-    first, last = layout_placement({"pp": p, "vpp": v, "schedule": kind}).holds_ends(pp_rank)
+    first, last = placement_for(kind, p, v).holds_ends(pp_rank)
     h = model.hidden
     q, kv = attention_widths(model, t, head_dim)
     mats = 3 if model.activation == "swiglu" else 2
@@ -679,14 +642,14 @@ def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
 # --------------------------------------------------------------------------------------
 # The iteration
 # --------------------------------------------------------------------------------------
-def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | Cluster,
+def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int, cluster: str | Cluster,
             recompute: str | bool | None = None, bytes_per_param: float = 16,
             software: str | Software | None = None, head_dim: int | None = None,
             moe_imbalance: float = 0.0) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
-    `layout`: a :class:`PlannedLayout` or a dict with ``tp, pp, dp`` and optionally ``vpp,
-    microbatch_size, schedule, sp, scatter_gather, cp, cp_kind, ep, zero, fsdp_shard``.
+    `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout`, or a planner entry
+    (a dict) naming its fields, its prediction and reasons beside them (:meth:`PlannedLayout.of`).
     `software`: a :class:`~minitron.analysis.software.Software` or a preset name (default
     ``megatron-2019``, the software the constants were fitted with); `recompute`
     overrides its recomputation policy. `head_dim`: the attention's head width when it is
@@ -705,15 +668,15 @@ def predict(model: ModelConfig, layout: Any, global_batch: int, cluster: str | C
     """
     c = get_cluster(cluster)
     sw = get_software(software)
-    L = as_planned_layout(layout)
+    L = PlannedLayout.of(layout, carried=_ENTRY_KEYS)
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
-    kind = L.schedule or ("interleaved" if L.vpp > 1 else "1f1b")
+    kind = L.schedule
     _check_layout(model, L, global_batch, kind)
     r = _Run(model, L, c, sw, rc, kind, global_batch, head_dim, moe_imbalance, bytes_per_param)
     tm = _iteration_times(r)
     fl, mfu_flops = _iteration_flops(r)
     memory = _memory_bytes(r, tm.weights, tm.shard)
-    return Prediction(iteration_s=tm.iteration_s, tflops_per_gpu=fl / (r.n_gpus * tm.iteration_s) / 1e12,
+    return Prediction(iteration_s=tm.iteration_s, tflops_per_gpu=fl / (r.L.world * tm.iteration_s) / 1e12,
                       memory_gb_per_gpu=memory / 1e9, bubble_fraction=tm.bubble_fraction,
                       breakdown=_breakdown(r, tm, mfu_flops))
 
@@ -746,11 +709,6 @@ class _Run:
     def m(self) -> int:
         """Microbatches per pipeline per iteration."""
         return self.global_batch // (self.L.dp * self.L.microbatch_size)
-
-    @property
-    def n_gpus(self) -> int:
-        """GPUs of the layout: t·p·d·cp."""
-        return self.L.tp * self.L.pp * self.L.dp * self.L.cp
 
     @property
     def fp8(self) -> bool:
@@ -814,8 +772,7 @@ def _iteration_times(r: _Run) -> _Times:
     exposed communication (tensor, context, expert, pipeline, FSDP), the bubble over that
     ideal time, the exposed data-parallel reduction and the optimizer step."""
     per = _per_layer(r)
-    pipe = {"pp": r.L.pp, "vpp": r.L.vpp, "schedule": r.kind}
-    layers, where = rank_layers(r.model, pipe), layout_placement(pipe)  # a V: both ends on rank 0
+    layers, where = rank_layers(r.model, r.L), layout_placement(r.L)  # a V: both ends on rank 0
     stages = [_stage_time(r, per, n, *where.holds_ends(rank)) for rank, n in enumerate(layers)]
     st = max(stages, key=lambda s_: s_.seconds)
     B = st.b_in + st.b_w
@@ -880,7 +837,7 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     if cp == 1:
         return 0.0, 0.0
     qo_w, kv_w = cp_widths(model, t, r.head_dim)
-    b, u = L.microbatch_size, (L.cp_a2a if L.cp_kind == "usp" else cp if L.cp_kind == "a2a" else 1)
+    b, u = L.microbatch_size, (L.cp_a2a if L.cp_mode == "usp" else cp if L.cp_mode == "a2a" else 1)
     a2a_s = 0.0
     if u > 1:  # the all-to-all's u ranks: t·u neighbours
         abw, alat = _cp_link(c, t * u)
@@ -895,7 +852,7 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
     cbw, clat = _cp_link(c, t * cp)
     kv_bytes = b * model.seq_len // cp * kv_w * 2
     layer_cp = (r.replay + 2) * ((cp // u - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
-    hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_kind in ("ring", "usp") else 0.0
+    hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_mode in ("ring", "usp") else 0.0
     return a2a_s + layer_cp, hidden
 
 
@@ -1219,9 +1176,7 @@ def _memory_bytes(r: _Run, weights: tuple[float, float], shard: int) -> float:
     block's): 2-byte weights and gradients whole, the rest (fp32 master and Adam moments)
     over the distributed optimizer's shard; ZeRO-3 shards all of it over its group."""
     model, L, bpp = r.model, r.L, r.bytes_per_param
-    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp),
-                          {"tp": L.tp, "pp": L.pp, "dp": L.dp, "vpp": L.vpp, "microbatch_size": L.microbatch_size,
-                           "sp": L.sp, "schedule": r.kind}, r.global_batch,
+    mem = memory_estimate(model.replace(seq_len=model.seq_len // L.cp), L, r.global_batch,
                           bytes_per_param=bpp, recompute=r.rc, flash=r.sw.attention == "flash")
     if _gpt_shapes(model, r.head_dim) and not L.zero and L.cp == 1:
         return mem["total_bytes"]
@@ -1262,8 +1217,8 @@ def _breakdown(r: _Run, tm: _Times, mfu_flops: float) -> dict:
             "fp8_recipe": sw.fp8_recipe if r.fp8 else "",
             "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp),
             "stage_fbw": (st.fwd, st.b_in, st.b_w),
-            "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.n_gpus * it),
-            "mfu": mfu_flops / (r.n_gpus * it * c.peak_flops)}
+            "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.L.world * it),
+            "mfu": mfu_flops / (r.L.world * it * c.peak_flops)}
 
 
 def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> dict:
@@ -1290,17 +1245,17 @@ def _check_layout(model: ModelConfig, L: PlannedLayout, global_batch: int, kind:
     t, p, d, v, b = L.tp, L.pp, L.dp, L.vpp, L.microbatch_size
     if min(t, p, d, v, b, L.cp, L.ep) < 1:
         raise ValueError(f"tp, pp, dp, vpp, cp, ep and microbatch_size must be at least 1 (got {L})")
-    if L.cp_kind not in CP_KINDS:
-        raise ValueError(f"unknown context-parallel kind '{L.cp_kind}': choose one of {', '.join(CP_KINDS)}")
+    if L.cp_mode not in PLANNED_CP_MODES:
+        raise ValueError(f"unknown context-parallel kind '{L.cp_mode}': choose one of {', '.join(PLANNED_CP_MODES)}")
     if model.seq_len % (2 * L.cp) and L.cp > 1:
         raise ValueError(f"sequence {model.seq_len} does not split into 2·cp = {2 * L.cp} chunks")
-    if L.cp > 1 and L.cp_kind == "a2a":  # what `train` refuses is never priced
-        validate_a2a_heads(model, t, L.cp, flag="--cp-kind")
-    if L.cp_kind == "usp" and not (1 < L.cp_a2a < L.cp and L.cp % L.cp_a2a == 0):
+    if L.cp > 1 and L.cp_mode == "a2a":  # what `train` refuses is never priced
+        validate_a2a_heads(model, t, L.cp, flag="--cp-mode")
+    if L.cp_mode == "usp" and not (1 < L.cp_a2a < L.cp and L.cp % L.cp_a2a == 0):
         raise ValueError(f"cp kind usp needs --cp-a2a U with 1 < U < --cp {L.cp} and U dividing it "
                          f"(got {L.cp_a2a})")
-    if L.cp_kind == "usp":
-        validate_a2a_heads(model, t, L.cp_a2a, flag="--cp-kind", mode="usp", over="--cp-a2a")
+    if L.cp_mode == "usp":
+        validate_a2a_heads(model, t, L.cp_a2a, flag="--cp-mode", mode="usp", over="--cp-a2a")
     if L.ep > 1 and (not model.experts or model.experts % L.ep or (t * L.cp * d) % L.ep):
         raise ValueError(f"expert parallel degree {L.ep} must divide the {model.experts} experts "
                          f"and the tp·cp·dp = {t * L.cp * d} ranks")

@@ -53,7 +53,7 @@ from ..parallel.fp8 import history_axes, history_reduce_bytes
 from .dry_run import boundary_elements, embedding_elements, fp8_histories, model_calls, params_by_data_axes
 from .experts import all_to_all_calls, balanced_all_to_all_bytes
 from .flops import recompute_policy
-from .params import activation_element_bytes, layout_get, layout_placement, local_model, padded_vocab, rank_chunks
+from .params import activation_element_bytes, layout_placement, local_model, padded_vocab, rank_chunks
 from .summa import summa_comm_items
 from .zero import zero_calls
 
@@ -120,7 +120,7 @@ def replica_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConf
     rank all-reduces its whole gradient once per step, one flat buffer, over the 'replica'
     axis (its peers at the same place in the other replicas, through torchft), after the
     layout's own synchronisation inside its replica."""
-    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
+    e = dtype_bytes or element_bytes(train.dtype)
     n = sum(params_by_data_axes(model, parallel, rank_chunks(model, parallel, pp_rank)).values())
     return [{"what": "gradients (the replicas' mean, torchft)", "axis": REPLICA_AXIS, "op": "all_reduce",
              "calls": 1, "bytes": n * e}]
@@ -147,16 +147,16 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
         share = train.replace(global_batch=train.global_batch // replicas)
         return (comm_items(model, parallel, share, pp_rank, dtype_bytes, act_bytes)
                 + replica_items(model, parallel, train, pp_rank, dtype_bytes))
-    mode = layout_get(parallel, "tp_mode", "1d")
+    mode = parallel.tp_mode
     if mode in ("2d", "2.5d", "3d") and parallel.tp > 1:
         return _grid_comm_items(model, parallel, train, pp_rank, dtype_bytes)
-    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
+    e = dtype_bytes or element_bytes(train.dtype)
     ea = act_bytes or activation_element_bytes(parallel, e)
     t, p, d = parallel.tp, parallel.pp, parallel.dp
     v, sp = parallel.vpp, parallel.sp
     m = train.microbatches
     b = train.global_batch // (parallel.data_replicas * m)
-    cp = int(layout_get(parallel, "cp", 1) or 1)
+    cp = parallel.cp
     tokens = local_model(model, cp)  # a context rank's activations: s/N tokens of each sequence
     s, h = tokens.seq_len, model.hidden
     x = b * s * h * ea
@@ -173,7 +173,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
               if it["calls"]]
     if t > 1:
         add("gradient norm", "tp", "all_reduce", 1, NORM_BYTES)
-    if layout_get(parallel, "precision", "fp32") == "fp8" and layout_get(parallel, "fp8_recipe", "") == "delayed":
+    if parallel.precision == "fp8" and parallel.fp8_recipe == "delayed":
         n = fp8_histories(model, parallel, rank_chunks(model, parallel, pp_rank))
         for axis in history_axes(ProcessGrid.for_layout(parallel).sizes()):  # the step's amaxes, MAX
             add("FP8 amax history (delayed scaling)", axis, "all_reduce", 1, history_reduce_bytes(n))
@@ -197,12 +197,12 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
 
     # experts: each MoE block's token dispatch and combine over 'ep' (routing is data: the
     # expected bytes of balanced routing, analysis/experts.py; a trace holds the routed ones)
-    ep = int(layout_get(parallel, "ep", 1) or 1)
+    ep = parallel.ep
     moe_blocks = sum(model.is_moe_block(i) for ids, _, _ in rank_chunks(model, parallel, pp_rank) for i in ids)
     if ep > 1 and moe_blocks:
         tokens = b * s // (t if sp else 1)
         add("expert dispatch and combine (balanced routing: expected)", "ep", "all_to_all",
-            all_to_all_calls(bool(layout_get(parallel, "ep_overlap", False))) * m * moe_blocks,
+            all_to_all_calls(parallel.ep_overlap) * m * moe_blocks,
             m * moe_blocks * balanced_all_to_all_bytes(model, tokens, ea))
         add("gradient norm", "ep", "all_reduce", 1, NORM_BYTES)
 
@@ -210,7 +210,7 @@ def comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig,
     # context parallelism, 'dp_ep' for a dense weight under expert parallelism)
     grid = ProcessGrid.for_layout(parallel)
     dp_axis = grid.data_axis()
-    if layout_get(parallel, "zero", 0) >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
+    if parallel.zero >= 2:  # ZeRO-2/3: unit by unit (analysis/zero.py)
         for c in zero_calls(model, parallel, train, pp_rank, e):
             what = c.get("what") or {"reduce_scatter": "gradients", "all_reduce": "gradient norm"}.get(c["op"],
                                                                                                    "parameters")
@@ -239,7 +239,7 @@ def _grid_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     show: there the grid's closed form (analysis/summa.py) counts them."""
     if parallel.tp_mode in ("2d", "2.5d") and parallel.pp > 1 and parallel.schedule in SPLIT_BACKWARD:
         return summa_comm_items(model, parallel, train, pp_rank, dtype_bytes)
-    e = dtype_bytes or element_bytes(getattr(train, "dtype", "float32"))
+    e = dtype_bytes or element_bytes(train.dtype)
     ea = activation_element_bytes(parallel, e)
     m = train.microbatches
     b = train.global_batch // (parallel.dp * m)

@@ -77,12 +77,10 @@ posted before the block that uses the current one).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-from ..config import ModelConfig
+from ..config import ModelConfig, ParallelConfig, TrainConfig
 from .flops import recompute_policy
 from .memory import memory_on_rank
-from .params import block_ids_on_rank, layout_get, local_model
+from .params import block_ids_on_rank, local_model
 
 __all__ = ["RING_CARRIES", "head_widths", "cp_message_elements", "cp_comm_items", "a2a_elements", "a2a_comm_items",
            "usp_comm_items", "cp_activation_table",
@@ -133,42 +131,42 @@ def a2a_elements(model: ModelConfig, micro_batch: int, tp: int, cp: int, over: i
             "out": tok * model.heads // tp * dv}
 
 
-def _microbatch_of(parallel: Any, train: Any) -> tuple[int, int, int]:
+def _microbatch_of(parallel: ParallelConfig, train: TrainConfig) -> tuple[int, int, int]:
     """(tp, microbatches, microbatch size) of a layout's step."""
-    t, d = int(layout_get(parallel, "tp", 1) or 1), int(layout_get(parallel, "dp", 1) or 1)
+    t, d = parallel.tp, parallel.dp
     return t, train.microbatches, train.global_batch // (d * train.microbatches)
 
 
-def _forwards(model: ModelConfig, parallel: Any, i: int) -> int:
+def _forwards(model: ModelConfig, parallel: ParallelConfig, i: int) -> int:
     """Forward passes of block `i`'s attention core per step: 2 under recomputation (its
     replay). A multi-token prediction depth's block (i ≥ L) runs outside the stage's
     ``run_block``: full recomputation does not replay it, selective (inside the attention) does."""
-    policy = recompute_policy(layout_get(parallel, "recompute", "none"))
+    policy = recompute_policy(parallel.recompute)
     return 2 if policy == "selective" or (policy == "full" and i < model.layers) else 1
 
 
-def _passes(model: ModelConfig, parallel: Any, pp_rank: int) -> int:
+def _passes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int) -> int:
     """Passes of the attention core over a microbatch on pipeline rank `pp_rank` in a step,
     summed over every block it runs (:func:`~minitron.analysis.params.block_ids_on_rank`,
     the MTP depths' included): each block's forwards and its backward."""
     return sum(_forwards(model, parallel, i) + 1 for i in block_ids_on_rank(model, parallel, pp_rank))
 
 
-def a2a_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
+def a2a_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                    act_bytes: int = 4) -> list[dict]:
     """Ulysses' all-to-alls on the 'cp' axis of a rank of pipeline stage `pp_rank` in one
     step (``{what, axis, op, calls, bytes}``): per layer and microbatch the forward's three
     (Q, K and V, the output), the backward's three, and the forward's again under recomputation."""
-    n = int(layout_get(parallel, "cp", 1) or 1)
+    n = parallel.cp
     if n == 1:
         return []
     return _a2a_items(model, parallel, train, pp_rank, act_bytes, n, "cp", "all-to-all attention (Ulysses)")
 
 
-def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, over: int,
-               axis: str, name: str) -> list[dict]:
+def _a2a_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int,
+               over: int, axis: str, name: str) -> list[dict]:
     """The all-to-alls of the rank's s/N tokens, heads split over `over` ranks of `axis`."""
-    (t, m, b), n = _microbatch_of(parallel, train), int(layout_get(parallel, "cp", 1) or 1)
+    (t, m, b), n = _microbatch_of(parallel, train), parallel.cp
     passes = m * _passes(model, parallel, pp_rank)
     el = a2a_elements(model, b, t, n, over)
     return [{"what": f"{name}: Q, K and V to heads, the output back, and their gradients",
@@ -176,7 +174,7 @@ def _a2a_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_
              "bytes": passes * sum(el.values()) * act_bytes}]
 
 
-def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
+def usp_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                    act_bytes: int = 4, cp_rank: int = 0, documents: list | None = None) -> list[dict]:
     """USP's calls (``--cp-mode usp --cp-a2a U``, Fang & Zhao 2024) of context rank `cp_rank`
     of pipeline stage `pp_rank` in one step: Ulysses' all-to-alls of the rank's s/N tokens
@@ -186,9 +184,9 @@ def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
     window, or with `documents` (--pack: each microbatch's document lengths per row, as
     :func:`window_ring_items` takes them), the ring's chunks that reach (from ring rank
     cp_rank // U, on the sequence's 2R chunks); the all-to-alls do not depend on them."""
-    n, u = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "cp_a2a", 1) or 1)
+    n, u = parallel.cp, parallel.cp_a2a
     _, _, b = _microbatch_of(parallel, train)
-    ring_el = a2a_elements(model, b, int(layout_get(parallel, "tp", 1) or 1), n, u)["kv"]
+    ring_el = a2a_elements(model, b, parallel.tp, n, u)["kv"]
     if model.window or documents is not None:  # the chunks a mask lets reach: a chunk is half a message
         ring = _window_items(model, parallel, train, n // u, cp_rank // u, pp_rank, act_bytes, ring_el // 2,
                              "cp_ring", documents)
@@ -197,7 +195,7 @@ def usp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int =
     return _a2a_items(model, parallel, train, pp_rank, act_bytes, u, "cp_a2a", "USP's all-to-all (Ulysses)") + ring
 
 
-def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 0,
+def cp_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int = 0,
                   act_bytes: int = 4, cp_rank: int = 0, carries: str = "heads") -> list[dict]:
     """The ring's calls on the 'cp' axis of a rank of pipeline stage `pp_rank` in one
     step, as ``analysis.comm.comm_items`` lists them: ``{what, axis, op, calls, bytes}``.
@@ -207,10 +205,10 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
     "latent", the ring of c_KV and k_R with the same hops (their gradients travelling
     back as dK, dV do), priced for comparison. ``--cp-mode a2a``: :func:`a2a_comm_items`;
     ``usp``: :func:`usp_comm_items` (on its axes 'cp_a2a' and 'cp_ring')."""
-    n = int(layout_get(parallel, "cp", 1) or 1)
+    n = parallel.cp
     if n == 1:
         return []
-    mode = layout_get(parallel, "cp_mode", "ring")
+    mode = parallel.cp_mode
     if mode == "a2a":
         return a2a_comm_items(model, parallel, train, pp_rank, act_bytes)
     if mode == "usp":
@@ -222,8 +220,8 @@ def cp_comm_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int = 
                        "cp", carries)
 
 
-def _ring_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act_bytes: int, n: int, el: int,
-                axis: str, carries: str = "heads") -> list[dict]:
+def _ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, pp_rank: int, act_bytes: int,
+                n: int, el: int, axis: str, carries: str = "heads") -> list[dict]:
     """The sends and receives of a ring of `n` ranks on `axis` whose messages hold `el` elements."""
     blocks = block_ids_on_rank(model, parallel, pp_rank)
     hops = train.microbatches * len(blocks) * (n - 1)  # per pass of the ring
@@ -239,7 +237,7 @@ def _ring_items(model: ModelConfig, parallel: Any, train: Any, pp_rank: int, act
     return items
 
 
-def cp_activation_table(model: ModelConfig, parallel: Any, train: Any, cps=(1, 2, 4, 8),
+def cp_activation_table(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, cps=(1, 2, 4, 8),
                         seq_lens=None, bytes_per_el: int = 4) -> list[dict]:
     """Activation bytes per rank (minitron's engine, the first pipeline stage) for each
     sequence length in `seq_lens` (default: the model's) and each context degree in
@@ -252,7 +250,7 @@ def cp_activation_table(model: ModelConfig, parallel: Any, train: Any, cps=(1, 2
         for n in cps:
             if s % (2 * n):
                 continue
-            lay = _replace(parallel, cp=n)
+            lay = dataclasses.replace(parallel, cp=n)
             acts = memory_on_rank(m, lay, train, 0, bytes_per_el)["activations_bytes"]
             base = acts if n == 1 else base
             rows.append({"seq_len": s, "cp": n, "activations_bytes": acts,
@@ -260,10 +258,6 @@ def cp_activation_table(model: ModelConfig, parallel: Any, train: Any, cps=(1, 2
     return rows
 
 
-def _replace(layout: Any, **kw) -> Any:
-    if isinstance(layout, dict):
-        return {**layout, **kw}
-    return dataclasses.replace(layout, **kw)
 
 
 # --- the ring under a sliding window or packed documents -----------------------------------------
@@ -333,12 +327,12 @@ def packed_attention_pairs(n: int, lengths: list[list[int]], balance: str = "seq
     return pairs
 
 
-def packed_attention_flops(model: ModelConfig, parallel: Any, lengths: list[list[int]],
+def packed_attention_flops(model: ModelConfig, parallel: ParallelConfig, lengths: list[list[int]],
                            balance: str = "sequence") -> list[float]:
     """Forward FLOPs of one layer's attention core on each context rank for rows of packed
     documents (QKᵀ and PV: 4·d per pair and query head of the rank's heads, heads/t):
     :func:`packed_attention_pairs` priced as ``model_flops`` prices a pair."""
-    n, t = int(layout_get(parallel, "cp", 1) or 1), int(layout_get(parallel, "tp", 1) or 1)
+    n, t = parallel.cp, parallel.tp
     return [4.0 * (model.heads // t) * model.head_dim * p for p in packed_attention_pairs(n, lengths, balance)]
 
 
@@ -359,8 +353,9 @@ def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
             (("kv_send", kv_send), ("kv_recv", kv_recv), ("acc_send", acc_send), ("acc_recv", acc_recv))}
 
 
-def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: int = 0, pp_rank: int = 0,
-                      act_bytes: int = 4, documents: list | None = None, balance: str = "sequence") -> list[dict]:
+def window_ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, cp_rank: int = 0,
+                      pp_rank: int = 0, act_bytes: int = 4, documents: list | None = None,
+                      balance: str = "sequence") -> list[dict]:
     """The ring's calls on the 'cp' axis of context rank `cp_rank` of pipeline stage `pp_rank`
     in one step when the model has a sliding window or packs documents: its windowed layers
     pass the chunks the window reaches (:func:`window_chunk_reach`), its global layers
@@ -369,14 +364,14 @@ def window_ring_items(model: ModelConfig, parallel: Any, train: Any, cp_rank: in
     every layer passes only the chunks the documents (and the window) let later queries see,
     microbatch by microbatch (:func:`document_last_chunks`; `balance` 'document': the chunks of
     every document, :func:`document_balanced_last_chunks`). ``{what, axis, op, calls, bytes}``."""
-    n = int(layout_get(parallel, "cp", 1) or 1)
+    n = parallel.cp
     t, _, b = _microbatch_of(parallel, train)
     chunk = b * (model.seq_len // (2 * n)) * kv_heads_per_rank(model, t) * sum(head_widths(model))
     return _window_items(model, parallel, train, n, cp_rank, pp_rank, act_bytes, chunk, "cp", documents, balance)
 
 
-def _window_items(model: ModelConfig, parallel: Any, train: Any, n: int, ring_rank: int, pp_rank: int,
-                  act_bytes: int, chunk: int, axis: str, documents: list | None = None,
+def _window_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, n: int, ring_rank: int,
+                  pp_rank: int, act_bytes: int, chunk: int, axis: str, documents: list | None = None,
                   balance: str = "sequence") -> list[dict]:
     """:func:`window_ring_items` of a ring of `n` ranks on `axis` (the 'cp' ranks, or USP's
     'cp_ring' columns), seen from its rank `ring_rank`, whose chunks of s/(2n) tokens hold

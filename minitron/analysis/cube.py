@@ -19,7 +19,10 @@ full local input for reduce-scatter (e bytes per element)::
 On a ring an all-gather sends (q−1)× its shard and a reduce-scatter (q−1)/q of its
 input, so each direction moves ``(q−1)/q³·(B·h_in + h_in·h_out + B·h_out)`` elements out
 of every rank: Bian et al.'s formula, :func:`minitron.analysis.comm.cube_linear_elements`
-(:func:`linear_wire_bytes` checks it). :func:`linear_calls` lists the six calls.
+(:func:`linear_wire_bytes` checks it). :func:`linear_calls` lists the six calls. Under
+--tp-overlap the weight's all-gather is made in ``parallel.cube.weight_pieces`` calls (two
+halves of its output rows, the second in flight under the first's product): the same
+bytes in more calls.
 
 The rest of the model on the cube (``parallel/cube.py``): each LayerNorm all-reduces
 two statistics per token along the hidden-split line (k), forward and backward
@@ -67,6 +70,7 @@ from __future__ import annotations
 
 from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, cube_edge, element_bytes,
                       pad_vocab, square_edge, statistics_bytes)
+from ..parallel.cube import weight_pieces
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .comm import cube_linear_elements, summa_linear_elements
 from .flops import recompute_policy
@@ -99,11 +103,13 @@ def cube_vocab(model: ModelConfig, q: int) -> int:
 # --------------------------------------------------------------------------------------
 def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, bytes_per_el: int = 4,
                  placement: tuple[str, str] = FIRST, what: str = "linear",
-                 act_bytes_per_el: int | None = None) -> list[dict]:
+                 act_bytes_per_el: int | None = None, pieces: int = 1) -> list[dict]:
     """The six collectives of one Linear3D on placement (a, c) for one microbatch of
     `micro_batch` sequences (module docstring). Empty when q = 1. The weight and its
     gradient travel in `bytes_per_el`, activations and theirs in `act_bytes_per_el`
-    (default the same; 2 under bf16, ``Comm.wire_dtype``)."""
+    (default the same; 2 under bf16, ``Comm.wire_dtype``). `pieces`: the weight's
+    all-gather made in that many calls of a piece each (--tp-overlap,
+    ``parallel.cube.weight_pieces``), the same bytes."""
     if q == 1:
         return []
     a, c = placement
@@ -111,7 +117,7 @@ def linear_calls(micro_batch: int, seq_len: int, d_in: int, d_out: int, q: int, 
     ea = act_bytes_per_el or e
     return [
         call(f"{what}: input all-gather", "fwd", "all_gather", a, ea * b // (q * q) * s * d_in // q),
-        call(f"{what}: weight all-gather", "fwd", "all_gather", I, e * d_out // q * d_in // (q * q)),
+        call(f"{what}: weight all-gather", "fwd", "all_gather", I, e * d_out // q * d_in // (q * q) // pieces, pieces),
         call(f"{what}: output reduce-scatter", "fwd", "reduce_scatter", c, ea * b // q * s * d_out // q),
         call(f"{what}: output-grad all-gather", "bwd", "all_gather", c, ea * b // (q * q) * s * d_out // q),
         call(f"{what}: input-grad reduce-scatter", "bwd", "reduce_scatter", a, ea * b // q * s * d_in // q),
@@ -163,18 +169,18 @@ def loss_calls(micro_batch: int, seq_len: int, q: int, loss_bytes_per_el: int = 
 
 
 def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int = 4,
-                recompute: str = "none", act_bytes_per_el: int | None = None) -> list[dict]:
+                recompute: str = "none", act_bytes_per_el: int | None = None, overlap: bool = False) -> list[dict]:
     """The collectives of one transformer layer for one microbatch; with full
     recomputation the forward calls run again in the backward. LayerNorm statistics
-    stay in `bytes_per_el` (sums of the fp32 residual stream under bf16 autocast)."""
+    stay in `bytes_per_el` (sums of the fp32 residual stream under bf16 autocast).
+    `overlap` (--tp-overlap): each weight gathered in ``weight_pieces`` of its d_out/q rows."""
     b, s, h, f, e = micro_batch, model.seq_len, model.hidden, model.ffn_hidden, bytes_per_el
     ea = act_bytes_per_el
-    out = (layer_norm_calls(b, s, q, e, "ln1")
-           + linear_calls(b, s, h, 3 * h, q, e, FIRST, "qkv", ea)
-           + linear_calls(b, s, h, h, q, e, SECOND, "proj", ea)
-           + layer_norm_calls(b, s, q, e, "ln2")
-           + linear_calls(b, s, h, f, q, e, FIRST, "fc", ea)
-           + linear_calls(b, s, f, h, q, e, SECOND, "fc2", ea))
+
+    def linear(d_in, d_out, placement, what):
+        return linear_calls(b, s, d_in, d_out, q, e, placement, what, ea, weight_pieces(d_out // q, overlap))
+    out = (layer_norm_calls(b, s, q, e, "ln1") + linear(h, 3 * h, FIRST, "qkv") + linear(h, h, SECOND, "proj")
+           + layer_norm_calls(b, s, q, e, "ln2") + linear(h, f, FIRST, "fc") + linear(f, h, SECOND, "fc2"))
     if recompute_policy(recompute) == "full":
         out += [{**c, "phase": "bwd", "what": c["what"] + " (replayed)"} for c in out if c["phase"] == "fwd"]
     return out
@@ -183,20 +189,22 @@ def layer_calls(model: ModelConfig, micro_batch: int, q: int, bytes_per_el: int 
 def cube_collectives(model: ModelConfig, micro_batch: int, q: int, layers: int | None = None,
                      first: bool = True, last: bool = True, bytes_per_el: int = 4,
                      loss_bytes_per_el: int | None = None, recompute: str = "none",
-                     act_bytes_per_el: int | None = None) -> list[dict]:
+                     act_bytes_per_el: int | None = None, overlap: bool = False) -> list[dict]:
     """Every cube collective of one microbatch on one rank (``calls`` per item, `bytes`
     per call), in forward order; `first`/`last`: the rank holds the embedding / the
-    output layer and loss. `act_bytes_per_el`: activations on the wire (2 under bf16)."""
+    output layer and loss. `act_bytes_per_el`: activations on the wire (2 under bf16).
+    `overlap` (--tp-overlap): the linears' and the output layer's weights gathered in
+    pieces (the output layer's local rows are wte's V'/q²); the embedding's lookup stays whole."""
     b, s, h, e, ea = micro_batch, model.seq_len, model.hidden, bytes_per_el, act_bytes_per_el
     vp = cube_vocab(model, q)
     out: list[dict] = []
     if first:
         out += embedding_calls(b, s, vp, h, q, e, ea)
     for _ in range(model.layers if layers is None else layers):
-        out += layer_calls(model, b, q, e, recompute, ea)
+        out += layer_calls(model, b, q, e, recompute, ea, overlap)
     if last:
         out += layer_norm_calls(b, s, q, e, "ln_f")
-        out += linear_calls(b, s, h, vp, q, e, FIRST, "output layer", ea)
+        out += linear_calls(b, s, h, vp, q, e, FIRST, "output layer", ea, weight_pieces(vp // (q * q), overlap))
         out += loss_calls(b, s, q, loss_bytes_per_el or statistics_bytes(e))
     return out
 
@@ -236,7 +244,7 @@ def cube_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
     step.add_per_microbatch(cube_collectives(model, b, q, n_layers, first, last, e, recompute=parallel.recompute,
-                                             act_bytes_per_el=ea), m)
+                                             act_bytes_per_el=ea, overlap=parallel.tp_overlap), m)
     step.add_per_step(grad_sync_calls(model, q, n_layers, first, last, e))
     boundary = ea * b // (q * q) * model.seq_len * model.hidden // q
     tied = e * cube_vocab(model, q) // (q * q) * model.hidden // q
@@ -332,7 +340,7 @@ def params_per_device(model: ModelConfig, scheme: str, devices: int) -> dict[str
         return {"layer": layer, "model": whole}
     mode = "3d" if scheme == "3d" else "1d"
     return {"layer": local_layer_params(model, devices, mode),
-            "model": params_on_rank(model, {"tp": devices, "pp": 1, "tp_mode": mode})}
+            "model": params_on_rank(model, ParallelConfig(tp=devices, tp_mode=mode))}
 
 
 def compare_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes_per_el: int = 4) -> list[dict]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -42,29 +41,15 @@ CPU = torch.device("cpu")
 _DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
 
 
-def as_layout(layout: Any) -> ParallelConfig:
-    """A ParallelConfig from a ParallelConfig, a dict or an object with its attributes
-    (the analysis accepts all three); only the fields that shape a rank's model count."""
-    if isinstance(layout, ParallelConfig):
-        return layout
-    keys = ("tp", "pp", "vpp", "cp", "ep", "cp_mode", "cp_a2a", "tp_mode", "tp_depth", "sp", "tp_overlap", "recompute", "schedule",
-            "stage_layers", "precision", "fp8_recipe", "zero")
-    get = layout.get if isinstance(layout, dict) else (lambda k: getattr(layout, k, None))
-    given = {k: get(k) for k in keys if get(k) is not None}
-    if "stage_layers" in given:
-        given["stage_layers"] = tuple(given["stage_layers"])
-    return ParallelConfig(**given)
-
-
 def _shape_only(layout: ParallelConfig) -> ParallelConfig:
     """The fields of a layout that decide one rank's modules and saved tensors (the cache
     key: data parallelism, ZeRO and the schedule do not change a block)."""
-    return ParallelConfig(tp=layout.tp, cp=layout.cp, ep=getattr(layout, "ep", 1), tp_mode=layout.tp_mode,
+    return ParallelConfig(tp=layout.tp, cp=layout.cp, ep=layout.ep, tp_mode=layout.tp_mode,
                           tp_depth=layout.tp_depth, sp=layout.sp, tp_overlap=layout.tp_overlap,
                           recompute=layout.recompute,
-                          precision=layout.precision, fp8_recipe=getattr(layout, "fp8_recipe", "tensorwise"),
+                          precision=layout.precision, fp8_recipe=layout.fp8_recipe,
                           dropout_rng=layout.dropout_rng,
-                          cp_mode=getattr(layout, "cp_mode", "ring"), cp_a2a=getattr(layout, "cp_a2a", 1),
+                          cp_mode=layout.cp_mode, cp_a2a=layout.cp_a2a,
                           zero=3 if fp8.gathers_fp8_weights(layout) else 0)  # the FP8 linears' weight scales
 
 
@@ -107,12 +92,12 @@ def _block_params(model: ModelConfig, layout: ParallelConfig, i: int) -> int:
         return _count(Block(i, model, dry_context(layout), layers_for(layout)))
 
 
-def block_params(model: ModelConfig, layout: Any, i: int = 0) -> int:
+def block_params(model: ModelConfig, layout: ParallelConfig, i: int = 0) -> int:
     """Parameter elements of block `i` on one tensor rank of `layout` (every tensor rank
     holds as many), read from the module built under FakeTensorMode (one block of each
     kind: every dense block holds what block 0 holds, every MoE block what the first does)."""
     kind = kind_block(model, i)
-    return _block_params(model, _shape_only(as_layout(layout)), kind)
+    return _block_params(model, _shape_only(layout), kind)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,11 +106,11 @@ def _ends_params(model: ModelConfig, layout: ParallelConfig, first: bool, last: 
         return _count(GPT(model, dry_context(layout), layer_ids=[], first=first, last=last))
 
 
-def ends_params(model: ModelConfig, layout: Any, first: bool, last: bool) -> int:
+def ends_params(model: ModelConfig, layout: ParallelConfig, first: bool, last: bool) -> int:
     """Parameter elements of one pipeline chunk's ends on one tensor rank: the embedding
     (`first`) and the final norm and output layer (`last`). Tied embeddings: a chunk
     holding both ends has one matrix; a last chunk without the first keeps its own copy."""
-    return _ends_params(model, _shape_only(as_layout(layout)), first, last) if (first or last) else 0
+    return _ends_params(model, _shape_only(layout), first, last) if (first or last) else 0
 
 
 def _fp8_gathered(module: torch.nn.Module) -> int:
@@ -143,11 +128,11 @@ def _fp8_weight_split(model: ModelConfig, layout: ParallelConfig, i: int | None,
                                         for m in part.modules())
 
 
-def fp8_gathered_weights(model: ModelConfig, layout: Any, i: int | None = 0, first: bool = False,
+def fp8_gathered_weights(model: ModelConfig, layout: ParallelConfig, i: int | None = 0, first: bool = False,
                          last: bool = False) -> tuple[int, int]:
     """(elements, linears) of the weights ZeRO-3 gathers in FP8 (``fp8.gathers_fp8_weights``)
     in block `i` on one tensor rank, or with `i` None in a chunk's ends; (0, 0) otherwise."""
-    lay = _shape_only(as_layout(layout))
+    lay = _shape_only(layout)
     if not fp8.gathers_fp8_weights(lay) or (i is None and not (first or last)):
         return 0, 0
     if i is not None:  # one block of each kind, as block_params
@@ -155,10 +140,9 @@ def fp8_gathered_weights(model: ModelConfig, layout: Any, i: int | None = 0, fir
     return _fp8_weight_split(model, lay, i, first, last)
 
 
-def model_params(model: ModelConfig, layout: Any = None) -> int:
+def model_params(model: ModelConfig, layout: ParallelConfig = ParallelConfig()) -> int:
     """Parameter elements of the whole model on one tensor rank (each tied weight once)."""
-    lay = as_layout(layout or {})
-    return ends_params(model, lay, True, True) + sum(block_params(model, lay, i) for i in range(model.layers))
+    return ends_params(model, layout, True, True) + sum(block_params(model, layout, i) for i in range(model.layers))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -169,12 +153,12 @@ def _named_params(model: ModelConfig, layout: ParallelConfig, ids: tuple[int, ..
         return tuple((name, p.numel()) for name, p in stage.named_parameters())
 
 
-def named_params(model: ModelConfig, layout: Any, chunks) -> list[tuple[str, int]]:
+def named_params(model: ModelConfig, layout: ParallelConfig, chunks) -> list[tuple[str, int]]:
     """(name, local elements) of every parameter a rank holds on one tensor rank of `layout`
     (``blocks.3.attn.qkv.bias``, ``ln_f.weight``, ...), for the chunks ``(layer ids, first,
     last)`` it holds (:func:`~minitron.analysis.params.rank_chunks`), read from the modules
     built under FakeTensorMode; a last chunk's copy of a tied ``wte`` is listed again."""
-    lay = _shape_only(as_layout(layout))
+    lay = _shape_only(layout)
     return [named for ids, first, last in chunks for named in _named_params(model, lay, tuple(ids), first, last)]
 
 
@@ -275,17 +259,19 @@ def _hidden_input(stage: GPT, ctx: Context, b: int) -> torch.Tensor:
     return torch.empty(stage.boundary_shape(b), dtype=ctx.dtype, device=CPU, requires_grad=True)
 
 
-def block_saved_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+def block_saved_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4,
+                      i: int = 0) -> int:
     """Bytes block `i` saves for its backward on one tensor rank of `layout`, for one
     microbatch of `micro_batch` sequences with activations of `bytes_per_el` bytes: its
     own forward run on fake tensors (the layout's recomputation applied)."""
-    return _block_saved(*_runnable(model, i), _shape_only(as_layout(layout)), micro_batch, bytes_per_el)[0]
+    return _block_saved(*_runnable(model, i), _shape_only(layout), micro_batch, bytes_per_el)[0]
 
 
-def block_rebuilt_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4, i: int = 0) -> int:
+def block_rebuilt_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4,
+                        i: int = 0) -> int:
     """The most that block `i`'s backward saves on top of what its forward kept: under
     recomputation the rebuilt part of the block (0 without recomputation)."""
-    return _block_saved(*_runnable(model, i), _shape_only(as_layout(layout)), micro_batch, bytes_per_el)[1]
+    return _block_saved(*_runnable(model, i), _shape_only(layout), micro_batch, bytes_per_el)[1]
 
 
 def _targets(model: ModelConfig, b: int, s: int) -> torch.Tensor:
@@ -308,25 +294,24 @@ def _ends_saved(model: ModelConfig, layout: ParallelConfig, b: int, e: int, firs
             return counter.now
 
 
-def ends_saved_bytes(model: ModelConfig, layout: Any, micro_batch: int, bytes_per_el: int = 4,
+def ends_saved_bytes(model: ModelConfig, layout: ParallelConfig, micro_batch: int, bytes_per_el: int = 4,
                      first: bool = True, last: bool = True) -> int:
     """Bytes the embedding (`first`) or the final norm, output layer and loss (`last`)
     save for the backward on one tensor rank, for one microbatch: their own forward run
     on fake tensors."""
     if not (first or last):
         return 0
-    return _ends_saved(model, _shape_only(as_layout(layout)), micro_batch, bytes_per_el, first, last)
+    return _ends_saved(model, _shape_only(layout), micro_batch, bytes_per_el, first, last)
 
 
-def dry_trace(model: ModelConfig, layout: Any, micro_batch: int, rank: int = 0, bytes_per_el: int = 4,
+def dry_trace(model: ModelConfig, layout: ParallelConfig, micro_batch: int, rank: int = 0, bytes_per_el: int = 4,
               layer_ids=None, first: bool = True, last: bool = True) -> CommTrace:
     """The calls one microbatch's forward and backward make on rank `rank` of `layout`'s
     tensor and context axes (one pipeline chunk: `layer_ids`, `first`, `last`), recorded
     by a dry run: the tensor-parallel and context-parallel traffic, by axis and op.
     `bytes_per_el`: the parameters' dtype; under ``precision='bf16'`` the step runs as the
     Trainer runs it, in autocast with bf16 activations on the wire."""
-    lay = as_layout(layout)
-    trace = CommTrace()
+    lay, trace = layout, CommTrace()
     with FakeTensorMode():
         ctx = dry_context(_shape_only(lay), rank, _DTYPES[bytes_per_el], trace, wire_dtype_for(lay))
         stage = GPT(model, ctx, layer_ids=layer_ids, first=first, last=last)
@@ -405,10 +390,10 @@ def _fp8_histories(model: ModelConfig, layout: ParallelConfig, ids: tuple, first
         return len(fp8.delayed_states([stage]))
 
 
-def fp8_histories(model: ModelConfig, layout: Any, chunks) -> int:
+def fp8_histories(model: ModelConfig, layout: ParallelConfig, chunks) -> int:
     """The linears with a delayed-scaling amax history on one pipeline rank's `chunks`
     ((layer ids, first, last) each), counted on the built model."""
-    lay = _shape_only(as_layout(layout))
+    lay = _shape_only(layout)
     return sum(_fp8_histories(model, lay, tuple(ids), first, last) for ids, first, last in chunks)
 
 
@@ -431,7 +416,7 @@ def _grad_sync_calls(model: ModelConfig, layout: ParallelConfig, i: int | None, 
     return tuple((axis, op, n, nbytes) for (axis, op), (n, nbytes) in sorted(out.items()))
 
 
-def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int, chunks,
+def model_calls(model: ModelConfig, layout: ParallelConfig, micro_batch: int, microbatches: int, chunks,
                 bytes_per_el: int = 4) -> list[dict]:
     """The calls that one pipeline rank's model chunks make in one step, read off the model:
     the forward and backward of `microbatches` microbatches through every block and end
@@ -441,7 +426,7 @@ def model_calls(model: ModelConfig, layout: Any, micro_batch: int, microbatches:
     bytes}`` as :func:`analysis.comm.comm_items` lists them; the axes the model does not
     speak (pipeline, data, the tied embedding's sum) are not here. Blocks of one kind send
     the same, so one of each kind is run."""
-    lay = _shape_only(as_layout(layout))
+    lay = _shape_only(layout)
     m, e, items = microbatches, bytes_per_el, []
 
     def add(what: str, calls, times: int) -> None:
@@ -474,11 +459,11 @@ def _boundary(model: ModelConfig, layout: ParallelConfig, b: int) -> int:
         return math.prod(GPT(model, dry_context(layout), layer_ids=[], first=False, last=False).boundary_shape(b))
 
 
-def boundary_elements(model: ModelConfig, layout: Any, micro_batch: int) -> int:
+def boundary_elements(model: ModelConfig, layout: ParallelConfig, micro_batch: int) -> int:
     """Elements of the hidden states one rank sends to the next pipeline stage for one
     microbatch, as the layout's layer namespace shapes them (a sequence shard under --sp,
     a block of batch and hidden on the grid and the cube)."""
-    return _boundary(model, _shape_only(as_layout(layout)), micro_batch)
+    return _boundary(model, _shape_only(layout), micro_batch)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -487,10 +472,10 @@ def _embedding(model: ModelConfig, layout: ParallelConfig) -> int:
         return _count(GPT(model, dry_context(layout), layer_ids=[], first=True, last=False).wte)
 
 
-def embedding_elements(model: ModelConfig, layout: Any) -> int:
+def embedding_elements(model: ModelConfig, layout: ParallelConfig) -> int:
     """Elements of the token embedding's shard on one rank (what a tied embedding's
     gradient sum between the first and the last stage moves)."""
-    return _embedding(model, _shape_only(as_layout(layout)))
+    return _embedding(model, _shape_only(layout))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -504,7 +489,7 @@ def _by_data_axes(model: ModelConfig, layout: ParallelConfig, i: int | None, fir
     return tuple(sorted(out.items()))
 
 
-def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0, first: bool = False,
+def unit_params_by_data_axes(model: ModelConfig, layout: ParallelConfig, i: int | None = 0, first: bool = False,
                              last: bool = False) -> dict[tuple, int]:
     """Trained parameter elements of block `i` on one rank (or, with `i` None, of a chunk's
     ends), by the data axes their gradients are averaged over (``ShardInfo.data_axes``: a
@@ -513,10 +498,10 @@ def unit_params_by_data_axes(model: ModelConfig, layout: Any, i: int | None = 0,
         return {}
     if i is not None:  # one block of each kind, as block_params
         i = kind_block(model, i)
-    return dict(_by_data_axes(model, _shape_only(as_layout(layout)), i, first, last))
+    return dict(_by_data_axes(model, _shape_only(layout), i, first, last))
 
 
-def params_by_data_axes(model: ModelConfig, layout: Any, chunks) -> dict[tuple, int]:
+def params_by_data_axes(model: ModelConfig, layout: ParallelConfig, chunks) -> dict[tuple, int]:
     """A rank's trained parameter elements grouped by the data axes their gradients are
     averaged over (:func:`unit_params_by_data_axes`), for the chunks ``(layer ids, first,
     last)`` it holds: every block, and the ends once per rank (a V's rank 0 holds both, its

@@ -127,15 +127,16 @@ minitron's engine (:func:`memory_on_rank`)
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
 
 from ..config import INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, element_bytes, statistics_bytes
 from ..parallel.fp8 import AMAX_HISTORY_LEN
 from .dry_run import block_rebuilt_bytes, block_saved_bytes, ends_saved_bytes, fp8_histories
 from .bubble import stashed_on_rank
 from .flops import recompute_policy
-from .params import (activation_element_bytes, layers_on_rank, layout_placement, layout_degrees, layout_get, local_model,
+from .planned_layout import PlannedLayout
+from .params import (activation_element_bytes, layers_on_rank, layout_placement, layout_degrees, local_model,
                      padded_vocab, params_given_layers, params_on_rank, rank_chunks, rank_layers)
 from .zero import zero_buffer_bytes, zero_state_bytes
 
@@ -274,16 +275,14 @@ def saved_bytes_per_layer(model: ModelConfig, micro_batch: int, tp: int = 1, sp:
     return out
 
 
-def _schedule(layout: Any) -> tuple[str, int, int]:
-    p = int(layout_get(layout, "pp", 1) or 1)
-    v = int(layout_get(layout, "vpp", 1) or 1)
-    kind = layout_get(layout, "schedule", None) or ("interleaved" if v > 1 else "1f1b")
+def _schedule(layout: ParallelConfig) -> tuple[str, int, int]:
+    kind, p, v = layout.schedule, layout.pp, layout.vpp
     if p * v == 1:
         kind = "1f1b"  # no pipeline: one microbatch at a time (gradient accumulation)
     return kind, p, v
 
 
-def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
+def activation_bytes_on_rank(model: ModelConfig, layout: ParallelConfig, micro_batch: int, microbatches: int,
                              pp_rank: int = 0, bytes_per_el: int = 2, mask_bytes: int = 1,
                              dropout: bool | None = None, recompute: str | None = None,
                              _n_layers: int | None = None, flash: bool = False) -> float:
@@ -291,17 +290,17 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
     microbatches × layers held × :func:`activation_bytes_per_layer`, the embedding and
     logit terms, and one layer's working set under recomputation.
 
-    `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers`` (a
-    ParallelConfig or a dict; `recompute` overrides the layout's). `flash`: the attention
-    is a flash kernel (Dao et al. 2022), which never writes the a·s² scores: it saves the
-    rows' log-sum-exp and recomputes the scores block by block on chip in its backward, so
-    a layer keeps what selective recomputation keeps and none is rebuilt in memory.
+    `layout`: its ``tp, pp, vpp, sp, schedule, recompute, stage_layers`` count
+    (`recompute` overrides the layout's). `flash`: the attention is a flash kernel (Dao et
+    al. 2022), which never writes the a·s² scores: it saves the rows' log-sum-exp
+    and recomputes the scores block by block on chip in its backward, so a layer keeps
+    what selective recomputation keeps and none is rebuilt in memory.
     """
-    t = int(layout_get(layout, "tp", 1) or 1)
+    t = layout.tp
     # the 3-D cube (and the 2-D/2.5-D grid) splits every activation over its ranks, like
     # sequence parallelism
-    sp = bool(layout_get(layout, "sp", False)) or layout_get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d")
-    rc = recompute_policy(recompute if recompute is not None else layout_get(layout, "recompute", "none"))
+    sp = layout.sp or layout.tp_mode in ("2d", "2.5d", "3d")
+    rc = recompute_policy(recompute if recompute is not None else layout.recompute)
     kind, p, v = _schedule(layout)
     m = microbatches
     s, b, h = model.seq_len, micro_batch, model.hidden
@@ -328,10 +327,6 @@ def activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, 
 # --------------------------------------------------------------------------------------
 # minitron's engine, per rank
 # --------------------------------------------------------------------------------------
-def _engine_dtype_bytes(train: TrainConfig | None) -> int:
-    return element_bytes(getattr(train, "dtype", "float32") if train is not None else "float32")
-
-
 def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp: bool = False,
                            first: bool = True, last: bool = True, bytes_per_el: int = 4,
                            dropout: bool | None = None) -> dict[str, float]:
@@ -355,7 +350,7 @@ def stage_activation_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, sp
     return out
 
 
-def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, microbatches: int,
+def engine_activation_bytes_on_rank(model: ModelConfig, layout: ParallelConfig, micro_batch: int, microbatches: int,
                                     pp_rank: int = 0, bytes_per_el: int = 4) -> float:
     """Peak bytes that minitron's engine saves for the backward on pipeline rank
     `pp_rank` (any tensor rank)::
@@ -376,11 +371,10 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     recomputation, full: ``none − full``; selective: the attention core rebuilt once the
     backward has freed what the layer saved after it), which the tests check.
 
-    `layout` gives ``tp, pp, vpp, sp, schedule, recompute, stage_layers, tp_mode`` (a
-    ParallelConfig or a dict). The 3-D cube and the 2-D/2.5-D grid fall back to
-    :func:`activation_bytes_on_rank`.
+    `layout`: its ``tp, pp, vpp, sp, schedule, recompute, stage_layers, tp_mode`` count.
+    The 3-D cube and the 2-D/2.5-D grid fall back to :func:`activation_bytes_on_rank`.
     """
-    if layout_get(layout, "tp_mode", "1d") in ("2d", "2.5d", "3d"):
+    if layout.tp_mode in ("2d", "2.5d", "3d"):
         return activation_bytes_on_rank(model, layout, micro_batch, microbatches, pp_rank, bytes_per_el, 1)
 
     kind, p, v = _schedule(layout)
@@ -398,7 +392,7 @@ def engine_activation_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch
     return held + (heads_in_flight - 1) * last + max(last, rebuilt)
 
 
-def _dry_run_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[float, float, float, float]:
+def _dry_run_terms(model: ModelConfig, layout: ParallelConfig, b: int, e: int) -> tuple[float, float, float, float]:
     """(one block's saved bytes, what its backward rebuilds on top, the embedding's, the
     head and loss's), read off the model by a dry run (float32/float64 training: exact)."""
     return (block_saved_bytes(model, layout, b, e), block_rebuilt_bytes(model, layout, b, e),
@@ -410,13 +404,13 @@ def _dry_run_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[flo
 _BEFORE_CORE = ("ln1 input", "ln1 mean, rstd", "qkv input", "Q, K, V")
 
 
-def _bf16_table_terms(model: ModelConfig, layout: Any, b: int, e: int) -> tuple[float, float, float, float]:
+def _bf16_table_terms(model: ModelConfig, layout: ParallelConfig, b: int, e: int) -> tuple[float, float, float, float]:
     """The same terms for 2-byte activations from the item tables (bf16 autocast keeps
     fp32 statistics and cast copies that a dry run in one dtype does not show): GPT-2's
     items, Korthikanti's Table 2 plus the statistics."""
-    t, sp = int(layout_get(layout, "tp", 1) or 1), bool(layout_get(layout, "sp", False))
-    rc = recompute_policy(layout_get(layout, "recompute", "none"))
-    cp = int(layout_get(layout, "cp", 1) or 1)
+    t, sp = layout.tp, layout.sp
+    rc = recompute_policy(layout.recompute)
+    cp = layout.cp
     model = local_model(model, cp)  # a context rank's s/N tokens
     positions = INDEX_BYTES * b * model.seq_len if cp > 1 else 0  # the embedding's indices of its two chunks
 
@@ -448,13 +442,13 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     ``parallel.precision == 'bf16'``, else `dtype_bytes`). Activations are
     :func:`engine_activation_bytes_on_rank`, buffers :func:`buffer_bytes_on_rank`.
     """
-    e = dtype_bytes or _engine_dtype_bytes(train)
+    e = dtype_bytes or element_bytes(train.dtype)
     ea = act_bytes or activation_element_bytes(parallel, e)
-    d = int(layout_get(parallel, "dp", 1) or 1)
-    cp = int(layout_get(parallel, "cp", 1) or 1)
+    d = parallel.dp
+    cp = parallel.cp
     n = params_on_rank(model, parallel, pp_rank)
-    shard = math.ceil(n / (d * cp)) if layout_get(parallel, "zero1", False) else n  # (ZeRO over dp_cp)
-    m, replicas = train.microbatches, int(layout_get(parallel, "ep", 1) or 1) * d  # (ep ranks read other rows too)
+    shard = math.ceil(n / (d * cp)) if parallel.zero1 else n  # (ZeRO over dp_cp)
+    m, replicas = train.microbatches, parallel.ep * d  # (ep ranks read other rows too)
     if train.global_batch % (replicas * m):
         raise ValueError(f"global batch {train.global_batch} is not divisible by ep*dp*microbatches = {replicas}*{m}")
     b = train.global_batch // (replicas * m)
@@ -463,27 +457,29 @@ def memory_on_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCon
     tokens, lay = local_model(model, cp), parallel
     acts = engine_activation_bytes_on_rank(model, parallel, b, m, pp_rank, ea)
     if cp > 1:
-        lay = {**_as_dict(parallel), "dp": d * cp, "zero1": layout_get(parallel, "zero1", False)}
+        # ZeRO-1's flat buffers over the dp·cp ranks; zero capped at 1 counts what this always
+        # counted here, the flat buffers also under ZeRO-2/3 (their units are added below)
+        lay = dataclasses.replace(parallel, dp=d * cp, zero=min(parallel.zero, 1))
     buffers = sum(buffer_bytes_on_rank(tokens, lay, b, n, e).values())
     states = (n * e, n * e, 2 * shard * e)
-    if layout_get(parallel, "zero", 0) >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
+    if parallel.zero >= 2 and d * cp > 1:  # ZeRO-2/3: states and buffers unit by unit
         z = zero_state_bytes(model, parallel, train, pp_rank, e)
         states = (z["params_bytes"], z["grads_bytes"], z["optimizer_bytes"])
         buffers += sum(zero_buffer_bytes(model, parallel, pp_rank, e).values())
     return _assemble(states[0] + fp8_history_bytes(model, parallel, pp_rank, e), *states[1:], acts, buffers)
 
 
-def fp8_history_bytes(model: ModelConfig, parallel: Any, pp_rank: int, e: int) -> int:
+def fp8_history_bytes(model: ModelConfig, parallel: ParallelConfig, pp_rank: int, e: int) -> int:
     """Delayed scaling's amax histories on a rank: per FP8 linear a [3, 1024] parameter
     without gradient or optimizer state, replicated (outside ZeRO's units). What else the
     engine's FP8 keeps is a scale per quantized tensor (a few bytes); its linears save their
     operands in the working dtype, as torchao's do, not FP8 copies."""
-    if layout_get(parallel, "precision", "fp32") != "fp8":
+    if parallel.precision != "fp8":
         return 0
     return fp8_histories(model, parallel, rank_chunks(model, parallel, pp_rank)) * 3 * AMAX_HISTORY_LEN * e
 
 
-def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: int, e: int) -> dict:
+def buffer_bytes_on_rank(model: ModelConfig, layout: ParallelConfig, micro_batch: int, n: int, e: int) -> dict:
     """Buffers beyond parameters, gradients, optimizer state and activations on a rank
     holding `n` parameter elements of `e` bytes: ``{data_parallel, pipeline}``.
 
@@ -503,19 +499,19 @@ def buffer_bytes_on_rank(model: ModelConfig, layout: Any, micro_batch: int, n: i
     here as for data parallelism: the collectives' own working memory (on gloo, the
     transient copy a reduce-scatter receives into, see ``comm.reduce_scatter_single``).
     """
-    t, p = int(layout_get(layout, "tp", 1) or 1), int(layout_get(layout, "pp", 1) or 1)
-    d = int(layout_get(layout, "dp", 1) or 1)
+    t, p = layout.tp, layout.pp
+    d = layout.dp
     out = {"data_parallel": 0.0, "pipeline": 0.0}
     if p > 1:
-        shrink = t if (layout_get(layout, "sp", False) or layout_get(layout, "scatter_gather", False)) else 1
+        shrink = t if (layout.sp or layout.scatter_gather) else 1
         out["pipeline"] = 2 * micro_batch * model.seq_len * model.hidden * e / shrink
-    if d > 1 and layout_get(layout, "zero1", False) and layout_get(layout, "zero", 1) < 2:  # (ZeRO-2/3: analysis/zero.py)
+    if d > 1 and layout.zero1 and layout.zero < 2:  # (ZeRO-2/3: analysis/zero.py)
         shard = math.ceil(n / d)
         out["data_parallel"] = float((2 * shard + 2 * (shard * d - n)) * e)
     return out
 
 
-def _buffers(model: ModelConfig, layout: Any, b: int, ea: int, n: int, e: int) -> float:
+def _buffers(model: ModelConfig, layout: ParallelConfig, b: int, ea: int, n: int, e: int) -> float:
     """:func:`buffer_bytes_on_rank` summed, boundary tensors of `ea` bytes (the planner's
     mixed-precision estimate)."""
     out = buffer_bytes_on_rank(model, layout, b, n, e)
@@ -547,7 +543,7 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
     data-parallel buffers are exact, the pipeline's an estimate (:func:`buffer_bytes_on_rank`).
     `dtype_bytes` defaults to 4 (8 for float64 training).
     """
-    p = int(layout_get(parallel, "pp", 1) or 1)
+    p = parallel.pp
     return _max_over_ranks([memory_on_rank(model, parallel, train, r, dtype_bytes, act_bytes)
                             for r in range(p)])
 
@@ -555,21 +551,20 @@ def memory_per_rank(model: ModelConfig, parallel: ParallelConfig, train: TrainCo
 # --------------------------------------------------------------------------------------
 # Mixed-precision estimate for large models (the planner's)
 # --------------------------------------------------------------------------------------
-def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_per_param: float = 16,
-                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True,
-                    flash: bool = False) -> dict:
+def memory_estimate(model: ModelConfig, layout: PlannedLayout, global_batch: int, bytes_per_param: float = 16,
+                    act_bytes: int = 2, recompute: str = "full", dropout: bool = True, flash: bool = False) -> dict:
     """Bytes per GPU for mixed-precision training at scale, the maximum over stages.
 
-    `layout` gives ``tp, pp, dp, vpp, microbatch_size`` (and optionally ``sp, schedule,
-    stage_layers``). Model states: 2-byte parameters, 12 bytes of fp32 master weights
-    and Adam moments, and ``bytes_per_param − 14`` bytes of gradients (2 for the
-    ZeRO paper's 16, 6 for 20 with fp32 accumulation). Activations: Korthikanti Table 2
-    with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy; with
+    `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout` (its ``tp, pp, dp,
+    vpp, microbatch_size, sp, schedule, stage_layers`` count). Model states: 2-byte
+    parameters, 12 bytes of fp32 master weights and Adam moments, and ``bytes_per_param −
+    14`` bytes of gradients (2 for the ZeRO paper's 16, 6 for 20 with fp32 accumulation).
+    Activations: Korthikanti Table 2 with `act_bytes`-byte activations and 1-byte dropout masks, `recompute` policy; with
     `flash` attention no a·s² term (:func:`activation_bytes_on_rank`).
     """
-    d = int(layout_get(layout, "dp", 1) or 1)
-    b = int(layout_get(layout, "microbatch_size", 1) or 1)
-    p = int(layout_get(layout, "pp", 1) or 1)
+    d = layout.dp
+    b = layout.microbatch_size
+    p = layout.pp
     if global_batch % (d * b):
         raise ValueError(f"global batch {global_batch} is not divisible by dp*microbatch_size = {d}*{b}")
     m = global_batch // (d * b)
@@ -580,9 +575,10 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
     # an even split, so the first and the last stage bound the others; check them all
     # otherwise (a V stashes the most on its middle ranks).
     where = layout_placement(layout)
-    even_loop = not layout_get(layout, "stage_layers", ()) and where.kind == "loop"
+    even_loop = not layout.stage_layers and where.kind == "loop"
     check = where.end_ranks() if even_loop else range(p)
-    no_dp = {**_as_dict(layout), "dp": 1}
+    # the boundary tensors split by --sp, not by scatter/gather (as the planner has priced them)
+    no_dp = dataclasses.replace(layout, dp=1, scatter_gather=False)
     ranks = []
     for r in check:
         n = params_given_layers(model, t, p, v, mode, r, layers[r], kind)
@@ -592,9 +588,3 @@ def memory_estimate(model: ModelConfig, layout: Any, global_batch: int, bytes_pe
                                _buffers(model, no_dp, b, act_bytes, n, 2)))
     return _max_over_ranks(ranks)
 
-
-def _as_dict(layout: Any) -> dict:
-    if isinstance(layout, dict):
-        return dict(layout)
-    keys = ("tp", "pp", "dp", "vpp", "sp", "schedule", "stage_layers", "scatter_gather", "microbatch_size")
-    return {k: layout_get(layout, k) for k in keys if layout_get(layout, k) is not None}

@@ -36,15 +36,13 @@ of zb-v and dualpipe-v) holds one.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from .dry_run import block_params, ends_params
 from ..placement import Placement, placement_for
-from ..config import ModelConfig, cube_edge, element_bytes, pad_vocab, square_edge
+from ..config import ModelConfig, ParallelConfig, cube_edge, element_bytes, pad_vocab, square_edge
 from ..placement import split_layers, stage_layer_counts
 
 __all__ = [
-    "layout_get",
     "layout_degrees",
     "activation_element_bytes",
     "local_model",
@@ -67,31 +65,22 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------
-# Reading a layout: ParallelConfig, a dict, or any object with the attributes.
+# Reading a layout (a ParallelConfig, or the planner's PlannedLayout, which is one)
 # --------------------------------------------------------------------------------------
-def layout_get(layout: Any, key: str, default: Any = None) -> Any:
-    """`layout[key]` or `layout.key`, or `default` (layout may be None)."""
-    if layout is None:
-        return default
-    if isinstance(layout, dict):
-        return layout.get(key, default)
-    return getattr(layout, key, default)
-
-
-def layout_degrees(layout: Any) -> tuple[int, int, int, str]:
-    """(tp, pp, vpp, tp_mode) of a layout, defaulting to 1, 1, 1, '1d'. A 2.5-D layout
+def layout_degrees(layout: ParallelConfig) -> tuple[int, int, int, str]:
+    """(tp, pp, vpp, tp_mode) of a layout. A 2.5-D layout
     (q²·d ranks) reads as 2-D on q² ranks: each of its d copies holds what 2-D holds."""
-    t, mode = int(layout_get(layout, "tp", 1) or 1), str(layout_get(layout, "tp_mode", "1d") or "1d")
+    t, mode = layout.tp, layout.tp_mode
     if mode == "2.5d":
-        t, mode = t // int(layout_get(layout, "tp_depth", 1) or 1), "2d"
-    return t, int(layout_get(layout, "pp", 1) or 1), int(layout_get(layout, "vpp", 1) or 1), mode
+        t, mode = t // layout.tp_depth, "2d"
+    return t, layout.pp, layout.vpp, mode
 
 
-def activation_element_bytes(layout: Any, dtype_bytes: int) -> int:
+def activation_element_bytes(layout: ParallelConfig, dtype_bytes: int) -> int:
     """Bytes of one activation element: bfloat16's under ``--precision bf16`` (autocast
     computes in it, and ``Comm.wire_dtype`` sends activations in it), else the
     parameter dtype's `dtype_bytes`."""
-    return element_bytes("bfloat16") if layout_get(layout, "precision", "fp32") == "bf16" else dtype_bytes
+    return element_bytes("bfloat16") if layout.precision == "bf16" else dtype_bytes
 
 
 def local_model(model: ModelConfig, cp: int) -> ModelConfig:
@@ -160,7 +149,7 @@ def param_count(model: ModelConfig, tp: int = 1, tp_mode: str = "1d") -> int:
 # --------------------------------------------------------------------------------------
 # Where the layers go
 # --------------------------------------------------------------------------------------
-def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
+def chunk_layers(model: ModelConfig, layout: ParallelConfig = ParallelConfig()) -> list[int]:
     """Layers of each of the pp·vpp model chunks, in model order (virtual stage order).
 
     Uses ``layout.stage_layers`` when given, else an even split
@@ -168,10 +157,10 @@ def chunk_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     pipeline rank ``c % pp`` (Megatron's interleaving: rank r holds chunks r, r+p, ...).
     """
     _, p, v, _ = layout_degrees(layout)
-    return stage_layer_counts(model.layers, p, v, tuple(layout_get(layout, "stage_layers", ()) or ()))
+    return stage_layer_counts(model.layers, p, v, tuple(layout.stage_layers))
 
 
-def layers_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> int:
+def layers_on_rank(model: ModelConfig, layout: ParallelConfig, pp_rank: int) -> int:
     """Transformer layers held by pipeline rank `pp_rank` (all its chunks)."""
     return rank_layers(model, layout)[pp_rank]
 
@@ -186,16 +175,15 @@ def local_layer_params(model: ModelConfig, tp: int, tp_mode: str) -> int:
     architecture knob counted as built. For GPT-2 shapes it equals the table above —
     1-D ``(2h) + (3h²+3h)/t + (h²/t + h) + (2h) + (fh+f)/t + (hf/t + h)``, the cube
     ``(4h²+2hf)/q³ + (9h+f)/q``, SUMMA ``(4h²+2hf)/q² + (9h+f)/q`` — as the tests check."""
-    return block_params(model, {"tp": tp, "tp_mode": tp_mode})
+    return block_params(model, ParallelConfig(tp=tp, tp_mode=tp_mode))
 
 
-def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: int = 0) -> int:
+def params_on_rank(model: ModelConfig, layout: ParallelConfig, pp_rank: int = 0, tp_rank: int = 0) -> int:
     """Exact local parameter elements on the rank at (pp_rank, tp_rank) of a tensor ×
     pipeline layout (data-parallel replicas hold the same).
 
-    `layout` is a :class:`~minitron.config.ParallelConfig` or a dict with ``tp, pp``
-    and optionally ``vpp, stage_layers, tp_mode, ep, schedule``. All tensor ranks of a stage hold
-    the same number of elements (the vocabulary is padded to a multiple of t); the
+    `layout`: its ``tp, pp, vpp, stage_layers, tp_mode, ep, schedule`` count. All tensor
+    ranks of a stage hold the same number of elements (the vocabulary is padded to a multiple of t); the
     `tp_rank` argument is kept for symmetry. With ``tp_mode='3d'`` (t = q³) every rank
     of the cube holds the same count too: matrices and the embeddings split q³ ways,
     vectors and the position embedding q ways.
@@ -203,7 +191,7 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     t, p, v, mode = layout_degrees(layout)
     if not 0 <= pp_rank < p or not 0 <= tp_rank < t:
         raise ValueError(f"rank (pp={pp_rank}, tp={tp_rank}) outside a layout of pp={p}, tp={t}")
-    lay = {"tp": t, "tp_mode": mode, "ep": int(layout_get(layout, "ep", 1) or 1)}
+    lay = ParallelConfig(tp=t, tp_mode=mode, ep=layout.ep)
     # every chunk the rank holds, where the schedule's placement puts it, block by block (a
     # mixture of experts holds E/ep experts); the ends once per rank: a V puts both on rank 0,
     # whose last stage reads the first's embedding (multi-token prediction: no copy)
@@ -211,12 +199,12 @@ def params_on_rank(model: ModelConfig, layout: Any, pp_rank: int = 0, tp_rank: i
     return blocks + ends_params(model, lay, *layout_placement(layout).holds_ends(pp_rank))
 
 
-def layout_placement(layout: Any) -> Placement:
-    """The schedule's placement of a layout (a ParallelConfig, a dict or any object with
-    the attributes): which pipeline rank holds which chunk, the embedding and the head
-    (:class:`minitron.placement.Placement`; a V puts both ends on rank 0)."""
+def layout_placement(layout: ParallelConfig) -> Placement:
+    """The schedule's placement of a layout: which pipeline rank holds which chunk, the
+    embedding and the head (:class:`minitron.placement.Placement`; a V puts both ends on
+    rank 0)."""
     _, p, v, _ = layout_degrees(layout)
-    return placement_for(str(layout_get(layout, "schedule", "1f1b") or "1f1b"), p, v)
+    return placement_for(layout.schedule, p, v)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -225,14 +213,14 @@ def params_given_layers(model: ModelConfig, t: int, p: int, v: int, mode: str, p
     """:func:`params_on_rank` once the rank's layer count `n_layers` is known, for the
     degrees (t, p, v, mode) of :func:`layout_degrees` and the schedule `kind` that places
     the stages (the planner calls this often)."""
-    lay = {"tp": t, "tp_mode": mode}
+    lay = ParallelConfig(tp=t, tp_mode=mode)
     first, last = placement_for(kind or "1f1b", p, v).holds_ends(pp_rank)
     # the ends once per rank (one embedding where a rank holds both: one chunk, or the V's
     # rank 0); a last stage apart from the first keeps its copy of a tied or MTP-read wte
     return n_layers * local_layer_params(model, t, mode) + ends_params(model, lay, first, last)
 
 
-def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
+def rank_layers(model: ModelConfig, layout: ParallelConfig = ParallelConfig()) -> list[int]:
     """Transformer layers held by each pipeline rank (all its chunks), rank 0 first."""
     _, p, v, _ = layout_degrees(layout)
     where = layout_placement(layout)
@@ -242,7 +230,7 @@ def rank_layers(model: ModelConfig, layout: Any = None) -> list[int]:
     return out
 
 
-def rank_chunks(model: ModelConfig, layout: Any, pp_rank: int) -> list[tuple[list[int], bool, bool]]:
+def rank_chunks(model: ModelConfig, layout: ParallelConfig, pp_rank: int) -> list[tuple[list[int], bool, bool]]:
     """(layer ids, first, last) of each model chunk pipeline rank `pp_rank` holds, in its
     chunk order: where the schedule's placement (loop or V) puts the virtual stages."""
     _, p, v, _ = layout_degrees(layout)
@@ -254,7 +242,7 @@ def rank_chunks(model: ModelConfig, layout: Any, pp_rank: int) -> list[tuple[lis
     return [(stages[where.stage(pp_rank, c)], *where.chunk_ends(pp_rank, c)) for c in range(v)]
 
 
-def block_ids_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> list[int]:
+def block_ids_on_rank(model: ModelConfig, layout: ParallelConfig, pp_rank: int) -> list[int]:
     """Ids of every transformer block pipeline rank `pp_rank` runs in a step, in its chunk
     order: its chunks' layers and, after the last stage's, the blocks of the D multi-token
     prediction depths (ids L .. L+D−1, ``mtp.Depth``; DeepSeek-V3 §2.2), which attend like
@@ -263,10 +251,10 @@ def block_ids_on_rank(model: ModelConfig, layout: Any, pp_rank: int) -> list[int
     return [i for ids, _, last in rank_chunks(model, layout, pp_rank) for i in ids + (mtp if last else [])]
 
 
-def params_per_rank(model: ModelConfig, layout: Any = None) -> int:
+def params_per_rank(model: ModelConfig, layout: ParallelConfig = ParallelConfig()) -> int:
     """The largest exact local parameter count over the ranks of a layout
     (see :func:`params_on_rank`)."""
     t, p, v, mode = layout_degrees(layout)
-    kind = str(layout_get(layout, "schedule", "1f1b") or "1f1b")
+    kind = layout.schedule
     return max(params_given_layers(model, t, p, v, mode, r, n, kind)
                for r, n in enumerate(rank_layers(model, layout)))

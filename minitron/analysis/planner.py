@@ -64,7 +64,7 @@ def _stacks(has) -> str:
 
 
 def check_request(model: ModelConfig, cluster: str | Cluster, sw: Software, ep: int | None = None,
-                  cp: int | None = None, cp_kinds: tuple | None = None, zero: int = 0) -> None:
+                  cp: int | None = None, cp_modes: tuple | None = None, zero: int = 0) -> None:
     """Refuse, in one line naming the setting, what the model, the cluster or the
     software cannot run: expert parallelism on a dense model (or an ep that does not
     divide the experts), FP8 on a GPU without FP8 tensor cores, context parallelism or a
@@ -83,7 +83,7 @@ def check_request(model: ModelConfig, cluster: str | Cluster, sw: Software, ep: 
     if cp and cp > 1 and not sw.context_parallel:
         raise ConfigError(f"cp = {cp}: software {sw.name} runs no context parallelism: drop --cp or choose a "
                           f"stack that runs it ({_stacks(lambda s: s.context_parallel)})")
-    for kind in cp_kinds or ():
+    for kind in cp_modes or ():
         if kind not in sw.context_parallel:
             raise ConfigError(f"cp kind '{kind}': software {sw.name} runs "
                               f"{', '.join(sw.context_parallel) or 'no context parallelism'}: pick one of those "
@@ -103,23 +103,23 @@ def _a2a_splits(model: ModelConfig, t: int, k: int) -> bool:
     return True
 
 
-def _cp_variants(model: ModelConfig, t: int, k: int, cp_kinds, cp_a2a=None) -> list[dict]:
-    """The context-parallel kinds of `cp_kinds` on k ranks under t-way tensor parallelism,
+def _cp_variants(model: ModelConfig, t: int, k: int, cp_modes, cp_a2a=None) -> list[dict]:
+    """The context-parallel kinds of `cp_modes` on k ranks under t-way tensor parallelism,
     as layout fields: all-to-all where it splits the heads, USP (Fang & Zhao 2024) once
     per U = `cp_a2a` (default: every divisor of k with 1 < U < k) that splits them."""
     out = []
-    for ck in cp_kinds:
+    for ck in cp_modes:
         if ck == "usp":
-            out += [{"cp_kind": ck, "cp_a2a": u} for u in ([cp_a2a] if cp_a2a else _divisors(k))
+            out += [{"cp_mode": ck, "cp_a2a": u} for u in ([cp_a2a] if cp_a2a else _divisors(k))
                     if 1 < u < k and k % u == 0 and _a2a_splits(model, t, u)]
         elif ck != "a2a" or _a2a_splits(model, t, k):
-            out.append({"cp_kind": ck})
+            out.append({"cp_mode": ck})
     return out
 
 
 def _cp_name(e: dict) -> str:
     """A layout's context-parallel kind as the reasons print it: USP with its U × R grid."""
-    return f"usp {e['cp_a2a']}x{e['cp'] // e['cp_a2a']}" if e["cp_kind"] == "usp" else e["cp_kind"]
+    return f"usp {e['cp_a2a']}x{e['cp'] // e['cp_a2a']}" if e["cp_mode"] == "usp" else e["cp_mode"]
 
 
 def _divisors(n: int) -> list[int]:
@@ -164,13 +164,13 @@ def _schedules_for(model: ModelConfig, p: int, m: int, schedules, vpp, max_vpp: 
 def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster,
                   tp=None, pp=None, vpp=None, microbatch_size=None, max_vpp: int = 8,
                   max_microbatch: int = 16, ep=None, cp=None, schedules=("1f1b", "interleaved"),
-                  cp_kinds=("ring",), cp_a2a=None) -> list[dict]:
+                  cp_modes=("ring",), cp_a2a=None) -> list[dict]:
     """Every (tp, cp, pp, dp, vpp, microbatch_size, schedule, ep) the planner considers.
 
     t: a power of two up to a node's GPUs that divides the heads, the hidden size, the
     MLP width and the GPU count; cp: 1, or (sequences of at least CP_MIN_SEQUENCE
     tokens) a power of two leaving chunks of at least CP_MIN_CHUNK, one layout per kind
-    of `cp_kinds` (none when it is empty; all-to-all only where `train` can split the
+    of `cp_modes` (none when it is empty; all-to-all only where `train` can split the
     heads over t·cp, :func:`minitron.config.validate_a2a_heads`; USP for each U of
     :func:`_cp_variants`, or `cp_a2a`); p: divides
     gpus/(t·cp) and is at most the layer count; d = gpus/(t·cp·p); b divides
@@ -191,7 +191,7 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
             continue
         if cp:
             cps = [cp]
-        elif not cp_kinds:  # the software runs no context parallelism
+        elif not cp_modes:  # the software runs no context parallelism
             cps = [1]
         else:
             cps = [1] + [k for k in _powers_of_two_upto(s // CP_MIN_CHUNK)
@@ -199,7 +199,7 @@ def valid_layouts(model: ModelConfig, gpus: int, global_batch: int, cluster: str
         for k in cps:
             if (gpus // t) % k or (k > 1 and s % (2 * k)):  # 2·cp chunks: each rank a front and a back one
                 continue
-            kinds = _cp_variants(model, t, k, cp_kinds, cp_a2a) if k > 1 else [{"cp_kind": "ring"}]
+            kinds = _cp_variants(model, t, k, cp_modes, cp_a2a) if k > 1 else [{"cp_mode": "ring"}]
             for p in ([pp] if pp else _divisors(gpus // (t * k))):
                 if p > model.layers or (gpus // (t * k)) % p:
                     continue
@@ -309,11 +309,11 @@ def _reasons(e: dict, best: dict, smallest: dict, model: ModelConfig, sw_searche
 def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluster, seq_len: int | None = None,
          recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
          microbatch_size=None, top: int | None = None, software: str | Software | None = None,
-         zero: int = 0, ep=None, cp=None, schedules=None, cp_kinds=None,
+         zero: int = 0, ep=None, cp=None, schedules=None, cp_modes=None,
          fsdp: bool | str | None = None, cp_a2a=None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
-    Each entry: ``tp, pp, cp, cp_kind, dp, vpp, microbatch_size, ep, sp, schedule, zero,
+    Each entry: ``tp, pp, cp, cp_mode, dp, vpp, microbatch_size, ep, sp, schedule, zero,
     fsdp_shard``, the prediction's ``tflops_per_gpu, iteration_s, memory_gb_per_gpu,
     bubble_fraction``, and ``reasons`` (a dict: ``schedule, cp, fsdp``, for the axes
     searched) saying why against the best layout that differs there. `seq_len` overrides
@@ -325,7 +325,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     cluster's era's, :func:`cluster_software`); layouts with t > 1 are
     sequence parallel when the software is. The pipeline schedules, context-parallel
     kinds and FSDP searched are the software's (``schedules, context_parallel, fsdp``)
-    unless `schedules`, `cp_kinds`, `fsdp` say otherwise. `zero`: 1 prices Megatron's
+    unless `schedules`, `cp_modes`, `fsdp` say otherwise. `zero`: 1 prices Megatron's
     distributed optimizer (0 by default, PTD-P's); a layout that does not fit at that
     stage is tried again with FSDP (zero 3, and HSDP within a node): `fsdp` ``"needed"``
     (the default where the software shards weights) ranks those only when no layout fits
@@ -338,11 +338,11 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     """
     c = get_cluster(cluster)
     sw = get_software(software)
-    check_request(model, c, sw, ep, cp, cp_kinds, zero)
+    check_request(model, c, sw, ep, cp, cp_modes, zero)
     if seq_len:
         model = model.replace(seq_len=seq_len)
     _check_degrees(model, gpus, tp, pp, cp)
-    schedules, cp_kinds, fsdp = _searched(sw, schedules, cp_kinds, fsdp, zero)
+    schedules, cp_modes, fsdp = _searched(sw, schedules, cp_modes, fsdp, zero)
 
     def priced(lay):
         pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
@@ -351,14 +351,14 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
                 "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
 
     layouts = valid_layouts(model, gpus, global_batch, c, tp, pp, vpp, microbatch_size, ep=ep, cp=cp,
-                            schedules=schedules, cp_kinds=cp_kinds, cp_a2a=cp_a2a)
+                            schedules=schedules, cp_modes=cp_modes, cp_a2a=cp_a2a)
     entries, sharded, smallest, n_layouts = _fitting(layouts, priced, sw, zero, fsdp, c)
     if fsdp is True or not entries:
         entries += sharded
     if not entries:
         _fits_none(n_layouts, gpus, global_batch, c, smallest)
     entries.sort(key=lambda e: -e["tflops_per_gpu"])
-    searched = {"schedules": schedules, "cp": bool(cp_kinds) or bool(cp and cp > 1), "fsdp": fsdp}
+    searched = {"schedules": schedules, "cp": bool(cp_modes) or bool(cp and cp > 1), "fsdp": fsdp}
     out = entries[:top] if top else entries
     _give_reasons(out, entries, sharded, smallest, model, searched, c.memory_bytes / 1e9, zero)
     return out
@@ -377,19 +377,19 @@ def _check_degrees(model: ModelConfig, gpus: int, tp, pp, cp) -> None:
         raise ValueError(f"tp = {tp} does not divide {model.heads} heads and hidden {model.hidden}")
 
 
-def _searched(sw: Software, schedules, cp_kinds, fsdp, zero: int) -> tuple[tuple, tuple, bool | str]:
+def _searched(sw: Software, schedules, cp_modes, fsdp, zero: int) -> tuple[tuple, tuple, bool | str]:
     """(Schedules, context-parallel kinds, FSDP mode) a plan searches: the software's
     unless given; "allgather" only without "ring" (the same bytes as the ring, none
     hidden: never faster in the model); FSDP ``"needed"`` where the software shards
     weights, and never on top of a requested zero 3."""
     schedules = tuple(sw.schedules if schedules is None else schedules)
-    cp_kinds = tuple(sw.context_parallel if cp_kinds is None else cp_kinds)
-    if "ring" in cp_kinds:
-        cp_kinds = tuple(k for k in cp_kinds if k != "allgather")
+    cp_modes = tuple(sw.context_parallel if cp_modes is None else cp_modes)
+    if "ring" in cp_modes:
+        cp_modes = tuple(k for k in cp_modes if k != "allgather")
     fsdp = ("needed" if sw.fsdp else False) if fsdp is None else fsdp
     if fsdp not in (False, True, "needed"):
         raise ValueError(f"fsdp must be False, True or 'needed' (got {fsdp!r})")
-    return schedules, cp_kinds, (fsdp if zero != 3 else False)
+    return schedules, cp_modes, (fsdp if zero != 3 else False)
 
 
 def _fitting(layouts, priced, sw: Software, zero: int, fsdp, c: Cluster) -> tuple[list, list, dict, int]:

@@ -193,7 +193,7 @@ def h100_era_model(name: str) -> tuple[ModelConfig, int | None]:
 
 
 # Each run: (id, model, seq_len, GPUs, global batch, microbatch, tp, pp, cp, vpp, ep, zero,
-#            cp_kind, fp8, published value, unit, source). dp = GPUs/(tp·pp·cp). Unit
+#            cp_mode, fp8, published value, unit, source). dp = GPUs/(tp·pp·cp). Unit
 # "tokens/s" is tokens per second per GPU; "TFLOP/s" is model FLOP/s per GPU
 # (transformer_flops_per_iteration without recomputation, the whole attention square:
 # 430 TFLOP/s is 43 % of 989, the MFU the Llama 3 paper states beside it).
@@ -352,12 +352,12 @@ def h100_run(run_id: str) -> tuple:
 def h100_run_prediction(run: tuple, cluster: str = "h100-dgx", software: str | Software = H100_SOFTWARE,
                         moe_imbalance: float = 0.0):
     """(layout, Prediction, predicted value in the run's unit) of one H100-era run."""
-    (_, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, _, unit, _) = run
+    (_, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_mode, fp8, _, unit, _) = run
     model, head_dim = h100_era_model(name)
     model = model.replace(seq_len=seq)
     sw = get_software(software).replace(fp8=fp8, **H100_RUN_SOFTWARE.get(run[0], {}))
     layout = PlannedLayout(tp=t, pp=p, dp=n // (t * p * cp), vpp=v, microbatch_size=mb, cp=cp, ep=ep, zero=zero,
-                           cp_kind=cp_kind, sp=t > 1)
+                           cp_mode=cp_mode, sp=t > 1)
     pred = predict(model, layout, batch, cluster, software=sw, head_dim=head_dim, moe_imbalance=moe_imbalance)
     if unit == "tokens/s":
         return layout, pred, pred.breakdown["tokens_per_s_per_gpu"]
@@ -370,7 +370,7 @@ def h100_comparison(runs: list | None = None, **kw) -> list[dict]:
     rows = []
     for run in (H100_RUNS if runs is None else runs):
         layout, pred, value = h100_run_prediction(run, **kw)
-        (rid, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, published, unit, source) = run
+        (rid, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_mode, fp8, published, unit, source) = run
         rows.append({"run": rid, "model": name, "seq": seq, "gpus": n, "batch": batch, "mb": mb, "tp": t, "pp": p,
                      "cp": cp, "vpp": v, "ep": ep, "dp": n // (t * p * cp), "zero": zero, "fp8": fp8,
                      "moe": ep > 1 or "a3b" in name or "a22b" in name, "published": published, "unit": unit,

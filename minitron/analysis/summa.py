@@ -53,7 +53,7 @@ from ..config import (INDEX_BYTES, ModelConfig, ParallelConfig, TrainConfig, ele
 from ..parallel.schedule_actions import SPLIT_BACKWARD
 from .calls import StepCalls, bytes_by_axis, call, ring_allreduce_wire_bytes, wire_bytes
 from .flops import recompute_policy
-from .params import activation_element_bytes, layers_on_rank, layout_get, layout_placement, params_on_rank
+from .params import activation_element_bytes, layers_on_rank, layout_placement, params_on_rank
 
 __all__ = ["grid_shape", "summa_vocab", "linear_calls", "linear_wire_bytes", "embedding_calls", "output_calls",
            "layer_norm_calls", "loss_calls", "layer_calls", "summa_collectives", "grad_sync_calls",
@@ -241,7 +241,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     counted). Grid, pipeline, tied-embedding and data-parallel axes."""
     e = dtype_bytes or element_bytes(train.dtype)
     ea = activation_element_bytes(parallel, e)
-    depth = int(layout_get(parallel, "tp_depth", 1) or 1)
+    depth = parallel.tp_depth
     q, p, d = grid_shape(parallel.tp, depth), parallel.pp, parallel.dp
     m = train.microbatches
     b = train.global_batch // (d * m)
@@ -249,7 +249,7 @@ def summa_comm_items(model: ModelConfig, parallel: ParallelConfig, train: TrainC
     n_layers = layers_on_rank(model, parallel, pp_rank)
     step = StepCalls()
     # zb-h1, zb-v, dualpipe-v: B the input gradient, W the weight gradients (parallel/schedule_actions.py)
-    split_backward = p > 1 and layout_get(parallel, "schedule", "1f1b") in SPLIT_BACKWARD
+    split_backward = p > 1 and parallel.schedule in SPLIT_BACKWARD
     step.add_per_microbatch(summa_collectives(model, b, q, depth, n_layers, first, last, e, recompute=parallel.recompute,
                                               act_bytes_per_el=ea, split_backward=split_backward), m)
     step.add_per_step(grad_sync_calls(model, q, depth, n_layers, first, last, e, p * parallel.vpp))
@@ -303,7 +303,7 @@ def saved_bytes_per_microbatch(model: ModelConfig, micro_batch: int, tp: int, de
 def params_per_device(model: ModelConfig, tp: int, depth: int = 1) -> dict[str, int]:
     """Parameter elements per device on the grid, one layer and the whole model (the
     same as 2-D on q² ranks: the d copies hold the same blocks)."""
-    layout = {"tp": tp, "pp": 1, "tp_mode": "2.5d" if depth > 1 else "2d", "tp_depth": depth}
+    layout = ParallelConfig(tp=tp, tp_mode="2.5d" if depth > 1 else "2d", tp_depth=depth)
     q, h, f = grid_shape(tp, depth), model.hidden, model.ffn_hidden
     return {"layer": (4 * h * h + 2 * h * f) // (q * q) + (9 * h + f) // q,
             "model": params_on_rank(model, layout)}

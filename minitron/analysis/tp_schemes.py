@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import ModelConfig, cube_edge
+from ..config import ModelConfig, ParallelConfig, cube_edge
 from . import cube as C
 from . import summa as S
 from .calls import ring_allreduce_wire_bytes, wire_bytes
@@ -126,12 +126,12 @@ def compare_tp_schemes(model: ModelConfig, micro_batch: int, devices: int, bytes
                                             for c in sync)}
         if scheme == "1d":
             t = shape["t"]
-            layer, whole = local_layer_params(model, t, "1d"), params_on_rank(model, {"tp": t, "pp": 1})
+            layer, whole = local_layer_params(model, t, "1d"), params_on_rank(model, ParallelConfig(tp=t))
             acts = sum(saved_bytes_per_layer(model, b, t, dropout=False, bytes_per_el=e).values())
         elif scheme == "3d":
             q = shape["q"]
             layer = local_layer_params(model, devices, "3d")
-            whole = params_on_rank(model, {"tp": devices, "pp": 1, "tp_mode": "3d"})
+            whole = params_on_rank(model, ParallelConfig(tp=devices, tp_mode="3d"))
             acts = sum(C.cube_saved_bytes_per_layer(model, b, q, e, dropout=False).values())
         else:
             q, d = shape["q"], shape["depth"]

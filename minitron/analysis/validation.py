@@ -66,7 +66,7 @@ class PublishedRun:
     vpp: int = 1
     ep: int = 1
     zero: int = 3
-    cp_kind: str = "ring"
+    cp_mode: str = "ring"
     options: dict = field(default_factory=dict)
 
     @property
@@ -205,7 +205,7 @@ def _titan_runs() -> list[PublishedRun]:
         # Table 2: 8 GPUs, FSDP 8/cp × CP cp, local batch 1, full AC, compile + Float8
         runs.append(PublishedRun(f"titan-8b-cp{cp}-s{seq}", "torchtitan", "llama3-8b", seq, 8, 8 // cp, 1, tps,
                                  "tokens/s", _TITAN.format(n=2), "torchtitan-2024", "h100-96gb", cp=cp,
-                                 cp_kind="allgather", options={"recompute": "full", **_COMPILE, **_FLOAT8}))
+                                 cp_mode="allgather", options={"recompute": "full", **_COMPILE, **_FLOAT8}))
     for tag, overlap, tps in (("", "none", 829), ("-asynctp", "async", 876)):
         # Table 4: 70B on 256 GPUs, FSDP 32 × TP 8, local batch 16, full AC, compile + Float8
         runs.append(PublishedRun(f"titan-70b-tp8{tag}", "torchtitan", "llama3-70b", 8192, 256, 512, 16, tps,
@@ -262,10 +262,10 @@ def async_tp_speedups() -> list[dict]:
 def _megatron_runs() -> list[PublishedRun]:
     """:data:`.published.H100_RUNS` as PublishedRuns (the Llama 3 paper's apart)."""
     runs = []
-    for (rid, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_kind, fp8, value, unit, source) in H100_RUNS:
+    for (rid, name, seq, n, batch, mb, t, p, cp, v, ep, zero, cp_mode, fp8, value, unit, source) in H100_RUNS:
         family = "Llama 3 paper" if "Llama 3 paper" in source else "Megatron/NeMo"
         runs.append(PublishedRun(rid, family, name, seq, n, batch, mb, value, unit, source, H100_SOFTWARE,
-                                 tp=t, pp=p, cp=cp, vpp=v, ep=ep, zero=zero, cp_kind=cp_kind,
+                                 tp=t, pp=p, cp=cp, vpp=v, ep=ep, zero=zero, cp_mode=cp_mode,
                                  options={"fp8": fp8, **H100_RUN_SOFTWARE.get(rid, {})}))
     return runs
 
@@ -287,7 +287,7 @@ def predict_run(run: PublishedRun):
     model, head_dim = _model(run)
     sw = get_software(run.software).replace(**run.options)
     layout = PlannedLayout(tp=run.tp, pp=run.pp, dp=run.dp, vpp=run.vpp, microbatch_size=run.mb, cp=run.cp,
-                           ep=run.ep, zero=run.zero, cp_kind=run.cp_kind, sp=run.tp > 1)
+                           ep=run.ep, zero=run.zero, cp_mode=run.cp_mode, sp=run.tp > 1)
     pred = predict(model, layout, run.batch, run.cluster, software=sw, head_dim=head_dim)
     if run.unit == "tokens/s":
         return pred, pred.breakdown["tokens_per_s_per_gpu"]

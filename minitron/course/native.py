@@ -228,7 +228,7 @@ def _max_param_diff(full: dict | None, net_params: dict) -> float | None:
     worst = 0.0
     for n, p in net_params.items():
         ref = full[n if n in full else n + ".weight"]["param"]  # minitron's position table is "wpe.weight"
-        worst = max(worst, float((p - ref).abs().max() / ref.abs().max()))
+        worst = max(worst, float((p.detach() - ref).abs().max() / ref.abs().max()))
     return worst
 
 
@@ -254,7 +254,7 @@ def fsdp_job(comm, train: TrainConfig = TRAIN) -> dict:
             for x, y in tr.microbatches(step):  # this rank's rows, as minitron's dp rank takes them
                 loss = loss_fn(net(x), y) / train.microbatches
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             opt.step(step)
         opt.zero_grad()
         losses.append(_mean_over_world(total))
@@ -295,7 +295,7 @@ def tp_job(comm, train: TrainConfig = TRAIN) -> dict:
             for x, y in tr.microbatches(step):  # every tensor rank reads the same rows
                 loss = loss_fn(net(x), y) / train.microbatches
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             opt.step(step)
         opt.zero_grad()
         losses.append(total)

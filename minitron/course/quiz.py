@@ -93,6 +93,18 @@ def _grid(**kw):
     return ProcessGrid(**kw)
 
 
+def _interval():
+    """Lesson 8: Young/Daly's checkpoint interval and the published failure rates."""
+    from ..analysis import checkpoint_interval
+    return checkpoint_interval
+
+
+def _quorum_rows(global_batch: int, replicas: int, quorum: list[int]) -> int:
+    """Lesson 8: the rows a fault-tolerant step averages when `quorum` took part (the replay's weights)."""
+    from ..fault_tolerance import step_weights
+    return int(step_weights(global_batch, replicas, {0: quorum})(0).count_nonzero())
+
+
 def _whole(x: float) -> int:
     """A count the engine computes as a float (an exact whole number), graded as an integer."""
     if not float(x).is_integer():
@@ -408,6 +420,18 @@ QUESTIONS: dict[str, Question] = {
         lambda: _predicted_compute_s("tiny", "dp4", 8, cores=2, flops_per_s=4e9) * 1e3,
         "the step's model FLOPs of a global batch of 32 shared by 4 ranks at 4 GFLOP/s, times 4/2: "
         "four ranks take turns on two cores.", rel_tol=1e-2, unit="ms"),
+    "08.ft_mtbf_h": Question(
+        lambda: _interval().LLAMA3_405B.mtbf_s(4096) / 3600,
+        "failures are independent per GPU: a quarter of the GPUs fails a quarter as often, so the "
+        "MTBF is the run's 54 days / 419 times 16,384 / 4,096.", rel_tol=1e-2, unit="h"),
+    "08.young_daly_min": Question(
+        lambda: _interval().young_daly_interval_s(30.0, 2 * 3600.0) / 60,
+        "Young's interval is √(2·δ·M), with δ and M in the same unit: √(2 · 30 s · 7,200 s).",
+        rel_tol=1e-2, unit="min"),
+    "08.quorum_rows": Question(
+        lambda: int(_quorum_rows(64, 4, [0, 2, 3])),
+        "each replica averages its own B/R rows and the quorum averages the replicas: the step is the "
+        "mean over the rows of the replicas in it, 3 of 4 shares of 64."),
     # --- lesson 9: context parallelism ---------------------------------------------------
     "09.chunks": Question(
         lambda: frozenset(_chunks(4, 1)),
@@ -610,9 +634,10 @@ def _saved_per_kv_element() -> float:
     """Elements a Llama block saves per token and key/value element, from the dry run: one
     kv head fewer on llama-small."""
     from ..analysis.dry_run import block_saved_bytes
+    from ..config import ParallelConfig
     m = _preset("llama-small")
-    fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), {}, 1, 4)
-    return (block_saved_bytes(m, {}, 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
+    fewer = block_saved_bytes(m.replace(kv_heads=m.n_kv_heads - 1), ParallelConfig(), 1, 4)
+    return (block_saved_bytes(m, ParallelConfig(), 1, 4) - fewer) / (4 * m.seq_len * m.head_dim)
 
 
 def _predicted_compute_s(name: str, layout: str, base_batch: int, cores: int, flops_per_s: float) -> float:
@@ -725,7 +750,7 @@ def _norm_word(s: str) -> str:
 UNITS = {
     "bytes": {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
               "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "bytes": 1, "byte": 1},
-    "seconds": {"s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9},
+    "seconds": {"s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60, "h": 3600},
     "flops": {"FLOP": 1, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15},
     "count": {"thousand": 1e3, "k": 1e3, "K": 1e3, "million": 1e6, "M": 1e6, "billion": 1e9, "B": 1e9, "bn": 1e9,
               "G": 1e9, "trillion": 1e12, "T": 1e12},

@@ -18,6 +18,7 @@ lab                         checker                                     module
 05 the 3-D linear           ``check_linear3d(SOURCE)``                  :mod:`.linear3d`
 06 the trillion layout      ``check_trillion_layout(SOURCE)``           :mod:`.trillion_layout`
 07a FP8 tensorwise scaling  ``check_fp8_scaling(SOURCE)``               :mod:`.fp8_scaling`
+08a the ft replay's rows    ``check_ft_replay(SOURCE)``                 :mod:`.ft_replay`
 09 the online softmax       ``check_online_softmax(SOURCE)``            :mod:`.online_softmax`
 09b Ulysses' all-to-all     ``check_ulysses(SOURCE)``                   :mod:`.ulysses`
 09c packed documents        ``check_packed_documents(SOURCE)``          :mod:`.packed_documents`
@@ -41,6 +42,7 @@ from .dispatch import check_dispatch
 from .expert_overlap import check_overlapped_dispatch
 from .f_and_g import check_f_and_g
 from .fp8_scaling import check_fp8_scaling
+from .ft_replay import check_ft_replay
 from .gqa import check_gqa
 from .interleaved import check_interleaved
 from .linear3d import check_linear3d
@@ -59,6 +61,6 @@ from .zero import check_zero1
 
 __all__ = ["check_ring_allreduce", "check_memory_estimator", "check_one_f_one_b", "check_interleaved",
            "check_bucketed_dp", "check_zero1", "check_f_and_g", "check_vocab_parallel_ce", "check_all_gather_linear",
-           "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_fp8_scaling",
+           "check_all_gather_matmul", "check_linear3d", "check_trillion_layout", "check_fp8_scaling", "check_ft_replay",
            "check_online_softmax", "check_gqa", "check_ulysses", "check_packed_documents", "check_rope_cp",
            "check_dispatch", "check_node_routing", "check_overlapped_dispatch", "LabError"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis import bubble_fraction, get_cluster, memory_estimate, params_per_rank, plan, predict
+from ..analysis import PlannedLayout, bubble_fraction, get_cluster, memory_estimate, params_per_rank, plan, predict
 from ..analysis.published import PTDP_TABLE1, ptdp_model
 from ..course.quiz import Question
 from .runner import LabError, Tripwire, call, fail, load, screen
@@ -116,7 +116,7 @@ def judge(lay: dict, cluster: str = CLUSTER, software: str = SOFTWARE) -> dict:
     except ValueError as e:
         return fail(f"the throughput model cannot price {_describe(lay)}: {e}")
     if pred.memory_gb_per_gpu * 1e9 > c.memory_bytes:
-        states = params_per_rank(MODEL, lay) * 16 / 1e9  # mixed-precision Adam, 16 bytes per parameter
+        states = params_per_rank(MODEL, PlannedLayout.of(lay)) * 16 / 1e9  # mixed-precision Adam: 16 B per param
         return fail(f"{_describe(lay)} needs {pred.memory_gb_per_gpu:.0f} GB per GPU, more than the "
                     f"{c.gpu}'s {c.memory_bytes / 1e9:.0f} GB (model states alone {states:.0f} GB at 16 bytes per "
                     f"parameter): a larger p spreads the layers over more GPUs, a smaller b holds fewer activations")
@@ -184,8 +184,8 @@ def check_trillion_layout(source: str, cluster: str = CLUSTER, software: str = S
 
 
 # --- the questions ------------------------------------------------------------------------------
-def _ptdp_layout() -> dict:
-    return {"tp": _T, "pp": _P, "dp": GPUS // (_T * _P), "vpp": 1, "microbatch_size": 1}
+def _ptdp_layout() -> PlannedLayout:
+    return PlannedLayout(tp=_T, pp=_P, dp=GPUS // (_T * _P), vpp=1, microbatch_size=1)
 
 
 QUESTIONS: dict[str, Question] = {

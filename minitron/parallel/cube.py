@@ -58,14 +58,21 @@ shard, tied embeddings need nothing special. The vocabulary is padded to a multi
 of q². Each rank's loss is the mean over its batch piece; a scalar all-reduce over the
 (i, k) plane makes every rank hold the global mean (its backward passes 1/q² down).
 
-**--tp-overlap** runs the same calls in the order of the paper's own implementation
-(Colossal-AI's ``linear_3d``; :class:`_OverlappedProduct`, behind :func:`cube_product`, in
-every Linear3D and the output layer): forward, X's gather along a and W's along i are
-posted together and waited together, so the two lines carry their blocks at once;
-backward, dX's reduce-scatter along a is posted as soon as dX is computed and waited only
-after dW's product has run under it. The messages and bytes are the plain schedule's, so
-``analysis/cube.py`` counts both; the embedding's lookup, the norms and the loss, with no
-product to hide under, stay as they are.
+**--tp-overlap** hides the product's calls under its own matmuls (:class:`_OverlappedProduct`,
+behind :func:`cube_product`, in every Linear3D and the output layer; the paper's "custom
+communication schedule that overlaps computation and communication"). Forward: X's gather
+along a and the gather along i of the first half of W's local output rows are posted
+together and waited together, so the two lines carry their blocks at once; the second
+half's gather is posted before the first half's product and waited after it, so a product
+runs under a weight gather (split along the output columns, the halves' products need no
+sum: they are concatenated; Wang et al. 2022's decomposition, as the 1-D --tp-overlap).
+Backward, in the order of Colossal-AI's ``linear_3d``: dX's reduce-scatter along a is posted
+as soon as dX is computed and waited only after dW's product has run under it. The bytes
+are the plain schedule's; the forward's weight gather is two calls of half the bytes
+(:func:`weight_pieces`; one where the local rows are odd), as ``analysis/cube.py`` counts
+them. X's gather is not split: its product with the first weight half needs all of it.
+The embedding's lookup, the norms and the loss, with no product to hide under, stay as
+they are.
 
 With q = 1 every collective is a no-op and these layers are the single-device ones.
 """
@@ -121,23 +128,52 @@ def on_plane(ctx: Context, *axes: str) -> dict:
 
 
 # --- the cube's product ----------------------------------------------------------------------
+WEIGHT_PIECES = 2  # --tp-overlap's forward: the local weight's output rows gathered in this many pieces
+
+
+def weight_pieces(rows: int, overlap: bool) -> int:
+    """How many pieces a cube product's forward gathers its weight in: `rows` local output
+    rows (the torch weight's dim 0) split in WEIGHT_PIECES under --tp-overlap when they
+    divide evenly (every piece then has the same bytes on every rank), else one."""
+    return WEIGHT_PIECES if overlap and rows % WEIGHT_PIECES == 0 else 1
+
+
 class _OverlappedProduct(torch.autograd.Function):
     """``reduce-scatter_c(gather_a(X)·gather_i(W)ᵀ)``, the cube's product, with --tp-overlap's
-    schedule (the 3-D paper's own, as its authors' Colossal-AI ``linear_3d`` runs it): the
-    gathers of X along `x_axis` and of W along i posted together and waited together, so
-    the two lines' transfers run at once; backward, after dY's gather, dX's reduce-scatter
-    along `x_axis` posted as soon as dX is computed and waited only after dW's product has
-    run under it (dW's reduce-scatter along i posted then too). The calls, their dtypes and
-    bytes are the plain schedule's (:func:`cube_product` without `overlap`), so
-    ``analysis/cube.py`` counts both; the gathered blocks are saved, as F.linear saves them."""
+    schedule (the 3-D paper's "custom communication schedule that overlaps computation and
+    communication"). Forward: X's gather along `x_axis` and the gather along i of the first
+    piece of W's local output rows (:func:`weight_pieces`) posted together and waited
+    together; then piece p+1's gather is posted before piece p's partial product and waited
+    after it, so the weight's later pieces travel under the product (the decomposition of
+    Wang et al. 2022, as the 1-D --tp-overlap; output columns need no sum, so the pieces'
+    products are concatenated). Backward (the order of Colossal-AI's ``linear_3d``): after
+    dY's gather, dX's reduce-scatter along `x_axis` posted as soon as dX is computed and
+    waited only after dW's product has run under it (dW's reduce-scatter along i posted
+    then too). The bytes, dtypes and backward calls are the plain schedule's
+    (:func:`cube_product` without `overlap`); the forward's weight gather is
+    :func:`weight_pieces` calls of a piece each, as ``analysis/cube.py`` counts them. The
+    gathered blocks are saved, as F.linear saves them."""
 
     @staticmethod
     def forward(fctx, x, weight, comm, x_axis: str, w_dim: int, out_axis: str):
+        pieces = weight.chunk(weight_pieces(weight.shape[0], True))  # output rows: products need no sum
+        # gathered along its rows (w_dim 0, the output layer's wte), a piece holds q blocks, one per i
+        blocks = comm.size(I) if w_dim == 0 else 1
         gx = comm.all_gather(x, x_axis, BATCH, async_op=True, activation=True)
-        gw = comm.all_gather(weight, I, w_dim, async_op=True)  # a parameter: the master dtype
-        x_all, w_all = gx.wait(), gw.wait()
+        gw = comm.all_gather(pieces[0].contiguous(), I, w_dim, async_op=True)  # a parameter: the master dtype
         cdt = compute_dtype(x)
-        y = comm.reduce_scatter(F.linear(x_all.to(cdt), w_all.to(cdt)), out_axis, BATCH, activation=True)
+        x_all = gx.wait()
+        xc, ys, ws = x_all.to(cdt), [], []
+        for p in range(len(pieces)):
+            w_p = gw.wait()
+            if p + 1 < len(pieces):  # in flight while piece p's product runs
+                gw = comm.all_gather(pieces[p + 1].contiguous(), I, w_dim, async_op=True)
+            ys.append(F.linear(xc, w_p.to(cdt)).unflatten(-1, (blocks, -1)))
+            ws.append(w_p.unflatten(0, (blocks, -1)))
+        # each i-block's rows back in order: the plain gather's output columns and weight
+        y = torch.cat(ys, -1).flatten(-2)
+        w_all = torch.cat(ws, 1).flatten(0, 1)
+        y = comm.reduce_scatter(y, out_axis, BATCH, activation=True)
         fctx.save_for_backward(x_all, w_all)
         fctx.comm, fctx.axes, fctx.w_dim, fctx.cdt = comm, (x_axis, out_axis), w_dim, cdt
         return y
@@ -185,7 +221,7 @@ class Linear3D(nn.Module):
         q, comm = cube_q(ctx), ctx.comm
         self.comm, self.placement, self.skip_bias_add = comm, placement, skip_bias_add or not bias
         self.parts = parts  # rows interleaved by parts, the output grouped by part (tensor.grouped_rows)
-        self.overlap = ctx.layout.tp_overlap  # the paper's schedule: gathers at once, dX's reduce under dW
+        self.overlap = ctx.layout.tp_overlap  # gathers at once, W's second half under the first's product
         a, c, i = comm.index(placement.a), comm.index(placement.c), comm.index(I)
         rows, cols = shard_slice(d_out, q, a), shard_slice(d_in, q * q, c * q + i)
         self.weight = make_param(f"{name}.weight", (d_out, d_in), (rows, cols), ctx, std)

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..comm import Comm
-from ..config import FP8_RECIPES, MX_BLOCK
+from ..config import FP8_RECIPES, MX_BLOCK, ParallelConfig
 from ..context import Context, make_param
 from .ops import wants_grad
 
@@ -157,14 +157,13 @@ def quantize_mx(x: torch.Tensor, dim: int) -> Quantized:
     return Quantized(to_fp8(blocks, inv, E4M3).flatten(dim, dim + 1), scale, dim)
 
 
-def gathers_fp8_weights(layout) -> bool:
+def gathers_fp8_weights(layout: ParallelConfig) -> bool:
     """ZeRO-3 all-gathers the FP8 linears' weights in FP8 (1 byte an element, with one
     scale per weight from an amax reduction) under tensorwise scaling: torchao's
     ``enable_fsdp_float8_all_gather`` with precomputed scales. The other recipes gather
     in the working dtype: delayed's weight amax feeds its history, rowwise's and MX's
     scales follow rows and blocks that ZeRO's flat shards cut across."""
-    return (getattr(layout, "precision", "fp32") == "fp8" and getattr(layout, "fp8_recipe", "") == "tensorwise"
-            and getattr(layout, "zero", 0) == 3)
+    return layout.precision == "fp8" and layout.fp8_recipe == "tensorwise" and layout.zero == 3
 
 
 # --- which ranks share a tensor ---------------------------------------------------------

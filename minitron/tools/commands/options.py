@@ -51,7 +51,8 @@ def add_layout_args(ap):
                    help="with --sp on 1-D: each all-gather/reduce-scatter of the sequence decomposed into t chunks "
                         "on a ring, sent while the partial matmuls run (Wang et al. 2022, async TP); on 2-D and "
                         "2.5-D: each SUMMA step's broadcasts sent while the step before multiplies; on 3-D: a product's "
-                        "two gathers at once and dX's reduce-scatter sent while dW is computed (Bian et al. 2021)")
+                        "two gathers at once, the weight's second half gathered while the first half multiplies, and "
+                        "dX's reduce-scatter sent while dW is computed (Bian et al. 2021)")
     g.add_argument("--ep-overlap", action="store_true",
                    help="with --ep: each MoE call's all-to-alls in two halves (by local expert), one in flight while "
                         "the other's experts run (DeepSeek-V3 §3.2.1)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ...analysis.planned_layout import PLANNED_CP_MODES
 from ...config import FP8_RECIPES, ConfigError, validate_model
 from ..output_paths import PLOT_TYPES, check_output_file
 from .options import add_model_args, given_or_default, model_from, model_label
@@ -23,12 +24,12 @@ def add_parser(sub) -> None:
     pl.add_argument("--cp", type=int, default=1, help="context-parallel ranks (1: searched for long sequences)")
     pl.add_argument("--recompute", default=None, choices=("none", "selective", "full"),
                     help="activation recomputation (default: the software's)")
-    pl.add_argument("--cp-kind", default=None, choices=("ring", "allgather", "a2a", "usp"),
+    pl.add_argument("--cp-mode", default=None, choices=PLANNED_CP_MODES,
                     help="context parallelism: ring (overlapped with attention), allgather, a2a (Ulysses), "
                          "usp (an all-to-all over --cp-a2a ranks, a ring over the rest); "
                          "default: every kind the software runs is searched")
     pl.add_argument("--cp-a2a", type=int, default=0,
-                    help="with --cp-kind usp: U, the context ranks of one all-to-all (0: searched)")
+                    help="with --cp-mode usp: U, the context ranks of one all-to-all (0: searched)")
     pl.add_argument("--ep", type=int, default=0, help="expert-parallel ranks of a MoE model (0: search)")
     pl.add_argument("--zero", type=int, default=0, choices=(0, 1, 3),
                     help="1: distributed optimizer; 3: FSDP / ZeRO-3 (weights gathered per layer)")
@@ -114,19 +115,19 @@ def _price(args, model):
         if args.fp8_recipe and not args.fp8:
             raise ConfigError(f"--fp8-recipe {args.fp8_recipe} prices FP8's scaling: add --fp8")
         sw = sw.replace(fp8=True, fp8_recipe=args.fp8_recipe or sw.fp8_recipe) if args.fp8 else sw
-        cp_kinds = (args.cp_kind,) if args.cp_kind else None
-        check_request(model, args.cluster, sw, ep=args.ep, cp=args.cp, cp_kinds=cp_kinds, zero=args.zero)
+        cp_modes = (args.cp_mode,) if args.cp_mode else None
+        check_request(model, args.cluster, sw, ep=args.ep, cp=args.cp, cp_modes=cp_modes, zero=args.zero)
         if not all(fixed[k] for k in ("tp", "pp")):
             return sw, {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
                                            software=sw, zero=args.zero, ep=args.ep or None, recompute=args.recompute,
-                                           cp=args.cp if args.cp > 1 else None, cp_kinds=cp_kinds,
+                                           cp=args.cp if args.cp > 1 else None, cp_modes=cp_modes,
                                            cp_a2a=args.cp_a2a or None,
                                            **{k: v for k, v in fixed.items() if v})}, None, None
         _check_fixed_layout(args, model, sw)
         lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp * args.cp),
                "vpp": args.vpp or 1, "microbatch_size": args.microbatch_size or 1,
                "sp": sw.sequence_parallel and args.tp > 1,  # as the planner does
-               "cp": args.cp, "cp_kind": args.cp_kind or (sw.context_parallel or ("ring",))[0],
+               "cp": args.cp, "cp_mode": args.cp_mode or (sw.context_parallel or ("ring",))[0],
                "cp_a2a": args.cp_a2a or 1,
                "ep": args.ep or 1, "zero": args.zero, "fsdp_shard": args.fsdp_shard}
         pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute)
