@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from . import data as data_mod
 from . import dcp_format
 from .config import ConfigError
 
@@ -372,11 +373,12 @@ def save(ckpt_dir: str, step: int, tr, keep_last: int = 0) -> Path:
 def _publish(root: Path, tmp: Path, final: Path, step: int, tr, infos: list[dict]) -> None:
     """Rank 0: meta.json (checksums, the model, the run's settings), then the renames."""
     tc = tr.tcfg
+    tokens = len(tr.train_data) if hasattr(tr, "train_data") else None
     meta = {"format": FORMAT, "step": step, "world": tr.comm.grid.world, "layout": tr.layout.describe(),
             "model": model_record(tr.mcfg), "seed": tc.seed,
             "train": {**{k: getattr(tc, k) for k in RESUME_EXACT if k != "data_tokens"},
-                      "data_tokens": len(tr.train_data) if hasattr(tr, "train_data") else None,
-                      "steps": tc.steps, "microbatches": tc.microbatches},
+                      "data_tokens": tokens, "steps": tc.steps, "microbatches": tc.microbatches},
+            "data": data_mod.position(tc, tr.mcfg.seq_len, tokens, step),
             "optimizer_state": "all" if all(i["records"] == i["with_state"] for i in infos) else "partial",
             "ckpt_format": tc.ckpt_format, "files": _files(infos),
             **({"dcp_keys": infos[0]["dcp_keys"]} if "dcp_keys" in infos[0] else {})}
@@ -444,6 +446,11 @@ def check(path, verify_data: bool = True, tensor_shapes: dict | None = None) -> 
             and isinstance(meta.get("model"), dict) and meta["step"] >= 0 and meta["world"] >= 1):
         raise ConfigError(f"checkpoint {meta_file} lacks a valid step, world or model: it was edited or "
                           f"damaged; resume from another checkpoint")
+    data = meta.get("data")  # the data position (data.position); absent in checkpoints of an older minitron
+    if data is not None and not (isinstance(data, dict) and data.get("step") == meta["step"]
+                                 and set(data_mod.POSITION_FLAGS) <= set(data)):
+        raise ConfigError(f"checkpoint {meta_file} states a data position that is not its step {meta['step']}'s "
+                          f"(or lacks its fields): it was edited or damaged; resume from another checkpoint")
     if meta.get("ckpt_format") == "dcp":
         _check_dcp(path, meta, verify_data, tensor_shapes)
         return meta

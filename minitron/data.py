@@ -11,6 +11,21 @@ Two kinds of token source share one interface (`len(src)`, `src.window(start, n)
 
 Batches are a pure function of (seed, step): every rank can build the global batch's
 rows it owns without talking to anyone, and a resumed run sees the same data.
+
+The data position, and why it reshards. No sampler keeps a cursor (nor an epoch: rows are
+drawn with replacement): the global batch of step k is drawn from a generator seeded by
+(seed, k) alone (:func:`batch`'s window starts; ``packing.PackedCorpus.batch``'s document
+starts under --pack) over the training split, so it is a function of (seed, k, global batch,
+sequence length, the training split's tokens, the sampler, --pack's padding) and of nothing
+a step before it did. Data rank d of D (the ep × dp replicas) takes its contiguous rows
+``dp_rows(B, D, d)`` = [d·B/D, (d+1)·B/D), split into its microbatches. The whole position
+after k steps is therefore :func:`position` (k and those fields), which a checkpoint's
+meta.json states and a resume compares whole (``tools.resume_checks``); resumed at another
+data-parallel size D' (or any layout, any --microbatches), a run trains from step k on exactly
+the rows an uninterrupted run at D' trains on, on every rank and step the same token ids
+(``tests/test_data_reshard.py``). The one layout the data depends on is --pack-balance
+document's padding (2·cp): a resume at another cp is refused, naming it. A fault-tolerant
+replica that recovers receives the position from its peer (``fault_tolerance.trainer_state``).
 """
 from __future__ import annotations
 
@@ -245,3 +260,24 @@ def dp_rows(global_batch: int, dp: int, dp_rank: int) -> slice:
     """The contiguous share of the global batch owned by one data-parallel rank."""
     n = global_batch // dp
     return slice(dp_rank * n, (dp_rank + 1) * n)
+
+
+# What a resume must keep of the data, beside the step (:func:`position`), and the flag that sets each.
+POSITION_FLAGS = {"seed": "--seed", "global_batch": "--global-batch", "seq_len": "--seq-len",
+                  "train_tokens": "--data", "sampler": "--pack", "pack_pad": "--pack-balance document's padding"}
+
+
+def position(train, seq_len: int, train_tokens: int | None, step: int) -> dict:
+    """The data position after `step` steps (module docstring): the next step and all that the
+    sampler of every later step reads; layout-free, so any layout resumes it. `train_tokens`:
+    the training split's length (None: not known here)."""
+    return {"step": step, "sampler": "documents" if train.pack else "windows", "seed": train.seed,
+            "global_batch": train.global_batch, "seq_len": seq_len, "train_tokens": train_tokens,
+            "pack_pad": train.pack_pad if train.pack else 0}
+
+
+def position_changes(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(flag, the saved position's value, `now`'s) for every field but the step that differs
+    (a field None on either side, unknown there, is not compared)."""
+    return [(flag, saved.get(k), now.get(k)) for k, flag in POSITION_FLAGS.items()
+            if saved.get(k) is not None and now.get(k) is not None and saved.get(k) != now.get(k)]

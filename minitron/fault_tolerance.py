@@ -240,21 +240,32 @@ def committed_optimizer(manager):
 
 
 # --- what a recovering replica receives -----------------------------------------------------------
-def trainer_state(tr: Trainer) -> dict:
+def trainer_state(tr: Trainer, step: int | None = None) -> dict:
     """This rank's part of its replica: parameters and AdamW state by name, the torch RNG
-    state (the engine's dropout keys are pure functions of (seed, step, microbatch), so the
-    step is the data and dropout position; torchft sends its own step alongside). Copies:
-    the transport serves them while this replica goes on."""
-    adam = tr.optimizer.export_param_state()
+    state and the data position (``data.position``, what a checkpoint states: the engine's
+    dropout keys are pure functions of (seed, step, microbatch), so the step is the data and
+    dropout position) at `step`, the steps committed (torchft's, which it sends alongside;
+    default the Trainer's own count). Copies: the transport serves them while this replica
+    goes on."""
+    adam, step = tr.optimizer.export_param_state(), tr.step_idx if step is None else step
     return {"params": {p.shard.name: p.detach().clone() for p in tr.params},
             "adam": {p.shard.name: {k: v.clone() if torch.is_tensor(v) else v for k, v in adam.get(p, {}).items()}
                      for p in tr.params},
-            "rng": torch.get_rng_state(), "step": tr.step_idx}
+            "rng": torch.get_rng_state(), "step": step, "data": _data_position(tr, step)}
+
+
+def _data_position(tr: Trainer, step: int) -> dict:
+    return data_mod.position(tr.tcfg, tr.mcfg.seq_len, len(tr.train_data), step)
 
 
 @torch.no_grad()
 def load_trainer_state(tr: Trainer, state: dict) -> None:
-    """Take a healthy replica's :func:`trainer_state` (the same layout, the same rank in it)."""
+    """Take a healthy replica's :func:`trainer_state` (the same layout, the same rank in it),
+    whose data position must be this replica's sampler's (every field but the step)."""
+    changed = data_mod.position_changes(state["data"], _data_position(tr, state["step"]))
+    if changed:
+        raise ConfigError("the healthy replica's data position differs from this one's (" + ", ".join(
+            f"{flag} {was} there, {now} here" for flag, was, now in changed) + "): start every replica alike")
     by_name = {p.shard.name: p for p in tr.params}
     for name, t in state["params"].items():
         by_name[name].copy_(t)
@@ -304,7 +315,7 @@ def replica_job(comm: Comm, model: ModelConfig, layout: ParallelConfig, train: T
                      rows_of=replica_rows(train.global_batch, ft.replicas, replica),
                      data_parallel=replica_data_parallel, optimizer=committed_optimizer(manager))
         manager.register_state_dict_fn("trainer", lambda st: _recover(tr, st, fault, replica, life),
-                                       lambda: trainer_state(tr))
+                                       lambda: trainer_state(tr, manager.current_step()))
         return _replica_steps(tr, manager, train, ft, (replica, life, journal, must_reach), fault)
     finally:
         manager.shutdown(wait=False)

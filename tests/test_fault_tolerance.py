@@ -16,6 +16,8 @@
   analysis's bytes per axis and op, the 'replica' axis (torchft's all-reduce) included.
 * SIGKILL of the Lighthouse: every replica's next quorum fails within its timeout, and each
   stops with a line naming the Lighthouse and a checkpoint of its last committed step.
+* In-process: the state a healthy replica sends holds its data position (``data.position``),
+  and a replica whose sampler reads otherwise refuses it, naming the field.
 
 Faults are planted through the launcher's `fault(replica, life, step)` hook, which runs on
 every rank before each step; `Pace` slows the steps so that the restarted replica (a new
@@ -285,3 +287,21 @@ def test_the_command_refuses_before_any_rank_starts(capsys, tmp_path):
         err = capsys.readouterr().err.strip()
         assert err.startswith("minitron: error: --ft-replicas") and words in err and "\n" not in err, err
     assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_recovering_replica_receives_the_data_position_and_refuses_another():
+    """What a healthy replica sends holds its data position (``data.position``, what a
+    checkpoint states); a replica whose sampler reads otherwise refuses it, naming the field."""
+    from minitron.comm import Comm
+    from minitron.data import load_corpus, position
+    from minitron.train import Trainer
+
+    train, corpus = TrainConfig(steps=2, global_batch=4, dtype="float64"), load_corpus("")
+    healthy = Trainer(MODEL, ParallelConfig(), train, Comm(), corpus)
+    healthy.step(0)
+    state = ftm.trainer_state(healthy)
+    assert state["data"] == position(train, MODEL.seq_len, len(corpus.split()[0]), 1)
+    ftm.load_trainer_state(Trainer(MODEL, ParallelConfig(), train, Comm(), corpus), state)
+    with pytest.raises(ConfigError, match=r"--seed 1234 there, 7 here") as e:
+        ftm.load_trainer_state(Trainer(MODEL, ParallelConfig(), train.replace(seed=7), Comm(), corpus), state)
+    assert "\n" not in str(e.value)

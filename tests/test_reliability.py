@@ -4,7 +4,8 @@ ways, in-process (one rank) unless a second process is the point.
 * a damaged or forged checkpoint is refused in one line (checksums, structure, finite
   values, `latest` inside its folder), by resume, sample, export and `minitron check-ckpt`;
 * a resume names every setting that differs from the checkpoint's and refuses those that
-  break its equality with an uninterrupted run unless --allow-resume-change;
+  break its equality with an uninterrupted run unless --allow-resume-change, the data
+  position (meta.json's "data": what every later step's sampler reads) compared whole;
 * no output flag can name an input or anything inside a checkpoint folder; --overwrite
   deletes only the engine's own folders; export refuses a folder of another model;
 * a non-finite model is never published (the message names --lr), a save the disk refuses
@@ -88,6 +89,14 @@ def _first(shards):
     return shards[sorted(shards)[0]]
 
 
+def _edit_data(**fields):
+    def how(step):
+        meta = json.loads((step / "meta.json").read_text())
+        meta["data"].update(fields)
+        (step / "meta.json").write_text(json.dumps(meta))
+    return how
+
+
 DAMAGES = {
     "flipped bytes": (_flip_bytes, "does not match its checksum"),
     "shard replaced by another run's": (lambda s: shutil.copy(s.parent / "step_0000001" / "rank_00000.pt",
@@ -108,6 +117,7 @@ DAMAGES = {
     "a region outside its shape": (_edit_shards(lambda sh: _first(sh).update(
         region=[[1, d + 1] for d in _first(sh)["full_shape"]])), "region outside its shape"),
     "a record dropped": (_edit_shards(lambda sh: sh.pop(sorted(sh)[0])), "does not match the model"),
+    "a data position off its step": (_edit_data(step=1), "states a data position that is not its step 2's"),
 }
 
 
@@ -186,6 +196,27 @@ def test_resume_notes_the_harmless_changes(run, tmp_path, capsys):
     assert step == 2 and lines == ["minitron: note: resuming with --steps 3 (the checkpoint's is 2)",
                                    "minitron: note: resuming with the layout dp2.tp2.pp1 (the checkpoint's is "
                                    "dp1.tp1.pp1; checkpoints are layout-independent)"], lines
+
+
+def test_the_checkpoint_states_its_data_position_and_resume_compares_it_whole(run, tmp_path):
+    """meta.json's "data" is ``data.position`` at its step (the sampler's every input); a resume
+    whose sampler would read otherwise (--pack on a checkpoint of windows, another padding of
+    --pack-balance document) is refused, naming it (a position edited off its step: DAMAGES)."""
+    from minitron.config import ConfigError
+    from minitron.data import load_corpus, position
+
+    meta = json.loads((run / "ck" / "step_0000002" / "meta.json").read_text())
+    train = TrainConfig(steps=2, global_batch=4, dtype="float64")
+    assert meta["data"] == position(train, PRESETS["tiny"].seq_len, len(load_corpus("").split()[0]), 2)
+    with pytest.raises(ConfigError, match=r"--pack documents \(the checkpoint's is windows\).*--allow-resume-change"):
+        check_resume(str(run / "ck"), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True))
+    # --pack-balance document pads documents to 2*cp: a resume at another cp would read other rows
+    ck = damaged(run, tmp_path, _edit_data(sampler="documents", pack_pad=4))
+    with pytest.raises(ConfigError, match=r"--pack-balance document's padding 8 \(the checkpoint's is 4\)"):
+        check_resume(str(ck), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True, pack_balance="document",
+                                                                   pack_pad=8))
+    assert check_resume(str(ck), "yes", PRESETS["tiny"], train.replace(steps=3, pack=True, pack_balance="document",
+                                                                      pack_pad=4)) == 2
 
 
 def test_requeued_job_whose_work_is_done_exits_0(run, tmp_path, capsys):

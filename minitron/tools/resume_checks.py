@@ -66,9 +66,11 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
     Refuses a missing checkpoint, a broken one, one of another model, or (plain --resume)
     one already at the last step; with --resume auto that last raises AlreadyDone. Every
     run setting that differs from the checkpoint's is named through `log`; those that break
-    the equality with an uninterrupted run (`checkpoint.RESUME_EXACT`) are refused unless
+    the equality with an uninterrupted run (`checkpoint.RESUME_EXACT`, and every field of the
+    checkpoint's data position: :func:`data_position_changes`) are refused unless
     `allow_change` (--allow-resume-change)."""
     from ..checkpoint import check, latest
+    from ..data import POSITION_FLAGS
 
     if not ckpt_dir:
         raise ConfigError("--resume needs --ckpt-dir: name the folder of the checkpoints to continue")
@@ -91,9 +93,10 @@ def check_resume(ckpt_dir: str, resume: str, model: ModelConfig, train: TrainCon
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is at step {meta['step']}, already at "
                           f"{flag} {end}: raise it to train further")
     changed = resume_changes(meta, train, corpus)
+    changed += [c for c in data_position_changes(meta, model, train, corpus) if c[0] not in {d[0] for d in changed}]
     if layout is not None and meta.get("layout") and meta["layout"] != layout.describe():
         changed.append(("the layout", f"{meta['layout']}; checkpoints are layout-independent", layout.describe()))
-    breaking = [c for c in changed if c[0] in RESUME_EXACT_FLAGS]
+    breaking = [c for c in changed if c[0] in RESUME_EXACT_FLAGS or c[0] in POSITION_FLAGS.values()]
     if breaking and not allow_change:
         raise ConfigError(f"--resume: {'; '.join(_says(c) for c in breaking)}: the continued run would not equal "
                           f"an uninterrupted one; use the checkpoint's settings, or add --allow-resume-change")
@@ -184,6 +187,20 @@ def resume_changes(meta: dict, train: TrainConfig, corpus=None) -> list[tuple[st
             elif key != "data" or not any(c[0] == "--data" for c in out):
                 out.append((flag, saved[key], mine[key]))
     return out
+
+
+def data_position_changes(meta: dict, model: ModelConfig, train: TrainConfig, corpus=None) -> list[tuple]:
+    """The checkpoint's data position (``data.position``: what every later step's sampler
+    reads) against this run's, field by field, as (flag, checkpoint's, this run's); none for a
+    checkpoint that states no position (an older minitron's: its --seed, --global-batch and
+    --data are compared by :func:`resume_changes`)."""
+    from ..data import position, position_changes
+
+    saved = meta.get("data")
+    if not isinstance(saved, dict):
+        return []
+    now = position(train, model.seq_len, len(corpus.split()[0]) if corpus is not None else None, meta["step"])
+    return position_changes(saved, now)
 
 
 def _says(change) -> str:
