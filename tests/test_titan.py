@@ -30,6 +30,9 @@ SEQ = 24
 # torchtitan rotates queries and keys in float32 (complex64) even in a float64 model: its
 # logits carry float32 rounding (~1e-7 here), as transformers' do (tests/test_hf_llama.py)
 FLOOR = 1e-6
+# queries, keys (and torchtitan's fused values) scaled up: attention sharp enough that a misplaced
+# rotary pair shows (x4: ~1e-7 of rounding; x8 would lift torchtitan's float32 rounding to ~2e-6)
+SHARP = 4.0
 # torchtitan's debugmodel, as minitron describes it (titan.model_config must agree)
 DEBUGMODEL = ModelConfig(layers=6, hidden=256, heads=16, ffn=768, seq_len=SEQ, vocab=2048, norm_eps=1e-5,
                          rope_base=500000.0, rope_scaling="llama3", rope_factor=8.0, rope_original_context=8192,
@@ -72,7 +75,10 @@ for name, (kv, tied) in json.loads(sys.argv[2]).items():
     model = build(cfg, 0)
     with torch.no_grad():  # sharp attention and norms away from 1: a misplaced row cannot hide
         for key, p in model.named_parameters():
-            p.mul_(4.0) if key.endswith(("wqkv.weight",)) else p.add_(torch.randn_like(p) * 0.1) if "norm" in key else None
+            if key.endswith("wqkv.weight"):
+                p.mul_(float(sys.argv[3]))
+            elif "norm" in key:
+                p.add_(torch.randn_like(p) * 0.1)
     dcp.save(model.state_dict(), checkpoint_id=str(root / name / "titan"), no_dist=True)
     other = build(cfg, 1)
     state = other.state_dict()
@@ -89,7 +95,10 @@ def _random_minitron(cfg):
     model = GPT(cfg).double().eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * 0.1) if "ln" in n else p.mul_(4.0) if ".attn.q" in n or ".kv" in n else None
+            if ".attn.q" in n or ".attn.kv" in n:  # attn.q, attn.qkv and attn.kv
+                p.mul_(SHARP)
+            elif "ln" in n:  # ln1, ln2, ln_f
+                p.add_(torch.randn_like(p) * 0.1)
     return model
 
 
@@ -109,7 +118,7 @@ def titan_side(tmp_path_factory):
         titan.save_dcp(root / name / "minitron", mine[name].state_dict(), cfg)
     cases = {name: (cfg.n_kv_heads, cfg.tied_embeddings) for name, cfg in CASES.items()}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TITAN)]), "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-c", TITAN_SCRIPT, str(root), json.dumps(cases)],
+    p = subprocess.run([sys.executable, "-c", TITAN_SCRIPT, str(root), json.dumps(cases), str(SHARP)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return root, x, mine, torch.load(root / "out.pt")
