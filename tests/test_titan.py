@@ -2,10 +2,11 @@
 
 torchtitan's own model (its ``debugmodel`` flavour of Llama 3: 6 layers, width 256, 16 heads,
 Llama 3.1 rope scaling; and the same with grouped-query attention over 4 kv heads and tied
-embeddings) is built at random, its state dict saved with ``torch.distributed.checkpoint``
-as torchtitan's checkpointer writes model weights; minitron loads it and its logits equal
-torchtitan's. A random minitron Llama of the same shape saved by ``titan.save_dcp`` loads
-into torchtitan's model with equal logits. torchtitan's attention kernel is swapped for its
+embeddings) is built at random and saved with ``torch.distributed.checkpoint`` as torchtitan's
+checkpointer writes it (its ``ModelWrapper``'s flat keys, a train state beside them); minitron
+loads the model's keys and its logits equal torchtitan's. A random minitron Llama of the same
+shape saved by ``titan.save_dcp`` loads into torchtitan's model (through ``ModelWrapper``)
+with equal logits. torchtitan's attention kernel is swapped for its
 own ``ScaledDotProductAttention`` (its default, FlexAttention, needs ``torch.compile``).
 
 torchtitan lives beside the environment (`make env` installs it into .venv/titan with
@@ -45,6 +46,7 @@ from functools import partial
 from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
+from torchtitan.components.checkpointer.base import ModelWrapper
 from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.common.config_utils import make_gqa_config
 from torchtitan.models.llama3 import model_registry
@@ -79,11 +81,14 @@ for name, (kv, tied) in json.loads(sys.argv[2]).items():
                 p.mul_(float(sys.argv[3]))
             elif "norm" in key:
                 p.add_(torch.randn_like(p) * 0.1)
-    dcp.save(model.state_dict(), checkpoint_id=str(root / name / "titan"), no_dist=True)
-    other = build(cfg, 1)
+    # as torchtitan's checkpointer writes: the model's keys flat, its other states beside them
+    state = {**ModelWrapper(model).state_dict(), "train_state": {"step": 10, "ntokens_seen": 4096}}
+    dcp.save(state, checkpoint_id=str(root / name / "titan"), no_dist=True)
+    other = ModelWrapper(build(cfg, 1))
     state = other.state_dict()
     dcp.load(state, checkpoint_id=str(root / name / "minitron"), no_dist=True)
     other.load_state_dict(state)
+    other = other.model[0]
     with torch.no_grad():
         out[name] = (checkpoint.model_record(titan.model_config(cfg, x.shape[1])), model(x), other(x))
 torch.save(out, sys.argv[1] + "/out.pt")
