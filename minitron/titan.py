@@ -42,6 +42,24 @@ TITAN_TO_HF = {
     "lm_head.weight": "lm_head.weight",
 }
 ROTATED = {"wq": "heads", "wk": "n_kv_heads"}  # rows paired by the rotary embedding, and their head count
+# the engine's fields torchtitan's Llama 3 has no counterpart of (hf.py's families and mixtures have)
+NOT_HELD = ("experts", "qkv_bias", "qk_norm", "window", "head_width", "mtp_depths")
+
+
+def problem(cfg: ModelConfig) -> str:
+    """'' when torchtitan's Llama 3 holds all of model `cfg`, else what it does not."""
+    said = hf.export_problem(cfg) if hf.is_llama(cfg) else "it has learned positions (a GPT-2)"
+    if said:
+        return f"not a Llama: {said}"
+    extra = [f"{f} {getattr(cfg, f)}" for f in NOT_HELD if getattr(cfg, f)]
+    extra += [f"rope scaling {cfg.rope_scaling}"] if cfg.rope_scaling not in ("", "llama3") else []
+    return f"torchtitan's Llama 3 has no {', '.join(extra)}" if extra else ""
+
+
+def _check(cfg: ModelConfig) -> None:
+    said = problem(cfg)
+    if said:
+        raise ConfigError(f"model {cfg.name} cannot be read or written as torchtitan's Llama 3: {said}")
 
 
 def names(cfg: ModelConfig) -> dict[str, str]:
@@ -74,6 +92,7 @@ def _to_pairs(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def from_titan(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """torchtitan's Llama 3 state dict -> minitron's full tensors {name: tensor}."""
+    _check(cfg)
     theirs = {}
     for key, hf_name in names(cfg).items():
         heads = _heads(key, cfg)
@@ -84,6 +103,7 @@ def from_titan(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
 def to_titan(full: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """minitron's full tensors -> torchtitan's Llama 3 state dict (a tied model's
     ``lm_head.weight`` is the embedding, as torchtitan's tied module holds it)."""
+    _check(cfg)
     theirs = hf.to_hf(full, cfg)
     out = {}
     for key, hf_name in names(cfg).items():
@@ -116,6 +136,7 @@ def load_dcp(path: str | Path, cfg: ModelConfig) -> dict[str, dict]:
     tensors, in ``checkpoint.assemble``'s form {name: {"param": T}} (ready for
     ``checkpoint.import_state`` into any layout). Each key is checked for presence and
     shape first (one line naming the first that differs); its other entries are not read."""
+    _check(cfg)
     md = dcp_format.read_metadata(Path(path))
     held = md.state_dict_metadata
     shapes = hf.llama_shapes(cfg)

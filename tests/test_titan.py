@@ -171,3 +171,6 @@ def test_round_trip_and_refusals(tmp_path):
     with pytest.raises(ConfigError, match=r"'layers.0.attention.qkv_linear.wk.weight' is \[256, 256\], the model "
                                           r"needs \[64, 256\]"):
         titan.load_dcp(tmp_path, cfg)
+    for field, value in (("qkv_bias", True), ("window", 8), ("rope_scaling", "yarn"), ("positions", "learned")):
+        with pytest.raises(ConfigError, match="cannot be read or written as torchtitan's Llama 3"):
+            titan.to_titan(state, cfg.replace(**{field: value}))
