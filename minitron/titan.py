@@ -123,6 +123,9 @@ def model_config(titan_cfg, seq_len: int) -> ModelConfig:
                                          rope_low_freq=rope.low_freq_factor, rope_high_freq=rope.high_freq_factor)}
     if rope.scaling not in scaling:
         raise ConfigError(f"torchtitan rope scaling '{rope.scaling}' is not read here: use 'none' or 'llama'")
+    if attn.qk_norm is not None or attn.head_dim not in (None, titan_cfg.dim // attn.n_heads):
+        raise ConfigError("torchtitan's q/k norms and a head_dim other than dim / n_heads are not read here: "
+                          "use a plain Llama 3 config")
     kv = attn.n_kv_heads or attn.n_heads
     return ModelConfig(layers=len(titan_cfg.layers), hidden=titan_cfg.dim, heads=attn.n_heads,
                        kv_heads=0 if kv == attn.n_heads else kv, seq_len=seq_len, vocab=titan_cfg.vocab_size,
