@@ -118,11 +118,11 @@ def model_config(titan_cfg, seq_len: int) -> ModelConfig:
     """The minitron ModelConfig of torchtitan's ``Llama3Model.Config`` (read by attribute, so
     the engine does not import torchtitan), with a context of `seq_len`."""
     attn, rope = titan_cfg.layers[0].attention, titan_cfg.layers[0].attention.rope
-    scaling = {"none": {}, "llama": dict(rope_scaling="llama3", rope_factor=rope.scaling_factor,
-                                         rope_original_context=rope.original_max_position_embeddings,
-                                         rope_low_freq=rope.low_freq_factor, rope_high_freq=rope.high_freq_factor)}
-    if rope.scaling not in scaling:
+    if rope.scaling not in ("none", "llama"):
         raise ConfigError(f"torchtitan rope scaling '{rope.scaling}' is not read here: use 'none' or 'llama'")
+    scaling = {} if rope.scaling == "none" else dict(  # Llama 3.1's, as hf_families.ROPE_KINDS["llama3"]
+        rope_scaling="llama3", rope_factor=rope.scaling_factor, rope_low_freq=rope.low_freq_factor,
+        rope_high_freq=rope.high_freq_factor, rope_original_context=rope.original_max_position_embeddings)
     if attn.qk_norm is not None or attn.head_dim not in (None, titan_cfg.dim // attn.n_heads):
         raise ConfigError("torchtitan's q/k norms and a head_dim other than dim / n_heads are not read here: "
                           "use a plain Llama 3 config")
@@ -131,7 +131,7 @@ def model_config(titan_cfg, seq_len: int) -> ModelConfig:
                        kv_heads=0 if kv == attn.n_heads else kv, seq_len=seq_len, vocab=titan_cfg.vocab_size,
                        ffn=titan_cfg.layers[0].feed_forward.w1.out_features,
                        norm_eps=titan_cfg.norm.eps, rope_base=float(rope.theta), name="llama3-torchtitan",
-                       **scaling[rope.scaling], **{**LLAMA, "tied_embeddings": titan_cfg.enable_weight_tying})
+                       **scaling, **{**LLAMA, "tied_embeddings": titan_cfg.enable_weight_tying})
 
 
 def load_dcp(path: str | Path, cfg: ModelConfig) -> dict[str, dict]:

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,6 +172,16 @@ def test_round_trip_and_refusals(tmp_path):
     with pytest.raises(ConfigError, match=r"'layers.0.attention.qkv_linear.wk.weight' is \[256, 256\], the model "
                                           r"needs \[64, 256\]"):
         titan.load_dcp(tmp_path, cfg)
+    rope = SimpleNamespace(scaling="none", theta=1e4)  # torchtitan's config read by attribute
+    attn = SimpleNamespace(n_heads=16, n_kv_heads=None, head_dim=32, qk_norm=None, rope=rope)
+    layer = SimpleNamespace(attention=attn, feed_forward=SimpleNamespace(w1=SimpleNamespace(out_features=768)))
+    odd = SimpleNamespace(dim=256, vocab_size=2048, layers=[layer], norm=SimpleNamespace(eps=1e-5),
+                          enable_weight_tying=False)
+    with pytest.raises(ConfigError, match="a head_dim other than dim / n_heads"):
+        titan.model_config(odd, SEQ)
+    rope.scaling = "yarn"
+    with pytest.raises(ConfigError, match="rope scaling 'yarn' is not read here"):
+        titan.model_config(odd, SEQ)
     for field, value in (("qkv_bias", True), ("window", 8), ("rope_scaling", "yarn"), ("positions", "learned")):
         with pytest.raises(ConfigError, match="cannot be read or written as torchtitan's Llama 3"):
             titan.to_titan(state, cfg.replace(**{field: value}))
