@@ -8,16 +8,21 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= test,course
 TORCHAO_SPEC ?= torchao==0.18.0
 TORCHFT_SPEC ?= torchft==0.2.0
+# torchtitan's Llama 3 (tests/test_titan.py, minitron/titan.py) and what its import needs, no more
+TITAN_SPECS ?= torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 shtab==1.13.0 \
+	typeguard==4.6.1 triton==3.9.0
 TORCHFT_DEPS := "opentelemetry-api>=1.39.0" "opentelemetry-sdk>=1.39.0" "opentelemetry-exporter-otlp-proto-http>=1.39.0"
 ORACLE := $(VENV)/oracle
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 FT_STAMP := $(VENV)/.installed-$(subst ==,-,$(TORCHFT_SPEC))
+TITAN := $(VENV)/titan
+TITAN_STAMP := $(VENV)/.installed-$(subst ==,-,$(firstword $(TITAN_SPECS)))
 NPROC ?= 8
 
 .PHONY: env browser run run-single test test-fast clean
 
-env: $(STAMP) $(FT_STAMP)
+env: $(STAMP) $(FT_STAMP) $(TITAN_STAMP)
 
 # Said before pip runs (it is quiet): what is installed, where, and roughly how long it takes.
 $(STAMP): pyproject.toml
@@ -41,6 +46,15 @@ $(STAMP): pyproject.toml
 $(FT_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q --no-deps --only-binary :all: "$(TORCHFT_SPEC)" && \
 	    $(BIN)/python -m pip install -q $(TORCHFT_DEPS) || echo "make: torchft has no wheel here; --ft-replicas unavailable"
+	touch $@
+
+# torchtitan beside the environment, as torchao is (--no-deps: its requirements would replace torch
+# 2.13 and bring datasets, wandb, ...; its model package imports only these). Its import puts triton
+# (about 1 GB unpacked) and spmd_types on the path, so only its test's own subprocess reads $(TITAN).
+$(TITAN_STAMP): $(STAMP)
+	@echo "make: torchtitan's Llama 3 into $(TITAN) (once; triton is about 1 GB): $(TITAN_SPECS)"
+	$(BIN)/python -m pip install -q --no-deps --target $(TITAN) $(TITAN_SPECS) || \
+	    echo "make: torchtitan did not install; tests/test_titan.py skips its two-way checks"
 	touch $@
 
 # The main job: train the GPT on Shakespeare on 8 local CPU ranks composing all three
@@ -77,10 +91,10 @@ $(BROWSER_STAMP): scripts/install_browser.sh
 # The whole test suite (what CI runs): two pytest sessions side by side, one per core: the tests
 # that start ranks, a Slurm cluster or a browser one after another, the single-process tests and
 # the notebooks beside them (scripts/run_tests.sh; the split: tests/conftest.py, test_share).
-test: $(STAMP) $(FT_STAMP) $(BROWSER_STAMP)
+test: $(STAMP) $(FT_STAMP) $(TITAN_STAMP) $(BROWSER_STAMP)
 	bash scripts/run_tests.sh $(BIN)/python
 
-test-fast: $(STAMP) $(FT_STAMP)
+test-fast: $(STAMP) $(FT_STAMP) $(TITAN_STAMP)
 	$(BIN)/python -m pytest -q -m "not multirank and not browser and not slurm"
 
 clean:
