@@ -51,7 +51,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
 
 
 WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0,
-         "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+         "ten": 10.0, "thirty": 30.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -2352,6 +2352,216 @@ def test_lessons_10_and_12_state_what_the_outputs_show(name):
 ])
 def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, right, wrong, monkeypatch):
     """A lesson 10 or 12 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 11: every number its markdown states about its outputs or the engine ---------
+# (The same audit for lesson 11, sections 0-8 and its questions; section 9 is checked by
+# tests/test_lesson11.py. The rest are the lesson's own choices of shape, the questions'
+# givens, published figures (Mixtral's sizes, DeepSeek-V3's 20 of 132 SMs), section
+# references of papers, the time estimates, or definitions.)
+def _objectives_11():
+    """The objectives' 2 ranks and two published runs; the two launches of 2 ranks the time names."""
+    launches = re.findall(r"run_on_ranks\((\w+), (?:ParallelConfig\(dp=(\d)\)|(EP2))", code("11"))
+    runs = re.findall(r"^\S+ on \d+ H100 \(ep \d+\): published", outputs("11"), re.M)
+    return (said("11", r"real traced step on (\d) ranks") + said("11", r"on H100s — experts, all-to-all, the host — for (two)\s+published runs")
+            + said("11", r"read on (\d) real ranks what ran under what") + said("11", r"each of the (two) launches of (\d) ranks"),
+            [2 * (launches[0][1] == "2"), len(runs), 2 * (launches[1][2] == "EP2"), len(launches), 2], 0)
+
+
+def _routing_11():
+    """Sections 1-2: eight tokens, four experts, top-2 as printed; 1024 tokens over 8 experts
+    with +3 on experts 0 and 1; the uniform loss equal to α; γ as the code sets it; the bias
+    stepping around balance (the last two lines differ)."""
+    from minitron.course.experts import MOE
+    tokens = re.findall(r"^token \d: scores \[(.*?)\] -> experts \[(.*?)\]", outputs("11"), re.M)
+    head = re.search(r"head_start = torch\.tensor\(\[([\d., ]+)\]", code("11")).group(1).split(",")
+    boosted = [i for i, v in enumerate(head) if float(v) != 0]
+    last = re.findall(r"^after +(?:199|200) updates: busiest/mean [\d.]+ +(\[.*\])$", outputs("11"), re.M)
+    assert all(len(sc.split(",")) == MOE.experts and len(ex.split(",")) == MOE.top_k for sc, ex in tokens)
+    _stated("11", r"With a uniform spread\s+\$f_i = P_i = 1/E\$ it is \$\\alpha\$", None)
+    return (said("11", r"(Eight) tokens, (four) experts, top-(\d), with minitron's `route`")
+            + said("11", r"Below, (\d+) tokens and (\d) experts, top-(\d)") + said("11", r"a head start of \+(\d) on the logits of experts (\d) and (\d)")
+            + [1.0] + said("11", r"\(γ = ([\d.]+)\)") + [1.0],
+            [len(tokens), MOE.experts, MOE.top_k, num(re.search(r"^T = (\d+)$", code("11"), re.M).group(1)),
+             num(re.search(r"E8 = cfg\.replace\(experts=(\d)", code("11")).group(1)) * (len(head) == 8), MOE.top_k,
+             float(head[0]), *boosted] + shown("11", r"^uniform: L/α = ([\d.]+);")
+            + [num(re.search(r"bias_update=([\d.]+)", code("11")).group(1)), 1.0 * (len(last) == 2 and last[0] != last[1])], 0)
+
+
+def _capacity_11():
+    """Section 3: C = ⌈k T cf/E⌉ for every printed factor, and dropless (cf 0) by default."""
+    from minitron.config import ModelConfig
+    T, E, k = 1024, 8, 2
+    rows = re.findall(r"^cf ([\d.]+): C = (\d+); .*? drops \d+ of (\d+)", outputs("11"), re.M)
+    ok = all(int(c) == math.ceil(k * T * float(cf) / E) and int(n) == k * T for cf, c, n in rows)
+    _stated("11", r"\$C = \\lceil k\\,T\\,\\mathrm\{cf\}/E \\rceil\$", None)
+    return (said("11", r"minitron is dropless by default\s+\(`capacity_factor` (\d)\)") + [1.0],
+            [ModelConfig().capacity_factor, 1.0 * (ok and len(rows) == 3)], 0)
+
+
+def _a2a_formula_11():
+    """Section 4: the stated bytes 8E + 2(S+R)hb per MoE layer and microbatch, summed over the
+    printed calls' rows, equal each rank's traced bytes; 2 ranks, float64, the launch's steps;
+    S = R = Tk gives the balanced estimate; the wire share (ep-1)/ep at ep 2 and 8."""
+    from minitron.course.experts import MOE, STEPS
+    E, h = MOE.experts, MOE.hidden
+    b = said("11", r"\(the counts are\s+int(\d+); b bytes per element\)")[0] // 8
+    el = 8  # float64, as the launch trains
+    equal = []
+    for rank in (0, 1):
+        block = out("11", rf"^ep rank {rank}: \d+ all-to-all calls, traced ([\d,]+) bytes.*\n((?:   call .*\n?)+)", 0)
+        traced = num(re.search(r"traced ([\d,]+) bytes", block).group(1))
+        rows = [(int(s), int(r)) for s, r in re.findall(r"rows \(sent, received\) \((\d+), (\d+)\)", block)]
+        equal.append(traced == sum(b * E + 2 * (s + r) * h * el for s, r in rows))
+    balanced, = shown("11", r"^ep rank 0: traced [\d,]+ bytes, balanced estimate ([\d,]+)")
+    T, k = 2 * MOE.seq_len, MOE.top_k
+    fractions = shown("11", r"\(ep-1\)/ep = ([\d.]+) at ep 2, ([\d.]+) at ep 8")
+    losses = re.findall(r"^losses, ep2: +\[(.*)\]$", outputs("11"), re.M)
+    _stated("11", r"\$8E \+ 2\(S\+R\)\\,h\\,b\$ bytes", None)
+    _stated("11", r"assumes \$S = R = Tk\$", None)
+    return (said("11", r"One launch of (\d) ranks trains `moe-tiny` for a few float(\d+) steps") + [1.0, 1.0, 1.0, 0.5, 0.875],
+            [2, 64, 1.0 * all(equal), 1.0 * (balanced == 4 * (8 * E + 2 * 2 * T * k * h * el)),
+             1.0 * (len(losses[0].split(",")) == STEPS)] + fractions, 0)
+
+
+def _grid_11():
+    """Section 5: the axes ordered tp, cp, ep, dp, pp, fastest first, as the printed groups on
+    8 ranks show (tp neighbours, ep strided by t, dp by t·ep); dense gradients over ep × dp."""
+    from minitron.grid import AXES
+    groups = {ax: json.loads(g) for ax, g in re.findall(r"^(\w+) +groups: (\[\[.*\]\])$", outputs("11"), re.M)}
+    strides = [groups[ax][0][1] - groups[ax][0][0] for ax in ("tp", "ep", "dp")]
+    m = re.search(r"the grid's axes are ordered (\w+), (\w+), (\w+), (\w+), (\w+) \(fastest first\)", prose("11"))
+    assert m and m.groups() == AXES, "lesson 11: the axes' order is not the grid's"
+    ranks = said("11", r"On (\d) ranks with\s+`--tp (\d) --ep (\d) --dp (\d)`")
+    return (ranks + [2.0, 4.0, 4.0],
+            [1 + max(max(g) for g in groups["tp"])] + [num(x) for x in re.search(r"ProcessGrid\(tp=(\d), ep=(\d), dp=(\d)\)", code("11")).groups()]
+            + strides[1:] + [len(groups["dp_ep"][0])], 0)
+
+
+def _mixtral_11():
+    """Section 6: Mixtral's published 46.7B and 12.9B as printed beside the engine's; 3× the
+    forward; the experts' states at 2 bytes for each of the four (parameters, gradients, two
+    moments), from the printed parameters."""
+    pub = [shown("11", rf"^mixtral-8x7b {w}: [\d.]+B, published ([\d.]+)B")[0] for w in ("total", "active")]
+    rows = re.findall(r"^ep (\d): +([\d.]+)B expert parameters, +([\d.]+) GiB", outputs("11"), re.M)
+    states = all(abs(float(gib) - float(p) * 1e9 * 4 * 2 / 2**30) < 0.6 for _, p, gib in rows)
+    return (said("11", r"publishes ([\d.]+)B parameters in total and ([\d.]+)B active") + said("11", r"Per token of training \((\d)× the forward\)")
+            + said("11", r"AdamW's two moments, (\d) bytes each here\)") + [1.0],
+            pub + [3.0, num(re.search(r"moe_memory_on_rank\(mix, ep=ep, dtype_bytes=(\d)\)", code("11")).group(1)),
+                   1.0 * (states and len(rows) == 4)], 0)
+
+
+def _cluster_11():
+    """Section 7: the host's 8.8 ms per layer (the engine's constant); the two runs' shapes from
+    the published models; 32 expert ranks over four 8-GPU nodes; about half the step exposed;
+    16 GPUs; two sequences per microbatch hide the host and fit in 80 GB; the release spread
+    (layout, figures, least worst error) and the thirty runs."""
+    from minitron.analysis import published
+    from minitron.analysis.cluster import DROPLESS_MOE_HOST_S
+    big, _ = published.h100_era_model("qwen3-235b-a22b")
+    small, _ = published.h100_era_model("qwen3-30b-a3b")
+    ep_big, = shown("11", r"^qwen3-235b-a22b on \d+ H100 \(ep (\d+)\)")
+    exposed, = shown("11", r"^qwen3-235b.*\n.*all-to-all exposed ([\d.]+)%")
+    gpus, = shown("11", r"^qwen3-30b-a3b on (\d+) H100")
+    host2, gb2 = shown("11", r"^qwen3-30b-a3b, microbatch 2: .*waiting for the host ([\d.]+)%, (\d+) GB")
+    spread, = [s for s in published.release_spread() if s["model"] == "qwen3-30b-a3b" and "bridge-qwen3-30b-a3b-2602" in s["runs"]]
+    run = next(r for r in published.H100_RUNS if r[0] == spread["runs"][0])
+    return (said("11", r"host time per layer \(([\d.]+) ms, forward and backward\)")
+            + said("11", r"\(h = (\d+), experts of (\d+), (\d+) layers\)") + said("11", r"(\d+) expert ranks span (four) nodes")
+            + [0.5] + said("11", r"The small one \(h = (\d+), experts\s+of (\d+)\) on (\d+) GPUs")
+            + [0.0, 1.0] + said("11", r"\(pp (\d), vp (\d+), ep (\d), ([\d,]+) sequences\)")
+            + said("11", r"at ([\d,]+) and ([\d,]+) tokens/s, so no model.*?within ([\d.]+) % of both") + said("11", r"has all (thirty) runs"),
+            [DROPLESS_MOE_HOST_S * 1e3, big.hidden, big.moe_ffn, big.layers, ep_big, ep_big / 8, round(exposed / 100, 1),
+             small.hidden, small.moe_ffn, gpus, host2, 1.0 * (gb2 < 80), run[7], run[9], run[10], run[4],
+             spread["low"], spread["high"], round(100 * spread["least_worst_error"], 1), len(published.H100_RUNS)], 0)
+
+
+def _deepseek_11():
+    """Section 8: GQA with 8 kv heads and bf16 as the code prices them; the 4,096 tokens routed;
+    at most M nodes a token (M the preset's topk_groups) instead of k."""
+    from minitron.config import PRESETS
+    v3 = PRESETS["deepseek-v3"]
+    at_most, = shown("11", r"^limited to \d of \d nodes +: nodes per token [\d.]+ on average, (\d+) at most")
+    return (said("11", r"as grouped-query attention with (\d) kv heads would, and\s+as MLA holds it, in bf(\d+)")
+            + said("11", r"Below, ([\d,]+) tokens of a random router at DeepSeek-V3's routing shape")
+            + said("11", r"each node is scored by the sum of its (two) highest") + [1.0],
+            [num(re.search(r"decompressed_kv_elements_per_token\(V3, kv_heads=(\d)\)", code("11")).group(1)), 16,
+             num(re.search(r"^n_tok = (\d+)$", code("11"), re.M).group(1)), 2,
+             1.0 * (at_most == v3.topk_groups < v3.top_k)], 0)
+
+
+def _questions_11():
+    """The questions' givens are the ones their solutions compute with: 11.2's T and cf, 11.3's
+    E, 11.4's tokens and bytes, 11.5's run (16 H100, ep 8, one sequence), 11.7's depth, 11.9's
+    layers, ep and microbatches, 11.10's float32; the Try-it's cf."""
+    from minitron.analysis import published
+    run = next(r for r in published.H100_RUNS if r[0] == "bridge-qwen3-30b-a3b-2602")
+    sol = code("11")
+    given = said("11", r"capacity factor of ([\d.]+): how many of the T = (\d+) tokens") + said("11", r"router with E = (\d+)")
+    given += said("11", r"a microbatch of (\d+) tokens\s+in bf16 \((\d) bytes\)")
+    given += said("11", r"\((\d+) H100, ep (\d+), FP8,\s+dropless, (one) sequence per microbatch\)")
+    given += said("11", r"one MTP depth \(`mtp_depths=(\d)`\)") + said("11", r"with \*\*(\d)\*\* MoE blocks \(`layers=(\d)`\), `--ep (\d)`, (two)")
+    given += said("11", r"in float(\d+) \((\d) bytes\)") + said("11", r"count what a capacity factor of ([\d.]+) drops now")
+    bytes_row = re.search(r"ep_overlap=True: \d+ all-to-alls, ([\d,]+) bytes", outputs("11")).group(1)
+    from minitron import ParallelConfig
+    from minitron.analysis.comm import comm_items
+    from minitron.config import PRESETS, TrainConfig
+    three = PRESETS["moe-tiny"].replace(layers=3)
+    (a2a,) = [i for i in comm_items(three, ParallelConfig(ep=4, ep_overlap=True), TrainConfig(global_batch=8, microbatches=2, dtype="float32"))
+              if i["axis"] == "ep" and i["op"] == "all_to_all"]
+    return (given,
+            [num(re.search(r"capacity_factor=([\d.]+)\), 4096\)", sol).group(1)), 4096,
+             num(re.search(r"ModelConfig\(experts=(\d+), top_k=1", sol).group(1)),
+             num(re.search(r"balanced_all_to_all_bytes\(mix, (\d+), (\d)\)", sol).group(1)),
+             num(re.search(r"balanced_all_to_all_bytes\(mix, (\d+), (\d)\)", sol).group(2)),
+             run[3], run[10], run[5], num(re.search(r"lite\.replace\(mtp_depths=(\d)\)", sol).group(1)),
+             three.layers, three.layers, 4, 2, 32, 4.0 * (a2a["bytes"] == num(bytes_row)),
+             num(re.search(r"c = E8\.replace\(capacity_factor=([\d.]+)\)", sol).group(1))], 0)
+
+
+CLAIMS_11 = {
+    "11 read first": lambda: _read_first("11"),
+    "11 objectives": _objectives_11,
+    "11 routing and balance": _routing_11,
+    "11 capacity": _capacity_11,
+    "11 all-to-all formula": _a2a_formula_11,
+    "11 grid": _grid_11,
+    "11 Mixtral": _mixtral_11,
+    "11 cluster": _cluster_11,
+    "11 DeepSeek-V3": _deepseek_11,
+    "11 questions and try it": _questions_11,
+}
+CLAIMS.update(CLAIMS_11)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_11))
+def test_lesson_11_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("11 read first", prose, "lesson 10 (modern blocks: the Llama block)", "lesson 10 (the Llama block)"),   # the old
+    ("11 objectives", prose, "each of the two launches of 2 ranks", "each of the two launches of 4 ranks"),
+    ("11 routing and balance", prose, "+3 on the logits of experts 0 and 1", "+3 on the logits of experts 0 and 2"),
+    ("11 routing and balance", prose, "(γ = 0.002)", "(γ = 0.02)"),
+    ("11 capacity", outputs, "cf 1.25: C = 320", "cf 1.25: C = 321"),
+    ("11 all-to-all formula", outputs, "rows (sent, received) (64, 77)", "rows (sent, received) (64, 76)"),
+    ("11 grid", prose, "`--tp 2 --ep 2 --dp 2`", "`--tp 2 --ep 4 --dp 2`"),
+    ("11 grid", prose, "ordered tp, cp, ep, dp, pp", "ordered tp, cp, dp, ep, pp"),
+    ("11 Mixtral", prose, "2 bytes each here", "4 bytes each here"),
+    ("11 cluster", prose, "(8.8 ms, forward and backward)", "(4.4 ms, forward and backward)"),
+    ("11 cluster", prose, "within 27.8 % of both", "within 20 % of both"),
+    ("11 DeepSeek-V3", prose, "with 8 kv heads would", "with 4 kv heads would"),
+    ("11 questions and try it", prose, "(16 H100, ep 8, FP8", "(16 H100, ep 16, FP8"),
+])
+def test_a_planted_wrong_number_in_lesson_11_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 11 claim fails when its prose (or its stored output) says another number."""
     lesson = name[:2]
     planted = source(lesson).replace(right, wrong)
     assert planted != source(lesson)
