@@ -2568,3 +2568,180 @@ def test_a_planted_wrong_number_in_lesson_11_is_caught(name, source, right, wron
     monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
         test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 9: every number its markdown states about its outputs or the engine ----------
+# (The same audit for lesson 9, sections 0-6, the questions' givens, the Try-it and the
+# summary; sections 7 and 8 are checked by the witnesses and "09 usp best U" above. The rest
+# are the lesson's own choices of shape, papers' section numbers, the time estimates, or
+# formulas checked against the engine where it computes them.)
+def _launches_09():
+    """The time's two launches of 4 local ranks and one of 2, as the code starts them."""
+    from minitron.course.context_parallel import USP
+    n = int(re.search(r"^W, n = \d+, (\d)$", code("09"), re.M).group(1))
+    sizes = {"ParallelConfig(cp=4)": 4, "ParallelConfig(cp=n)": n, "CCP.USP": USP.cp}
+    ranks = [sizes[lay] for lay in re.findall(r"run_on_ranks\(CCP\.\w+, (ParallelConfig\(cp=\w\)|CCP\.USP)", code("09"))]
+    return said("09", r"\((two) launches of (\d) local ranks and (one) of (\d), under a minute each\)"), \
+        [ranks.count(4), 4 * (len(ranks) == 3), ranks.count(2), 2], 0
+
+
+def _korthikanti_09():
+    """Section 1: the stated sbh(34/t + 5as/(ht)) (bytes) at GPT-3 175B's layer, t = 8, for every
+    printed length, with and without the s² term; 96 layers of the longest beyond one 80 GB GPU."""
+    from minitron.config import preset
+    m = preset("gpt3-175b")
+    h, a = m.hidden, m.heads
+    t, = said("09", r"Here is GPT-3 175B's layer at \$t = (\d)\$")
+    rows = re.findall(r"^s = +(\d+): +([\d.]+) GiB per layer \( *([\d.]+) GiB without", outputs("09"), re.M)
+    ok = all(abs(s * h * (34 / t + 5 * a * s / (h * t)) / 2**30 - float(full)) < 0.06
+             and abs(s * h * 34 / t / 2**30 - float(flash)) < 0.006 for s, full, flash in ((int(s), f, g) for s, f, g in rows))
+    _stated("09", r"\$sbh\\,\(34/t \+ 5as/\(ht\)\)\$", None)
+    longest = float(rows[-1][2]) * m.layers * 2**30
+    return (said("09", r"Even without the \$s\^2\$ term, (\d+) layers at (\d+)k tokens are far beyond one GPU") + [1.0, 1.0],
+            [m.layers, int(rows[-1][0]) / 1024, 1.0 * (ok and len(rows) == 4), 1.0 * (longest > 80e9)], 0)
+
+
+def _contiguous_09():
+    """Section 2: a contiguous split gives the last rank nearly 2N-1 times the first's causal
+    work, 6.3 times at the printed s = 32, 2N-1 in the limit of long pieces."""
+    works = [int(x) for x in re.findall(r"contiguous split: work\s+(\d+)\)", outputs("09"))]
+    N = len(works)
+    n, s = said("09", r"\(here \$N = (\d)\$, \$s = (\d+)\$\)")
+    big = 2**20
+
+    def work(r, s):
+        return sum(i + 1 for i in range(r * s // N, (r + 1) * s // N))
+    return ([n, s] + said("09", r"exactly that as the pieces grow long; ([\d.]+) times at the \$s = (\d+)\$ below") + [2 * n - 1],
+            [N, num(re.search(r"^N, s = (\d), (\d+)$", code("09"), re.M).group(2)), round(works[-1] / works[0], 1), s,
+             round(work(N - 1, big) / work(0, big), 3)], 0)
+
+
+def _ring_trace_09():
+    """Section 4: 4 local ranks, a 2-layer GPT of 64 tokens; rank 0's messages 2 L 3(N-1)
+    (sends and receives); each message [b, n_h, 2c, d_k + d_v] of s/N = 16 tokens, c = 8; the
+    traced bytes 3(N-1) messages of 2b(s/N)(h/t) elements per layer (float32)."""
+    from minitron.course.context_parallel import RING
+    N, L, s, h = 4, RING.layers, RING.seq_len, RING.hidden
+    total, = shown("09", r"rank 0's ring messages in one step: (\d+)")
+    shape = json.loads(out("09", r"fwd send (\[[\d, ]+\]) float32"))
+    sent = [num(x) for pair in re.findall(r"^rank \d: traced \{'send': (\d+), 'recv': (\d+)\}", outputs("09"), re.M) for x in pair]
+    elements = 2 * 1 * (s // N) * h
+    _stated("09", r"per layer and microbatch \$3\(N-1\)\$ messages of\s+\$2\\,b\\,\(s/N\)\\,\(h/t\)\$ elements", None)
+    return (said("09", r"`CCP.context_job` runs on (\d) local ranks: one traced training step of a (\d)-layer GPT\s+\((\d+) tokens\) "
+                       r"under `--cp (\d)`") + said("09", r"of the rank's \$s/N = (\d+)\$ tokens \(two\s+chunks of \$c = (\d+)\$\)")
+            + [1.0, 1.0, 1.0],
+            [N, L, s, N, shape[2], shape[2] // 2, 1.0 * (total == 2 * L * 3 * (N - 1)),
+             1.0 * (shape == [1, RING.heads, s // N, 2 * h // RING.heads] and math.prod(shape) == elements),
+             1.0 * (len(sent) == 8 and all(x == L * 3 * (N - 1) * elements * 4 for x in sent))], 0)
+
+
+def _memory_09():
+    """Section 5: three lengths under cp = 1 (four data-parallel ranks), 2 and 4, one sequence
+    per rank; activations falling as 1/N (the stored verdict, within the code's 10 %); the 8-byte
+    position index the embedding saves per token, in the analysis."""
+    from minitron.config import INDEX_BYTES
+    from minitron.course.context_parallel import MEMORY_LAYOUTS
+    rows = re.findall(r"^ +(\d+) +(\d) +[\d.]+ MiB +[\d.]+ MiB +([\d.]+)$", outputs("09"), re.M)
+    return (said("09", r"for (three) sequence lengths under\s+cp = 1 \((four) data-parallel ranks\), cp = (\d) and cp = (\d)")
+            + said("09", r"plus the (\d)-byte\s+position index") + [1.0],
+            [len({s for s, _, _ in rows}), MEMORY_LAYOUTS[0].dp, MEMORY_LAYOUTS[1].cp, MEMORY_LAYOUTS[2].cp,
+             INDEX_BYTES,
+             1.0 * ("activations per rank fall as 1/N within 10 %: True" in outputs("09"))], 0)
+
+
+def _packing_09():
+    """Section 6: the separator byte 0x1E; the 64-token row of a batch of 256 rows; the mask
+    and restarted positions give each document its logits alone in both blocks, positions
+    running on break GPT-2's learned ones only, and no mask breaks both."""
+    from minitron.packing import SEPARATOR_BYTE
+    rows = dict(re.findall(r"^ *(tiny|llama-tiny) \(\w+ positions\): equal to each document alone \(1e-9\): (\{.*\})$", outputs("09"), re.M))
+    seen = {k: {w: b == "True" for w, b in re.findall(r"'([^']+)': (True|False)", v)} for k, v in rows.items()}
+    gpt2, llama = seen["tiny"], seen["llama-tiny"]
+    small = re.search(r"PackedCorpus\(corpus, (\d+)\)\.batch\((\d+), seed=0", code("09")).groups()
+    return ([int(re.search(r"byte 0x([0-9A-F]{2}) \(ASCII's", prose("09")).group(1), 16)]
+            + said("09", r"The (\d+)-token row holding the most documents of a batch of (\d+) such rows") + [1.0, 1.0, 0.0, 1.0],
+            [SEPARATOR_BYTE, num(small[0]), num(small[1]),
+             1.0 * (gpt2["packed (--pack)"] and llama["packed (--pack)"]), 1.0 * llama["mask, positions run on"],
+             1.0 * gpt2["mask, positions run on"], 1.0 * (not gpt2["no mask"] and not llama["no mask"])], 0)
+
+
+def _questions_09():
+    """The questions' givens against the engine and the lesson: 4's 1.3B GPT has h = 2048; 6's
+    row has 8 tokens; 7's documents fill s = 16, 4 chunks of 4 under cp 2; 8's window is the
+    Mistral shape's; 9's 8 chunks of 4 and the whole causal ring's 21 hops (section 6's output);
+    10's llama3 factors the engine's defaults and d/2 = 64 pairs; 11's Llama 3 70B the preset's."""
+    from minitron.config import ModelConfig, preset
+    from minitron.course.context_parallel import MISTRAL_7B
+    from minitron.parallel.context_parallel import ChunkMask
+    m13, m70, d0 = preset("gpt-1.3b"), preset("llama3-70b"), ModelConfig()
+    docs = said("09", r"holds four documents of (\d), (\d), (\d) and (\d) tokens")
+    cp9, c9, w9 = (int(x) for x in re.search(r"ChunkMask\((\d), (\d), (\d)\)\.reach", code("09")).groups())  # 9's solution
+    return (said("09", r"The 1\.3B GPT \(`preset\(\"gpt-1\.3b\"\)`, \$h = (\d+)\$\)")
+            + said("09", r"\(`\|` is the separator; (\d) tokens\)") + said("09", r"A row of s = (\d+) tokens holds") + said("09", r"Under `--cp 2` \((\d) chunks of (\d) tokens\)")
+            + said("09", r"at \$s = 65\{,\}536\$ with its window of (\d),(\d+)")
+            + said("09", r"on \$s = (\d+)\$ \((\d) chunks of \$c = (\d)\$ tokens\) with a window of \$W = (\d)\$.*?the whole causal ring makes (\d+)\)")
+            + said("09", r"factor (\d), low_freq_factor (\d),\s+high_freq_factor (\d)\) applied to a Llama 2 head: \$d = (\d+)\$.*?How many of the (\d+) frequency")
+            + said("09", r"Llama 3 70B \((\d+) query heads, (\d) kv heads of \$d = (\d+)\$\)"),
+            [m13.hidden, len("x y | z | | u v".split()), sum(docs), 2 * 2, sum(docs) // (2 * 2), MISTRAL_7B.window // 1000, MISTRAL_7B.window % 1000,
+             2 * cp9 * c9, 2 * cp9, c9, w9,
+             sum(ChunkMask(4, 4).reach.values()) * (shown("09", r"^cp 4 \(8 chunks of 32\): .*\(without the documents (\d+)\)") == [21]),
+             d0.rope_factor, d0.rope_low_freq, d0.rope_high_freq, 128, 64,
+             m70.heads, m70.n_kv_heads, m70.head_dim], 0)
+
+
+def _try_it_09():
+    """Try it 1: the solution's 1.3B GPT at 32,768 tokens, fp32, stops at the first N under
+    1 GiB; Try it 2: the Gemma-2 pattern's bytes lie between the windowed and the global run's
+    (the stored traced bytes of section 7); the summary's verify on 2 ranks."""
+    rows = [(int(n), float(g)) for n, g in re.findall(r"^N = +(\d+): +([\d.]+) GiB per layer$", outputs("09"), re.M)]
+    under = [n for n, g in rows if g < 1]
+    lg, win, glob = (num(x) for x in re.search(r"rank 0 sends ([\d,]+) bytes over 'cp' \(window ([\d,]+), global ([\d,]+)\)",
+                                               outputs("09")).groups())
+    traced = [num(x) for x in re.findall(r"^  rank 0: traced \{'send': (\d+),", outputs("09"), re.M)]
+    return (said("09", r"one layer's activations \(one (\d+)-token sequence, fp(\d+), no tensor parallelism\)\s+stay under (\d) GiB")
+            + [1.0, 1.0] + said("09", r"`minitron verify --nproc (\d) --cp (\d) --dtype float64` proves the ring"),
+            [num(re.search(r'preset\("gpt-1\.3b"\)\.replace\(seq_len=(\d+)\)', code("09")).group(1)),
+             8 * num(re.search(r'"none", (\d)\)\.values\(\)', code("09")).group(1)), 1,
+             1.0 * (under == [rows[-1][0]] and rows[-1][0] == 8), 1.0 * (win < lg < glob and [win, glob] == traced[:2]), 2, 2], 0)
+
+
+CLAIMS_09 = {
+    "09 launches": _launches_09,
+    "09 Korthikanti": _korthikanti_09,
+    "09 contiguous split": _contiguous_09,
+    "09 ring trace": _ring_trace_09,
+    "09 memory": _memory_09,
+    "09 packing": _packing_09,
+    "09 questions": _questions_09,
+    "09 try it": _try_it_09,
+}
+CLAIMS.update(CLAIMS_09)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_09))
+def test_lesson_9_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("09 launches", prose, "two launches of 4 local ranks and one of 2", "two launches of 4 local ranks and one of 4"),
+    ("09 Korthikanti", prose, "96 layers at 128k tokens", "96 layers at 64k tokens"),
+    ("09 Korthikanti", outputs, "s =  32768:    61.6 GiB", "s =  32768:    71.6 GiB"),
+    ("09 contiguous split", prose, "6.3 times at the $s = 32$ below", "7 times at the $s = 32$ below"),     # the old 2N-1
+    ("09 ring trace", prose, "$s/N = 16$ tokens (two\nchunks of $c = 8$)", "$s/N = 16$ tokens (two\nchunks of $c = 16$)"),
+    ("09 ring trace", outputs, "rank 0's ring messages in one step: 36", "rank 0's ring messages in one step: 18"),
+    ("09 memory", prose, "plus the 8-byte\nposition index", "plus the 4-byte\nposition index"),
+    ("09 packing", prose, "batch of 256 such rows", "batch of 64 such rows"),
+    ("09 packing", outputs, "'mask, positions run on': True}", "'mask, positions run on': False}"),
+    ("09 questions", prose, "four documents of 5, 3, 4 and 4 tokens", "four documents of 5, 3, 4 and 5 tokens"),
+    ("09 questions", prose, "the whole causal ring makes 21", "the whole causal ring makes 24"),
+    ("09 try it", outputs, "N =  8:   0.50 GiB per layer", "N =  8:   1.50 GiB per layer"),
+])
+def test_a_planted_wrong_number_in_lesson_9_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 9 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
