@@ -2745,3 +2745,121 @@ def test_a_planted_wrong_number_in_lesson_9_is_caught(name, source, right, wrong
     monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
         test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 8: every number its markdown states about its outputs or the engine ----------
+# (The same audit for lesson 8, sections 0-5, the questions' givens and the Try-it; section
+# 6 and the α range, the dp2 efficiency and the worst point are checked above. The rest are
+# Megatron-LM's published 77 % and 74 %, the time estimates, the Slurm commands' own
+# arguments, or definitions.)
+def _series_rows_08() -> dict:
+    """The stored local series: layout -> (ranks, batch, step ms, predicted ms)."""
+    rows = re.findall(r"^ *(\S+) +(\d) +(\d+) +([\d.]+)ms +([\d.]+)ms +[-+]\d+% +[\d.]+ ", outputs("08"), re.M)
+    return {lay: tuple(float(x) for x in rest) for lay, *rest in rows}
+
+
+def _series_08():
+    """The series' ranks 1, 2, 4, 8; the profile fitted on 2 and 4 gloo ranks; the layouts as
+    the prose lists them; the cheapest call a send on 2 ranks and the dearest an all-reduce on 4."""
+    rows = _series_rows_08()
+    fits = {(op, int(n)): int(a) for op, n, a in re.findall(r"^ *(\w+) on (\d) ranks: alpha +(\d+) us", outputs("08"), re.M)}
+    wanted = {"dp1.tp1.pp1": 1, "dp2.tp1.pp1": 2, "dp4.tp1.pp1": 4, "dp1.tp2.pp1.sp": 2, "dp1.tp1.pp2.1f1b": 2, "dp2.tp2.pp2.1f1b": 8}
+    return (said("08", r"the\s+same model on (\d), (\d), (\d) and (\d) ranks") + said("08", r"calls on (\d) and (\d) gloo ranks")
+            + [1.0] + [1.0, 1.0],
+            sorted({r[0] for r in rows.values()}) + sorted({n for _, n in fits})
+            + [1.0 * ({lay: int(r[0]) for lay, r in rows.items()} == wanted
+                      and "one rank; data parallelism on 2 and 4 ranks; tensor parallelism\n(with sequence parallelism) and a pipeline on 2; all three composed on 8" in prose("08"))]
+            + [1.0 * (min(fits, key=fits.get) == ("send", 2) and "(a send on 2 ranks)" in prose("08")),
+               1.0 * (max(fits, key=fits.get) == ("all_reduce", 4) and "(an all-reduce on\n4 ranks)" in prose("08"))], 0)
+
+
+def _gaps_08():
+    """Section 4: the 4 ms step and the milliseconds of an all-reduce's α on 2 ranks; the
+    stated compute part F/(nR)·max(1, n/c) and the 1F1B bubble (p-1)/m against the worst
+    point's stored parts (F the engine's, R and c the stored profile's, m the sweep's)."""
+    from minitron import PRESETS
+    from minitron.analysis.flops import model_flops_per_iteration
+    from minitron.tools.sweep import parse_layout, point_config
+    rows = _series_rows_08()
+    alpha, = shown("08", r"^ *all_reduce on 2 ranks: alpha +(\d+) us")
+    cores, rate = shown("08", r": (\d) cores, one-rank step ([\d.]+) GFLOP/s \(tiny\)")
+    compute, bubble = shown("08", r"^ +compute +([\d.]+) ms\n +bubble +([\d.]+) ms")
+    default_m = int(re.search(r'"--microbatches", type=int, default=(\d)', (ROOT / "minitron/tools/commands/sweep.py").read_text()).group(1))
+    worst = parse_layout("dp2.tp2.pp2")  # 1F1B, the sweep's schedule
+    point = point_config(PRESETS["tiny"], worst, "weak", 4, 1, default_m)
+    n, F = worst.world, model_flops_per_iteration(PRESETS["tiny"], point.global_batch)
+    _stated("08", r"\$F/\(n\\,R\) \\cdot \\max\(1, n/c\)\$", None)
+    _stated("08", r"\$\(p-1\)/m\$ of the ideal time with 1F1B", None)
+    error = round(100 * (rows["dp2.tp1.pp1"][3] / rows["dp2.tp1.pp1"][2] - 1))
+    return (said("08", r"its α alone is milliseconds, the step (\d) ms\)")
+            + said("08", r"the model predicts that step within (\d+) % \(([\d.]+) ms against the measured ([\d.]+) ms; one\s+"
+                         r"rank: ([\d.]+) ms against ([\d.]+) ms\)") + [1.0, 1.0, 1.0],
+            [round(rows["dp1.tp1.pp1"][2]), error, rows["dp2.tp1.pp1"][3], rows["dp2.tp1.pp1"][2],
+             rows["dp1.tp1.pp1"][3], rows["dp1.tp1.pp1"][2], 1.0 * (alpha >= 1000), 1.0 * (abs(F / (n * rate * 1e9) * max(1, n / cores) * 1e3 - compute) < 0.05),
+             1.0 * (abs(bubble - compute * (worst.pp - 1) / point.microbatches) < 0.01)], 0)
+
+
+def _preemption_08():
+    """Section 5: the warning two minutes ahead as train.sbatch asks it, and status 75 (the engine's)."""
+    from minitron.preemption import EXIT_PREEMPTED
+    sbatch = (ROOT / "slurm/train.sbatch").read_text()
+    ahead = int(re.search(r"^#SBATCH --signal=B:TERM@(\d+)$", sbatch, re.M).group(1))
+    return (said("08", r"a warning (two) minutes ahead\s+\(`#SBATCH --signal=B:TERM@(\d+)`\)") + said("08", r"exit\s+with status (\d+)"),
+            [ahead / 60, ahead, EXIT_PREEMPTED], 0)
+
+
+def _questions_08():
+    """Question 4's pp2 point has m = 2 microbatches in the sweep; question 5's base batch 8 is
+    a global batch of 32 at dp4 (its solution's output); the failures Try-it's saves and the
+    stated 10-minute restart are the solution's, and its lost fractions at the optimum are
+    R/M + √(2δ/M) (the square root of the save time)."""
+    from minitron import PRESETS
+    from minitron.analysis import checkpoint_interval as CI
+    from minitron.tools.sweep import parse_layout, point_config
+    default_m = int(re.search(r'"--microbatches", type=int, default=(\d)', (ROOT / "minitron/tools/commands/sweep.py").read_text()).group(1))
+    m_pp2 = point_config(PRESETS["tiny"], parse_layout("pp2"), "weak", 4, 1, default_m).microbatches
+    batch, = shown("08", r"^dp4, global batch (\d+): compute")
+    restart = num(re.search(r"AT_SCALE_SAVE_S, RESTART_S = [\d.]+, ([\d.]+)", code("08")).group(1))
+    lost = {float(d): float(p) / 100 for d, p in re.findall(r"^delta +(\d+) s: tau\* +[\d.]+ min, lost ([\d.]+)%$", outputs("08"), re.M)}
+    M = CI.LLAMA3_405B.mtbf_s()
+    root = all(abs(f - (restart / M + math.sqrt(2 * d / M))) < 0.0006 for d, f in lost.items())
+    return (said("08", r"runs a 1F1B pipeline of \$p = (\d)\$ stages with \$m = (\d)\$\s+microbatches")
+            + said("08", r"`--base-batch (\d)` \(a global batch of (\d+)\)")
+            + said("08", r"saves of\s+(\d+) s, (\d+) s and (\d+) s at the Llama 3 job's MTBF \(with the stated (\d+)-minute restart\)") + [1.0],
+            [parse_layout("pp2").pp, m_pp2, num(re.search(r'point_config\(tiny, dp4, "weak", (\d)', code("08")).group(1)), batch]
+            + sorted(lost) + [restart / 60, 1.0 * (root and len(lost) == 3)], 0)
+
+
+CLAIMS_08 = {
+    "08 series and profile": _series_08,
+    "08 every gap": _gaps_08,
+    "08 preemption": _preemption_08,
+    "08 questions and try it": _questions_08,
+}
+CLAIMS.update(CLAIMS_08)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_08))
+def test_lesson_8_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("08 series and profile", prose, "on 2 and 4 gloo ranks", "on 2 and 8 gloo ranks"),
+    ("08 series and profile", outputs, "send on 2 ranks: alpha     242 us", "send on 2 ranks: alpha    9242 us"),
+    ("08 every gap", prose, "the step 4 ms)", "the step 8 ms)"),
+    ("08 every gap", prose, "(9.4 ms against the measured 8.2 ms;", "(9.4 ms against the measured 4.1 ms;"),
+    ("08 every gap", outputs, "bubble    11.29 ms", "bubble     5.64 ms"),
+    ("08 every gap", outputs, "compute    22.57 ms", "compute    45.14 ms"),
+    ("08 preemption", prose, "with status 75", "with status 1"),
+    ("08 questions and try it", prose, "with $m = 2$\nmicrobatches", "with $m = 4$\nmicrobatches"),
+    ("08 questions and try it", outputs, "delta   300 s: tau*  43.1 min, lost 28.6%", "delta   300 s: tau*  43.1 min, lost 38.6%"),
+])
+def test_a_planted_wrong_number_in_lesson_8_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 8 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
