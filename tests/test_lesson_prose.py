@@ -51,7 +51,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
 
 
 WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0,
-         "ten": 10.0, "thirty": 30.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+         "ten": 10.0, "thirty": 30.0, "half": 0.5, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -2857,6 +2857,112 @@ def test_lesson_8_states_what_the_outputs_show(name):
 ])
 def test_a_planted_wrong_number_in_lesson_8_is_caught(name, source, right, wrong, monkeypatch):
     """A lesson 8 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+def _windows_09():
+    """Section 7: Mistral 7B's shape as the course builds it; nothing changes up to s = W; the
+    windowed core levels off near 2W keys per query and the step's saving grows; the 2-rank run
+    of llama-tiny, s = 32 in 4 chunks of 8, c = W = 8; rank 0's chunks 0 and 3, rank 1's 1 and 2;
+    half the bytes; Llama 3 8B's head and YaRN's 0.1 ln(factor) + 1."""
+    from minitron.config import preset
+    from minitron.course.context_parallel import MISTRAL_7B, WINDOWED
+    from minitron.parallel.context_parallel import chunk_ids
+    m = MISTRAL_7B
+    rows = [[num(x) for x in r] for r in re.findall(r"^ +(\d+) +([\d.]+) MFLOP +([\d.]+) MFLOP +([\d.]+) +[\d.]+ TFLOP +[\d.]+ TFLOP +([\d.]+)%$",
+                                                  outputs("09"), re.M)]
+    s, core_g, core_w, _, _ = rows[-1]
+    keys = core_w / core_g * s / m.window                                # the windowed core's keys per query, in W
+    W, n = (int(x) for x in re.search(r"^W, n = (\d+), (\d)$", code("09"), re.M).groups())
+    llama = preset("llama3-8b")
+    yarn, = shown("09", r"^  yarn: .*cos and sin times ([\d.]+)$")
+    return (said("09", r"Mistral 7B: \$W = (\d)\{,\}(\d+)\$") + said("09", r"Llama 3 8B's block:\s+(\d+) layers, \$h = (\d+)\$, (\d) kv heads, "
+                                                                      r"SwiGLU of (\d+),(\d+); a (\d+),000-token vocabulary")
+            + [1.0] + said("09", r"levels off at about \$(\d)W\$ keys per query") + [1.0]
+            + said("09", r"runs on (\d) local\s+ranks one traced float64 training step of `llama-tiny` \(\$s = (\d+)\$: (\d) chunks of (\d)\) under `--cp (\d)`,\s+"
+                         r"with a window of (\d) and without")
+            + said("09", r"With \$c = W = (\d)\$") + said("09", r"Rank 0 holds chunks (\d)\s+and (\d), rank 1 chunks (\d) and (\d)")
+            + said("09", r"accumulated dK, dV: (half) the bytes")
+            + said("09", r"for Llama 3 8B's head \(\$d = (\d+)\$,\s+base (\d+),(\d+), \$L = (\d+)\$, factor (\d)\)")
+            + [1.0] + said("09", r"positions up\s+to \$(\d)L\$"),
+            [m.window // 1000, m.window % 1000, m.layers, m.hidden, m.n_kv_heads, m.ffn_hidden // 1000, m.ffn_hidden % 1000, m.vocab // 1000,
+             1.0 * (rows[0][0] == m.window and rows[0][1] == rows[0][2]), round(keys), 1.0 * all(a[4] < b[4] for a, b in zip(rows, rows[1:])),
+             n, WINDOWED.seq_len, 2 * n, WINDOWED.seq_len // (2 * n), n, W, WINDOWED.seq_len // (2 * n)]
+            + list(chunk_ids(n, 0)) + list(chunk_ids(n, 1)) + [shown("09", r"the window sends (\d+)% of the global ring's bytes")[0] / 100]
+            + [llama.head_dim, llama.rope_base // 1000, llama.rope_base % 1000, llama.rope_original_context, llama.rope_factor]
+            + [1.0 * (abs(yarn - (0.1 * math.log(llama.rope_factor) + 1)) < 1e-4), llama.rope_factor], 0)
+
+
+def _usp_09():
+    """Section 8: one launch of 4 ranks; the cp 8 = 2 × 4 grid's rows and columns by the stated
+    u + U j; row j's chunks its ring rank's (chunk a of 8 = chunks 2a, 2a+1 of 16); llama-tiny's
+    shape; the stated elements per call against the traced bytes (float64) and the calls; the
+    all-to-all's bytes flat until U passes the 4 kv heads of a tensor rank, the ring's falling;
+    t·U ≤ 8 in an 8-GPU node; verify's 8 ranks."""
+    from minitron.analysis.cluster import get_cluster
+    from minitron.config import preset
+    from minitron.course.context_parallel import USP, WINDOWED, usp_train
+    table = re.findall(r"^ +(\d) +(\[[\d, ]+\]) +(\[[\d, ]+\]) +(\[[\d, ]+\]) +(\[[\d, ]+\]) += (\d): (\[[\d, ]+\])$", outputs("09"), re.M)
+    U, N = (int(x) for x in re.search(r"ProcessGrid\(cp=(\d), cp_a2a=(\d)\)", code("09")).groups()[::-1])
+    R, grid_ok = N // U, len(table) == N
+    for r, row, col, own, gathered, j, ring in table:
+        r, j, row, col, gathered, ring = int(r), int(j), json.loads(row), json.loads(col), json.loads(gathered), json.loads(ring)
+        u, jj = r % U, r // U                                              # rank u + U j
+        grid_ok &= row == [U * jj + i for i in range(U)] and col == [u + U * k for k in range(R)] and j == jj
+        grid_ok &= gathered == sorted(c for a in ring for c in (2 * a, 2 * a + 1))
+    m, tr = WINDOWED, usp_train(False)
+    b, s, d, nh, kv, L = tr.global_batch // tr.microbatches, m.seq_len, m.head_dim, m.heads, m.n_kv_heads, m.layers
+    n4, u4 = USP.cp, USP.cp_a2a
+    a2a = L * 2 * b * (s // n4) * d * (2 * nh + 2 * max(kv, u4)) * 8       # forward and backward, float64
+    ring = L * 3 * (n4 // u4 - 1) * b * (s // n4) * max(kv, u4) * 2 * d * 8
+    traced = re.findall(r"^  rank \d: traced \{'cp_a2a': \{'all_to_all': (\d+)\}, 'cp_ring': \{'send': (\d+), 'recv': (\d+)\}\}, analysis equal: True$",
+                        outputs("09"), re.M)
+    bytes_ok = len(traced) == 8 and all(int(a) == a2a for a, _, _ in traced) and all(int(x) == ring for x in traced[0][1:])
+    sends, layers, alls = shown("09", r"^rank 0's ring sends in the plain step: (\d+) on 'cp_ring', (\d) layers; all-to-alls on 'cp_a2a': (\d+)$")
+    per_u = {int(u): (float(a), float(r)) for u, a, r in re.findall(r"^  U (\d) x R +\d+: all-to-all +([\d.]+) +ring sends +([\d.]+)$", outputs("09"), re.M)}
+    big = preset("llama3-8b")
+    t_code, = (int(x) for x in re.findall(r"ParallelConfig\(tp=(\d), cp=16, \*\*", code("09")))
+    largest = {int(t): int(u) for t, u in re.findall(r"^ +[\d,]+ +(\d) .*\)\s+\d+\s+(\d+)$", outputs("09"), re.M)}
+    node = get_cluster("h100-dgx").gpus_per_node
+    return (said("09", r"\(one launch of (\d) local ranks\)\.\s+\*\*Why hybrid") + [1.0]
+            + said("09", r"`CCP.usp_job` runs one traced float64 training step of `llama-tiny` \((\d) query heads, (\d) kv heads,\s+"
+                         r"\$s = (\d+)\$, (\d) layers\) on (\d) local ranks under `--cp (\d) --cp-mode usp --cp-a2a (\d)`")
+            + [1.0, 1.0, 1.0] + said("09", r"for Llama 3 8B \((\d+) query heads, (\d) kv heads\) on cp (\d+)")
+            + said("09", r"at \$s = (\d+)\{,\}(\d+)\$ and \$t = (\d)\$ \(bf16\)") + said("09", r"until \$U\$ passes a tensor rank's (\d) kv heads \(at \$U = (\d)\$ each is\s+sent to (two) ranks\)")
+            + [1.0] + said("09", r"\(\$t\\cdot U \\le (\d)\$ allows \$U \\le (\d)\$\)") + said("09", r"At \$t = (\d)\$,\s+\$U = (\d)\$ spans (\d+) GPUs")
+            + said("09", r"`minitron verify --nproc (\d) --cp (\d) --cp-mode usp --cp-a2a (\d) --tp (\d)"),
+            [USP.cp, 1.0 * grid_ok, nh, kv, s, L, n4, n4, u4, 1.0 * bytes_ok, 1.0 * (sends == 3 * (n4 // u4 - 1) * layers), 1.0 * (alls == 6 * layers),
+             big.heads, big.n_kv_heads, 16, 65, 536, t_code, big.n_kv_heads // t_code, 8, 2 * (per_u[8][0] > per_u[4][0] == per_u[2][0]),
+             1.0 * (per_u[1][1] > per_u[2][1] > per_u[4][1] > per_u[8][1]), node, largest[2], 4, 4, 4 * 4 * (largest[4] == 2),
+             8, 4, 2, 2], 0)
+
+
+CLAIMS_09.update({"09 windows and rope scaling": _windows_09, "09 USP": _usp_09})
+CLAIMS.update(CLAIMS_09)
+
+
+@pytest.mark.parametrize("name", ["09 windows and rope scaling", "09 USP"])
+def test_lesson_9_sections_7_and_8_state_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("09 windows and rope scaling", prose, "SwiGLU of 14,336", "SwiGLU of 14,436"),
+    ("09 windows and rope scaling", prose, "about $2W$ keys per query", "about $3W$ keys per query"),
+    ("09 windows and rope scaling", prose, "Rank 0 holds chunks 0\nand 3", "Rank 0 holds chunks 0\nand 1"),
+    ("09 windows and rope scaling", outputs, "cos and sin times 1.2079", "cos and sin times 1.0000"),
+    ("09 USP", prose, "(4 query heads, 2 kv heads,", "(8 query heads, 2 kv heads,"),
+    ("09 USP", prose, "passes a tensor rank's 4 kv heads", "passes a tensor rank's 8 kv heads"),
+    ("09 USP", outputs, "'cp_ring': {'send': 24576, 'recv': 24576}}", "'cp_ring': {'send': 12288, 'recv': 24576}}"),
+    ("09 USP", outputs, "      3        [2, 3]      [1, 3, 5, 7]", "      3        [2, 3]      [0, 2, 4, 6]"),
+])
+def test_a_planted_wrong_number_in_lesson_9_sections_7_and_8_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 9 section 7 or 8 claim fails when its prose (or its stored output) says another number."""
     lesson = name[:2]
     planted = source(lesson).replace(right, wrong)
     assert planted != source(lesson)
