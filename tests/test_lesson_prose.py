@@ -2969,3 +2969,42 @@ def test_a_planted_wrong_number_in_lesson_9_sections_7_and_8_is_caught(name, sou
     monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
         test_prose_states_what_the_outputs_show(name)
+
+
+def _ep_overlap_11():
+    """Section 9's prose: the analysis' 5 calls per MoE block and microbatch become 9 (each of
+    dispatch and combine, forward and backward, two), as printed; the launch's two float64
+    steps on 2 ranks; and RESULTS.md's measured overlapped step slower than the plain one on a
+    2-core machine (every paired median of its `--ep-overlap` section above 1)."""
+    from minitron.analysis.experts import all_to_all_calls
+    from minitron.course.experts import STEPS, train_config
+    plain, overlap = shown("11", r"^all-to-alls per MoE block and microbatch: plain (\d+), --ep-overlap (\d+)$")
+    results = (ROOT / "benchmarks/RESULTS.md").read_text()
+    section = re.search(r"^## `--ep-overlap`.*?(?=^## )", results, re.M | re.S).group(0)
+    medians = [float(x) for x in re.findall(r"overlap / plain: paired median ([\d.]+)", section)]
+    _stated("11", r"each of dispatch and combine, forward and backward,\s+becomes two", None)
+    _stated("11", r"measured the overlapped step slower than the plain one on the course's 2-core machine", None)
+    return (said("11", r"trains `moe-tiny` (two) float(\d+) steps on ep (\d), plain and with") + [1.0, 1.0, 1.0],
+            [STEPS, int(train_config().dtype[5:]), 2, 1.0 * (plain == all_to_all_calls(False) == 1 + 4),
+             1.0 * (overlap == all_to_all_calls(True) == 1 + 2 * 4),
+             1.0 * (bool(medians) and min(medians) > 1 and "2-core" in section)], 0)
+
+
+CLAIMS_11["11 ep overlap"] = _ep_overlap_11
+CLAIMS.update(CLAIMS_11)
+
+
+def test_lesson_11_section_9_states_what_the_outputs_show():
+    test_prose_states_what_the_outputs_show("11 ep overlap")
+
+
+@pytest.mark.parametrize("source, right, wrong", [
+    (prose, "two float64 steps on ep 2", "two float64 steps on ep 4"),
+    (outputs, "plain 5, --ep-overlap 9", "plain 5, --ep-overlap 10"),
+])
+def test_a_planted_wrong_number_in_lesson_11_section_9_is_caught(source, right, wrong, monkeypatch):
+    planted = source("11").replace(right, wrong)
+    assert planted != source("11")
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == "11" else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show("11 ep overlap")
