@@ -2677,7 +2677,8 @@ def _questions_09():
     docs = said("09", r"holds four documents of (\d), (\d), (\d) and (\d) tokens")
     cp9, c9, w9 = (int(x) for x in re.search(r"ChunkMask\((\d), (\d), (\d)\)\.reach", code("09")).groups())  # 9's solution
     return (said("09", r"The 1\.3B GPT \(`preset\(\"gpt-1\.3b\"\)`, \$h = (\d+)\$\)")
-            + said("09", r"\(`\|` is the separator; (\d) tokens\)") + said("09", r"A row of s = (\d+) tokens holds") + said("09", r"Under `--cp 2` \((\d) chunks of (\d) tokens\)")
+            + said("09", r"\(`\|` is the separator; (\d) tokens\)") + said("09", r"A row of s = (\d+) tokens holds")
+            + said("09", r"Under `--cp 2` \((\d) chunks of (\d) tokens\)")
             + said("09", r"at \$s = 65\{,\}536\$ with its window of (\d),(\d+)")
             + said("09", r"on \$s = (\d+)\$ \((\d) chunks of \$c = (\d)\$ tokens\) with a window of \$W = (\d)\$.*?the whole causal ring makes (\d+)\)")
             + said("09", r"factor (\d), low_freq_factor (\d),\s+high_freq_factor (\d)\) applied to a Llama 2 head: \$d = (\d+)\$.*?How many of the (\d+) frequency")
@@ -2768,7 +2769,8 @@ def _series_08():
             + [1.0] + [1.0, 1.0],
             sorted({r[0] for r in rows.values()}) + sorted({n for _, n in fits})
             + [1.0 * ({lay: int(r[0]) for lay, r in rows.items()} == wanted
-                      and "one rank; data parallelism on 2 and 4 ranks; tensor parallelism\n(with sequence parallelism) and a pipeline on 2; all three composed on 8" in prose("08"))]
+                      and "one rank; data parallelism on 2 and 4 ranks; tensor parallelism\n(with sequence parallelism) "
+                          "and a pipeline on 2; all three composed on 8" in prose("08"))]
             + [1.0 * (min(fits, key=fits.get) == ("send", 2) and "(a send on 2 ranks)" in prose("08")),
                1.0 * (max(fits, key=fits.get) == ("all_reduce", 4) and "(an all-reduce on\n4 ranks)" in prose("08"))], 0)
 
@@ -2933,7 +2935,8 @@ def _usp_09():
             + said("09", r"`CCP.usp_job` runs one traced float64 training step of `llama-tiny` \((\d) query heads, (\d) kv heads,\s+"
                          r"\$s = (\d+)\$, (\d) layers\) on (\d) local ranks under `--cp (\d) --cp-mode usp --cp-a2a (\d)`")
             + [1.0, 1.0, 1.0] + said("09", r"for Llama 3 8B \((\d+) query heads, (\d) kv heads\) on cp (\d+)")
-            + said("09", r"at \$s = (\d+)\{,\}(\d+)\$ and \$t = (\d)\$ \(bf16\)") + said("09", r"until \$U\$ passes a tensor rank's (\d) kv heads \(at \$U = (\d)\$ each is\s+sent to (two) ranks\)")
+            + said("09", r"at \$s = (\d+)\{,\}(\d+)\$ and \$t = (\d)\$ \(bf16\)")
+            + said("09", r"until \$U\$ passes a tensor rank's (\d) kv heads \(at \$U = (\d)\$ each is\s+sent to (two) ranks\)")
             + [1.0] + said("09", r"\(\$t\\cdot U \\le (\d)\$ allows \$U \\le (\d)\$\)") + said("09", r"At \$t = (\d)\$,\s+\$U = (\d)\$ spans (\d+) GPUs")
             + said("09", r"`minitron verify --nproc (\d) --cp (\d) --cp-mode usp --cp-a2a (\d) --tp (\d)"),
             [USP.cp, 1.0 * grid_ok, nh, kv, s, L, n4, n4, u4, 1.0 * bytes_ok, 1.0 * (sends == 3 * (n4 // u4 - 1) * layers), 1.0 * (alls == 6 * layers),
