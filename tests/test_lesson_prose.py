@@ -2611,7 +2611,7 @@ def _contiguous_09():
 
     def work(r, s):
         return sum(i + 1 for i in range(r * s // N, (r + 1) * s // N))
-    return ([n, s] + said("09", r"exactly that as the pieces grow long; ([\d.]+) times at the \$s = (\d+)\$ below") + [2 * n - 1],
+    return ([n, s] + said("09", r"its limit as the pieces grow long; ([\d.]+) times at the \$s = (\d+)\$\s+below") + [2 * n - 1],
             [N, num(re.search(r"^N, s = (\d), (\d+)$", code("09"), re.M).group(2)), round(works[-1] / works[0], 1), s,
              round(work(N - 1, big) / work(0, big), 3)], 0)
 
@@ -2728,7 +2728,7 @@ def test_lesson_9_states_what_the_outputs_show(name):
     ("09 launches", prose, "two launches of 4 local ranks and one of 2", "two launches of 4 local ranks and one of 4"),
     ("09 Korthikanti", prose, "96 layers at 128k tokens", "96 layers at 64k tokens"),
     ("09 Korthikanti", outputs, "s =  32768:    61.6 GiB", "s =  32768:    71.6 GiB"),
-    ("09 contiguous split", prose, "6.3 times at the $s = 32$ below", "7 times at the $s = 32$ below"),     # the old 2N-1
+    ("09 contiguous split", prose, "6.3 times at the $s = 32$\nbelow", "7 times at the $s = 32$\nbelow"),     # the old 2N-1
     ("09 ring trace", prose, "$s/N = 16$ tokens (two\nchunks of $c = 8$)", "$s/N = 16$ tokens (two\nchunks of $c = 16$)"),
     ("09 ring trace", outputs, "rank 0's ring messages in one step: 36", "rank 0's ring messages in one step: 18"),
     ("09 memory", prose, "plus the 8-byte\nposition index", "plus the 4-byte\nposition index"),
