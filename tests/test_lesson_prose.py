@@ -2867,6 +2867,7 @@ def test_a_planted_wrong_number_in_lesson_8_is_caught(name, source, right, wrong
         test_prose_states_what_the_outputs_show(name)
 
 
+# --- lesson 9, sections 7 and 8: the numbers the witnesses above do not already check ------
 def _windows_09():
     """Section 7: Mistral 7B's shape as the course builds it; nothing changes up to s = W; the
     windowed core levels off near 2W keys per query and the step's saving grows; the 2-rank run
@@ -2974,6 +2975,7 @@ def test_a_planted_wrong_number_in_lesson_9_sections_7_and_8_is_caught(name, sou
         test_prose_states_what_the_outputs_show(name)
 
 
+# --- lesson 11, section 9: the prose's numbers beside tests/test_lesson11.py's checks -------
 def _ep_overlap_11():
     """Section 9's prose: the analysis' 5 calls per MoE block and microbatch become 9 (each of
     dispatch and combine, forward and backward, two), as printed; the launch's two float64
