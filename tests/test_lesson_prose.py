@@ -51,7 +51,7 @@ def out(lesson: str, pattern: str, group=1) -> str:
 
 
 WORDS = {"one": 1.0, "two": 2.0, "twice": 2.0, "three": 3.0, "third": 1 / 3, "four": 4.0, "five": 5.0, "six": 6.0,
-         "ten": 10.0, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
+         "ten": 10.0, "thirty": 30.0, "half": 0.5, "fourteen": 14.0, "twenty": 20.0, "eight": 8.0, "nine": 9.0, "tenth": 0.1}
 
 
 def num(s: str) -> float:
@@ -2358,3 +2358,658 @@ def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, rig
     monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
         test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 11: every number its markdown states about its outputs or the engine ---------
+# (The same audit for lesson 11, sections 0-8 and its questions; section 9 is checked by
+# tests/test_lesson11.py. The rest are the lesson's own choices of shape, the questions'
+# givens, published figures (Mixtral's sizes, DeepSeek-V3's 20 of 132 SMs), section
+# references of papers, the time estimates, or definitions.)
+def _objectives_11():
+    """The objectives' 2 ranks and two published runs; the two launches of 2 ranks the time names."""
+    launches = re.findall(r"run_on_ranks\((\w+), (?:ParallelConfig\(dp=(\d)\)|(EP2))", code("11"))
+    runs = re.findall(r"^\S+ on \d+ H100 \(ep \d+\): published", outputs("11"), re.M)
+    return (said("11", r"real traced step on (\d) ranks") + said("11", r"on H100s — experts, all-to-all, the host — for (two)\s+published runs")
+            + said("11", r"read on (\d) real ranks what ran under what") + said("11", r"each of the (two) launches of (\d) ranks"),
+            [2 * (launches[0][1] == "2"), len(runs), 2 * (launches[1][2] == "EP2"), len(launches), 2], 0)
+
+
+def _routing_11():
+    """Sections 1-2: eight tokens, four experts, top-2 as printed; 1024 tokens over 8 experts
+    with +3 on experts 0 and 1; the uniform loss equal to α; γ as the code sets it; the bias
+    stepping around balance (the last two lines differ)."""
+    from minitron.course.experts import MOE
+    tokens = re.findall(r"^token \d: scores \[(.*?)\] -> experts \[(.*?)\]", outputs("11"), re.M)
+    head = re.search(r"head_start = torch\.tensor\(\[([\d., ]+)\]", code("11")).group(1).split(",")
+    boosted = [i for i, v in enumerate(head) if float(v) != 0]
+    last = re.findall(r"^after +(?:199|200) updates: busiest/mean [\d.]+ +(\[.*\])$", outputs("11"), re.M)
+    assert all(len(sc.split(",")) == MOE.experts and len(ex.split(",")) == MOE.top_k for sc, ex in tokens)
+    _stated("11", r"With a uniform spread\s+\$f_i = P_i = 1/E\$ it is \$\\alpha\$", None)
+    return (said("11", r"(Eight) tokens, (four) experts, top-(\d), with minitron's `route`")
+            + said("11", r"Below, (\d+) tokens and (\d) experts, top-(\d)") + said("11", r"a head start of \+(\d) on the logits of experts (\d) and (\d)")
+            + [1.0] + said("11", r"\(γ = ([\d.]+)\)") + [1.0],
+            [len(tokens), MOE.experts, MOE.top_k, num(re.search(r"^T = (\d+)$", code("11"), re.M).group(1)),
+             num(re.search(r"E8 = cfg\.replace\(experts=(\d)", code("11")).group(1)) * (len(head) == 8), MOE.top_k,
+             float(head[0]), *boosted] + shown("11", r"^uniform: L/α = ([\d.]+);")
+            + [num(re.search(r"bias_update=([\d.]+)", code("11")).group(1)), 1.0 * (len(last) == 2 and last[0] != last[1])], 0)
+
+
+def _capacity_11():
+    """Section 3: C = ⌈k T cf/E⌉ for every printed factor, and dropless (cf 0) by default."""
+    from minitron.config import ModelConfig
+    T, E, k = 1024, 8, 2
+    rows = re.findall(r"^cf ([\d.]+): C = (\d+); .*? drops \d+ of (\d+)", outputs("11"), re.M)
+    ok = all(int(c) == math.ceil(k * T * float(cf) / E) and int(n) == k * T for cf, c, n in rows)
+    _stated("11", r"\$C = \\lceil k\\,T\\,\\mathrm\{cf\}/E \\rceil\$", None)
+    return (said("11", r"minitron is dropless by default\s+\(`capacity_factor` (\d)\)") + [1.0],
+            [ModelConfig().capacity_factor, 1.0 * (ok and len(rows) == 3)], 0)
+
+
+def _a2a_formula_11():
+    """Section 4: the stated bytes 8E + 2(S+R)hb per MoE layer and microbatch, summed over the
+    printed calls' rows, equal each rank's traced bytes; 2 ranks, float64, the launch's steps;
+    S = R = Tk gives the balanced estimate; the wire share (ep-1)/ep at ep 2 and 8."""
+    from minitron.course.experts import MOE, STEPS
+    E, h = MOE.experts, MOE.hidden
+    b = said("11", r"\(the counts are\s+int(\d+); b bytes per element\)")[0] // 8
+    el = 8  # float64, as the launch trains
+    equal = []
+    for rank in (0, 1):
+        block = out("11", rf"^ep rank {rank}: \d+ all-to-all calls, traced ([\d,]+) bytes.*\n((?:   call .*\n?)+)", 0)
+        traced = num(re.search(r"traced ([\d,]+) bytes", block).group(1))
+        rows = [(int(s), int(r)) for s, r in re.findall(r"rows \(sent, received\) \((\d+), (\d+)\)", block)]
+        equal.append(traced == sum(b * E + 2 * (s + r) * h * el for s, r in rows))
+    balanced, = shown("11", r"^ep rank 0: traced [\d,]+ bytes, balanced estimate ([\d,]+)")
+    T, k = 2 * MOE.seq_len, MOE.top_k
+    fractions = shown("11", r"\(ep-1\)/ep = ([\d.]+) at ep 2, ([\d.]+) at ep 8")
+    losses = re.findall(r"^losses, ep2: +\[(.*)\]$", outputs("11"), re.M)
+    _stated("11", r"\$8E \+ 2\(S\+R\)\\,h\\,b\$ bytes", None)
+    _stated("11", r"assumes \$S = R = Tk\$", None)
+    return (said("11", r"One launch of (\d) ranks trains `moe-tiny` for a few float(\d+) steps") + [1.0, 1.0, 1.0, 0.5, 0.875],
+            [2, 64, 1.0 * all(equal), 1.0 * (balanced == 4 * (8 * E + 2 * 2 * T * k * h * el)),
+             1.0 * (len(losses[0].split(",")) == STEPS)] + fractions, 0)
+
+
+def _grid_11():
+    """Section 5: the axes ordered tp, cp, ep, dp, pp, fastest first, as the printed groups on
+    8 ranks show (tp neighbours, ep strided by t, dp by t·ep); dense gradients over ep × dp."""
+    from minitron.grid import AXES
+    groups = {ax: json.loads(g) for ax, g in re.findall(r"^(\w+) +groups: (\[\[.*\]\])$", outputs("11"), re.M)}
+    strides = [groups[ax][0][1] - groups[ax][0][0] for ax in ("tp", "ep", "dp")]
+    m = re.search(r"the grid's axes are ordered (\w+), (\w+), (\w+), (\w+), (\w+) \(fastest first\)", prose("11"))
+    assert m and m.groups() == AXES, "lesson 11: the axes' order is not the grid's"
+    ranks = said("11", r"On (\d) ranks with\s+`--tp (\d) --ep (\d) --dp (\d)`")
+    return (ranks + [2.0, 4.0, 4.0],
+            [1 + max(max(g) for g in groups["tp"])] + [num(x) for x in re.search(r"ProcessGrid\(tp=(\d), ep=(\d), dp=(\d)\)", code("11")).groups()]
+            + strides[1:] + [len(groups["dp_ep"][0])], 0)
+
+
+def _mixtral_11():
+    """Section 6: Mixtral's published 46.7B and 12.9B as printed beside the engine's; 3× the
+    forward; the experts' states at 2 bytes for each of the four (parameters, gradients, two
+    moments), from the printed parameters."""
+    pub = [shown("11", rf"^mixtral-8x7b {w}: [\d.]+B, published ([\d.]+)B")[0] for w in ("total", "active")]
+    rows = re.findall(r"^ep (\d): +([\d.]+)B expert parameters, +([\d.]+) GiB", outputs("11"), re.M)
+    states = all(abs(float(gib) - float(p) * 1e9 * 4 * 2 / 2**30) < 0.6 for _, p, gib in rows)
+    return (said("11", r"publishes ([\d.]+)B parameters in total and ([\d.]+)B active") + said("11", r"Per token of training \((\d)× the forward\)")
+            + said("11", r"AdamW's two moments, (\d) bytes each here\)") + [1.0],
+            pub + [3.0, num(re.search(r"moe_memory_on_rank\(mix, ep=ep, dtype_bytes=(\d)\)", code("11")).group(1)),
+                   1.0 * (states and len(rows) == 4)], 0)
+
+
+def _cluster_11():
+    """Section 7: the host's 8.8 ms per layer (the engine's constant); the two runs' shapes from
+    the published models; 32 expert ranks over four 8-GPU nodes; about half the step exposed;
+    16 GPUs; two sequences per microbatch hide the host and fit in 80 GB; the release spread
+    (layout, figures, least worst error) and the thirty runs."""
+    from minitron.analysis import published
+    from minitron.analysis.cluster import DROPLESS_MOE_HOST_S
+    big, _ = published.h100_era_model("qwen3-235b-a22b")
+    small, _ = published.h100_era_model("qwen3-30b-a3b")
+    ep_big, = shown("11", r"^qwen3-235b-a22b on \d+ H100 \(ep (\d+)\)")
+    exposed, = shown("11", r"^qwen3-235b.*\n.*all-to-all exposed ([\d.]+)%")
+    gpus, = shown("11", r"^qwen3-30b-a3b on (\d+) H100")
+    host2, gb2 = shown("11", r"^qwen3-30b-a3b, microbatch 2: .*waiting for the host ([\d.]+)%, (\d+) GB")
+    spread, = [s for s in published.release_spread() if s["model"] == "qwen3-30b-a3b" and "bridge-qwen3-30b-a3b-2602" in s["runs"]]
+    run = next(r for r in published.H100_RUNS if r[0] == spread["runs"][0])
+    return (said("11", r"host time per layer \(([\d.]+) ms, forward and backward\)")
+            + said("11", r"\(h = (\d+), experts of (\d+), (\d+) layers\)") + said("11", r"(\d+) expert ranks span (four) nodes")
+            + [0.5] + said("11", r"The small one \(h = (\d+), experts\s+of (\d+)\) on (\d+) GPUs")
+            + [0.0, 1.0] + said("11", r"\(pp (\d), vp (\d+), ep (\d), ([\d,]+) sequences\)")
+            + said("11", r"at ([\d,]+) and ([\d,]+) tokens/s, so no model.*?within ([\d.]+) % of both") + said("11", r"has all (thirty) runs"),
+            [DROPLESS_MOE_HOST_S * 1e3, big.hidden, big.moe_ffn, big.layers, ep_big, ep_big / 8, round(exposed / 100, 1),
+             small.hidden, small.moe_ffn, gpus, host2, 1.0 * (gb2 < 80), run[7], run[9], run[10], run[4],
+             spread["low"], spread["high"], round(100 * spread["least_worst_error"], 1), len(published.H100_RUNS)], 0)
+
+
+def _deepseek_11():
+    """Section 8: GQA with 8 kv heads and bf16 as the code prices them; the 4,096 tokens routed;
+    at most M nodes a token (M the preset's topk_groups) instead of k."""
+    from minitron.config import PRESETS
+    v3 = PRESETS["deepseek-v3"]
+    at_most, = shown("11", r"^limited to \d of \d nodes +: nodes per token [\d.]+ on average, (\d+) at most")
+    return (said("11", r"as grouped-query attention with (\d) kv heads would, and\s+as MLA holds it, in bf(\d+)")
+            + said("11", r"Below, ([\d,]+) tokens of a random router at DeepSeek-V3's routing shape")
+            + said("11", r"each node is scored by the sum of its (two) highest") + [1.0],
+            [num(re.search(r"decompressed_kv_elements_per_token\(V3, kv_heads=(\d)\)", code("11")).group(1)), 16,
+             num(re.search(r"^n_tok = (\d+)$", code("11"), re.M).group(1)), 2,
+             1.0 * (at_most == v3.topk_groups < v3.top_k)], 0)
+
+
+def _questions_11():
+    """The questions' givens are the ones their solutions compute with: 11.2's T and cf, 11.3's
+    E, 11.4's tokens and bytes, 11.5's run (16 H100, ep 8, one sequence), 11.7's depth, 11.9's
+    layers, ep and microbatches, 11.10's float32; the Try-it's cf."""
+    from minitron.analysis import published
+    run = next(r for r in published.H100_RUNS if r[0] == "bridge-qwen3-30b-a3b-2602")
+    sol = code("11")
+    given = said("11", r"capacity factor of ([\d.]+): how many of the T = (\d+) tokens") + said("11", r"router with E = (\d+)")
+    given += said("11", r"a microbatch of (\d+) tokens\s+in bf16 \((\d) bytes\)")
+    given += said("11", r"\((\d+) H100, ep (\d+), FP8,\s+dropless, (one) sequence per microbatch\)")
+    given += said("11", r"one MTP depth \(`mtp_depths=(\d)`\)") + said("11", r"with \*\*(\d)\*\* MoE blocks \(`layers=(\d)`\), `--ep (\d)`, (two)")
+    given += said("11", r"in float(\d+) \((\d) bytes\)") + said("11", r"count what a capacity factor of ([\d.]+) drops now")
+    bytes_row = re.search(r"ep_overlap=True: \d+ all-to-alls, ([\d,]+) bytes", outputs("11")).group(1)
+    from minitron import ParallelConfig
+    from minitron.analysis.comm import comm_items
+    from minitron.config import PRESETS, TrainConfig
+    three = PRESETS["moe-tiny"].replace(layers=3)
+    (a2a,) = [i for i in comm_items(three, ParallelConfig(ep=4, ep_overlap=True), TrainConfig(global_batch=8, microbatches=2, dtype="float32"))
+              if i["axis"] == "ep" and i["op"] == "all_to_all"]
+    return (given,
+            [num(re.search(r"capacity_factor=([\d.]+)\), 4096\)", sol).group(1)), 4096,
+             num(re.search(r"ModelConfig\(experts=(\d+), top_k=1", sol).group(1)),
+             num(re.search(r"balanced_all_to_all_bytes\(mix, (\d+), (\d)\)", sol).group(1)),
+             num(re.search(r"balanced_all_to_all_bytes\(mix, (\d+), (\d)\)", sol).group(2)),
+             run[3], run[10], run[5], num(re.search(r"lite\.replace\(mtp_depths=(\d)\)", sol).group(1)),
+             three.layers, three.layers, 4, 2, 32, 4.0 * (a2a["bytes"] == num(bytes_row)),
+             num(re.search(r"c = E8\.replace\(capacity_factor=([\d.]+)\)", sol).group(1))], 0)
+
+
+CLAIMS_11 = {
+    "11 read first": lambda: _read_first("11"),
+    "11 objectives": _objectives_11,
+    "11 routing and balance": _routing_11,
+    "11 capacity": _capacity_11,
+    "11 all-to-all formula": _a2a_formula_11,
+    "11 grid": _grid_11,
+    "11 Mixtral": _mixtral_11,
+    "11 cluster": _cluster_11,
+    "11 DeepSeek-V3": _deepseek_11,
+    "11 questions and try it": _questions_11,
+}
+CLAIMS.update(CLAIMS_11)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_11))
+def test_lesson_11_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("11 read first", prose, "lesson 10 (modern blocks: the Llama block)", "lesson 10 (the Llama block)"),   # the old
+    ("11 objectives", prose, "each of the two launches of 2 ranks", "each of the two launches of 4 ranks"),
+    ("11 routing and balance", prose, "+3 on the logits of experts 0 and 1", "+3 on the logits of experts 0 and 2"),
+    ("11 routing and balance", prose, "(γ = 0.002)", "(γ = 0.02)"),
+    ("11 capacity", outputs, "cf 1.25: C = 320", "cf 1.25: C = 321"),
+    ("11 all-to-all formula", outputs, "rows (sent, received) (64, 77)", "rows (sent, received) (64, 76)"),
+    ("11 grid", prose, "`--tp 2 --ep 2 --dp 2`", "`--tp 2 --ep 4 --dp 2`"),
+    ("11 grid", prose, "ordered tp, cp, ep, dp, pp", "ordered tp, cp, dp, ep, pp"),
+    ("11 Mixtral", prose, "2 bytes each here", "4 bytes each here"),
+    ("11 cluster", prose, "(8.8 ms, forward and backward)", "(4.4 ms, forward and backward)"),
+    ("11 cluster", prose, "within 27.8 % of both", "within 20 % of both"),
+    ("11 DeepSeek-V3", prose, "with 8 kv heads would", "with 4 kv heads would"),
+    ("11 questions and try it", prose, "(16 H100, ep 8, FP8", "(16 H100, ep 16, FP8"),
+])
+def test_a_planted_wrong_number_in_lesson_11_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 11 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 9: every number its markdown states about its outputs or the engine ----------
+# (The same audit for lesson 9, sections 0-6, the questions' givens, the Try-it and the
+# summary; sections 7 and 8 are checked by the witnesses and "09 usp best U" above. The rest
+# are the lesson's own choices of shape, papers' section numbers, the time estimates, or
+# formulas checked against the engine where it computes them.)
+def _launches_09():
+    """The time's two launches of 4 local ranks and one of 2, as the code starts them."""
+    from minitron.course.context_parallel import USP
+    n = int(re.search(r"^W, n = \d+, (\d)$", code("09"), re.M).group(1))
+    sizes = {"ParallelConfig(cp=4)": 4, "ParallelConfig(cp=n)": n, "CCP.USP": USP.cp}
+    ranks = [sizes[lay] for lay in re.findall(r"run_on_ranks\(CCP\.\w+, (ParallelConfig\(cp=\w\)|CCP\.USP)", code("09"))]
+    return said("09", r"\((two) launches of (\d) local ranks and (one) of (\d), under a minute each\)"), \
+        [ranks.count(4), 4 * (len(ranks) == 3), ranks.count(2), 2], 0
+
+
+def _korthikanti_09():
+    """Section 1: the stated sbh(34/t + 5as/(ht)) (bytes) at GPT-3 175B's layer, t = 8, for every
+    printed length, with and without the s² term; 96 layers of the longest beyond one 80 GB GPU."""
+    from minitron.config import preset
+    m = preset("gpt3-175b")
+    h, a = m.hidden, m.heads
+    t, = said("09", r"Here is GPT-3 175B's layer at \$t = (\d)\$")
+    rows = re.findall(r"^s = +(\d+): +([\d.]+) GiB per layer \( *([\d.]+) GiB without", outputs("09"), re.M)
+    ok = all(abs(s * h * (34 / t + 5 * a * s / (h * t)) / 2**30 - float(full)) < 0.06
+             and abs(s * h * 34 / t / 2**30 - float(flash)) < 0.006 for s, full, flash in ((int(s), f, g) for s, f, g in rows))
+    _stated("09", r"\$sbh\\,\(34/t \+ 5as/\(ht\)\)\$", None)
+    longest = float(rows[-1][2]) * m.layers * 2**30
+    return (said("09", r"Even without the \$s\^2\$ term, (\d+) layers at (\d+)k tokens are far beyond one GPU") + [1.0, 1.0],
+            [m.layers, int(rows[-1][0]) / 1024, 1.0 * (ok and len(rows) == 4), 1.0 * (longest > 80e9)], 0)
+
+
+def _contiguous_09():
+    """Section 2: a contiguous split gives the last rank nearly 2N-1 times the first's causal
+    work, 6.3 times at the printed s = 32, 2N-1 in the limit of long pieces."""
+    works = [int(x) for x in re.findall(r"contiguous split: work\s+(\d+)\)", outputs("09"))]
+    N = len(works)
+    n, s = said("09", r"\(here \$N = (\d)\$, \$s = (\d+)\$\)")
+    big = 2**20
+
+    def work(r, s):
+        return sum(i + 1 for i in range(r * s // N, (r + 1) * s // N))
+    return ([n, s] + said("09", r"its limit as the pieces grow long; ([\d.]+) times at the \$s = (\d+)\$\s+below") + [2 * n - 1],
+            [N, num(re.search(r"^N, s = (\d), (\d+)$", code("09"), re.M).group(2)), round(works[-1] / works[0], 1), s,
+             round(work(N - 1, big) / work(0, big), 3)], 0)
+
+
+def _ring_trace_09():
+    """Section 4: 4 local ranks, a 2-layer GPT of 64 tokens; rank 0's messages 2 L 3(N-1)
+    (sends and receives); each message [b, n_h, 2c, d_k + d_v] of s/N = 16 tokens, c = 8; the
+    traced bytes 3(N-1) messages of 2b(s/N)(h/t) elements per layer (float32)."""
+    from minitron.course.context_parallel import RING
+    N, L, s, h = 4, RING.layers, RING.seq_len, RING.hidden
+    total, = shown("09", r"rank 0's ring messages in one step: (\d+)")
+    shape = json.loads(out("09", r"fwd send (\[[\d, ]+\]) float32"))
+    sent = [num(x) for pair in re.findall(r"^rank \d: traced \{'send': (\d+), 'recv': (\d+)\}", outputs("09"), re.M) for x in pair]
+    elements = 2 * 1 * (s // N) * h
+    _stated("09", r"per layer and microbatch \$3\(N-1\)\$ messages of\s+\$2\\,b\\,\(s/N\)\\,\(h/t\)\$ elements", None)
+    return (said("09", r"`CCP.context_job` runs on (\d) local ranks: one traced training step of a (\d)-layer GPT\s+\((\d+) tokens\) "
+                       r"under `--cp (\d)`") + said("09", r"of the rank's \$s/N = (\d+)\$ tokens \(two\s+chunks of \$c = (\d+)\$\)")
+            + [1.0, 1.0, 1.0],
+            [N, L, s, N, shape[2], shape[2] // 2, 1.0 * (total == 2 * L * 3 * (N - 1)),
+             1.0 * (shape == [1, RING.heads, s // N, 2 * h // RING.heads] and math.prod(shape) == elements),
+             1.0 * (len(sent) == 8 and all(x == L * 3 * (N - 1) * elements * 4 for x in sent))], 0)
+
+
+def _memory_09():
+    """Section 5: three lengths under cp = 1 (four data-parallel ranks), 2 and 4, one sequence
+    per rank; activations falling as 1/N (the stored verdict, within the code's 10 %); the 8-byte
+    position index the embedding saves per token, in the analysis."""
+    from minitron.config import INDEX_BYTES
+    from minitron.course.context_parallel import MEMORY_LAYOUTS
+    rows = re.findall(r"^ +(\d+) +(\d) +[\d.]+ MiB +[\d.]+ MiB +([\d.]+)$", outputs("09"), re.M)
+    return (said("09", r"for (three) sequence lengths under\s+cp = 1 \((four) data-parallel ranks\), cp = (\d) and cp = (\d)")
+            + said("09", r"plus the (\d)-byte\s+position index") + [1.0],
+            [len({s for s, _, _ in rows}), MEMORY_LAYOUTS[0].dp, MEMORY_LAYOUTS[1].cp, MEMORY_LAYOUTS[2].cp,
+             INDEX_BYTES,
+             1.0 * ("activations per rank fall as 1/N within 10 %: True" in outputs("09"))], 0)
+
+
+def _packing_09():
+    """Section 6: the separator byte 0x1E; the 64-token row of a batch of 256 rows; the mask
+    and restarted positions give each document its logits alone in both blocks, positions
+    running on break GPT-2's learned ones only, and no mask breaks both."""
+    from minitron.packing import SEPARATOR_BYTE
+    rows = dict(re.findall(r"^ *(tiny|llama-tiny) \(\w+ positions\): equal to each document alone \(1e-9\): (\{.*\})$", outputs("09"), re.M))
+    seen = {k: {w: b == "True" for w, b in re.findall(r"'([^']+)': (True|False)", v)} for k, v in rows.items()}
+    gpt2, llama = seen["tiny"], seen["llama-tiny"]
+    small = re.search(r"PackedCorpus\(corpus, (\d+)\)\.batch\((\d+), seed=0", code("09")).groups()
+    return ([int(re.search(r"byte 0x([0-9A-F]{2}) \(ASCII's", prose("09")).group(1), 16)]
+            + said("09", r"The (\d+)-token row holding the most documents of a batch of (\d+) such rows") + [1.0, 1.0, 0.0, 1.0],
+            [SEPARATOR_BYTE, num(small[0]), num(small[1]),
+             1.0 * (gpt2["packed (--pack)"] and llama["packed (--pack)"]), 1.0 * llama["mask, positions run on"],
+             1.0 * gpt2["mask, positions run on"], 1.0 * (not gpt2["no mask"] and not llama["no mask"])], 0)
+
+
+def _questions_09():
+    """The questions' givens against the engine and the lesson: 4's 1.3B GPT has h = 2048; 6's
+    row has 8 tokens; 7's documents fill s = 16, 4 chunks of 4 under cp 2; 8's window is the
+    Mistral shape's; 9's 8 chunks of 4 and the whole causal ring's 21 hops (section 6's output);
+    10's llama3 factors the engine's defaults and d/2 = 64 pairs; 11's Llama 3 70B the preset's."""
+    from minitron.config import ModelConfig, preset
+    from minitron.course.context_parallel import MISTRAL_7B
+    from minitron.parallel.context_parallel import ChunkMask
+    m13, m70, d0 = preset("gpt-1.3b"), preset("llama3-70b"), ModelConfig()
+    docs = said("09", r"holds four documents of (\d), (\d), (\d) and (\d) tokens")
+    cp9, c9, w9 = (int(x) for x in re.search(r"ChunkMask\((\d), (\d), (\d)\)\.reach", code("09")).groups())  # 9's solution
+    return (said("09", r"The 1\.3B GPT \(`preset\(\"gpt-1\.3b\"\)`, \$h = (\d+)\$\)")
+            + said("09", r"\(`\|` is the separator; (\d) tokens\)") + said("09", r"A row of s = (\d+) tokens holds")
+            + said("09", r"Under `--cp 2` \((\d) chunks of (\d) tokens\)")
+            + said("09", r"at \$s = 65\{,\}536\$ with its window of (\d),(\d+)")
+            + said("09", r"on \$s = (\d+)\$ \((\d) chunks of \$c = (\d)\$ tokens\) with a window of \$W = (\d)\$.*?the whole causal ring makes (\d+)\)")
+            + said("09", r"factor (\d), low_freq_factor (\d),\s+high_freq_factor (\d)\) applied to a Llama 2 head: \$d = (\d+)\$.*?How many of the (\d+) frequency")
+            + said("09", r"Llama 3 70B \((\d+) query heads, (\d) kv heads of \$d = (\d+)\$\)"),
+            [m13.hidden, len("x y | z | | u v".split()), sum(docs), 2 * 2, sum(docs) // (2 * 2), MISTRAL_7B.window // 1000, MISTRAL_7B.window % 1000,
+             2 * cp9 * c9, 2 * cp9, c9, w9,
+             sum(ChunkMask(4, 4).reach.values()) * (shown("09", r"^cp 4 \(8 chunks of 32\): .*\(without the documents (\d+)\)") == [21]),
+             d0.rope_factor, d0.rope_low_freq, d0.rope_high_freq, 128, 64,
+             m70.heads, m70.n_kv_heads, m70.head_dim], 0)
+
+
+def _try_it_09():
+    """Try it 1: the solution's 1.3B GPT at 32,768 tokens, fp32, stops at the first N under
+    1 GiB; Try it 2: the Gemma-2 pattern's bytes lie between the windowed and the global run's
+    (the stored traced bytes of section 7); the summary's verify on 2 ranks."""
+    rows = [(int(n), float(g)) for n, g in re.findall(r"^N = +(\d+): +([\d.]+) GiB per layer$", outputs("09"), re.M)]
+    under = [n for n, g in rows if g < 1]
+    lg, win, glob = (num(x) for x in re.search(r"rank 0 sends ([\d,]+) bytes over 'cp' \(window ([\d,]+), global ([\d,]+)\)",
+                                               outputs("09")).groups())
+    traced = [num(x) for x in re.findall(r"^  rank 0: traced \{'send': (\d+),", outputs("09"), re.M)]
+    return (said("09", r"one layer's activations \(one (\d+)-token sequence, fp(\d+), no tensor parallelism\)\s+stay under (\d) GiB")
+            + [1.0, 1.0] + said("09", r"`minitron verify --nproc (\d) --cp (\d) --dtype float64` proves the ring"),
+            [num(re.search(r'preset\("gpt-1\.3b"\)\.replace\(seq_len=(\d+)\)', code("09")).group(1)),
+             8 * num(re.search(r'"none", (\d)\)\.values\(\)', code("09")).group(1)), 1,
+             1.0 * (under == [rows[-1][0]] and rows[-1][0] == 8), 1.0 * (win < lg < glob and [win, glob] == traced[:2]), 2, 2], 0)
+
+
+CLAIMS_09 = {
+    "09 launches": _launches_09,
+    "09 Korthikanti": _korthikanti_09,
+    "09 contiguous split": _contiguous_09,
+    "09 ring trace": _ring_trace_09,
+    "09 memory": _memory_09,
+    "09 packing": _packing_09,
+    "09 questions": _questions_09,
+    "09 try it": _try_it_09,
+}
+CLAIMS.update(CLAIMS_09)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_09))
+def test_lesson_9_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("09 launches", prose, "two launches of 4 local ranks and one of 2", "two launches of 4 local ranks and one of 4"),
+    ("09 Korthikanti", prose, "96 layers at 128k tokens", "96 layers at 64k tokens"),
+    ("09 Korthikanti", outputs, "s =  32768:    61.6 GiB", "s =  32768:    71.6 GiB"),
+    ("09 contiguous split", prose, "6.3 times at the $s = 32$\nbelow", "7 times at the $s = 32$\nbelow"),     # the old 2N-1
+    ("09 ring trace", prose, "$s/N = 16$ tokens (two\nchunks of $c = 8$)", "$s/N = 16$ tokens (two\nchunks of $c = 16$)"),
+    ("09 ring trace", outputs, "rank 0's ring messages in one step: 36", "rank 0's ring messages in one step: 18"),
+    ("09 memory", prose, "plus the 8-byte\nposition index", "plus the 4-byte\nposition index"),
+    ("09 packing", prose, "batch of 256 such rows", "batch of 64 such rows"),
+    ("09 packing", outputs, "'mask, positions run on': True}", "'mask, positions run on': False}"),
+    ("09 questions", prose, "four documents of 5, 3, 4 and 4 tokens", "four documents of 5, 3, 4 and 5 tokens"),
+    ("09 questions", prose, "the whole causal ring makes 21", "the whole causal ring makes 24"),
+    ("09 try it", outputs, "N =  8:   0.50 GiB per layer", "N =  8:   1.50 GiB per layer"),
+])
+def test_a_planted_wrong_number_in_lesson_9_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 9 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 8: every number its markdown states about its outputs or the engine ----------
+# (The same audit for lesson 8, sections 0-5, the questions' givens and the Try-it; section
+# 6 and the α range, the dp2 efficiency and the worst point are checked above. The rest are
+# Megatron-LM's published 77 % and 74 %, the time estimates, the Slurm commands' own
+# arguments, or definitions.)
+def _series_rows_08() -> dict:
+    """The stored local series: layout -> (ranks, batch, step ms, predicted ms)."""
+    rows = re.findall(r"^ *(\S+) +(\d) +(\d+) +([\d.]+)ms +([\d.]+)ms +[-+]\d+% +[\d.]+ ", outputs("08"), re.M)
+    return {lay: tuple(float(x) for x in rest) for lay, *rest in rows}
+
+
+def _series_08():
+    """The series' ranks 1, 2, 4, 8; the profile fitted on 2 and 4 gloo ranks; the layouts as
+    the prose lists them; the cheapest call a send on 2 ranks and the dearest an all-reduce on 4."""
+    rows = _series_rows_08()
+    fits = {(op, int(n)): int(a) for op, n, a in re.findall(r"^ *(\w+) on (\d) ranks: alpha +(\d+) us", outputs("08"), re.M)}
+    wanted = {"dp1.tp1.pp1": 1, "dp2.tp1.pp1": 2, "dp4.tp1.pp1": 4, "dp1.tp2.pp1.sp": 2, "dp1.tp1.pp2.1f1b": 2, "dp2.tp2.pp2.1f1b": 8}
+    return (said("08", r"the\s+same model on (\d), (\d), (\d) and (\d) ranks") + said("08", r"calls on (\d) and (\d) gloo ranks")
+            + [1.0] + [1.0, 1.0],
+            sorted({r[0] for r in rows.values()}) + sorted({n for _, n in fits})
+            + [1.0 * ({lay: int(r[0]) for lay, r in rows.items()} == wanted
+                      and "one rank; data parallelism on 2 and 4 ranks; tensor parallelism\n(with sequence parallelism) "
+                          "and a pipeline on 2; all three composed on 8" in prose("08"))]
+            + [1.0 * (min(fits, key=fits.get) == ("send", 2) and "(a send on 2 ranks)" in prose("08")),
+               1.0 * (max(fits, key=fits.get) == ("all_reduce", 4) and "(an all-reduce on\n4 ranks)" in prose("08"))], 0)
+
+
+def _gaps_08():
+    """Section 4: the 4 ms step and the milliseconds of an all-reduce's α on 2 ranks; the
+    stated compute part F/(nR)·max(1, n/c) and the 1F1B bubble (p-1)/m against the worst
+    point's stored parts (F the engine's, R and c the stored profile's, m the sweep's)."""
+    from minitron import PRESETS
+    from minitron.analysis.flops import model_flops_per_iteration
+    from minitron.tools.sweep import parse_layout, point_config
+    rows = _series_rows_08()
+    alpha, = shown("08", r"^ *all_reduce on 2 ranks: alpha +(\d+) us")
+    cores, rate = shown("08", r": (\d) cores, one-rank step ([\d.]+) GFLOP/s \(tiny\)")
+    compute, bubble = shown("08", r"^ +compute +([\d.]+) ms\n +bubble +([\d.]+) ms")
+    default_m = int(re.search(r'"--microbatches", type=int, default=(\d)', (ROOT / "minitron/tools/commands/sweep.py").read_text()).group(1))
+    worst = parse_layout("dp2.tp2.pp2")  # 1F1B, the sweep's schedule
+    point = point_config(PRESETS["tiny"], worst, "weak", 4, 1, default_m)
+    n, F = worst.world, model_flops_per_iteration(PRESETS["tiny"], point.global_batch)
+    _stated("08", r"\$F/\(n\\,R\) \\cdot \\max\(1, n/c\)\$", None)
+    _stated("08", r"\$\(p-1\)/m\$ of the ideal time with 1F1B", None)
+    error = round(100 * (rows["dp2.tp1.pp1"][3] / rows["dp2.tp1.pp1"][2] - 1))
+    return (said("08", r"its α alone is milliseconds, the step (\d) ms\)")
+            + said("08", r"the model predicts that step within (\d+) % \(([\d.]+) ms against the measured ([\d.]+) ms; one\s+"
+                         r"rank: ([\d.]+) ms against ([\d.]+) ms\)") + [1.0, 1.0, 1.0],
+            [round(rows["dp1.tp1.pp1"][2]), error, rows["dp2.tp1.pp1"][3], rows["dp2.tp1.pp1"][2],
+             rows["dp1.tp1.pp1"][3], rows["dp1.tp1.pp1"][2], 1.0 * (alpha >= 1000), 1.0 * (abs(F / (n * rate * 1e9) * max(1, n / cores) * 1e3 - compute) < 0.05),
+             1.0 * (abs(bubble - compute * (worst.pp - 1) / point.microbatches) < 0.01)], 0)
+
+
+def _preemption_08():
+    """Section 5: the warning two minutes ahead as train.sbatch asks it, and status 75 (the engine's)."""
+    from minitron.preemption import EXIT_PREEMPTED
+    sbatch = (ROOT / "slurm/train.sbatch").read_text()
+    ahead = int(re.search(r"^#SBATCH --signal=B:TERM@(\d+)$", sbatch, re.M).group(1))
+    return (said("08", r"a warning (two) minutes ahead\s+\(`#SBATCH --signal=B:TERM@(\d+)`\)") + said("08", r"exit\s+with status (\d+)"),
+            [ahead / 60, ahead, EXIT_PREEMPTED], 0)
+
+
+def _questions_08():
+    """Question 4's pp2 point has m = 2 microbatches in the sweep; question 5's base batch 8 is
+    a global batch of 32 at dp4 (its solution's output); the failures Try-it's saves and the
+    stated 10-minute restart are the solution's, and its lost fractions at the optimum are
+    R/M + √(2δ/M) (the square root of the save time)."""
+    from minitron import PRESETS
+    from minitron.analysis import checkpoint_interval as CI
+    from minitron.tools.sweep import parse_layout, point_config
+    default_m = int(re.search(r'"--microbatches", type=int, default=(\d)', (ROOT / "minitron/tools/commands/sweep.py").read_text()).group(1))
+    m_pp2 = point_config(PRESETS["tiny"], parse_layout("pp2"), "weak", 4, 1, default_m).microbatches
+    batch, = shown("08", r"^dp4, global batch (\d+): compute")
+    restart = num(re.search(r"AT_SCALE_SAVE_S, RESTART_S = [\d.]+, ([\d.]+)", code("08")).group(1))
+    lost = {float(d): float(p) / 100 for d, p in re.findall(r"^delta +(\d+) s: tau\* +[\d.]+ min, lost ([\d.]+)%$", outputs("08"), re.M)}
+    M = CI.LLAMA3_405B.mtbf_s()
+    root = all(abs(f - (restart / M + math.sqrt(2 * d / M))) < 0.0006 for d, f in lost.items())
+    return (said("08", r"runs a 1F1B pipeline of \$p = (\d)\$ stages with \$m = (\d)\$\s+microbatches")
+            + said("08", r"`--base-batch (\d)` \(a global batch of (\d+)\)")
+            + said("08", r"saves of\s+(\d+) s, (\d+) s and (\d+) s at the Llama 3 job's MTBF \(with the stated (\d+)-minute restart\)") + [1.0],
+            [parse_layout("pp2").pp, m_pp2, num(re.search(r'point_config\(tiny, dp4, "weak", (\d)', code("08")).group(1)), batch]
+            + sorted(lost) + [restart / 60, 1.0 * (root and len(lost) == 3)], 0)
+
+
+CLAIMS_08 = {
+    "08 series and profile": _series_08,
+    "08 every gap": _gaps_08,
+    "08 preemption": _preemption_08,
+    "08 questions and try it": _questions_08,
+}
+CLAIMS.update(CLAIMS_08)
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS_08))
+def test_lesson_8_states_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("08 series and profile", prose, "on 2 and 4 gloo ranks", "on 2 and 8 gloo ranks"),
+    ("08 series and profile", outputs, "send on 2 ranks: alpha     242 us", "send on 2 ranks: alpha    9242 us"),
+    ("08 every gap", prose, "the step 4 ms)", "the step 8 ms)"),
+    ("08 every gap", prose, "(9.4 ms against the measured 8.2 ms;", "(9.4 ms against the measured 4.1 ms;"),
+    ("08 every gap", outputs, "bubble    11.29 ms", "bubble     5.64 ms"),
+    ("08 every gap", outputs, "compute    22.57 ms", "compute    45.14 ms"),
+    ("08 preemption", prose, "with status 75", "with status 1"),
+    ("08 questions and try it", prose, "with $m = 2$\nmicrobatches", "with $m = 4$\nmicrobatches"),
+    ("08 questions and try it", outputs, "delta   300 s: tau*  43.1 min, lost 28.6%", "delta   300 s: tau*  43.1 min, lost 38.6%"),
+])
+def test_a_planted_wrong_number_in_lesson_8_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 8 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 9, sections 7 and 8: the numbers the witnesses above do not already check ------
+def _windows_09():
+    """Section 7: Mistral 7B's shape as the course builds it; nothing changes up to s = W; the
+    windowed core levels off near 2W keys per query and the step's saving grows; the 2-rank run
+    of llama-tiny, s = 32 in 4 chunks of 8, c = W = 8; rank 0's chunks 0 and 3, rank 1's 1 and 2;
+    half the bytes; Llama 3 8B's head and YaRN's 0.1 ln(factor) + 1."""
+    from minitron.config import preset
+    from minitron.course.context_parallel import MISTRAL_7B, WINDOWED
+    from minitron.parallel.context_parallel import chunk_ids
+    m = MISTRAL_7B
+    rows = [[num(x) for x in r] for r in re.findall(r"^ +(\d+) +([\d.]+) MFLOP +([\d.]+) MFLOP +([\d.]+) +[\d.]+ TFLOP +[\d.]+ TFLOP +([\d.]+)%$",
+                                                  outputs("09"), re.M)]
+    s, core_g, core_w, _, _ = rows[-1]
+    keys = core_w / core_g * s / m.window                                # the windowed core's keys per query, in W
+    W, n = (int(x) for x in re.search(r"^W, n = (\d+), (\d)$", code("09"), re.M).groups())
+    llama = preset("llama3-8b")
+    yarn, = shown("09", r"^  yarn: .*cos and sin times ([\d.]+)$")
+    return (said("09", r"Mistral 7B: \$W = (\d)\{,\}(\d+)\$") + said("09", r"Llama 3 8B's block:\s+(\d+) layers, \$h = (\d+)\$, (\d) kv heads, "
+                                                                      r"SwiGLU of (\d+),(\d+); a (\d+),000-token vocabulary")
+            + [1.0] + said("09", r"levels off at about \$(\d)W\$ keys per query") + [1.0]
+            + said("09", r"runs on (\d) local\s+ranks one traced float64 training step of `llama-tiny` \(\$s = (\d+)\$: (\d) chunks of (\d)\) under `--cp (\d)`,\s+"
+                         r"with a window of (\d) and without")
+            + said("09", r"With \$c = W = (\d)\$") + said("09", r"Rank 0 holds chunks (\d)\s+and (\d), rank 1 chunks (\d) and (\d)")
+            + said("09", r"accumulated dK, dV: (half) the bytes")
+            + said("09", r"for Llama 3 8B's head \(\$d = (\d+)\$,\s+base (\d+),(\d+), \$L = (\d+)\$, factor (\d)\)")
+            + [1.0] + said("09", r"positions up\s+to \$(\d)L\$"),
+            [m.window // 1000, m.window % 1000, m.layers, m.hidden, m.n_kv_heads, m.ffn_hidden // 1000, m.ffn_hidden % 1000, m.vocab // 1000,
+             1.0 * (rows[0][0] == m.window and rows[0][1] == rows[0][2]), round(keys), 1.0 * all(a[4] < b[4] for a, b in zip(rows, rows[1:])),
+             n, WINDOWED.seq_len, 2 * n, WINDOWED.seq_len // (2 * n), n, W, WINDOWED.seq_len // (2 * n)]
+            + list(chunk_ids(n, 0)) + list(chunk_ids(n, 1)) + [shown("09", r"the window sends (\d+)% of the global ring's bytes")[0] / 100]
+            + [llama.head_dim, llama.rope_base // 1000, llama.rope_base % 1000, llama.rope_original_context, llama.rope_factor]
+            + [1.0 * (abs(yarn - (0.1 * math.log(llama.rope_factor) + 1)) < 1e-4), llama.rope_factor], 0)
+
+
+def _usp_09():
+    """Section 8: one launch of 4 ranks; the cp 8 = 2 × 4 grid's rows and columns by the stated
+    u + U j; row j's chunks its ring rank's (chunk a of 8 = chunks 2a, 2a+1 of 16); llama-tiny's
+    shape; the stated elements per call against the traced bytes (float64) and the calls; the
+    all-to-all's bytes flat until U passes the 4 kv heads of a tensor rank, the ring's falling;
+    t·U ≤ 8 in an 8-GPU node; verify's 8 ranks."""
+    from minitron.analysis.cluster import get_cluster
+    from minitron.config import preset
+    from minitron.course.context_parallel import USP, WINDOWED, usp_train
+    table = re.findall(r"^ +(\d) +(\[[\d, ]+\]) +(\[[\d, ]+\]) +(\[[\d, ]+\]) +(\[[\d, ]+\]) += (\d): (\[[\d, ]+\])$", outputs("09"), re.M)
+    U, N = (int(x) for x in re.search(r"ProcessGrid\(cp=(\d), cp_a2a=(\d)\)", code("09")).groups()[::-1])
+    R, grid_ok = N // U, len(table) == N
+    for r, row, col, own, gathered, j, ring in table:
+        r, j, row, col, gathered, ring = int(r), int(j), json.loads(row), json.loads(col), json.loads(gathered), json.loads(ring)
+        u, jj = r % U, r // U                                              # rank u + U j
+        grid_ok &= row == [U * jj + i for i in range(U)] and col == [u + U * k for k in range(R)] and j == jj
+        grid_ok &= gathered == sorted(c for a in ring for c in (2 * a, 2 * a + 1))
+    m, tr = WINDOWED, usp_train(False)
+    b, s, d, nh, kv, L = tr.global_batch // tr.microbatches, m.seq_len, m.head_dim, m.heads, m.n_kv_heads, m.layers
+    n4, u4 = USP.cp, USP.cp_a2a
+    a2a = L * 2 * b * (s // n4) * d * (2 * nh + 2 * max(kv, u4)) * 8       # forward and backward, float64
+    ring = L * 3 * (n4 // u4 - 1) * b * (s // n4) * max(kv, u4) * 2 * d * 8
+    traced = re.findall(r"^  rank \d: traced \{'cp_a2a': \{'all_to_all': (\d+)\}, 'cp_ring': \{'send': (\d+), 'recv': (\d+)\}\}, analysis equal: True$",
+                        outputs("09"), re.M)
+    bytes_ok = len(traced) == 8 and all(int(a) == a2a for a, _, _ in traced) and all(int(x) == ring for x in traced[0][1:])
+    sends, layers, alls = shown("09", r"^rank 0's ring sends in the plain step: (\d+) on 'cp_ring', (\d) layers; all-to-alls on 'cp_a2a': (\d+)$")
+    per_u = {int(u): (float(a), float(r)) for u, a, r in re.findall(r"^  U (\d) x R +\d+: all-to-all +([\d.]+) +ring sends +([\d.]+)$", outputs("09"), re.M)}
+    big = preset("llama3-8b")
+    t_code, = (int(x) for x in re.findall(r"ParallelConfig\(tp=(\d), cp=16, \*\*", code("09")))
+    largest = {int(t): int(u) for t, u in re.findall(r"^ +[\d,]+ +(\d) .*\)\s+\d+\s+(\d+)$", outputs("09"), re.M)}
+    node = get_cluster("h100-dgx").gpus_per_node
+    return (said("09", r"\(one launch of (\d) local ranks\)\.\s+\*\*Why hybrid") + [1.0]
+            + said("09", r"`CCP.usp_job` runs one traced float64 training step of `llama-tiny` \((\d) query heads, (\d) kv heads,\s+"
+                         r"\$s = (\d+)\$, (\d) layers\) on (\d) local ranks under `--cp (\d) --cp-mode usp --cp-a2a (\d)`")
+            + [1.0, 1.0, 1.0] + said("09", r"for Llama 3 8B \((\d+) query heads, (\d) kv heads\) on cp (\d+)")
+            + said("09", r"at \$s = (\d+)\{,\}(\d+)\$ and \$t = (\d)\$ \(bf16\)")
+            + said("09", r"until \$U\$ passes a tensor rank's (\d) kv heads \(at \$U = (\d)\$ each is\s+sent to (two) ranks\)")
+            + [1.0] + said("09", r"\(\$t\\cdot U \\le (\d)\$ allows \$U \\le (\d)\$\)") + said("09", r"At \$t = (\d)\$,\s+\$U = (\d)\$ spans (\d+) GPUs")
+            + said("09", r"`minitron verify --nproc (\d) --cp (\d) --cp-mode usp --cp-a2a (\d) --tp (\d)"),
+            [USP.cp, 1.0 * grid_ok, nh, kv, s, L, n4, n4, u4, 1.0 * bytes_ok, 1.0 * (sends == 3 * (n4 // u4 - 1) * layers), 1.0 * (alls == 6 * layers),
+             big.heads, big.n_kv_heads, 16, 65, 536, t_code, big.n_kv_heads // t_code, 8, 2 * (per_u[8][0] > per_u[4][0] == per_u[2][0]),
+             1.0 * (per_u[1][1] > per_u[2][1] > per_u[4][1] > per_u[8][1]), node, largest[2], 4, 4, 4 * 4 * (largest[4] == 2),
+             8, 4, 2, 2], 0)
+
+
+CLAIMS_09.update({"09 windows and rope scaling": _windows_09, "09 USP": _usp_09})
+CLAIMS.update(CLAIMS_09)
+
+
+@pytest.mark.parametrize("name", ["09 windows and rope scaling", "09 USP"])
+def test_lesson_9_sections_7_and_8_state_what_the_outputs_show(name):
+    test_prose_states_what_the_outputs_show(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", [
+    ("09 windows and rope scaling", prose, "SwiGLU of 14,336", "SwiGLU of 14,436"),
+    ("09 windows and rope scaling", prose, "about $2W$ keys per query", "about $3W$ keys per query"),
+    ("09 windows and rope scaling", prose, "Rank 0 holds chunks 0\nand 3", "Rank 0 holds chunks 0\nand 1"),
+    ("09 windows and rope scaling", outputs, "cos and sin times 1.2079", "cos and sin times 1.0000"),
+    ("09 USP", prose, "(4 query heads, 2 kv heads,", "(8 query heads, 2 kv heads,"),
+    ("09 USP", prose, "passes a tensor rank's 4 kv heads", "passes a tensor rank's 8 kv heads"),
+    ("09 USP", outputs, "'cp_ring': {'send': 24576, 'recv': 24576}}", "'cp_ring': {'send': 12288, 'recv': 24576}}"),
+    ("09 USP", outputs, "      3        [2, 3]      [1, 3, 5, 7]", "      3        [2, 3]      [0, 2, 4, 6]"),
+])
+def test_a_planted_wrong_number_in_lesson_9_sections_7_and_8_is_caught(name, source, right, wrong, monkeypatch):
+    """A lesson 9 section 7 or 8 claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show(name)
+
+
+# --- lesson 11, section 9: the prose's numbers beside tests/test_lesson11.py's checks -------
+def _ep_overlap_11():
+    """Section 9's prose: the analysis' 5 calls per MoE block and microbatch become 9 (each of
+    dispatch and combine, forward and backward, two), as printed; the launch's two float64
+    steps on 2 ranks; and RESULTS.md's measured overlapped step slower than the plain one on a
+    2-core machine (every paired median of its `--ep-overlap` section above 1)."""
+    from minitron.analysis.experts import all_to_all_calls
+    from minitron.course.experts import STEPS, train_config
+    plain, overlap = shown("11", r"^all-to-alls per MoE block and microbatch: plain (\d+), --ep-overlap (\d+)$")
+    results = (ROOT / "benchmarks/RESULTS.md").read_text()
+    section = re.search(r"^## `--ep-overlap`.*?(?=^## )", results, re.M | re.S).group(0)
+    medians = [float(x) for x in re.findall(r"overlap / plain: paired median ([\d.]+)", section)]
+    _stated("11", r"each of dispatch and combine, forward and backward,\s+becomes two", None)
+    _stated("11", r"measured the overlapped step slower than the plain one on the course's 2-core machine", None)
+    return (said("11", r"trains `moe-tiny` (two) float(\d+) steps on ep (\d), plain and with") + [1.0, 1.0, 1.0],
+            [STEPS, int(train_config().dtype[5:]), 2, 1.0 * (plain == all_to_all_calls(False) == 1 + 4),
+             1.0 * (overlap == all_to_all_calls(True) == 1 + 2 * 4),
+             1.0 * (bool(medians) and min(medians) > 1 and "2-core" in section)], 0)
+
+
+CLAIMS_11["11 ep overlap"] = _ep_overlap_11
+CLAIMS.update(CLAIMS_11)
+
+
+def test_lesson_11_section_9_states_what_the_outputs_show():
+    test_prose_states_what_the_outputs_show("11 ep overlap")
+
+
+@pytest.mark.parametrize("source, right, wrong", [
+    (prose, "two float64 steps on ep 2", "two float64 steps on ep 4"),
+    (outputs, "plain 5, --ep-overlap 9", "plain 5, --ep-overlap 10"),
+])
+def test_a_planted_wrong_number_in_lesson_11_section_9_is_caught(source, right, wrong, monkeypatch):
+    planted = source("11").replace(right, wrong)
+    assert planted != source("11")
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == "11" else real(les))
+    with pytest.raises(AssertionError):
+        test_prose_states_what_the_outputs_show("11 ep overlap")
