@@ -13,7 +13,7 @@ from test_lesson_prose import assert_every_question_asked, num, out as matched, 
 
 @pytest.fixture(scope="module")
 def out() -> str:
-    return outputs("11")  # the stored-output reader of test_lesson_prose, which covers lessons 00-09
+    return outputs("11")  # the stored-output reader of test_lesson_prose, which covers every lesson
 
 
 def _number(pattern: str, _out: str) -> float:
