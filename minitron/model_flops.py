@@ -85,6 +85,24 @@ def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = Fals
     return 4 * q * beta * beta * pairs / s
 
 
+def keys_per_query(model: ModelConfig, i: int, causal: bool = False, s: int | None = None) -> float:
+    """Keys each query of block `i` meets, averaged over the queries: its attention core
+    (:func:`attention_core_flops`) over the 4 FLOPs a query-key pair costs per query
+    width — s (``s/2`` when `causal` skips the masked half) for global attention, the
+    block pairs in reach (about 2·W) under a window; `s` a whole sequence or one packed
+    document. What the throughput model prices the attention products and the score
+    matrix with."""
+    return attention_core_flops(model, i, 1, causal, s) / 4
+
+
+def packed_rows(seq_len: int, doc_len: int, rows: int = 1) -> list[list[int]]:
+    """`rows` sequences of `seq_len` tokens packed with documents of `doc_len` tokens (the
+    last one cut short): the ``documents`` of :func:`model_flops_per_step` when only the
+    mean document length is known (the planner's ``--doc-len``)."""
+    row = [doc_len] * (seq_len // doc_len) + ([seq_len % doc_len] if seq_len % doc_len else [])
+    return [list(row) for _ in range(rows)]
+
+
 def mla_flops_per_token(model: ModelConfig, causal: bool = False) -> tuple[float, float]:
     """Multi-head latent attention's forward FLOPs per token and layer (mla.py): the
     projections, 2·(h·(q_lora + kv_lora + rope) + q_lora·heads·(nope + rope) +
