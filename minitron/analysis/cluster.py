@@ -49,6 +49,14 @@ The blocks of today's models and the parallelism they are trained with (the H100
   ``cp_a2a`` neighbouring ranks and the ring over the cp/U others, on 1/U of the heads
   (the ring's part hidden as the ring's). Flash attention skips the masked half of causal attention
   and keeps the scores on chip: priced on the roofline of its Q, K, V, O traffic;
+* **long context** — the attention products and the score matrix's passes count the keys
+  each query meets, layer by layer (:func:`attention_keys`, from the FLOPs formula's core,
+  :func:`~minitron.model_flops.keys_per_query`): a sliding window's block pairs (about 2·W,
+  not s) on its windowed layers (``window_layers``: Gemma's and Mistral's patterns), the
+  whole sequence on the global ones; packed documents (``doc_len``, ``minitron plan
+  --doc-len``) each at its own length. Under a cp ring only the chunks a window or a
+  document reaches travel (:func:`~minitron.analysis.context_parallel.ring_kv_sends`, the
+  reach the engine's ring skips by), and the MFU counts the same FLOPs;
 * **FSDP / ZeRO-3** (``zero=3``) — every microbatch all-gathers each layer's weights
   forward and backward and reduce-scatters its gradients, prefetched under the compute
   (hidden up to DP_OVERLAP of it); **HSDP** (``fsdp_shard``) shards over a group and
