@@ -9,6 +9,8 @@ against this.
 """
 from __future__ import annotations
 
+import functools
+
 from .config import ModelConfig
 
 
@@ -79,10 +81,17 @@ def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = Fals
     s, w = s or model.seq_len, model.window_of(i)
     if not w:
         return 4 * s * q * (0.5 if causal else 1.0)
+    return 4 * q * _window_block_pairs(s, w) / s
+
+
+@functools.lru_cache(maxsize=None)
+def _window_block_pairs(s: int, w: int) -> int:
+    """β²·P of a window W over s tokens: β the largest divisor of s not above W, P the block
+    pairs in reach (cached: the planner asks it of every layout, layer and document)."""
     beta = max(b for b in range(1, min(s, w) + 1) if s % b == 0)
     n, ahead = s // beta, -(-(w - 1) // beta)
     pairs = sum(min(a, ahead) + 1 for a in range(n))  # query block a meets key blocks a − ahead .. a
-    return 4 * q * beta * beta * pairs / s
+    return beta * beta * pairs
 
 
 def keys_per_query(model: ModelConfig, i: int, causal: bool = False, s: int | None = None) -> float:
