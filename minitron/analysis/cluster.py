@@ -433,16 +433,21 @@ def attention_keys(model: ModelConfig, sw: Software, doc_len: int | None = None)
     (``--doc-len``) each document's, averaged over the sequence's tokens."""
     causal, s = sw.attention == "flash", model.seq_len
     row = packed_rows(s, doc_len)[0] if doc_len else [s]
-    per_window = {}
+    shares: dict[float, float] = {}
+    for i, layers in _layers_by_window(model).items():  # i: the first block of each window
+        k = sum(n * keys_per_query(model, i, causal, n) for n in row) / s
+        shares[k] = shares.get(k, 0.0) + layers / model.layers
+    return shares
+
+
+def _layers_by_window(model: ModelConfig) -> dict[int, int]:
+    """{first block of each window (``window_of``): how many blocks have that window}."""
+    first, count = {}, {}
     for i in range(model.layers):
         w = model.window_of(i)
-        if w not in per_window:
-            per_window[w] = sum(n * keys_per_query(model, i, causal, n) for n in row) / s
-    shares: dict[float, float] = {}
-    for i in range(model.layers):
-        k = per_window[model.window_of(i)]
-        shares[k] = shares.get(k, 0.0) + 1 / model.layers
-    return shares
+        first.setdefault(w, i)
+        count[w] = count.get(w, 0) + 1
+    return {first[w]: n for w, n in count.items()}
 
 
 def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: Software,
@@ -905,11 +910,12 @@ def _ring_reach(r: _Run, n: int) -> tuple[float, float]:
     (:func:`~minitron.analysis.context_parallel.ring_kv_sends`, what the engine's ring
     skips)."""
     model = r.model
+    if not model.window and not r.doc_len:
+        return n - 1, 2 * (n - 1)
     rows = packed_rows(model.seq_len, r.doc_len) if r.doc_len else None
-    per_window = {w: ring_kv_sends(n, model.seq_len // (2 * n), w, rows)
-                  for w in {model.window_of(i) for i in range(model.layers)}}
-    sends = [per_window[model.window_of(i)] for i in range(model.layers)]
-    return tuple(sum(x[j] for x in sends) / model.layers for j in (0, 1))
+    sends = [(layers, ring_kv_sends(n, model.seq_len // (2 * n), model.window_of(i), rows))
+             for i, layers in _layers_by_window(model).items()]
+    return tuple(sum(layers * x[j] for layers, x in sends) / model.layers for j in (0, 1))
 
 
 def _cp_link(c: Cluster, ranks: int) -> tuple[float, float]:
@@ -1283,6 +1289,8 @@ def _keys_said(r: _Run) -> str:
     """The attention's reach in words where it is not the whole sequence: the keys a query
     meets (:func:`attention_keys`), the window and its layers, the packed documents' length."""
     model = r.model
+    if not model.window and not r.doc_len:
+        return ""
     keys = sum(k * share for k, share in attention_keys(model, r.sw, r.doc_len).items())
     what = [f"window {model.window} on " + (f"the L layers of '{model.window_layers}'" if model.window_layers
                                             else "every layer")] if model.window else []
