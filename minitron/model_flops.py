@@ -9,6 +9,8 @@ against this.
 """
 from __future__ import annotations
 
+import functools
+
 from .config import ModelConfig
 
 
@@ -79,10 +81,35 @@ def attention_core_flops(model: ModelConfig, i: int, q: int, causal: bool = Fals
     s, w = s or model.seq_len, model.window_of(i)
     if not w:
         return 4 * s * q * (0.5 if causal else 1.0)
+    return 4 * q * _window_block_pairs(s, w) / s
+
+
+@functools.lru_cache(maxsize=None)
+def _window_block_pairs(s: int, w: int) -> int:
+    """β²·P of a window W over s tokens: β the largest divisor of s not above W, P the block
+    pairs in reach (cached: the planner asks it of every layout, layer and document)."""
     beta = max(b for b in range(1, min(s, w) + 1) if s % b == 0)
     n, ahead = s // beta, -(-(w - 1) // beta)
     pairs = sum(min(a, ahead) + 1 for a in range(n))  # query block a meets key blocks a − ahead .. a
-    return 4 * q * beta * beta * pairs / s
+    return beta * beta * pairs
+
+
+def keys_per_query(model: ModelConfig, i: int, causal: bool = False, s: int | None = None) -> float:
+    """Keys each query of block `i` meets, averaged over the queries: its attention core
+    (:func:`attention_core_flops`) over the 4 FLOPs a query-key pair costs per query
+    width — s (``s/2`` when `causal` skips the masked half) for global attention, the
+    block pairs in reach (about 2·W) under a window; `s` a whole sequence or one packed
+    document. What the throughput model prices the attention products and the score
+    matrix with."""
+    return attention_core_flops(model, i, 1, causal, s) / 4
+
+
+def packed_rows(seq_len: int, doc_len: int, rows: int = 1) -> list[list[int]]:
+    """`rows` sequences of `seq_len` tokens packed with documents of `doc_len` tokens (the
+    last one cut short): the ``documents`` of :func:`model_flops_per_step` when only the
+    mean document length is known (the planner's ``--doc-len``)."""
+    row = [doc_len] * (seq_len // doc_len) + ([seq_len % doc_len] if seq_len % doc_len else [])
+    return [list(row) for _ in range(rows)]
 
 
 def mla_flops_per_token(model: ModelConfig, causal: bool = False) -> tuple[float, float]:

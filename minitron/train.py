@@ -475,9 +475,8 @@ def _read_back(tr: Trainer, tc: TrainConfig, pending: list, dt: float) -> list[d
     `dt` seconds a step, MoE scalars); NonFiniteLoss at the first step whose loss is not
     finite (the loss is all-reduced: every rank stops at the same step)."""
     tokens_per_step = tc.global_batch * tr.mcfg.seq_len
-    flops_per_step = model_flops_per_step(tr.mcfg, tc.global_batch)
     recs = [{"step": i + 1, "loss": float(loss), "lr": lr_at(i, tc), "grad_norm": float(norm),
-             "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": flops_per_step / dt,
+             "tokens_per_s": tokens_per_step / dt, "model_flops_per_s": _step_flops(tr, tc, i) / dt,
              **(moe or {})}
             for i, loss, norm, moe in pending]
     bad = next((r for r in recs if not math.isfinite(r["loss"])), None)
@@ -485,6 +484,14 @@ def _read_back(tr: Trainer, tc: TrainConfig, pending: list, dt: float) -> list[d
         raise NonFiniteLoss(f"the loss is {bad['loss']} at step {bad['step']}: training diverged; "
                             f"lower --lr (it is {tc.lr:g}) or resume from an earlier checkpoint")
     return recs
+
+
+def _step_flops(tr: Trainer, tc: TrainConfig, step: int) -> float:
+    """Model FLOPs of `step`: under --pack each of the global batch's documents attended at
+    its own length (``model_flops_per_step(documents=)``; the step's rows drawn again, as
+    every rank draws its own from the seed and step), whole sequences otherwise."""
+    docs = tr.packed["train"].batch(tc.global_batch, tc.seed, step)[2].lengths() if tr.packed is not None else None
+    return model_flops_per_step(tr.mcfg, tc.global_batch, documents=docs)
 
 
 def _publish(tr: Trainer, recs: list[dict], observer, metrics, bar) -> None:

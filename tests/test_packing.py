@@ -67,6 +67,23 @@ def test_packed_rows_start_at_documents_and_weigh_the_global_batch():
     assert torch.equal(half.loss_weight, d.loss_weight[4:])
 
 
+def test_the_training_loop_counts_the_documents_each_step_trained_on():
+    """The MFU a --pack run logs (model_flops_per_s, which the run report's MFU reads) counts
+    the global batch's documents of that very step, each at its own length, not s²: the
+    rows step_document_lengths draws as the Trainer does, for every data replica."""
+    import types
+
+    from minitron.model_flops import model_flops_per_step
+    from minitron.train import _step_flops
+
+    cfg, layout = LLAMA.replace(seq_len=32), ParallelConfig(dp=2)
+    tc = TrainConfig(global_batch=8, seed=1234, microbatches=2)
+    tr = types.SimpleNamespace(mcfg=cfg, packed={"train": PackedCorpus(CORPUS.split()[0], 32)})
+    for step in (0, 3):
+        rows = [row for r in range(2) for mb in step_document_lengths(CORPUS, cfg, layout, tc, r, step) for row in mb]
+        assert _step_flops(tr, tc, step) == model_flops_per_step(cfg, 8, documents=rows) < model_flops_per_step(cfg, 8)
+
+
 @pytest.mark.parametrize("cfg", [TINY, LLAMA, LLAMA.replace(window=6)])
 def test_packed_sequence_logits_equal_each_document_alone(cfg):
     """Block-diagonal causal attention and positions per document: each document's logits

@@ -601,3 +601,108 @@ def test_async_tp_priced_from_its_decomposition():
     for model, t in ((moe, 8), (dense, 16)):  # outside what it is priced for: one line, not a guess
         with pytest.raises(ValueError, match="async TP is priced for dense blocks"):
             predict(model, PlannedLayout(tp=t, pp=1, dp=2, sp=True), 2 * 1, "h100-96gb", software=sw)
+
+
+# --------------------------------------------------------------------------------------
+# Long context: sliding windows and packed documents priced as the FLOPs formula counts them
+# --------------------------------------------------------------------------------------
+def _long_context():
+    """Mistral 7B's shape at 32k (window 4096), its global twin, a layout with a cp4 ring,
+    and a cluster without link latency (so that the ring's seconds are its bytes alone)."""
+    from minitron.course.context_parallel import MISTRAL_7B
+    from minitron.analysis.cluster import get_cluster
+
+    m = MISTRAL_7B.replace(seq_len=32768)
+    c = dataclasses.replace(get_cluster("h100-dgx"), intra_latency=0.0, inter_latency=0.0)
+    return m, m.replace(window=0), PlannedLayout(tp=8, cp=4, microbatch_size=1), c
+
+
+def _roofless(c):
+    """The cluster with memory bandwidth unbounded: its ridge point 0, every product at the
+    GEMM ceiling (no intensity effect: seconds proportional to FLOPs)."""
+    return dataclasses.replace(c, hbm_bw=c.hbm_bw * 1e12)
+
+
+def _seconds(model, lay, c, sw, **kw):
+    """(Attention products, the ring's K/V exchange exposed and hidden, model FLOPs) of one iteration."""
+    p = predict(model, lay, 64, c, software=sw, **kw)
+    parts = p.breakdown["parts"]
+    return parts["attention"], parts["cp_comm"] + parts["cp_comm_hidden"], \
+        p.breakdown["mfu"] * lay.world * c.peak_flops * p.iteration_s
+
+
+@pytest.mark.parametrize("sw", ["megatron-core-2024", "megatron-2019"])  # flash (cudnn), unfused
+def test_a_window_prices_the_attention_the_flops_formula_counts(sw):
+    """The attention products' seconds of a windowed model over its global twin's, against
+    the FLOPs formula's cores (model_flops.attention_core_flops; causal where flash skips the
+    masked half, the whole square unfused): equal where memory bandwidth is unbounded (no
+    roofline), and on the H100 above it only by the roofline's intensity effect (fewer FLOPs
+    over the same Q, K, V, O traffic: never below the formula, never 1). The cp4 ring's
+    K/V bytes over the global ring's are the chunks the window reaches
+    (context_parallel.ring_kv_sends, the reach window_ring_items traces) over the whole
+    ring's 2·(n − 1); the MFU's FLOPs are model_flops_per_step's."""
+    from minitron.analysis.context_parallel import ring_kv_sends
+    from minitron.model_flops import attention_core_flops, model_flops_per_step
+
+    m, g, lay, c = _long_context()
+    flash = get_software(sw).attention == "flash"
+    q = m.heads * m.head_dim
+    formula = attention_core_flops(m, 0, q, flash) / attention_core_flops(g, 0, q, flash)
+    (att_w, cp_w, fl_w), (att_g, cp_g, fl_g) = _seconds(m, lay, c, sw), _seconds(g, lay, c, sw)
+    assert formula < 0.5 and formula <= att_w / att_g < (1 + formula) / 2
+    roofless = _seconds(m, lay, _roofless(c), sw)[0] / _seconds(g, lay, _roofless(c), sw)[0]
+    assert roofless == pytest.approx(formula, rel=1e-9)
+    chunks = ring_kv_sends(4, m.seq_len // 8, m.window)[1]
+    assert chunks < 6 and cp_w / cp_g == pytest.approx(chunks / 6, rel=1e-9)
+    assert fl_w / fl_g == pytest.approx(model_flops_per_step(m, 64) / model_flops_per_step(g, 64), rel=1e-9)
+
+
+def test_a_layer_pattern_is_priced_layer_by_layer():
+    """Gemma's alternation (``window_layers`` LG): each layer priced at its own window, so
+    the attention, the ring and the FLOPs are the mean of the all-windowed and the
+    all-global model's, flash and unfused (a window read from ``model.window`` for every
+    layer, or from none, is off by half the difference); a window that reaches the whole
+    sequence passes the whole ring."""
+    from minitron.analysis.context_parallel import ring_kv_sends
+
+    m, g, lay, c = _long_context()
+    for sw in ("megatron-2019", "megatron-core-2024"):
+        w, gl, lg = (_seconds(x, lay, c, sw) for x in (m, g, m.replace(window_layers="LG")))
+        for k in range(3):
+            assert lg[k] == pytest.approx((w[k] + gl[k]) / 2, rel=1e-9)
+    assert ring_kv_sends(4, 4096, 32768) == ring_kv_sends(4, 4096, 0) == (3, 6)
+
+
+def test_packed_documents_price_each_document(capsys):
+    """``--doc-len L``: each document's core at L (causal, flash), not s: the attention over
+    the whole sequences' is the formula's cores at L over s (exactly without the roofline,
+    above it by the intensity effect on the H100);
+    the ring passes only the chunks a document reaches (none when documents are the chunks,
+    two of the whole ring's six when each spans two);
+    the MFU's FLOPs are model_flops_per_step(documents=); refused in one line outside 1 .. s."""
+    from minitron.analysis.context_parallel import ring_kv_sends
+    from minitron.model_flops import attention_core_flops, model_flops_per_step, packed_rows
+
+    _, g, lay, c = _long_context()
+    q, sw = g.heads * g.head_dim, "megatron-core-2024"
+    whole = _seconds(g, lay, c, sw)
+    for L in (4096, 8192):
+        att, cp, fl = _seconds(g, lay, c, sw, doc_len=L)
+        formula = attention_core_flops(g, 0, q, True, L) / attention_core_flops(g, 0, q, True)
+        assert formula <= att / whole[0] < (1 + formula) / 2
+        roofless = _seconds(g, lay, _roofless(c), sw, doc_len=L)[0] / _seconds(g, lay, _roofless(c), sw)[0]
+        assert roofless == pytest.approx(formula, rel=1e-9)
+        chunks = ring_kv_sends(4, 4096, 0, packed_rows(g.seq_len, L))[1]
+        assert cp / whole[1] == pytest.approx(chunks / 6, rel=1e-9) and chunks == (0 if L == 4096 else 2)
+        docs = model_flops_per_step(g, 64, documents=packed_rows(g.seq_len, L, 64))
+        assert fl / whole[2] == pytest.approx(docs / model_flops_per_step(g, 64), rel=1e-9)
+    with pytest.raises(ValueError, match="doc_len 0 must be in 1 .. seq_len 32768"):
+        predict(g, lay, 64, c, doc_len=0)
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "32768", "--window", "4096", "--window-layers", "LG",
+            "--gpus", "64", "--global-batch", "64", "--cluster", "h100-dgx", "--tp", "8", "--pp", "1", "--cp", "4"]
+    assert main(args + ["--explain", "--doc-len", "4096"]) == 0
+    assert "(window 4096 on the L layers of 'LG', packed documents of 4096 tokens)" in capsys.readouterr().out
+    for bad in ("0", "40000"):
+        assert main(args + ["--doc-len", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--doc-len {bad} must be between 1 and --seq-len 32768" in err[0]

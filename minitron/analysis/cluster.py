@@ -49,6 +49,14 @@ The blocks of today's models and the parallelism they are trained with (the H100
   ``cp_a2a`` neighbouring ranks and the ring over the cp/U others, on 1/U of the heads
   (the ring's part hidden as the ring's). Flash attention skips the masked half of causal attention
   and keeps the scores on chip: priced on the roofline of its Q, K, V, O traffic;
+* **long context** — the attention products and the score matrix's passes count the keys
+  each query meets, layer by layer (:func:`attention_keys`, from the FLOPs formula's core,
+  :func:`~minitron.model_flops.keys_per_query`): a sliding window's block pairs (about 2·W,
+  not s) on its windowed layers (``window_layers``: Gemma's and Mistral's patterns), the
+  whole sequence on the global ones; packed documents (``doc_len``, ``minitron plan
+  --doc-len``) each at its own length. Under a cp ring only the chunks a window or a
+  document reaches travel (:func:`~minitron.analysis.context_parallel.ring_kv_sends`, the
+  reach the engine's ring skips by), and the MFU counts the same FLOPs;
 * **FSDP / ZeRO-3** (``zero=3``) — every microbatch all-gathers each layer's weights
   forward and backward and reduce-scatters its gradients, prefetched under the compute
   (hidden up to DP_OVERLAP of it); **HSDP** (``fsdp_shard``) shards over a group and
@@ -129,9 +137,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import ModelConfig, validate_a2a_heads
+from ..model_flops import keys_per_query, packed_rows
 from .bubble import bubble_fraction
 from .calls import ring_allgather_wire_bytes, ring_allreduce_wire_bytes
-from .context_parallel import head_widths
+from .context_parallel import head_widths, ring_kv_sends
 from .experts import balanced_all_to_all_bytes
 from .flops import (flops_per_iteration, hardware_flops_per_iteration, model_flops_per_iteration, recompute_policy,
                     transformer_flops_per_iteration)
@@ -415,23 +424,53 @@ def cp_widths(model: ModelConfig, t: int, head_dim: int | None = None) -> tuple[
     return 2 * q, 2 * kv
 
 
+def attention_keys(model: ModelConfig, sw: Software, doc_len: int | None = None) -> dict[float, float]:
+    """Keys each query meets, as ``{keys: share of the layers}`` over the model's blocks
+    (a pattern of windowed and global layers, ``window_of``): from the FLOPs formula's
+    core (:func:`~minitron.model_flops.keys_per_query`) — s, halved where flash attention
+    skips the causal mask's masked blocks (an unfused kernel computes the whole square),
+    the block pairs in reach under a window; with packed documents of `doc_len` tokens
+    (``--doc-len``) each document's, averaged over the sequence's tokens."""
+    causal, s = sw.attention == "flash", model.seq_len
+    row = packed_rows(s, doc_len)[0] if doc_len else [s]
+    shares: dict[float, float] = {}
+    for i, layers in _layers_by_window(model).items():  # i: the first block of each window
+        k = sum(n * keys_per_query(model, i, causal, n) for n in row) / s
+        shares[k] = shares.get(k, 0.0) + layers / model.layers
+    return shares
+
+
+def _layers_by_window(model: ModelConfig) -> dict[int, int]:
+    """{first block of each window (``window_of``): how many blocks have that window}."""
+    first, count = {}, {}
+    for i in range(model.layers):
+        w = model.window_of(i)
+        first.setdefault(w, i)
+        count[w] = count.get(w, 0) + 1
+    return {first[w]: n for w, n in count.items()}
+
+
 def _layer_time(model: ModelConfig, b: int, t: int, sp: bool, c: Cluster, sw: Software,
                 e: int = 2, cp: int = 1, ep: int = 1, moe: bool = False, imbalance: float = 0.0,
-                head_dim: int | None = None) -> _LayerTime:
+                head_dim: int | None = None, keys: dict[float, float] | None = None) -> _LayerTime:
     """One layer on one rank: b sequences of s/cp tokens (context parallel), the
-    attention of those queries against the whole causal sequence, the MLP dense or, when
+    attention of those queries against the keys each meets (`keys`, :func:`attention_keys`:
+    the layers' mean, each layer priced at its own window), the MLP dense or, when
     `moe`, the router, the shared experts and the routed experts this rank holds (E/ep
     of them, each on k·T·ep/(t·E) token rows; the busiest rank gets (1 + `imbalance`)
     times the balanced share)."""
+    keys = keys or attention_keys(model, sw)
     T = b * model.seq_len // cp
     fp8 = sw.fp8 and c.fp8_peak_flops > 0
     shapes = tp_linear_shapes(model, T, t, head_dim)
     parts = {k: _gemm_s(*shapes[k], c, fp8=fp8) for k in ("qkv", "proj")}
     mlp, mlp_passes = (_moe_mlp(model, T, t, c, fp8, ep, imbalance) if moe else _dense_mlp(model, T, t, c, fp8))
     parts.update(mlp)
-    att_f, att_b = _attention_products_s(model, b, t, cp, c, sw, e, head_dim)
+    per_keys = [(share, _attention_products_s(model, b, t, cp, c, sw, e, head_dim, k)) for k, share in keys.items()]
+    att_f, att_b = (sum(share * fb[j] for share, fb in per_keys) for j in (0, 1))
     parts["attention"] = (att_f, att_b, 0.0)
-    ew, matrix_f, matrix_b = _elementwise_s(model, b, t, sp, cp, c, sw, e, mlp_passes)
+    mean_keys = sum(k * share for k, share in keys.items())
+    ew, matrix_f, matrix_b = _elementwise_s(model, b, t, sp, cp, c, sw, e, mlp_passes, mean_keys)
     cast_f, cast_b = _fp8_casts_s(model, T, t, c, sw, moe, ep, imbalance, head_dim) if fp8 else (0.0, 0.0)
     parts["elementwise"] = (ew + matrix_f + cast_f, 2 * ew + matrix_b + cast_b, 0.0)
     return _LayerTime(parts, att_f + matrix_f, att_f + att_b)
@@ -488,11 +527,12 @@ def _moe_mlp(model: ModelConfig, T: int, t: int, c: Cluster, fp8: bool, ep: int,
 
 
 def _attention_products_s(model: ModelConfig, b: int, t: int, cp: int, c: Cluster, sw: Software, e: int,
-                          head_dim: int | None) -> tuple[float, float]:
+                          head_dim: int | None, keys: float) -> tuple[float, float]:
     """(Forward, backward) seconds of the attention products: per head, s/cp queries
-    against the s keys. Flash attention skips the masked blocks of a causal mask (half
+    against the `keys` each meets (:func:`attention_keys`: s, s/2 for flash's causal
+    mask, the block pairs of a window). Flash attention skips the masked blocks of a causal mask (half
     the products) in one fused kernel (Dao et al. 2022) whose s×s scores stay on chip, so
-    its HBM traffic is Q, K, V and the output, not the score matrix — priced on the same
+    its HBM traffic is Q, K, V and the output (K and V streamed whole), not the score matrix — priced on the same
     smooth roofline as a GEMM with that intensity (far above the ridge: it runs at the
     GEMM ceiling); the published kernel figures (software.kernel_tflops) are shown beside
     it by explain, not priced: see benchmarks/RESULTS.md. An unfused or
@@ -500,25 +540,25 @@ def _attention_products_s(model: ModelConfig, b: int, t: int, cp: int, c: Cluste
     attention·V as GEMMs, both backward products input gradients."""
     s, d = model.seq_len, head_dim or model.head_dim
     q, _ = attention_widths(model, t, head_dim)
-    causal = 0.5 if sw.attention == "flash" else 1.0
     heads = b * (q // d)
     if sw.attention == "flash":
-        flops = 2 * 2 * (s / cp) * (s * causal) * d * heads
+        flops = 2 * 2 * (s / cp) * keys * d * heads
         intensity = flops / (e * heads * d * (2 * s / cp + 2 * s))
         eff = c.gemm_e_max * intensity / (intensity + c.gemm_e_max * c.ridge)
         att_f = flops / (c.peak_flops * eff)
         return att_f, 2.5 * att_f  # QKᵀ recomputed in the backward
     att_f = att_b = 0.0
-    for mm in [(s / cp, s * causal, d), (s / cp, d, s * causal)]:
+    for mm in [(s / cp, keys, d), (s / cp, d, keys)]:
         x, y, z = _gemm_s(*mm, c, count=heads)
         att_f, att_b = att_f + x, att_b + y + z  # no weights: both are input gradients
     return att_f, att_b * (sw.attention_backward_ratio / 2)
 
 
 def _elementwise_s(model: ModelConfig, b: int, t: int, sp: bool, cp: int, c: Cluster, sw: Software, e: int,
-                   mlp_passes: float) -> tuple[float, float, float]:
+                   mlp_passes: float, keys: float) -> tuple[float, float, float]:
     """Forward seconds of a layer's element-wise kernels, and the (forward, backward)
-    seconds of the passes over the b·a·s²/t attention matrix, from the software's kernel
+    seconds of the passes over the b·a·(s/cp)·keys/t attention matrix (`keys` per query,
+    :func:`attention_keys`: s for a global layer's whole square), from the software's kernel
     inventory (see software.py): per token, replicated unless sequence parallel, the
     norms and the two residual-branch sites; split over t, the head reshapes (8·Th, none
     in PTD-P's layout) and the MLP activation (`mlp_passes` per token) — their backward
@@ -526,7 +566,7 @@ def _elementwise_s(model: ModelConfig, b: int, t: int, sp: bool, cp: int, c: Clu
     s, h, a = model.seq_len, model.hidden, model.heads
     T = b * s // cp
     bw_ew = c.hbm_bw * ELEMENTWISE_BW_FRACTION
-    matrix_f, matrix_b = (k_ * b * (a / t) * (s / cp) * s * e / bw_ew for k_ in sw.attention_matrix_passes)
+    matrix_f, matrix_b = (k_ * b * (a / t) * (s / cp) * keys * e / bw_ew for k_ in sw.attention_matrix_passes)
     sharded = sw.reshape_passes * T * h / t + T * mlp_passes
     ew = (sw.token_passes * T * h / (t if sp else 1) + sharded) * e / bw_ew
     return ew, matrix_f, matrix_b
@@ -645,7 +685,7 @@ def _allgather_s(nbytes: float, n: int, bw: float, latency: float) -> float:
 def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int, cluster: str | Cluster,
             recompute: str | bool | None = None, bytes_per_param: float = 16,
             software: str | Software | None = None, head_dim: int | None = None,
-            moe_imbalance: float = 0.0) -> Prediction:
+            moe_imbalance: float = 0.0, doc_len: int | None = None) -> Prediction:
     """Predicted time of one iteration of `global_batch` sequences on `cluster`.
 
     `layout`: a :class:`~minitron.analysis.planned_layout.PlannedLayout`, or a planner entry
@@ -655,7 +695,9 @@ def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int,
     overrides its recomputation policy. `head_dim`: the attention's head width when it is
     not hidden/heads. `moe_imbalance`: the busiest expert-parallel rank receives
     (1 + this) times the balanced share of routed tokens (0: balanced routing, as
-    Megatron's benchmarks force it). Returns a :class:`Prediction`:
+    Megatron's benchmarks force it). `doc_len`: packed documents (``--pack``) of this mean
+    length, each attended on its own (the attention products, score matrix, the ring's
+    reach and the FLOPs at L, not s; None: whole sequences). Returns a :class:`Prediction`:
     ``iteration_s, tflops_per_gpu`` (Eq. 3 FLOPs over n·time with full recomputation,
     model or hardware FLOPs otherwise; for other than GPT shapes
     :func:`~minitron.analysis.flops.transformer_flops_per_iteration`),
@@ -672,7 +714,9 @@ def predict(model: ModelConfig, layout: PlannedLayout | dict, global_batch: int,
     rc = recompute_policy(sw.recompute if recompute is None else recompute)
     kind = L.schedule
     _check_layout(model, L, global_batch, kind)
-    r = _Run(model, L, c, sw, rc, kind, global_batch, head_dim, moe_imbalance, bytes_per_param)
+    if doc_len is not None and not 0 < doc_len <= model.seq_len:
+        raise ValueError(f"doc_len {doc_len} must be in 1 .. seq_len {model.seq_len}")
+    r = _Run(model, L, c, sw, rc, kind, global_batch, head_dim, moe_imbalance, bytes_per_param, doc_len)
     tm = _iteration_times(r)
     fl, mfu_flops = _iteration_flops(r)
     memory = _memory_bytes(r, tm.weights, tm.shard)
@@ -704,6 +748,7 @@ class _Run:
     head_dim: int | None
     moe_imbalance: float
     bytes_per_param: float
+    doc_len: int | None = None
 
     @property
     def m(self) -> int:
@@ -798,9 +843,10 @@ def _iteration_times(r: _Run) -> _Times:
 def _per_layer(r: _Run) -> _PerLayer:
     """A layer's work and communication per microbatch (:class:`_PerLayer`)."""
     model, L, c, sw = r.model, r.L, r.c, r.sw
-    lt = _layer_time(model, L.microbatch_size, L.tp, L.sp, c, sw, cp=L.cp, head_dim=r.head_dim)
+    keys = attention_keys(model, sw, r.doc_len)
+    lt = _layer_time(model, L.microbatch_size, L.tp, L.sp, c, sw, cp=L.cp, head_dim=r.head_dim, keys=keys)
     lt_moe = _layer_time(model, L.microbatch_size, L.tp, L.sp, c, sw, cp=L.cp, ep=L.ep, moe=True,
-                         imbalance=r.moe_imbalance, head_dim=r.head_dim) if model.experts else lt
+                         imbalance=r.moe_imbalance, head_dim=r.head_dim, keys=keys) if model.experts else lt
     moe_share = sum(model.is_moe_block(i) for i in range(model.layers)) / model.layers
     logits = _logit_times(model, L.microbatch_size, L.tp, c, L.cp, r.fp8)
     ar, regather = _tp_collectives_s(r)
@@ -851,9 +897,25 @@ def _cp_layer_s(r: _Run, lt: _LayerTime) -> tuple[float, float]:
         kv_w = kv_sent  # the ring's message: s/(cp/u) tokens on 1/u of the heads sent
     cbw, clat = _cp_link(c, t * cp)
     kv_bytes = b * model.seq_len // cp * kv_w * 2
-    layer_cp = (r.replay + 2) * ((cp // u - 1) * (clat + kv_bytes / (cbw * COMM_BW_FRACTION)))
+    msgs, chunks = _ring_reach(r, cp // u) if L.cp_mode in ("ring", "usp") else (cp // u - 1, 2 * (cp // u - 1))
+    layer_cp = (r.replay + 2) * (msgs * clat + chunks / 2 * kv_bytes / (cbw * COMM_BW_FRACTION))
     hidden = min(layer_cp, DP_OVERLAP * lt.attention_s) if L.cp_mode in ("ring", "usp") else 0.0
     return a2a_s + layer_cp, hidden
+
+
+def _ring_reach(r: _Run, n: int) -> tuple[float, float]:
+    """(Messages, chunks of s/(2n) tokens) a ring of `n` ranks passes per layer, the
+    busiest rank's, averaged over the model's layers: the whole ring for global attention,
+    the chunks a layer's window or the packed documents (``--doc-len``) reach
+    (:func:`~minitron.analysis.context_parallel.ring_kv_sends`, what the engine's ring
+    skips)."""
+    model = r.model
+    if not model.window and not r.doc_len:
+        return n - 1, 2 * (n - 1)
+    rows = packed_rows(model.seq_len, r.doc_len) if r.doc_len else None
+    sends = [(layers, ring_kv_sends(n, model.seq_len // (2 * n), model.window_of(i), rows))
+             for i, layers in _layers_by_window(model).items()]
+    return tuple(sum(layers * x[j] for layers, x in sends) / model.layers for j in (0, 1))
 
 
 def _cp_link(c: Cluster, ranks: int) -> tuple[float, float]:
@@ -1154,18 +1216,19 @@ def _optimizer_s(c: Cluster, weights: float, shard: int) -> float:
 def _iteration_flops(r: _Run) -> tuple[float, float]:
     """(FLOPs an iteration counts, model FLOPs): PTD-P's Eq. 3 with full recomputation,
     the hardware FLOPs of the policy otherwise, and the model FLOPs (no recomputation) for
-    the MFU; for other than GPT shapes
+    the MFU; for other than GPT shapes, or a window, or packed documents (``doc_len``)
     :func:`~minitron.analysis.flops.transformer_flops_per_iteration`."""
     model, batch, rc, head_dim = r.model, r.global_batch, r.rc, r.head_dim
-    gpt = _gpt_shapes(model, head_dim)
+    gpt = _gpt_shapes(model, head_dim) and not model.window and not r.doc_len  # the papers' forms count s²
+    docs = packed_rows(model.seq_len, r.doc_len) if r.doc_len else None
     if rc == "full":
         fl = (flops_per_iteration(model, batch, recompute=True) if gpt else
-              transformer_flops_per_iteration(model, batch, "full", head_dim))
+              transformer_flops_per_iteration(model, batch, "full", head_dim, documents=docs))
     else:
         fl = (hardware_flops_per_iteration(model, batch, rc) if gpt else
-              transformer_flops_per_iteration(model, batch, rc, head_dim))
+              transformer_flops_per_iteration(model, batch, rc, head_dim, documents=docs))
     mfu_flops = (model_flops_per_iteration(model, batch) if gpt else
-                 transformer_flops_per_iteration(model, batch, "none", head_dim))
+                 transformer_flops_per_iteration(model, batch, "none", head_dim, documents=docs))
     return fl, mfu_flops
 
 
@@ -1215,14 +1278,29 @@ def _breakdown(r: _Run, tm: _Times, mfu_flops: float) -> dict:
             "pp_comm_hidden": m * tm.pp_hidden, "dp_comm_hidden": tm.dp_hidden,
             "software": sw.name, "recompute": r.rc, "parts": _parts_per_iteration(r, tm), "fp8": r.fp8,
             "fp8_recipe": sw.fp8_recipe if r.fp8 else "",
-            "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp),
+            "kernels": _kernels_assumed(sw, c, r.head_dim or model.head_dim, r.fp8, model.seq_len // r.L.cp,
+                                        _keys_said(r)),
             "stage_fbw": (st.fwd, st.b_in, st.b_w),
             "tokens_per_s_per_gpu": r.global_batch * model.seq_len / (r.L.world * it),
             "mfu": mfu_flops / (r.L.world * it * c.peak_flops)}
 
 
-def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> dict:
-    """{part group: the kernel a prediction assumes for it, and where its speed comes from}."""
+def _keys_said(r: _Run) -> str:
+    """The attention's reach in words where it is not the whole sequence: the keys a query
+    meets (:func:`attention_keys`), the window and its layers, the packed documents' length."""
+    model = r.model
+    if not model.window and not r.doc_len:
+        return ""
+    keys = sum(k * share for k, share in attention_keys(model, r.sw, r.doc_len).items())
+    what = [f"window {model.window} on " + (f"the L layers of '{model.window_layers}'" if model.window_layers
+                                            else "every layer")] if model.window else []
+    what += [f"packed documents of {r.doc_len} tokens"] if r.doc_len else []
+    return f"; {keys:.0f} keys per query of s = {model.seq_len} ({', '.join(what)})" if what else ""
+
+
+def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int, keys: str = "") -> dict:
+    """{part group: the kernel a prediction assumes for it, and where its speed comes from;
+    for the attention, the keys each query meets (`keys`)}."""
     if sw.attention == "flash":
         try:
             fig = (f"; its published figure at s = {seq}: {kernel_tflops(sw.kernel, c.gpu, d, seq):.0f} TFLOP/s "
@@ -1237,7 +1315,7 @@ def _kernels_assumed(sw: Software, c: Cluster, d: int, fp8: bool, seq: int) -> d
     e_max = c.fp8_gemm_max_efficiency if fp8 else c.gemm_e_max
     gemm = (f"cuBLAS GEMMs on a roofline, at most {e_max:.3f} of the {'FP8' if fp8 else '16-bit'} peak "
             + ("(fitted on published.H100_FITTING_RUNS)" if c.gemm_max_efficiency else "(GEMM_MAX_EFFICIENCY, cuBLAS)"))
-    return {"attention": att, "matmul": gemm,
+    return {"attention": att + keys, "matmul": gemm,
             "elementwise": f"memory-bound at {ELEMENTWISE_BW_FRACTION} of HBM bandwidth (fitted on Megatron-LM 2019)"}
 
 

@@ -353,6 +353,20 @@ def _window_hops(n: int, r: int, reach: dict) -> dict[str, list[int]]:
             (("kv_send", kv_send), ("kv_recv", kv_recv), ("acc_send", acc_send), ("acc_recv", acc_recv))}
 
 
+def ring_kv_sends(n: int, c: int, window: int = 0, rows: list[list[int]] | None = None) -> tuple[int, int]:
+    """(Messages, chunks) of K and V the busiest of a ring's `n` ranks sends in one layer's
+    forward pass, chunks of `c` tokens: the whole ring's n − 1 messages of its two chunks
+    for global attention, only the chunks a `window` (:func:`window_chunk_reach`) or the
+    packed documents of `rows` (:func:`document_last_chunks`) let later queries see — the
+    reach :func:`window_ring_items` traces. What the throughput model prices."""
+    if rows is None and not window:
+        return n - 1, 2 * (n - 1)
+    reach = chunk_reach_of(n, document_last_chunks(n, c, rows, window)) if rows is not None \
+        else window_chunk_reach(n, c, window)
+    sends = [_window_hops(n, r, reach)["kv_send"] for r in range(n)]
+    return max(len(x) for x in sends), max(sum(x) for x in sends)
+
+
 def window_ring_items(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig, cp_rank: int = 0,
                       pp_rank: int = 0, act_bytes: int = 4, documents: list | None = None,
                       balance: str = "sequence") -> list[dict]:

@@ -107,12 +107,14 @@ def recompute_policy(recompute) -> str:
 
 
 def transformer_flops_per_iteration(model: ModelConfig, global_batch: int, recompute: str | bool = "none",
-                                    head_dim: int | None = None, causal: bool = False) -> float:
+                                    head_dim: int | None = None, causal: bool = False,
+                                    documents: list[list[int]] | None = None) -> float:
     """FLOPs of one training iteration of any block :class:`ModelConfig` describes
     (grouped-query attention, SwiGLU or GELU MLPs, the active experts of a mixture), with
     `recompute` as a policy name or a bool: the engine's one formula,
     :func:`minitron.model_flops.model_flops_per_step`, whose docstring derives it. For GPT-2
     shapes it is PTD-P Eq. 3 (``recompute="full"``) and Korthikanti's model FLOPs
-    (``"none"``); tests/test_throughput_model.py checks both.
+    (``"none"``); tests/test_throughput_model.py checks both. `documents`: packed rows'
+    document lengths, each attended on its own.
     """
-    return model_flops_per_step(model, global_batch, recompute_policy(recompute), head_dim, causal)
+    return model_flops_per_step(model, global_batch, recompute_policy(recompute), head_dim, causal, documents)

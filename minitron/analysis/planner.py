@@ -310,7 +310,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
          recompute: str | None = None, bytes_per_param: float = 16, tp=None, pp=None, vpp=None,
          microbatch_size=None, top: int | None = None, software: str | Software | None = None,
          zero: int = 0, ep=None, cp=None, schedules=None, cp_modes=None,
-         fsdp: bool | str | None = None, cp_a2a=None) -> list[dict]:
+         fsdp: bool | str | None = None, cp_a2a=None, doc_len: int | None = None) -> list[dict]:
     """Layouts for training `model` on `gpus` GPUs of `cluster`, fastest first.
 
     Each entry: ``tp, pp, cp, cp_mode, dp, vpp, microbatch_size, ep, sp, schedule, zero,
@@ -318,7 +318,8 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
     bubble_fraction``, and ``reasons`` (a dict: ``schedule, cp, fsdp``, for the axes
     searched) saying why against the best layout that differs there. `seq_len` overrides
     the model's; `bytes_per_param` is 16 (mixed-precision Adam) or 20 (with fp32 gradient
-    accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree (`cp_a2a`: USP's U); `software` is the
+    accumulation); `tp, pp, vpp, microbatch_size, cp, ep` fix a degree (`cp_a2a`: USP's U); `doc_len`:
+    packed documents of this mean length, each attended on its own (:func:`predict`'s); `software` is the
     stack the layouts run (a :class:`~minitron.analysis.software.Software` or a preset
     name, see :func:`~minitron.analysis.cluster.predict`; default: predict's, so that a
     layout planned and then predicted is priced alike; ``minitron plan`` passes the
@@ -346,7 +347,7 @@ def plan(model: ModelConfig, gpus: int, global_batch: int, cluster: str | Cluste
 
     def priced(lay):
         pred = predict(model, lay, global_batch, c, recompute=recompute, bytes_per_param=bytes_per_param,
-                       software=sw)
+                       software=sw, doc_len=doc_len)
         return {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                 "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction}
 

@@ -57,6 +57,7 @@ class RunReport:
         self.measure_peak = measure_peak and peak_flops is None  # MFU's denominator, on rank 0, at the start
         self.tensorboard_dir, self.writer = tensorboard_dir, None
         self.routing: list[dict] = []  # the MoE routing of each step (rank 0)
+        self.step_flops_per_token: list[float] = []  # model FLOPs per token of each step, as the loop counts them
         self.timed = TimedTrace()  # the calls of the steps after the first, timed
 
     # --- called by the training loop -----------------------------------------------------
@@ -110,6 +111,8 @@ class RunReport:
             return
         self.routing += [{k: r[k] for k in ("step", "tokens_per_expert", "dropped")} for r in recs
                          if "tokens_per_expert" in r]
+        self.step_flops_per_token += [r["model_flops_per_s"] / r["tokens_per_s"] for r in recs
+                                      if r.get("tokens_per_s")]  # --pack: each step's documents
         if self.peak_flops:
             for r in recs:
                 r["mfu"] = r["model_flops_per_s"] / (self.peak_flops * tr.comm.grid.world)
@@ -138,8 +141,8 @@ class RunReport:
             return None
         from ..model_flops import model_flops_per_step
 
-        flops_per_token = model_flops_per_step(self.model, self.train.global_batch) / (
-            self.train.global_batch * self.model.seq_len)
+        flops_per_token = statistics.fmean(self.step_flops_per_token) if self.step_flops_per_token else \
+            model_flops_per_step(self.model, self.train.global_batch) / (self.train.global_batch * self.model.seq_len)
         return {"model": self.model.name, "layout": self.layout.describe(), "world": tr.comm.grid.world,
                 "flops_per_token": flops_per_token,
                 "ranks": everyone, "bubble": measured_bubble(everyone),

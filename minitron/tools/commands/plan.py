@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     pl.add_argument("--fp8-recipe", default=None, choices=FP8_RECIPES,
                     help="with --fp8: the scaling recipe priced, by the names train's --fp8-recipe runs "
                          "(default: the software's own, delayed in every preset)")
+    pl.add_argument("--doc-len", type=int, default=None, metavar="L",
+                    help="packed documents (train's --pack) of mean length L tokens: each document's attention "
+                         "priced at L, not the sequence (default: whole sequences)")
     pl.add_argument("--published", default="", metavar="RUN",
                     help="predict and (with --explain) break down a published H100-era run by its id")
     from ...analysis.software import SOFTWARE  # light: the cluster model (and torch) stay unimported for --help
@@ -57,6 +60,8 @@ def add_parser(sub) -> None:
 
 def cmd_plan(args) -> int:
     """`minitron plan`: a published run, a measured machine, one layout priced or all ranked."""
+    if args.doc_len is not None and (args.published or args.machine):
+        raise ConfigError("--doc-len prices packed documents on a cluster: drop it with --published or --machine")
     if args.published:
         return _published_run(args)
     if args.gpus is None or args.global_batch is None:  # given as 0 or less: refused below, by name
@@ -66,7 +71,7 @@ def cmd_plan(args) -> int:
     model = model.replace(name=model_label(args, model))  # "custom (...)" where flags changed the preset
     if args.machine:
         return _plan_on_machine(args, model)
-    _check_plan_flags(args)
+    _check_plan_flags(args, model)
     sw, out, lay, pred = _price(args, model)
     if args.plot:
         from ...viz.explain import save_explain_plot
@@ -84,14 +89,17 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _check_plan_flags(args) -> None:
-    """The sizes at least 1 (or 0: search), --vpp with a pipeline, --explain with a layout
-    to break down, --plot with --explain and a figure type."""
+def _check_plan_flags(args, model) -> None:
+    """The sizes at least 1 (or 0: search), --doc-len within the sequence, --vpp with a
+    pipeline, --explain with a layout to break down, --plot with --explain and a figure type."""
     for flag, v, low in (("--gpus", args.gpus, 1), ("--global-batch", args.global_batch, 1), ("--top", args.top, 1),
                          ("--tp", args.tp, 0), ("--pp", args.pp, 0), ("--vpp", args.vpp, 0),
                          ("--microbatch-size", args.microbatch_size, 0), ("--cp", args.cp, 1), ("--ep", args.ep, 0)):
         if v < low:
             raise ConfigError(f"{flag} must be at least {low}{' (0: search)' if low == 0 else ''} (got {v})")
+    if args.doc_len is not None and not 0 < args.doc_len <= model.seq_len:
+        raise ConfigError(f"--doc-len {args.doc_len} must be between 1 and --seq-len {model.seq_len}: "
+                          f"give the packed documents' mean length in tokens")
     if args.vpp > 1 and args.pp == 1:
         raise ConfigError(f"--vpp {args.vpp} interleaves pipeline stages: it needs --pp 2 or more (or leave --pp to the search)")
     if args.explain and not (args.tp and args.pp):
@@ -121,7 +129,7 @@ def _price(args, model):
             return sw, {"candidates": plan(model, args.gpus, args.global_batch, args.cluster, top=args.top,
                                            software=sw, zero=args.zero, ep=args.ep or None, recompute=args.recompute,
                                            cp=args.cp if args.cp > 1 else None, cp_modes=cp_modes,
-                                           cp_a2a=args.cp_a2a or None,
+                                           cp_a2a=args.cp_a2a or None, doc_len=args.doc_len,
                                            **{k: v for k, v in fixed.items() if v})}, None, None
         _check_fixed_layout(args, model, sw)
         lay = {"tp": args.tp, "pp": args.pp, "dp": args.gpus // (args.tp * args.pp * args.cp),
@@ -130,7 +138,8 @@ def _price(args, model):
                "cp": args.cp, "cp_mode": args.cp_mode or (sw.context_parallel or ("ring",))[0],
                "cp_a2a": args.cp_a2a or 1,
                "ep": args.ep or 1, "zero": args.zero, "fsdp_shard": args.fsdp_shard}
-        pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute)
+        pred = predict(model, lay, args.global_batch, args.cluster, software=sw, recompute=args.recompute,
+                       doc_len=args.doc_len)
         out = {**lay, "tflops_per_gpu": pred.tflops_per_gpu, "iteration_s": pred.iteration_s,
                "memory_gb_per_gpu": pred.memory_gb_per_gpu, "bubble_fraction": pred.bubble_fraction,
                "breakdown": pred.breakdown}
