@@ -1801,8 +1801,8 @@ CLAIMS.update({
 })
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMS))
-def test_prose_states_what_the_outputs_show(name):
+def check_claim(name):
+    """Claim `name`: what the prose states equals what the stored outputs (or the engine) show."""
     stated, stored, tol = CLAIMS[name]()
     assert len(stated) == len(stored) and all(abs(a - b) <= tol for a, b in zip(stated, stored)), \
         f"{name}: the prose says {stated}, the stored outputs show {stored}"
@@ -1937,7 +1937,7 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
                 f"lesson {lesson}: a solution cell in view: {src[:60]!r}"
 
 
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS = [  # (claim, the text it reads, a right number there, a wrong one in its place)
     ("00 tour", prose, "= 60 + 4r$", "= 60 + 5r$"),
     ("01 bytes per parameter", prose, "the figure 2 % high", "the figure 3 % high"),
     ("01 try it", outputs, "training finishes in 30.0 days", "training finishes in 49.3 days"),   # the old solution's days
@@ -1976,15 +1976,7 @@ def test_solution_cells_are_hidden_with_their_outputs(lesson):
     ("06 paper runs", prose, "halves the microbatches to 64", "halves the microbatches to 32"),
     ("07 details", prose, "head dimension 32", "head dimension 64"),
     ("07 try it", outputs, "medium (h = 256, s = 256)", "medium (h = 512, s = 256)"),
-])
-def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 0-7 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lessons 10 and 12: every number their markdown states about their outputs or the engine ---
@@ -2322,12 +2314,7 @@ CLAIMS_10_12 = {
 CLAIMS.update(CLAIMS_10_12)
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMS_10_12))
-def test_lessons_10_and_12_state_what_the_outputs_show(name):
-    test_prose_states_what_the_outputs_show(name)
-
-
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS += [
     ("10 read first", prose, "lesson 9 (context\nparallelism)", "lesson 9 (pipeline\nschedules)"),
     ("10 shapes and FLOPs", prose, "Llama 3 8B has 8.03 billion", "Llama 3 8B has 8.3 billion"),
     ("10 shapes and FLOPs", outputs, "attention 3·L·4sq 2.0294e+11", "attention 3·L·4sq 2.2294e+11"),
@@ -2349,15 +2336,7 @@ def test_lessons_10_and_12_state_what_the_outputs_show(name):
     ("12 traffic", prose, "N(0, 0.02)", "N(0, 0.01)"),
     ("12 traffic", prose, "The 8-byte\nall-reduce is minitron's", "The 4-byte\nall-reduce is minitron's"),
     ("12 results", outputs, "traced,    m = 2: FSDP2 10 all-gathers", "traced,    m = 2: FSDP2 9 all-gathers"),
-])
-def test_a_planted_wrong_number_in_lessons_10_and_12_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 10 or 12 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lesson 11: every number its markdown states about its outputs or the engine ---------
@@ -2540,12 +2519,7 @@ CLAIMS_11 = {
 CLAIMS.update(CLAIMS_11)
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMS_11))
-def test_lesson_11_states_what_the_outputs_show(name):
-    test_prose_states_what_the_outputs_show(name)
-
-
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS += [
     ("11 read first", prose, "lesson 10 (modern blocks: the Llama block)", "lesson 10 (the Llama block)"),   # the old
     ("11 objectives", prose, "each of the two launches of 2 ranks", "each of the two launches of 4 ranks"),
     ("11 routing and balance", prose, "+3 on the logits of experts 0 and 1", "+3 on the logits of experts 0 and 2"),
@@ -2559,15 +2533,7 @@ def test_lesson_11_states_what_the_outputs_show(name):
     ("11 cluster", prose, "within 27.8 % of both", "within 20 % of both"),
     ("11 DeepSeek-V3", prose, "with 8 kv heads would", "with 4 kv heads would"),
     ("11 questions and try it", prose, "(16 H100, ep 8, FP8", "(16 H100, ep 16, FP8"),
-])
-def test_a_planted_wrong_number_in_lesson_11_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 11 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lesson 9: every number its markdown states about its outputs or the engine ----------
@@ -2719,12 +2685,7 @@ CLAIMS_09 = {
 CLAIMS.update(CLAIMS_09)
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMS_09))
-def test_lesson_9_states_what_the_outputs_show(name):
-    test_prose_states_what_the_outputs_show(name)
-
-
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS += [
     ("09 launches", prose, "two launches of 4 local ranks and one of 2", "two launches of 4 local ranks and one of 4"),
     ("09 Korthikanti", prose, "96 layers at 128k tokens", "96 layers at 64k tokens"),
     ("09 Korthikanti", outputs, "s =  32768:    61.6 GiB", "s =  32768:    71.6 GiB"),
@@ -2737,15 +2698,7 @@ def test_lesson_9_states_what_the_outputs_show(name):
     ("09 questions", prose, "four documents of 5, 3, 4 and 4 tokens", "four documents of 5, 3, 4 and 5 tokens"),
     ("09 questions", prose, "the whole causal ring makes 21", "the whole causal ring makes 24"),
     ("09 try it", outputs, "N =  8:   0.50 GiB per layer", "N =  8:   1.50 GiB per layer"),
-])
-def test_a_planted_wrong_number_in_lesson_9_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 9 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lesson 8: every number its markdown states about its outputs or the engine ----------
@@ -2841,12 +2794,7 @@ CLAIMS_08 = {
 CLAIMS.update(CLAIMS_08)
 
 
-@pytest.mark.parametrize("name", sorted(CLAIMS_08))
-def test_lesson_8_states_what_the_outputs_show(name):
-    test_prose_states_what_the_outputs_show(name)
-
-
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS += [
     ("08 series and profile", prose, "on 2 and 4 gloo ranks", "on 2 and 8 gloo ranks"),
     ("08 series and profile", outputs, "send on 2 ranks: alpha     242 us", "send on 2 ranks: alpha    9242 us"),
     ("08 every gap", prose, "the step 4 ms)", "the step 8 ms)"),
@@ -2856,15 +2804,7 @@ def test_lesson_8_states_what_the_outputs_show(name):
     ("08 preemption", prose, "with status 75", "with status 1"),
     ("08 questions and try it", prose, "with $m = 2$\nmicrobatches", "with $m = 4$\nmicrobatches"),
     ("08 questions and try it", outputs, "delta   300 s: tau*  43.1 min, lost 28.6%", "delta   300 s: tau*  43.1 min, lost 38.6%"),
-])
-def test_a_planted_wrong_number_in_lesson_8_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 8 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lesson 9, sections 7 and 8: the numbers the witnesses above do not already check ------
@@ -2950,12 +2890,7 @@ CLAIMS_09.update({"09 windows and rope scaling": _windows_09, "09 USP": _usp_09}
 CLAIMS.update(CLAIMS_09)
 
 
-@pytest.mark.parametrize("name", ["09 windows and rope scaling", "09 USP"])
-def test_lesson_9_sections_7_and_8_state_what_the_outputs_show(name):
-    test_prose_states_what_the_outputs_show(name)
-
-
-@pytest.mark.parametrize("name, source, right, wrong", [
+PLANTS += [
     ("09 windows and rope scaling", prose, "SwiGLU of 14,336", "SwiGLU of 14,436"),
     ("09 windows and rope scaling", prose, "about $2W$ keys per query", "about $3W$ keys per query"),
     ("09 windows and rope scaling", prose, "Rank 0 holds chunks 0\nand 3", "Rank 0 holds chunks 0\nand 1"),
@@ -2964,15 +2899,7 @@ def test_lesson_9_sections_7_and_8_state_what_the_outputs_show(name):
     ("09 USP", prose, "passes a tensor rank's 4 kv heads", "passes a tensor rank's 8 kv heads"),
     ("09 USP", outputs, "'cp_ring': {'send': 24576, 'recv': 24576}}", "'cp_ring': {'send': 12288, 'recv': 24576}}"),
     ("09 USP", outputs, "      3        [2, 3]      [1, 3, 5, 7]", "      3        [2, 3]      [0, 2, 4, 6]"),
-])
-def test_a_planted_wrong_number_in_lesson_9_sections_7_and_8_is_caught(name, source, right, wrong, monkeypatch):
-    """A lesson 9 section 7 or 8 claim fails when its prose (or its stored output) says another number."""
-    lesson = name[:2]
-    planted = source(lesson).replace(right, wrong)
-    assert planted != source(lesson)
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
-    with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show(name)
+]
 
 
 # --- lesson 11, section 9: the prose's numbers beside tests/test_lesson11.py's checks -------
@@ -2999,17 +2926,24 @@ CLAIMS_11["11 ep overlap"] = _ep_overlap_11
 CLAIMS.update(CLAIMS_11)
 
 
-def test_lesson_11_section_9_states_what_the_outputs_show():
-    test_prose_states_what_the_outputs_show("11 ep overlap")
+PLANTS += [
+    ("11 ep overlap", prose, "two float64 steps on ep 2", "two float64 steps on ep 4"),
+    ("11 ep overlap", outputs, "plain 5, --ep-overlap 9", "plain 5, --ep-overlap 10"),
+]
 
 
-@pytest.mark.parametrize("source, right, wrong", [
-    (prose, "two float64 steps on ep 2", "two float64 steps on ep 4"),
-    (outputs, "plain 5, --ep-overlap 9", "plain 5, --ep-overlap 10"),
-])
-def test_a_planted_wrong_number_in_lesson_11_section_9_is_caught(source, right, wrong, monkeypatch):
-    planted = source("11").replace(right, wrong)
-    assert planted != source("11")
-    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == "11" else real(les))
+# --- every claim above, and every plant: defined last, so that each block's claims and plants count ---
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_prose_states_what_the_outputs_show(name):
+    check_claim(name)
+
+
+@pytest.mark.parametrize("name, source, right, wrong", PLANTS)
+def test_a_planted_wrong_number_is_caught(name, source, right, wrong, monkeypatch):
+    """A claim fails when its prose (or its stored output) says another number."""
+    lesson = name[:2]
+    planted = source(lesson).replace(right, wrong)
+    assert planted != source(lesson)
+    monkeypatch.setitem(globals(), source.__name__, lambda les, real=source: planted if les == lesson else real(les))
     with pytest.raises(AssertionError):
-        test_prose_states_what_the_outputs_show("11 ep overlap")
+        check_claim(name)
